@@ -1,0 +1,36 @@
+# OpenJet: `make run` sets everything up and opens the app; `make test` runs the test suite.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test test-fast bench gpu-check snapshot-update clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/openjet
+
+# Exit code 5 (no tests collected) is a failure: an empty run must not pass.
+test: $(STAMP)
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/gpu_check.py --bench
+
+gpu-check: $(STAMP)
+	$(PY) bench/gpu_check.py
+
+snapshot-update: $(STAMP)
+	$(PY) -m pytest tests/ui --snapshot-update
+
+clean:
+	rm -rf $(VENV) build *.egg-info
