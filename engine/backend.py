@@ -1,0 +1,197 @@
+"""The backend contract every engine implementation serves (numpy reference, CUDA per-op, CUDA megakernel).
+
+Vocabulary, for one sequence:
+- committed tokens: positions 0..num_tokens-1, whose effect is in every cache (KV, DeltaNet conv and recurrent
+  state, the MTP head's KV);
+- the pending token: the newest token of the sequence, already chosen but not yet fed. Its position is num_tokens,
+  and the logits that predict the token after it come from the next verify();
+- a cycle feeds the pending token plus d draft tokens in one verify pass, keeps the longest prefix the model agrees
+  with, and leaves the last chosen token pending. Speculation never changes the output: the acceptance rule draws
+  every emitted token from the model's own distribution.
+
+Typical use: prefill(prompt[:-1]); seq = TokenSequence.start(prompt, params); then cycle(seq, d, params) until a
+stop token. Servers that reuse a prefix take checkpoint()s at message boundaries and rollback() to the nearest one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.errors import ContextOverflowError
+from engine.sampling import SamplingParams, sample
+
+
+@dataclass(slots=True)
+class Draft:
+    """Draft tokens for the positions after the pending token, with the drafter's logits for each ([d, V])."""
+
+    tokens: list[int]
+    logits: np.ndarray | None = None  # None when the drafter has no distribution (n-gram lookup)
+
+    def truncated(self, num: int) -> Draft:
+        """The first num drafts."""
+        logits = None if self.logits is None else self.logits[:num]
+        return Draft(self.tokens[:num], logits)
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """The complete state of a backend after num_tokens committed tokens. Backends subclass it with their payload."""
+
+    num_tokens: int
+
+
+@dataclass(slots=True)
+class TokenSequence:
+    """One sequence being generated: prompt + generated tokens (the last one is pending) and its sampling rng."""
+
+    tokens: list[int]
+    num_prompt_tokens: int
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+
+    @classmethod
+    def start(cls, prompt: list[int], params: SamplingParams) -> TokenSequence:
+        """A sequence whose pending token is the prompt's last (prefill the others first)."""
+        if not prompt:
+            raise ValueError("a sequence needs at least one prompt token")
+        return cls(list(prompt), len(prompt), params.make_rng())
+
+    @property
+    def pending(self) -> int:
+        """The newest token, chosen but not yet fed to the model."""
+        return self.tokens[-1]
+
+    @property
+    def prompt(self) -> list[int]:
+        """The prompt tokens."""
+        return self.tokens[: self.num_prompt_tokens]
+
+    @property
+    def generated(self) -> list[int]:
+        """Tokens produced so far (what presence and frequency penalties look at)."""
+        return self.tokens[self.num_prompt_tokens :]
+
+
+@dataclass(slots=True)
+class CycleResult:
+    """What one cycle added: num_accepted drafts followed by one token drawn from the verify logits."""
+
+    tokens: list[int]
+    num_drafted: int
+    num_accepted: int
+
+
+AcceptRule = Callable[[Draft, np.ndarray, TokenSequence, SamplingParams], list[int]]
+
+
+def accept_matching(draft: Draft, logits: np.ndarray, seq: TokenSequence, params: SamplingParams) -> list[int]:
+    """Sample-and-match verification: draw each position's token from the model; keep going while it equals the draft.
+
+    logits[i] ([1 + d, V]) predicts the token after the pending token and drafts 0..i-1. Each emitted token is drawn
+    from the model's distribution given everything before it, so the output is exactly plain sampling's (and, at
+    temperature 0, exactly greedy decoding's) whatever the drafts were. Returns 1..d+1 tokens.
+    """
+    out: list[int] = []
+    for i in range(len(draft.tokens) + 1):
+        token = sample(logits[i], params, seq.rng, history=seq.generated + out, prompt=seq.prompt)
+        out.append(token)
+        if i == len(draft.tokens) or token != draft.tokens[i]:
+            break
+    return out
+
+
+class Backend(ABC):
+    """One model, one sequence at a time. See the module docstring for pending/committed tokens."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Rows of the logits."""
+
+    @property
+    @abstractmethod
+    def context_size(self) -> int:
+        """The most positions a sequence may use."""
+
+    @property
+    @abstractmethod
+    def num_tokens(self) -> int:
+        """Committed positions."""
+
+    @property
+    @abstractmethod
+    def can_draft(self) -> bool:
+        """Whether draft() works (the model has an MTP head)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget the sequence: num_tokens becomes 0."""
+
+    @abstractmethod
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        """Feed and commit tokens at positions num_tokens..; return the logits [V] after the last one.
+
+        Raises ContextOverflowError if num_tokens + len(tokens) > context_size, ValueError for no tokens or an id
+        outside the vocabulary.
+        """
+
+    @abstractmethod
+    def verify(self, tokens: list[int]) -> np.ndarray:
+        """Feed T tokens (the pending token, then drafts) at positions num_tokens.. without committing them.
+
+        Returns logits [T, V]: row i predicts the token after tokens[0..i]. The state stays as it was until
+        accept(n); a new verify() or prefill() discards an unaccepted pass. Raises ContextOverflowError as prefill.
+        """
+
+    @abstractmethod
+    def accept(self, n: int) -> None:
+        """Commit the first n (1 <= n <= T) tokens of the last verify(): the state becomes exactly that after feeding
+        those n tokens (KV, DeltaNet conv and recurrent state, MTP cache), with nothing recomputed."""
+
+    @abstractmethod
+    def draft(self, token: int, num_draft: int) -> Draft:
+        """Draft num_draft tokens greedily after `token`, the pending token at position num_tokens (MTP head).
+
+        Leaves the state unchanged. Raises ValueError when can_draft is False.
+        """
+
+    @abstractmethod
+    def checkpoint(self) -> Checkpoint:
+        """A snapshot of the complete committed state."""
+
+    @abstractmethod
+    def rollback(self, checkpoint: Checkpoint) -> None:
+        """Restore a snapshot of this backend: re-feeding the same tokens then gives bit-identical logits."""
+
+    def cycle(
+        self,
+        seq: TokenSequence,
+        n_draft: int,
+        params: SamplingParams,
+        draft: Draft | None = None,
+        rule: AcceptRule = accept_matching,
+    ) -> CycleResult:
+        """One speculative step: draft (MTP, or the given draft), verify 1 + d tokens, accept, commit.
+
+        Needs num_tokens == len(seq.tokens) - 1. Appends the new tokens to seq (the last becomes pending). Drafts
+        are cut to fit the context; ContextOverflowError when not even the pending token fits.
+        """
+        if self.num_tokens != len(seq.tokens) - 1:
+            raise ValueError(f"backend holds {self.num_tokens} tokens, sequence expects {len(seq.tokens) - 1}")
+        room = self.context_size - len(seq.tokens)  # positions left after the pending token's
+        if room < 0:
+            raise ContextOverflowError(len(seq.tokens), self.context_size)
+        if draft is None:
+            wanted = min(n_draft, room)
+            draft = self.draft(seq.pending, wanted) if wanted > 0 and self.can_draft else Draft([])
+        draft = draft.truncated(max(room, 0))
+        logits = self.verify([seq.pending, *draft.tokens])
+        new = rule(draft, logits, seq, params)
+        assert 1 <= len(new) <= len(draft.tokens) + 1, "an acceptance rule returns 1..d+1 tokens"
+        self.accept(len(new))
+        seq.tokens.extend(new)
+        return CycleResult(new, len(draft.tokens), len(new) - 1)

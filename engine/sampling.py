@@ -1,0 +1,138 @@
+"""Sampling parameters and token sampling from logits.
+
+Order of operations (that of vLLM and transformers):
+  1. penalties on the raw logits: repetition (over prompt and generated tokens), then frequency and presence
+     (over generated tokens only);
+  2. temperature 0 means greedy: the highest penalised logit;
+  3. otherwise logits / temperature -> softmax -> top_k -> top_p -> min_p -> renormalise -> draw with the rng.
+sampling_probs() returns the distribution of step 3, which exact speculative sampling compares against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class InvalidSamplingParam(ValueError):
+    """A sampling parameter out of range; .param names it (the server turns this into a 400)."""
+
+    def __init__(self, param: str, message: str):
+        self.param = param
+        super().__init__(f"{param}: {message}")
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Every sampling knob a request can set. Defaults change nothing (plain sampling at temperature 1)."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 = off; > 1 discourages tokens already seen
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("temperature", self.temperature >= 0, "must be >= 0"),
+            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "must be an integer >= 0"),
+            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("min_p", 0 <= self.min_p <= 1, "must be in [0, 1]"),
+            ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
+            ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
+            ("repetition_penalty", self.repetition_penalty > 0, "must be > 0"),
+            ("seed", self.seed is None or isinstance(self.seed, int), "must be an integer"),
+        ]
+        for name, ok, message in checks:
+            value = getattr(self, name)
+            if not ok or (isinstance(value, float) and not np.isfinite(value)):
+                raise InvalidSamplingParam(name, f"{message}, got {value!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        """Temperature 0: always the highest logit, no randomness."""
+        return self.temperature == 0
+
+    def make_rng(self) -> np.random.Generator:
+        """A generator seeded from `seed` (fresh OS entropy when seed is None)."""
+        return np.random.default_rng(self.seed)
+
+
+def apply_penalties(
+    logits: np.ndarray, params: SamplingParams, history: Sequence[int] = (), prompt: Sequence[int] = ()
+) -> np.ndarray:
+    """Penalised copy of the logits: repetition over prompt + history, frequency/presence over history."""
+    # logits: [V] -> [V]
+    out = np.array(logits, dtype=np.float32)
+    if params.repetition_penalty != 1.0:
+        seen = np.unique(np.fromiter((*prompt, *history), dtype=np.int64))
+        if seen.size:
+            # divide positive logits, multiply negative ones: both move the token towards unlikely
+            vals = out[seen]
+            out[seen] = np.where(vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty)
+    if history and (params.frequency_penalty or params.presence_penalty):
+        counts = np.bincount(np.asarray(history, dtype=np.int64), minlength=out.shape[0])[: out.shape[0]]
+        out -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    return out
+
+
+def _truncate(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Zero out what top_k, top_p and min_p exclude (the most likely token always survives)."""
+    # probs: [V] float64 summing to 1
+    order = np.argsort(-probs, kind="stable")
+    keep = np.zeros(probs.shape[0], dtype=bool)
+    num_keep = probs.shape[0] if params.top_k == 0 else min(params.top_k, probs.shape[0])
+    if params.top_p < 1.0:
+        sorted_probs = probs[order[:num_keep]] / probs[order[:num_keep]].sum()
+        # the smallest prefix whose mass reaches top_p
+        num_keep = min(num_keep, int(np.searchsorted(np.cumsum(sorted_probs), params.top_p)) + 1)
+    keep[order[:num_keep]] = True
+    if params.min_p > 0.0:
+        keep &= probs >= params.min_p * probs[order[0]]
+    out = np.where(keep, probs, 0.0)
+    return out / out.sum()
+
+
+def sampling_probs(
+    logits: np.ndarray, params: SamplingParams, history: Sequence[int] = (), prompt: Sequence[int] = ()
+) -> np.ndarray:
+    """The distribution sample() draws from (float64 [V]); one-hot at the argmax when greedy."""
+    penalised = apply_penalties(logits, params, history, prompt)
+    if params.is_greedy:
+        probs = np.zeros(penalised.shape[0])
+        probs[int(np.argmax(penalised))] = 1.0
+        return probs
+    scaled = penalised.astype(np.float64) / params.temperature
+    probs = np.exp(scaled - scaled.max())
+    return _truncate(probs / probs.sum(), params)
+
+
+def sample(
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator | None = None,
+    history: Sequence[int] = (),
+    prompt: Sequence[int] = (),
+) -> int:
+    """One token id from logits [V], honouring every parameter. history = generated tokens, prompt = prompt tokens."""
+    if params.is_greedy:
+        return int(np.argmax(apply_penalties(logits, params, history, prompt)))
+    if rng is None:
+        raise ValueError("sampling at temperature > 0 needs an rng (SamplingParams.make_rng())")
+    return draw(sampling_probs(logits, params, history, prompt), rng)
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Inverse-CDF draw from a distribution [V] with one uniform number (deterministic for a seeded rng)."""
+    cdf = np.cumsum(probs)
+    index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    # a draw can land exactly on the total; step back onto the last token with mass
+    index = min(index, probs.shape[0] - 1)
+    while probs[index] == 0.0:
+        index -= 1
+    return index

@@ -1,0 +1,84 @@
+"""SamplingParams validation and sample(): every parameter changes the distribution the way it says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.sampling import InvalidSamplingParam, SamplingParams, apply_penalties, sample, sampling_probs
+
+LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03], dtype=np.float32))
+
+
+def empirical(params: SamplingParams, logits=LOGITS, draws: int = 4000, **kw) -> np.ndarray:
+    rng = params.make_rng()
+    counts = np.bincount([sample(logits, params, rng, **kw) for _ in range(draws)], minlength=len(logits))
+    return counts / draws
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("min_p", 2.0), ("top_k", -1),
+     ("presence_penalty", 3.0), ("frequency_penalty", -2.5), ("repetition_penalty", 0.0),
+     ("temperature", float("nan")), ("seed", "7")],
+)
+def test_invalid_params_name_the_field(field, value):
+    with pytest.raises(InvalidSamplingParam) as info:
+        SamplingParams(**{field: value})
+    assert info.value.param == field and field in str(info.value)
+
+
+def test_greedy_is_argmax_and_needs_no_rng():
+    assert sample(LOGITS, SamplingParams(temperature=0)) == 0
+    with pytest.raises(ValueError, match="rng"):
+        sample(LOGITS, SamplingParams(temperature=1.0))
+
+
+def test_plain_sampling_follows_softmax():
+    freq = empirical(SamplingParams(seed=3), draws=6000)
+    np.testing.assert_allclose(freq, [0.5, 0.25, 0.15, 0.07, 0.03], atol=0.025)
+
+
+def test_temperature_sharpens_and_flattens():
+    probs_cold = sampling_probs(LOGITS, SamplingParams(temperature=0.5))
+    probs_hot = sampling_probs(LOGITS, SamplingParams(temperature=2.0))
+    expected_cold = np.array([0.5, 0.25, 0.15, 0.07, 0.03]) ** 2
+    np.testing.assert_allclose(probs_cold, expected_cold / expected_cold.sum(), rtol=1e-5)
+    assert probs_hot[0] < 0.5 < probs_cold[0]
+
+
+def test_top_k_top_p_min_p_truncate():
+    assert np.count_nonzero(sampling_probs(LOGITS, SamplingParams(top_k=2))) == 2
+    # top_p 0.7: 0.5 alone is short of it, 0.5 + 0.25 reaches it
+    np.testing.assert_allclose(sampling_probs(LOGITS, SamplingParams(top_p=0.7))[:3], [2 / 3, 1 / 3, 0], rtol=1e-5)
+    # min_p 0.2: keep p >= 0.1 -> the first three
+    probs = sampling_probs(LOGITS, SamplingParams(min_p=0.2))
+    np.testing.assert_allclose(probs, np.array([0.5, 0.25, 0.15, 0, 0]) / 0.9, rtol=1e-5)
+    freq = empirical(SamplingParams(top_k=2, seed=1), draws=3000)
+    assert freq[2:].sum() == 0 and abs(freq[0] - 2 / 3) < 0.03
+
+
+def test_penalties():
+    logits = np.array([2.0, -1.0, 0.5, 0.5], dtype=np.float32)
+    rep = apply_penalties(logits, SamplingParams(repetition_penalty=2.0), history=[1], prompt=[0])
+    np.testing.assert_allclose(rep, [1.0, -2.0, 0.5, 0.5])  # positive divided, negative multiplied
+    pen = apply_penalties(logits, SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), history=[2, 2, 3], prompt=[0])
+    np.testing.assert_allclose(pen, [2.0, -1.0, 0.5 - 1.0 - 0.25, 0.5 - 0.5 - 0.25])  # prompt not counted
+    # penalties steer greedy decoding too
+    assert sample(logits, SamplingParams(temperature=0, presence_penalty=2.0), history=[0]) == 2
+    assert apply_penalties(logits, SamplingParams(repetition_penalty=2.0)).tolist() == logits.tolist()
+
+
+def test_seed_makes_sampling_reproducible():
+    def run(seed: int) -> list[int]:
+        params = SamplingParams(seed=seed)
+        rng = params.make_rng()
+        return [sample(LOGITS, params, rng) for _ in range(50)]
+
+    assert run(42) == run(42) and run(42) != run(43)
+
+
+def test_draw_never_picks_a_zero_probability_token():
+    logits = np.array([0.0, -np.inf, 0.0, -np.inf], dtype=np.float32)
+    freq = empirical(SamplingParams(seed=5), logits=logits, draws=500)
+    assert freq[1] == 0 and freq[3] == 0 and abs(freq[0] - 0.5) < 0.08
