@@ -1,0 +1,1 @@
+"""Small text statistics used by the weekly report."""

@@ -1,0 +1,1 @@
+"""A very small shop: prices with VAT and a shopping cart."""

@@ -1,0 +1,1 @@
+"""Warehouse stock reports from the nightly CSV export."""

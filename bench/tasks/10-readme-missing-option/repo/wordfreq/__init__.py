@@ -1,0 +1,1 @@
+"""Count the most frequent words in text files."""

@@ -1,0 +1,3 @@
+"""Time units shared by the scheduler and the log formatter."""
+
+SECONDS_PER = {"h": 3600, "m": 60}

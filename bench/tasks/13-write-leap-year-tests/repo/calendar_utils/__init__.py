@@ -1,0 +1,1 @@
+"""Date helpers for the billing calendar."""

@@ -1,0 +1,1 @@
+"""`openjet bench tasks`: repeatable coding tasks run through the headless agent, scored by hidden checks."""
