@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `from tests.runtime.servers import ...` whatever the working directory
+    sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(autouse=True)

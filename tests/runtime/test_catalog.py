@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from openjet_tui.runtime.catalog import load_catalog
 from openjet_tui.runtime.errors import CatalogError
 from openjet_tui.runtime.hardware import GpuInfo, HardwareInfo
+from openjet_tui.runtime.verify import sha256_file
 
 SMALL_SHA = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 
@@ -81,3 +84,13 @@ def test_unreadable_catalog_names_the_file(tmp_path):
     path.write_text("schema = [")
     with pytest.raises(CatalogError, match="catalog.toml: cannot read"):
         load_catalog(path)
+
+
+REAL_SMALL_MODEL = Path.home() / ".cache" / "openjet" / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+
+@pytest.mark.skipif(not REAL_SMALL_MODEL.exists(), reason="the real small model is not cached on this machine")
+def test_catalog_facts_match_the_real_small_model():
+    model = load_catalog().get("qwen2.5-coder-0.5b")
+    assert REAL_SMALL_MODEL.stat().st_size == model.size
+    assert sha256_file(REAL_SMALL_MODEL) == model.sha256
