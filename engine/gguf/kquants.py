@@ -66,7 +66,7 @@ def _affine_error(x, w, scale, lo, nmax, base, iscale) -> np.ndarray:
     return (w * (scale[:, None] * levels + lo[:, None] - x) ** 2).sum(axis=1)
 
 
-def _pack_scales_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
+def pack_scales_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     """Eight 6-bit scales and eight 6-bit mins -> the 12-byte K-quant scales field; ls, lm: [N, 8] -> [N, 12]."""
     ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
     out = np.empty((ls.shape[0], 12), dtype=np.uint8)
@@ -107,7 +107,7 @@ def _pack_q4_K(blocks: np.ndarray) -> np.ndarray:
     # Each 32-byte slice of qs: low nibbles = sub-block 2c, high nibbles = sub-block 2c+1.
     qs = levels[:, :, 0, :] | (levels[:, :, 1, :] << 4)
     head = np.stack([d, dmin], axis=1).view(np.uint8)  # head: [N, 4]
-    return np.concatenate([head, _pack_scales_k4(ls, lm), qs.reshape(num, 128)], axis=1)
+    return np.concatenate([head, pack_scales_k4(ls, lm), qs.reshape(num, 128)], axis=1)
 
 
 def _pack_q5_K(blocks: np.ndarray) -> np.ndarray:
@@ -121,7 +121,7 @@ def _pack_q5_K(blocks: np.ndarray) -> np.ndarray:
     shifts = (2 * np.arange(4)[:, None] + np.arange(2)[None, :]).astype(np.uint8)  # [4, 2]
     qh = ((levels >> 4) << shifts[None, :, :, None]).sum(axis=(1, 2), dtype=np.uint16).astype(np.uint8)
     head = np.stack([d, dmin], axis=1).view(np.uint8)
-    return np.concatenate([head, _pack_scales_k4(ls, lm), qh, qs.reshape(num, 128)], axis=1)
+    return np.concatenate([head, pack_scales_k4(ls, lm), qh, qs.reshape(num, 128)], axis=1)
 
 
 def _fit_symmetric(x: np.ndarray, nmax: int) -> np.ndarray:

@@ -136,14 +136,23 @@ def _align(offset: int, alignment: int) -> int:
     return (offset + alignment - 1) // alignment * alignment
 
 
-def _read_kv(cur: _Cursor, count: int) -> tuple[dict[str, Any], dict[str, GGUFValueType]]:
+# A metadata value's GGUF type, and for arrays the element type (None otherwise).
+ValueType = tuple[GGUFValueType, GGUFValueType | None]
+
+
+def _read_kv(cur: _Cursor, count: int) -> tuple[dict[str, Any], dict[str, ValueType]]:
     metadata: dict[str, Any] = {}
-    types: dict[str, GGUFValueType] = {}
+    types: dict[str, ValueType] = {}
     for index in range(count):
         key = cur.string(f"metadata key #{index}")
         vtype = cur.value_type(f"metadata {key!r}")
+        item_type = None
+        if vtype == GGUFValueType.ARRAY:  # peek at the element type, then read the array from its start
+            start = cur.pos
+            item_type = cur.value_type(f"metadata {key!r}")
+            cur.pos = start
         metadata[key] = cur.value(vtype, f"metadata {key!r}")
-        types[key] = vtype
+        types[key] = (vtype, item_type)
     return metadata, types
 
 
@@ -192,7 +201,7 @@ def _tensor_view(path: Path, mm: np.ndarray, name: str, qtype: GGMLQuantizationT
 class GGUFFile:
     """An open GGUF file: metadata, tensor index and memory-mapped tensor data."""
 
-    def __init__(self, path: Path, version: int, metadata: dict[str, Any], value_types: dict[str, GGUFValueType],
+    def __init__(self, path: Path, version: int, metadata: dict[str, Any], value_types: dict[str, ValueType],
                  tensors: dict[str, TensorInfo], alignment: int, data_offset: int):
         self.path, self.version, self.alignment, self.data_offset = path, version, alignment, data_offset
         self.metadata, self.value_types, self.tensors = metadata, value_types, tensors
@@ -210,6 +219,11 @@ class GGUFFile:
         except (OSError, ValueError) as exc:  # ValueError: numpy refuses to map an empty file
             raise ModelFileError(path, f"cannot be read ({exc})") from None
         return cls._parse(path, mm)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, label: str | Path) -> GGUFFile:
+        """Parses a GGUF image held in memory (e.g. a decompressed asset); label stands in for the path in errors."""
+        return cls._parse(Path(label), np.frombuffer(data, dtype=np.uint8))
 
     @classmethod
     def _parse(cls, path: Path, mm: np.ndarray) -> GGUFFile:
