@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,6 +12,9 @@ from engine.backend import Backend, Checkpoint, Draft
 from engine.errors import ContextOverflowError
 from engine.reference.model import ReferenceModel
 from engine.reference.state import ModelState, PendingPass
+
+if TYPE_CHECKING:
+    from engine.gguf.reader import GGUFFile
 
 
 @dataclass(slots=True)
@@ -37,11 +41,16 @@ class ReferenceBackend(Backend):
     def from_gguf(cls, path: str | Path, context_size: int | None = None, use_mtp: bool = True) -> ReferenceBackend:
         """Open a GGUF file, validate it, dequantize every weight to float32 once."""
         from engine.gguf.reader import GGUFFile
+
+        return cls.from_file(GGUFFile.open(path), context_size, use_mtp)
+
+    @classmethod
+    def from_file(cls, f: GGUFFile, context_size: int | None = None, use_mtp: bool = True) -> ReferenceBackend:
+        """The backend of an open GGUF file (ModelFileError / UnsupportedModelError for a file it cannot run)."""
         from engine.model.config import ModelConfig
         from engine.model.weights import bind_weights
         from engine.reference.weights import load_weights
 
-        f = GGUFFile.open(path)
         cfg = ModelConfig.from_gguf(f)
         model = ReferenceModel(cfg, load_weights(bind_weights(f, cfg)), use_mtp=use_mtp)
         return cls(model, context_size)
