@@ -1,0 +1,77 @@
+"""The command runner: exit codes, head+tail output cap, timeout and cancel kill the whole process group."""
+
+import asyncio
+import os
+import time
+
+from openjet_tui.agent.runner import OutputCap, run_command
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0): look at its state
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+async def wait_dead(pid: int, timeout_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+def test_output_cap_keeps_head_and_tail():
+    cap = OutputCap(20)
+    for i in range(100):
+        cap.add(f"{i:03d}\n".encode())
+    text = cap.text()
+    assert text.startswith("000\n001\n00") and text.endswith("098\n099\n")
+    assert cap.is_truncated and "380 bytes of output omitted" in text
+
+
+async def test_exit_code_output_and_cwd(tmp_path):
+    (tmp_path / "f.txt").write_text("hello\n")
+    result = await run_command("cat f.txt; echo err >&2; exit 3", tmp_path, 10, 1000)
+    assert result.exit_code == 3 and result.output == "hello\nerr\n" and not result.timed_out
+    assert result.describe(10).startswith("exit code 3\nhello")
+
+
+async def test_large_output_is_capped(tmp_path):
+    result = await run_command("seq 1 100000", tmp_path, 10, 2000)
+    assert result.is_truncated and result.num_output_bytes == len("".join(f"{i}\n" for i in range(1, 100001)))
+    assert result.output.startswith("1\n2\n3\n") and result.output.endswith("99999\n100000\n")
+    assert len(result.output) < 2100
+
+
+async def test_timeout_kills_the_whole_group(tmp_path):
+    started = time.monotonic()
+    result = await run_command("sleep 30 & echo $! > child.pid; sleep 30", tmp_path, 0.3, 1000)
+    assert result.timed_out and result.exit_code is None and time.monotonic() - started < 5
+    assert await wait_dead(int((tmp_path / "child.pid").read_text()))
+    assert "timed out after 0.3s" in result.describe(0.3)
+
+
+async def test_cancel_kills_the_whole_group(tmp_path):
+    task = asyncio.create_task(run_command("sleep 30 & echo $! > child.pid; wait", tmp_path, 60, 1000))
+    while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text().strip():
+        await asyncio.sleep(0.02)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("the run was not cancelled")
+    assert await wait_dead(int((tmp_path / "child.pid").read_text()))
+
+
+async def test_background_child_does_not_hold_the_result(tmp_path):
+    started = time.monotonic()
+    result = await run_command("(sleep 30 &) ; echo done", tmp_path, 20, 1000)
+    assert result.exit_code == 0 and result.output == "done\n" and time.monotonic() - started < 3
