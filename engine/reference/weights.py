@@ -21,17 +21,31 @@ if TYPE_CHECKING:
 _LAYER_NAME = re.compile(r"^blk\.(\d+)\.(.+?)(\.weight)?$")
 
 
+class RowTable:
+    """An embedding table kept as stored, rows dequantized on lookup: only a tied table is needed whole."""
+
+    def __init__(self, info: TensorInfo):
+        self.info = info
+        self.shape: tuple[int, ...] = tuple(info.shape)
+
+    def __getitem__(self, ids) -> np.ndarray:
+        """Rows `ids` as float32 [len(ids), H], bit-identical to the same rows of the whole dequantized table."""
+        from engine.gguf.quants import dequantize_rows
+
+        return dequantize_rows(self.info.data, self.info.qtype, self.shape, np.asarray(ids, dtype=np.int64))
+
+
 @dataclass(slots=True)
 class ReferenceWeights:
     """All weights of a model as float32 arrays of their GGUF numpy shape."""
 
-    token_embd: np.ndarray  # [V, H]
+    token_embd: np.ndarray | RowTable  # [V, H]
     output_norm: np.ndarray  # [H]
     output: np.ndarray  # [V, H]; the very same array as token_embd when the embeddings are tied
     layers: list[dict[str, np.ndarray]]
     nextn: list[dict[str, np.ndarray]]
 
-    def mtp_embeddings(self) -> np.ndarray:
+    def mtp_embeddings(self) -> np.ndarray | RowTable:
         """The token embedding table of the MTP head (its own if the file has one, else the trunk's)."""
         return self.nextn[0].get("nextn.embed_tokens", self.token_embd)
 
@@ -53,12 +67,28 @@ def _dequantized(infos: dict[str, TensorInfo], cache: dict[str, np.ndarray]) -> 
 
 
 def load_weights(tensors: ModelTensors) -> ReferenceWeights:
-    """Dequantize the tensors bind_weights validated into float32 arrays."""
+    """Dequantize the tensors bind_weights validated into float32 arrays (an untied token_embd stays as stored)."""
     cache: dict[str, np.ndarray] = {}
-    top = _dequantized(tensors.global_tensors, cache)
+    top = dict(tensors.global_tensors)
+    output = _dequantized({"output": top["output"]}, cache)["output"]
+    tied = top["output"].name == top["token_embd"].name
+    token_embd = output if tied else RowTable(top["token_embd"])
+    output_norm = _dequantized({"output_norm": top["output_norm"]}, cache)["output_norm"]
     layers = [_dequantized(layer, cache) for layer in tensors.layers]
-    nextn = [_dequantized(layer, cache) for layer in tensors.nextn]
-    return _complete(top["token_embd"], top["output_norm"], top.get("output"), layers, nextn)
+    nextn = [_lazy_embeddings(_dequantized(_without_embeddings(layer), cache), layer) for layer in tensors.nextn]
+    return _complete(token_embd, output_norm, output, layers, nextn)
+
+
+def _without_embeddings(layer: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """An MTP layer's tensors except its own embedding table (looked up row by row instead)."""
+    return {k: v for k, v in layer.items() if k != "nextn.embed_tokens"}
+
+
+def _lazy_embeddings(dense: dict, layer: dict[str, TensorInfo]) -> dict:
+    """Put an MTP layer's own embedding table back, as a RowTable."""
+    if "nextn.embed_tokens" in layer:
+        dense["nextn.embed_tokens"] = RowTable(layer["nextn.embed_tokens"])
+    return dense
 
 
 def _complete(token_embd, output_norm, output, layers, nextn) -> ReferenceWeights:

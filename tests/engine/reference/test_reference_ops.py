@@ -55,7 +55,8 @@ def test_l2_norm_and_gated_rms_norm(rng):
     np.testing.assert_allclose(y, x64 / np.sqrt((x64**2).sum(-1, keepdims=True) + 1e-6), rtol=1e-5, atol=1e-7)
     normed = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * w
     z64 = z.astype(np.float64)
-    np.testing.assert_allclose(ops.gated_rms_norm(x, z, w, 1e-6), normed * z64 / (1 + np.exp(-z64)), rtol=1e-4, atol=1e-5)
+    expected = normed * z64 / (1 + np.exp(-z64))
+    np.testing.assert_allclose(ops.gated_rms_norm(x, z, w, 1e-6), expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("neox", [True, False])
