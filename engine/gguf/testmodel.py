@@ -49,7 +49,8 @@ def tiny_config(arch: str, *, num_layers: int | None = None, hidden_size: int = 
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
     is_qwen35 = arch == "qwen35"
-    num_layers = num_layers or (4 if is_qwen35 else 2)
+    if num_layers is None:
+        num_layers = 4 if is_qwen35 else 2
     common: dict[str, Any] = dict(
         arch=arch, num_layers=num_layers, hidden_size=hidden_size, ffn_size=ffn_size, vocab_size=vocab_size,
         num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, rope_theta=1e6 if arch != "llama" else 1e4,
@@ -234,7 +235,10 @@ def _chunked_synth(plan: TensorPlan, cfg: ModelConfig, seed: tuple[int, ...], ex
         yield in_flight.popleft().result()
 
 
-def _metadata(cfg: ModelConfig, seed: int) -> list[tuple[str, Any, GGUFValueType, GGUFValueType | None]]:
+MetadataItem = tuple[str, Any, GGUFValueType, GGUFValueType | None]
+
+
+def _metadata(cfg: ModelConfig, seed: int, tokenizer: bool) -> list[MetadataItem]:
     u32 = GGUFValueType.UINT32
     general = [
         ("general.type", "model", GGUFValueType.STRING, None),
@@ -244,20 +248,21 @@ def _metadata(cfg: ModelConfig, seed: int) -> list[tuple[str, Any, GGUFValueType
     ]
     arch = [(k, v, t, GGUFValueType.INT32 if t == GGUFValueType.ARRAY else None)
             for k, v, t in cfg.to_gguf_metadata()]
-    return general + arch + tokenizer_metadata(cfg.vocab_size)
+    return general + arch + (tokenizer_metadata(cfg.vocab_size) if tokenizer else [])
 
 
 def write_model(path: str | Path, cfg: ModelConfig, *, seed: int = 0, fast: bool = False,
-                workers: int | None = None) -> Path:
+                workers: int | None = None, tokenizer: bool = True) -> Path:
     """Writes a random-weight model of cfg to path, streaming tensor by tensor; returns the path.
 
     fast: every quantized matrix is random valid blocks generated in parallel chunks (the full-size path);
     otherwise matrices are gaussian floats quantized by our packers, except vocabulary-sized ones.
+    tokenizer=False leaves out the tokenizer (any vocab_size then; llama.cpp will not load such a file).
     """
     plans = plan_tensors(cfg)
     workers = workers or min(32, os.cpu_count() or 1)
     with GGUFStreamWriter(path, cfg.arch) as writer, ThreadPoolExecutor(workers) as executor:
-        for key, value, vtype, sub_type in _metadata(cfg, seed):
+        for key, value, vtype, sub_type in _metadata(cfg, seed, tokenizer):
             writer.add_metadata(key, value, vtype, sub_type)
         for plan in plans:
             writer.add_tensor(plan.name, plan.shape, plan.qtype)
@@ -277,13 +282,17 @@ def write_test_model(path: str | Path, arch: str, *, num_layers: int | None = No
                      ffn_size: int = 512, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 64,
                      context_length: int = 4096, vocab_size: int | None = None,
                      tied_embeddings: bool | None = None, seed: int = 0, fast: bool = False,
-                     workers: int | None = None) -> Path:
-    """Writes a tiny random-weight model of arch (defaults: hidden 256, 2 layers; qwen35 4 layers + MTP)."""
-    vocab_size = vocab_size or len(_vocab_file().metadata["tokenizer.ggml.tokens"])
+                     workers: int | None = None, tokenizer: bool = True) -> Path:
+    """Writes a tiny random-weight model of arch (defaults: hidden 256, 2 layers; qwen35 4 layers + MTP).
+
+    vocab_size defaults to the bundled tokenizer's 151936 tokens (512 when tokenizer=False).
+    """
+    if vocab_size is None:
+        vocab_size = len(_vocab_file().metadata["tokenizer.ggml.tokens"]) if tokenizer else 512
     cfg = tiny_config(arch, num_layers=num_layers, hidden_size=hidden_size, ffn_size=ffn_size, num_heads=num_heads,
                       num_kv_heads=num_kv_heads, head_dim=head_dim, context_length=context_length,
                       vocab_size=vocab_size, tied_embeddings=tied_embeddings)
-    return write_model(path, cfg, seed=seed, fast=fast, workers=workers)
+    return write_model(path, cfg, seed=seed, fast=fast, workers=workers, tokenizer=tokenizer)
 
 
 def write_preset(path: str | Path, preset: str, *, seed: int = 0, workers: int | None = None,

@@ -115,3 +115,33 @@ class GGUFStreamWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
+
+
+def rewrite(src, dst: str | Path, *, drop_tensors: tuple[str, ...] = (),
+            set_tensors: dict[str, tuple[GGMLQuantizationType, tuple[int, ...], np.ndarray]] | None = None,
+            set_metadata: dict[str, tuple[Any, GGUFValueType]] | None = None,
+            drop_metadata: tuple[str, ...] = ()) -> Path:
+    """Copies an open GGUFFile to dst with tensors dropped / replaced / added and metadata changed.
+
+    set_tensors maps a name to (type, numpy shape, stored bytes); set_metadata maps a key to (value, type).
+    """
+    set_tensors, set_metadata = set_tensors or {}, set_metadata or {}
+    writer = GGUFStreamWriter(dst, src.arch if "general.architecture" not in set_metadata
+                              else set_metadata["general.architecture"][0])
+    with writer:
+        for key, value in src.metadata.items():
+            if key in drop_metadata or key in set_metadata or key == "general.architecture":
+                continue
+            vtype, sub_type = src.value_types[key]
+            writer.add_metadata(key, value, vtype, sub_type)
+        for key, (value, vtype) in set_metadata.items():
+            if key != "general.architecture":
+                writer.add_metadata(key, value, vtype)
+        tensors = {name: (t.qtype, t.shape, t.data) for name, t in src.tensors.items() if name not in drop_tensors}
+        tensors.update(set_tensors)
+        for name, (qtype, shape, _) in tensors.items():
+            writer.add_tensor(name, shape, qtype)
+        writer.begin()
+        for _, _, data in tensors.values():
+            writer.write(data)
+        return writer.finish()
