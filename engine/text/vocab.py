@@ -126,17 +126,24 @@ def _merges(md: Mapping[str, Any], path: object) -> list[tuple[str, str]]:
     return merges
 
 
+# llama.cpp's defaults for BPE vocabularies whose file names no BOS/EOS (GPT-2 heritage); they matter because the
+# EOS id also ends generation.
+_DEFAULT_IDS = {"bos": 11, "eos": 11}
+
+
 def _special_ids(md: Mapping[str, Any], num_tokens: int, path: object) -> dict[str, int]:
-    ids: dict[str, int] = {}
+    ids = {role: i for role, i in _DEFAULT_IDS.items() if i < num_tokens}
+    given: set[str] = set()
     for role, keys in _ID_KEYS.items():
         for key in keys:
             value = md.get(_KEY + key)
-            if value is None or role in ids:
+            if value is None or role in given:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < num_tokens:
                 raise ModelFileError(path, f"{_KEY}{key} = {value!r} is not a token id (vocabulary has "
                                            f"{num_tokens} tokens)")
             ids[role] = value
+            given.add(role)
     return ids
 
 
