@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from openjet_tui.errors import OpenJetError
 
-class RuntimeSetupError(Exception):
+
+class RuntimeSetupError(OpenJetError):
     """Base class for every setup or runtime failure shown to a user."""
 
 

