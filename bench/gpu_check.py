@@ -1,0 +1,118 @@
+"""`make gpu-check` / `make bench`: the CUDA backend checked against the numpy reference and timed, on the GPU.
+
+  python bench/gpu_check.py                 kernels and whole tiny models against the reference
+  python bench/gpu_check.py --bench         the same, then the 27B-shape timings
+  python bench/gpu_check.py --parts kernels,timings --out DIR
+
+Prints a short table last and writes results JSON (and the log) under --out (default $OUT, else bench/results).
+Exits non-zero if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
+
+PARTS = ("compile", "bandwidth", "kernels", "models", "timings", "model27b")
+
+
+def compile_all(report: Report) -> None:
+    """Compile every kernel file for this GPU with a cold cache, timing each."""
+    from engine.cuda import instances, nvrtc
+
+    from engine.cuda.device import Device  # noqa: F401  (import check)
+
+    print("compile (cold cache)", flush=True)
+    for file, insts in instances.files().items():
+        t0 = time.perf_counter()
+        nvrtc.compile_file(nvrtc.KERNEL_DIR / f"{file}.cu", report.info["arch_num"], tuple(i.expr for i in insts))
+        dt = time.perf_counter() - t0
+        report.info.setdefault("compile_s", {})[file] = round(dt, 3)
+        print(f"  {file:<12} {len(insts):3d} instances  {dt:6.2f} s", flush=True)
+
+
+def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> None:
+    """One part of the check, by name."""
+    if name == "compile":
+        compile_all(report)
+    elif name == "bandwidth":
+        t = copy_bandwidth(dev)
+        report.timings.append(t)
+        report.info["copy_gbps"] = round(t.gbps, 1)
+        print(f"copy bandwidth: {t.gbps:.0f} GB/s (read + write, {t.median_ms:.3f} ms for {t.shape})", flush=True)
+    elif name == "kernels":
+        from bench import gpu_kernels, gpu_ops
+
+        gpu_kernels.run_matmul_checks(dev, report, rng)
+        gpu_ops.run_op_checks(dev, report, rng)
+    elif name == "timings":
+        from bench import gpu_kernels
+
+        gpu_kernels.time_matmuls(dev, report, rng)
+    elif name == "models":
+        from bench import gpu_models
+
+        gpu_models.run_model_checks(dev, report, args)
+    elif name == "model27b":
+        from bench import gpu_models
+
+        gpu_models.run_27b(dev, report, args)
+
+
+def summary(report: Report) -> None:
+    """The short table printed last."""
+    failed = [c for c in report.checks if not c.ok]
+    print("\n==== summary ====")
+    print(f"gpu {report.info.get('gpu')} {report.info.get('arch')}  copy {report.info.get('copy_gbps', '?')} GB/s  "
+          f"commit {str(report.info.get('commit', ''))[:10]}")
+    print(f"checks: {len(report.checks) - len(failed)}/{len(report.checks)} ok")
+    for c in failed:
+        print(f"  FAIL {c.op} {c.variant} {c.shape} rel {c.rel_err:.2e} tol {c.tol:.0e} unwritten {c.unwritten}")
+    for line in report.notes:
+        print(f"  note: {line}")
+    for t in report.timings:
+        if t.op in ("forward", "prefill", "copy"):
+            print(f"  {t.op:<8} {t.variant:<22} {t.median_ms:9.3f} ms  {t.gbps:7.0f} GB/s  {t.extra}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the selected parts; exit status 1 if any check failed or a part raised."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bench", action="store_true", help="also run the 27B-shape timings")
+    parser.add_argument("--parts", default="", help=f"comma-separated subset of {','.join(PARTS)}")
+    parser.add_argument("--out", default=os.environ.get("OUT", ""), help="folder for results JSON")
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    args = parser.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p] or (
+        ["compile", "bandwidth", "kernels", "models"] + (["timings", "model27b"] if args.bench else []))
+    from engine.cuda.device import Device
+
+    report, rng, ok = Report(), np.random.default_rng(args.seed), True
+    with Device() as dev:
+        report.info = machine_info(dev) | {"arch_num": dev.info.arch, "seed": args.seed, "parts": parts}
+        for part in parts:
+            try:
+                run_part(part, dev, report, rng, args)
+            except Exception:  # a broken part must not hide the others' results
+                ok = False
+                report.notes.append(f"part {part} raised: {traceback.format_exc(limit=6)}")
+                traceback.print_exc()
+    out_dir = Path(args.out) if args.out else Path(__file__).resolve().parent / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report.write(out_dir / ("gpu_bench.json" if args.bench else "gpu_check.json"))
+    summary(report)
+    return 0 if ok and all(c.ok for c in report.checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

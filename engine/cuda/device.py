@@ -1,0 +1,394 @@
+"""The GPU through cuda.bindings.driver: context, device memory, modules, launches, events and CUDA graphs.
+
+One Device owns everything it creates: every allocation is recorded in its DeviceMemory and freed by close()
+(or at exit of a `with Device() as dev:` block), modules are unloaded, and the context is released. Nothing
+else in the engine calls the driver directly.
+
+Failures a user can act on are EngineErrors with plain messages: NoGpuError (no driver, no device),
+UnsupportedGpuError (older than sm_80), DeviceOutOfMemoryError (with the request and what was free).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.errors import EngineError
+
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+class CudaError(EngineError):
+    """A CUDA driver call failed."""
+
+
+class NoGpuError(CudaError):
+    """No usable NVIDIA driver or device on this machine."""
+
+
+class UnsupportedGpuError(CudaError):
+    """A GPU the engine's kernels do not support (compute capability below 8.0)."""
+
+
+class DeviceOutOfMemoryError(CudaError):
+    """A device allocation did not fit in the GPU's free memory."""
+
+
+def _driver():
+    """cuda.bindings.driver, imported on first use."""
+    from cuda.bindings import driver
+
+    return driver
+
+
+def check(result: tuple, what: str) -> Any:
+    """Unpack a driver call's (CUresult, *values); raise CudaError naming the call on failure."""
+    drv = _driver()
+    err, values = result[0], result[1:]
+    if err != drv.CUresult.CUDA_SUCCESS:
+        _, name = drv.cuGetErrorName(err)
+        _, text = drv.cuGetErrorString(err)
+        message = f"{what} failed: {(name or b'?').decode()} ({(text or b'').decode()})"
+        if err == drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise DeviceOutOfMemoryError(message)
+        raise CudaError(message)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What the kernels and launchers need to know about the GPU."""
+
+    index: int
+    name: str
+    compute_capability: tuple[int, int]
+    total_memory: int
+    multiprocessors: int
+    l2_bytes: int
+    max_smem_per_block: int  # opt-in maximum of dynamic shared memory per block
+
+    @property
+    def arch(self) -> int:
+        """Compute capability as NVRTC spells it: 90 for sm_90."""
+        major, minor = self.compute_capability
+        return 10 * major + minor
+
+
+@dataclass(slots=True)
+class Buffer:
+    """A range of device memory. Views share their parent's allocation and are never freed on their own."""
+
+    ptr: int
+    nbytes: int
+    what: str = ""
+    is_view: bool = False
+
+    def view(self, offset: int, nbytes: int | None = None, what: str = "") -> Buffer:
+        """A sub-range [offset, offset + nbytes) of this buffer."""
+        nbytes = self.nbytes - offset if nbytes is None else nbytes
+        assert 0 <= offset and offset + nbytes <= self.nbytes, f"view {offset}+{nbytes} outside {self.nbytes} bytes"
+        return Buffer(self.ptr + offset, nbytes, what or self.what, is_view=True)
+
+
+@dataclass(slots=True)
+class DeviceMemory:
+    """Every allocation of one Device, freed together by free_all()."""
+
+    device: Device
+    live: dict[int, Buffer] = field(default_factory=dict)
+
+    @property
+    def allocated(self) -> int:
+        """Bytes currently held."""
+        return sum(b.nbytes for b in self.live.values())
+
+    def alloc(self, nbytes: int, what: str) -> Buffer:
+        """Allocate nbytes (at least 1) of device memory; DeviceOutOfMemoryError says what did not fit."""
+        drv = _driver()
+        nbytes = max(int(nbytes), 1)
+        err, ptr = drv.cuMemAlloc(nbytes)
+        if err == drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            free, total = self.device.mem_info()
+            raise DeviceOutOfMemoryError(
+                f"out of GPU memory allocating {what}: {nbytes / 2**20:.1f} MiB requested, "
+                f"{free / 2**20:.0f} MiB free of {total / 2**20:.0f} MiB ({self.allocated / 2**20:.0f} MiB held "
+                f"by this engine)")
+        check((err,), f"cuMemAlloc({what}, {nbytes})")
+        buf = Buffer(int(ptr), nbytes, what)
+        self.live[buf.ptr] = buf
+        return buf
+
+    def free(self, buf: Buffer) -> None:
+        """Free one allocation (views cannot be freed)."""
+        assert not buf.is_view and buf.ptr in self.live, f"{buf.what}: not an allocation of this device"
+        del self.live[buf.ptr]
+        check(_driver().cuMemFree(buf.ptr), f"cuMemFree({buf.what})")
+
+    def free_all(self) -> None:
+        """Free everything still held."""
+        for buf in list(self.live.values()):
+            self.free(buf)
+
+
+def _pack_args(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
+    """Kernel arguments as the void*[] cuLaunchKernel reads: Buffers and None become pointers, ints int32,
+    floats float32; ctypes values pass through."""
+    values: list = []
+    for a in args:
+        if isinstance(a, Buffer):
+            values.append(ctypes.c_uint64(a.ptr))
+        elif a is None:
+            values.append(ctypes.c_uint64(0))
+        elif isinstance(a, ctypes._SimpleCData):
+            values.append(a)
+        elif isinstance(a, (bool, int, np.integer)):
+            values.append(ctypes.c_int32(int(a)))
+        elif isinstance(a, (float, np.floating)):
+            values.append(ctypes.c_float(float(a)))
+        else:
+            raise TypeError(f"unsupported kernel argument {a!r}")
+    ptrs = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+    return ptrs, values
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """A loaded kernel function."""
+
+    name: str
+    handle: Any
+
+
+class Graph:
+    """An instantiated CUDA graph: launch() replays the captured work on the device's stream."""
+
+    def __init__(self, device: Device, graph: Any, exec_: Any):
+        self.device, self._graph, self._exec = device, graph, exec_
+
+    def launch(self) -> None:
+        """Replay the graph."""
+        check(_driver().cuGraphLaunch(self._exec, self.device.stream), "cuGraphLaunch")
+
+    def destroy(self) -> None:
+        """Release the graph."""
+        drv = _driver()
+        if self._exec is not None:
+            check(drv.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
+            check(drv.cuGraphDestroy(self._graph), "cuGraphDestroy")
+            self._exec = self._graph = None
+
+
+def _open_driver():
+    """Initialise the driver; NoGpuError where there is no driver library or no device."""
+    try:
+        drv = _driver()
+        err, = drv.cuInit(0)
+    except Exception as exc:  # the loader raises its own error types where libcuda is absent
+        raise NoGpuError(f"no NVIDIA driver found ({exc})") from exc
+    if err != drv.CUresult.CUDA_SUCCESS:
+        _, name = drv.cuGetErrorName(err)
+        raise NoGpuError(f"the NVIDIA driver did not initialise: {(name or b'?').decode()}")
+    return drv
+
+
+def _query(drv, dev, index: int) -> DeviceInfo:
+    """Read the attributes the engine needs."""
+    attr = drv.CUdevice_attribute
+
+    def get(a):
+        return int(check(drv.cuDeviceGetAttribute(a, dev), f"cuDeviceGetAttribute({a})"))
+
+    name = check(drv.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    return DeviceInfo(
+        index=index,
+        name=name.split(b"\0", 1)[0].decode(errors="replace"),
+        compute_capability=(get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+        total_memory=int(check(drv.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
+        multiprocessors=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+        max_smem_per_block=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+    )
+
+
+class Device:
+    """One GPU: its context, stream, memory, loaded kernels and graphs. Use as a context manager or close()."""
+
+    def __init__(self, index: int = 0):
+        drv = _open_driver()
+        count = int(check(drv.cuDeviceGetCount(), "cuDeviceGetCount"))
+        if count == 0:
+            raise NoGpuError("the NVIDIA driver reports no GPU")
+        if not 0 <= index < count:
+            raise NoGpuError(f"GPU {index} requested, but the driver reports {count}")
+        self._dev = check(drv.cuDeviceGet(index), "cuDeviceGet")
+        self.info = _query(drv, self._dev, index)
+        if self.info.compute_capability < MIN_COMPUTE_CAPABILITY:
+            major, minor = self.info.compute_capability
+            raise UnsupportedGpuError(
+                f"{self.info.name} is compute capability {major}.{minor}; OpenJet's kernels need 8.0 or newer "
+                f"(RTX 30/40/50 series, A100, H100/H200)")
+        self._ctx = check(drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        check(drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        self.stream = check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        self.memory = DeviceMemory(self)
+        self._modules: list[Any] = []
+        self._kernels: dict[str, Kernel] = {}
+        self._graphs: list[Graph] = []
+        self.closed = False
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory."""
+        free, total = check(_driver().cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    # ---- kernels ----
+
+    def kernel(self, name: str) -> Kernel:
+        """The kernel instance `name` (engine.cuda.instances), compiling and loading its file on first use."""
+        if name not in self._kernels:
+            from engine.cuda import instances
+
+            if name not in instances.INSTANCES:
+                raise CudaError(f"unknown kernel instance {name!r}")
+            self._load_file(instances.INSTANCES[name].file)
+        return self._kernels[name]
+
+    def _load_file(self, file: str) -> None:
+        """Compile (through the disk cache) and load every instance of one .cu file."""
+        from engine.cuda import instances, nvrtc
+
+        drv = _driver()
+        insts = instances.files()[file]
+        arch, ptx = self.info.arch, False
+        supported = nvrtc.supported_archs()
+        if arch not in supported:
+            # a GPU newer than this NVRTC: PTX for the newest architecture it knows, JIT-compiled by the driver
+            arch, ptx = max(a for a in supported if a <= arch), True
+        compiled = nvrtc.compile_cached(nvrtc.KERNEL_DIR / f"{file}.cu", arch, tuple(i.expr for i in insts), ptx=ptx)
+        image = compiled.image + (b"\0" if ptx else b"")
+        module = check(drv.cuModuleLoadData(image), f"cuModuleLoadData({file})")
+        self._modules.append(module)
+        for inst in insts:
+            fn = check(drv.cuModuleGetFunction(module, compiled.symbols[inst.expr].encode()), inst.name)
+            self._kernels[inst.name] = Kernel(inst.name, fn)
+
+    def set_max_dynamic_smem(self, kernel: Kernel, nbytes: int) -> None:
+        """Allow a kernel more than 48 KB of dynamic shared memory."""
+        drv = _driver()
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(drv.cuFuncSetAttribute(kernel.handle, attr, int(nbytes)), f"cuFuncSetAttribute({kernel.name})")
+
+    def launch(self, kernel: Kernel, grid: int | tuple[int, ...], block: int | tuple[int, ...],
+               args: Sequence[Any], smem: int = 0) -> None:
+        """Launch on the device's stream (asynchronous)."""
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3] if isinstance(grid, tuple) else (grid, 1, 1)
+        bx, by, bz = (tuple(block) + (1, 1))[:3] if isinstance(block, tuple) else (block, 1, 1)
+        assert gx > 0 and gy > 0 and gz > 0, f"{kernel.name}: empty grid {(gx, gy, gz)}"
+        ptrs, keep = _pack_args(args)
+        check(_driver().cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, smem, self.stream,
+                                       ctypes.addressof(ptrs), 0), f"launch {kernel.name}")
+        del keep
+
+    # ---- memory ----
+
+    def alloc(self, nbytes: int, what: str) -> Buffer:
+        """Allocate device memory owned by this device."""
+        return self.memory.alloc(nbytes, what)
+
+    def upload(self, buf: Buffer, array: np.ndarray, offset: int = 0) -> None:
+        """Copy a host array into buf at byte offset (synchronous for the host array)."""
+        src = np.ascontiguousarray(array)
+        assert offset + src.nbytes <= buf.nbytes, f"{buf.what}: {src.nbytes} bytes do not fit at {offset}"
+        if src.nbytes:
+            check(_driver().cuMemcpyHtoD(buf.ptr + offset, src.ctypes.data, src.nbytes), f"upload {buf.what}")
+
+    def to_device(self, array: np.ndarray, what: str) -> Buffer:
+        """Allocate a buffer holding a copy of array."""
+        buf = self.alloc(array.nbytes, what)
+        self.upload(buf, array)
+        return buf
+
+    def download(self, buf: Buffer, dtype: Any, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        """Copy device memory into a new host array (waits for the stream first)."""
+        out = np.empty(shape, dtype)
+        assert offset + out.nbytes <= buf.nbytes, f"{buf.what}: read past the end"
+        self.synchronize()
+        if out.nbytes:
+            check(_driver().cuMemcpyDtoH(out.ctypes.data, buf.ptr + offset, out.nbytes), f"download {buf.what}")
+        return out
+
+    def fill_u32(self, buf: Buffer, value: int, count: int | None = None) -> None:
+        """Set count 32-bit words of buf to value (e.g. a NaN pattern to poison outputs)."""
+        count = buf.nbytes // 4 if count is None else count
+        check(_driver().cuMemsetD32Async(buf.ptr, value & 0xFFFFFFFF, count, self.stream), f"fill {buf.what}")
+
+    def copy(self, dst: Buffer, src: Buffer, nbytes: int) -> None:
+        """Device-to-device copy on the stream."""
+        check(_driver().cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, self.stream), f"copy {src.what}")
+
+    def synchronize(self) -> None:
+        """Wait for all work on the stream; a kernel fault surfaces here as a CudaError."""
+        check(_driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    # ---- graphs and timing ----
+
+    @contextmanager
+    def capture(self) -> Iterator[list[Graph]]:
+        """Capture the launches of the with-block into a graph: `with dev.capture() as g: ...; g[0].launch()`."""
+        drv = _driver()
+        mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(drv.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
+        holder: list[Graph] = []
+        try:
+            yield holder
+        finally:
+            graph = check(drv.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
+        exec_ = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        holder.append(Graph(self, graph, exec_))
+        self._graphs.append(holder[0])
+
+    def time_ms(self, fn, reps: int = 20, warmup: int = 3) -> list[float]:
+        """Per-call device times (ms) of fn() measured with CUDA events, after warm-up calls."""
+        drv = _driver()
+        for _ in range(warmup):
+            fn()
+        events = [check(drv.cuEventCreate(0), "cuEventCreate") for _ in range(reps + 1)]
+        check(drv.cuEventRecord(events[0], self.stream), "cuEventRecord")
+        for i in range(reps):
+            fn()
+            check(drv.cuEventRecord(events[i + 1], self.stream), "cuEventRecord")
+        check(drv.cuEventSynchronize(events[-1]), "cuEventSynchronize")
+        times = [float(check(drv.cuEventElapsedTime(events[i], events[i + 1]), "cuEventElapsedTime"))
+                 for i in range(reps)]
+        for ev in events:
+            check(drv.cuEventDestroy(ev), "cuEventDestroy")
+        return times
+
+    def close(self) -> None:
+        """Free every allocation, graph and module, and release the context."""
+        if self.closed:
+            return
+        drv = _driver()
+        self.synchronize()
+        for graph in self._graphs:
+            graph.destroy()
+        self.memory.free_all()
+        for module in self._modules:
+            check(drv.cuModuleUnload(module), "cuModuleUnload")
+        check(drv.cuStreamDestroy(self.stream), "cuStreamDestroy")
+        check(drv.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
+        self._modules, self._kernels, self._graphs, self.closed = [], {}, [], True

@@ -1,0 +1,314 @@
+// Weight formats on the device: ggml block types repacked into planes, and their decoding into mma fragments.
+//
+// Repacked layout (engine/cuda/weights.py writes it; one table there mirrors PLANES below): the fields of every
+// block are split into planes, plane p holding field p of all rows * nb blocks, row-major (row, block):
+//   Q4_K: qs[128] | scales[12] | dm(f16 d, f16 dmin)      Q5_K: qs[128] | qh[32] | scales[12] | dm
+//   Q6_K: ql[128] | qh[64] | scales[16] | d               Q8_0: qs[32] | d      Q5_0: qs[16] | qh[4] | d
+//   Q4_0: qs[16] | d                                      F16:  the plain [rows, K] matrix
+// so every field is aligned to its own size whatever the block size (Q6_K's 210-byte blocks are not).
+//
+// Fragments: a warp computes 16 rows x 8 columns with mma.m16n8k16. Lane (g, c) = (lane / 4, lane % 4) supplies
+// rows g and g + 8 at four k-slots; any assignment of real weight positions to k-slots is valid as long as the
+// activation fragment uses the same one. Each type's kofs(c, s) gives, for mma step s of a superblock, the real
+// position e of the lane's four consecutive weights (e, e+1) -> slots (2c, 2c+1), (e+2, e+3) -> (2c+8, 2c+9), so
+// the activation fragment is one 8-byte load of x[e .. e+3].
+//
+// Dequantization is exact where it can be: K-quants give A = q * sub-scale as exact small integers in f16 and apply
+// the f32 super-scale d after the mma; the mins of Q4_K/Q5_K go through one more mma against sub-block sums of x.
+#pragma once
+#include "common.cuh"
+
+// ggml type ids (GGMLQuantizationType), listed in the same order everywhere.
+#define QT_F32 0
+#define QT_F16 1
+#define QT_Q4_0 2
+#define QT_Q5_0 6
+#define QT_Q8_0 8
+#define QT_Q4_K 12
+#define QT_Q5_K 13
+#define QT_Q6_K 14
+
+// f16x2 constants
+#define H2_1024 0x64006400u
+#define H2_1032 0x64086408u   // 1024 + 8
+#define H2_1040 0x64106410u   // 1024 + 16
+#define H2_1056 0x64206420u   // 1024 + 32
+#define H2_1152 0x64806480u   // 1024 + 128
+#define H2_NEG1024 0xE400E400u
+#define H2_NEG64 0xD400D400u
+#define H2_SIXTEENTH 0x2C002C00u  // 1/16
+
+__device__ __forceinline__ u32 dup_lo(u32 v) { return prmt(v, v, 0x1010); }
+__device__ __forceinline__ u32 dup_hi(u32 v) { return prmt(v, v, 0x3232); }
+// Two unsigned bytes (bits 0-7, 8-15) -> exact f16x2.
+__device__ __forceinline__ u32 bytes01_to_h2(u32 v) { return hsub2(prmt(v, 0x64646464u, 0x4140), H2_1024); }
+__device__ __forceinline__ u32 word_at(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+// Interleave bytes (b0 b1 b2 b3) -> (b0 b2 b1 b3): afterwards the low bytes of the two halves hold b0, b1.
+__device__ __forceinline__ u32 pair_bytes(u32 w) { return prmt(w, w, 0x3120); }
+
+template <int QT> struct QTraits;
+
+// ---------------------------------------------------------------- Q4_0
+template <> struct QTraits<QT_Q4_0> {
+    static constexpr int QK = 32, NSTEP = 16, SB = 256;
+    static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
+    struct Row { uint4 q[2]; u32 d[2]; };
+    struct Consts { u32 lo[2], hi[2]; };
+    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int b = sb * 8 + 2 * c + j;
+            const bool ok = b < nb;
+            const i64 idx = (i64)row * nb + (ok ? b : 0);
+            r.q[j] = ok ? ld_stream_u4(w + idx * 16) : make_uint4(0, 0, 0, 0);
+            r.d[j] = ok ? ld_stream_u16(w + ntot * 16 + idx * 2) : 0u;
+        }
+    }
+    static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            k.lo[j] = dup_lo(r.d[j]);
+            k.hi[j] = hmul2(k.lo[j], H2_SIXTEENTH);
+        }
+    }
+    static __device__ __forceinline__ int kofs(int c, int s) { return 32 * (2 * c + (s >> 3)) + 16 * (s & 1) + 4 * ((s & 7) >> 1); }
+    static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
+        const int j = s >> 3, i = (s & 7) >> 1, h = s & 1;
+        const u32 w = pair_bytes(word_at(r.q[j], i));
+        if (h == 0) {  // low nibbles: q + 1024, minus 1032 -> q - 8
+            a0 = hmul2(hsub2(and_or(w, 0x000F000Fu, H2_1024), H2_1032), k.lo[j]);
+            a2 = hmul2(hsub2(and_or(w >> 8, 0x000F000Fu, H2_1024), H2_1032), k.lo[j]);
+        } else {  // high nibbles: 16 q + 1024, minus 1152 -> 16 (q - 8), times d / 16
+            a0 = hmul2(hsub2(and_or(w, 0x00F000F0u, H2_1024), H2_1152), k.hi[j]);
+            a2 = hmul2(hsub2(and_or(w >> 8, 0x00F000F0u, H2_1024), H2_1152), k.hi[j]);
+        }
+    }
+};
+
+// ---------------------------------------------------------------- Q5_0
+template <> struct QTraits<QT_Q5_0> {
+    static constexpr int QK = 32, NSTEP = 16, SB = 256;
+    static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
+    struct Row { uint4 q[2]; u32 qh[2]; u32 d[2]; };
+    struct Consts { u32 d2[2]; };
+    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int b = sb * 8 + 2 * c + j;
+            const bool ok = b < nb;
+            const i64 idx = (i64)row * nb + (ok ? b : 0);
+            r.q[j] = ok ? ld_stream_u4(w + idx * 16) : make_uint4(0, 0, 0, 0);
+            r.qh[j] = ok ? ld_stream_u32(w + ntot * 16 + idx * 4) : 0u;
+            r.d[j] = ok ? ld_stream_u16(w + ntot * 20 + idx * 2) : 0u;
+        }
+    }
+    static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
+        k.d2[0] = dup_lo(r.d[0]);
+        k.d2[1] = dup_lo(r.d[1]);
+    }
+    static __device__ __forceinline__ int kofs(int c, int s) { return 32 * (2 * c + (s >> 3)) + 16 * (s & 1) + 4 * ((s & 7) >> 1); }
+    static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
+        const int j = s >> 3, i = (s & 7) >> 1, h = s & 1;
+        const u32 w = word_at(r.q[j], i);
+        // four high bits (one per byte of the word) spread to bit 4 of each byte
+        const u32 hb = (r.qh[j] >> (16 * h + 4 * i)) & 0xFu;
+        const u32 spread = ((hb * 0x00204081u) & 0x01010101u) << 4;
+        const u32 v = pair_bytes(((h ? w >> 4 : w) & 0x0F0F0F0Fu) | spread);
+        a0 = hmul2(hsub2(and_or(v, 0x00FF00FFu, H2_1024), H2_1040), k.d2[j]);
+        a2 = hmul2(hsub2(and_or(v >> 8, 0x00FF00FFu, H2_1024), H2_1040), k.d2[j]);
+    }
+};
+
+// ---------------------------------------------------------------- Q8_0
+template <> struct QTraits<QT_Q8_0> {
+    static constexpr int QK = 32, NSTEP = 16, SB = 256;
+    static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
+    struct Row { uint4 q[4]; u32 d[2]; };
+    struct Consts { u32 d2[2]; };
+    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int b = sb * 8 + 2 * c + j;
+            const bool ok = b < nb;
+            const i64 idx = (i64)row * nb + (ok ? b : 0);
+            r.q[2 * j] = ok ? ld_stream_u4(w + idx * 32) : make_uint4(0, 0, 0, 0);
+            r.q[2 * j + 1] = ok ? ld_stream_u4(w + idx * 32 + 16) : make_uint4(0, 0, 0, 0);
+            r.d[j] = ok ? ld_stream_u16(w + ntot * 32 + idx * 2) : 0u;
+        }
+    }
+    static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
+        k.d2[0] = dup_lo(r.d[0]);
+        k.d2[1] = dup_lo(r.d[1]);
+    }
+    static __device__ __forceinline__ int kofs(int c, int s) { return 32 * (2 * c + (s >> 3)) + 4 * (s & 7); }
+    static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
+        const int j = s >> 3, i = s & 7;
+        // signed bytes: b + 128 as 1024 + (b + 128), minus 1152 -> b exactly
+        const u32 u = word_at(r.q[2 * j + (i >> 2)], i & 3) ^ 0x80808080u;
+        a0 = hmul2(hsub2(prmt(u, 0x64646464u, 0x4140), H2_1152), k.d2[j]);
+        a2 = hmul2(hsub2(prmt(u, 0x64646464u, 0x4342), H2_1152), k.d2[j]);
+    }
+};
+
+// Scale and min of sub-blocks 2c and 2c+1 of a Q4_K/Q5_K block, each as a byte pair (low byte = sub-block 2c).
+__device__ __forceinline__ void k4_scale_pairs(u32 s0, u32 s1, u32 s2, int c, u32& sc, u32& mn) {
+    const u32 sh = 16u * (c & 1);
+    const u32 sc_a = (s0 >> sh) & 0x3F3Fu, mn_a = (s1 >> sh) & 0x3F3Fu;
+    const u32 sc_b = ((s2 >> sh) & 0x0F0Fu) | ((s0 >> (sh + 2)) & 0x3030u);
+    const u32 mn_b = ((s2 >> (sh + 4)) & 0x0F0Fu) | ((s1 >> (sh + 2)) & 0x3030u);
+    sc = c >= 2 ? sc_b : sc_a;
+    mn = c >= 2 ? mn_b : mn_a;
+}
+
+// ---------------------------------------------------------------- Q4_K
+template <> struct QTraits<QT_Q4_K> {
+    static constexpr int QK = 256, NSTEP = 16, SB = 256;
+    static constexpr bool BLOCK_SCALE = true, HAS_MIN = true;
+    struct Row { uint4 q[2]; u32 s[3]; u32 dm; };
+    struct Consts { u32 lo_s, lo_b, hi_s, hi_b, mins; };
+    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
+        const i64 idx = (i64)row * nb + sb;
+        const u8* qs = w + idx * 128 + 32 * c;
+        r.q[0] = ld_stream_u4(qs);
+        r.q[1] = ld_stream_u4(qs + 16);
+        const u8* sc = w + ntot * 128 + idx * 12;
+        r.s[0] = ld_stream_u32(sc);
+        r.s[1] = ld_stream_u32(sc + 4);
+        r.s[2] = ld_stream_u32(sc + 8);
+        r.dm = ld_stream_u32(w + ntot * 140 + idx * 4);
+    }
+    static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
+        u32 sc, mn;
+        k4_scale_pairs(r.s[0], r.s[1], r.s[2], c, sc, mn);
+        const u32 sch = bytes01_to_h2(sc);
+        k.lo_s = dup_lo(sch);                          // low nibbles: q + 1024
+        k.lo_b = hmul2(k.lo_s, H2_NEG1024);
+        k.hi_s = hmul2(dup_hi(sch), H2_SIXTEENTH);     // high nibbles: 16 q + 1024
+        k.hi_b = hmul2(dup_hi(sch), H2_NEG64);
+        k.mins = hmul2(bytes01_to_h2(mn), dup_hi(r.dm));  // dmin * m of both sub-blocks
+    }
+    static __device__ __forceinline__ float dscale(const Row& r) { return f16_to_f32((f16)(r.dm & 0xFFFFu)); }
+    static __device__ __forceinline__ int kofs(int c, int s) { return 64 * c + 32 * (s & 1) + 4 * (s >> 1); }
+    static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
+        const int i = s >> 1;
+        const u32 w = pair_bytes(word_at(r.q[i >> 2], i & 3));
+        if ((s & 1) == 0) {
+            a0 = hfma2(and_or(w, 0x000F000Fu, H2_1024), k.lo_s, k.lo_b);
+            a2 = hfma2(and_or(w >> 8, 0x000F000Fu, H2_1024), k.lo_s, k.lo_b);
+        } else {
+            a0 = hfma2(and_or(w, 0x00F000F0u, H2_1024), k.hi_s, k.hi_b);
+            a2 = hfma2(and_or(w >> 8, 0x00F000F0u, H2_1024), k.hi_s, k.hi_b);
+        }
+    }
+};
+
+// ---------------------------------------------------------------- Q5_K
+template <> struct QTraits<QT_Q5_K> {
+    static constexpr int QK = 256, NSTEP = 16, SB = 256;
+    static constexpr bool BLOCK_SCALE = true, HAS_MIN = true;
+    struct Row { uint4 q[2]; uint4 qh[2]; u32 s[3]; u32 dm; };
+    struct Consts { u32 lo_s, lo_b, hi_s, hi_b, mins; };
+    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
+        const i64 idx = (i64)row * nb + sb;
+        const u8* qs = w + idx * 128 + 32 * c;
+        r.q[0] = ld_stream_u4(qs);
+        r.q[1] = ld_stream_u4(qs + 16);
+        const u8* qh = w + ntot * 128 + idx * 32;
+        r.qh[0] = ld_stream_u4(qh);
+        r.qh[1] = ld_stream_u4(qh + 16);
+        const u8* sc = w + ntot * 160 + idx * 12;
+        r.s[0] = ld_stream_u32(sc);
+        r.s[1] = ld_stream_u32(sc + 4);
+        r.s[2] = ld_stream_u32(sc + 8);
+        r.dm = ld_stream_u32(w + ntot * 172 + idx * 4);
+    }
+    static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
+        u32 sc, mn;
+        k4_scale_pairs(r.s[0], r.s[1], r.s[2], c, sc, mn);
+        const u32 sch = bytes01_to_h2(sc);
+        k.lo_s = dup_lo(sch);
+        k.lo_b = hmul2(k.lo_s, H2_NEG1024);
+        k.hi_s = dup_hi(sch);
+        k.hi_b = hmul2(k.hi_s, H2_NEG1024);
+        k.mins = hmul2(bytes01_to_h2(mn), dup_hi(r.dm));
+    }
+    static __device__ __forceinline__ float dscale(const Row& r) { return f16_to_f32((f16)(r.dm & 0xFFFFu)); }
+    static __device__ __forceinline__ int kofs(int c, int s) { return 64 * c + 32 * (s & 1) + 4 * (s >> 1); }
+    static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
+        const int i = s >> 1, h = s & 1;
+        const u32 w = word_at(r.q[i >> 2], i & 3), hw = word_at(r.qh[i >> 2], i & 3);
+        const u32 hbit = ((hw >> (2 * c + h)) & 0x01010101u) << 4;
+        const u32 v = pair_bytes(((h ? w >> 4 : w) & 0x0F0F0F0Fu) | hbit);
+        const u32 sc = h ? k.hi_s : k.lo_s, bias = h ? k.hi_b : k.lo_b;
+        a0 = hfma2(and_or(v, 0x00FF00FFu, H2_1024), sc, bias);
+        a2 = hfma2(and_or(v >> 8, 0x00FF00FFu, H2_1024), sc, bias);
+    }
+};
+
+// ---------------------------------------------------------------- Q6_K
+// Lane c reads ql bytes 32c..32c+31 (weights 128(c/2) + 32(c%2) + l and, from the high nibbles, + 64) and the
+// qh half 32(c/2).., whose bit pair 2(c%2) (+4 for the high nibbles) completes each weight to 6 bits.
+template <> struct QTraits<QT_Q6_K> {
+    static constexpr int QK = 256, NSTEP = 16, SB = 256;
+    static constexpr bool BLOCK_SCALE = true, HAS_MIN = false;
+    struct Row { uint4 q[2]; uint4 qh[2]; uint2 sc; u32 d; };
+    struct Consts { u32 s[4]; };  // sub-scales (16 weights each): low nibbles l < 16, l >= 16, high l < 16, l >= 16
+    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
+        const i64 idx = (i64)row * nb + sb;
+        const u8* ql = w + idx * 128 + 32 * c;
+        r.q[0] = ld_stream_u4(ql);
+        r.q[1] = ld_stream_u4(ql + 16);
+        const u8* qh = w + ntot * 128 + idx * 64 + 32 * (c >> 1);
+        r.qh[0] = ld_stream_u4(qh);
+        r.qh[1] = ld_stream_u4(qh + 16);
+        const u8* sc = w + ntot * 192 + idx * 16 + 8 * (c >> 1);
+        r.sc = make_uint2(ld_stream_u32(sc), ld_stream_u32(sc + 4));
+        r.d = ld_stream_u16(w + ntot * 208 + idx * 2);
+    }
+    static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
+        // int8 scales b: (b ^ 0x80) = b + 128 as 1024 + (b + 128), minus 1152 -> b exactly
+        const u32 sh = 16u * (c & 1);
+        const u32 lo = ((r.sc.x >> sh) & 0xFFFFu) ^ 0x8080u, hi = ((r.sc.y >> sh) & 0xFFFFu) ^ 0x8080u;
+        const u32 lo2 = hsub2(prmt(lo, 0x64646464u, 0x4140), H2_1152);
+        const u32 hi2 = hsub2(prmt(hi, 0x64646464u, 0x4140), H2_1152);
+        k.s[0] = dup_lo(lo2);
+        k.s[1] = dup_hi(lo2);
+        k.s[2] = dup_lo(hi2);
+        k.s[3] = dup_hi(hi2);
+    }
+    static __device__ __forceinline__ float dscale(const Row& r) { return f16_to_f32((f16)r.d); }
+    static __device__ __forceinline__ int kofs(int c, int s) { return 128 * (c >> 1) + 32 * (c & 1) + 64 * (s & 1) + 4 * (s >> 1); }
+    static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
+        const int i = s >> 1, h = s & 1;
+        const u32 w = word_at(r.q[i >> 2], i & 3), hw = word_at(r.qh[i >> 2], i & 3);
+        const u32 hbits = ((hw >> (2 * (c & 1) + 4 * h)) & 0x03030303u) << 4;
+        const u32 v = pair_bytes(((h ? w >> 4 : w) & 0x0F0F0F0Fu) | hbits);
+        const u32 sc = k.s[2 * h + (i >> 2)];
+        a0 = hmul2(hsub2(and_or(v, 0x00FF00FFu, H2_1024), H2_1056), sc);  // (q - 32) * scale
+        a2 = hmul2(hsub2(and_or(v >> 8, 0x00FF00FFu, H2_1024), H2_1056), sc);
+    }
+};
+
+// ---------------------------------------------------------------- F16
+template <> struct QTraits<QT_F16> {
+    static constexpr int QK = 1, NSTEP = 8, SB = 128;
+    static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
+    struct Row { uint4 q[4]; };
+    struct Consts {};
+    // nb is K here; elements past K read as zero (K is a multiple of 8)
+    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
+        const f16* p = reinterpret_cast<const f16*>(w) + (i64)row * nb;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int e = sb * 128 + 32 * c + 8 * j;
+            r.q[j] = e < nb ? ld_stream_u4(p + e) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {}
+    static __device__ __forceinline__ int kofs(int c, int s) { return 32 * c + 4 * s; }
+    static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
+        const uint4 v = r.q[s >> 1];
+        a0 = (s & 1) ? v.z : v.x;
+        a2 = (s & 1) ? v.w : v.y;
+    }
+};

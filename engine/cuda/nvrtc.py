@@ -1,0 +1,187 @@
+"""Run-time compilation of the kernels with NVRTC (cuda.bindings.nvrtc), cached on disk.
+
+A kernel file engine/cuda/kernels/<op>.cu is compiled as one NVRTC program for one compute capability into a
+cubin (machine code, loadable with no JIT) and PTX. Template instances are reached through NVRTC name expressions
+("mmvq<QT_Q4_K>"), so the cubin's mangled names are looked up, never hand-written. No GPU or driver is needed to
+compile: CI compiles every kernel for every supported architecture on a CPU machine.
+
+The cache key covers everything the output depends on: the source and every header of the kernels folder, the
+options, the architecture, the name expressions and the NVRTC version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import EngineError
+
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+BASE_OPTIONS = ("-std=c++17", "--restrict", "-lineinfo")
+# Bump when the cache layout changes: old entries are simply never hit again.
+CACHE_FORMAT = 1
+
+
+class KernelCompileError(EngineError):
+    """NVRTC refused a kernel source; the message carries the compiler log."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledKernels:
+    """One compiled .cu file: a cubin (or PTX for a GPU newer than this NVRTC), and expression -> mangled symbol."""
+
+    name: str
+    arch: int
+    image: bytes
+    is_ptx: bool
+    symbols: dict[str, str]
+    log: str
+    from_cache: bool = False
+
+
+def _nvrtc():
+    """The NVRTC bindings, with a readable error where cuda-python is missing."""
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:  # pragma: no cover - cuda-python is a hard dependency
+        raise KernelCompileError(f"cuda-python (cuda.bindings.nvrtc) is not importable: {exc}") from exc
+    return nvrtc
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library in use."""
+    nvrtc = _nvrtc()
+    err, major, minor = nvrtc.nvrtcVersion()
+    _check(nvrtc, err, "nvrtcVersion")
+    return int(major), int(minor)
+
+
+def supported_archs() -> list[int]:
+    """Compute capabilities this NVRTC can compile cubins for (e.g. [75, 80, ..., 120])."""
+    nvrtc = _nvrtc()
+    err, archs = nvrtc.nvrtcGetSupportedArchs()
+    _check(nvrtc, err, "nvrtcGetSupportedArchs")
+    return [int(a) for a in archs]
+
+
+def _check(nvrtc, err, what: str, log: str = "") -> None:
+    """Raise KernelCompileError for a failed NVRTC call."""
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, text = nvrtc.nvrtcGetErrorString(err)
+        detail = f"\n{log}" if log else ""
+        raise KernelCompileError(f"{what} failed: {text.decode(errors='replace')}{detail}")
+
+
+def _headers(kernel_dir: Path) -> list[Path]:
+    """Every header a kernel may include, in a stable order."""
+    return sorted(kernel_dir.rglob("*.cuh"))
+
+
+def source_digest(source_path: Path, options: tuple[str, ...], arch: int, expressions: tuple[str, ...],
+                  kernel_dir: Path = KERNEL_DIR) -> str:
+    """The cache key of one compilation (hex sha256)."""
+    h = hashlib.sha256()
+    h.update(f"format={CACHE_FORMAT};arch={arch};nvrtc={nvrtc_version()}".encode())
+    h.update(("\0".join(options) + "\1" + "\0".join(expressions)).encode())
+    for path in [source_path, *_headers(kernel_dir)]:
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    """~/.cache/openjet/kernels (XDG_CACHE_HOME honoured; OPENJET_KERNEL_CACHE overrides)."""
+    override = os.environ.get("OPENJET_KERNEL_CACHE")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "openjet" / "kernels"
+
+
+def _get_log(nvrtc, prog) -> str:
+    """The program log of the last compilation (warnings or errors)."""
+    err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    _check(nvrtc, err, "nvrtcGetProgramLogSize")
+    buf = b" " * size
+    (err,) = nvrtc.nvrtcGetProgramLog(prog, buf)
+    _check(nvrtc, err, "nvrtcGetProgramLog")
+    return buf.rstrip(b"\0").decode(errors="replace").strip()
+
+
+def _get_blob(nvrtc, prog, size_fn, get_fn, what: str) -> bytes:
+    """Read one NVRTC output buffer (cubin or PTX)."""
+    err, size = size_fn(prog)
+    _check(nvrtc, err, f"{what} size")
+    buf = b" " * size
+    (err,) = get_fn(prog, buf)
+    _check(nvrtc, err, what)
+    return buf
+
+
+def compile_file(source_path: Path, arch: int, expressions: tuple[str, ...], options: tuple[str, ...] = (),
+                 kernel_dir: Path = KERNEL_DIR, ptx: bool = False) -> CompiledKernels:
+    """Compile one .cu file for sm_<arch> (cubin) or compute_<arch> (PTX) with NVRTC, uncached.
+
+    Raises KernelCompileError carrying the compiler log.
+    """
+    nvrtc = _nvrtc()
+    err, prog = nvrtc.nvrtcCreateProgram(source_path.read_bytes(), source_path.name.encode(), 0, [], [])
+    _check(nvrtc, err, "nvrtcCreateProgram")
+    try:
+        for expr in expressions:
+            (err,) = nvrtc.nvrtcAddNameExpression(prog, expr.encode())
+            _check(nvrtc, err, f"nvrtcAddNameExpression({expr})")
+        target = f"-arch=compute_{arch}" if ptx else f"-arch=sm_{arch}"
+        opts = [*BASE_OPTIONS, *options, target, f"-I{kernel_dir}"]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        log = _get_log(nvrtc, prog)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise KernelCompileError(f"{source_path.name} for {target[6:]} did not compile:\n{log}")
+        if ptx:
+            image = _get_blob(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, "nvrtcGetPTX")
+        else:
+            image = _get_blob(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, "nvrtcGetCUBIN")
+        symbols = {}
+        for expr in expressions:
+            err, lowered = nvrtc.nvrtcGetLoweredName(prog, expr.encode())
+            _check(nvrtc, err, f"nvrtcGetLoweredName({expr})")
+            symbols[expr] = lowered.decode()
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return CompiledKernels(source_path.stem, arch, image, ptx, symbols, log)
+
+
+def compile_cached(source_path: Path, arch: int, expressions: tuple[str, ...], options: tuple[str, ...] = (),
+                   kernel_dir: Path = KERNEL_DIR, directory: Path | None = None, ptx: bool = False) -> CompiledKernels:
+    """compile_file through the disk cache: a hit costs one hash of the sources and two file reads."""
+    directory = directory or cache_dir()
+    key = source_digest(source_path, (*options, f"ptx={ptx}"), arch, expressions, kernel_dir)
+    stem = directory / f"{source_path.stem}-{'compute' if ptx else 'sm'}{arch}-{key[:24]}"
+    meta_path, image_path = stem.with_suffix(".json"), stem.with_suffix(".ptx" if ptx else ".cubin")
+    if meta_path.exists() and image_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("key") == key:
+            return CompiledKernels(source_path.stem, arch, image_path.read_bytes(), ptx, meta["symbols"],
+                                   meta.get("log", ""), from_cache=True)
+    compiled = compile_file(source_path, arch, expressions, options, kernel_dir, ptx)
+    directory.mkdir(parents=True, exist_ok=True)
+    _atomic_write(image_path, compiled.image)
+    meta = {"key": key, "symbols": compiled.symbols, "log": compiled.log, "nvrtc": list(nvrtc_version())}
+    # the metadata goes last: its presence means the image beside it is complete
+    _atomic_write(meta_path, json.dumps(meta, indent=1).encode())
+    return compiled
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write through a temp file and rename, so a concurrent reader never sees half a cubin."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
