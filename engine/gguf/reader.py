@@ -89,7 +89,11 @@ class _Cursor:
     def scalar(self, vtype: GGUFValueType, what: str) -> Any:
         fmt = _SCALAR_FORMATS[vtype]
         start = self._need(struct.calcsize(fmt), what)
-        return struct.unpack_from(fmt, self.buf, start)[0]
+        value = struct.unpack_from(fmt, self.buf, start)[0]
+        if vtype == GGUFValueType.FLOAT32:
+            # The shortest decimal that is the same float32 (1e-06, not 9.99999997e-07): no loss for f32 math.
+            value = float(str(np.float32(value)))
+        return value
 
     def u32(self, what: str) -> int:
         return self.scalar(GGUFValueType.UINT32, what)
