@@ -63,17 +63,3 @@ def arch(request) -> str:
 def backend(arch) -> ReferenceBackend:
     return ReferenceBackend(tiny_model(arch))
 
-
-@pytest.fixture(scope="session")
-def gguf_model(tmp_path_factory):
-    """A factory of tiny random GGUF files (real tokenizer and template), written once per arch per session."""
-    from engine.gguf.testmodel import write_test_model
-
-    folder, cache = tmp_path_factory.mktemp("reference-models"), {}
-
-    def get(arch: str):
-        if arch not in cache:
-            cache[arch] = write_test_model(folder / f"{arch}.gguf", arch, seed=3)
-        return cache[arch]
-
-    return get

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy as np
 import pytest
@@ -18,12 +19,12 @@ PROMPT = [9707, 11, 1879, 0, 3555, 374, 220, 17, 10, 17, 30, 198]  # "Hello, wor
 
 
 @pytest.fixture(scope="module")
-def backends(gguf_model):
+def backends(tiny_model_path):
     loaded = {}
 
     def get(arch: str) -> ReferenceBackend:
         if arch not in loaded:
-            loaded[arch] = ReferenceBackend.from_gguf(gguf_model(arch))
+            loaded[arch] = ReferenceBackend.from_gguf(tiny_model_path(arch))
         return loaded[arch]
 
     return get
@@ -53,7 +54,7 @@ def test_gguf_model_loads_and_generates(backends, arch):
     assert np.array_equal(backend.prefill([13, 14, 15]), first)
 
 
-def test_embeddings_tied_share_one_array_untied_stay_quantized(backends, gguf_model):
+def test_embeddings_tied_share_one_array_untied_stay_quantized(backends, tiny_model_path):
     from engine.gguf.reader import GGUFFile
     from engine.reference.weights import RowTable
 
@@ -62,7 +63,7 @@ def test_embeddings_tied_share_one_array_untied_stay_quantized(backends, gguf_mo
     table = backends("qwen2").model.weights.token_embd
     assert isinstance(table, RowTable)
     ids = [0, 7, 151935, 7]
-    assert np.array_equal(table[ids], GGUFFile.open(gguf_model("qwen2")).dequantize("token_embd.weight")[ids])
+    assert np.array_equal(table[ids], GGUFFile.open(tiny_model_path("qwen2")).dequantize("token_embd.weight")[ids])
 
 
 def test_qwen35_mtp_drafts_keep_greedy_output(backends):
@@ -81,12 +82,12 @@ def cli(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def test_generate_cli_streams_text(gguf_model, backends, capsys):
+def test_generate_cli_streams_text(tiny_model_path, backends, capsys):
     from engine.gguf.reader import GGUFFile
     from engine.text.chat import ChatTemplate
     from engine.text.tokenizer import Tokenizer
 
-    path = str(gguf_model("qwen2"))
+    path = str(tiny_model_path("qwen2"))
     assert generate.run(cli(["--model", path, "--prompt", "Say hi.", "--chat", "--max-tokens", "6"])) == 0
     printed = capsys.readouterr()
     assert "generated" in printed.err and "tok/s" in printed.err
@@ -109,11 +110,22 @@ def test_seeded_sampling_is_reproducible(backends):
     assert run(3) == run(3) and run(3) != run(4)
 
 
-def test_generate_cli_errors(gguf_model, tmp_path, capsys):
-    path = str(gguf_model("qwen2"))
+def test_generate_cli_errors(tiny_model_path, tmp_path, capsys):
+    path = str(tiny_model_path("qwen2"))
     assert generate.run(cli(["--model", path, "--prompt", "x", "--temperature", "-1"])) == 2
     assert "temperature" in capsys.readouterr().err
     with pytest.raises(EngineError, match="no MTP head"):
         generate.run(cli(["--model", path, "--prompt", "x", "--n-draft", "2"]))
     with pytest.raises(ModelFileError, match="missing.gguf"):
         generate.run(cli(["--model", str(tmp_path / "missing.gguf"), "--prompt", "x"]))
+
+
+@pytest.mark.slow
+def test_real_model_writes_the_function(real_model_path, capsys):
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M through `generate --chat`, greedy: a correct adder comes out."""
+    prompt = "Write a Python function that adds two numbers."
+    assert generate.run(cli(["--model", str(real_model_path), "--chat", "--prompt", prompt, "--max-tokens", "96"])) == 0
+    text = capsys.readouterr().out
+    code = text[text.index("def ") :]
+    name, a, b = re.match(r"def (\w+)\((\w+), (\w+)\)", code).groups()
+    assert re.search(rf"return {a} \+ {b}", code), text
