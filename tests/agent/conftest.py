@@ -41,3 +41,39 @@ def workspace(tmp_path: Path) -> Path:
     root = tmp_path / "ws"
     root.mkdir()
     return root
+
+
+@pytest.fixture
+def make_agent(tmp_path: Path):
+    """Build an Agent wired to a scripted server: real client, real tools, a session store in tmp_path.
+    Returns (agent, events); the clients are closed after the test."""
+    from openjet_tui.agent.loop import Agent, AgentConfig
+    from openjet_tui.agent.sessions import SessionStore
+    from openjet_tui.agent.shellpolicy import Mode, ShellPolicy
+    from openjet_tui.agent.workspace import Workspace
+    from openjet_tui.llm.client import ChatClient, RetryPolicy
+    from openjet_tui.llm.providers import Endpoint
+
+    clients = []
+
+    def factory(server: ScriptedServer, root: Path, approver, mode: Mode = Mode.ASK, *,
+                allow=("ls", "cat", "wc", "git status"), deny=("rm -rf", "sudo"), store=None, session=None, **config):
+        client = ChatClient(Endpoint("llama-server", server.base_url, "scripted"),
+                            retry=RetryPolicy(attempts=2, base_delay_s=0.01))
+        clients.append(client)
+        store = store or SessionStore(tmp_path / "sessions.db")
+        session = session or store.create(root, "llama-server", "scripted", mode.value)
+        events = []
+        agent = Agent(client, Workspace(root), approver, config=AgentConfig(mode=mode, **config),
+                      policy=ShellPolicy(list(allow), list(deny), store.rules(Workspace(root).root)), store=store,
+                      session=session, on_event=events.append)
+        return agent, events
+
+    yield factory
+    import asyncio
+
+    async def close_all():
+        for client in clients:
+            await client.aclose()
+
+    asyncio.run(close_all())
