@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
@@ -23,6 +23,9 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import EngineError
+
+if TYPE_CHECKING:  # the reader is only a type here: these objects also build from plain metadata
+    from engine.gguf.reader import GGUFFile
 
 # Used when a file carries no template (llama.cpp falls back to ChatML as well). Tool use follows the Hermes
 # convention: schemas listed in the system turn, calls as <tool_call> JSON, results as <tool_response> in a user turn.
@@ -37,7 +40,8 @@ CHATML_TEMPLATE = """\
 {%- elif has_system %}
 {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
-{%- for message in messages[1:] if has_system else messages %}
+{%- set turns = messages[1:] if has_system else messages %}
+{%- for message in turns %}
 {%- if message.role == 'tool' %}
 {%- if loop.first or loop.previtem.role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
 {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
@@ -162,6 +166,13 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     return result
 
 
+def _token_text(metadata: Mapping[str, Any], key: str) -> str:
+    """The text of the token that tokenizer.ggml.<key> names ("" when absent)."""
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    token_id = metadata.get(f"tokenizer.ggml.{key}")
+    return tokens[token_id] if isinstance(token_id, int) and 0 <= token_id < len(tokens) else ""
+
+
 class ChatTemplate:
     """A compiled chat template. render(messages, ...) returns the prompt text to tokenize (parse_special=True)."""
 
@@ -181,16 +192,10 @@ class ChatTemplate:
         source = metadata.get("tokenizer.chat_template")
         if source is not None and not isinstance(source, str):
             raise ChatTemplateError(f"tokenizer.chat_template must be a string, not {type(source).__name__}")
-        tokens = metadata.get("tokenizer.ggml.tokens") or []
-
-        def text_of(key: str) -> str:
-            token_id = metadata.get(f"tokenizer.ggml.{key}")
-            return tokens[token_id] if isinstance(token_id, int) and 0 <= token_id < len(tokens) else ""
-
-        return cls(source, text_of("bos_token_id"), text_of("eos_token_id"))
+        return cls(source, _token_text(metadata, "bos_token_id"), _token_text(metadata, "eos_token_id"))
 
     @classmethod
-    def from_gguf(cls, f: Any) -> ChatTemplate:
+    def from_gguf(cls, f: GGUFFile) -> ChatTemplate:
         """The template of an open GGUFFile."""
         return cls.from_metadata(f.metadata)
 

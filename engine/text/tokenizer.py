@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
@@ -24,6 +24,9 @@ from tokenizers import models, pre_tokenizers
 
 from engine.errors import ModelFileError
 from engine.text.vocab import TokenAttr, Vocab, parse_vocab
+
+if TYPE_CHECKING:  # the reader is only a type here: these objects also build from plain metadata
+    from engine.gguf.reader import GGUFFile
 
 _SPECIAL = int(TokenAttr.CONTROL | TokenAttr.UNKNOWN)  # hidden by skip_special, plain text without parse_special
 _PARTITIONED = _SPECIAL | int(TokenAttr.USER_DEFINED)  # cut out of the text before BPE
@@ -106,7 +109,7 @@ class Tokenizer:
         return cls(parse_vocab(metadata, path), path)
 
     @classmethod
-    def from_gguf(cls, f: Any) -> Tokenizer:
+    def from_gguf(cls, f: GGUFFile) -> Tokenizer:
         """Builds the tokenizer of an open GGUFFile."""
         return cls.from_metadata(f.metadata, f.path)
 

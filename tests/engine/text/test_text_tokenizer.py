@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import ModelFileError, UnsupportedModelError
+from engine.gguf.reader import GGUFFile
 from engine.text.tokenizer import Tokenizer
 
 IM_START, IM_END, ENDOFTEXT, TOOL_CALL = 151644, 151645, 151643, 151657
@@ -234,3 +235,11 @@ def test_missing_eos_falls_back_to_llama_cpp_default(qwen_metadata: dict) -> Non
 def test_unpaired_surrogate_is_refused(qwen_tokenizer: Tokenizer) -> None:
     with pytest.raises(UnicodeEncodeError):
         qwen_tokenizer.encode("a\ud800b")
+
+
+@pytest.mark.slow
+def test_real_model_file_tokenizes_like_its_vocabulary(real_model_path, golden: dict) -> None:
+    tokenizer = Tokenizer.from_gguf(GGUFFile.open(real_model_path))
+    assert sorted(tokenizer.stop_ids) == golden["eog_ids"]
+    for number, text in enumerate(golden["texts"]):
+        assert tokenizer.encode(text) == golden["pre"]["qwen2"]["ids"][number], text
