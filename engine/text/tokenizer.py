@@ -98,8 +98,8 @@ class Tokenizer:
         self._token_index = {text: i for i, text in enumerate(vocab.tokens)}
         self._bpe = _build_bpe(vocab, self._token_index, path)
         partitioned = [i for i, attr in enumerate(vocab.attrs) if attr & _PARTITIONED]
-        # Longest first, so a special token containing another one wins (llama.cpp's order); ties by id.
-        self._partition_order = sorted(partitioned, key=lambda i: (-len(vocab.tokens[i]), i))
+        # Longest UTF-8 first, so a special token containing another one wins (llama.cpp's order); ties by id.
+        self._partition_order = sorted(partitioned, key=lambda i: (-len(vocab.tokens[i].encode()), i))
         self._pieces = [_token_bytes(text, attr) for text, attr in zip(vocab.tokens, vocab.attrs)]
         self.special_ids = frozenset(i for i, attr in enumerate(vocab.attrs) if attr & _SPECIAL)
 
@@ -122,12 +122,12 @@ class Tokenizer:
 
     @property
     def bos_id(self) -> int | None:
-        """Beginning-of-sequence id, if the file names one."""
+        """Beginning-of-sequence id (llama.cpp's default 11 when a BPE file names none)."""
         return self.vocab.special_ids.get("bos")
 
     @property
     def eos_id(self) -> int | None:
-        """End-of-sequence id, if the file names one."""
+        """End-of-sequence id (llama.cpp's default 11 when a BPE file names none)."""
         return self.vocab.special_ids.get("eos")
 
     @property
