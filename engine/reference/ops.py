@@ -103,23 +103,42 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return (e / np.sum(e, axis=axis, keepdims=True)).astype(F32)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray, scale: float) -> np.ndarray:
-    """Causal grouped-query attention: query at position p sees keys 0..p (key j sits at position j)."""
+def attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray, scale: float, block: int = 256
+) -> np.ndarray:
+    """Causal grouped-query attention: query at position p sees keys 0..p (key j sits at position j).
+
+    Queries are processed `block` rows at a time so a long prefill never holds a [T, S] score matrix per head.
+    """
     # q: [T, Hq, D]  k, v: [S, Hkv, D]  q_positions: [T] -> [T, Hq, D]
     num_tokens, num_q_heads, head_dim = q.shape
-    num_keys, num_kv_heads, _ = k.shape
+    num_kv_heads = k.shape[1]
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    positions = np.asarray(q_positions)
+    out = np.empty(q.shape, dtype=F32)
+    for start in range(0, num_tokens, block):
+        rows = slice(start, start + block)
+        out[rows] = _attention_rows(q[rows], k, v, positions[rows], scale)
+    return out
+
+
+def _attention_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray, scale: float) -> np.ndarray:
+    """attention() for one block of query rows."""
+    # q: [T, Hq, D]  k, v: [S, Hkv, D]
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_keys, num_kv_heads, _ = k.shape
     group = num_q_heads // num_kv_heads
-    # query head h uses KV head h // group
+    # query head h uses KV head h // group; keys beyond the last query's position are never visible
+    num_keys = min(num_keys, int(q_positions.max()) + 1)
     qg = q.reshape(num_tokens, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3)  # [Hkv, g, T, D]
-    kh = k.transpose(1, 0, 2)  # [Hkv, S, D]
-    vh = v.transpose(1, 0, 2)
-    scores = np.matmul(qg, kh[:, None].transpose(0, 1, 3, 2)) * F32(scale)  # [Hkv, g, T, S]
-    masked = np.arange(num_keys)[None, :] > np.asarray(q_positions)[:, None]  # [T, S]
+    kh = k[:num_keys].transpose(1, 2, 0)  # [Hkv, D, S]
+    vh = v[:num_keys].transpose(1, 0, 2)  # [Hkv, S, D]
+    scores = np.matmul(qg, kh[:, None]) * F32(scale)  # [Hkv, g, T, S]
+    masked = np.arange(num_keys)[None, :] > q_positions[:, None]  # [T, S]
     scores = np.where(masked, -np.inf, scores).astype(F32)
     out = np.matmul(softmax(scores), vh[:, None])  # [Hkv, g, T, D]
-    return out.transpose(2, 0, 1, 3).reshape(num_tokens, num_q_heads, head_dim).astype(F32)
+    return out.transpose(2, 0, 1, 3).reshape(num_tokens, num_q_heads, head_dim)
 
 
 def causal_conv1d(x: np.ndarray, state: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

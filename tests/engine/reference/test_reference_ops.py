@@ -107,6 +107,7 @@ def test_attention_matches_naive_loop(rng):
     positions = np.array([5, 6, 7, 8])  # a verify pass after 5 cached tokens
     out = ops.attention(q, k, v, positions, 0.35)
     np.testing.assert_allclose(out, naive_attention(q, k, v, positions, 0.35), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ops.attention(q, k, v, positions, 0.35, block=3), out, rtol=1e-6, atol=1e-7)
     # a query never sees a later key: changing key 8 leaves the first three queries untouched
     k2 = k.copy()
     k2[num_keys - 1] += 5
