@@ -59,6 +59,12 @@ class Decision:
         return LABELS[self.engine]
 
 
+def decision_line(decision: Decision) -> str:
+    """'[chosen] label: reason', '[ok] ...' (available, not chosen) or '[no] ...'."""
+    mark = "chosen" if decision.is_chosen else "ok" if decision.is_available else "no"
+    return f"[{mark}] {decision.label}: {decision.reason}"
+
+
 @dataclass(slots=True)
 class Selection:
     """Every decision, in preference order, and the chosen one (None when nothing can serve)."""
@@ -73,8 +79,7 @@ class Selection:
 
     def lines(self) -> list[str]:
         """One line per engine: chosen / available / not available, with the reason."""
-        marks = {True: "chosen", False: "skipped"}
-        return [f"[{marks[d.is_chosen] if d.is_available else 'no'}] {d.label}: {d.reason}" for d in self.decisions]
+        return [decision_line(d) for d in self.decisions]
 
 
 def vram_needed(model: ModelFileInfo, context: int) -> int:
@@ -143,9 +148,10 @@ def _decide_cuda(facts: Facts) -> Decision:
 
 
 def _decide_llama_server(facts: Facts) -> Decision:
-    if facts.model is None:
-        return Decision("llama-server", False, f"no usable model file: {facts.model_error}")
     binary, build = facts.llama_server, facts.llama_build
+    if facts.model is None:
+        found = f"{binary.describe()}, but " if binary is not None else ""
+        return Decision("llama-server", False, f"{found}no usable model file: {facts.model_error}")
     if binary is not None:
         note = ""
         if facts.hardware.best_gpu() and binary.backend == "cpu":

@@ -1,0 +1,112 @@
+"""What the app calls between `openjet` and a working agent: set up if needed, start the best engine, and hand back
+an endpoint plus every decision and event for the engine panel. Never blocks on a long llama-server build: when
+llama-server is missing on a CPU-only machine it is built in the background for the next launch."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from openjet_tui.runtime.engines import LABELS, Selection, engine_command, gather_facts, select_engine
+from openjet_tui.runtime.errors import EngineStartError
+from openjet_tui.runtime.llamacpp import BackgroundBuild, choose_backend
+from openjet_tui.runtime.progress import ProgressCallback, no_progress
+from openjet_tui.runtime.setup import SetupOptions, SetupRecord, is_setup_current, read_record, run_setup
+from openjet_tui.runtime.worker import EngineWorker, WorkerEvent, WorkerSpec
+
+# Agent provider name (openjet_tui.llm.providers) for each engine.
+PROVIDER_FOR = {"megakernel": "openjet", "cuda": "openjet", "reference": "openjet", "llama-server": "llama-server",
+                "ollama": "ollama", "lmstudio": "lmstudio"}
+
+
+@dataclass(slots=True)
+class EngineSession:
+    """A serving engine: where to send requests, why this engine, and the processes to stop on exit."""
+
+    engine: str
+    provider: str
+    base_url: str  # OpenAI-compatible root ending in /v1
+    model: str | None  # the model id to put in requests (None: the server's only model)
+    reason: str
+    selection: Selection
+    worker: EngineWorker | None = None
+    build: BackgroundBuild | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """The engine's display name, e.g. 'OpenJet reference engine (CPU, slow)'."""
+        return LABELS[self.engine]
+
+    def close(self) -> None:
+        """Stop the engine worker and any background build (the build resumes on the next launch)."""
+        if self.worker is not None:
+            self.worker.stop()
+        if self.build is not None:
+            self.build.stop()
+
+
+def ensure_setup(progress: ProgressCallback = no_progress) -> SetupRecord:
+    """The current setup record, running a non-interactive setup first when there is none (fresh machine)."""
+    record = read_record()
+    if is_setup_current(record):
+        assert record is not None
+        return record
+    report = run_setup(SetupOptions(), progress=progress)
+    assert report.record is not None
+    return report.record
+
+
+def _should_build_in_background(selection: Selection) -> bool:
+    """No GPU engine and no llama-server yet: building one makes the next launch much faster than the reference."""
+    facts, chosen = selection.facts, selection.chosen
+    if facts.llama_server is not None or (facts.llama_build is not None and facts.llama_build.is_alive()):
+        return False
+    is_slow = chosen is None or chosen.engine in ("reference",)
+    return is_slow and shutil.which("cmake") is not None and facts.model is not None
+
+
+def _external_session(selection: Selection) -> EngineSession:
+    chosen = selection.chosen
+    assert chosen is not None
+    server = next(s for s in selection.facts.local_servers if s.engine == chosen.engine)
+    return EngineSession(chosen.engine, PROVIDER_FOR[chosen.engine], server.base_url, server.preferred_model(),
+                         chosen.reason, selection)
+
+
+def start_engine(record: SetupRecord | None = None, *, progress: ProgressCallback = no_progress,
+                 on_event: Callable[[WorkerEvent], None] | None = None, forced: str | None = None,
+                 start_build: bool = True) -> EngineSession:
+    """Choose the engine for the recorded model (decisions re-checked now) and start it; EngineStartError lists
+    every decision when nothing can serve."""
+    record = record or ensure_setup(progress)
+    model = Path(record.model_path)
+    selection = select_engine(gather_facts(model, context=record.context), forced or None)
+    build = None
+    if start_build and _should_build_in_background(selection):
+        build = BackgroundBuild(choose_backend(selection.facts.hardware)[0])
+    chosen = selection.chosen
+    if chosen is None:
+        if build is not None:
+            build.stop()
+        raise EngineStartError("no engine can serve " + model.name + ":\n" + "\n".join(selection.lines()))
+    if chosen.engine in ("ollama", "lmstudio"):
+        session = _external_session(selection)
+        session.build = build
+        return session
+    command = engine_command(chosen.engine, model, record.context, selection.facts)
+    worker = EngineWorker(WorkerSpec(name=chosen.engine, command=command), on_event=on_event)
+    try:
+        worker.start(progress)
+    except EngineStartError:
+        if build is not None:
+            build.stop()
+        raise
+    session = EngineSession(chosen.engine, PROVIDER_FOR[chosen.engine], f"{worker.base_url}/v1", None, chosen.reason,
+                            selection, worker=worker, build=build)
+    if build is not None:
+        session.notes.append(f"llama-server is being built in the background (log {build.log_path}); "
+                             f"the next launch uses it")
+    return session
