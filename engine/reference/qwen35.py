@@ -79,8 +79,10 @@ def deltanet_block(
     o, states = _run_delta_rule(q, k, v, g, beta, state.ssm, keep_steps)
     o = ops.gated_rms_norm(o, z, w["ssm_norm"], cfg.rms_eps)
     out = ops.matmul(o.reshape(num_tokens, num_v * dv), w["ssm_out"])
-    window = np.concatenate([state.conv, qkv], axis=0)
-    return out, DeltaNetSteps(window, states, num_tokens)
+    window = np.concatenate([state.conv, qkv], axis=0)  # [K-1+T, C]
+    if not keep_steps:
+        window = window[num_tokens:]  # a prefill commits all its tokens: keep only the final conv state
+    return out, DeltaNetSteps(window, states, num_tokens, keep_steps)
 
 
 def deltanet_layer(

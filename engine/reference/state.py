@@ -114,23 +114,27 @@ class ModelState:
 
 @dataclass(slots=True)
 class DeltaNetSteps:
-    """What a DeltaNet layer computed in an uncommitted pass, enough to commit a prefix of it."""
+    """What a DeltaNet layer computed in an uncommitted pass: enough to commit any prefix (verify) or all of it."""
 
-    conv_window: np.ndarray  # [K-1+T, C]: previous conv state followed by the T new conv inputs
-    ssm_states: np.ndarray  # [T, Hv, Dk, Dv] after each token (verify), or [1, ...] after the last one (prefill)
+    conv_window: np.ndarray  # [K-1+T, C] old conv state then the T new inputs (verify); [K-1, C] final (prefill)
+    ssm_states: np.ndarray  # [T, Hv, Dk, Dv] after each token (verify); [1, Hv, Dk, Dv] after the last (prefill)
     num_tokens: int
+    has_every_step: bool
 
     def conv_after(self, n: int) -> np.ndarray:
         """The conv state after the first n tokens of the pass."""
+        if not self.has_every_step:
+            assert n == self.num_tokens, "a prefill pass keeps only its final state: commit all of its tokens"
+            return self.conv_window.copy()
         kernel_minus_one = self.conv_window.shape[0] - self.num_tokens
         return self.conv_window[n : n + kernel_minus_one].copy()
 
     def ssm_after(self, n: int) -> np.ndarray:
         """The recurrent state after the first n tokens of the pass."""
-        if self.ssm_states.shape[0] == self.num_tokens:
-            return self.ssm_states[n - 1].copy()
-        assert n == self.num_tokens, "a prefill pass keeps only its final state: commit all of its tokens"
-        return self.ssm_states[-1].copy()
+        if not self.has_every_step:
+            assert n == self.num_tokens, "a prefill pass keeps only its final state: commit all of its tokens"
+            return self.ssm_states[-1].copy()
+        return self.ssm_states[n - 1].copy()
 
 
 @dataclass(slots=True)
