@@ -7,6 +7,7 @@ parser against gguf.GGUFReader on the same files.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,7 @@ class TensorInfo:
     @property
     def num_elements(self) -> int:
         """Number of weights (not bytes)."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -87,6 +88,7 @@ class _Cursor:
         return start
 
     def scalar(self, vtype: GGUFValueType, what: str) -> Any:
+        """One scalar of vtype (float32 as its shortest decimal)."""
         fmt = _SCALAR_FORMATS[vtype]
         start = self._need(struct.calcsize(fmt), what)
         value = struct.unpack_from(fmt, self.buf, start)[0]
@@ -96,12 +98,15 @@ class _Cursor:
         return value
 
     def u32(self, what: str) -> int:
+        """One uint32."""
         return self.scalar(GGUFValueType.UINT32, what)
 
     def u64(self, what: str) -> int:
+        """One uint64."""
         return self.scalar(GGUFValueType.UINT64, what)
 
     def string(self, what: str) -> str:
+        """A length-prefixed UTF-8 string."""
         size = self.u64(what)
         start = self._need(size, what)
         try:
@@ -110,6 +115,7 @@ class _Cursor:
             raise ModelFileError(self.path, f"{what} is not valid UTF-8 ({exc.reason})") from None
 
     def value_type(self, what: str) -> GGUFValueType:
+        """A uint32 GGUF value type tag."""
         raw = self.u32(what)
         try:
             return GGUFValueType(raw)
@@ -117,6 +123,7 @@ class _Cursor:
             raise ModelFileError(self.path, f"{what} has unknown value type {raw}") from None
 
     def value(self, vtype: GGUFValueType, what: str) -> Any:
+        """One metadata value of vtype as plain Python."""
         if vtype == GGUFValueType.STRING:
             return self.string(what)
         if vtype == GGUFValueType.ARRAY:
@@ -124,6 +131,7 @@ class _Cursor:
         return self.scalar(vtype, what)
 
     def array(self, what: str) -> list[Any]:
+        """A typed array as a list (numeric arrays decoded in one numpy call)."""
         item_type = self.value_type(what)
         count = self.u64(what)
         dtype = _ARRAY_DTYPES.get(item_type)
@@ -190,7 +198,7 @@ def _tensor_view(path: Path, mm: np.ndarray, name: str, qtype: GGMLQuantizationT
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     if any(d == 0 for d in shape) or shape[-1] % block_size:
         raise ModelFileError(path, f"shape {shape} does not fit {qtype.name} blocks of {block_size}", tensor=name)
-    num_rows = int(np.prod(shape[:-1], dtype=np.int64))
+    num_rows = math.prod(shape[:-1])  # Python ints: absurd dimensions cannot wrap around
     row_bytes = shape[-1] // block_size * type_size
     nbytes = num_rows * row_bytes
     if offset + nbytes > mm.size:

@@ -183,3 +183,20 @@ def test_from_bytes_parses_an_in_memory_image(sample):
     np.testing.assert_array_equal(f.dequantize("a.weight"), F32_VALUES)
     with pytest.raises(ModelFileError, match="in-memory.gguf: truncated header"):
         GGUFFile.from_bytes(sample.read_bytes()[:30], "in-memory.gguf")
+
+
+def test_absurd_dimensions_do_not_wrap_around(sample, tmp_path):
+    def edit(raw: bytearray) -> None:  # a.weight claims 2^40 x 2^40 floats
+        at = tensor_info_offset(raw, "a.weight") + 4
+        raw[at:at + 16] = struct.pack("<QQ", 1 << 40, 1 << 40)
+
+    with pytest.raises(ModelFileError, match="tensor 'a.weight': data runs past the end of the file"):
+        GGUFFile.open(corrupt(sample, tmp_path, edit))
+
+
+def test_huge_counts_fail_as_truncated_not_out_of_memory(sample, tmp_path):
+    def edit(raw: bytearray) -> None:  # the metadata count claims 2^60 entries
+        raw[16:24] = struct.pack("<Q", 1 << 60)
+
+    with pytest.raises(ModelFileError, match="truncated header"):
+        GGUFFile.open(corrupt(sample, tmp_path, edit))
