@@ -4,9 +4,11 @@ API keys are never read from these files (see llm/providers.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,7 +193,7 @@ def format_settings(loaded: LoadedSettings) -> str:
     rows = []
     for key, value in _flatten(loaded.settings.model_dump()):
         rows.append((f"{key} = {json.dumps(value)}", loaded.sources.get(key, "default")))
-    width = max(len(text) for text, _ in rows)
+    width = min(48, max(len(text) for text, _ in rows))  # align the sources, but not behind a long list
     return "\n".join(f"{text.ljust(width)}  # {source}" for text, source in rows)
 
 
@@ -203,3 +205,22 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
         else:
             out.append((f"{prefix}{key}", value))
     return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`openjet config show [--workspace DIR]`."""
+    actions = parser.add_subparsers(dest="action", required=True)
+    show = actions.add_parser("show", help="print the merged settings and where each value came from")
+    show.add_argument("--workspace", type=Path, help="project folder (default: the current folder)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the merged settings."""
+    workspace = (args.workspace or Path.cwd()).resolve()
+    try:
+        loaded = load_settings(workspace)
+    except ConfigError as exc:
+        print(f"openjet: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_settings(loaded))
+    return 0

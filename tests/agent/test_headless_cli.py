@@ -1,0 +1,125 @@
+"""`openjet run` in-process against the scripted server: JSON Lines, exit codes, ask mode without a terminal,
+probing problems, airgapped refusals, sessions commands."""
+
+import io
+import json
+import socket
+
+import pytest
+
+from openjet_tui.cli import main
+from tests.agent.scripted_server import ScriptedServer, call, reply
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def records(out):
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+@pytest.fixture(autouse=True)
+def no_terminal(monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+
+
+def edit_script():
+    return [reply(tool_calls=[call("edit_file", path="a.txt", edits=[{"old_text": "old", "new_text": "new"}])]),
+            reply("Replaced old with new.")]
+
+
+def test_auto_edit_json_lines_and_exit_zero(capsys, workspace):
+    (workspace / "a.txt").write_text("old\n")
+    with ScriptedServer(edit_script(), context_window=8192, supports_tools=True) as server:
+        code, out, _ = run_cli(capsys, "run", "--provider", "llama-server", "--base-url", server.base_url,
+                               "--mode", "auto-edit", "--workspace", str(workspace), "--json", "fix a.txt")
+    assert code == 0 and (workspace / "a.txt").read_text() == "new\n"
+    events = records(out)
+    types = [e["type"] for e in events]
+    assert types[0] == "turn_started" and types[-1] == "turn_finished" and events[-1]["status"] == "done"
+    created = next(e for e in events if e["type"] == "proposal_created")
+    assert created["proposal"]["path"] == "a.txt" and created["proposal"]["hunks"][0]["lines"] == ["-old", "+new"]
+    assert next(e for e in events if e["type"] == "proposal_resolved")["status"] == "applied"
+    assert next(e for e in events if e["type"] == "usage")["context_window"] == 8192
+
+
+def test_ask_mode_without_terminal_denies_and_says_so(capsys, workspace):
+    (workspace / "a.txt").write_text("old\n")
+    with ScriptedServer(edit_script()) as server:
+        code, out, err = run_cli(capsys, "--mode", "ask", "run", "--provider", "llama-server", "--base-url",
+                                 server.base_url, "--workspace", str(workspace), "fix a.txt")
+        model_saw = [m["content"] for m in server.chat_bodies[1]["messages"] if m["role"] == "tool"][0]
+    assert code == 0 and (workspace / "a.txt").read_text() == "old\n"
+    assert "ask mode without a terminal" in err and "rejected" in err
+    assert "there is no terminal" in model_saw and out.strip() == "Replaced old with new."
+
+
+def test_unreachable_server_exits_3(capsys, workspace):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, _, err = run_cli(capsys, "run", "--provider", "ollama", "--base-url", f"http://127.0.0.1:{port}/v1",
+                           "--workspace", str(workspace), "hello")
+    assert code == 3 and "cannot reach ollama" in err
+
+
+def test_server_without_tools_or_room_exits_3_and_says_why(capsys, workspace):
+    with ScriptedServer(supports_tools=False, context_window=65536) as server:
+        code, out, _ = run_cli(capsys, "run", "--provider", "llama-server", "--base-url", server.base_url,
+                               "--workspace", str(workspace), "--json", "hello")
+        assert server.chat_bodies == []
+    assert code == 3 and "cannot do tool calls" in records(out)[-1]["message"]
+    with ScriptedServer(supports_tools=True, context_window=512) as server:
+        code, _, err = run_cli(capsys, "run", "--provider", "llama-server", "--base-url", server.base_url,
+                               "--workspace", str(workspace), "hello")
+    assert code == 3 and "smaller than the system prompt plus tool schemas" in err
+
+
+def test_airgapped_refuses_remote_server_and_slipstream_without_connecting(capsys, workspace, monkeypatch):
+    connects = []
+    real = socket.socket.connect
+    monkeypatch.setattr(socket.socket, "connect", lambda self, a: connects.append(a) or real(self, a))
+    monkeypatch.setenv("OPENJET_AIRGAPPED", "true")
+    code, _, err = run_cli(capsys, "run", "--provider", "openai-compatible", "--base-url",
+                           "http://198.51.100.20:8000/v1", "--workspace", str(workspace), "hello")
+    assert code == 3 and "refusing to connect to '198.51.100.20'" in err
+    monkeypatch.setenv("OPENJET_SLIPSTREAM__MODEL", "big")
+    code, _, err = run_cli(capsys, "run", "--slipstream", "--workspace", str(workspace), "hello")
+    assert code == 3 and "Slipstream is impossible while airgapped = true" in err
+    assert connects == []
+
+
+def test_bad_settings_exit_2(capsys, workspace):
+    (workspace / ".openjet").mkdir()
+    (workspace / ".openjet" / "config.toml").write_text("max_steps = 0\n")
+    code, _, err = run_cli(capsys, "run", "--workspace", str(workspace), "hello")
+    assert code == 2 and "max_steps" in err and ".openjet/config.toml" in err
+
+
+def test_continue_and_sessions_commands(capsys, workspace):
+    (workspace / "a.txt").write_text("old\n")
+    with ScriptedServer(edit_script() + [reply("It says new now.")]) as server:
+        base = ["--provider", "llama-server", "--base-url", server.base_url, "--workspace", str(workspace)]
+        assert run_cli(capsys, "run", *base, "--mode", "auto", "fix a.txt")[0] == 0
+        assert run_cli(capsys, "run", *base, "--continue", "what does a.txt say?")[0] == 0
+        history = server.chat_bodies[-1]["messages"]
+    assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    code, out, _ = run_cli(capsys, "sessions", "list")
+    session_id = out.split()[0]
+    assert code == 0 and "fix a.txt" in out and str(workspace.resolve()) in out
+    code, out, _ = run_cli(capsys, "sessions", "show", session_id[:6])
+    assert code == 0 and "edit a.txt: applied (1 applied, 0 rejected)" in out
+    code, out, _ = run_cli(capsys, "sessions", "export", session_id, "--markdown")
+    assert code == 0 and out.startswith(f"# Session {session_id}: fix a.txt")
+    assert "**Tool call** `edit_file`" in out and "```diff\n--- a/a.txt\n+++ b/a.txt" in out
+    assert "## User\n\nwhat does a.txt say?" in out
+    assert run_cli(capsys, "sessions", "show", "nope")[0] == 2
+
+
+def test_plain_openjet_explains_when_the_app_is_missing(capsys, monkeypatch):
+    monkeypatch.setattr("openjet_tui.cli.APP_MODULE", "openjet_tui.ui.no_such_app")
+    code, _, err = run_cli(capsys)
+    assert code == 2 and "openjet run" in err
