@@ -10,6 +10,8 @@ Layouts (QK_K = 256 weights per super-block):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 QK_K = 256
@@ -17,7 +19,7 @@ QK_K = 256
 CHUNK_BLOCKS = 2048
 
 
-def _chunked(x: np.ndarray, block_bytes: int, pack) -> np.ndarray:
+def _chunked(x: np.ndarray, block_bytes: int, pack: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """Applies pack to [n, 256] chunks of x's super-blocks and returns uint8 [rows, row_bytes]."""
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] % QK_K:
@@ -61,7 +63,9 @@ def _fit_affine(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int
     return best_scale.astype(np.float32), (-best_lo).astype(np.float32)
 
 
-def _affine_error(x, w, scale, lo, nmax, base, iscale) -> np.ndarray:
+def _affine_error(x: np.ndarray, w: np.ndarray, scale: np.ndarray, lo: np.ndarray, nmax: int, base: np.ndarray,
+                  iscale: np.ndarray) -> np.ndarray:
+    """Weighted squared error of x ~ scale*L + lo with L rounded on the grid iscale*(x - base); per sub-block."""
     levels = np.clip(np.rint(iscale[:, None] * (x - base[:, None])), 0, nmax)
     return (w * (scale[:, None] * levels + lo[:, None] - x) ** 2).sum(axis=1)
 
@@ -76,7 +80,7 @@ def pack_scales_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out
 
 
-def _super_scales(scales: np.ndarray, mins: np.ndarray):
+def _super_scales(scales: np.ndarray, mins: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Quantizes per-sub-block scales/mins [N, 8] to 6 bits under f16 super-scales d, dmin."""
     max_scale, max_min = scales.max(axis=1), mins.max(axis=1)
     d = (max_scale / 63).astype(np.float16)
@@ -88,7 +92,8 @@ def _super_scales(scales: np.ndarray, mins: np.ndarray):
     return d, dmin, ls, lm
 
 
-def _affine_levels(blocks: np.ndarray, d, dmin, ls, lm, nmax: int) -> np.ndarray:
+def _affine_levels(blocks: np.ndarray, d: np.ndarray, dmin: np.ndarray, ls: np.ndarray, lm: np.ndarray,
+                   nmax: int) -> np.ndarray:
     """Final integer levels [N, 256] against the stored (rounded) scales, so decode error is what we minimised."""
     step = d.astype(np.float32)[:, None] * ls  # step: [N, 8]
     shift = dmin.astype(np.float32)[:, None] * lm

