@@ -14,6 +14,7 @@ import pytest
 
 from engine.gguf.testmodel import write_test_model
 from openjet_tui.runtime import setup_cmd
+from openjet_tui.runtime.bench import bench_endpoint
 from openjet_tui.runtime.errors import EngineStartError, RuntimeSetupError
 from openjet_tui.runtime.launch import ensure_setup, start_engine
 from openjet_tui.runtime.setup import SetupOptions, is_setup_current, read_record, run_setup
@@ -138,6 +139,12 @@ def test_launch_serves_the_real_model_and_leaves_nothing_behind(monkeypatch):
         reply = httpx.post(f"{session.base_url}/chat/completions", timeout=60, json={
             "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0})
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+        # `openjet bench` measures the same way: a streamed greedy completion, figures from llama.cpp's timings.
+        bench = bench_endpoint("llama-server", session.reason, session.base_url, prompts={"hi": "Say hi."},
+                               max_tokens=4)
+        [result] = bench.results
+        assert not bench.error and result.completion_tokens >= 1 and result.prompt_tokens > 3
+        assert result.decode_tps > 0 and result.prefill_tps > 0 and 0 < result.ttft_s <= result.total_s
         pid = session.worker.pid
     finally:
         session.close()
