@@ -13,6 +13,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("openjet_tui.agent.headless", "run one task without the full-screen app"),
     "sessions": ("openjet_tui.agent.transcript", "list, show or export stored sessions"),
     "config": ("openjet_tui.config", "show the merged settings and where each value came from"),
+    "setup": ("openjet_tui.runtime.setup_cmd", "find the hardware, fetch the model (verified), choose the engine"),
+    "doctor": ("openjet_tui.runtime.doctor_cmd", "show the hardware, the model and every engine decision with why"),
+    "bench": ("openjet_tui.runtime.bench_cmd", "measure the engine (and llama-server) on a fixed prompt set"),
 }
 APP_MODULE = "openjet_tui.ui.app"  # defines main(args: argparse.Namespace) -> int
 
