@@ -75,17 +75,20 @@ class _Cursor:
         self.data, self.pos = data, 0
 
     def scalar(self, fmt: str) -> object:
+        """One little-endian value of struct format `fmt`."""
         (value,) = struct.unpack_from("<" + fmt, self.data, self.pos)
         self.pos += struct.calcsize(fmt)
         return value
 
     def string(self) -> str:
+        """A GGUF string: u64 length, then UTF-8 bytes."""
         length = int(self.scalar("Q"))  # type: ignore[arg-type]
         raw = self.data[self.pos: self.pos + length]
         self.pos += length
         return raw.decode("utf-8", errors="replace")
 
     def value(self, type_id: int) -> object:
+        """A metadata value of GGUF type `type_id` (arrays are skipped and stand for their length)."""
         if type_id == STRING:
             return self.string()
         if type_id == ARRAY:

@@ -20,7 +20,7 @@ from huggingface_hub import errors as hf_errors
 from huggingface_hub import HfFileMetadata, get_hf_file_metadata, hf_hub_url
 from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import build_hf_headers
-from tqdm import tqdm
+from huggingface_hub.utils import tqdm as hf_tqdm
 
 from openjet_tui.runtime.catalog import Source
 from openjet_tui.runtime.errors import DiskSpaceError, DownloadError, SourceNotFoundError, SourceUnreachableError
@@ -57,10 +57,12 @@ class PartialInfo:
     size: int
 
 
-def _tqdm_bridge(progress: ProgressCallback, task: str) -> type[tqdm]:
+def _tqdm_bridge(progress: ProgressCallback, task: str) -> type[hf_tqdm]:
     """A tqdm class that turns huggingface_hub's progress updates into ProgressEvents."""
 
-    class Bridge(tqdm):
+    class Bridge(hf_tqdm):
+        """Counts bytes itself (tqdm is disabled) and forwards every update."""
+
         def __init__(self, *args: object, **kwargs: object):
             self._done = float(kwargs.get("initial") or 0)  # type: ignore[arg-type]
             self._total = kwargs.get("total")
@@ -68,6 +70,7 @@ def _tqdm_bridge(progress: ProgressCallback, task: str) -> type[tqdm]:
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:
+            """Advance by n bytes (negative when huggingface_hub rewinds after a refused Range)."""
             self._done += n or 0
             progress(ProgressEvent(task, self._done, self._total))  # type: ignore[arg-type]
             return None

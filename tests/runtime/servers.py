@@ -23,6 +23,7 @@ class Behaviour:
     hub_sizes: dict[str, int] = field(default_factory=dict)  # "repo/path" -> announced size overriding len(bytes)
     wheels: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # project -> (wheel filename, bytes)
     simple_html: bool = False
+    ollama_models: list[str] = field(default_factory=list)  # served at /api/tags, as Ollama does
     corrupt_wheel: str | None = None  # this project's wheel is served with a flipped byte (its listed hash unchanged)
     cut_after: int | None = None  # the next GET stops after this many body bytes and drops the connection
     status_after_cut: int | None = None  # every GET after the cut answers this status
@@ -61,6 +62,9 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self, head: bool) -> None:
         b = self.behaviour
         b.requests.append((self.command, self.path, self.headers.get("Range", "")))
+        if self.path == "/api/tags":
+            body = json.dumps({"models": [{"name": name} for name in b.ollama_models]}).encode()
+            return self._send(200, body, {"Content-Type": "application/json"})
         if self.path.startswith("/simple/"):
             return self._index(self.path.split("/")[2])
         if self.path.startswith("/files/"):

@@ -16,7 +16,11 @@ from engine.gguf.testmodel import write_test_model
 from openjet_tui.runtime import setup_cmd
 from openjet_tui.runtime.bench import bench_endpoint
 from openjet_tui.runtime.errors import EngineStartError, RuntimeSetupError
-from openjet_tui.runtime.launch import ensure_setup, start_engine
+from openjet_tui.runtime.engines import Facts, select_engine
+from openjet_tui.runtime.ggufinfo import read_model_info
+from openjet_tui.runtime.hardware import HardwareInfo
+from openjet_tui.runtime.launch import ensure_setup, should_build_llama_server, start_engine
+from openjet_tui.runtime.llamacpp import LlamaServerBinary
 from openjet_tui.runtime.setup import SetupOptions, is_setup_current, read_record, run_setup
 from tests.runtime.servers import Behaviour, LoopbackServer, make_wheel
 from tests.runtime.test_worker import wait_gone
@@ -154,3 +158,26 @@ def test_launch_serves_the_real_model_and_leaves_nothing_behind(monkeypatch):
 def test_a_model_path_must_exist():
     with pytest.raises(RuntimeSetupError, match="does not exist"):
         run_setup(SetupOptions(model="/nonexistent/model.gguf", is_dry_run=True))
+
+
+def test_a_running_ollama_serves_when_nothing_better_exists(tiny_catalog, monkeypatch):
+    ollama = LoopbackServer(Behaviour(ollama_models=["qwen2.5-coder:7b"]))
+    monkeypatch.setenv("OLLAMA_HOST", ollama.url)
+    try:
+        session = start_engine(run_setup(SetupOptions()).record)
+    finally:
+        ollama.close()
+    assert (session.engine, session.provider, session.base_url) == ("ollama", "ollama", f"{ollama.url}/v1")
+    assert session.model == "qwen2.5-coder:7b" and session.worker is None and session.build is None
+    session.close()
+
+
+def test_llama_server_is_built_in_the_background_only_when_it_helps(tiny_catalog):
+    model = read_model_info(Path(run_setup(SetupOptions()).record.model_path))
+    cpu_only = select_engine(Facts(hardware=HardwareInfo(), model=model))
+    assert cpu_only.chosen.engine == "reference" and should_build_llama_server(cpu_only)
+    binary = LlamaServerBinary(Path("/usr/bin/llama-server"), "PATH", None)
+    found = select_engine(Facts(hardware=HardwareInfo(), model=model, llama_server=binary))
+    assert found.chosen.engine == "llama-server" and not should_build_llama_server(found)
+    no_model = select_engine(Facts(hardware=HardwareInfo(), model=None, model_error="missing"))
+    assert not should_build_llama_server(no_model)
