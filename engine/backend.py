@@ -167,6 +167,19 @@ class Backend(ABC):
     def rollback(self, checkpoint: Checkpoint) -> None:
         """Restore a snapshot of this backend: re-feeding the same tokens then gives bit-identical logits."""
 
+    # Added for the server's prefix reuse (engine/session.py): optional, so backends without it keep working.
+    @property
+    def can_truncate(self) -> bool:
+        """Whether truncate() works: all sequence state is indexed by position (KV caches; no DeltaNet, no MTP)."""
+        return False
+
+    def truncate(self, num_tokens: int) -> None:
+        """Forget committed positions >= num_tokens, keeping the rest as is (only when can_truncate).
+
+        For attention-only models this reuses any common prefix exactly, with no checkpoint to keep.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot truncate its state; roll back to a checkpoint")
+
     def cycle(
         self,
         seq: TokenSequence,

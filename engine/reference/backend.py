@@ -11,7 +11,7 @@ import numpy as np
 from engine.backend import Backend, Checkpoint, Draft
 from engine.errors import ContextOverflowError
 from engine.reference.model import ReferenceModel
-from engine.reference.state import ModelState, PendingPass
+from engine.reference.state import KVCache, ModelState, PendingPass
 
 if TYPE_CHECKING:
     from engine.gguf.reader import GGUFFile
@@ -113,6 +113,23 @@ class ReferenceBackend(Backend):
         self.model.embed([token])  # validates the id
         tokens, logits = self.model.draft(self.state, token, num_draft)
         return Draft(tokens, logits)
+
+    @property
+    def can_truncate(self) -> bool:
+        """True for attention-only models without an MTP head: their state is KV rows indexed by position."""
+        return all(isinstance(layer, KVCache) for layer in self.state.layers) and self.state.mtp is None
+
+    def truncate(self, num_tokens: int) -> None:
+        """Forget positions >= num_tokens: the caches keep their first num_tokens rows."""
+        if not self.can_truncate:
+            raise NotImplementedError("this model has DeltaNet or MTP state: roll back to a checkpoint instead")
+        if not 0 <= num_tokens <= self.state.num_tokens:
+            raise ValueError(f"cannot truncate {self.state.num_tokens} tokens to {num_tokens}")
+        for layer in self.state.layers:
+            assert isinstance(layer, KVCache)
+            layer.length = num_tokens
+        self.state.num_tokens = num_tokens
+        self._pending = None
 
     def checkpoint(self) -> ReferenceCheckpoint:
         """A deep copy of the committed state."""
