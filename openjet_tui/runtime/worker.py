@@ -103,19 +103,30 @@ def kill_group(pgid: int, timeout_s: float = 5.0) -> None:
             time.sleep(0.05)
 
 
+def process_start_ticks(pid: int) -> int | None:
+    """When a process started (clock ticks since boot, from /proc), to tell it from a later one with the same pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 (starttime) counted after the command name, which is in parentheses and may hold spaces.
+    return int(stat.rpartition(")")[2].split()[19])
+
+
 def reap_orphans() -> list[int]:
     """Stop workers left by an app that died without cleaning up (killed hard); returns their group ids."""
     reaped = []
     for record in _registry_dir().glob("*.json"):
         try:
             entry = json.loads(record.read_text())
-            owner, pgid = int(entry["owner_pid"]), int(entry["pgid"])
+            owner, pgid, started = int(entry["owner_pid"]), int(entry["pgid"]), entry.get("started")
         except (OSError, ValueError, KeyError, TypeError):
             record.unlink(missing_ok=True)
             continue
-        if _pid_alive(owner):
+        if process_start_ticks(owner) == entry.get("owner_started") and _pid_alive(owner):
             continue  # its app is still running (another OpenJet window)
-        if _pid_alive(pgid):
+        # Only the very process we started: a pid reused since (say, after a reboot) is left alone.
+        if started is not None and process_start_ticks(pgid) == started:
             kill_group(pgid)
             reaped.append(pgid)
         record.unlink(missing_ok=True)
@@ -185,7 +196,8 @@ class EngineWorker:
             # Its own session and process group: stop() kills the engine and anything it spawned, in one call.
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True, env={**os.environ, **self.spec.env})
-        record = {"owner_pid": os.getpid(), "pgid": self._process.pid, "command": command}
+        record = {"owner_pid": os.getpid(), "owner_started": process_start_ticks(os.getpid()),
+                  "pgid": self._process.pid, "started": process_start_ticks(self._process.pid), "command": command}
         (_registry_dir() / f"{self._process.pid}.json").write_text(json.dumps(record))
 
     def _health(self, client: httpx.Client) -> tuple[bool, str, float | None]:

@@ -130,3 +130,17 @@ def test_engine_of_a_killed_app_is_reaped_at_the_next_start():
     assert not is_gone(pids["pid"])
     reaped = reap_orphans()
     assert pids["pid"] in reaped and wait_gone(pids["pid"]) and wait_gone(pids["child"])
+
+
+def test_a_reused_pid_is_never_killed(isolated_cache):
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)  # stands for an unrelated process
+    try:
+        record = {"owner_pid": 999_999_999, "owner_started": 1, "pgid": stranger.pid, "started": 12345,
+                  "command": ["old-engine"]}
+        (isolated_cache / "workers").mkdir(parents=True, exist_ok=True)
+        (isolated_cache / "workers" / f"{stranger.pid}.json").write_text(json.dumps(record))
+        assert reap_orphans() == [] and stranger.poll() is None
+        assert not list((isolated_cache / "workers").glob("*.json"))  # the stale record is dropped
+    finally:
+        stranger.kill()
+        stranger.wait()
