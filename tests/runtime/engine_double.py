@@ -52,7 +52,7 @@ def main() -> None:
     crash_after = args.die_after
     if args.crash_once_marker and not os.path.exists(args.crash_once_marker):
         open(args.crash_once_marker, "w").close()
-        crash_after = 1.5 if crash_after is None else crash_after
+        crash_after = 3.0 if crash_after is None else crash_after
 
     if crash_after is not None:
         def die() -> None:

@@ -18,7 +18,7 @@ from openjet_tui.runtime.errors import (
 )
 from openjet_tui.runtime.partfile import part_paths
 from openjet_tui.runtime.verify import read_stamp
-from tests.runtime.servers import Behaviour, LoopbackServer, make_wheel
+from tests.runtime.servers import Behaviour, LoopbackServer
 
 # huggingface_hub writes what it receives in 10 MiB chunks: a cut at 12 MiB leaves one chunk on disk to resume from.
 CHUNK = hf_constants.DOWNLOAD_CHUNK_SIZE

@@ -17,10 +17,10 @@ from engine.gguf.testmodel import write_test_model
 from openjet_tui.runtime.engines import Facts, engine_command, gather_facts, megakernel_blocker, select_engine
 from openjet_tui.runtime.errors import RuntimeSetupError
 from openjet_tui.runtime.ggufinfo import GGUFHeaderError, ModelFileInfo, TensorEntry, read_model_info
-from openjet_tui.runtime.hardware import GpuInfo, HardwareInfo, probe_hardware
+from openjet_tui.runtime.hardware import GpuInfo, HardwareInfo
 from openjet_tui.runtime.localservers import probe_ollama
 from openjet_tui.runtime.worker import EngineWorker, WorkerSpec
-from tests.runtime.test_worker import wait_gone
+from tests.runtime.procs import wait_gone
 
 REAL_LLAMA_SERVER = Path.home() / ".cache/openjet/llama.cpp/b11434-cpu/bin/llama-server"
 REAL_SMALL_MODEL = Path.home() / ".cache/openjet/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"

@@ -22,7 +22,7 @@ from openjet_tui.runtime.llamacpp import (
     BackgroundBuild, build_dir, choose_backend, cmake_configure_command, ensure_llama_server, find_llama_server, read_build_status,
 )
 from tests.runtime.servers import Behaviour, LoopbackServer
-from tests.runtime.test_worker import wait_gone
+from tests.runtime.procs import wait_gone
 
 CMAKELISTS = """cmake_minimum_required(VERSION 3.13)
 project(tiny_llama C)

@@ -23,7 +23,7 @@ from openjet_tui.runtime.launch import ensure_setup, should_build_llama_server, 
 from openjet_tui.runtime.llamacpp import LlamaServerBinary
 from openjet_tui.runtime.setup import SetupOptions, is_setup_current, read_record, run_setup
 from tests.runtime.servers import Behaviour, LoopbackServer, make_wheel
-from tests.runtime.test_worker import wait_gone
+from tests.runtime.procs import wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_LLAMA_SERVER = Path.home() / ".cache/openjet/llama.cpp/b11434-cpu/bin/llama-server"

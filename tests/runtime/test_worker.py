@@ -17,26 +17,9 @@ import pytest
 
 from openjet_tui.runtime.errors import EngineStartError
 from openjet_tui.runtime.worker import EngineWorker, WorkerSpec, reap_orphans
+from tests.runtime.procs import is_gone, wait_gone
 
 DOUBLE = str(Path(__file__).with_name("engine_double.py"))
-
-
-def is_gone(pid: int) -> bool:
-    """True when the process no longer exists (or is a zombie nobody reaped yet)."""
-    try:
-        state = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return True
-    return "\nState:\tZ" in state
-
-
-def wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if is_gone(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _spec(*flags: str, **kwargs: object) -> WorkerSpec:
@@ -82,7 +65,7 @@ def test_crashed_worker_is_restarted_and_the_reason_surfaces(tmp_path):
 
 
 def test_restarts_are_bounded(tmp_path):
-    worker = EngineWorker(_spec("--die-after", "1.0", max_restarts=1)).start()
+    worker = EngineWorker(_spec("--die-after", "2.5", max_restarts=1)).start()
     pid = worker.pid
     deadline = time.monotonic() + 20
     while not any(e.kind == "gave_up" for e in worker.events) and time.monotonic() < deadline:
