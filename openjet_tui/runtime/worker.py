@@ -215,6 +215,8 @@ class EngineWorker:
         message = str(error.get("message", "")) if isinstance(error, dict) else str(body.get("status", ""))
         fraction = body.get("progress", body.get("load_progress"))
         fraction = float(fraction) if isinstance(fraction, (int, float)) else None
+        if fraction is not None and fraction > 1.0:
+            fraction /= 100.0  # a server that reports percent
         return response.status_code == 200, message or f"HTTP {response.status_code}", fraction
 
     def _wait_healthy(self, progress: ProgressCallback) -> None:
