@@ -181,3 +181,27 @@ def test_llama_server_is_built_in_the_background_only_when_it_helps(tiny_catalog
     assert found.chosen.engine == "llama-server" and not should_build_llama_server(found)
     no_model = select_engine(Facts(hardware=HardwareInfo(), model=None, model_error="missing"))
     assert not should_build_llama_server(no_model)
+
+
+def _has_engine_server() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("engine.server.main") is not None
+
+
+@pytest.mark.skipif(not _has_engine_server(), reason="openjet-engine serve is not in this build yet")
+def test_reference_engine_is_started_as_a_worker_and_stopped(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("OPENJET_LLAMA_SERVER", raising=False)
+    model = write_test_model(tmp_path / "tiny.gguf", "qwen2")  # with the tokenizer: it must chat
+    record = run_setup(SetupOptions(model=str(model), context=512)).record
+    session = start_engine(record, forced="reference", start_build=False)
+    try:
+        assert session.provider == "openjet" and "slow" in session.reason
+        reply = httpx.post(f"{session.base_url}/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+        pid = session.worker.pid
+    finally:
+        session.close()
+    assert wait_gone(pid)
