@@ -109,7 +109,9 @@ class ReferenceModel:
         state.last_hidden = pending.hidden[n - 1].copy()
         state.num_tokens = pending.start + n
 
-    def draft(self, state: ModelState, token: int, num_draft: int, choose: ChooseToken = argmax_token):
+    def draft(
+        self, state: ModelState, token: int, num_draft: int, choose: ChooseToken = argmax_token
+    ) -> tuple[list[int], np.ndarray]:
         """Draft num_draft tokens after `token` (the pending token at position num_tokens) with the MTP head.
 
         Step i runs the MTP block on (token_i, hidden_i) at position num_tokens + i, where hidden_0 is the trunk's

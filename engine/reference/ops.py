@@ -161,7 +161,9 @@ def _key_heads_for_values(x: np.ndarray, num_v_heads: int) -> np.ndarray:
     return x[:, np.arange(num_v_heads) % x.shape[1]]
 
 
-def gated_delta_rule(q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
+def gated_delta_rule(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Gated delta rule, recurrent form: one token at a time (the decode / verify path).
 
     Per value head, with S [Dk, Dv]: S *= exp(g_t); u = beta_t * (v_t - S^T k_t); S += k_t u^T; o_t = S^T q_t.
@@ -182,7 +184,10 @@ def gated_delta_rule(q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
     return out, s
 
 
-def gated_delta_rule_chunked(q, k, v, g, beta, state, chunk_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
+def gated_delta_rule_chunked(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray,
+    chunk_size: int = 64,
+) -> tuple[np.ndarray, np.ndarray]:
     """Gated delta rule, chunked form (the prefill path): same result as gated_delta_rule up to rounding.
 
     Within a chunk, with c_t = cumsum(g)_t and the writes u_t of the recurrent form:
@@ -204,7 +209,9 @@ def gated_delta_rule_chunked(q, k, v, g, beta, state, chunk_size: int = 64) -> t
     return out.transpose(1, 0, 2), s
 
 
-def _delta_chunk(q, k, v, g, beta, s0) -> tuple[np.ndarray, np.ndarray]:
+def _delta_chunk(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, s0: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """One chunk of the chunked gated delta rule (see gated_delta_rule_chunked)."""
     # q, k: [H, C, Dk]  v: [H, C, Dv]  g, beta: [H, C]  s0: [H, Dk, Dv]
     size = v.shape[1]

@@ -42,7 +42,10 @@ def empty_deltanet_state(cfg: ModelConfig) -> DeltaNetState:
     )
 
 
-def _run_delta_rule(q, k, v, g, beta, state: np.ndarray, keep_steps: bool) -> tuple[np.ndarray, np.ndarray]:
+def _run_delta_rule(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray,
+    keep_steps: bool,
+) -> tuple[np.ndarray, np.ndarray]:
     """Recurrent form keeping every step (verify), or the chunked form keeping the final state (prefill)."""
     # -> o: [T, Hv, Dv], states: [T, Hv, Dk, Dv] or [1, Hv, Dk, Dv]
     num_tokens = v.shape[0]

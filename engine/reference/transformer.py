@@ -27,7 +27,9 @@ def _project(x: np.ndarray, w: Weights, name: str) -> np.ndarray:
     return y if bias is None else y + bias
 
 
-def attention_qkv(x: np.ndarray, w: Weights, cfg: ModelConfig, start: int):
+def attention_qkv(
+    x: np.ndarray, w: Weights, cfg: ModelConfig, start: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Q, K, V of T tokens at positions start.. after bias, q/k norm and rope; plus qwen35's output gate (or None)."""
     # x: [T, H] -> q: [T, Hq, D], k, v: [T, Hkv, D], gate: [T, Hq * D] | None
     num_tokens, head_dim = x.shape[0], cfg.head_dim
