@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "setup": ("openjet_tui.runtime.setup_cmd", "find the hardware, fetch the model (verified), choose the engine"),
     "doctor": ("openjet_tui.runtime.doctor_cmd", "show the hardware, the model and every engine decision with why"),
     "bench": ("openjet_tui.runtime.bench_cmd", "measure the engine (and llama-server) on a fixed prompt set"),
+    "bench tasks": ("openjet_tui.benchtasks.cli", "run the coding-task suite through the agent and score it"),
 }
 APP_MODULE = "openjet_tui.ui.app"  # defines main(args: argparse.Namespace) -> int
 
@@ -28,8 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      "subcommand, opens the full-screen app.")
     add_agent_options(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    nested: dict[str, argparse._SubParsersAction] = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        parent, _, child = name.rpartition(" ")  # "bench tasks": `tasks` under `bench` (listed after it)
+        group = nested.setdefault(parent, parsers[parent].add_subparsers(metavar="SUITE")) if parent else subparsers
+        sub = parsers[name] = group.add_parser(child, help=help_text, description=help_text)
         sub.set_defaults(module_name=module_name)
         importlib.import_module(module_name).add_arguments(sub)
     return parser

@@ -160,6 +160,7 @@ def load_settings(workspace: Path, overrides: dict[str, Any] | None = None) -> L
         @classmethod
         def settings_customise_sources(cls, settings_cls: type[BaseSettings], *args: Any,
                                        **kwargs: Any) -> tuple[PydanticBaseSettingsSource, ...]:
+            """Command line, environment, project file, user file: highest priority first."""
             return tuple(_DictSource(settings_cls, data) for _, data in layers)
 
     sources = _sources(layers)

@@ -23,7 +23,7 @@ from openjet_tui.agent.slipstream import Slipstream, check_slipstream_allowed
 from openjet_tui.agent.tools import all_tools
 from openjet_tui.agent.workspace import Workspace
 from openjet_tui.config import Settings, load_settings
-from openjet_tui.errors import (AirgappedError, ConfigError, LLMConnectionError, OpenJetError, ProviderError,
+from openjet_tui.errors import (AirgappedError, ConfigError, LLMConnectionError, ProviderError,
                                 ServerCapabilityError, SessionError, WorkspaceError)
 from openjet_tui.llm.client import ChatClient
 from openjet_tui.llm.network import NetworkGuard

@@ -146,6 +146,7 @@ class Agent:
         origin = self.config.origin
 
         def on_part(part: StreamPart) -> None:
+            """Forward one streamed delta as an event."""
             kind = ev.TextDelta if isinstance(part, ContentDelta) else ev.ReasoningDelta
             self.emit(kind(part.text, origin))
 

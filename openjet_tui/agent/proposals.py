@@ -44,6 +44,7 @@ class Hunk:
     def header(self) -> str:
         """The unified-diff range line, e.g. `@@ -3,7 +3,8 @@`."""
         def span(start: int, end: int) -> str:
+            """`start,count` with diff's 1-based start (0 for an empty range)."""
             count = end - start
             return f"{start + 1 if count else start},{count}"
         return f"@@ -{span(self.old_start, self.old_end)} +{span(self.new_start, self.new_end)} @@"

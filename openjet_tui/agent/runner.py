@@ -89,10 +89,22 @@ async def _terminate(process: asyncio.subprocess.Process) -> None:
     _kill_group(process.pid, signal.SIGTERM)
     try:
         await asyncio.wait_for(_exited(process), KILL_GRACE_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     _kill_group(process.pid, signal.SIGKILL)
     await _exited(process)
+
+
+async def _close(process: asyncio.subprocess.Process, pump: asyncio.Task[None]) -> None:
+    """Let the pipe reach end-of-file (the group is dead) so the transport closes while the loop still runs."""
+    try:
+        await asyncio.wait_for(asyncio.shield(pump), KILL_GRACE_S)
+        await asyncio.wait_for(process.wait(), KILL_GRACE_S)
+    except TimeoutError:
+        pump.cancel()
+    except asyncio.CancelledError:
+        pump.cancel()
+        raise
 
 
 async def _pump(stream: asyncio.StreamReader, cap: OutputCap) -> None:
@@ -115,18 +127,18 @@ async def run_command(command: str, cwd: Path, timeout_s: float, max_output_byte
     try:
         try:
             await asyncio.wait_for(_exited(process), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             await _terminate(process)
         try:  # children left in the background keep the pipe open: stop waiting for them soon
             await asyncio.wait_for(asyncio.shield(pump), DRAIN_AFTER_EXIT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     except asyncio.CancelledError:
         await asyncio.shield(_terminate(process))
         raise
     finally:
         _kill_group(process.pid, signal.SIGKILL)  # nothing the command started outlives it
-        pump.cancel()
+        await _close(process, pump)
     return CommandResult(None if timed_out else process.returncode, cap.text(), cap.total, cap.is_truncated,
                          timed_out, time.monotonic() - started)

@@ -88,6 +88,7 @@ class Slipstream:
                              store=store, session=session, on_event=emit, tools=tools)
 
         async def delegate_local(ctx: ToolContext, call: ToolCall) -> ToolOutcome:
+            """The tool handler: run the task on the local model."""
             return await self._delegate(orchestrator, config, call.arguments["task"], emit)
 
         tools["delegate_local"] = Tool("delegate_local", "Give one concrete task to the local model, which can "
@@ -102,6 +103,7 @@ class Slipstream:
         report = DelegateReport()
 
         def forward(event: ev.Event) -> None:
+            """Note the delegate's actions and pass its events on."""
             report.collect(event)
             emit(event)
 
@@ -123,6 +125,7 @@ class Slipstream:
                         session: SessionInfo | None) -> None:
         """Store and announce every cloud request as it completes."""
         def on_record(record: TrafficRecord) -> None:
+            """Store one cloud request and emit it."""
             if store is not None:
                 store.save_traffic(session.id if session else None, record)
             emit(ev.SlipstreamTraffic(record.endpoint, record.request_bytes, record.response_bytes,

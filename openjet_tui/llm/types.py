@@ -82,6 +82,7 @@ class Timings:
     def from_json(cls, data: dict[str, Any]) -> Timings:
         """Parse a `timings` object, keeping only the fields we know."""
         def num(key: str, kind: type) -> Any:
+            """The field converted to kind, or None when missing or not a number."""
             value = data.get(key)
             return kind(value) if isinstance(value, (int, float)) else None
 

@@ -163,7 +163,8 @@ def sse_chunks(script: ScriptedReply, model: str, prompt_chars: int) -> list[dic
 
     size = max(1, script.chunk_chars)
     chunks = [chunk({"role": "assistant", "content": ""})]
-    chunks += [chunk({"reasoning_content": script.reasoning[i:i + size]}) for i in range(0, len(script.reasoning), size)]
+    chunks += [chunk({"reasoning_content": script.reasoning[i:i + size]})
+               for i in range(0, len(script.reasoning), size)]
     chunks += [chunk({"content": script.text[i:i + size]}) for i in range(0, len(script.text), size)]
     for index, tool_call in enumerate(script.tool_calls):
         arguments = json.dumps(tool_call["arguments"])
@@ -183,68 +184,76 @@ def sse_chunks(script: ScriptedReply, model: str, prompt_chars: int) -> list[dic
     return chunks
 
 
-def _handler_for(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
-            pass
+class _Handler(BaseHTTPRequestHandler):
+    """Routes requests to the scripted server named by the subclass `_handler_for` makes."""
 
-        def do_GET(self) -> None:
-            server.record(RecordedRequest("GET", self.path, dict(self.headers), None, 0))
-            document = server.info_document(self.path)
-            self._json(404 if document is None else 200, document or {"error": {"message": "not found"}})
+    scripted: ScriptedServer
 
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = json.loads(raw or b"{}")
-            server.record(RecordedRequest("POST", self.path, dict(self.headers), body, len(raw)))
-            if self.path == "/tokenize" and server.tokenize:
-                self._json(200, {"tokens": list(range(len(body.get("content", "")) // 4))})
-            elif self.path.endswith("/chat/completions"):
-                self._chat(body, len(raw))
-            else:
-                self._json(404, {"error": {"message": f"no route {self.path}"}})
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+        pass
 
-        def _json(self, status: int, document: Any) -> None:
-            data = json.dumps(document).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def do_GET(self) -> None:
+        """Informational endpoints: /v1/models, /props, /health."""
+        self.scripted.record(RecordedRequest("GET", self.path, dict(self.headers), None, 0))
+        document = self.scripted.info_document(self.path)
+        self._json(404 if document is None else 200, document or {"error": {"message": "not found"}})
 
-        def _chat(self, body: dict[str, Any], num_bytes: int) -> None:
-            script = server.next_reply(body)
-            if script.status >= 400:
-                self._json(script.status, {"error": {"message": script.error or "error", "code": script.status}})
+    def do_POST(self) -> None:
+        """Chat completions from the script, and /tokenize."""
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.loads(raw or b"{}")
+        self.scripted.record(RecordedRequest("POST", self.path, dict(self.headers), body, len(raw)))
+        if self.path == "/tokenize" and self.scripted.tokenize:
+            self._json(200, {"tokens": list(range(len(body.get("content", "")) // 4))})
+        elif self.path.endswith("/chat/completions"):
+            self._chat(body, len(raw))
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+    def _json(self, status: int, document: Any) -> None:
+        data = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _chat(self, body: dict[str, Any], num_bytes: int) -> None:
+        script = self.scripted.next_reply(body)
+        if script.status >= 400:
+            self._json(script.status, {"error": {"message": script.error or "error", "code": script.status}})
+            return
+        chunks = sse_chunks(script, self.scripted.model, num_bytes)
+        if script.as_json:
+            self._json(200, _as_completion(chunks))
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        try:
+            self._stream(script, chunks)
+        except (BrokenPipeError, ConnectionResetError):
+            self.scripted.disconnects += 1
+
+    def _stream(self, script: ScriptedReply, chunks: list[dict[str, Any]]) -> None:
+        for number, item in enumerate(chunks):
+            if script.hang_after_chunks is not None and number >= script.hang_after_chunks:
+                while not self.scripted.release.wait(0.05):  # keep-alive comments reveal a closed client
+                    self.wfile.write(b": keep-alive\n\n")
+                    self.wfile.flush()
                 return
-            chunks = sse_chunks(script, server.model, num_bytes)
-            if script.as_json:
-                self._json(200, _as_completion(chunks))
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.end_headers()
-            try:
-                self._stream(script, chunks)
-            except (BrokenPipeError, ConnectionResetError):
-                server.disconnects += 1
-
-        def _stream(self, script: ScriptedReply, chunks: list[dict[str, Any]]) -> None:
-            for number, item in enumerate(chunks):
-                if script.hang_after_chunks is not None and number >= script.hang_after_chunks:
-                    while not server.release.wait(0.05):  # keep-alive comments reveal a closed client
-                        self.wfile.write(b": keep-alive\n\n")
-                        self.wfile.flush()
-                    return
-                self.wfile.write(f"data: {json.dumps(item)}\n\n".encode())
-                self.wfile.flush()
-                if script.delay_s:
-                    time.sleep(script.delay_s)
-            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.write(f"data: {json.dumps(item)}\n\n".encode())
             self.wfile.flush()
+            if script.delay_s:
+                time.sleep(script.delay_s)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
 
-    return Handler
+
+def _handler_for(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
+    """A handler class bound to one scripted server."""
+    return type("Handler", (_Handler,), {"scripted": server})
 
 
 def _as_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:

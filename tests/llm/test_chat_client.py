@@ -12,7 +12,7 @@ from openjet_tui.llm.client import ChatClient, RetryPolicy
 from openjet_tui.llm.network import NetworkGuard, TrafficLog
 from openjet_tui.llm.providers import Endpoint
 from openjet_tui.llm.types import ChatResult, ContentDelta, ReasoningDelta
-from tests.agent.scripted_server import ScriptedServer, call, reply
+from tests.agent.scripted_server import call, reply
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
 FAST = RetryPolicy(attempts=3, base_delay_s=0.01)
