@@ -105,11 +105,22 @@ def resolve_setup(args: argparse.Namespace) -> Setup:
     return Setup(settings, workspace, store, session, session is not None)
 
 
-def pick_approver() -> Approver:
-    """A terminal asks the person; without one, everything needing approval is denied (and we say so)."""
+NO_TERMINAL = {
+    Mode.READ_ONLY: "denied: read-only mode needs a person to approve every command, and there is no terminal",
+    Mode.ASK: ("denied: ask mode needs a person to approve and there is no terminal; rerun in a terminal, or "
+               "choose --mode auto-edit (edits apply) or --mode auto (commands run too)"),
+    Mode.AUTO_EDIT: ("denied: auto-edit mode needs a person to approve commands no allow rule covers, and there "
+                     "is no terminal; add a [shell] allow rule or choose --mode auto"),
+    Mode.AUTO: ("denied: this needs a person's approval even in auto mode (a path outside the workspace, or a "
+                "command that cannot be checked), and there is no terminal"),
+}
+
+
+def pick_approver(mode: Mode) -> Approver:
+    """A terminal asks the person; without one, everything needing approval is denied, saying why."""
     if sys.stdin.isatty():
         return ConsoleApprover()
-    return PolicyApprover()
+    return PolicyApprover(NO_TERMINAL[mode])
 
 
 async def run_task(args: argparse.Namespace, printer: HumanPrinter | JsonPrinter) -> int:
@@ -128,7 +139,7 @@ async def run_task(args: argparse.Namespace, printer: HumanPrinter | JsonPrinter
         window = await _probe(client, setup, mode, printer)
         if window is None:
             return EXIT_SERVER
-        approver = pick_approver()
+        approver = pick_approver(mode)
         if isinstance(approver, PolicyApprover) and mode in (Mode.ASK, Mode.READ_ONLY):
             printer(ev.Notice(f"{mode.value} mode without a terminal: anything that needs approval will be "
                               "denied; use --mode auto-edit or --mode auto to let it act", "warning"))

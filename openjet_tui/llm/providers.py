@@ -92,7 +92,9 @@ def resolve_endpoint(provider: str, base_url: str | None = None, model: str | No
         raise ProviderError(f"provider {provider!r} needs a base URL: set base_url in the config or pass --base-url")
     if not url.startswith(("http://", "https://")) or not host_of(url):
         raise ProviderError(f"base URL {url!r} for provider {provider!r} must be an http:// or https:// URL")
-    key, source = lookup_key(spec, use_keyring)
+    # a local server that needs no key gets no keyring lookup (it could pop up a desktop unlock prompt)
+    needs_keyring = use_keyring and (spec.needs_key or not is_loopback_host(host_of(url)))
+    key, source = lookup_key(spec, needs_keyring)
     if spec.needs_key and key is None and not is_loopback_host(host_of(url)):
         raise ProviderError(
             f"provider {provider!r} needs an API key: set {spec.key_env[0]} in the environment or store it with "

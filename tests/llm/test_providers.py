@@ -65,3 +65,20 @@ def test_key_from_os_keyring(monkeypatch):
 def test_cloud_provider_without_key_says_where_to_put_it():
     with pytest.raises(ProviderError, match="OPENJET_SLIPSTREAM_API_KEY.*keyring set openjet slipstream"):
         resolve_endpoint("slipstream", "https://api.example.com/v1")
+
+
+def test_local_servers_do_not_touch_the_keyring_remote_ones_do(monkeypatch):
+    backend = MemoryKeyring()
+    backend.set_password("openjet", "llama-server", "local-key")
+    backend.set_password("openjet", "openai-compatible", "remote-key")
+    asked = []
+    original = backend.get_password
+    backend.get_password = lambda service, user: asked.append(user) or original(service, user)
+    previous = keyring.get_keyring()
+    keyring.set_keyring(backend)
+    try:
+        assert resolve_endpoint("llama-server").api_key is None
+        assert resolve_endpoint("openai-compatible", "https://gpu.example.com/v1").api_key == "remote-key"
+    finally:
+        keyring.set_keyring(previous)
+    assert asked == ["openai-compatible"]
