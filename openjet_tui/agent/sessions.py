@@ -128,8 +128,8 @@ class SessionStore:
 
     def get(self, prefix: str) -> SessionInfo:
         """A session by id or unique id prefix."""
-        rows = self._run("SELECT * FROM sessions WHERE id LIKE ? ORDER BY updated_at DESC",
-                         (prefix.replace("%", "") + "%",)).fetchall()
+        rows = self._run("SELECT * FROM sessions WHERE substr(id, 1, ?) = ? ORDER BY updated_at DESC",
+                         (len(prefix), prefix)).fetchall()
         if not rows or not prefix:
             raise SessionError(f"no session with id {prefix!r}; `openjet sessions list` shows them")
         if len(rows) > 1 and rows[0]["id"] != prefix:

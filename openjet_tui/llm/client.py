@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -106,7 +107,7 @@ class ChatClient:
             if builder.result.usage is not None:
                 record.prompt_tokens = builder.result.usage.prompt_tokens
                 record.completion_tokens = builder.result.usage.completion_tokens
-            if self.traffic is not None:
+            if self.traffic is not None and record.status is not None:  # refused or unreachable: nothing sent
                 self.traffic.add(record)
 
     async def _send(self, payload: bytes, record: TrafficRecord) -> httpx.Response:
@@ -130,6 +131,9 @@ class ChatClient:
             await response.aclose()
             if response.status_code in RETRY_STATUSES and attempt + 1 < self.retry.attempts:
                 last = f"HTTP {response.status_code}"
+                if self.traffic is not None:  # this attempt reached the server: it counts as a request sent
+                    self.traffic.add(dataclasses.replace(record, response_bytes=response.num_bytes_downloaded,
+                                                         error=last))
                 continue
             raise _status_error(self.endpoint, response.status_code, text)
         raise LLMConnectionError(f"cannot reach {self.endpoint.provider} at {self.endpoint.base_url} after "

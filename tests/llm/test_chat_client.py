@@ -153,3 +153,19 @@ async def test_airgapped_guard_allows_loopback(server):
     client = client_for(server, guard=NetworkGuard(airgapped=True))
     assert (await client.complete([{"role": "user", "content": "x"}])).content == "local ok"
     await client.aclose()
+
+
+async def test_retried_attempts_are_recorded_and_unsent_ones_are_not(server):
+    server.push(reply(status=503, error="busy"), reply("ok"))
+    log = TrafficLog()
+    client = client_for(server, traffic=log)
+    await client.complete([{"role": "user", "content": "x"}])
+    await client.aclose()
+    assert [(r.status, r.error) for r in log.records] == [(503, "HTTP 503"), (200, None)]
+    assert [r.request_bytes for r in log.records] == [r.num_bytes for r in server.requests]
+    refused = ChatClient(Endpoint("slipstream", "https://api.example.com/v1", "m"),
+                         guard=NetworkGuard(airgapped=True), traffic=log)
+    with pytest.raises(AirgappedError):
+        await refused.complete([{"role": "user", "content": "x"}])
+    await refused.aclose()
+    assert len(log.records) == 2

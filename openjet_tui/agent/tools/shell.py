@@ -38,7 +38,8 @@ async def run_shell(ctx: ToolContext, call: ToolCall) -> ToolOutcome:
                 ctx.store.save_rules(ctx.workspace.root, verdict.suggested_rules)
         decided_by = "person"
     row = _record(ctx, call, True, decided_by, verdict.reason)
-    timeout = min(float(call.arguments.get("timeout_s") or ctx.shell_timeout_s), ctx.shell_timeout_s)
+    # the model may shorten the limit, never lengthen it past the configured one
+    timeout = max(1.0, min(float(call.arguments.get("timeout_s") or ctx.shell_timeout_s), ctx.shell_timeout_s))
     result = await run_command(command, ctx.workspace.root, timeout, ctx.max_output_bytes)
     if ctx.store is not None and row is not None:
         ctx.store.set_shell_exit(row, result.exit_code)
