@@ -68,9 +68,12 @@ class ScriptedServer:
 
     def __init__(self, replies: Iterable[Script] = (), *, model: str = "scripted-model",
                  context_window: int | None = None, supports_tools: bool | None = None,
-                 tokenize: bool = False, host: str = "127.0.0.1"):
+                 tokenize: bool = False, model_fields: dict[str, Any] | None = None,
+                 ollama_show: dict[str, Any] | None = None, host: str = "127.0.0.1"):
         self.model, self.context_window, self.supports_tools = model, context_window, supports_tools
         self.tokenize = tokenize
+        self.model_fields = model_fields or {}  # extra /v1/models entry fields, e.g. vLLM's max_model_len
+        self.ollama_show = ollama_show  # the answer to Ollama's POST /api/show
         self.replies: deque[Script] = deque(replies)
         self.requests: list[RecordedRequest] = []
         self.disconnects = 0  # streams the client closed before the reply ended
@@ -139,7 +142,8 @@ class ScriptedServer:
     def info_document(self, path: str) -> Any:
         """The JSON for the informational GET endpoints, or None for an unknown path."""
         if path.endswith("/models"):
-            entry: dict[str, Any] = {"id": self.model, "object": "model", "owned_by": "scripted"}
+            entry: dict[str, Any] = {"id": self.model, "object": "model", "owned_by": "scripted",
+                                     **self.model_fields}
             if self.context_window:
                 entry["meta"] = {"n_ctx": self.context_window}
             return {"object": "list", "data": [entry]}
@@ -203,7 +207,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         body = json.loads(raw or b"{}")
         self.scripted.record(RecordedRequest("POST", self.path, dict(self.headers), body, len(raw)))
-        if self.path == "/tokenize" and self.scripted.tokenize:
+        if self.path == "/api/show" and self.scripted.ollama_show is not None:
+            self._json(200, self.scripted.ollama_show)
+        elif self.path == "/tokenize" and self.scripted.tokenize:
             self._json(200, {"tokens": list(range(len(body.get("content", "")) // 4))})
         elif self.path.endswith("/chat/completions"):
             self._chat(body, len(raw))

@@ -55,3 +55,26 @@ async def test_silent_server_leaves_window_unknown_with_a_note():
         report, _ = await probe(server, "m")
     assert report.is_usable and report.context_window is None and report.supports_tools is None
     assert any("did not report its context window" in n for n in report.notes)
+
+
+async def ollama_probe(show):
+    with ScriptedServer(ollama_show=show, model="qwen2.5-coder:7b") as server:
+        client = ChatClient(Endpoint("ollama", server.base_url), retry=RetryPolicy(attempts=1))
+        try:
+            return await probe_server(client, "system prompt", TOOLS)
+        finally:
+            await client.aclose()
+
+
+async def test_ollama_capabilities_and_its_low_default_window():
+    report = await ollama_probe({"capabilities": ["completion"], "parameters": ""})
+    assert report.supports_tools is False and report.context_window == 4096
+    assert any("num_ctx" in note for note in report.notes) and not report.is_usable
+    report = await ollama_probe({"capabilities": ["completion", "tools"], "parameters": "num_ctx 32768\n"})
+    assert report.is_usable and (report.context_window, report.context_source) == (32768, "ollama num_ctx")
+
+
+async def test_vllm_style_max_model_len_is_read():
+    with ScriptedServer(model_fields={"max_model_len": 131072}) as server:
+        report, _ = await probe(server, "m")
+    assert (report.context_window, report.context_source) == (131072, "/models max_model_len")
