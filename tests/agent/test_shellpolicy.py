@@ -7,7 +7,7 @@ import pytest
 from openjet_tui.agent.shellpolicy import Mode, Rule, ShellPolicy, narrow_rule, split_command
 from openjet_tui.errors import ConfigError
 
-CWD = Path("/work/project")
+CWD = Path("/home/dev/project")
 
 
 @pytest.fixture
