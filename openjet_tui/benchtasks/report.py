@@ -71,7 +71,7 @@ class Reporter:
     def note(self, message: str) -> None:
         """A line worth showing now (a rejected broken task, a setup problem)."""
         if not self.is_quiet:
-            self.console.print(message)
+            self.console.print(message, markup=False, highlight=False, soft_wrap=True)
 
     def finish(self, run: TaskRun) -> None:
         """A run is done: add its row."""
@@ -80,7 +80,12 @@ class Reporter:
         if self._live is not None:
             self._refresh()
         elif not self.is_quiet:
-            self.console.print(" | ".join(run_row(run)))
+            self.console.print(" | ".join(run_row(run)), markup=False, highlight=False, soft_wrap=True)
+
+    def skip(self) -> None:
+        """A planned run that will not happen (its task was rejected)."""
+        self._progress.advance(self._bar)
+        self._refresh()
 
     def close(self, summary: dict[str, Any]) -> None:
         """Stop the live display and print the final table."""

@@ -28,6 +28,7 @@ _GIT_ENV = {
     "GIT_CONFIG_GLOBAL": os.devnull,
 }
 _OUTPUT_TAIL = 4000
+_EXCLUDES = ("__pycache__/", "*.pyc", ".pytest_cache/", "/.openjet/", f"/{CHECK_DIRNAME}/")
 
 
 @dataclass(slots=True)
@@ -44,7 +45,9 @@ class CheckResult:
 def task_env(python: str | None = None) -> dict[str, str]:
     """Environment for setup, the agent's shell and the check: `python` first on PATH, no stray pytest or git config."""
     python = python or sys.executable
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "PYTHON", "GIT_"))}
+    # PYTHONPATH and friends would leak the harness's imports into the task; PYTHON_* (keyring backend) are fine.
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("PYTEST_", "GIT_")) and not (key.startswith("PYTHON") and key[6:7] != "_")}
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", os.defpath)])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     # Plugins installed beside the harness (snapshot, asyncio, ...) have no business in a task's check, and are slow.
@@ -72,6 +75,9 @@ def prepare_workspace(task: TaskSpec, dest: Path, python: str | None = None) -> 
     shutil.copytree(task.repo_dir, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     env = task_env(python)
     _run(["git", "init", "-q", "-b", "main"], dest, env, 30)
+    # Byproducts of running code or the harness are not changes the agent made, and `git status` should say so.
+    (dest / ".git" / "info").mkdir(parents=True, exist_ok=True)
+    (dest / ".git" / "info" / "exclude").write_text("\n".join(_EXCLUDES) + "\n")
     _run(["git", "add", "-A"], dest, env, 30)
     _run(["git", "commit", "-q", "-m", "Initial import"], dest, env, 30)
     if task.setup_script is not None:

@@ -1,0 +1,147 @@
+"""Running a suite: for every task and attempt, a fresh workspace, the agent headless under the task's rules and
+time limit, then the hidden check; broken tasks are rejected before any agent runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from openjet_tui.benchtasks.agentrun import AgentOutcome, AgentTarget, agent_command, metrics_from_events, run_agent
+from openjet_tui.benchtasks.errors import BenchTaskError, BrokenTaskError
+from openjet_tui.benchtasks.report import Reporter
+from openjet_tui.benchtasks.results import (BROKEN_TASK, AgentMetrics, RunInfo, TaskRun, classify_failure, git_commit,
+                                            machine_description, results_document, write_results)
+from openjet_tui.benchtasks.suite import TaskSpec, default_suite_dir, load_suite
+from openjet_tui.benchtasks.workspace import CHECK_DIRNAME, ensure_not_broken, prepare_workspace, run_check, task_env
+from openjet_tui.config import DEFAULT_DENY
+
+EXIT_SERVER = 3  # `openjet run`: the model server cannot be used
+_KEEP_ENV = ("_API_KEY",)  # OPENJET_* variables that still pass through: keys, which never live in files
+
+
+class ServerUnusableError(BenchTaskError):
+    """The agent could not use the model server at all: every task would fail the same way."""
+
+
+@dataclass(slots=True)
+class SuiteOptions:
+    """What `openjet bench tasks` was asked to do."""
+
+    target: AgentTarget = field(default_factory=AgentTarget)
+    pattern: str | None = None
+    repeat: int = 1
+    suite_dir: Path | None = None
+    results_dir: Path | None = None
+    openjet: list[str] | None = None  # command that starts openjet (default: this interpreter)
+    python: str | None = None  # interpreter for checks and the agent's `python` (default: this one)
+    is_verifying: bool = True  # run each check on the untouched start first and reject tasks it passes
+
+
+def agent_env(task: TaskSpec, home: Path, python: str | None = None) -> dict[str, str]:
+    """The agent's environment: isolated settings and sessions, the task's shell rules, nothing from the user's
+    own OPENJET_* settings except API keys."""
+    env = {key: value for key, value in task_env(python).items()
+           if not key.startswith("OPENJET_") or key.endswith(_KEEP_ENV)}
+    env["XDG_CONFIG_HOME"] = str(home / "config")
+    env["XDG_DATA_HOME"] = str(home / "data")
+    env["OPENJET_SHELL__ALLOW"] = json.dumps(list(task.shell_allow))
+    env["OPENJET_SHELL__DENY"] = json.dumps(sorted(set(DEFAULT_DENY) | set(task.shell_deny)))
+    return env
+
+
+def changed_files(workspace: Path) -> list[str]:
+    """Files the agent added, changed or deleted since the start (git sees them; noise is excluded)."""
+    result = subprocess.run(["git", "status", "--porcelain=v1", "-z", "-uall"], cwd=workspace,
+                            capture_output=True, text=True, timeout=30)
+    entries = [entry for entry in result.stdout.split("\0") if entry]
+    paths, skip_next = [], False
+    for entry in entries:
+        if skip_next:  # the source path of a rename
+            skip_next = False
+            continue
+        skip_next = entry[0] in "RC"
+        paths.append(entry[3:])
+    return sorted(path for path in paths if not path.startswith((CHECK_DIRNAME + "/", ".openjet/")))
+
+
+def _detail(outcome: AgentOutcome, failure: str | None, time_limit_s: float) -> str:
+    """One line saying what happened, for the table's reader and the JSON."""
+    if failure is None:
+        return "check passed"
+    if outcome.timed_out:
+        return f"stopped after the {time_limit_s:.0f} s limit"
+    errors = [e.get("message", "") for e in outcome.events if e.get("type") == "error"]
+    if errors:
+        return str(errors[-1])[:300]
+    if outcome.exit_code not in (0, None):
+        return f"openjet run exited {outcome.exit_code}: {outcome.stderr_tail.strip()[-300:]}"
+    return "check failed"
+
+
+def run_attempt(task: TaskSpec, attempt: int, options: SuiteOptions, scratch: Path) -> TaskRun:
+    """One attempt: fresh workspace, agent, hidden check, classification."""
+    run_dir = scratch / f"{task.name}-{attempt}"
+    workspace = prepare_workspace(task, run_dir / "workspace", options.python)
+    command = agent_command(task, workspace, options.target, options.openjet)
+    outcome = run_agent(command, workspace, agent_env(task, run_dir / "home", options.python), task.time_limit_s,
+                        run_dir / "logs")
+    metrics = metrics_from_events(outcome.events)
+    if outcome.exit_code == EXIT_SERVER and metrics.turns == 0:
+        raise ServerUnusableError(_detail(outcome, "agent-error", task.time_limit_s))
+    files = changed_files(workspace)
+    check = run_check(task, workspace, options.python)
+    failure = classify_failure(passed=check.passed, timed_out=outcome.timed_out, metrics=metrics,
+                               files_changed=files, agent_exit=outcome.exit_code)
+    return TaskRun(task.name, task.category, attempt, check.passed, failure,
+                   _detail(outcome, failure, task.time_limit_s), outcome.wall_s, metrics, files,
+                   "" if check.passed else check.output[-1500:])
+
+
+def _broken_run(task: TaskSpec, error: BrokenTaskError) -> TaskRun:
+    """The record of a task rejected before any agent ran."""
+    return TaskRun(task.name, task.category, 1, False, BROKEN_TASK, str(error), 0.0, AgentMetrics(),
+                   check_output=error.output[-1500:])
+
+
+def run_suite(options: SuiteOptions, reporter: Reporter) -> tuple[dict[str, Any], Path]:
+    """Run every selected task `repeat` times; returns the results document and where it was written."""
+    if options.repeat < 1:
+        raise BenchTaskError(f"--repeat must be at least 1, got {options.repeat}")
+    tasks = load_suite(options.suite_dir, options.pattern)
+    root = Path(__file__).resolve().parents[2]
+    info = RunInfo(options.target.provider, options.target.base_url, options.target.model, git_commit(root),
+                   machine_description(), time.strftime("%Y-%m-%d %H:%M:%S %Z"), options.repeat)
+    scratch = Path(tempfile.mkdtemp(prefix="openjet-bench-tasks-"))
+    reporter.start(len(tasks) * options.repeat)
+    try:
+        for task in tasks:
+            _run_task(task, options, scratch, reporter)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    document = results_document(info, reporter.runs)
+    reporter.close(document["summary"])
+    results_dir = options.results_dir or default_suite_dir().parent / "results"
+    return document, write_results(document, results_dir)
+
+
+def _run_task(task: TaskSpec, options: SuiteOptions, scratch: Path, reporter: Reporter) -> None:
+    """Verify one task, then run its attempts, reporting each."""
+    if options.is_verifying:
+        try:
+            ensure_not_broken(task, scratch, options.python)
+        except BrokenTaskError as error:
+            reporter.note(f"rejected {task.name}: {error}")
+            reporter.finish(_broken_run(task, error))
+            for _ in range(options.repeat - 1):
+                reporter.skip()
+            return
+    for attempt in range(1, options.repeat + 1):
+        reporter.begin(task.name, attempt)
+        reporter.finish(run_attempt(task, attempt, options, scratch))
+        shutil.rmtree(scratch / f"{task.name}-{attempt}", ignore_errors=True)
