@@ -75,7 +75,7 @@ class Approver(Protocol):
 class PolicyApprover:
     """Headless without a terminal: nobody can approve, so everything that needs approval is denied, with why."""
 
-    reason: str = ("denied: ask mode needs a person to approve and there is no terminal; rerun in a terminal, or "
+    reason: str = ("ask mode needs a person to approve and there is no terminal; rerun in a terminal, or "
                    "choose --mode auto-edit (edits apply) or --mode auto (commands run too)")
     num_denied: int = 0
 

@@ -136,7 +136,7 @@ class ShellResolved(Event):
     call_id: str
     command: str
     allowed: bool
-    decided_by: str  # rule | mode | person | policy
+    decided_by: str  # rule | mode | approver (a person, or headless policy) | policy (a deny rule)
     reason: str
 
 

@@ -106,12 +106,12 @@ def resolve_setup(args: argparse.Namespace) -> Setup:
 
 
 NO_TERMINAL = {
-    Mode.READ_ONLY: "denied: read-only mode needs a person to approve every command, and there is no terminal",
-    Mode.ASK: ("denied: ask mode needs a person to approve and there is no terminal; rerun in a terminal, or "
+    Mode.READ_ONLY: "read-only mode needs a person to approve every command, and there is no terminal",
+    Mode.ASK: ("ask mode needs a person to approve and there is no terminal; rerun in a terminal, or "
                "choose --mode auto-edit (edits apply) or --mode auto (commands run too)"),
-    Mode.AUTO_EDIT: ("denied: auto-edit mode needs a person to approve commands no allow rule covers, and there "
+    Mode.AUTO_EDIT: ("auto-edit mode needs a person to approve commands no allow rule covers, and there "
                      "is no terminal; add a [shell] allow rule or choose --mode auto"),
-    Mode.AUTO: ("denied: this needs a person's approval even in auto mode (a path outside the workspace, or a "
+    Mode.AUTO: ("this needs a person's approval even in auto mode (a path outside the workspace, or a "
                 "command that cannot be checked), and there is no terminal"),
 }
 

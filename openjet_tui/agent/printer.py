@@ -45,6 +45,10 @@ class HumanPrinter:
         text = self.describe(event)
         if text is not None:
             self._note(text)
+        elif isinstance(event, ev.TurnFinished) and self._mid_line:  # end the reply's last line
+            self.out.write("\n")
+            self.out.flush()
+            self._mid_line = False
 
     def describe(self, event: ev.Event) -> str | None:
         """The progress line(s) for an event, or None for events not shown."""
@@ -58,8 +62,9 @@ class HumanPrinter:
             why = f" ({event.reason})" if event.reason else ""
             return f"   {event.path}: {event.status}, {len(event.applied)} of {total} hunks applied{why}"
         if isinstance(event, ev.ShellResolved):
-            verdict = "running" if event.allowed else "not run"
-            return f"   $ {event.command}  [{verdict}: {event.decided_by}; {event.reason}]"
+            if event.allowed:
+                return f"   $ {event.command}  [running; {event.decided_by}: {event.reason}]"
+            return f"   $ {event.command}  [not run; {event.reason}]"
         if isinstance(event, ev.ToolResult) and event.is_error:
             return "   " + event.content.splitlines()[0]
         if isinstance(event, ev.SlipstreamTraffic):
@@ -71,8 +76,8 @@ class HumanPrinter:
             return f"{event.level}: {event.message}"
         if isinstance(event, ev.ErrorEvent):
             return f"error: {event.message}"
-        if isinstance(event, ev.TurnFinished) and event.status != "done":
-            return f"[turn {event.status} after {event.num_steps} steps]"
+        if isinstance(event, ev.TurnFinished):
+            return None if event.status == "done" else f"[turn {event.status} after {event.num_steps} steps]"
         return None
 
 

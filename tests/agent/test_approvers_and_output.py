@@ -78,11 +78,12 @@ def test_printers():
     printer(ev.TextDelta("Working"))
     printer(ev.ToolRequested("c", "edit_file", {"path": "a.py", "edits": [{"old_text": "x" * 100}]}))
     printer(ev.ShellResolved("c", "rm -rf x", False, "policy", "denied: matches `rm -rf`"))
-    printer(ev.TextDelta("done.\n"))
+    printer(ev.TextDelta("done."))
+    printer(ev.TurnFinished("done", 2))
     assert out.getvalue() == "Working\ndone.\n"
     lines = err.getvalue().splitlines()
     assert lines[0].startswith("-> edit_file(path=a.py, edits=[{") and lines[0].endswith("...)")
-    assert lines[1] == "   $ rm -rf x  [not run: policy; denied: matches `rm -rf`]"
+    assert lines[1] == "   $ rm -rf x  [not run; denied: matches `rm -rf`]"
     stream = io.StringIO()
     JsonPrinter(stream)(ev.Notice("hi"))
     assert json.loads(stream.getvalue()) == {"type": "notice", "message": "hi", "level": "info"}

@@ -30,13 +30,13 @@ async def run_shell(ctx: ToolContext, call: ToolCall) -> ToolOutcome:
         decision = await ctx.approver.review_shell(ShellRequest(call.id, command, ctx.workspace.root, verdict))
         if not decision.allow:
             why = decision.reason or "no reason given"
-            _record(ctx, call, False, "person", why)
+            _record(ctx, call, False, "approver", why)
             return ToolOutcome(f"Not run: the command was denied ({why}).", True)
         if decision.always and verdict.suggested_rules:
             ctx.policy.remember(verdict.suggested_rules)
             if ctx.store is not None:
                 ctx.store.save_rules(ctx.workspace.root, verdict.suggested_rules)
-        decided_by = "person"
+        decided_by = "approver"
     row = _record(ctx, call, True, decided_by, verdict.reason)
     # the model may shorten the limit, never lengthen it past the configured one
     timeout = max(1.0, min(float(call.arguments.get("timeout_s") or ctx.shell_timeout_s), ctx.shell_timeout_s))
