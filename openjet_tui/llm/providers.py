@@ -29,7 +29,7 @@ class ProviderSpec:
 
 
 PROVIDERS: dict[str, ProviderSpec] = {spec.name: spec for spec in (
-    ProviderSpec("openjet", "http://127.0.0.1:8765/v1", "OpenJet's own engine (openjet-engine serve)"),
+    ProviderSpec("openjet", "http://127.0.0.1:18080/v1", "OpenJet's own engine (openjet-engine serve's default port)"),
     ProviderSpec("llama-server", "http://127.0.0.1:8080/v1", "llama.cpp's llama-server (start it with --jinja)",
                  extra_key_env=("LLAMA_API_KEY",)),
     ProviderSpec("ollama", "http://127.0.0.1:11434/v1", "Ollama's OpenAI-compatible API"),
