@@ -26,25 +26,27 @@ from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 PARTS = ("compile", "bandwidth", "kernels", "models", "timings", "model27b")
 
 
-def compile_all(report: Report) -> None:
-    """Compile every kernel file for this GPU with a cold cache, timing each."""
-    from engine.cuda import instances, nvrtc
+def compile_all(report: Report, dev) -> None:
+    """Compile every kernel file for this GPU into an empty cache (parallel processes), timing each, and load them."""
+    import tempfile
 
-    from engine.cuda.device import Device  # noqa: F401  (import check)
+    from engine.cuda import nvrtc
 
-    print("compile (cold cache)", flush=True)
-    for file, insts in instances.files().items():
-        t0 = time.perf_counter()
-        nvrtc.compile_file(nvrtc.KERNEL_DIR / f"{file}.cu", report.info["arch_num"], tuple(i.expr for i in insts))
-        dt = time.perf_counter() - t0
-        report.info.setdefault("compile_s", {})[file] = round(dt, 3)
-        print(f"  {file:<12} {len(insts):3d} instances  {dt:6.2f} s", flush=True)
+    print("compile (cold cache, parallel)", flush=True)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for file, arch, seconds, _ in nvrtc.compile_all([report.info["arch_num"]], directory=Path(tmp)):
+            report.info.setdefault("compile_s", {})[file] = round(seconds, 2)
+            print(f"  {file:<12} sm_{arch}  {seconds:6.2f} s", flush=True)
+    report.info["compile_wall_s"] = round(time.perf_counter() - t0, 2)
+    print(f"  all files: {report.info['compile_wall_s']} s wall", flush=True)
+    dev.load_all()
 
 
 def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> None:
     """One part of the check, by name."""
     if name == "compile":
-        compile_all(report)
+        compile_all(report, dev)
     elif name == "bandwidth":
         t = copy_bandwidth(dev)
         report.timings.append(t)
@@ -59,6 +61,7 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         from bench import gpu_kernels
 
         gpu_kernels.time_matmuls(dev, report, rng)
+        gpu_kernels.time_gemm(dev, report, rng)
     elif name == "models":
         from bench import gpu_models
 
@@ -85,33 +88,79 @@ def summary(report: Report) -> None:
             print(f"  {t.op:<8} {t.variant:<22} {t.median_ms:9.3f} ms  {t.gbps:7.0f} GB/s  {t.extra}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the selected parts; exit status 1 if any check failed or a part raised."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bench", action="store_true", help="also run the 27B-shape timings")
-    parser.add_argument("--parts", default="", help=f"comma-separated subset of {','.join(PARTS)}")
-    parser.add_argument("--out", default=os.environ.get("OUT", ""), help="folder for results JSON")
-    parser.add_argument("--seed", type=int, default=int(time.time()) % 100000)
-    args = parser.parse_args(argv)
-    parts = [p for p in args.parts.split(",") if p] or (
-        ["compile", "bandwidth", "kernels", "models"] + (["timings", "model27b"] if args.bench else []))
+def run_child(args, parts: list[str]) -> int:
+    """Run parts in this process (one CUDA context); write part JSON to --out."""
     from engine.cuda.device import Device
 
     report, rng, ok = Report(), np.random.default_rng(args.seed), True
     with Device() as dev:
         report.info = machine_info(dev) | {"arch_num": dev.info.arch, "seed": args.seed, "parts": parts}
         for part in parts:
+            t0 = time.perf_counter()
             try:
                 run_part(part, dev, report, rng, args)
             except Exception:  # a broken part must not hide the others' results
                 ok = False
-                report.notes.append(f"part {part} raised: {traceback.format_exc(limit=6)}")
+                report.notes.append(f"part {part} raised: {traceback.format_exc(limit=8)}")
                 traceback.print_exc()
+            report.info.setdefault("part_s", {})[part] = round(time.perf_counter() - t0, 1)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    report.write(Path(args.out) / f"part_{'_'.join(parts)}.json")
+    return 0 if ok else 1
+
+
+def merge(out_dir: Path, parts: list[str]) -> Report:
+    """Merge the parts' JSON files into one report."""
+    import json
+
+    from bench.gpu_common import Check, Timing
+
+    report = Report()
+    for part in parts:
+        path = out_dir / f"part_{part}.json"
+        if not path.exists():
+            report.notes.append(f"part {part} wrote no results (crashed?)")
+            continue
+        data = json.loads(path.read_text())
+        report.info.update({k: v for k, v in data["info"].items() if k not in ("parts", "part_s")})
+        report.info.setdefault("part_s", {}).update(data["info"].get("part_s", {}))
+        report.notes += data["notes"]
+        report.checks += [Check(**{k: v for k, v in c.items() if k != "ok"}) for c in data["checks"]]
+        report.timings += [Timing(**{k: v for k, v in t.items() if k != "gbps"}) for t in data["timings"]]
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run each part in its own process (a fault in one leaves the others' results); exit 1 on any failure."""
+    import subprocess
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bench", action="store_true", help="also run the 27B-shape timings")
+    parser.add_argument("--parts", default="", help=f"comma-separated subset of {','.join(PARTS)}")
+    parser.add_argument("--out", default=os.environ.get("OUT", ""), help="folder for results JSON")
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p] or (
+        ["compile", "bandwidth", "kernels", "models"] + (["timings", "model27b"] if args.bench else []))
     out_dir = Path(args.out) if args.out else Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        args.out = str(out_dir)
+        return run_child(args, parts)
+    part_dir = out_dir / "parts"
+    codes = {}
+    for part in parts:
+        cmd = [sys.executable, __file__, "--child", "--parts", part, "--out", str(part_dir), "--seed", str(args.seed)]
+        codes[part] = subprocess.run(cmd).returncode
+    report = merge(part_dir, parts)
+    report.info["exit_codes"] = codes
+    for path in part_dir.glob("part_*.json"):
+        path.unlink()  # merged: only the combined file is kept
+    if part_dir.exists() and not any(part_dir.iterdir()):
+        part_dir.rmdir()
     report.write(out_dir / ("gpu_bench.json" if args.bench else "gpu_check.json"))
     summary(report)
-    return 0 if ok and all(c.ok for c in report.checks) else 1
+    return 0 if all(c == 0 for c in codes.values()) and all(c.ok for c in report.checks) else 1
 
 
 if __name__ == "__main__":

@@ -94,9 +94,29 @@ def compare(report: Report, op: str, variant: str, out: np.ndarray, ref: np.ndar
     return check
 
 
-def median_time(dev: Device, fn, reps: int = 30, warmup: int = 5) -> tuple[float, float]:
-    """(median, interquartile spread) in ms of fn() by CUDA events."""
-    times = sorted(dev.time_ms(fn, reps=reps, warmup=warmup))
+def record(report: Report, op: str, variant: str, shape: str, value: float, tol: float) -> Check:
+    """Record a check whose figure of merit is computed by the caller (lower is better)."""
+    check = Check(op, variant, shape, float(value), tol)
+    report.checks.append(check)
+    print(f"  {'ok ' if check.ok else 'FAIL'} {op:<14} {variant:<10} {shape:<18} value {value:.3e} (tol {tol:.0e})",
+          flush=True)
+    return check
+
+
+def median_time(dev: Device, fn, reps: int = 30, warmup: int = 5, inner: int = 1) -> tuple[float, float]:
+    """(median, interquartile spread) in ms per call of fn() by CUDA events. With inner > 1, `inner` calls are
+    captured in one CUDA graph and the graph is timed, so host launch overhead stays out of the figure."""
+    if inner > 1:
+        for _ in range(2):
+            fn()  # compile and load before capture
+        with dev.capture() as holder:
+            for _ in range(inner):
+                fn()
+        graph = holder[0]
+        times = sorted(t / inner for t in dev.time_ms(graph.launch, reps=reps, warmup=warmup))
+        graph.destroy()
+    else:
+        times = sorted(dev.time_ms(fn, reps=reps, warmup=warmup))
     q1, q3 = times[len(times) // 4], times[(3 * len(times)) // 4]
     return statistics.median(times), q3 - q1
 

@@ -27,6 +27,9 @@ CHECKS = [("attn_q", qt) for qt in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4
     ("attn_kv", Q.Q6_K), ("ssm_ab", Q.Q4_K), ("ffn_down", Q.Q6_K), ("ffn_up", Q.Q4_K), ("attn_output", Q.Q4_K),
     ("output", Q.Q6_K), ("ssm_ab", Q.F32),
 ]
+# prefill-sized checks: the GEMM types through the tensor-core GEMM, the others through mmvq 8 tokens at a time
+GEMM_CHECKS = [("attn_q", Q.Q4_K, 40), ("ffn_down", Q.Q6_K, 70), ("attn_q", Q.Q8_0, 33), ("attn_q", Q.Q5_K, 16),
+               ("attn_q", Q.Q4_0, 20), ("attn_kv", Q.Q6_K, 129)]
 REF_ROWS = 4096  # the reference recomputes at most this many (random) rows of a large matrix
 
 
@@ -45,7 +48,7 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     act = ops.alloc_act(dev, num_tokens, cols, "x")
     x = rng.standard_normal((num_tokens, cols), dtype=np.float32)
     dev.upload(act.f32, x)
-    ops.act_f16(dev, act.f32, act, num_tokens, cols, act.ld)
+    ops.act_f16(dev, act.f32, act, num_tokens, act.ld)
     y = dev.alloc(4 * num_tokens * rows, "y")
     res = dev.to_device(rng.standard_normal((num_tokens, rows), dtype=np.float32), "res") if with_residual else None
     poison(dev, y)
@@ -72,6 +75,8 @@ def run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> 
             check_matmul(dev, report, rng, name, qtype, num_tokens)
     check_matmul(dev, report, rng, "attn_q", Q.Q4_K, 8)
     check_matmul(dev, report, rng, "attn_q", Q.Q4_K, 11)  # two launches: 8 + 3 rows
+    for name, qtype, num_tokens in GEMM_CHECKS:
+        check_matmul(dev, report, rng, name, qtype, num_tokens)
     failing = {c.variant.split(".")[0] for c in report.checks if c.op == "matmul" and not c.ok}
     for name in sorted(failing):
         diagnose_matmul(dev, report, rng, Q[name])
@@ -92,7 +97,7 @@ def time_matmuls(dev: Device, report: Report, rng: np.random.Generator,
         ws = [ops.upload_weight(dev, data, qtype, (rows, cols), f"{name}.{i}") for i in range(copies)]
         act = ops.alloc_act(dev, 8, cols, "x")
         dev.upload(act.f32, rng.standard_normal((8, cols), dtype=np.float32))
-        ops.act_f16(dev, act.f32, act, 8, cols, act.ld)
+        ops.act_f16(dev, act.f32, act, 8, act.ld)
         y = dev.alloc(4 * 8 * rows, "y")
         for t in token_counts:
             state = {"i": 0}
@@ -101,7 +106,7 @@ def time_matmuls(dev: Device, report: Report, rng: np.random.Generator,
                 ops.matmul(dev, ws[state["i"] % copies], act, y, t, rows)
                 state["i"] += 1
 
-            med, spread = median_time(dev, run, reps=40, warmup=5)
+            med, spread = median_time(dev, run, reps=20, warmup=3, inner=copies * 2)
             timing = Timing("matmul", f"{name}.{qtype.name}.T{t}", f"{rows}x{cols}", med, spread, nbytes)
             report.timings.append(timing)
             print(f"  {name:<12} {qtype.name:<5} T={t}  {med * 1e3:8.1f} us  {timing.gbps:7.0f} GB/s", flush=True)
@@ -123,7 +128,7 @@ def diagnose_matmul(dev: Device, report: Report, rng: np.random.Generator, qtype
         eye = np.zeros((8, cols), np.float32)
         eye[np.arange(8), k0 + np.arange(8)] = 1.0
         dev.upload(act.f32, eye)
-        ops.act_f16(dev, act.f32, act, 8, cols, act.ld)
+        ops.act_f16(dev, act.f32, act, 8, act.ld)
         ops.matmul(dev, w, act, y, 8, rows)
         got[:, k0 : k0 + 8] = dev.download(y, np.float32, (8, rows)).T
     lines = []
@@ -141,3 +146,25 @@ def diagnose_matmul(dev: Device, report: Report, rng: np.random.Generator, qtype
     report.notes.append(summary + ("; " + " | ".join(lines[:64]) if lines else ""))
     for buf in (w.buf, act.x16, act.sums, act.f32, y):
         dev.memory.free(buf)
+
+
+def time_gemm(dev: Device, report: Report, rng: np.random.Generator, token_counts=(512, 2048)) -> None:
+    """Prefill GEMM throughput at the 27B shapes (TFLOP/s over 2 * rows * cols * T)."""
+    print("gemm timings", flush=True)
+    for name, qtype in (("ffn_up", Q.Q4_K), ("ffn_down", Q.Q6_K), ("attn_q", Q.Q4_K)):
+        rows, cols = SHAPES_27B[name]
+        data = random_blocks(qtype, (rows, cols), rng)
+        w = ops.upload_weight(dev, data, qtype, (rows, cols), name)
+        for t in token_counts:
+            act = ops.alloc_act(dev, t, cols, "x")
+            dev.upload(act.f32, rng.standard_normal((t, cols), dtype=np.float32))
+            ops.act_f16(dev, act.f32, act, t, act.ld)
+            y = dev.alloc(4 * t * rows, "y")
+            med, spread = median_time(dev, lambda: ops.matmul(dev, w, act, y, t, rows), reps=10, warmup=2, inner=2)
+            tflops = 2.0 * rows * cols * t / (med * 1e-3) / 1e12
+            report.timings.append(Timing("gemm", f"{name}.{qtype.name}.T{t}", f"{rows}x{cols}", med, spread,
+                                         device_nbytes(qtype, (rows, cols)), {"tflops": round(tflops, 1)}))
+            print(f"  {name:<10} {qtype.name:<5} T={t:<5} {med:8.3f} ms  {tflops:6.1f} TFLOP/s", flush=True)
+            for buf in (act.x16, act.sums, act.f32, y):
+                dev.memory.free(buf)
+        dev.memory.free(w.buf)

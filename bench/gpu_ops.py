@@ -1,34 +1,203 @@
 """Checks of the non-matmul kernels against engine/reference/ops.py at the 27B shapes (fresh random inputs,
-NaN-poisoned outputs)."""
+NaN-poisoned outputs, never zeros as inputs)."""
 
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType as Q
 
-from bench.gpu_common import TOL_F16, Report, compare, poison
-from engine.cuda import ops
-from engine.cuda.device import Device
+from bench.gpu_common import TOL_F16, TOL_F32, Report, compare, poison, record
+from engine.cuda import mixers, ops
+from engine.cuda.device import Buffer, Device
+from engine.cuda.repack import random_blocks
+from engine.gguf.quants import dequantize
+from engine.reference import ops as ref
 
-H = 5120
+H, FFN = 5120, 17408
+F32 = np.float32
 
 
-def check_act_f16(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int = 5, k: int = H) -> None:
-    """f32 -> f16 activations and their 32-wide sub-block sums."""
-    act = ops.alloc_act(dev, num_tokens, k, "x")
-    x = rng.standard_normal((num_tokens, k), dtype=np.float32)
-    dev.upload(act.f32, x)
-    poison(dev, act.x16)
-    poison(dev, act.sums)
-    ops.act_f16(dev, act.f32, act, num_tokens, k, act.ld)
-    x16 = dev.download(act.x16, np.float16, (num_tokens, act.ld))[:, :k]
-    sums = dev.download(act.sums, np.float16, (num_tokens, act.ld // 32))[:, : k // 32]
-    compare(report, "act_f16", "x", x16.astype(np.float32), x, 1e-3)
-    compare(report, "act_f16", "sums", sums.astype(np.float32), x.reshape(num_tokens, -1, 32).sum(-1), TOL_F16)
-    for buf in (act.x16, act.sums, act.f32):
-        dev.memory.free(buf)
+class Scope:
+    """Buffers of one check, freed together."""
+
+    def __init__(self, dev: Device):
+        self.dev, self.bufs = dev, []
+
+    def put(self, array: np.ndarray, what: str = "in") -> Buffer:
+        buf = self.dev.to_device(np.ascontiguousarray(array), what)
+        self.bufs.append(buf)
+        return buf
+
+    def out(self, nbytes: int, what: str = "out") -> Buffer:
+        buf = self.dev.alloc(nbytes, what)
+        poison(self.dev, buf)
+        self.bufs.append(buf)
+        return buf
+
+    def get(self, buf: Buffer, shape: tuple[int, ...], dtype=F32) -> np.ndarray:
+        return self.dev.download(buf, dtype, shape)
+
+    def close(self) -> None:
+        for buf in self.bufs:
+            self.dev.memory.free(buf)
+
+
+def randn(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    """Standard normal f32 (scaled): never zeros."""
+    return (rng.standard_normal(shape, dtype=F32) * F32(scale)).astype(F32)
+
+
+def check_norms(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int = 5) -> None:
+    """rms_norm, head_norm (RMS with weight, L2 with scale), gated_rms_norm."""
+    s = Scope(dev)
+    x, w = randn(rng, num_tokens, H), randn(rng, H)
+    out = s.out(4 * num_tokens * H)
+    ops.rms_norm(dev, s.put(x), s.put(w), out, num_tokens, H, H, H, 1e-6)
+    compare(report, "rms_norm", "f32", s.get(out, (num_tokens, H)), ref.rms_norm(x, w, 1e-6), TOL_F32)
+    # qwen35 q norm: 24 heads of 256 inside the packed [Q | gate] rows (head stride 512)
+    q = randn(rng, num_tokens, 24 * 512)
+    wq = randn(rng, 256)
+    qb = s.put(q)
+    ops.head_norm(dev, qb, s.put(wq), num_tokens, 24, 256, 24 * 512, 512, 1e-6)
+    got = s.get(qb, (num_tokens, 24, 512))
+    want = q.reshape(num_tokens, 24, 512).copy()
+    want[..., :256] = ref.rms_norm(want[..., :256], wq, 1e-6)
+    compare(report, "head_norm", "rms.qwen35q", got, want, TOL_F32)
+    # DeltaNet q: L2 norm of 16 heads of 128 times 1/sqrt(128), rows of the 10240-wide conv output
+    c = randn(rng, num_tokens, 10240)
+    cb = s.put(c)
+    ops.head_norm(dev, cb, None, num_tokens, 16, 128, 10240, 128, 1e-6, l2_scale=128 ** -0.5)
+    want = c.copy()
+    want[:, :2048] = (ref.l2_norm(c[:, :2048].reshape(num_tokens, 16, 128), 1e-6) * F32(128 ** -0.5)).reshape(
+        num_tokens, -1)
+    compare(report, "head_norm", "l2.gdn_q", s.get(cb, (num_tokens, 10240)), want, TOL_F32)
+    o, z, wn = randn(rng, num_tokens, 48 * 128), randn(rng, num_tokens, 48 * 128), randn(rng, 128)
+    out = s.out(4 * num_tokens * 48 * 128)
+    ops.gated_rms_norm(dev, s.put(o), s.put(z), s.put(wn), out, num_tokens, 48, 128, 6144, 6144, 6144, 1e-6)
+    want = ref.gated_rms_norm(o.reshape(num_tokens, 48, 128), z.reshape(num_tokens, 48, 128), wn, 1e-6)
+    compare(report, "gated_rms_norm", "f32", s.get(out, (num_tokens, 48, 128)), want, TOL_F32)
+    s.close()
+
+
+def check_rope(dev: Device, report: Report, rng: np.random.Generator) -> None:
+    """Partial NEOX rope (qwen35: 64 of 256 dims, theta 1e7) near and far; full adjacent-pair rope (llama)."""
+    s = Scope(dev)
+    for name, positions, heads, dim, rope_dim, theta, neox in (
+            ("neox.64of256", np.arange(995, 1000), 24, 256, 64, 1e7, True),
+            ("neox.far", np.array([200_000, 262_143]), 4, 256, 64, 1e7, True),
+            ("norm.128", np.arange(37, 42), 32, 128, 128, 5e5, False)):
+        num_tokens = len(positions)
+        x = randn(rng, num_tokens, heads, dim)
+        xb = s.put(x)
+        ops.rope(dev, xb, s.put(positions.astype(np.int32)), num_tokens, heads, heads * dim, dim, rope_dim, theta,
+                 neox)
+        want = ref.rope(x, positions, rope_dim, theta, neox)
+        compare(report, "rope", name, s.get(xb, x.shape), want, TOL_F32)
+    s.close()
+
+
+def check_elementwise(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int = 5) -> None:
+    """swiglu over the fused gate|up projection; sigmoid gating."""
+    s = Scope(dev)
+    gu = randn(rng, num_tokens, 2 * FFN, scale=3.0)
+    gub = s.put(gu)
+    out = s.out(4 * num_tokens * FFN)
+    ops.swiglu(dev, gub, gub.view(4 * FFN), out, num_tokens, FFN, 2 * FFN, FFN)
+    compare(report, "swiglu", "fused", s.get(out, (num_tokens, FFN)), ref.swiglu(gu[:, :FFN], gu[:, FFN:]), TOL_F32)
+    x, gate = randn(rng, num_tokens, 6144), randn(rng, num_tokens, 6144, scale=3.0)
+    xb = s.put(x)
+    ops.sigmoid_mul(dev, xb, s.put(gate), num_tokens, 6144, 6144, 6144)
+    compare(report, "sigmoid_mul", "f32", s.get(xb, x.shape), x * ref.sigmoid(gate), TOL_F32)
+    s.close()
+
+
+def check_embedding(dev: Device, report: Report, rng: np.random.Generator, rows: int = 32768) -> None:
+    """Embedding rows of every supported type (H = 5120) against gguf dequantization."""
+    for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0, Q.F16, Q.F32):
+        s = Scope(dev)
+        data = random_blocks(qtype, (rows, H), rng)
+        w = ops.upload_weight(dev, data, qtype, (rows, H), "token_embd")
+        s.bufs.append(w.buf)
+        ids = np.array([0, 17, rows - 1, 12345, 9], np.int32)
+        out = s.out(4 * len(ids) * H)
+        ops.get_rows(dev, w, s.put(ids), out, len(ids), H)
+        want = dequantize(data[ids], qtype, (len(ids), H))
+        compare(report, "get_rows", qtype.name, s.get(out, (len(ids), H)), want, TOL_F32)
+        s.close()
+
+
+def check_argmax_sampling(dev: Device, report: Report, rng: np.random.Generator, vocab: int = 248320) -> None:
+    """Greedy argmax with ties (lowest index wins); sampling frequencies against the restricted softmax."""
+    s = Scope(dev)
+    logits = randn(rng, 3, vocab, scale=4.0)
+    logits[1, [5, 200_000]] = 50.0  # a tie: index 5 must win
+    logits[2, vocab - 1] = 60.0
+    ids = s.out(4 * 3)
+    ops.argmax(dev, s.put(logits), ids, s.out(8 * 3 * 64), 3, vocab, vocab)
+    got = s.get(ids, (3,), np.int32)
+    want = np.argmax(logits, axis=1)
+    compare(report, "argmax", "V248320", got.astype(F32), want.astype(F32), 1e-9)
+    # sampling: 20000 rows of one small distribution, each with its own stream (seed varies by row)
+    small_v, draws = 64, 20000
+    base = randn(rng, small_v, scale=1.5)
+    rows = np.repeat(base[None], draws, axis=0)
+    rb = s.put(rows)
+    out = s.out(4 * draws)
+    for temp, top_k, top_p in ((1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.8)):
+        ops.sample(dev, rb, out, draws, small_v, small_v, temp, top_k, top_p, int(rng.integers(1 << 62)))
+        freq = np.bincount(s.get(out, (draws,), np.int32), minlength=small_v) / draws
+        want = _restricted_softmax(base, temp, top_k, top_p)
+        tv = 0.5 * float(np.abs(freq - want).sum())  # total-variation distance of the draws from the target
+        record(report, "sample", f"t{temp}.k{top_k}.p{top_p}", f"{draws}x{small_v}", tv, 0.05)
+    s.close()
+
+
+def _restricted_softmax(logits: np.ndarray, temp: float, top_k: int, top_p: float) -> np.ndarray:
+    """The distribution sample_topk_topp draws from."""
+    p = np.exp((logits - logits.max()) / temp)
+    order = np.argsort(-logits, kind="stable")
+    keep = np.zeros(len(logits), bool)
+    keep[order[: top_k if top_k > 0 else len(logits)]] = True
+    p = np.where(keep, p, 0.0)
+    if top_p < 1.0:
+        sorted_p = np.sort(p)[::-1]
+        cut = sorted_p[np.searchsorted(np.cumsum(sorted_p), top_p * p.sum())]
+        p = np.where(p >= cut, p, 0.0)
+    return p / p.sum()
 
 
 def run_op_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
     """Every non-matmul kernel."""
+    from bench import gpu_mixers
+
     print("op checks (27B shapes)", flush=True)
     check_act_f16(dev, report, rng)
+    check_norms(dev, report, rng)
+    check_rope(dev, report, rng)
+    check_elementwise(dev, report, rng)
+    check_embedding(dev, report, rng)
+    check_argmax_sampling(dev, report, rng)
+    gpu_mixers.run_mixer_checks(dev, report, rng)
+
+
+def check_act_f16(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int = 11, k: int = H) -> None:
+    """f32 -> the act layout (two groups of tokens) and sub-block sums, read back through the inverse layout."""
+    s = Scope(dev)
+    act = ops.alloc_act(dev, num_tokens, k, "x")
+    s.bufs += [act.x16, act.sums, act.f32]
+    x = randn(rng, num_tokens, k)
+    dev.upload(act.f32, x)
+    poison(dev, act.x16)
+    poison(dev, act.sums)
+    ops.act_f16(dev, act.f32, act, num_tokens, k)
+    groups, nsb = (num_tokens + 7) // 8, act.num_superblocks
+    raw = s.get(act.x16, (groups, nsb, 16, 8, 16), np.float16)  # [group, sb, step, token, 4c + r]
+    pos = np.arange(256)
+    c, h, i, r = pos >> 6, (pos >> 5) & 1, (pos >> 2) & 7, pos & 3
+    back = raw[:, :, 2 * i + h, :, 4 * c + r]  # [group, sb, 256, token]
+    rows = back.transpose(0, 3, 1, 2).reshape(groups * 8, nsb * 256)[:num_tokens, :k]
+    compare(report, "act_f16", "layout", rows.astype(F32), x, 1e-3)
+    sums = s.get(act.sums, (groups, nsb, 8, 8), np.float16).transpose(0, 2, 1, 3).reshape(groups * 8, -1)
+    compare(report, "act_f16", "sums", sums[:num_tokens, : k // 32].astype(F32),
+            x.reshape(num_tokens, -1, 32).sum(-1), TOL_F16)
+    s.close()

@@ -146,7 +146,7 @@ def _pack_args(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
             values.append(ctypes.c_uint64(a.ptr))
         elif a is None:
             values.append(ctypes.c_uint64(0))
-        elif isinstance(a, ctypes._SimpleCData):
+        elif isinstance(a, (ctypes._SimpleCData, ctypes.Structure)):
             values.append(a)
         elif isinstance(a, (bool, int, np.integer)):
             values.append(ctypes.c_int32(int(a)))
@@ -267,6 +267,16 @@ class Device:
             self._load_file(instances.INSTANCES[name].file)
         return self._kernels[name]
 
+    def load_all(self, workers: int | None = None) -> None:
+        """Compile (in parallel processes, through the cache) and load every kernel, before any graph capture."""
+        from engine.cuda import instances, nvrtc
+
+        if self.info.arch in nvrtc.supported_archs():
+            nvrtc.compile_all([self.info.arch], workers=workers)
+        for file in instances.files():
+            if not any(i.name in self._kernels for i in instances.files()[file]):
+                self._load_file(file)
+
     def _load_file(self, file: str) -> None:
         """Compile (through the disk cache) and load every instance of one .cu file."""
         from engine.cuda import instances, nvrtc
@@ -314,7 +324,11 @@ class Device:
         src = np.ascontiguousarray(array)
         assert offset + src.nbytes <= buf.nbytes, f"{buf.what}: {src.nbytes} bytes do not fit at {offset}"
         if src.nbytes:
-            check(_driver().cuMemcpyHtoD(buf.ptr + offset, src.ctypes.data, src.nbytes), f"upload {buf.what}")
+            # on the device's stream, so the copy is ordered after kernels still reading the old contents
+            drv = _driver()
+            check(drv.cuMemcpyHtoDAsync(buf.ptr + offset, src.ctypes.data, src.nbytes, self.stream),
+                  f"upload {buf.what}")
+            self.synchronize()  # the host array may be freed as soon as we return
 
     def to_device(self, array: np.ndarray, what: str) -> Buffer:
         """Allocate a buffer holding a copy of array."""
@@ -323,12 +337,13 @@ class Device:
         return buf
 
     def download(self, buf: Buffer, dtype: Any, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
-        """Copy device memory into a new host array (waits for the stream first)."""
+        """Copy device memory into a new host array, after the work queued before it (waits for the copy)."""
         out = np.empty(shape, dtype)
         assert offset + out.nbytes <= buf.nbytes, f"{buf.what}: read past the end"
-        self.synchronize()
         if out.nbytes:
-            check(_driver().cuMemcpyDtoH(out.ctypes.data, buf.ptr + offset, out.nbytes), f"download {buf.what}")
+            check(_driver().cuMemcpyDtoHAsync(out.ctypes.data, buf.ptr + offset, out.nbytes, self.stream),
+                  f"download {buf.what}")
+        self.synchronize()
         return out
 
     def fill_u32(self, buf: Buffer, value: int, count: int | None = None) -> None:

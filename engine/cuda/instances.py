@@ -12,10 +12,6 @@ from gguf import GGMLQuantizationType as Q
 
 # Weight types with a device path, in the order every file lists them.
 MATMUL_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0, Q.F16)
-# Output row tiles of 16 per block of mmvq: two where the per-row registers allow it.
-MMVQ_MT = {Q.Q4_K: 2, Q.Q5_K: 1, Q.Q6_K: 1, Q.Q8_0: 1, Q.Q5_0: 2, Q.Q4_0: 2, Q.F16: 1}
-# Output rows per block of the prefill GEMM and its column (token) tile.
-GEMM_QTYPES = MATMUL_QTYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,12 +28,32 @@ def qtype_tag(qtype: Q) -> str:
     return qtype.name.lower().replace("_k", "_K")
 
 
+# Weight types with a prefill GEMM instance (the Q4_K_M mix); the others run prefill through mmvq, 8 tokens at a time.
+GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0)
+# Weight types the embedding lookup reads (the matmul types plus F32).
+EMBED_QTYPES = (Q.F32,) + MATMUL_QTYPES
+# Attention head sizes with an instance, and the queries each warp keeps in registers for them.
+ATTN_HEAD_DIMS = {32: 16, 64: 16, 128: 16, 256: 12}
+# DeltaNet key-head sizes with an instance (multiples of 32: rows per lane = size / 32).
+GDN_KEY_DIMS = (32, 64, 128, 256)
+
+
 def _build() -> dict[str, Instance]:
     """The whole table."""
     out: list[Instance] = []
     for qt in MATMUL_QTYPES:
-        out.append(Instance(f"mmvq_{qtype_tag(qt)}", "mmvq", f"mmvq<{int(qt)}, {MMVQ_MT[qt]}>"))
-    out += [Instance("mmv_f32", "mmvq", "mmv_f32"), Instance("act_f16", "mmvq", "act_f16")]
+        out.append(Instance(f"mmvq_{qtype_tag(qt)}", "mmvq", f"mmvq<{int(qt)}>"))
+    out += [Instance(f"gemm_{qtype_tag(qt)}", "gemm", f"gemm<{int(qt)}>") for qt in GEMM_QTYPES]
+    out += [Instance(n, "mmvq", n) for n in ("mmv_f32", "act_f16")]
+    out += [Instance(n, "norm", n) for n in ("rms_norm", "head_norm", "gated_rms_norm")]
+    out += [Instance("rope_neox", "rope", "rope<true>"), Instance("rope_norm", "rope", "rope<false>")]
+    out += [Instance(n, "elementwise", n) for n in ("swiglu", "sigmoid_mul")]
+    out += [Instance(f"get_rows_{qtype_tag(qt)}", "elementwise", f"get_rows<{int(qt)}>") for qt in EMBED_QTYPES]
+    out += [Instance(n, "attention", n) for n in ("kv_store", "attn_combine")]
+    out += [Instance(f"attn_d{d}", "attention", f"attn<{d}, {qpw}>") for d, qpw in ATTN_HEAD_DIMS.items()]
+    out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]
+    out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}>") for d in GDN_KEY_DIMS]
+    out += [Instance(n, "sample", n) for n in ("argmax_partial", "argmax_final", "sample_topk_topp")]
     return {inst.name: inst for inst in out}
 
 

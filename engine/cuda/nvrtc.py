@@ -11,8 +11,10 @@ options, the architecture, the name expressions and the NVRTC version.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import multiprocessing
 import os
 import tempfile
 from dataclasses import dataclass
@@ -52,6 +54,7 @@ def _nvrtc():
     return nvrtc
 
 
+@functools.cache
 def nvrtc_version() -> tuple[int, int]:
     """(major, minor) of the NVRTC library in use."""
     nvrtc = _nvrtc()
@@ -185,3 +188,35 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _compile_job(job: tuple[str, int, tuple[str, ...], bool, str | None]) -> tuple[str, int, float, bool]:
+    """Worker of compile_all: (file, arch, expressions, ptx, cache directory) -> (file, arch, seconds, from_cache)."""
+    import time
+
+    file, arch, expressions, ptx, directory = job
+    t0 = time.perf_counter()
+    out = compile_cached(KERNEL_DIR / f"{file}.cu", arch, expressions, ptx=ptx,
+                         directory=Path(directory) if directory else None)
+    return file, arch, time.perf_counter() - t0, out.from_cache
+
+
+def compile_all(archs: list[int], workers: int | None = None, directory: Path | None = None,
+                ptx: bool = False) -> list[tuple[str, int, float, bool]]:
+    """Compile every kernel file for every architecture into the cache, in parallel processes (the slowest
+    files first). Returns (file, arch, seconds, from_cache) per compilation; raises the first KernelCompileError."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from engine.cuda import instances
+
+    by_file = instances.files()
+    # the GEMM and matmul files dominate: start them first so the pool's tail is short
+    order = sorted(by_file, key=lambda f: -sum(len(i.expr) for i in by_file[f]) * (4 if f == "gemm" else 1))
+    jobs = [(f, a, tuple(i.expr for i in by_file[f]), ptx, str(directory) if directory else None)
+            for f in order for a in archs]
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    if workers <= 1:
+        return [_compile_job(j) for j in jobs]
+    # spawn, not fork: the caller may hold a CUDA context (the workers only ever touch NVRTC)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_compile_job, jobs))

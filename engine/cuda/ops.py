@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import MATMUL_QTYPES, MMVQ_MT, qtype_tag
-from engine.cuda.repack import device_nbytes
+from engine.cuda.instances import EMBED_QTYPES, GEMM_QTYPES, MATMUL_QTYPES, qtype_tag
+from engine.cuda.repack import block_layout, device_nbytes
 
-MAX_VERIFY_ROWS = 8  # mmvq computes up to 8 activation rows per weight pass (mma N = 8)
 MMVQ_WARPS = 8
 
 
@@ -29,18 +28,35 @@ class DeviceWeight:
     name: str = ""
 
 
+ACT_GROUP = 8  # tokens per act group (the mma's N)
+SUPERBLOCK = 256
+
+
 @dataclass(slots=True)
 class Act:
-    """Activations prepared for the quantized matmuls: f16 copy [T, ld] and f16 sums of 32-wide sub-blocks."""
+    """Activations of up to max_tokens rows of `width` values, prepared for the matmuls.
 
-    x16: Buffer  # [T, ld] f16
-    sums: Buffer  # [T, ld // 32] f16
-    f32: Buffer  # [T, ld] f32: the same activations before rounding (the F32-weight path reads these)
+    x16 holds them in the act layout (kernels/mmvq.cu: groups of 8 tokens, each nsb * 4096 bytes, positions in the
+    canonical fragment order, zero past width) and sums the f16 sums of 32-wide sub-blocks (nsb * 128 bytes per
+    group); f32 holds the plain rows [T, ld] (the f32-weight path reads those).
+    """
+
+    x16: Buffer
+    sums: Buffer
+    f32: Buffer
+    width: int
     ld: int
+    max_tokens: int
 
-    def sums_ld(self) -> int:
-        """Row stride of the sums."""
-        return self.ld // 32
+    @property
+    def num_superblocks(self) -> int:
+        """Superblocks of 256 positions per row."""
+        return (self.width + SUPERBLOCK - 1) // SUPERBLOCK
+
+    def group(self, index: int) -> tuple[Buffer, Buffer]:
+        """(act, sums) views of token group `index`."""
+        nsb = self.num_superblocks
+        return self.x16.view(index * nsb * 4096), self.sums.view(index * nsb * 128)
 
 
 def _mmvq_instance(qtype: Q) -> str:
@@ -53,43 +69,55 @@ def _mmvq_instance(qtype: Q) -> str:
 # (op, qtype) -> instance name: the one place a run-time type picks a template instance.
 DISPATCH: dict[tuple[str, Q], str] = {("mmvq", qt): _mmvq_instance(qt) for qt in MATMUL_QTYPES}
 DISPATCH[("mmvq", Q.F32)] = "mmv_f32"
+DISPATCH.update({("gemm", qt): f"gemm_{qtype_tag(qt)}" for qt in GEMM_QTYPES})
+DISPATCH.update({("get_rows", qt): f"get_rows_{qtype_tag(qt)}" for qt in EMBED_QTYPES})
+GEMM_MIN_TOKENS = 16  # from this many tokens on, a GEMM type runs the prefill GEMM instead of mmvq
+GEMM_TOKENS = 32  # tokens per GEMM block (kernels/gemm.cu: GEMM_NG groups of 8)
+GEMM_ROWS = 128  # rows per GEMM block
 
 
-def act_f16(dev: Device, x: Buffer, act: Act, num_tokens: int, k: int, ld_in: int) -> None:
-    """Round f32 activations x [T, K] into act (f16 copy and sub-block sums); act.f32 must be x or a copy of it."""
-    assert num_tokens >= 1 and k <= act.ld
-    dev.launch(dev.kernel("act_f16"), num_tokens, 256, [x, act.x16, act.sums, k, ld_in, act.ld, act.sums_ld()])
+def act_f16(dev: Device, x: Buffer, act: Act, num_tokens: int, ld_in: int) -> None:
+    """Round f32 activations x [T, width] (row stride ld_in) into act's f16 layout and sub-block sums."""
+    assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
+    groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
+    dev.launch(dev.kernel("act_f16"), (act.num_superblocks, groups), 256,
+               [x, act.x16, act.sums, num_tokens, act.width, ld_in])
 
 
 def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, ld_y: int,
            bias: Buffer | None = None, residual: Buffer | None = None) -> None:
-    """y[T, rows] = act[T, cols] @ w^T (+ bias[rows]) (+ residual[T, rows]); T <= 8 per launch, more in groups."""
-    # y, residual: [T, ld_y] f32
-    assert 1 <= num_tokens, "empty matmul"
-    assert w.cols % 4 == 0 and w.cols <= act.ld, f"{w.name}: {w.cols} columns vs activations of {act.ld}"
+    """y[T, rows] = act[T, cols] @ w^T (+ bias[rows]) (+ residual[T, rows]); 8 tokens per launch.
+
+    y and residual are f32 [T, ld_y]; residual may be y itself (each element is read once before it is written).
+    """
+    assert 1 <= num_tokens <= act.max_tokens, f"{w.name}: {num_tokens} tokens for {act.max_tokens}"
+    if w.cols != act.width:
+        raise ValueError(f"{w.name}: {w.cols} columns but activations of width {act.width}")
+    gemm = DISPATCH.get(("gemm", w.qtype))
+    if gemm is not None and num_tokens >= GEMM_MIN_TOKENS:
+        grid = ((num_tokens + GEMM_TOKENS - 1) // GEMM_TOKENS, (w.rows + GEMM_ROWS - 1) // GEMM_ROWS)
+        dev.launch(dev.kernel(gemm), grid, 128, [w.buf, act.x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y])
+        return
     instance = DISPATCH.get(("mmvq", w.qtype))
     if instance is None:
         raise ValueError(f"{w.name}: no CUDA matmul for {w.qtype.name}")
     kernel = dev.kernel(instance)
-    for t0 in range(0, num_tokens, MAX_VERIFY_ROWS):
-        t = min(MAX_VERIFY_ROWS, num_tokens - t0)
+    for t0 in range(0, num_tokens, ACT_GROUP):
+        t = min(ACT_GROUP, num_tokens - t0)
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
         if w.qtype == Q.F32:
             x_t = act.f32.view(4 * t0 * act.ld)
             dev.launch(kernel, (w.rows + 7) // 8, 256, [w.buf, x_t, y_t, bias, res_t, w.rows, w.cols, t, act.ld, ld_y])
             continue
-        x_t, s_t = act.x16.view(2 * t0 * act.ld), act.sums.view(2 * t0 * act.sums_ld())
-        rows_per_block = 16 * MMVQ_MT[w.qtype]
-        grid = (w.rows + rows_per_block - 1) // rows_per_block
-        dev.launch(kernel, grid, 32 * _mmvq_warps(w), [w.buf, x_t, s_t, y_t, bias, res_t, w.rows, w.cols, t,
-                                                       act.ld, act.sums_ld(), ld_y])
+        x_t, s_t = act.group(t0 // ACT_GROUP)
+        grid = (w.rows + 15) // 16
+        dev.launch(kernel, grid, 32 * _mmvq_warps(w.cols), [w.buf, x_t, s_t, y_t, bias, res_t, w.rows, w.cols, t, ld_y])
 
 
-def _mmvq_warps(w: DeviceWeight) -> int:
+def _mmvq_warps(cols: int) -> int:
     """Warps splitting K inside one block: as many as the superblocks keep busy, at most 8."""
-    superblock = 128 if w.qtype == Q.F16 else 256
-    num_sb = (w.cols + superblock - 1) // superblock
+    num_sb = (cols + SUPERBLOCK - 1) // SUPERBLOCK
     best = min(MMVQ_WARPS, num_sb)
     # prefer a count that divides the superblocks evenly, so no warp waits on a longer one
     for warps in range(best, max(best // 2, 1) - 1, -1):
@@ -111,9 +139,97 @@ def upload_weight(dev: Device, data, qtype: Q, shape: tuple[int, int], name: str
     return DeviceWeight(buf, qtype, rows, cols, name)
 
 
-def alloc_act(dev: Device, max_tokens: int, width: int, what: str, f32: Buffer | None = None) -> Act:
-    """Activation buffers for up to max_tokens rows of `width` values (width rounded up to 32)."""
-    ld = (width + 31) // 32 * 32
-    x16 = dev.alloc(2 * max_tokens * ld, f"{what}.f16")
-    sums = dev.alloc(2 * max_tokens * (ld // 32), f"{what}.sums")
-    return Act(x16, sums, f32 if f32 is not None else dev.alloc(4 * max_tokens * ld, f"{what}.f32"), ld)
+def alloc_act(dev: Device, max_tokens: int, width: int, what: str, f32: Buffer | None = None,
+              ld: int | None = None) -> Act:
+    """Activation buffers for up to max_tokens rows of `width` values; f32 may be an existing [T, ld] buffer."""
+    ld = ld or width
+    groups = (max_tokens + ACT_GROUP - 1) // ACT_GROUP
+    nsb = (width + SUPERBLOCK - 1) // SUPERBLOCK
+    x16 = dev.alloc(groups * nsb * 4096, f"{what}.act")
+    sums = dev.alloc(groups * nsb * 128, f"{what}.sums")
+    f32 = f32 if f32 is not None else dev.alloc(4 * max_tokens * ld, f"{what}.f32")
+    return Act(x16, sums, f32, width, ld, max_tokens)
+
+
+# ---- norms, rope, element-wise, embedding, token choice ----
+
+
+def rms_norm(dev: Device, x: Buffer, w: Buffer, out: Buffer, num_tokens: int, width: int, ld_in: int, ld_out: int,
+             eps: float) -> None:
+    """out[t] = RMSNorm(x[t]) * w for T rows of `width` f32 values."""
+    dev.launch(dev.kernel("rms_norm"), num_tokens, 1024 if width >= 4096 else 256,
+               [x, w, out, width, ld_in, ld_out, eps])
+
+
+def head_norm(dev: Device, x: Buffer, w: Buffer | None, num_tokens: int, num_heads: int, head_dim: int, ld: int,
+              head_stride: int, eps: float, l2_scale: float | None = None) -> None:
+    """In place per head: RMSNorm times w (l2_scale None), or L2 norm times l2_scale (w unused)."""
+    rows = num_tokens * num_heads
+    kind, scale = (0, 1.0) if l2_scale is None else (1, l2_scale)
+    dev.launch(dev.kernel("head_norm"), (rows + 7) // 8, 256,
+               [x, w, num_tokens, num_heads, head_dim, ld, head_stride, eps, scale, kind])
+
+
+def gated_rms_norm(dev: Device, o: Buffer, z: Buffer, w: Buffer, out: Buffer, num_tokens: int, num_heads: int,
+                   head_dim: int, ld_o: int, ld_z: int, ld_out: int, eps: float) -> None:
+    """out = RMSNorm(o per head) * w * silu(z) (the DeltaNet output norm)."""
+    rows = num_tokens * num_heads
+    dev.launch(dev.kernel("gated_rms_norm"), (rows + 7) // 8, 256,
+               [o, z, w, out, num_tokens, num_heads, head_dim, ld_o, ld_z, ld_out, eps])
+
+
+def rope(dev: Device, x: Buffer, positions: Buffer, num_tokens: int, num_heads: int, ld: int, head_stride: int,
+         rope_dim: int, theta: float, neox: bool) -> None:
+    """Rotary embedding in place on the first rope_dim dims of each head; positions: int32 [T] on the device."""
+    assert rope_dim % 2 == 0 and rope_dim > 0
+    total = num_tokens * num_heads * (rope_dim // 2)
+    dev.launch(dev.kernel("rope_neox" if neox else "rope_norm"), (total + 255) // 256, 256,
+               [x, positions, num_tokens, num_heads, ld, head_stride, rope_dim, theta])
+
+
+def swiglu(dev: Device, gate: Buffer, up: Buffer, out: Buffer, num_tokens: int, width: int, ld_in: int,
+           ld_out: int) -> None:
+    """out = silu(gate) * up."""
+    total = num_tokens * width
+    dev.launch(dev.kernel("swiglu"), (total + 255) // 256, 256, [gate, up, out, num_tokens, width, ld_in, ld_out])
+
+
+def sigmoid_mul(dev: Device, x: Buffer, gate: Buffer, num_tokens: int, width: int, ld_x: int, ld_gate: int) -> None:
+    """x *= sigmoid(gate), in place."""
+    total = num_tokens * width
+    dev.launch(dev.kernel("sigmoid_mul"), (total + 255) // 256, 256, [x, gate, num_tokens, width, ld_x, ld_gate])
+
+
+def get_rows(dev: Device, w: DeviceWeight, ids: Buffer, out: Buffer, num_tokens: int, ld_out: int) -> None:
+    """out[t] = w[ids[t]] dequantized to f32 (the embedding lookup); ids: int32 [T] on the device."""
+    instance = DISPATCH.get(("get_rows", w.qtype))
+    if instance is None:
+        raise ValueError(f"{w.name}: no CUDA embedding lookup for {w.qtype.name}")
+    nb = w.cols // block_layout(w.qtype)[0]  # blocks per row (elements per row for F32/F16)
+    dev.launch(dev.kernel(instance), (num_tokens, (w.cols + 255) // 256), 256,
+               [w.buf, ids, out, w.rows, w.cols, nb, ld_out])
+
+
+ARGMAX_CHUNK = 4096
+
+
+def argmax(dev: Device, logits: Buffer, ids: Buffer, scratch: Buffer, num_tokens: int, vocab: int, ld: int) -> None:
+    """ids[t] = argmax of logits[t] (lowest index on ties); scratch holds 8 bytes per (token, chunk)."""
+    chunks = (vocab + ARGMAX_CHUNK - 1) // ARGMAX_CHUNK
+    assert scratch.nbytes >= 8 * num_tokens * chunks, "argmax scratch too small"
+    part_v, part_i = scratch, scratch.view(4 * num_tokens * chunks)
+    dev.launch(dev.kernel("argmax_partial"), (num_tokens, chunks), 256, [logits, part_v, part_i, vocab, ld,
+                                                                         ARGMAX_CHUNK])
+    dev.launch(dev.kernel("argmax_final"), num_tokens, 256, [part_v, part_i, ids, chunks])
+
+
+def sample(dev: Device, logits: Buffer, ids: Buffer, num_tokens: int, vocab: int, ld: int, temperature: float,
+           top_k: int, top_p: float, seed: int) -> None:
+    """ids[t] ~ softmax(logits[t] / temperature) restricted to top_k (0 = all) and top_p (1 = all)."""
+    import ctypes
+
+    if temperature <= 0:
+        raise ValueError("sampling needs a positive temperature; use argmax for greedy decoding")
+    dev.launch(dev.kernel("sample_topk_topp"), num_tokens, 1024,
+               [logits, ids, vocab, ld, float(temperature), int(top_k), float(top_p),
+                ctypes.c_uint64(seed & 0xFFFFFFFFFFFFFFFF)])

@@ -2,8 +2,10 @@
 
 A ggml block interleaves fields of different sizes (Q6_K: 128 + 64 + 16 + 2 = 210 bytes), so few of them sit on
 16-byte boundaries. Splitting field f of every block into plane f keeps each field aligned to its own size and lets
-a kernel load 16 bytes at a time. The repack is a byte permutation (no arithmetic), done on the host with numpy
-strided copies while uploading; unpack_planes inverts it for tests.
+a kernel load 16 bytes at a time. Q6_K's quants are also regrouped so that byte l of 32-byte chunk c holds the
+positions 64c + l and 64c + 32 + l, as in Q4_K: every type then gives lane c of a warp the same 64 positions.
+The repack is lossless (bit permutations only), done on the host with numpy while uploading; unpack_planes
+inverts it for tests.
 """
 
 from __future__ import annotations
@@ -49,6 +51,56 @@ def _blocks(data: np.ndarray, qtype: Q, shape: tuple[int, int]) -> np.ndarray:
     return raw.reshape(rows * (cols // block), size)
 
 
+Q6K_CHUNK = 1 << 16  # blocks regrouped per numpy pass (bounds the temporary memory to ~20 MB)
+
+
+def q6k_regroup(blocks: np.ndarray) -> np.ndarray:
+    """Q6_K blocks [N, 210] -> the same blocks with ql/qh in the device order (scales and d unchanged)."""
+    out = blocks.copy()
+    for lo in range(0, blocks.shape[0], Q6K_CHUNK):
+        part = blocks[lo : lo + Q6K_CHUNK]
+        q = _q6k_values(part)  # [n, 256] values 0..63
+        q4 = q.reshape(-1, 4, 2, 32)  # [n, chunk c, half (low/high nibble), l]
+        out[lo : lo + Q6K_CHUNK, 0:128] = ((q4[:, :, 0] & 0xF) | ((q4[:, :, 1] & 0xF) << 4)).reshape(-1, 128)
+        hi = (q >> 4).reshape(-1, 4, 4, 16)  # [n, c, quarter m (positions 64c + 16m + l), l]
+        qh = hi[:, :, 0] | (hi[:, :, 2] << 2) | (hi[:, :, 1] << 4) | (hi[:, :, 3] << 6)
+        out[lo : lo + Q6K_CHUNK, 128:192] = qh.reshape(-1, 64)
+    return out
+
+
+def q6k_ungroup(blocks: np.ndarray) -> np.ndarray:
+    """Inverse of q6k_regroup."""
+    out = blocks.copy()
+    for lo in range(0, blocks.shape[0], Q6K_CHUNK):
+        part = blocks[lo : lo + Q6K_CHUNK]
+        ql = part[:, 0:128].reshape(-1, 4, 32)
+        qh = part[:, 128:192].reshape(-1, 4, 16)
+        low = np.stack([ql & 0xF, ql >> 4], axis=2).reshape(-1, 4, 2, 32)  # [n, c, half, l] -> 64c + 32 half + l
+        hi = np.stack([qh & 3, (qh >> 4) & 3, (qh >> 2) & 3, (qh >> 6) & 3], axis=2)  # [n, c, m, l]
+        q = low.reshape(-1, 256) | (hi.reshape(-1, 256) << 4)
+        out[lo : lo + Q6K_CHUNK, 0:192] = _q6k_encode(q)
+    return out
+
+
+def _q6k_values(blocks: np.ndarray) -> np.ndarray:
+    """The 256 six-bit values of each ggml Q6_K block, uint8 [n, 256] (ggml's order)."""
+    ql = blocks[:, 0:128].reshape(-1, 2, 2, 32)  # [n, half n, part (l or l + 32), l]
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32)
+    low = np.concatenate([ql & 0xF, ql >> 4], axis=2)  # [n, half, 4: +0, +32, +64, +96, l]
+    shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    return (low | (((qh >> shifts) & 3) << 4)).reshape(-1, 256)
+
+
+def _q6k_encode(q: np.ndarray) -> np.ndarray:
+    """ggml's ql (128) and qh (64) bytes of [n, 256] six-bit values."""
+    v = q.reshape(-1, 2, 4, 32)  # [n, half, quarter (+0, +32, +64, +96), l]
+    ql = np.concatenate([(v[:, :, 0] & 0xF) | ((v[:, :, 2] & 0xF) << 4),
+                         (v[:, :, 1] & 0xF) | ((v[:, :, 3] & 0xF) << 4)], axis=2)  # [n, half, 64]
+    hi = v >> 4
+    qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)  # [n, half, 32]
+    return np.concatenate([ql.reshape(-1, 128), qh.reshape(-1, 64)], axis=1)
+
+
 def planes(data: np.ndarray, qtype: Q, shape: tuple[int, int]) -> list[np.ndarray]:
     """The device layout as a list of contiguous uint8 planes (plain types: one plane, the data itself)."""
     if qtype in PLAIN:
@@ -56,6 +108,8 @@ def planes(data: np.ndarray, qtype: Q, shape: tuple[int, int]) -> list[np.ndarra
     if qtype not in PLANES:
         raise ValueError(f"no device layout for {qtype.name}")
     blocks = _blocks(data, qtype, shape)
+    if qtype == Q.Q6_K:
+        blocks = q6k_regroup(blocks)
     return [np.ascontiguousarray(blocks[:, off : off + size]).reshape(-1) for off, size in PLANES[qtype]]
 
 
@@ -77,6 +131,8 @@ def unpack_planes(packed: np.ndarray, qtype: Q, shape: tuple[int, int]) -> np.nd
         out[:, off : off + field] = packed[pos : pos + num_blocks * field].reshape(num_blocks, field)
         pos += num_blocks * field
     assert pos == packed.size, "packed size does not match the layout"
+    if qtype == Q.Q6_K:
+        out = q6k_ungroup(out)
     return out.reshape(rows, -1)
 
 

@@ -10,104 +10,100 @@
 #define MMVQ_MAX_WARPS 8
 #define MMVQ_NCOLS 8
 
-// Activation fragment for the lane's four consecutive positions e..e+3 (zeros for absent columns and past K).
-__device__ __forceinline__ void load_b(u32* b, const f16* xrow, bool has_col, int e, int K) {
-    if (has_col && e < K) {
-        const uint2 v = ld_cached_u2(xrow + e);
-        b[0] = v.x;
-        b[1] = v.y;
-    } else {
-        b[0] = b[1] = 0u;
-    }
-}
+// Activation layout ("act"): tokens in groups of 8; per group, superblock sb and step s, the 8 tokens' 16 values
+// at the canonical positions (quants.cuh) of that step: act[((sb * 16 + s) * 8 + n) * 16 + 4c + r] holds x[n][k],
+// k = 256 sb + 64c + 32 (s & 1) + 4 (s >> 1) + r. Positions past K hold zeros. One step's fragment of all 8 tokens
+// is 256 contiguous bytes. Sums: sums[(sb * 8 + n) * 8 + j] = sum of x[n][256 sb + 32 j .. + 31] (f16).
+__device__ __forceinline__ i64 act_index(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
 
-template <int QT, int MT>
-__device__ __forceinline__ void mmvq_superblock(const u8* __restrict__ w, const f16* __restrict__ xrow,
-                                                const f16* __restrict__ xsum_row, bool has_col, int row0, int rows,
-                                                int K, int nb, i64 ntot, int sb, int c, int g,
-                                                float (&acc)[MT][4], float (&accm)[MT][4]) {
+template <int QT>
+__device__ __forceinline__ void mmvq_compute(const typename QTraits<QT>::Row (&r)[2], const f16* __restrict__ act,
+                                             const f16* __restrict__ sums, bool has_col, int sb, int c, int g,
+                                             float (&acc)[4], float (&accm)[4]) {
     using Q = QTraits<QT>;
-    typename Q::Row r[MT][2];
+    u32 b[SB_STEPS][2];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = min(row0 + 16 * mt + g + 8 * h, rows - 1);  // rows past the end repeat the last one
-            Q::load(r[mt][h], w, ntot, nb, row, sb, c);
+    for (int s = 0; s < SB_STEPS; ++s) {
+        if (has_col) {
+            const uint2 v = ld_cached_u2(act + act_index(sb, s, g) + 4 * c);
+            b[s][0] = v.x;
+            b[s][1] = v.y;
+        } else {
+            b[s][0] = b[s][1] = 0u;
         }
-    u32 b[Q::NSTEP][2];
-#pragma unroll
-    for (int s = 0; s < Q::NSTEP; ++s) load_b(b[s], xrow, has_col, sb * Q::SB + Q::kofs(c, s), K);
-    typename Q::Consts k[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        Q::prepare(r[mt][0], c, k[mt][0]);
-        Q::prepare(r[mt][1], c, k[mt][1]);
     }
+    typename Q::Consts k[2];
+    Q::prepare(r[0], c, k[0]);
+    Q::prepare(r[1], c, k[1]);
+    float blk[4] = {0.f, 0.f, 0.f, 0.f};
+    float* dst = Q::BLOCK_SCALE ? blk : acc;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        float blk[4] = {0.f, 0.f, 0.f, 0.f};
-        float* dst = Q::BLOCK_SCALE ? blk : acc[mt];
-#pragma unroll
-        for (int s = 0; s < Q::NSTEP; ++s) {
-            u32 a[4];
-            Q::frag(r[mt][0], k[mt][0], c, s, a[0], a[2]);
-            Q::frag(r[mt][1], k[mt][1], c, s, a[1], a[3]);
-            mma_f16_16816(dst, a, b[s]);
-        }
-        if constexpr (Q::BLOCK_SCALE) {
-            const float d0 = Q::dscale(r[mt][0]), d1 = Q::dscale(r[mt][1]);
-            acc[mt][0] += d0 * blk[0];
-            acc[mt][1] += d0 * blk[1];
-            acc[mt][2] += d1 * blk[2];
-            acc[mt][3] += d1 * blk[3];
-        }
-        if constexpr (Q::HAS_MIN) {
-            // sum over sub-blocks of (dmin * m) * (sum of x over the sub-block), k-slots 2c, 2c+1 only
-            u32 bm[2] = {has_col ? __ldg(reinterpret_cast<const u32*>(xsum_row + sb * 8 + 2 * c)) : 0u, 0u};
-            u32 am[4] = {k[mt][0].mins, k[mt][1].mins, 0u, 0u};
-            mma_f16_16816(accm[mt], am, bm);
-        }
+    for (int s = 0; s < SB_STEPS; ++s) {
+        u32 a[4];
+        Q::frag(r[0], k[0], c, s, a[0], a[2]);
+        Q::frag(r[1], k[1], c, s, a[1], a[3]);
+        mma_f16_16816(dst, a, b[s]);
+    }
+    if constexpr (Q::BLOCK_SCALE) {
+        const float d0 = Q::dscale(r[0]), d1 = Q::dscale(r[1]);
+        acc[0] += d0 * blk[0];
+        acc[1] += d0 * blk[1];
+        acc[2] += d1 * blk[2];
+        acc[3] += d1 * blk[3];
+    }
+    if constexpr (Q::HAS_MIN) {
+        // sum over sub-blocks of (dmin * m) * (sum of x over the sub-block): k-slots 2c, 2c+1 only
+        u32 bm[2] = {has_col ? __ldg(reinterpret_cast<const u32*>(sums + ((i64)sb * 8 + g) * 8 + 2 * c)) : 0u, 0u};
+        u32 am[4] = {k[0].mins, k[1].mins, 0u, 0u};
+        mma_f16_16816(accm, am, bm);
     }
 }
 
-// x: [T, ldx] f16; xsum: [T, ldxs] f16 sums of 32-wide sub-blocks (K-quants with mins only); y, residual: [T, ldy].
-template <int QT, int MT>
+template <int QT>
+__device__ __forceinline__ void mmvq_load(typename QTraits<QT>::Row (&r)[2], const u8* __restrict__ w, i64 ntot,
+                                          int nb, int row0, int rows, int sb, int c, int g) {
+    // rows past the end repeat the last one (their results are never stored)
+    QTraits<QT>::load(r[0], w, ntot, nb, min(row0 + g, rows - 1), sb, c);
+    QTraits<QT>::load(r[1], w, ntot, nb, min(row0 + g + 8, rows - 1), sb, c);
+}
+
+// y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 8, x in the act layout. A block owns 16 output rows;
+// its warps take superblocks sb = warp, warp + W, ... with the next superblock's weights loaded (double-buffered)
+// while the current one is multiplied, then reduce through shared memory.
+template <int QT>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32)
-mmvq(const u8* __restrict__ w, const f16* __restrict__ x, const f16* __restrict__ xsum, float* __restrict__ y,
-     const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int T, int ldx, int ldxs,
-     int ldy) {
+mmvq(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restrict__ sums, float* __restrict__ y,
+     const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int T, int ldy) {
     using Q = QTraits<QT>;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int row0 = blockIdx.x * 16 * MT;
+    const int row0 = blockIdx.x * 16;
     const int nb = Q::QK == 1 ? K : (K + Q::QK - 1) / Q::QK;
-    const int nsb = (K + Q::SB - 1) / Q::SB;
+    const int nsb = (K + QK_SB - 1) / QK_SB;
     const i64 ntot = (i64)rows * nb;
     const bool has_col = g < T;
-    const f16* xrow = x + (i64)(has_col ? g : 0) * ldx;
-    const f16* xsum_row = xsum + (i64)(has_col ? g : 0) * ldxs;
 
-    float acc[MT][4], accm[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][i] = accm[mt][i] = 0.f;
-
-    for (int sb = warp; sb < nsb; sb += num_warps)
-        mmvq_superblock<QT, MT>(w, xrow, xsum_row, has_col, row0, rows, K, nb, ntot, sb, c, g, acc, accm);
-
-    // reduce the warps' partial sums: red[warp][row][col]
-    __shared__ float red[MMVQ_MAX_WARPS][16 * MT][MMVQ_NCOLS];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        red[warp][16 * mt + g][2 * c] = acc[mt][0] - accm[mt][0];
-        red[warp][16 * mt + g][2 * c + 1] = acc[mt][1] - accm[mt][1];
-        red[warp][16 * mt + g + 8][2 * c] = acc[mt][2] - accm[mt][2];
-        red[warp][16 * mt + g + 8][2 * c + 1] = acc[mt][3] - accm[mt][3];
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, accm[4] = {0.f, 0.f, 0.f, 0.f};
+    typename Q::Row ra[2], rb[2];
+    int sb = warp;
+    if (sb < nsb) mmvq_load<QT>(ra, w, ntot, nb, row0, rows, sb, c, g);
+    while (sb < nsb) {  // unrolled by two so the buffers swap without copies
+        if (sb + num_warps < nsb) mmvq_load<QT>(rb, w, ntot, nb, row0, rows, sb + num_warps, c, g);
+        mmvq_compute<QT>(ra, act, sums, has_col, sb, c, g, acc, accm);
+        sb += num_warps;
+        if (sb >= nsb) break;
+        if (sb + num_warps < nsb) mmvq_load<QT>(ra, w, ntot, nb, row0, rows, sb + num_warps, c, g);
+        mmvq_compute<QT>(rb, act, sums, has_col, sb, c, g, acc, accm);
+        sb += num_warps;
     }
+
+    __shared__ float red[MMVQ_MAX_WARPS][16][MMVQ_NCOLS];
+    red[warp][g][2 * c] = acc[0] - accm[0];
+    red[warp][g][2 * c + 1] = acc[1] - accm[1];
+    red[warp][g + 8][2 * c] = acc[2] - accm[2];
+    red[warp][g + 8][2 * c + 1] = acc[3] - accm[3];
     __syncthreads();
-    for (int o = threadIdx.x; o < 16 * MT * MMVQ_NCOLS; o += blockDim.x) {
+    for (int o = threadIdx.x; o < 16 * MMVQ_NCOLS; o += blockDim.x) {
         const int lr = o / MMVQ_NCOLS, col = o % MMVQ_NCOLS, row = row0 + lr;
         if (col >= T || row >= rows) continue;
         float v = 0.f;
@@ -148,18 +144,22 @@ mmv_f32(const float* __restrict__ w, const float* __restrict__ x, float* __restr
     }
 }
 
-// f32 activations -> f16 copy and f16 sums of each 32-wide sub-block (what the K-quants' min term needs).
-// One block per row of x; x: [T, ldin], out: [T, ldx], sums: [T, ldxs].
+// f32 activations x [T, ldin] -> the act layout (f16) and sub-block sums, zero-padded to whole superblocks.
+// Grid (superblocks, token groups); 256 threads: thread = position in the superblock, looping over the group's
+// tokens. Each group of 8 tokens occupies nsb * 4096 bytes of act and nsb * 128 bytes of sums.
 __global__ void __launch_bounds__(256)
-act_f16(const float* __restrict__ in, f16* __restrict__ out, f16* __restrict__ sums, int K, int ldin, int ldx,
-        int ldxs) {
-    const int t = blockIdx.x, lane = threadIdx.x & 31;
-    const float* src = in + (i64)t * ldin;
-    for (int base = (threadIdx.x >> 5) * 32; base < K; base += blockDim.x) {
-        const int k = base + lane;
-        const float v = k < K ? src[k] : 0.f;
-        if (k < K) out[(i64)t * ldx + k] = f32_to_f16(v);
-        const float s = warp_sum(v);
-        if (lane == 0 && sums) sums[(i64)t * ldxs + base / 32] = f32_to_f16(s);
+act_f16(const float* __restrict__ x, f16* __restrict__ act, f16* __restrict__ sums, int T, int K, int ldin) {
+    const int sb = blockIdx.x, grp = blockIdx.y, nsb = gridDim.x, k_local = threadIdx.x;
+    const int k = sb * QK_SB + k_local, lane = threadIdx.x & 31;
+    const int c = k_local >> 6, h = (k_local >> 5) & 1, i = (k_local >> 2) & 7, r = k_local & 3;
+    const int s = 2 * i + h;
+    f16* act_g = act + (i64)grp * nsb * 4096 / 2;
+    f16* sums_g = sums + (i64)grp * nsb * 64;
+    for (int n = 0; n < 8; ++n) {
+        const int t = grp * 8 + n;
+        const float v = (t < T && k < K) ? x[(i64)t * ldin + k] : 0.f;
+        act_g[act_index(sb, s, n) + 4 * c + r] = f32_to_f16(v);
+        const float sub = warp_sum(v);  // a warp covers one 32-wide sub-block
+        if (lane == 0) sums_g[((i64)sb * 8 + n) * 8 + (k_local >> 5)] = f32_to_f16(sub);
     }
 }

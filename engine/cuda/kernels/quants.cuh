@@ -1,17 +1,18 @@
 // Weight formats on the device: ggml block types repacked into planes, and their decoding into mma fragments.
 //
-// Repacked layout (engine/cuda/weights.py writes it; one table there mirrors PLANES below): the fields of every
-// block are split into planes, plane p holding field p of all rows * nb blocks, row-major (row, block):
+// Repacked layout (engine/cuda/repack.py writes it; its PLANES table mirrors the offsets used here): the fields
+// of every block are split into planes, plane p holding field p of all rows * nb blocks, row-major (row, block):
 //   Q4_K: qs[128] | scales[12] | dm(f16 d, f16 dmin)      Q5_K: qs[128] | qh[32] | scales[12] | dm
-//   Q6_K: ql[128] | qh[64] | scales[16] | d               Q8_0: qs[32] | d      Q5_0: qs[16] | qh[4] | d
+//   Q6_K: ql'[128] | qh'[64] | scales[16] | d             Q8_0: qs[32] | d      Q5_0: qs[16] | qh[4] | d
 //   Q4_0: qs[16] | d                                      F16:  the plain [rows, K] matrix
-// so every field is aligned to its own size whatever the block size (Q6_K's 210-byte blocks are not).
+// so every field is aligned to its own size whatever the block size (Q6_K's 210-byte blocks are not). Q6_K's
+// quants are also regrouped (ql', qh', see repack.py) into the nibble order of Q4_K.
 //
 // Fragments: a warp computes 16 rows x 8 columns with mma.m16n8k16. Lane (g, c) = (lane / 4, lane % 4) supplies
-// rows g and g + 8 at four k-slots; any assignment of real weight positions to k-slots is valid as long as the
-// activation fragment uses the same one. Each type's kofs(c, s) gives, for mma step s of a superblock, the real
-// position e of the lane's four consecutive weights (e, e+1) -> slots (2c, 2c+1), (e+2, e+3) -> (2c+8, 2c+9), so
-// the activation fragment is one 8-byte load of x[e .. e+3].
+// rows g and g + 8 at four k-slots. All types share one canonical assignment: in a superblock of 256 positions,
+// lane c owns positions 64c .. 64c + 63, and mma step s = 2i + h (i = 0..7, h = 0..1) takes its positions
+// 64c + 32h + 4i + r, r = 0..3: (r = 0, 1) -> slots (2c, 2c+1), (r = 2, 3) -> (2c+8, 2c+9). The activations are
+// stored in that order (act layout, mmvq.cu), so the four lanes of a quad read 32 contiguous bytes per token.
 //
 // Dequantization is exact where it can be: K-quants give A = q * sub-scale as exact small integers in f16 and apply
 // the f32 super-scale d after the mma; the mins of Q4_K/Q5_K go through one more mma against sub-block sums of x.
@@ -27,6 +28,9 @@
 #define QT_Q4_K 12
 #define QT_Q5_K 13
 #define QT_Q6_K 14
+
+#define QK_SB 256   // positions per superblock (one iteration of a warp)
+#define SB_STEPS 16 // mma steps per superblock
 
 // f16x2 constants
 #define H2_1024 0x64006400u
@@ -45,12 +49,37 @@ __device__ __forceinline__ u32 bytes01_to_h2(u32 v) { return hsub2(prmt(v, 0x646
 __device__ __forceinline__ u32 word_at(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 // Interleave bytes (b0 b1 b2 b3) -> (b0 b2 b1 b3): afterwards the low bytes of the two halves hold b0, b1.
 __device__ __forceinline__ u32 pair_bytes(u32 w) { return prmt(w, w, 0x3120); }
+// Position of step s of lane c inside its superblock (the canonical assignment above).
+__device__ __forceinline__ int canon_kofs(int c, int s) { return 64 * c + 32 * (s & 1) + 4 * (s >> 1); }
 
 template <int QT> struct QTraits;
 
+// Full dequantization for the prefill GEMM (no per-superblock epilogue there): A = the weight itself in f16,
+// rounded once. Types without a block scale already produce that from frag().
+template <int QT, bool SCALED = QTraits<QT>::BLOCK_SCALE> struct FullFrag {
+    using Q = QTraits<QT>;
+    using Consts = typename Q::Consts;
+    static __device__ __forceinline__ void prepare(const typename Q::Row& r, int c, Consts& k) { Q::prepare(r, c, k); }
+    static __device__ __forceinline__ void frag(const typename Q::Row& r, const Consts& k, int c, int s, u32& a0,
+                                                u32& a2) { Q::frag(r, k, c, s, a0, a2); }
+};
+template <int QT> struct FullFrag<QT, true> {
+    using Q = QTraits<QT>;
+    using Consts = typename Q::FullConsts;
+    static __device__ __forceinline__ void prepare(const typename Q::Row& r, int c, Consts& k) { Q::prepare_full(r, c, k); }
+    static __device__ __forceinline__ void frag(const typename Q::Row& r, const Consts& k, int c, int s, u32& a0,
+                                                u32& a2) { Q::frag_full(r, k, c, s, a0, a2); }
+};
+
+// Each type provides: Row (one row's raw data for one superblock and lane), load(), prepare() (per-row constants),
+// frag(s) (the lane's two f16x2 A registers for step s), and for BLOCK_SCALE types dscale() (the f32 factor applied
+// to the whole superblock's product after the mma). Blocks past the end of a row (QK = 32 types whose rows are not
+// whole superblocks) read as zeros with d = 0.
+
 // ---------------------------------------------------------------- Q4_0
+// Lane c: blocks 2c + j (j = h of the step); byte l of a block: low nibble -> l, high nibble -> 16 + l.
 template <> struct QTraits<QT_Q4_0> {
-    static constexpr int QK = 32, NSTEP = 16, SB = 256;
+    static constexpr int QK = 32;
     static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
     struct Row { uint4 q[2]; u32 d[2]; };
     struct Consts { u32 lo[2], hi[2]; };
@@ -71,11 +100,10 @@ template <> struct QTraits<QT_Q4_0> {
             k.hi[j] = hmul2(k.lo[j], H2_SIXTEENTH);
         }
     }
-    static __device__ __forceinline__ int kofs(int c, int s) { return 32 * (2 * c + (s >> 3)) + 16 * (s & 1) + 4 * ((s & 7) >> 1); }
     static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
-        const int j = s >> 3, i = (s & 7) >> 1, h = s & 1;
-        const u32 w = pair_bytes(word_at(r.q[j], i));
-        if (h == 0) {  // low nibbles: q + 1024, minus 1032 -> q - 8
+        const int j = s & 1, i = s >> 1, nib = i >> 2;
+        const u32 w = pair_bytes(word_at(r.q[j], i & 3));
+        if (nib == 0) {  // low nibbles: q + 1024, minus 1032 -> q - 8
             a0 = hmul2(hsub2(and_or(w, 0x000F000Fu, H2_1024), H2_1032), k.lo[j]);
             a2 = hmul2(hsub2(and_or(w >> 8, 0x000F000Fu, H2_1024), H2_1032), k.lo[j]);
         } else {  // high nibbles: 16 q + 1024, minus 1152 -> 16 (q - 8), times d / 16
@@ -86,8 +114,9 @@ template <> struct QTraits<QT_Q4_0> {
 };
 
 // ---------------------------------------------------------------- Q5_0
+// As Q4_0, the fifth bit of position l of a block is bit l of qh.
 template <> struct QTraits<QT_Q5_0> {
-    static constexpr int QK = 32, NSTEP = 16, SB = 256;
+    static constexpr int QK = 32;
     static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
     struct Row { uint4 q[2]; u32 qh[2]; u32 d[2]; };
     struct Consts { u32 d2[2]; };
@@ -106,22 +135,22 @@ template <> struct QTraits<QT_Q5_0> {
         k.d2[0] = dup_lo(r.d[0]);
         k.d2[1] = dup_lo(r.d[1]);
     }
-    static __device__ __forceinline__ int kofs(int c, int s) { return 32 * (2 * c + (s >> 3)) + 16 * (s & 1) + 4 * ((s & 7) >> 1); }
     static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
-        const int j = s >> 3, i = (s & 7) >> 1, h = s & 1;
-        const u32 w = word_at(r.q[j], i);
-        // four high bits (one per byte of the word) spread to bit 4 of each byte
-        const u32 hb = (r.qh[j] >> (16 * h + 4 * i)) & 0xFu;
+        const int j = s & 1, i = s >> 1, nib = i >> 2;
+        const u32 w = word_at(r.q[j], i & 3);
+        // positions 32j + 4i .. + 3 of the block pair: qh bits 4i .. 4i + 3, spread to bit 4 of each byte
+        const u32 hb = (r.qh[j] >> (4 * i)) & 0xFu;
         const u32 spread = ((hb * 0x00204081u) & 0x01010101u) << 4;
-        const u32 v = pair_bytes(((h ? w >> 4 : w) & 0x0F0F0F0Fu) | spread);
+        const u32 v = pair_bytes(((nib ? w >> 4 : w) & 0x0F0F0F0Fu) | spread);
         a0 = hmul2(hsub2(and_or(v, 0x00FF00FFu, H2_1024), H2_1040), k.d2[j]);
         a2 = hmul2(hsub2(and_or(v >> 8, 0x00FF00FFu, H2_1024), H2_1040), k.d2[j]);
     }
 };
 
 // ---------------------------------------------------------------- Q8_0
+// Lane c: blocks 2c + j (j = h of the step), word i = bytes 4i .. 4i + 3.
 template <> struct QTraits<QT_Q8_0> {
-    static constexpr int QK = 32, NSTEP = 16, SB = 256;
+    static constexpr int QK = 32;
     static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
     struct Row { uint4 q[4]; u32 d[2]; };
     struct Consts { u32 d2[2]; };
@@ -140,9 +169,8 @@ template <> struct QTraits<QT_Q8_0> {
         k.d2[0] = dup_lo(r.d[0]);
         k.d2[1] = dup_lo(r.d[1]);
     }
-    static __device__ __forceinline__ int kofs(int c, int s) { return 32 * (2 * c + (s >> 3)) + 4 * (s & 7); }
     static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
-        const int j = s >> 3, i = s & 7;
+        const int j = s & 1, i = s >> 1;
         // signed bytes: b + 128 as 1024 + (b + 128), minus 1152 -> b exactly
         const u32 u = word_at(r.q[2 * j + (i >> 2)], i & 3) ^ 0x80808080u;
         a0 = hmul2(hsub2(prmt(u, 0x64646464u, 0x4140), H2_1152), k.d2[j]);
@@ -161,8 +189,9 @@ __device__ __forceinline__ void k4_scale_pairs(u32 s0, u32 s1, u32 s2, int c, u3
 }
 
 // ---------------------------------------------------------------- Q4_K
+// Lane c: the 32-byte chunk c of qs; byte l: low nibble -> 64c + l (sub-block 2c), high -> 64c + 32 + l (2c + 1).
 template <> struct QTraits<QT_Q4_K> {
-    static constexpr int QK = 256, NSTEP = 16, SB = 256;
+    static constexpr int QK = 256;
     static constexpr bool BLOCK_SCALE = true, HAS_MIN = true;
     struct Row { uint4 q[2]; u32 s[3]; u32 dm; };
     struct Consts { u32 lo_s, lo_b, hi_s, hi_b, mins; };
@@ -188,7 +217,30 @@ template <> struct QTraits<QT_Q4_K> {
         k.mins = hmul2(bytes01_to_h2(mn), dup_hi(r.dm));  // dmin * m of both sub-blocks
     }
     static __device__ __forceinline__ float dscale(const Row& r) { return f16_to_f32((f16)(r.dm & 0xFFFFu)); }
-    static __device__ __forceinline__ int kofs(int c, int s) { return 64 * c + 32 * (s & 1) + 4 * (s >> 1); }
+    // full dequantization: (d sc) q - dmin m, with d sc and dmin m rounded to f16
+    struct FullConsts { u32 lo_s, lo_b, hi_s, hi_b, lo_m, hi_m; };
+    static __device__ __forceinline__ void prepare_full(const Row& r, int c, FullConsts& k) {
+        u32 sc, mn;
+        k4_scale_pairs(r.s[0], r.s[1], r.s[2], c, sc, mn);
+        const u32 ds = hmul2(bytes01_to_h2(sc), dup_lo(r.dm)), dm = hmul2(bytes01_to_h2(mn), dup_hi(r.dm));
+        k.lo_s = dup_lo(ds);
+        k.lo_b = hmul2(k.lo_s, H2_NEG1024);
+        k.hi_s = hmul2(dup_hi(ds), H2_SIXTEENTH);
+        k.hi_b = hmul2(dup_hi(ds), H2_NEG64);
+        k.lo_m = dup_lo(dm);
+        k.hi_m = dup_hi(dm);
+    }
+    static __device__ __forceinline__ void frag_full(const Row& r, const FullConsts& k, int c, int s, u32& a0, u32& a2) {
+        const int i = s >> 1;
+        const u32 w = pair_bytes(word_at(r.q[i >> 2], i & 3));
+        if ((s & 1) == 0) {
+            a0 = hsub2(hfma2(and_or(w, 0x000F000Fu, H2_1024), k.lo_s, k.lo_b), k.lo_m);
+            a2 = hsub2(hfma2(and_or(w >> 8, 0x000F000Fu, H2_1024), k.lo_s, k.lo_b), k.lo_m);
+        } else {
+            a0 = hsub2(hfma2(and_or(w, 0x00F000F0u, H2_1024), k.hi_s, k.hi_b), k.hi_m);
+            a2 = hsub2(hfma2(and_or(w >> 8, 0x00F000F0u, H2_1024), k.hi_s, k.hi_b), k.hi_m);
+        }
+    }
     static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
         const int i = s >> 1;
         const u32 w = pair_bytes(word_at(r.q[i >> 2], i & 3));
@@ -203,8 +255,9 @@ template <> struct QTraits<QT_Q4_K> {
 };
 
 // ---------------------------------------------------------------- Q5_K
+// As Q4_K; the fifth bit of positions 64c + l and 64c + 32 + l is bit 2c (resp. 2c + 1) of qh[l].
 template <> struct QTraits<QT_Q5_K> {
-    static constexpr int QK = 256, NSTEP = 16, SB = 256;
+    static constexpr int QK = 256;
     static constexpr bool BLOCK_SCALE = true, HAS_MIN = true;
     struct Row { uint4 q[2]; uint4 qh[2]; u32 s[3]; u32 dm; };
     struct Consts { u32 lo_s, lo_b, hi_s, hi_b, mins; };
@@ -233,7 +286,25 @@ template <> struct QTraits<QT_Q5_K> {
         k.mins = hmul2(bytes01_to_h2(mn), dup_hi(r.dm));
     }
     static __device__ __forceinline__ float dscale(const Row& r) { return f16_to_f32((f16)(r.dm & 0xFFFFu)); }
-    static __device__ __forceinline__ int kofs(int c, int s) { return 64 * c + 32 * (s & 1) + 4 * (s >> 1); }
+    struct FullConsts { u32 lo_s, lo_b, hi_s, hi_b, lo_m, hi_m; };
+    static __device__ __forceinline__ void prepare_full(const Row& r, int c, FullConsts& k) {
+        u32 sc, mn;
+        k4_scale_pairs(r.s[0], r.s[1], r.s[2], c, sc, mn);
+        const u32 ds = hmul2(bytes01_to_h2(sc), dup_lo(r.dm)), dm = hmul2(bytes01_to_h2(mn), dup_hi(r.dm));
+        k.lo_s = dup_lo(ds);
+        k.lo_b = hmul2(k.lo_s, H2_NEG1024);
+        k.hi_s = dup_hi(ds);
+        k.hi_b = hmul2(k.hi_s, H2_NEG1024);
+        k.lo_m = dup_lo(dm);
+        k.hi_m = dup_hi(dm);
+    }
+    static __device__ __forceinline__ void frag_full(const Row& r, const FullConsts& k, int c, int s, u32& a0, u32& a2) {
+        Consts kk = {k.lo_s, k.lo_b, k.hi_s, k.hi_b, 0u};
+        frag(r, kk, c, s, a0, a2);
+        const u32 m = (s & 1) ? k.hi_m : k.lo_m;
+        a0 = hsub2(a0, m);
+        a2 = hsub2(a2, m);
+    }
     static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
         const int i = s >> 1, h = s & 1;
         const u32 w = word_at(r.q[i >> 2], i & 3), hw = word_at(r.qh[i >> 2], i & 3);
@@ -245,43 +316,49 @@ template <> struct QTraits<QT_Q5_K> {
     }
 };
 
-// ---------------------------------------------------------------- Q6_K
-// Lane c reads ql bytes 32c..32c+31 (weights 128(c/2) + 32(c%2) + l and, from the high nibbles, + 64) and the
-// qh half 32(c/2).., whose bit pair 2(c%2) (+4 for the high nibbles) completes each weight to 6 bits.
+// ---------------------------------------------------------------- Q6_K (regrouped, see repack.py)
+// ql' chunk c (32 bytes), byte l: low nibble -> 64c + l, high -> 64c + 32 + l. qh' chunk c (16 bytes), byte l:
+// bit pairs (0-1, 2-3, 4-5, 6-7) -> positions 64c + l, 64c + 32 + l, 64c + 16 + l, 64c + 48 + l. The 16-wide
+// sub-block scales stay in place: lane c uses scales 4c .. 4c + 3.
 template <> struct QTraits<QT_Q6_K> {
-    static constexpr int QK = 256, NSTEP = 16, SB = 256;
+    static constexpr int QK = 256;
     static constexpr bool BLOCK_SCALE = true, HAS_MIN = false;
-    struct Row { uint4 q[2]; uint4 qh[2]; uint2 sc; u32 d; };
-    struct Consts { u32 s[4]; };  // sub-scales (16 weights each): low nibbles l < 16, l >= 16, high l < 16, l >= 16
+    struct Row { uint4 q[2]; uint4 qh; u32 sc; u32 d; };
+    struct Consts { u32 s[4]; };  // scale of positions 64c + 16 m .. + 15, m = 0..3
     static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
         const i64 idx = (i64)row * nb + sb;
         const u8* ql = w + idx * 128 + 32 * c;
         r.q[0] = ld_stream_u4(ql);
         r.q[1] = ld_stream_u4(ql + 16);
-        const u8* qh = w + ntot * 128 + idx * 64 + 32 * (c >> 1);
-        r.qh[0] = ld_stream_u4(qh);
-        r.qh[1] = ld_stream_u4(qh + 16);
-        const u8* sc = w + ntot * 192 + idx * 16 + 8 * (c >> 1);
-        r.sc = make_uint2(ld_stream_u32(sc), ld_stream_u32(sc + 4));
+        r.qh = ld_stream_u4(w + ntot * 128 + idx * 64 + 16 * c);
+        r.sc = ld_stream_u32(w + ntot * 192 + idx * 16 + 4 * c);
         r.d = ld_stream_u16(w + ntot * 208 + idx * 2);
     }
     static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
         // int8 scales b: (b ^ 0x80) = b + 128 as 1024 + (b + 128), minus 1152 -> b exactly
-        const u32 sh = 16u * (c & 1);
-        const u32 lo = ((r.sc.x >> sh) & 0xFFFFu) ^ 0x8080u, hi = ((r.sc.y >> sh) & 0xFFFFu) ^ 0x8080u;
-        const u32 lo2 = hsub2(prmt(lo, 0x64646464u, 0x4140), H2_1152);
-        const u32 hi2 = hsub2(prmt(hi, 0x64646464u, 0x4140), H2_1152);
+        const u32 u = r.sc ^ 0x80808080u;
+        const u32 lo2 = hsub2(prmt(u, 0x64646464u, 0x4140), H2_1152);
+        const u32 hi2 = hsub2(prmt(u, 0x64646464u, 0x4342), H2_1152);
         k.s[0] = dup_lo(lo2);
         k.s[1] = dup_hi(lo2);
         k.s[2] = dup_lo(hi2);
         k.s[3] = dup_hi(hi2);
     }
     static __device__ __forceinline__ float dscale(const Row& r) { return f16_to_f32((f16)r.d); }
-    static __device__ __forceinline__ int kofs(int c, int s) { return 128 * (c >> 1) + 32 * (c & 1) + 64 * (s & 1) + 4 * (s >> 1); }
+    using FullConsts = Consts;  // the sub-scales times d
+    static __device__ __forceinline__ void prepare_full(const Row& r, int c, FullConsts& k) {
+        prepare(r, c, k);
+        const u32 d2 = dup_lo(r.d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) k.s[j] = hmul2(k.s[j], d2);
+    }
+    static __device__ __forceinline__ void frag_full(const Row& r, const FullConsts& k, int c, int s, u32& a0, u32& a2) {
+        frag(r, k, c, s, a0, a2);
+    }
     static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
         const int i = s >> 1, h = s & 1;
-        const u32 w = word_at(r.q[i >> 2], i & 3), hw = word_at(r.qh[i >> 2], i & 3);
-        const u32 hbits = ((hw >> (2 * (c & 1) + 4 * h)) & 0x03030303u) << 4;
+        const u32 w = word_at(r.q[i >> 2], i & 3), hw = word_at(r.qh, i & 3);
+        const u32 hbits = ((hw >> (4 * (i >> 2) + 2 * h)) & 0x03030303u) << 4;
         const u32 v = pair_bytes(((h ? w >> 4 : w) & 0x0F0F0F0Fu) | hbits);
         const u32 sc = k.s[2 * h + (i >> 2)];
         a0 = hmul2(hsub2(and_or(v, 0x00FF00FFu, H2_1024), H2_1056), sc);  // (q - 32) * scale
@@ -290,25 +367,26 @@ template <> struct QTraits<QT_Q6_K> {
 };
 
 // ---------------------------------------------------------------- F16
+// The plain matrix; lane c reads its 64 positions (128 bytes) per superblock. Positions past K read as zero.
 template <> struct QTraits<QT_F16> {
-    static constexpr int QK = 1, NSTEP = 8, SB = 128;
+    static constexpr int QK = 1;
     static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
-    struct Row { uint4 q[4]; };
+    struct Row { uint4 q[8]; };
     struct Consts {};
-    // nb is K here; elements past K read as zero (K is a multiple of 8)
+    // nb is K here (a multiple of 8)
     static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
         const f16* p = reinterpret_cast<const f16*>(w) + (i64)row * nb;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int e = sb * 128 + 32 * c + 8 * j;
+        for (int j = 0; j < 8; ++j) {
+            const int e = sb * QK_SB + 64 * c + 8 * j;
             r.q[j] = e < nb ? ld_stream_u4(p + e) : make_uint4(0, 0, 0, 0);
         }
     }
     static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {}
-    static __device__ __forceinline__ int kofs(int c, int s) { return 32 * c + 4 * s; }
     static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
-        const uint4 v = r.q[s >> 1];
-        a0 = (s & 1) ? v.z : v.x;
-        a2 = (s & 1) ? v.w : v.y;
+        const int i = s >> 1, h = s & 1;
+        const uint4 v = r.q[4 * h + (i >> 1)];  // positions 32h + 4i .. + 3 of the lane's 64
+        a0 = (i & 1) ? v.z : v.x;
+        a2 = (i & 1) ? v.w : v.y;
     }
 };

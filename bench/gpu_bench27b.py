@@ -1,0 +1,116 @@
+"""The full-size Qwen3.8-27B-shaped Q4_K_M file, generated on the GPU machine: load it, decode greedily, and time
+the forward pass for T = 1, 2, 3, 5 (graph replay), the DeltaNet commit after a verify, and prefill at 512 /
+2048 / 8192 tokens, against the copy bandwidth measured in the same process."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
+
+PASS_TOKENS = (1, 2, 3, 5)
+PREFILL_TOKENS = (512, 2048, 8192)
+CONTEXT = 16384
+
+
+def _model_file(report: Report) -> Path:
+    """The generated file (written once per machine)."""
+    from engine.gguf.testmodel import write_preset
+
+    path = Path(os.environ.get("OPENJET_27B", "/tmp/openjet-qwen38-27b.gguf"))
+    if not path.exists():
+        t0 = time.perf_counter()
+        write_preset(path, "qwen3.8-27b", workers=os.cpu_count())
+        report.info["model27b_generate_s"] = round(time.perf_counter() - t0, 1)
+    report.info["model27b_bytes"] = path.stat().st_size
+    print(f"27B file: {path.stat().st_size / 1e9:.2f} GB", flush=True)
+    return path
+
+
+def _time_passes(backend, report: Report, copy_gbps: float, pass_bytes: int) -> None:
+    """Graph-replayed forward passes of T tokens at the current length (the pass does not commit, so every
+    replay is the same pass), and the commit of an accepted prefix."""
+    dev = backend.dev
+    rng = np.random.default_rng(1)
+    base = None
+    for t in PASS_TOKENS:
+        tokens = [int(x) for x in rng.integers(0, backend.vocab_size, size=t)]
+        backend.verify(tokens)  # eager run + capture
+        backend.verify(tokens)
+        graph = backend._graphs[(t, False, t)]
+        med, spread = median_time(dev, graph.launch, reps=20, warmup=3)
+        base = base or med
+        roofline_ms = pass_bytes / (copy_gbps * 1e9) * 1e3
+        timing = Timing("forward", f"27b.T{t}", f"ctx{backend.num_tokens}", med, spread, pass_bytes,
+                        {"vs_T1": round(med / base, 3), "roofline_frac": round(roofline_ms / med, 3)})
+        report.timings.append(timing)
+        print(f"  forward T={t}: {med:.3f} ms ({timing.gbps:.0f} GB/s, {roofline_ms / med:.0%} of the copy-bandwidth"
+              f" roofline, {med / base:.2f}x T=1)", flush=True)
+        med_acc, spread_acc = median_time(dev, lambda t=t: backend.model.accept(t, t), reps=10, warmup=2)
+        report.timings.append(Timing("commit", f"27b.T{t}", "deltanet", med_acc, spread_acc))
+        print(f"  commit of {t} verified tokens (DeltaNet re-run): {med_acc:.3f} ms", flush=True)
+        backend._pending = None
+
+
+def _time_prefill(backend, report: Report) -> None:
+    """Wall time of reset + prefill(n) (the final logits download waits for the device), best of two."""
+    rng = np.random.default_rng(2)
+    for n in PREFILL_TOKENS:
+        tokens = [int(x) for x in rng.integers(0, backend.vocab_size, size=n)]
+        best = float("inf")
+        for _ in range(2):
+            backend.reset()
+            t0 = time.perf_counter()
+            backend.prefill(tokens)
+            best = min(best, time.perf_counter() - t0)
+        report.timings.append(Timing("prefill", f"27b.{n}", f"{n} tokens", best * 1e3, 0.0, 0,
+                                     {"tok_per_s": round(n / best, 1)}))
+        print(f"  prefill {n}: {best * 1e3:.1f} ms = {n / best:.0f} tok/s", flush=True)
+
+
+def bench_27b(report: Report, args) -> None:
+    """Load, sanity-decode and time the 27B-shaped model."""
+    from engine.cuda.backend import CudaBackend
+
+    path = _model_file(report)
+    t0 = time.perf_counter()
+    backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=512)
+    report.info["model27b_load_s"] = round(time.perf_counter() - t0, 1)
+    try:
+        weights = backend.model.weights
+        embd = weights.token_embd.buf.nbytes if weights.token_embd is not weights.output else 0
+        pass_bytes = weights.nbytes - embd
+        report.info["model27b_weight_bytes"] = weights.nbytes
+        report.info["model27b_pass_bytes"] = pass_bytes
+        print(f"27B loaded in {report.info['model27b_load_s']} s: {weights.nbytes / 1e9:.2f} GB on the GPU, "
+              f"{pass_bytes / 1e9:.2f} GB read per pass", flush=True)
+        bw = copy_bandwidth(backend.dev)
+        report.timings.append(bw)
+        report.info["copy_gbps_27b_run"] = round(bw.gbps, 1)
+        _decode_sanity(backend, report)
+        _time_passes(backend, report, bw.gbps, pass_bytes)
+        _time_prefill(backend, report)
+    finally:
+        backend.close()
+
+
+def _decode_sanity(backend, report: Report) -> None:
+    """Prefill 512 random tokens and decode 16 greedily: finite logits, tokens in range."""
+    rng = np.random.default_rng(3)
+    backend.reset()
+    logits = backend.prefill([int(x) for x in rng.integers(0, backend.vocab_size, size=512)])
+    tokens, finite = [], bool(np.isfinite(logits).all())
+    pending = int(np.argmax(logits))
+    for _ in range(16):
+        row = backend.verify([pending])[0]
+        backend.accept(1)
+        finite &= bool(np.isfinite(row).all())
+        pending = int(np.argmax(row))
+        tokens.append(pending)
+    record(report, "model27b.decode", "finite", "16 tokens", 0.0 if finite else 1.0, 0.5)
+    report.notes.append(f"27B greedy tokens after a 512-token random prompt: {tokens}")
+    print(f"  27B decoded: {tokens}", flush=True)

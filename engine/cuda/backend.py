@@ -1,0 +1,214 @@
+"""CudaBackend: the backend contract (engine.backend) on the GPU, one kernel per op, decode steps replayed from
+CUDA graphs.
+
+A verify pass of T tokens (and a prefill chunk) is the same launch sequence at every position, because ids and
+positions live in device memory: the first pass of each (T, commit) shape is captured into a graph, and every
+later one uploads its ids and positions and replays it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine.backend import Backend, Checkpoint, Draft
+from engine.cuda.device import Buffer, Device, Graph
+from engine.cuda.model import VERIFY_MAX, CudaModel
+from engine.errors import ContextOverflowError
+
+
+@dataclass(slots=True)
+class CudaCheckpoint(Checkpoint):
+    """Device copies of the committed state: KV rows 0..num_tokens-1 and every DeltaNet window and state."""
+
+    owner: int
+    copies: dict[str, tuple[Buffer, Buffer, int]] = field(default_factory=dict)  # name -> (copy, source, bytes)
+
+
+class CudaBackend(Backend):
+    """The per-op CUDA engine for qwen35 / qwen3 / qwen2 / llama."""
+
+    def __init__(self, model: CudaModel, context_size: int, use_graphs: bool = True):
+        self.model, self.dev = model, model.dev
+        self._context_size, self.use_graphs = context_size, use_graphs
+        self._num_tokens = 0
+        self._pending: int | None = None  # tokens of an unaccepted verify pass
+        self._graphs: dict[tuple[int, bool, int], Graph] = {}
+
+    @classmethod
+    def from_gguf(cls, path: str | Path, context_size: int | None = None, device: Device | None = None,
+                  max_tokens: int = 512, use_graphs: bool = True) -> CudaBackend:
+        """Open and validate a GGUF file, upload its weights and compile the kernels (NoGpuError,
+        UnsupportedGpuError, DeviceOutOfMemoryError, UnsupportedModelError say why it cannot)."""
+        from engine.cuda.weights import upload_weights
+        from engine.gguf.reader import GGUFFile
+        from engine.model.config import ModelConfig
+        from engine.model.weights import bind_weights
+
+        f = GGUFFile.open(path)
+        cfg = ModelConfig.from_gguf(f)
+        tensors = bind_weights(f, cfg)
+        context = cfg.context_length if context_size is None else int(context_size)
+        if not 0 < context <= cfg.context_length:
+            raise ValueError(f"context size {context_size} must be in 1..{cfg.context_length}")
+        dev = device or Device()
+        try:
+            dev.load_all()
+            weights = upload_weights(dev, cfg, tensors)
+            model = CudaModel(dev, cfg, weights, capacity=context + VERIFY_MAX, max_tokens=max_tokens)
+        except BaseException:
+            if device is None:
+                dev.close()
+            raise
+        return cls(model, context, use_graphs)
+
+    # ---- contract ----
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the logits."""
+        return self.model.cfg.vocab_size
+
+    @property
+    def context_size(self) -> int:
+        """The most positions a sequence may use."""
+        return self._context_size
+
+    @property
+    def num_tokens(self) -> int:
+        """Committed positions."""
+        return self._num_tokens
+
+    @property
+    def can_draft(self) -> bool:
+        """The per-op backend runs no MTP head yet."""
+        return False
+
+    def reset(self) -> None:
+        """Forget the sequence."""
+        self.model.reset_state()
+        self._num_tokens, self._pending = 0, None
+
+    def _check(self, tokens: list[int]) -> None:
+        """Reject empty input, ids outside the vocabulary, and input past the context window."""
+        if not tokens:
+            raise ValueError("no tokens to feed")
+        bad = [t for t in tokens if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self.vocab_size}")
+        if self._num_tokens + len(tokens) > self._context_size:
+            raise ContextOverflowError(self._num_tokens + len(tokens), self._context_size)
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        """Feed and commit tokens in chunks of the workspace size; logits [V] after the last one."""
+        self._check(tokens)
+        self._pending = None
+        step = self.model.ws.max_tokens
+        for lo in range(0, len(tokens), step):
+            chunk = tokens[lo : lo + step]
+            self._run(chunk, commit=True, logits_rows=1 if lo + step >= len(tokens) else 0)
+            self._num_tokens += len(chunk)
+        return self.dev.download(self.model.ws.logits, np.float32, (self.vocab_size,))
+
+    def verify(self, tokens: list[int]) -> np.ndarray:
+        """Feed up to VERIFY_MAX tokens without committing; logits [T, V]."""
+        self._check(tokens)
+        if len(tokens) > VERIFY_MAX:
+            raise ValueError(f"verify takes at most {VERIFY_MAX} tokens, got {len(tokens)}")
+        self._run(tokens, commit=False, logits_rows=len(tokens))
+        self._pending = len(tokens)
+        return self.dev.download(self.model.ws.logits, np.float32, (len(tokens), self.vocab_size))
+
+    def accept(self, n: int) -> None:
+        """Commit the first n tokens of the last verify()."""
+        if self._pending is None:
+            raise ValueError("accept() without a verify() to accept from")
+        if not 1 <= n <= self._pending:
+            raise ValueError(f"cannot accept {n} of {self._pending} tokens")
+        self.model.accept(self._pending, n)
+        self._num_tokens += n
+        self._pending = None
+
+    def draft(self, token: int, num_draft: int) -> Draft:
+        """No MTP head on this backend yet."""
+        raise ValueError("the CUDA per-op backend has no MTP drafting; use n-gram drafts or the reference")
+
+    def _run(self, tokens: list[int], commit: bool, logits_rows: int) -> None:
+        """Upload ids/positions and run the pass, from a captured graph where the shape allows."""
+        self.model.set_tokens(tokens, self._num_tokens)
+        key = (len(tokens), commit, logits_rows)
+        if not self.use_graphs or len(tokens) > VERIFY_MAX:
+            self.model.forward(*key)
+            return
+        graph = self._graphs.get(key)
+        if graph is None:
+            self.model.forward(*key)  # first run eagerly: kernels loaded, scratch sizes settled
+            with self.dev.capture() as holder:
+                self.model.forward(*key)
+            graph = self._graphs[key] = holder[0]
+            return  # the eager run already produced this pass's results (the capture only recorded)
+        graph.launch()
+
+    # ---- checkpoints ----
+
+    def _state_buffers(self) -> dict[str, tuple[Buffer, int]]:
+        """Every committed state buffer and the bytes of it that matter now."""
+        cfg, out = self.model.cfg, {}
+        for i, kv in self.model.kv.items():
+            # the cache is [Hkv, capacity, D]: copy whole (rows past num_tokens are never read)
+            out[f"{i}.k"], out[f"{i}.v"] = (kv.k, kv.k.nbytes), (kv.v, kv.v.nbytes)
+        for i, dn in self.model.deltanet.items():
+            out[f"{i}.window"] = (dn.window, 4 * (cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_dim)
+            out[f"{i}.ssm"] = (dn.ssm, dn.ssm.nbytes)
+        return out
+
+    def checkpoint(self) -> CudaCheckpoint:
+        """Device copies of the committed state (freed when the checkpoint is garbage-collected)."""
+        cp = CudaCheckpoint(self._num_tokens, id(self))
+        for name, (src, nbytes) in self._state_buffers().items():
+            copy = self.dev.alloc(nbytes, f"checkpoint.{name}")
+            self.dev.copy(copy, src, nbytes)
+            cp.copies[name] = (copy, src, nbytes)
+        memory = self.dev.memory
+        weakref.finalize(cp, _free_all, memory, [c for c, _, _ in cp.copies.values()])
+        return cp
+
+    def rollback(self, checkpoint: Checkpoint) -> None:
+        """Restore a checkpoint of this backend (it stays usable)."""
+        if not isinstance(checkpoint, CudaCheckpoint) or checkpoint.owner != id(self):
+            raise ValueError("checkpoint was not taken by this backend")
+        for copy, src, nbytes in checkpoint.copies.values():
+            self.dev.copy(src, copy, nbytes)
+        self._num_tokens, self._pending = checkpoint.num_tokens, None
+
+    @property
+    def can_truncate(self) -> bool:
+        """Attention-only models: the state is KV rows indexed by position."""
+        return not self.model.deltanet
+
+    def truncate(self, num_tokens: int) -> None:
+        """Forget positions >= num_tokens (attention-only models)."""
+        if not self.can_truncate:
+            raise NotImplementedError("this model has DeltaNet state: roll back to a checkpoint instead")
+        if not 0 <= num_tokens <= self._num_tokens:
+            raise ValueError(f"cannot truncate {self._num_tokens} tokens to {num_tokens}")
+        self._num_tokens, self._pending = num_tokens, None
+
+    def close(self) -> None:
+        """Release the device (graphs, weights, state)."""
+        for graph in self._graphs.values():
+            graph.destroy()
+        self._graphs.clear()
+        self.dev.close()
+
+
+def _free_all(memory, buffers: list[Buffer]) -> None:
+    """Finalizer of a checkpoint: free its copies unless the device is already closed."""
+    if memory.device.closed:
+        return
+    for buf in buffers:
+        if buf.ptr in memory.live:
+            memory.free(buf)

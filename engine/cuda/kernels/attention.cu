@@ -1,0 +1,194 @@
+// Causal grouped-query attention over an f16 KV cache (engine/reference/ops.py: attention), float32 arithmetic.
+//
+// One kernel serves decode/verify and prefill. A block owns one KV head and a tile of query tokens; its queries
+// are the G = Hq / Hkv query heads of that KV head for each token of the tile (up to 4 * QPW of them, QPW per
+// warp). Keys are split over gridDim.z (flash decoding): each split streams its share of the visible keys once,
+// keeps an online softmax per query, and writes a partial (o, max, sum) that attn_combine merges. With one split
+// the block normalises and writes the output itself. Positions live in device memory, so the same launch can be
+// captured in a CUDA graph and replayed at any sequence length.
+#include "common.cuh"
+
+#define ATTN_WARPS 4
+
+// KV cache: [Hkv][capacity][D] f16. kv_store writes the f32 keys/values of T tokens at their positions.
+__global__ void __launch_bounds__(256)
+kv_store(const float* __restrict__ k, const float* __restrict__ v, f16* __restrict__ kcache, f16* __restrict__ vcache,
+         const i32* __restrict__ positions, int T, int num_kv_heads, int D, int capacity, int ld_k, int ld_v) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    const i64 dst = ((i64)h * capacity + positions[t]) * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        kcache[dst + d] = f32_to_f16(k[(i64)t * ld_k + h * D + d]);
+        vcache[dst + d] = f32_to_f16(v[(i64)t * ld_v + h * D + d]);
+    }
+}
+
+struct AttnArgs {
+    const float* q;       // query of (t, head h): q[t * ld_q + h * q_head_stride + d]
+    const f16* kcache;
+    const f16* vcache;
+    const i32* positions; // [T] query positions; query t sees keys 0 .. positions[t]
+    float* out;           // [T, ld_out]: head h at h * D (final output, one split)
+    float* part_o;        // [splits][T][Hq][D] partial outputs (several splits)
+    float* part_ml;       // [splits][T][Hq][2] partial (max, sum)
+    const float* gate;    // optional sigmoid gate: gate[t * ld_gate + h * gate_head_stride + d]
+    int T, num_heads, num_kv_heads, capacity, ld_q, q_head_stride, ld_out, ld_gate, gate_head_stride, tile_tokens;
+    float scale;
+};
+
+template <int D>
+__device__ __forceinline__ void load_row_f16(const f16* p, float (&x)[D / 32 > 0 ? D / 32 : 1], int lane) {
+    // lane's slice d = lane * D/32 .. of one row
+    constexpr int DL = D / 32;
+    const f16* src = p + lane * DL;
+#pragma unroll
+    for (int e = 0; e < DL; ++e) x[e] = f16_to_f32(src[e]);
+}
+
+template <int D, int QPW>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
+    constexpr int DL = D / 32;
+    extern __shared__ float qs[];  // [ATTN_WARPS * QPW][D] queries of the block, pre-scaled
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kvh = blockIdx.x, t0 = blockIdx.y * a.tile_tokens, split = blockIdx.z, splits = gridDim.z;
+    const int G = a.num_heads / a.num_kv_heads;
+    const int num_q = min(a.tile_tokens, a.T - t0) * G;
+
+    for (int i = threadIdx.x; i < ATTN_WARPS * QPW * D; i += blockDim.x) {
+        const int qi = i / D, d = i % D;
+        float v = 0.f;
+        if (qi < num_q) {
+            const int t = t0 + qi / G, h = kvh * G + qi % G;
+            v = a.q[(i64)t * a.ld_q + (i64)h * a.q_head_stride + d] * a.scale;
+        }
+        qs[i] = v;
+    }
+    __syncthreads();
+
+    // keys visible to the tile, and this split's share of them
+    const int last_t = min(t0 + a.tile_tokens, a.T) - 1;
+    const int kv_len = a.positions[last_t] + 1;
+    const int k_begin = (int)((i64)kv_len * split / splits), k_end = (int)((i64)kv_len * (split + 1) / splits);
+    int qpos[QPW];
+#pragma unroll
+    for (int j = 0; j < QPW; ++j) {
+        const int qi = warp * QPW + j;
+        qpos[j] = qi < num_q ? a.positions[t0 + qi / G] : -1;  // -1: an empty slot sees no key
+    }
+    float o[QPW][DL], m[QPW], l[QPW];
+#pragma unroll
+    for (int j = 0; j < QPW; ++j) {
+        m[j] = NEG_INF;
+        l[j] = 0.f;
+#pragma unroll
+        for (int e = 0; e < DL; ++e) o[j][e] = 0.f;
+    }
+    const f16* kc = a.kcache + (i64)kvh * a.capacity * D;
+    const f16* vc = a.vcache + (i64)kvh * a.capacity * D;
+    const float* qw = qs + warp * QPW * D;
+
+    for (int k0 = k_begin; k0 < k_end; k0 += 32) {
+        // scores: lane = key k0 + lane
+        const int key = k0 + lane;
+        float s[QPW];
+#pragma unroll
+        for (int j = 0; j < QPW; ++j) s[j] = 0.f;
+        if (key < k_end) {
+            const f16* kr = kc + (i64)key * D;
+            for (int d0 = 0; d0 < D; d0 += 8) {
+                const uint4 raw = *reinterpret_cast<const uint4*>(kr + d0);
+                float kv[8];
+                const u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    kv[2 * e] = f16_to_f32((f16)(words[e] & 0xFFFFu));
+                    kv[2 * e + 1] = f16_to_f32((f16)(words[e] >> 16));
+                }
+#pragma unroll
+                for (int j = 0; j < QPW; ++j) {
+                    const float4 qa = *reinterpret_cast<const float4*>(qw + j * D + d0);
+                    const float4 qb = *reinterpret_cast<const float4*>(qw + j * D + d0 + 4);
+                    s[j] += qa.x * kv[0] + qa.y * kv[1] + qa.z * kv[2] + qa.w * kv[3] + qb.x * kv[4] + qb.y * kv[5] +
+                            qb.z * kv[6] + qb.w * kv[7];
+                }
+            }
+        }
+        // online softmax
+        float p[QPW];
+#pragma unroll
+        for (int j = 0; j < QPW; ++j) {
+            const bool visible = key < k_end && key <= qpos[j];
+            const float sj = visible ? s[j] : NEG_INF;
+            const float m_new = fmaxf(m[j], warp_max(sj));
+            const float corr = m_new == NEG_INF ? 1.f : __expf(m[j] - m_new);
+            p[j] = visible ? __expf(sj - m_new) : 0.f;
+            l[j] = l[j] * corr + p[j];
+            m[j] = m_new;
+#pragma unroll
+            for (int e = 0; e < DL; ++e) o[j][e] *= corr;
+        }
+        // o += p v: lane owns dims lane * DL ..
+        const int num_keys = min(32, k_end - k0);
+        for (int kk = 0; kk < num_keys; ++kk) {
+            float v[DL];
+            load_row_f16<D>(vc + (i64)(k0 + kk) * D, v, lane);
+#pragma unroll
+            for (int j = 0; j < QPW; ++j) {
+                const float pj = __shfl_sync(FULL_MASK, p[j], kk);
+#pragma unroll
+                for (int e = 0; e < DL; ++e) o[j][e] += pj * v[e];
+            }
+        }
+    }
+
+#pragma unroll
+    for (int j = 0; j < QPW; ++j) {
+        const int qi = warp * QPW + j;
+        const float lsum = warp_sum(l[j]);
+        if (qi >= num_q) continue;
+        const int t = t0 + qi / G, h = kvh * G + qi % G;
+        if (splits == 1) {
+            const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+#pragma unroll
+            for (int e = 0; e < DL; ++e) {
+                const int d = lane * DL + e;
+                float val = o[j][e] * inv;
+                if (a.gate) val *= sigmoidf_(a.gate[(i64)t * a.ld_gate + (i64)h * a.gate_head_stride + d]);
+                a.out[(i64)t * a.ld_out + (i64)h * D + d] = val;
+            }
+        } else {
+            const i64 row = ((i64)split * a.T + t) * a.num_heads + h;
+#pragma unroll
+            for (int e = 0; e < DL; ++e) a.part_o[row * D + lane * DL + e] = o[j][e];
+            if (lane == 0) {
+                a.part_ml[row * 2] = m[j];
+                a.part_ml[row * 2 + 1] = lsum;
+            }
+        }
+    }
+}
+
+// Merge the splits' partials: out = sum_s e^(m_s - m) o_s / sum_s e^(m_s - m) l_s, times the optional gate.
+// One block per (t, h), threads over D.
+__global__ void __launch_bounds__(256) attn_combine(AttnArgs a, int splits, int D) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    float m = NEG_INF;
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, a.part_ml[(((i64)s * a.T + t) * a.num_heads + h) * 2]);
+    float denom = 0.f;
+    for (int s = 0; s < splits; ++s) {
+        const i64 row = ((i64)s * a.T + t) * a.num_heads + h;
+        const float ms = a.part_ml[row * 2];
+        if (ms != NEG_INF) denom += __expf(ms - m) * a.part_ml[row * 2 + 1];
+    }
+    const float inv = denom > 0.f ? 1.f / denom : 0.f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            const i64 row = ((i64)s * a.T + t) * a.num_heads + h;
+            const float ms = a.part_ml[row * 2];
+            if (ms != NEG_INF) acc += __expf(ms - m) * a.part_o[row * D + d];
+        }
+        float val = acc * inv;
+        if (a.gate) val *= sigmoidf_(a.gate[(i64)t * a.ld_gate + (i64)h * a.gate_head_stride + d]);
+        a.out[(i64)t * a.ld_out + (i64)h * D + d] = val;
+    }
+}

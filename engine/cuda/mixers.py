@@ -1,0 +1,121 @@
+"""Launchers of the sequence mixers: attention over the f16 KV cache, and the Gated DeltaNet (conv, gates, rule).
+
+Both keep what changes from call to call (positions, lengths) in device memory, so a decode step launched through
+these functions can be captured once in a CUDA graph and replayed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from engine.cuda.device import Buffer, Device
+from engine.cuda.instances import ATTN_HEAD_DIMS, GDN_KEY_DIMS
+
+ATTN_WARPS = 4
+MAX_SPLITS = 64
+
+
+class AttnArgs(ctypes.Structure):
+    """Mirror of struct AttnArgs in kernels/attention.cu (same field order and types)."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in
+                ("q", "kcache", "vcache", "positions", "out", "part_o", "part_ml", "gate")] + [
+        (name, ctypes.c_int32) for name in
+        ("T", "num_heads", "num_kv_heads", "capacity", "ld_q", "q_head_stride", "ld_out", "ld_gate",
+         "gate_head_stride", "tile_tokens")] + [("scale", ctypes.c_float)]
+
+
+def _ptr(buf: Buffer | None) -> int:
+    return 0 if buf is None else buf.ptr
+
+
+def attn_tile_tokens(num_heads: int, num_kv_heads: int, head_dim: int) -> int:
+    """Query tokens per block: the block's 4 warps hold QPW queries each, G = Hq / Hkv per token."""
+    if head_dim not in ATTN_HEAD_DIMS:
+        raise ValueError(f"no attention kernel for head size {head_dim} (have {sorted(ATTN_HEAD_DIMS)})")
+    group = num_heads // num_kv_heads
+    tile = ATTN_WARPS * ATTN_HEAD_DIMS[head_dim] // group
+    if tile < 1:
+        raise ValueError(f"{group} query heads per KV head exceed the attention kernel's {ATTN_WARPS * ATTN_HEAD_DIMS[head_dim]}")
+    return tile
+
+
+def attn_splits(num_tokens: int, num_kv_heads: int, tile: int, multiprocessors: int) -> int:
+    """Key splits so that the grid has about two blocks per multiprocessor."""
+    blocks = num_kv_heads * ((num_tokens + tile - 1) // tile)
+    return max(1, min(MAX_SPLITS, (2 * multiprocessors + blocks - 1) // blocks))
+
+
+def attn_scratch_bytes(splits: int, num_tokens: int, num_heads: int, head_dim: int) -> int:
+    """Bytes of the split partials (o, then max and sum)."""
+    return 4 * splits * num_tokens * num_heads * (head_dim + 2)
+
+
+def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions: Buffer, out: Buffer,
+              num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity: int, ld_q: int,
+              q_head_stride: int, ld_out: int, scale: float, gate: Buffer | None = None, ld_gate: int = 0,
+              gate_head_stride: int = 0, scratch: Buffer | None = None, splits: int = 1) -> None:
+    """out[t, h] = causal attention of query (t, h) over cache keys 0..positions[t] (times sigmoid(gate) if given).
+
+    q, gate: f32 rows with per-head strides (qwen35 packs Q and its gate per head); caches: f16 [Hkv, capacity, D].
+    With splits > 1 the keys are split over blocks and merged by attn_combine through scratch.
+    """
+    tile = attn_tile_tokens(num_heads, num_kv_heads, head_dim)
+    qpw = ATTN_HEAD_DIMS[head_dim]
+    if splits > 1:
+        assert scratch is not None and scratch.nbytes >= attn_scratch_bytes(splits, num_tokens, num_heads, head_dim)
+    part_o = scratch
+    part_ml = scratch.view(4 * splits * num_tokens * num_heads * head_dim) if splits > 1 else None
+    args = AttnArgs(_ptr(q), _ptr(kcache), _ptr(vcache), _ptr(positions), _ptr(out), _ptr(part_o), _ptr(part_ml),
+                    _ptr(gate), num_tokens, num_heads, num_kv_heads, capacity, ld_q, q_head_stride, ld_out, ld_gate,
+                    gate_head_stride, tile, float(scale))
+    smem = ATTN_WARPS * qpw * head_dim * 4
+    kernel = dev.kernel(f"attn_d{head_dim}")
+    if smem > 48 * 1024:
+        dev.set_max_dynamic_smem(kernel, smem)
+    grid = (num_kv_heads, (num_tokens + tile - 1) // tile, splits)
+    dev.launch(kernel, grid, ATTN_WARPS * 32, [args], smem=smem)
+    if splits > 1:
+        dev.launch(dev.kernel("attn_combine"), (num_tokens, num_heads), 256, [args, splits, head_dim])
+
+
+def kv_store(dev: Device, k: Buffer, v: Buffer, kcache: Buffer, vcache: Buffer, positions: Buffer, num_tokens: int,
+             num_kv_heads: int, head_dim: int, capacity: int, ld_k: int, ld_v: int) -> None:
+    """Write T tokens' keys and values (f32 rows) into the f16 caches at their positions."""
+    dev.launch(dev.kernel("kv_store"), (num_tokens, num_kv_heads), min(256, max(32, head_dim)),
+               [k, v, kcache, vcache, positions, num_tokens, num_kv_heads, head_dim, capacity, ld_k, ld_v])
+
+
+def conv1d_silu(dev: Device, window: Buffer, x: Buffer, w: Buffer, out: Buffer, num_tokens: int, channels: int,
+                kernel_size: int, ld_x: int, ld_out: int, commit: bool) -> None:
+    """out = silu(causal depthwise conv of x after the window's state rows); commit: roll the state forward,
+    else append x to the window for conv_commit."""
+    assert 1 <= kernel_size <= 9, "conv kernels up to 9 taps"
+    dev.launch(dev.kernel("conv1d_silu"), (channels + 255) // 256, 256,
+               [window, x, w, out, num_tokens, channels, kernel_size, ld_x, ld_out, int(commit)])
+
+
+def conv_commit(dev: Device, window: Buffer, n: int, channels: int, kernel_size: int) -> None:
+    """Make the state after the first n tokens of the last (uncommitted) pass the window's state."""
+    dev.launch(dev.kernel("conv_commit"), (channels + 255) // 256, 256, [window, n, channels, kernel_size])
+
+
+def gdn_gates(dev: Device, alpha: Buffer, b: Buffer, a: Buffer, dt_bias: Buffer, g: Buffer, beta: Buffer,
+              num_tokens: int, num_heads: int, ld_alpha: int, ld_b: int) -> None:
+    """g = a * softplus(alpha + dt_bias), beta = sigmoid(b), both [T, Hv]."""
+    total = num_tokens * num_heads
+    dev.launch(dev.kernel("gdn_gates"), (total + 255) // 256, 256,
+               [alpha, b, a, dt_bias, g, beta, num_tokens, num_heads, ld_alpha, ld_b])
+
+
+def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, g: Buffer, beta: Buffer, state: Buffer, o: Buffer,
+                  num_tokens: int, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, ld_qk: int,
+                  ld_v: int, ld_o: int, commit: bool) -> None:
+    """The gated delta rule over T tokens from state [Hv, Dk, Dv]; writes o, and the state only if commit."""
+    fitting = [d for d in GDN_KEY_DIMS if d >= k_dim]
+    if not fitting:
+        raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
+    grid = ((v_dim + 31) // 32, num_v_heads)
+    dev.launch(dev.kernel(f"gdn_k{fitting[0]}"), grid, 128,
+               [q, k, v, g, beta, state, o, num_tokens, num_k_heads, num_v_heads, k_dim, v_dim, ld_qk, ld_v, ld_o,
+                int(commit)])

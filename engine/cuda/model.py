@@ -1,0 +1,211 @@
+"""The forward pass of qwen35 / qwen3 / qwen2 / llama on the GPU, one kernel launch per op (engine/reference's math).
+
+A pass feeds T tokens at positions start..start+T-1 (ids and positions already in device memory, so a pass of a
+given T is the same sequence of launches at every position and can be captured in a CUDA graph). A committing
+pass (prefill, plain decode) updates every state in place. A non-committing pass (verify, T <= VERIFY_MAX) writes
+K/V past the committed length and keeps each DeltaNet layer's conv inputs, q/k/v and gates; accept(n) then shifts
+the conv windows and re-runs the delta rule over the first n tokens, leaving the state exactly as if only those
+n tokens had been fed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.cuda import mixers, ops
+from engine.cuda.device import Buffer, Device
+from engine.cuda.weights import CudaWeights, LayerWeights
+from engine.model.config import ModelConfig
+
+VERIFY_MAX = 8  # tokens of a non-committing pass (1 pending + up to 7 drafts)
+
+
+@dataclass(slots=True)
+class DeltaNetBuffers:
+    """One DeltaNet layer: conv window (state rows, then the last verify pass's inputs), recurrent state, and the
+    last verify pass's normalised q/k/v and gates."""
+
+    window: Buffer  # [K-1 + VERIFY_MAX, C]
+    ssm: Buffer  # [Hv, Dk, Dv]
+    conv_out: Buffer  # [VERIFY_MAX, C]
+    g: Buffer  # [VERIFY_MAX, Hv]
+    beta: Buffer  # [VERIFY_MAX, Hv]
+
+
+@dataclass(slots=True)
+class KVBuffers:
+    """One attention layer's f16 cache, [Hkv, capacity, D] each."""
+
+    k: Buffer
+    v: Buffer
+
+
+class Workspace:
+    """Activations of one pass of up to max_tokens tokens (shared by all layers)."""
+
+    def __init__(self, dev: Device, cfg: ModelConfig, weights: CudaWeights, max_tokens: int):
+        p, h = max_tokens, cfg.hidden_size
+        mix_width = max(cfg.q_size, cfg.ssm_inner_size)  # attention output / DeltaNet inner width
+        proj_width = max(max(lw.mix_in.width, lw.ffn_in.width) for lw in weights.layers)
+        self.max_tokens, self.proj_width, self.mix_width = p, proj_width, mix_width
+        self.ids, self.pos = dev.alloc(4 * p, "ids"), dev.alloc(4 * p, "positions")
+        self.x, self.xn = dev.alloc(4 * p * h, "x"), dev.alloc(4 * p * h, "xn")
+        self.act_h = ops.alloc_act(dev, p, h, "act_h", f32=self.xn)
+        self.proj = dev.alloc(4 * p * proj_width, "proj")
+        self.mix, self.mix2 = dev.alloc(4 * p * mix_width, "mix"), dev.alloc(4 * p * mix_width, "mix2")
+        # the output projections' inputs: attention output (q_size wide) and DeltaNet output (inner wide)
+        self.act_q = ops.alloc_act(dev, p, cfg.q_size, "act_q", f32=self.mix2)
+        self.act_inner = ops.alloc_act(dev, p, cfg.ssm_inner_size, "act_inner", f32=self.mix2) \
+            if cfg.ssm_inner_size else None
+        self.ffn = dev.alloc(4 * p * cfg.ffn_size, "ffn_h")
+        self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn)
+        self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
+        self.conv_out = dev.alloc(4 * p * self.conv_dim, "conv_out")
+        self.g, self.beta = dev.alloc(4 * p * self.ssm_heads, "g"), dev.alloc(4 * p * self.ssm_heads, "beta")
+        self.logits = dev.alloc(4 * VERIFY_MAX * cfg.vocab_size, "logits")
+        self.argmax_scratch = dev.alloc(8 * VERIFY_MAX * (cfg.vocab_size // ops.ARGMAX_CHUNK + 1), "argmax")
+        self.token_out = dev.alloc(4 * VERIFY_MAX, "token_out")
+        self.attn_splits_max = mixers.MAX_SPLITS
+        self.attn_scratch = dev.alloc(
+            mixers.attn_scratch_bytes(mixers.MAX_SPLITS, VERIFY_MAX, cfg.num_heads, cfg.head_dim), "attn_scratch")
+
+
+class CudaModel:
+    """Weights, per-layer state and workspace of one model on one device, and the forward pass over them."""
+
+    def __init__(self, dev: Device, cfg: ModelConfig, weights: CudaWeights, capacity: int, max_tokens: int = 512):
+        self.dev, self.cfg, self.weights, self.capacity = dev, cfg, weights, capacity
+        self.ws = Workspace(dev, cfg, weights, max_tokens)
+        self.kv: dict[int, KVBuffers] = {}
+        self.deltanet: dict[int, DeltaNetBuffers] = {}
+        for i, kind in enumerate(cfg.layer_kinds):
+            if kind == "attention":
+                size = 2 * cfg.num_kv_heads * capacity * cfg.head_dim
+                self.kv[i] = KVBuffers(dev.alloc(size, f"blk.{i}.k"), dev.alloc(size, f"blk.{i}.v"))
+            else:
+                self.deltanet[i] = self._deltanet_buffers(i)
+        self.reset_state()
+
+    def _deltanet_buffers(self, i: int) -> DeltaNetBuffers:
+        cfg, dev = self.cfg, self.dev
+        c, hv = cfg.ssm_conv_dim, cfg.ssm_num_v_heads
+        return DeltaNetBuffers(
+            window=dev.alloc(4 * (cfg.ssm_conv_kernel - 1 + VERIFY_MAX) * c, f"blk.{i}.conv_window"),
+            ssm=dev.alloc(4 * hv * cfg.ssm_head_dim * cfg.ssm_v_head_dim, f"blk.{i}.ssm_state"),
+            conv_out=dev.alloc(4 * VERIFY_MAX * c, f"blk.{i}.pass_qkv"),
+            g=dev.alloc(4 * VERIFY_MAX * hv, f"blk.{i}.pass_g"), beta=dev.alloc(4 * VERIFY_MAX * hv, f"blk.{i}.pass_b"))
+
+    def reset_state(self) -> None:
+        """Zero the recurrent states (the KV caches need no clearing: rows past the length are never read)."""
+        for buf in self.deltanet.values():
+            self.dev.fill_u32(buf.window, 0)
+            self.dev.fill_u32(buf.ssm, 0)
+
+    def set_tokens(self, tokens: list[int], start: int) -> None:
+        """Upload the ids and positions of the next pass."""
+        assert len(tokens) <= self.ws.max_tokens
+        self.dev.upload(self.ws.ids, np.asarray(tokens, np.int32))
+        self.dev.upload(self.ws.pos, np.arange(start, start + len(tokens), dtype=np.int32))
+
+    # ---- the pass ----
+
+    def forward(self, num_tokens: int, commit: bool, logits_rows: int) -> None:
+        """Run the pass over the uploaded tokens; logits of the last logits_rows tokens go to ws.logits."""
+        assert commit or num_tokens <= VERIFY_MAX, "a non-committing pass holds at most VERIFY_MAX tokens"
+        cfg, ws, dev = self.cfg, self.ws, self.dev
+        h = cfg.hidden_size
+        ops.get_rows(dev, self.weights.token_embd, ws.ids, ws.x, num_tokens, h)
+        for i, lw in enumerate(self.weights.layers):
+            ops.rms_norm(dev, ws.x, lw.vectors["attn_norm"], ws.xn, num_tokens, h, h, h, cfg.rms_eps)
+            ops.act_f16(dev, ws.xn, ws.act_h, num_tokens, h)
+            if lw.kind == "attention":
+                self._attention(i, lw, num_tokens)
+            else:
+                self._deltanet(i, lw, num_tokens, commit)
+            self._ffn(lw, num_tokens)
+        if logits_rows:
+            self.head(num_tokens - logits_rows, logits_rows)
+
+    def head(self, first_row: int, rows: int) -> None:
+        """logits[0:rows] = output(RMSNorm(x[first_row:first_row + rows]))."""
+        cfg, ws, dev = self.cfg, self.ws, self.dev
+        h = cfg.hidden_size
+        ops.rms_norm(dev, ws.x.view(4 * first_row * h), self.weights.output_norm, ws.xn, rows, h, h, h, cfg.rms_eps)
+        ops.act_f16(dev, ws.xn, ws.act_h, rows, h)
+        ops.matmul(dev, self.weights.output, ws.act_h, ws.logits, rows, cfg.vocab_size)
+
+    def _ffn(self, lw: LayerWeights, num_tokens: int) -> None:
+        """x += ffn_down(silu(gate) * up) of RMSNorm(x)."""
+        cfg, ws, dev = self.cfg, self.ws, self.dev
+        h, f = cfg.hidden_size, cfg.ffn_size
+        norm = lw.vectors["post_attention_norm" if cfg.arch == "qwen35" else "ffn_norm"]
+        ops.rms_norm(dev, ws.x, norm, ws.xn, num_tokens, h, h, h, cfg.rms_eps)
+        ops.act_f16(dev, ws.xn, ws.act_h, num_tokens, h)
+        lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width)
+        gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
+        up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
+        ops.swiglu(dev, gate, up, ws.ffn, num_tokens, f, ws.proj_width, f)
+        ops.act_f16(dev, ws.ffn, ws.act_ffn, num_tokens, f)
+        ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x)
+
+    def _attention(self, i: int, lw: LayerWeights, num_tokens: int) -> None:
+        """x += attn_output(attention(q, k, v)) with q/k norm, rope, the KV write and qwen35's output gate."""
+        cfg, ws, dev = self.cfg, self.ws, self.dev
+        d, hq, hkv, width = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, ws.proj_width
+        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width)
+        q_stride = 2 * d if cfg.has_attn_gate else d  # qwen35 packs [Q | gate] per head
+        q = ws.proj.view(4 * lw.mix_in.offsets["attn_q"])
+        k = ws.proj.view(4 * lw.mix_in.offsets["attn_k"])
+        v = ws.proj.view(4 * lw.mix_in.offsets["attn_v"])
+        if cfg.has_qk_norm:
+            ops.head_norm(dev, q, lw.vectors["attn_q_norm"], num_tokens, hq, d, width, q_stride, cfg.rms_eps)
+            ops.head_norm(dev, k, lw.vectors["attn_k_norm"], num_tokens, hkv, d, width, d, cfg.rms_eps)
+        ops.rope(dev, q, ws.pos, num_tokens, hq, width, q_stride, cfg.rope_dim, cfg.rope_theta, cfg.rope_neox)
+        ops.rope(dev, k, ws.pos, num_tokens, hkv, width, d, cfg.rope_dim, cfg.rope_theta, cfg.rope_neox)
+        cache = self.kv[i]
+        mixers.kv_store(dev, k, v, cache.k, cache.v, ws.pos, num_tokens, hkv, d, self.capacity, width, width)
+        tile = mixers.attn_tile_tokens(hq, hkv, d)
+        splits = mixers.attn_splits(num_tokens, hkv, tile, dev.info.multiprocessors)
+        splits = max(1, min(splits, (mixers.MAX_SPLITS * VERIFY_MAX) // num_tokens))  # what the scratch holds
+        mixers.attention(dev, q, cache.k, cache.v, ws.pos, ws.mix2, num_tokens, hq, hkv, d, self.capacity, width,
+                         q_stride, cfg.q_size, d ** -0.5, gate=q.view(4 * d) if cfg.has_attn_gate else None,
+                         ld_gate=width, gate_head_stride=q_stride, scratch=ws.attn_scratch, splits=splits)
+        ops.act_f16(dev, ws.mix2, ws.act_q, num_tokens, cfg.q_size)
+        ops.matmul(dev, lw.mix_out, ws.act_q, ws.x, num_tokens, cfg.hidden_size, residual=ws.x)
+
+    def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool) -> None:
+        """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)); a verify pass keeps its inputs in the layer."""
+        cfg, ws, dev = self.cfg, self.ws, self.dev
+        width, c, hk, hv = ws.proj_width, cfg.ssm_conv_dim, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads
+        dk, dv, inner = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size
+        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width)
+        layer = self.deltanet[i]
+        conv_out, g, beta = (ws.conv_out, ws.g, ws.beta) if commit else (layer.conv_out, layer.g, layer.beta)
+        off = lw.mix_in.offsets
+        mixers.conv1d_silu(dev, layer.window, ws.proj.view(4 * off["attn_qkv"]), lw.vectors["ssm_conv1d"], conv_out,
+                           num_tokens, c, cfg.ssm_conv_kernel, width, c, commit)
+        key = hk * dk
+        ops.head_norm(dev, conv_out, None, num_tokens, hk, dk, c, dk, cfg.rms_eps, l2_scale=dk ** -0.5)
+        ops.head_norm(dev, conv_out.view(4 * key), None, num_tokens, hk, dk, c, dk, cfg.rms_eps, l2_scale=1.0)
+        mixers.gdn_gates(dev, ws.proj.view(4 * off["ssm_alpha"]), ws.proj.view(4 * off["ssm_beta"]),
+                         lw.vectors["ssm_a"], lw.vectors["ssm_dt.bias"], g, beta, num_tokens, hv, width, width)
+        mixers.gdn_recurrent(dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), g, beta, layer.ssm,
+                             ws.mix, num_tokens, hk, hv, dk, dv, c, c, inner, commit)
+        ops.gated_rms_norm(dev, ws.mix, ws.proj.view(4 * off["attn_gate"]), lw.vectors["ssm_norm"], ws.mix2,
+                           num_tokens, hv, dv, inner, width, inner, cfg.rms_eps)
+        ops.act_f16(dev, ws.mix2, ws.act_inner, num_tokens, inner)
+        ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x)
+
+    def accept(self, num_pass_tokens: int, n: int) -> None:
+        """Commit the first n tokens of the last non-committing pass (DeltaNet layers; KV needs nothing)."""
+        assert 1 <= n <= num_pass_tokens <= VERIFY_MAX
+        cfg, dev = self.cfg, self.dev
+        c, key = cfg.ssm_conv_dim, cfg.ssm_num_k_heads * cfg.ssm_head_dim
+        for layer in self.deltanet.values():
+            mixers.conv_commit(dev, layer.window, n, c, cfg.ssm_conv_kernel)
+            mixers.gdn_recurrent(dev, layer.conv_out, layer.conv_out.view(4 * key), layer.conv_out.view(8 * key),
+                                 layer.g, layer.beta, layer.ssm, self.ws.mix, n, cfg.ssm_num_k_heads,
+                                 cfg.ssm_num_v_heads, cfg.ssm_head_dim, cfg.ssm_v_head_dim, c, c,
+                                 cfg.ssm_inner_size, True)

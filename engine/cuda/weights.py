@@ -1,0 +1,169 @@
+"""Model weights on the GPU: GGUF tensors (engine.model.weights.bind_weights) repacked and uploaded.
+
+Matrices that read the same input are grouped into one Projection whose outputs are adjacent column ranges of
+one buffer (q | k | v; qkv | gate | alpha | beta; ffn gate | up). Consecutive members with the same type and width
+are fused into a single matrix (their planes concatenated), so one launch streams all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from engine.cuda import ops
+from engine.cuda.device import Buffer, Device
+from engine.cuda.instances import MATMUL_QTYPES
+from engine.cuda.repack import planes
+from engine.errors import UnsupportedModelError
+from engine.gguf.quants import dequantize
+
+if TYPE_CHECKING:
+    from engine.gguf.reader import TensorInfo
+    from engine.model.config import ModelConfig
+    from engine.model.weights import ModelTensors
+
+DEVICE_QTYPES = (Q.F32,) + MATMUL_QTYPES
+
+
+@dataclass(slots=True)
+class Part:
+    """One launch of a projection: a (possibly fused) matrix, its bias, and where its outputs start."""
+
+    weight: ops.DeviceWeight
+    bias: Buffer | None
+    offset: int
+
+
+@dataclass(slots=True)
+class Projection:
+    """Matrices sharing one input; output columns [offset, offset + rows) of a [T, width] buffer per member."""
+
+    parts: list[Part]
+    width: int
+    offsets: dict[str, int] = field(default_factory=dict)  # member key -> first output column
+
+    def run(self, dev: Device, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int) -> None:
+        """y[:, offset:offset + rows] = act @ W^T (+ bias) for every part."""
+        for part in self.parts:
+            ops.matmul(dev, part.weight, act, y.view(4 * part.offset), num_tokens, ld_y, bias=part.bias)
+
+
+def vector(dev: Device, info: TensorInfo, what: str) -> Buffer:
+    """A 1-D (or small) tensor as f32 on the device."""
+    values = np.ascontiguousarray(dequantize(info.data, info.qtype, info.shape), dtype=np.float32)
+    return dev.to_device(values, what)
+
+
+def _check_type(info: TensorInfo) -> None:
+    if info.qtype not in DEVICE_QTYPES:
+        raise UnsupportedModelError("<weights>", f"no CUDA kernels for {info.qtype.name} weights", tensor=info.name)
+
+
+def matrix(dev: Device, info: TensorInfo) -> ops.DeviceWeight:
+    """One weight matrix in the device layout."""
+    _check_type(info)
+    rows, cols = info.shape
+    return ops.upload_weight(dev, info.data, info.qtype, (rows, cols), info.name)
+
+
+def _fused(dev: Device, infos: list[TensorInfo], name: str) -> ops.DeviceWeight:
+    """Several matrices of one type and width as one: plane p of the result is plane p of each, in order."""
+    qtype, cols = infos[0].qtype, infos[0].shape[1]
+    rows = sum(i.shape[0] for i in infos)
+    per_tensor = [planes(i.data, qtype, (i.shape[0], cols)) for i in infos]
+    total = sum(p.nbytes for ps in per_tensor for p in ps)
+    buf = dev.alloc(total, name)
+    offset = 0
+    for p in range(len(per_tensor[0])):
+        for ps in per_tensor:
+            dev.upload(buf, ps[p], offset)
+            offset += ps[p].nbytes
+    return ops.DeviceWeight(buf, qtype, rows, cols, name)
+
+
+def projection(dev: Device, members: list[tuple[str, TensorInfo, TensorInfo | None]], name: str,
+               fuse: bool = True) -> Projection:
+    """Upload (key, matrix, bias-or-None) members as one Projection, fusing runs of equal type and width."""
+    for _, info, _ in members:
+        _check_type(info)
+    runs: list[list[tuple[str, TensorInfo, TensorInfo | None]]] = []
+    for member in members:
+        last = runs[-1][-1][1] if runs else None
+        same = last is not None and last.qtype == member[1].qtype and last.shape[1] == member[1].shape[1]
+        if fuse and same and last.qtype != Q.F32:
+            runs[-1].append(member)
+        else:
+            runs.append([member])
+    parts, offsets, offset = [], {}, 0
+    for run in runs:
+        infos = [info for _, info, _ in run]
+        weight = matrix(dev, infos[0]) if len(run) == 1 else _fused(dev, infos, f"{name}[{'|'.join(k for k, _, _ in run)}]")
+        bias = None
+        if any(b is not None for _, _, b in run):
+            values = [np.zeros(i.shape[0], np.float32) if b is None else dequantize(b.data, b.qtype, b.shape)
+                      for _, i, b in run]
+            bias = dev.to_device(np.concatenate(values).astype(np.float32), f"{name}.bias")
+        parts.append(Part(weight, bias, offset))
+        for key, info, _ in run:
+            offsets[key] = offset
+            offset += info.shape[0]
+    return Projection(parts, offset, offsets)
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    """One decoder layer: its projections, output matrices and f32 vectors."""
+
+    kind: str
+    mix_in: Projection  # attention: q | k | v; deltanet: qkv | gate | alpha | beta
+    mix_out: ops.DeviceWeight  # attn_output or ssm_out
+    ffn_in: Projection  # gate | up
+    ffn_down: ops.DeviceWeight
+    vectors: dict[str, Buffer]
+
+
+@dataclass(slots=True)
+class CudaWeights:
+    """Every weight of a model on the device."""
+
+    token_embd: ops.DeviceWeight
+    output: ops.DeviceWeight
+    output_norm: Buffer
+    layers: list[LayerWeights]
+    nbytes: int
+
+
+def _layer(dev: Device, infos: dict[str, TensorInfo], kind: str, name: str) -> LayerWeights:
+    """Upload one layer (trunk or the MTP block's decoder layer)."""
+    if kind == "attention":
+        mix = projection(dev, [(k, infos[k], infos.get(f"{k}.bias")) for k in ("attn_q", "attn_k", "attn_v")],
+                         f"{name}.qkv")
+        out = matrix(dev, infos["attn_output"])
+        vec_keys = ("attn_q_norm", "attn_k_norm")
+    else:
+        mix = projection(dev, [(k, infos[k], None) for k in ("attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta")],
+                         f"{name}.ssm_in")
+        out = matrix(dev, infos["ssm_out"])
+        vec_keys = ("ssm_conv1d", "ssm_a", "ssm_dt.bias", "ssm_norm")
+    ffn = projection(dev, [(k, infos[k], None) for k in ("ffn_gate", "ffn_up")], f"{name}.ffn")
+    norm_keys = ("attn_norm", "ffn_norm", "post_attention_norm", "nextn.enorm", "nextn.hnorm",
+                 "nextn.shared_head_norm")
+    vectors = {k: vector(dev, infos[k], f"{name}.{k}") for k in vec_keys + norm_keys if k in infos}
+    return LayerWeights(kind, mix, out, ffn, matrix(dev, infos["ffn_down"]), vectors)
+
+
+def upload_weights(dev: Device, cfg: ModelConfig, tensors: ModelTensors) -> CudaWeights:
+    """Upload a bound model; UnsupportedModelError names a tensor of a type without kernels."""
+    before = dev.memory.allocated
+    g = tensors.global_tensors
+    token_embd = matrix(dev, g["token_embd"])
+    output = token_embd if g["output"] is g["token_embd"] or g["output"].name == g["token_embd"].name else matrix(
+        dev, g["output"])
+    layers = [_layer(dev, infos, kind, f"blk.{i}") for i, (kind, infos) in
+              enumerate(zip(cfg.layer_kinds, tensors.layers, strict=True))]
+    weights = CudaWeights(token_embd, output, vector(dev, g["output_norm"], "output_norm"), layers, 0)
+    weights.nbytes = dev.memory.allocated - before
+    return weights

@@ -1,0 +1,107 @@
+"""The CUDA runtime's behaviour on a machine without a usable GPU, and the host-side contracts of the launchers."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine.cuda import device, instances, mixers, ops
+from engine.cuda.select import select_backend
+from engine.errors import EngineError
+
+
+def _has_gpu() -> bool:
+    try:
+        device.Device().close()
+    except device.NoGpuError:
+        return False
+    return True
+
+
+HAS_GPU = _has_gpu()
+no_gpu_only = pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+
+
+@no_gpu_only
+def test_no_driver_is_a_clear_engine_error() -> None:
+    with pytest.raises(device.NoGpuError, match="NVIDIA driver") as err:
+        device.Device()
+    assert isinstance(err.value, EngineError)
+
+
+@no_gpu_only
+def test_auto_falls_back_to_the_reference_with_the_reason(tiny_model_path) -> None:
+    from engine.reference.backend import ReferenceBackend
+
+    backend, reason = select_backend(tiny_model_path("llama"), "auto", context_size=64)
+    assert isinstance(backend, ReferenceBackend)
+    assert reason.startswith("reference: CUDA backend unavailable") and "NVIDIA driver" in reason
+
+
+@no_gpu_only
+def test_cuda_requested_without_a_gpu_raises(tiny_model_path) -> None:
+    with pytest.raises(device.NoGpuError):
+        select_backend(tiny_model_path("llama"), "cuda", context_size=64)
+
+
+def test_unknown_backend_is_refused(tmp_path) -> None:
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        select_backend(tmp_path / "x.gguf", "tpu")
+
+
+def test_argument_packing_uses_the_kernel_abi() -> None:
+    buf = device.Buffer(0x7F00_0000_1000, 64, "x")
+    ptrs, values = device._pack_args([buf, None, 3, 2.5, buf.view(16), ctypes.c_uint64(7)])
+    assert [type(v) for v in values] == [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_float,
+                                         ctypes.c_uint64, ctypes.c_uint64]
+    assert values[0].value == buf.ptr and values[1].value == 0 and values[4].value == buf.ptr + 16
+    assert ptrs[2] == ctypes.addressof(values[2])
+    with pytest.raises(TypeError):
+        device._pack_args(["not an argument"])
+
+
+def test_views_stay_inside_their_buffer() -> None:
+    buf = device.Buffer(4096, 256, "x")
+    assert buf.view(64, 32).ptr == 4160 and buf.view(64).nbytes == 192
+    with pytest.raises(AssertionError):
+        buf.view(200, 100)
+
+
+def test_attn_args_mirror_the_kernel_struct() -> None:
+    """The ctypes struct passed by value has the C struct's fields, in order, with matching types."""
+    source = (instances.__file__.rsplit("/", 1)[0] + "/kernels/attention.cu")
+    body = re.search(r"struct AttnArgs \{(.*?)\};", open(source).read(), re.S).group(1)
+    c_fields = []
+    for decl in re.findall(r"^\s*([^/;]+);", body, re.M):
+        ctype, names = re.match(r"(const \w+\*|\w+\*|\w+)\s+(.*)", decl.strip()).groups()
+        c_fields += [(n.strip(), "ptr" if "*" in ctype else ctype) for n in names.split(",")]
+    py_fields = [(name, {ctypes.c_uint64: "ptr", ctypes.c_int32: "int", ctypes.c_float: "float"}[t])
+                 for name, t in mixers.AttnArgs._fields_]
+    assert py_fields == c_fields
+
+
+def test_dispatch_names_existing_instances_for_every_weight_type() -> None:
+    assert set(ops.DISPATCH.values()) <= set(instances.INSTANCES)
+    for qtype in instances.MATMUL_QTYPES + (Q.F32,):
+        assert ("mmvq", qtype) in ops.DISPATCH
+    for qtype in instances.EMBED_QTYPES:
+        assert ops.DISPATCH[("get_rows", qtype)] == f"get_rows_{instances.qtype_tag(qtype)}"
+    assert instances.qtype_tag(Q.Q4_K) == "q4_K" and instances.qtype_tag(Q.Q8_0) == "q8_0"
+
+
+def test_attention_tiles_and_splits() -> None:
+    assert mixers.attn_tile_tokens(24, 4, 256) == 8  # 6 query heads per KV head, 48 queries per block
+    assert mixers.attn_tile_tokens(14, 2, 64) == 9
+    with pytest.raises(ValueError, match="head size 96"):
+        mixers.attn_tile_tokens(8, 8, 96)
+    assert mixers.attn_splits(1, 4, 8, 132) == mixers.MAX_SPLITS
+    assert mixers.attn_splits(2048, 4, 8, 132) == 1
+
+
+def test_mmvq_warps_divide_the_superblocks() -> None:
+    assert ops._mmvq_warps(5120) == 5  # 20 superblocks: 5 warps of 4
+    assert ops._mmvq_warps(17408) == 4  # 68 = 4 x 17
+    assert ops._mmvq_warps(256) == 1
