@@ -3,7 +3,8 @@
 ChatOutput turns generated text into chat deltas through the OutputParser (engine.text): reasoning becomes
 `reasoning_content`, `<tool_call>` blocks become `tool_calls` (each streamed whole in one delta that carries index,
 id, type, name and the JSON arguments, OpenAI's first-chunk-of-an-index form), a tool call the parser could not read
-is passed on as content, so nothing the model wrote is lost.
+is passed on as content, so nothing the model wrote is lost. A reply that is only a JSON call of an offered tool
+(the form small models often use instead of the tags) becomes a tool call too (engine.server.textcalls).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.server.generation import Finished
+from engine.server.textcalls import TextCallDetector
 from engine.server.textstream import TokenLogprob
+from engine.text.toolargs import tool_parameter_schemas
 from engine.text.toolcalls import ContentDelta, Event, MalformedToolCall, OutputParser, ReasoningDelta, ToolCall
 
 
@@ -56,6 +59,7 @@ class ChatOutput:
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None, starts_in_reasoning: bool):
         self._parser = OutputParser(starts_in_reasoning=starts_in_reasoning, tools=tools,
                                     parse_tool_calls=bool(tools))
+        self._text_calls = TextCallDetector(tool_parameter_schemas(tools))
         self.content, self.reasoning = "", ""
         self.tool_calls: list[dict[str, Any]] = []
 
@@ -65,7 +69,13 @@ class ChatOutput:
 
     def finish(self) -> list[dict[str, Any]]:
         """Deltas for the rest of the output."""
-        return self._deltas(self._parser.finish())
+        out = self._deltas(self._parser.finish())
+        held, call = self._text_calls.finish()
+        if held:
+            out.append(self._content(held))
+        if call is not None:
+            out.append(self._tool_call(*call))
+        return out
 
     def _deltas(self, events: list[Event]) -> list[dict[str, Any]]:
         out = []
@@ -74,17 +84,24 @@ class ChatOutput:
                 self.reasoning += event.text
                 out.append({"reasoning_content": event.text})
             elif isinstance(event, ContentDelta):
-                self.content += event.text
-                out.append({"content": event.text})
+                released = self._text_calls.feed(event.text)
+                if released:
+                    out.append(self._content(released))
             elif isinstance(event, ToolCall):
-                call = {"id": event.id, "type": "function",
-                        "function": {"name": event.name, "arguments": json.dumps(event.arguments, ensure_ascii=False)}}
-                out.append({"tool_calls": [{"index": len(self.tool_calls), **call}]})
-                self.tool_calls.append(call)
+                out.append(self._tool_call(event.id, event.name, event.arguments))
             elif isinstance(event, MalformedToolCall):
-                self.content += event.raw
-                out.append({"content": event.raw})
+                out.append(self._content(event.raw))
         return out
+
+    def _content(self, text: str) -> dict[str, Any]:
+        self.content += text
+        return {"content": text}
+
+    def _tool_call(self, call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        call = {"id": call_id, "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+        self.tool_calls.append(call)
+        return {"tool_calls": [{"index": len(self.tool_calls) - 1, **call}]}
 
     def finish_reason(self, finished: Finished) -> str:
         """OpenAI's finish_reason: tool_calls when the model called a tool and stopped on its own."""

@@ -24,6 +24,7 @@ class DraftLengthController:
     prior_weight: float = 2.0
     prior_row_cost: float = 0.1  # t1 / t0 before any timing: one more verify row costs 10 % of a one-token pass
     probe_every: int = 8
+    learns_row_cost: bool = True  # False: keep prior_row_cost (e.g. to measure acceptance on a different machine)
     _kept: float = field(default=0.0, init=False)  # decayed count of kept draft positions
     _tried: float = field(default=0.0, init=False)  # decayed count of positions a draft was checked at
     _cost_sums: list[float] = field(default_factory=lambda: [0.0] * 5, init=False)  # decayed w, wd, wdd, wt, wdt
@@ -46,6 +47,8 @@ class DraftLengthController:
     def row_cost(self) -> float:
         """Estimated t1 / t0: the cost of one more drafted token relative to a cycle without drafts."""
         w, wd, wdd, wt, wdt = self._cost_sums
+        if not self.learns_row_cost:
+            return self.prior_row_cost
         spread = w * wdd - wd * wd  # weighted variance of d (times w^2): 0 until two different d were timed
         if w <= 0 or spread <= 1e-9 * max(w * wdd, 1e-30):
             return self.prior_row_cost
