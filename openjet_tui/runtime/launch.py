@@ -106,6 +106,9 @@ def start_engine(record: SetupRecord | None = None, *, progress: ProgressCallbac
         raise
     session = EngineSession(chosen.engine, PROVIDER_FOR[chosen.engine], f"{worker.base_url}/v1", None, chosen.reason,
                             selection, worker=worker, build=build)
+    if reported := worker.health_info.get("backend_reason"):
+        # openjet-engine's own word on the backend it runs (e.g. per-op after a megakernel launch failure).
+        session.notes.append(f"engine backend {worker.health_info.get('backend')}: {reported}")
     if build is not None:
         session.notes.append(f"llama-server is being built in the background (log {build.log_path}); "
                              f"the next launch uses it")

@@ -165,6 +165,7 @@ class EngineWorker:
         self.log_path = ensure_dir(logs_dir()) / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{self.port}.log"
         self.events: list[WorkerEvent] = []
         self.crash_reasons: list[str] = []
+        self.health_info: dict[str, object] = {}
         self._on_event = on_event
         self._process: subprocess.Popen[bytes] | None = None
         self._crash_times: deque[float] = deque()
@@ -213,6 +214,10 @@ class EngineWorker:
         body = body if isinstance(body, dict) else {}
         error = body.get("error")
         message = str(error.get("message", "")) if isinstance(error, dict) else str(body.get("status", ""))
+        if body.get("stage"):
+            message = str(body["stage"])  # openjet-engine names its load stage
+        if response.status_code == 200:
+            self.health_info = body  # e.g. the engine's own backend and backend_reason
         fraction = body.get("progress", body.get("load_progress"))
         fraction = float(fraction) if isinstance(fraction, (int, float)) else None
         if fraction is not None and fraction > 1.0:

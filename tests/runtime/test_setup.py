@@ -198,6 +198,7 @@ def test_reference_engine_is_started_as_a_worker_and_stopped(tmp_path, monkeypat
     session = start_engine(record, forced="reference", start_build=False)
     try:
         assert session.provider == "openjet" and "slow" in session.reason
+        assert session.worker.health_info["status"] == "ok" and session.notes[-1].startswith("engine backend ")
         reply = httpx.post(f"{session.base_url}/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0})
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
