@@ -1,0 +1,1 @@
+"""The Textual app: `openjet` with no subcommand opens it (openjet_tui.ui.app.main)."""

@@ -1,0 +1,334 @@
+"""`openjet`: the full-screen app. It drives the agent core through its events and answers its Approver with
+inline prompts; `main(args)` is what the command line calls when no subcommand is given."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any, TypeVar
+
+import httpx
+from textual import on, work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.reactive import reactive
+from textual.screen import Screen
+
+from openjet_tui.agent import events as ev
+from openjet_tui.agent.loop import Agent
+from openjet_tui.agent.proposals import ProposalBook
+from openjet_tui.agent.watch import WorkspaceWatcher
+from openjet_tui.errors import OpenJetError
+from openjet_tui.runtime.hardware import GpuSample, probe_hardware, sample_gpus
+from openjet_tui.ui.approver import InlineApprover
+from openjet_tui.ui.commands import COMMANDS, mode_candidates
+from openjet_tui.ui.controller import AgentController, LaunchOptions, describe_error
+from openjet_tui.ui.figures import backend_info, parse_prometheus
+from openjet_tui.ui.pump import EventPump
+from openjet_tui.ui.screens.chat import ChatScreen
+from openjet_tui.ui.slash import SlashCommands, endpoint_label
+from openjet_tui.ui.widgets.prompt_box import CompletionSources, PromptInput
+from openjet_tui.ui.widgets.prompts import AnswerPrompt
+
+T = TypeVar("T")
+METRICS_INTERVAL_S = 1.0
+GPU_INTERVAL_S = 2.0
+GpuSampler = Callable[[], list[GpuSample]]
+
+
+class OpenJetApp(SlashCommands, App[int]):
+    """Conversation, approvals, engine panel and Slipstream over one AgentController."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "OpenJet"
+    BINDINGS = [
+        Binding("escape", "cancel_turn", "Cancel turn"),
+        Binding("f1", "command('/help')", "Keys"),
+        Binding("f2", "command('/engine')", "Engine panel"),
+        Binding("f3", "command('/slipstream')", "Slipstream"),
+        Binding("f4", "command('/resume')", "Resume"),
+        Binding("pageup", "scroll_conversation(-1)", "Scroll up", show=False),
+        Binding("pagedown", "scroll_conversation(1)", "Scroll down", show=False),
+    ]
+    is_busy: reactive[bool] = reactive(False, init=False)
+
+    def __init__(self, options: LaunchOptions, *, editor: str | None = None,
+                 gpu_sampler: GpuSampler | None = sample_gpus, poll_metrics: bool = True,
+                 watch_workspace: bool = True):
+        super().__init__()
+        self.approver = InlineApprover(self, editor=editor)
+        self.pump = EventPump(self.deliver_events, on_error=self._drawing_failed)
+        self.controller = AgentController(options, self.approver, self.on_agent_event)
+        self.gpu_sampler, self.poll_metrics, self.watch_enabled = gpu_sampler, poll_metrics, watch_workspace
+        self.queued: list[str] = []
+        self.models: list[str] = []
+        self.engine_session: Any = None  # runtime.launch.EngineSession when the app started the engine
+        self.watcher: WorkspaceWatcher | None = None
+        self._stop_watch = asyncio.Event()
+
+    # ---- screens and state ---------------------------------------------------------------------------------
+    def get_default_screen(self) -> Screen[Any]:
+        """The chat screen, with completion fed by the controller."""
+        sources = CompletionSources([(c.slash, c.help) for c in COMMANDS], self._argument_candidates,
+                                    lambda query: self.controller.index.complete(query))
+        return ChatScreen(sources)
+
+    @property
+    def chat(self) -> ChatScreen:
+        """The main screen (under any modal)."""
+        screen = self.screen_stack[0] if self.screen_stack else self.screen
+        assert isinstance(screen, ChatScreen)
+        return screen
+
+    def _argument_candidates(self, command: str, partial_text: str) -> list[tuple[str, str]]:
+        if command == "/mode":
+            return mode_candidates(partial_text)
+        if command == "/model":
+            return [(name, "") for name in self.models]
+        if command == "/resume":
+            return [(s.id, s.title[:50]) for s in self.controller.sessions()]
+        return []
+
+    def on_ready(self) -> None:
+        """Once the screen is up: show who we are talking to, then connect, watch the workspace and start the live figures."""
+        controller, chat = self.controller, self.chat
+        chat.set_workspace(controller.workspace_root)
+        chat.status_bar.mode = controller.mode.value
+        chat.status_bar.model = controller.endpoint.model or "(server default)"
+        chat.status_bar.session_id = controller.session.id if controller.session else "new"
+        chat.engine_panel.backend, chat.engine_panel.reason = endpoint_label(controller)
+        if controller.session is not None:
+            chat.prompt_input.sent_history = [m["content"] for m in controller.stored_messages() if m["role"] == "user"
+                                         and m.get("_origin") != "delegate"][-100:]
+        self.connect()
+        if self.watch_enabled:
+            self.watch_workspace()
+        if self.gpu_sampler is not None:
+            self.sample_gpu()
+            self.set_interval(GPU_INTERVAL_S, self.sample_gpu)
+
+    def watch_is_busy(self, is_busy: bool) -> None:
+        """Say in the status bar that a turn is running."""
+        self.chat.status_bar.activity = "working" if is_busy else ""
+
+    def on_agent_event(self, event: ev.Event) -> None:
+        """Every agent event: timed as it happens, drawn with the next frame's batch."""
+        if isinstance(self.screen_stack[0] if self.screen_stack else None, ChatScreen):
+            self.chat.clock(event)
+        self.pump.push(event)
+
+    async def deliver_events(self, events: list[ev.Event]) -> None:
+        """Draw a batch of agent events (the pump calls this at most once per frame)."""
+        await self.chat.show_events(events)
+
+    def _drawing_failed(self, exc: BaseException) -> None:
+        self.log.error("drawing events failed", exc)
+        self.notify(f"could not draw part of the conversation: {describe_error(exc)}", severity="error")
+
+    async def ask(self, prompt: AnswerPrompt[T]) -> T:
+        """Show an approval prompt after everything the agent said before it."""
+        await self.pump.flush()
+        return await self.chat.ask(prompt)
+
+    # ---- connecting ----------------------------------------------------------------------------------------
+    @work(exclusive=True, group="connect")
+    async def connect(self) -> None:
+        """Start the local engine when needed, probe the server, load a resumed session."""
+        chat, controller = self.chat, self.controller
+        try:
+            if controller.needs_local_engine:
+                await self.start_local_engine()
+            report = await controller.connect()
+        except (OpenJetError, httpx.HTTPError) as exc:
+            await chat.notice(f"cannot use the model server: {describe_error(exc)}", "error")
+            return
+        for note in report.notes:
+            await chat.notice(note)
+        if not report.is_usable:
+            for problem in report.problems:
+                await chat.notice(f"{controller.endpoint.provider} at {controller.endpoint.base_url}: {problem}",
+                                  "error")
+            return
+        chat.status_bar.model = controller.endpoint.model or "(server default)"
+        chat.engine_panel.model = controller.endpoint.model or "-"
+        chat.figures.context_window = controller.context_window
+        chat.show_figures()
+        if controller.setup.is_resumed and controller.session is not None:
+            await chat.show_history(controller.stored_messages())
+        await self.pump.flush()  # notes from recovering an interrupted turn
+        self._show_slipstream()
+        if self.poll_metrics and controller.endpoint.is_loopback:
+            self.poll_engine_metrics()
+
+    async def start_local_engine(self) -> None:
+        """Set up if needed and start the best engine (runtime.launch); the panel shows why it was chosen."""
+        from openjet_tui.runtime.launch import start_engine
+        from openjet_tui.runtime.progress import ProgressEvent
+
+        panel = self.chat.engine_panel
+        panel.backend, panel.reason = "starting…", "choosing and starting the best engine for this machine"
+
+        def progress(event: ProgressEvent) -> None:
+            total = f" / {event.total:.0f}" if event.total else ""
+            self.call_from_thread(setattr, panel, "reason", f"{event.task}: {event.done:.0f}{total} {event.unit}")
+
+        def worker_event(event: Any) -> None:
+            self.call_from_thread(self.pump.push, ev.Notice(f"engine {event.kind}: {event.message}",
+                                                            "warning" if event.kind != "healthy" else "info"))
+
+        session = await asyncio.to_thread(start_engine, progress=progress, on_event=worker_event)
+        self.engine_session = session
+        self.controller.use_local_engine(session)
+        panel.backend, panel.reason = session.label, session.reason
+        for note in session.notes:
+            await self.chat.notice(note)
+
+    @work(exclusive=True, group="metrics")
+    async def poll_engine_metrics(self) -> None:
+        """Read the server's /metrics every second while it answers (loopback servers only)."""
+        url = self.controller.endpoint.root_url + "/metrics"
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False) as http:
+            while True:
+                try:
+                    response = await http.get(url)
+                except httpx.HTTPError:
+                    await asyncio.sleep(METRICS_INTERVAL_S * 5)
+                    continue
+                if response.status_code == 404:
+                    return  # this server has no metrics: its `timings` are all there is
+                if response.status_code == 200:
+                    self._apply_metrics(response.text)
+                await asyncio.sleep(METRICS_INTERVAL_S)
+
+    def _apply_metrics(self, text: str) -> None:
+        samples = parse_prometheus(text)
+        chat = self.chat
+        if chat.figures.apply_metrics(samples):
+            chat.show_figures()
+        info = backend_info(samples)
+        if info.get("backend"):
+            chat.engine_panel.backend = info["backend"]
+            chat.engine_panel.reason = info.get("backend_reason", "")
+
+    @work(thread=True, exclusive=True, group="gpu")
+    def sample_gpu(self) -> None:
+        """NVML figures in a thread; without NVML, say why once and stop asking."""
+        assert self.gpu_sampler is not None
+        gpus = self.gpu_sampler()
+        note = ""
+        if not gpus:
+            note = probe_hardware().gpu_summary() if self.gpu_sampler is sample_gpus else "no GPU figures"
+            self.gpu_sampler = None  # nothing to poll
+        self.call_from_thread(self._show_gpus, gpus, note)
+
+    def _show_gpus(self, gpus: list[GpuSample], note: str) -> None:
+        panel = self.chat.engine_panel
+        panel.gpus, panel.gpu_note = gpus, note
+
+    @work(group="watch")
+    async def watch_workspace(self) -> None:
+        """Watch the workspace: stale proposals, the @path index, AGENTS.md and project config reloads."""
+        controller = self.controller
+        book = controller.agent.ctx.book if controller.agent else ProposalBook()
+        self.watcher = WorkspaceWatcher(controller.setup.workspace, book, controller.index, self.pump.push,
+                                        on_agents_md=self._reload_agents_md, on_config=self._reload_config)
+        controller.on_agent_changed = self._follow_agent
+        await self.watcher.run(self._stop_watch)
+
+    def _follow_agent(self, agent: Agent) -> None:
+        if self.watcher is not None:
+            self.watcher.book = agent.ctx.book
+
+    def _reload_agents_md(self) -> None:
+        if self.controller.agent is not None:
+            self.controller.agent.reload_context()
+            self.pump.push(ev.Notice("AGENTS.md changed: project instructions reloaded"))
+
+    def _reload_config(self) -> None:
+        try:
+            self.pump.push(ev.Notice(self.controller.reload_settings()))
+        except OpenJetError as exc:
+            self.pump.push(ev.Notice(f"project settings not reloaded: {exc}", "warning"))
+
+    # ---- turns ---------------------------------------------------------------------------------------------
+    @on(PromptInput.Submitted)
+    async def message_submitted(self, event: PromptInput.Submitted) -> None:
+        """A slash command runs; anything else is a message to the agent (queued while a turn runs)."""
+        text = event.text
+        if text.startswith("/") and not text.startswith("//"):
+            self.run_command(text)
+            return
+        text = text[1:] if text.startswith("//") else text
+        if self.is_busy:
+            self.queued.append(text)
+            self.notify("queued: it is sent when the running turn ends (esc cancels the turn and the queue)")
+            return
+        await self.chat.add_user_message(text)
+        self.run_turn(text)
+
+    @work(exclusive=True, group="turn")
+    async def run_turn(self, text: str) -> None:
+        """Run one turn; errors at this edge become a line in the conversation."""
+        self.is_busy = True
+        try:
+            await self.controller.run_turn(text)
+        except (OpenJetError, httpx.HTTPError) as exc:
+            await self.chat.notice(describe_error(exc), "error")
+        finally:
+            self.is_busy = False
+            await self.pump.flush()
+            session = self.controller.session
+            self.chat.status_bar.session_id = session.id if session else "new"
+        if self.queued:
+            following = self.queued.pop(0)
+            await self.chat.add_user_message(following)
+            self.run_turn(following)
+
+    def action_cancel_turn(self) -> None:
+        """Esc: stop the running turn at once (and drop queued messages)."""
+        if not self.is_busy:
+            return
+        if self.queued:
+            self.notify(f"dropped {len(self.queued)} queued message(s)")
+            self.queued.clear()
+        self.workers.cancel_group(self, "turn")
+
+    def action_command(self, text: str) -> None:
+        """Run a slash command from a key or the palette."""
+        self.run_command(text)
+
+    def action_scroll_conversation(self, direction: int) -> None:
+        """Page the conversation up or down."""
+        conversation = self.chat.conversation
+        conversation.scroll_page_up() if direction < 0 else conversation.scroll_page_down()
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        """The command palette: every slash command and key action, then Textual's own."""
+        yield SystemCommand("Cancel the running turn", "stop the agent now (esc)", self.action_cancel_turn)
+        for command in COMMANDS:
+            yield SystemCommand(command.usage, command.help + (f" ({command.key})" if command.key else ""),
+                                partial(self.run_command, command.slash))
+        yield SystemCommand("Load earlier messages", "mount the whole history (ctrl+home)",
+                            self.chat.conversation.action_load_all_older)
+        yield from super().get_system_commands(screen)
+
+    async def on_unmount(self) -> None:
+        """Stop watching, close clients and stop an engine the app started."""
+        self._stop_watch.set()
+        await self.pump.close()
+        await self.controller.aclose()
+        if self.engine_session is not None:
+            await asyncio.to_thread(self.engine_session.close)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Open the app with the options of `openjet run`; bad options or settings exit 2 with the reason."""
+    try:
+        app = OpenJetApp(LaunchOptions.from_args(args))
+    except OpenJetError as exc:
+        print(f"openjet: error: {exc}", file=sys.stderr)
+        return 2
+    return app.run() or 0

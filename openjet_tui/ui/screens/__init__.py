@@ -1,0 +1,1 @@
+"""Screens of the app, each with its sibling .tcss file."""

@@ -1,0 +1,179 @@
+"""The main screen: conversation, inline prompts, the editor, the engine panel, the banner and the status bar.
+
+It only draws: the app hands it event batches and prompts, and it posts what the person typed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+
+from openjet_tui.agent import events as ev
+from openjet_tui.ui.figures import EngineFigures
+from openjet_tui.ui.render import CONVERSATION_EVENTS, EventRenderer, history_records
+from openjet_tui.ui.widgets.chat_items import NoticeLine, UserMessage
+from openjet_tui.ui.widgets.conversation import Conversation
+from openjet_tui.ui.widgets.diff_review import DiffReview
+from openjet_tui.ui.widgets.engine_panel import EnginePanel
+from openjet_tui.ui.widgets.prompt_box import CompletionSources, PromptBox, PromptInput
+from openjet_tui.ui.widgets.prompts import AnswerPrompt
+from openjet_tui.ui.widgets.status import SlipstreamBanner, StatusBar
+
+T = TypeVar("T")
+
+
+class ChatScreen(Screen[None]):
+    """Everything a person sees while working with the agent."""
+
+    CSS_PATH = "chat.tcss"
+
+    def __init__(self, sources: CompletionSources, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.sources = sources
+        self.figures = EngineFigures()
+        self.renderer: EventRenderer | None = None
+        self._request_started: float | None = None  # for the chunk-timing estimate only
+        self._stream_seconds: dict[int, float] = {}  # id(UsageReported) -> seconds its request streamed
+
+    def compose(self) -> ComposeResult:
+        """Banner on top, conversation and prompts beside the engine panel, editor, status bar."""
+        yield SlipstreamBanner(id="slipstream-banner")
+        with Horizontal(id="main"):
+            with Vertical(id="chat-column"):
+                yield Conversation(id="conversation")
+                yield Vertical(id="prompt-area")
+                yield PromptBox(self.sources, id="prompt-box")
+            yield EnginePanel(id="engine-panel")
+        yield StatusBar(id="status-bar")
+
+    def on_mount(self) -> None:
+        """Start with the cursor in the editor."""
+        self.renderer = EventRenderer(self.conversation)
+        self.prompt_input.focus()
+
+    # ---- typed access to the parts ---------------------------------------------------------------------------
+    @property
+    def conversation(self) -> Conversation:
+        """The scrolling conversation."""
+        return self.query_one("#conversation", Conversation)
+
+    @property
+    def prompt_area(self) -> Vertical:
+        """Where approval prompts appear."""
+        return self.query_one("#prompt-area", Vertical)
+
+    @property
+    def prompt_box(self) -> PromptBox:
+        """The editor with its completion menu."""
+        return self.query_one("#prompt-box", PromptBox)
+
+    @property
+    def prompt_input(self) -> PromptInput:
+        """The editor."""
+        return self.query_one("#prompt-input", PromptInput)
+
+    @property
+    def engine_panel(self) -> EnginePanel:
+        """The engine panel."""
+        return self.query_one("#engine-panel", EnginePanel)
+
+    @property
+    def status_bar(self) -> StatusBar:
+        """The status bar."""
+        return self.query_one("#status-bar", StatusBar)
+
+    @property
+    def banner(self) -> SlipstreamBanner:
+        """The Slipstream banner."""
+        return self.query_one("#slipstream-banner", SlipstreamBanner)
+
+    # ---- drawing -------------------------------------------------------------------------------------------
+    async def add_user_message(self, text: str) -> None:
+        """Show what the person sent, marked when Slipstream sends it to the cloud."""
+        await self.conversation.add(UserMessage(text, to_cloud=self.banner.is_on))
+        self.conversation.anchor()
+
+    async def notice(self, message: str, level: str = "info") -> None:
+        """A line from the app itself (errors at its edge, command results)."""
+        await self.conversation.add(NoticeLine(message, level))
+
+    async def show_history(self, messages: list[dict[str, Any]]) -> None:
+        """Replace the conversation with a stored session's messages."""
+        assert self.renderer is not None
+        self.renderer.reply = None
+        await self.conversation.show_history(history_records(messages))
+
+    async def show_events(self, events: Iterable[ev.Event]) -> None:
+        """Draw a batch of agent events: conversation items, engine figures, Slipstream counts."""
+        assert self.renderer is not None
+        batch = list(events)
+        await self.renderer.apply([e for e in batch if isinstance(e, CONVERSATION_EVENTS)])
+        for event in batch:
+            self._apply_state(event)
+
+    def clock(self, event: ev.Event) -> None:
+        """Note when requests start and end as events are emitted (drawing happens later, in batches)."""
+        if isinstance(event, (ev.TurnStarted, ev.ToolResult)):
+            self._request_started = time.monotonic()
+        elif isinstance(event, ev.UsageReported) and self._request_started is not None:
+            self._stream_seconds[id(event)] = time.monotonic() - self._request_started
+
+    def _apply_state(self, event: ev.Event) -> None:
+        figures, changed = self.figures, True
+        if isinstance(event, ev.UsageReported):
+            figures.context_used = event.prompt_tokens + event.completion_tokens
+            figures.context_window = event.context_window or figures.context_window
+            seconds = self._stream_seconds.pop(id(event), None)
+            if seconds is not None:
+                figures.estimate_decode(event.completion_tokens, seconds)
+            self.status_bar.context_used, self.status_bar.context_window = figures.context_used, \
+                figures.context_window
+        elif isinstance(event, ev.EngineStats):
+            figures.apply_timings(event.prompt_per_second, event.predicted_n, event.predicted_per_second,
+                                  event.draft_n, event.draft_n_accepted)
+        elif isinstance(event, ev.SlipstreamTraffic):
+            banner = self.banner
+            banner.num_requests, banner.bytes_sent = event.total_requests, event.total_bytes_sent
+            banner.tokens_sent = event.total_tokens_sent
+            changed = False
+        elif isinstance(event, ev.ProposalStale):
+            for review in self.prompt_area.query(DiffReview):
+                if review.proposal.id == event.proposal_id:
+                    review.is_stale = True
+            changed = False
+        else:
+            changed = False
+        if changed:
+            self.engine_panel.figures = figures
+
+    def show_figures(self) -> None:
+        """Redraw the engine figures after the app changed them (a /metrics scrape)."""
+        self.engine_panel.figures = self.figures
+        self.status_bar.context_used = self.figures.context_used
+        self.status_bar.context_window = self.figures.context_window
+
+    # ---- prompts -------------------------------------------------------------------------------------------
+    async def ask(self, prompt: AnswerPrompt[T]) -> T:
+        """Show an approval prompt above the editor, focus it, and return the answer once given."""
+        await self.prompt_area.mount(prompt)
+        prompt.focus()
+        prompt.scroll_visible(animate=False)
+        try:
+            return await prompt.wait()
+        finally:
+            if prompt.is_attached:
+                await prompt.remove()
+            if not self.prompt_area.children:
+                self.prompt_input.focus()
+
+    def set_workspace(self, root: Path) -> None:
+        """Show the workspace in the status bar, with ~ for the home folder."""
+        home = Path.home()
+        shown = f"~/{root.relative_to(home)}" if root != home and home in root.parents else str(root)
+        self.status_bar.workspace = shown
