@@ -7,8 +7,6 @@
 
 from __future__ import annotations
 
-import importlib
-import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +18,6 @@ from engine.gguf.reader import GGUFFile
 from engine.text.chat import ChatTemplate
 from engine.text.tokenizer import Tokenizer
 
-log = logging.getLogger("engine.server")
 BACKENDS = ("reference", "cuda", "auto")
 Progress = Callable[[str, float], None]
 
@@ -71,26 +68,6 @@ class LoadState:
             return self.stage, self.fraction, self.error, self.model
 
 
-def _cuda_backend(f: GGUFFile, context_size: int | None) -> tuple[Backend, str, str]:
-    """The CUDA backend, or BackendUnavailable saying why not."""
-    try:
-        module = importlib.import_module("engine.cuda.backend")
-    except ImportError as exc:
-        raise BackendUnavailable(f"the CUDA backend is not available in this build ({exc})") from None
-    backend_class = getattr(module, "CudaBackend", None)
-    if backend_class is None:
-        raise BackendUnavailable("the CUDA backend is not available in this build (engine.cuda.backend has no "
-                                 "CudaBackend)")
-    try:
-        backend = backend_class.from_file(f, context_size=context_size)
-    except (EngineError, RuntimeError, OSError, ValueError) as exc:
-        raise BackendUnavailable(f"the CUDA backend could not start: {exc}") from None
-    # a CUDA backend may say which path it runs (megakernel or per-op) and why
-    name = str(getattr(backend, "name", "cuda"))
-    reason = str(getattr(backend, "reason", "") or "CUDA backend started")
-    return backend, name, reason
-
-
 def _reference_backend(f: GGUFFile, context_size: int | None, reason: str) -> tuple[Backend, str, str]:
     from engine.reference.backend import ReferenceBackend
 
@@ -104,13 +81,21 @@ def open_backend(f: GGUFFile, requested: str, context_size: int | None = None) -
     if requested == "reference":
         return _reference_backend(f, context_size, "requested with --backend reference")
     try:
-        return _cuda_backend(f, context_size)
-    except BackendUnavailable as exc:
+        from engine.cuda.select import select_backend
+    except ImportError as exc:
         if requested == "cuda":
-            raise
-        reason = f"{exc}; serving on the numpy reference engine (slow)"
-        log.warning("backend auto: %s", reason)
-        return _reference_backend(f, context_size, reason)
+            raise BackendUnavailable(f"the CUDA backend is not available in this build ({exc})") from None
+        return _reference_backend(f, context_size, f"the CUDA backend is not available in this build ({exc}); "
+                                                   "serving on the numpy reference engine (slow)")
+    try:
+        # the CUDA side decides: the megakernel, the per-op path, or (auto) the reference, with its reason
+        backend, reason = select_backend(f.path, requested, context_size)
+    except EngineError as exc:
+        raise BackendUnavailable(f"the CUDA backend cannot serve {f.path}: {exc}") from None
+    from engine.reference.backend import ReferenceBackend
+
+    default_name = "reference" if isinstance(backend, ReferenceBackend) else "cuda"
+    return backend, str(getattr(backend, "name", default_name)), reason
 
 
 def load_model(path: str | Path, requested: str = "auto", context_size: int | None = None,

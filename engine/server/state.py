@@ -122,6 +122,10 @@ class ServerState:
         return thread
 
     def shutdown(self) -> None:
-        """Stop the engine thread."""
+        """Stop the engine thread, then release the backend's device (a CUDA backend has close())."""
         if self.worker is not None:
             self.worker.stop()
+        model = self.load_state.model
+        close = getattr(model.backend, "close", None) if model is not None else None
+        if callable(close):
+            close()
