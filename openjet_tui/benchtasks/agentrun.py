@@ -23,6 +23,9 @@ _MALFORMED = re.compile(
     r"^Error: (unknown tool |[\w.-]+: (arguments are not valid JSON|arguments must be a JSON object|"
     r"missing required argument|unknown argument|argument \S+ must be ))"
 )
+# A reply the agent did not run although it is shaped like a tool call: a Hermes tag, a Qwen3-Coder function tag,
+# or a JSON object with a name and arguments (small models invent tools and print such calls as plain text).
+_CALL_AS_TEXT = re.compile(r'<tool_call>|<function=|"name"\s*:\s*"[^"]*"\s*,\s*"(arguments|parameters)"\s*:')
 _CONTEXT_ERRORS = {"ContextWindowError"}
 _STDERR_TAIL = 2000
 
@@ -126,6 +129,8 @@ def metrics_from_events(events: list[dict[str, Any]]) -> AgentMetrics:
             continue  # Slipstream's orchestrator is not the model under test
         if kind == "assistant_message":
             metrics.turns += 1
+            if not event.get("tool_calls") and _CALL_AS_TEXT.search(event.get("content") or ""):
+                metrics.malformed_tool_calls += 1
         elif kind == "tool_requested":
             metrics.tool_calls += 1
         elif kind == "tool_result" and event.get("is_error") and _MALFORMED.match(event.get("content") or ""):

@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the results document as JSON on stdout")
     parser.add_argument("--list", action="store_true", help="list the selected tasks and exit")
     parser.add_argument("--suite", type=Path, metavar="DIR", help="task folder (default: bench/tasks)")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep each run's workspace and agent events (events.jsonl) in DIR for inspection")
     parser.add_argument("--results-dir", type=Path, metavar="DIR", help="where to write JSON (default: bench/results)")
 
 
@@ -61,8 +63,9 @@ def run(args: argparse.Namespace) -> int:
         if args.list:
             return list_tasks(args)
         target = AgentTarget(*(getattr(args, name, None) for name in ("provider", "base_url", "model")))
-        options = SuiteOptions(target, args.tasks, args.repeat, args.suite, args.results_dir)
-        reporter = Reporter(Console(), is_quiet=args.json)
+        options = SuiteOptions(target, args.tasks, args.repeat, args.suite, args.results_dir, keep_dir=args.keep)
+        # Off a terminal rich assumes 80 columns, which folds every cell; a log file can be wider.
+        reporter = Reporter(Console(width=None if sys.stdout.isatty() else 160), is_quiet=args.json)
         document, path = run_suite(options, reporter)
     except ServerUnusableError as exc:
         err.print(f"openjet bench tasks: the model server cannot be used: {exc}", markup=False, soft_wrap=True)

@@ -41,6 +41,7 @@ class SuiteOptions:
     openjet: list[str] | None = None  # command that starts openjet (default: this interpreter)
     python: str | None = None  # interpreter for checks and the agent's `python` (default: this one)
     is_verifying: bool = True  # run each check on the untouched start first and reject tasks it passes
+    keep_dir: Path | None = None  # keep every workspace and agent log here instead of deleting them
 
 
 def agent_env(task: TaskSpec, home: Path, python: str | None = None) -> dict[str, str]:
@@ -81,7 +82,9 @@ def _detail(outcome: AgentOutcome, failure: str | None, time_limit_s: float) -> 
         return str(errors[-1])[:300]
     if outcome.exit_code not in (0, None):
         return f"openjet run exited {outcome.exit_code}: {outcome.stderr_tail.strip()[-300:]}"
-    return "check failed"
+    replies = [e.get("content") or "" for e in outcome.events if e.get("type") == "assistant_message"]
+    last = " ".join(replies[-1].split())[:200] if replies else ""
+    return f"check failed; the agent's last words: {last!r}" if last else "check failed"
 
 
 def run_attempt(task: TaskSpec, attempt: int, options: SuiteOptions, scratch: Path) -> TaskRun:
@@ -117,17 +120,28 @@ def run_suite(options: SuiteOptions, reporter: Reporter) -> tuple[dict[str, Any]
     root = Path(__file__).resolve().parents[2]
     info = RunInfo(options.target.provider, options.target.base_url, options.target.model, git_commit(root),
                    machine_description(), time.strftime("%Y-%m-%d %H:%M:%S %Z"), options.repeat)
-    scratch = Path(tempfile.mkdtemp(prefix="openjet-bench-tasks-"))
+    scratch = _scratch_dir(options.keep_dir)
     reporter.start(len(tasks) * options.repeat)
     try:
         for task in tasks:
             _run_task(task, options, scratch, reporter)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if options.keep_dir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
     document = results_document(info, reporter.runs)
     reporter.close(document["summary"])
     results_dir = options.results_dir or default_suite_dir().parent / "results"
     return document, write_results(document, results_dir)
+
+
+def _scratch_dir(keep_dir: Path | None) -> Path:
+    """Where workspaces go: a temporary folder, or the --keep folder (which must be new or empty)."""
+    if keep_dir is None:
+        return Path(tempfile.mkdtemp(prefix="openjet-bench-tasks-"))
+    if keep_dir.exists() and (not keep_dir.is_dir() or any(keep_dir.iterdir())):
+        raise BenchTaskError(f"--keep {keep_dir}: must be a new or empty folder")
+    keep_dir.mkdir(parents=True, exist_ok=True)
+    return keep_dir.resolve()
 
 
 def _run_task(task: TaskSpec, options: SuiteOptions, scratch: Path, reporter: Reporter) -> None:
@@ -144,4 +158,5 @@ def _run_task(task: TaskSpec, options: SuiteOptions, scratch: Path, reporter: Re
     for attempt in range(1, options.repeat + 1):
         reporter.begin(task.name, attempt)
         reporter.finish(run_attempt(task, attempt, options, scratch))
-        shutil.rmtree(scratch / f"{task.name}-{attempt}", ignore_errors=True)
+        if options.keep_dir is None:
+            shutil.rmtree(scratch / f"{task.name}-{attempt}", ignore_errors=True)
