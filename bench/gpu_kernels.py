@@ -40,12 +40,12 @@ def _reference_rows(data: np.ndarray, qtype: Q, shape: tuple[int, int], rows: np
 
 
 def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q, num_tokens: int,
-                 with_residual: bool = True) -> None:
+                 with_residual: bool = True, precise: bool = False) -> None:
     """mmvq (or the f32 path) against x @ W^T on fresh random weights and activations."""
     rows, cols = SHAPES_27B[name]
     data = random_blocks(qtype, (rows, cols), rng)
     w = ops.upload_weight(dev, data, qtype, (rows, cols), name)
-    act = ops.alloc_act(dev, num_tokens, cols, "x")
+    act = ops.alloc_act(dev, num_tokens, cols, "x", precise=precise)
     x = rng.standard_normal((num_tokens, cols), dtype=np.float32)
     dev.upload(act.f32, x)
     ops.act_f16(dev, act.f32, act, num_tokens, act.ld)
@@ -58,13 +58,14 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     ref = x.astype(np.float64) @ _reference_rows(data, qtype, (rows, cols), pick).T
     if res is not None:
         ref += dev.download(res, np.float32, (num_tokens, rows))[:, pick]
-    tol = TOL_F32 if qtype == Q.F32 else TOL_F16
-    compare(report, "matmul", f"{qtype.name}.T{num_tokens}", out[:, pick], ref, tol)
+    tol = TOL_F32 if qtype == Q.F32 or precise else TOL_F16
+    compare(report, "matmul", f"{qtype.name}.T{num_tokens}" + (".precise" if precise else ""), out[:, pick], ref, tol)
     unwritten = int(np.count_nonzero(np.isnan(out)))
     if unwritten:
         report.checks[-1].unwritten = unwritten
-    for buf in (w.buf, act.x16, act.sums, act.f32, y) + ((res,) if res is not None else ()):
-        dev.memory.free(buf)
+    for buf in (w.buf, act.x16, act.sums, act.f32, y, act.x16_lo, act.sums_lo) + ((res,) if res is not None else ()):
+        if buf is not None:
+            dev.memory.free(buf)
 
 
 def run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
@@ -77,6 +78,8 @@ def run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> 
     check_matmul(dev, report, rng, "attn_q", Q.Q4_K, 11)  # two launches: 8 + 3 rows
     for name, qtype, num_tokens in GEMM_CHECKS:
         check_matmul(dev, report, rng, name, qtype, num_tokens)
+    for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # precise mode: exact K-quant weights, f32-level activations
+        check_matmul(dev, report, rng, "attn_q", qtype, 3, precise=True)
     failing = {c.variant.split(".")[0] for c in report.checks if c.op == "matmul" and not c.ok}
     for name in sorted(failing):
         diagnose_matmul(dev, report, rng, Q[name])

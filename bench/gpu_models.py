@@ -62,31 +62,70 @@ def speculative_replay(backend, prompt: list[int], ref_tokens: list[int], ref_ro
 
 
 def check_arch(report: Report, arch: str, folder: Path, rng: np.random.Generator) -> None:
-    """Reference vs CUDA on one generated tiny model."""
+    """Reference vs CUDA (default and precise matmuls) on one generated tiny model."""
     from engine.cuda.backend import CudaBackend
     from engine.gguf.testmodel import write_test_model
     from engine.reference.backend import ReferenceBackend
 
     path = write_test_model(folder / f"{arch}.gguf", arch, seed=int(rng.integers(1 << 30)))
     ref = ReferenceBackend.from_gguf(path, context_size=1024)
-    cuda = CudaBackend.from_gguf(path, context_size=1024, max_tokens=64)
-    try:
-        prompt = [int(t) for t in rng.integers(0, ref.vocab_size, size=24)]
-        ref_tokens, ref_rows = greedy(ref, prompt, NUM_GREEDY)
-        cuda_tokens, cuda_rows = greedy(cuda, prompt, NUM_GREEDY)
-        same = next((i for i, (a, b) in enumerate(zip(ref_tokens, cuda_tokens)) if a != b), None)
-        record(report, "model.greedy", arch, f"{NUM_GREEDY} tokens", 0.0 if same is None else 1.0, 0.5)
-        if same is not None:
-            top2 = np.sort(ref_rows[same])[-2:]
-            report.notes.append(f"{arch}: greedy tokens differ first at {same}: ref {ref_tokens[same]} cuda "
-                                f"{cuda_tokens[same]}; reference top-2 gap there {top2[1] - top2[0]:.2e}")
-        kl = kl_rows(np.stack(ref_rows), np.stack(cuda_rows[: len(ref_rows)]))
-        record(report, "model.kl", f"{arch}.greedy", "max", float(kl.max()), KL_TOL)
-        spec = speculative_replay(cuda, prompt, ref_tokens, ref_rows, rng)
-        record(report, "model.kl", f"{arch}.verify", "max", float(np.nanmax(spec)), KL_TOL)
-        check_prefill_and_rollback(report, arch, ref, cuda, prompt + ref_tokens[:100])
-    finally:
-        cuda.close()
+    prompt = [int(t) for t in rng.integers(0, ref.vocab_size, size=24)]
+    ref_tokens, ref_rows = greedy(ref, prompt, NUM_GREEDY)
+    for precise in (False, True):
+        cuda = CudaBackend.from_gguf(path, context_size=1024, max_tokens=64, precise=precise)
+        try:
+            compare_backend(report, arch + (".precise" if precise else ""), ref, cuda, prompt, ref_tokens,
+                            ref_rows, rng)
+        finally:
+            cuda.close()
+
+
+def compare_backend(report: Report, name: str, ref, cuda, prompt: list[int], ref_tokens: list[int],
+                    ref_rows: list[np.ndarray], rng: np.random.Generator) -> None:
+    """Greedy tokens, KL (free-running until the first difference, and teacher-forced through speculative
+    verify/accept), a long prefill, rollback, and the per-layer error of the residual stream."""
+    cuda_tokens, cuda_rows = greedy(cuda, prompt, NUM_GREEDY)
+    same = next((i for i, (a, b) in enumerate(zip(ref_tokens, cuda_tokens)) if a != b), None)
+    record(report, "model.greedy", name, f"{NUM_GREEDY} tokens", 0.0 if same is None else 1.0, 0.5)
+    upto = NUM_GREEDY if same is None else same + 1
+    if same is not None:
+        top2 = np.sort(ref_rows[same])[-2:]
+        report.notes.append(f"{name}: greedy tokens differ first at {same}: ref {ref_tokens[same]} cuda "
+                            f"{cuda_tokens[same]}; reference top-2 gap there {top2[1] - top2[0]:.3e}")
+    kl = kl_rows(np.stack(ref_rows[:upto]), np.stack(cuda_rows[:upto]))
+    record(report, "model.kl", f"{name}.greedy", f"max of {upto}", float(kl.max()), KL_TOL)
+    spec = speculative_replay(cuda, prompt, ref_tokens, ref_rows, rng)
+    record(report, "model.kl", f"{name}.verify", "max", float(np.nanmax(spec)), KL_TOL)
+    q = np.nanpercentile(spec, [50, 90, 99])
+    report.notes.append(f"{name}: verify KL p50 {q[0]:.2e} p90 {q[1]:.2e} p99 {q[2]:.2e} max {np.nanmax(spec):.2e} "
+                        f"at {int(np.nanargmax(spec))}")
+    check_prefill_and_rollback(report, name, ref, cuda, prompt + ref_tokens[:100])
+    for num in (5, 24):
+        layer_trace(report, name, ref, cuda, prompt[:num])
+
+
+def layer_trace(report: Report, name: str, ref, cuda, tokens: list[int]) -> None:
+    """Relative error of the residual stream after each layer, one pass of len(tokens) from an empty state."""
+    from bench.gpu_common import rel_err
+    from engine.reference.qwen35 import deltanet_layer
+    from engine.reference.transformer import attention_layer
+
+    model = ref.model
+    state = model.new_state()
+    x = model.embed(tokens)
+    cuda.reset()
+    cuda.model.set_tokens(tokens, 0)
+    trace: list[np.ndarray] = []
+    cuda.model.forward(len(tokens), True, 1, trace=trace)
+    cuda.reset()
+    errs = []
+    for i, (kind, w) in enumerate(zip(model.cfg.layer_kinds, model.weights.layers, strict=True)):
+        if kind == "attention":
+            x = attention_layer(x, w, model.cfg, state.layers[i], 0)
+        else:
+            x, _ = deltanet_layer(x, w, model.cfg, state.layers[i], keep_steps=False)
+        errs.append(rel_err(trace[i], x))
+    report.notes.append(f"{name}: per-layer residual error, T={len(tokens)}: " + " ".join(f"{e:.1e}" for e in errs))
 
 
 def check_prefill_and_rollback(report: Report, arch: str, ref, cuda, tokens: list[int]) -> None:

@@ -194,8 +194,8 @@ def check_act_f16(dev: Device, report: Report, rng: np.random.Generator, num_tok
     raw = s.get(act.x16, (groups, nsb, 16, 8, 16), np.float16)  # [group, sb, step, token, 4c + r]
     pos = np.arange(256)
     c, h, i, r = pos >> 6, (pos >> 5) & 1, (pos >> 2) & 7, pos & 3
-    back = raw[:, :, 2 * i + h, :, 4 * c + r]  # [group, sb, 256, token]
-    rows = back.transpose(0, 3, 1, 2).reshape(groups * 8, nsb * 256)[:num_tokens, :k]
+    back = raw[:, :, 2 * i + h, :, 4 * c + r]  # advanced indices split by a slice go first: [256, group, sb, token]
+    rows = back.transpose(1, 3, 2, 0).reshape(groups * 8, nsb * 256)[:num_tokens, :k]
     compare(report, "act_f16", "layout", rows.astype(F32), x, 1e-3)
     sums = s.get(act.sums, (groups, nsb, 8, 8), np.float16).transpose(0, 2, 1, 3).reshape(groups * 8, -1)
     compare(report, "act_f16", "sums", sums[:num_tokens, : k // 32].astype(F32),

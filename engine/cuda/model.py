@@ -45,22 +45,22 @@ class KVBuffers:
 class Workspace:
     """Activations of one pass of up to max_tokens tokens (shared by all layers)."""
 
-    def __init__(self, dev: Device, cfg: ModelConfig, weights: CudaWeights, max_tokens: int):
+    def __init__(self, dev: Device, cfg: ModelConfig, weights: CudaWeights, max_tokens: int, precise: bool):
         p, h = max_tokens, cfg.hidden_size
         mix_width = max(cfg.q_size, cfg.ssm_inner_size)  # attention output / DeltaNet inner width
         proj_width = max(max(lw.mix_in.width, lw.ffn_in.width) for lw in weights.layers)
         self.max_tokens, self.proj_width, self.mix_width = p, proj_width, mix_width
         self.ids, self.pos = dev.alloc(4 * p, "ids"), dev.alloc(4 * p, "positions")
         self.x, self.xn = dev.alloc(4 * p * h, "x"), dev.alloc(4 * p * h, "xn")
-        self.act_h = ops.alloc_act(dev, p, h, "act_h", f32=self.xn)
+        self.act_h = ops.alloc_act(dev, p, h, "act_h", f32=self.xn, precise=precise)
         self.proj = dev.alloc(4 * p * proj_width, "proj")
         self.mix, self.mix2 = dev.alloc(4 * p * mix_width, "mix"), dev.alloc(4 * p * mix_width, "mix2")
         # the output projections' inputs: attention output (q_size wide) and DeltaNet output (inner wide)
-        self.act_q = ops.alloc_act(dev, p, cfg.q_size, "act_q", f32=self.mix2)
-        self.act_inner = ops.alloc_act(dev, p, cfg.ssm_inner_size, "act_inner", f32=self.mix2) \
+        self.act_q = ops.alloc_act(dev, p, cfg.q_size, "act_q", f32=self.mix2, precise=precise)
+        self.act_inner = ops.alloc_act(dev, p, cfg.ssm_inner_size, "act_inner", f32=self.mix2, precise=precise) \
             if cfg.ssm_inner_size else None
         self.ffn = dev.alloc(4 * p * cfg.ffn_size, "ffn_h")
-        self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn)
+        self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn, precise=precise)
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
         self.conv_out = dev.alloc(4 * p * self.conv_dim, "conv_out")
         self.g, self.beta = dev.alloc(4 * p * self.ssm_heads, "g"), dev.alloc(4 * p * self.ssm_heads, "beta")
@@ -75,9 +75,11 @@ class Workspace:
 class CudaModel:
     """Weights, per-layer state and workspace of one model on one device, and the forward pass over them."""
 
-    def __init__(self, dev: Device, cfg: ModelConfig, weights: CudaWeights, capacity: int, max_tokens: int = 512):
+    def __init__(self, dev: Device, cfg: ModelConfig, weights: CudaWeights, capacity: int, max_tokens: int = 512,
+                 precise: bool = False):
         self.dev, self.cfg, self.weights, self.capacity = dev, cfg, weights, capacity
-        self.ws = Workspace(dev, cfg, weights, max_tokens)
+        self.precise = precise  # activations as f16 hi + lo pairs in the matmuls (f32-level precision)
+        self.ws = Workspace(dev, cfg, weights, max_tokens, precise)
         self.kv: dict[int, KVBuffers] = {}
         self.deltanet: dict[int, DeltaNetBuffers] = {}
         for i, kind in enumerate(cfg.layer_kinds):
@@ -111,8 +113,11 @@ class CudaModel:
 
     # ---- the pass ----
 
-    def forward(self, num_tokens: int, commit: bool, logits_rows: int) -> None:
-        """Run the pass over the uploaded tokens; logits of the last logits_rows tokens go to ws.logits."""
+    def forward(self, num_tokens: int, commit: bool, logits_rows: int, trace: list | None = None) -> None:
+        """Run the pass over the uploaded tokens; logits of the last logits_rows tokens go to ws.logits.
+
+        trace (diagnostics, not under graph capture): receives a host copy of the residual stream after each layer.
+        """
         assert commit or num_tokens <= VERIFY_MAX, "a non-committing pass holds at most VERIFY_MAX tokens"
         cfg, ws, dev = self.cfg, self.ws, self.dev
         h = cfg.hidden_size
@@ -125,6 +130,8 @@ class CudaModel:
             else:
                 self._deltanet(i, lw, num_tokens, commit)
             self._ffn(lw, num_tokens)
+            if trace is not None:
+                trace.append(dev.download(ws.x, np.float32, (num_tokens, h)))
         if logits_rows:
             self.head(num_tokens - logits_rows, logits_rows)
 

@@ -47,16 +47,20 @@ class Act:
     width: int
     ld: int
     max_tokens: int
+    x16_lo: Buffer | None = None  # precise mode: f16(x - f16(x)) in the same layout, a second pass of the mma
+    sums_lo: Buffer | None = None
 
     @property
     def num_superblocks(self) -> int:
         """Superblocks of 256 positions per row."""
         return (self.width + SUPERBLOCK - 1) // SUPERBLOCK
 
-    def group(self, index: int) -> tuple[Buffer, Buffer]:
-        """(act, sums) views of token group `index`."""
+    def group(self, index: int) -> tuple[Buffer, Buffer, Buffer | None, Buffer | None]:
+        """(act, sums, act_lo, sums_lo) views of token group `index` (the lo pair None unless precise)."""
         nsb = self.num_superblocks
-        return self.x16.view(index * nsb * 4096), self.sums.view(index * nsb * 128)
+        lo = (self.x16_lo.view(index * nsb * 4096), self.sums_lo.view(index * nsb * 128)) if self.x16_lo else (
+            None, None)
+        return self.x16.view(index * nsb * 4096), self.sums.view(index * nsb * 128), *lo
 
 
 def _mmvq_instance(qtype: Q) -> str:
@@ -81,7 +85,7 @@ def act_f16(dev: Device, x: Buffer, act: Act, num_tokens: int, ld_in: int) -> No
     assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
     groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
     dev.launch(dev.kernel("act_f16"), (act.num_superblocks, groups), 256,
-               [x, act.x16, act.sums, num_tokens, act.width, ld_in])
+               [x, act.x16, act.sums, act.x16_lo, act.sums_lo, num_tokens, act.width, ld_in])
 
 
 def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, ld_y: int,
@@ -110,9 +114,10 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
             x_t = act.f32.view(4 * t0 * act.ld)
             dev.launch(kernel, (w.rows + 7) // 8, 256, [w.buf, x_t, y_t, bias, res_t, w.rows, w.cols, t, act.ld, ld_y])
             continue
-        x_t, s_t = act.group(t0 // ACT_GROUP)
+        x_t, s_t, xlo_t, slo_t = act.group(t0 // ACT_GROUP)
         grid = (w.rows + 15) // 16
-        dev.launch(kernel, grid, 32 * _mmvq_warps(w.cols), [w.buf, x_t, s_t, y_t, bias, res_t, w.rows, w.cols, t, ld_y])
+        dev.launch(kernel, grid, 32 * _mmvq_warps(w.cols),
+                   [w.buf, x_t, s_t, xlo_t, slo_t, y_t, bias, res_t, w.rows, w.cols, t, ld_y])
 
 
 def _mmvq_warps(cols: int) -> int:
@@ -140,15 +145,20 @@ def upload_weight(dev: Device, data, qtype: Q, shape: tuple[int, int], name: str
 
 
 def alloc_act(dev: Device, max_tokens: int, width: int, what: str, f32: Buffer | None = None,
-              ld: int | None = None) -> Act:
-    """Activation buffers for up to max_tokens rows of `width` values; f32 may be an existing [T, ld] buffer."""
+              ld: int | None = None, precise: bool = False) -> Act:
+    """Activation buffers for up to max_tokens rows of `width` values; f32 may be an existing [T, ld] buffer.
+
+    precise: also keep each value's f16 rounding residue, so mmvq multiplies with f32-level activations.
+    """
     ld = ld or width
     groups = (max_tokens + ACT_GROUP - 1) // ACT_GROUP
     nsb = (width + SUPERBLOCK - 1) // SUPERBLOCK
     x16 = dev.alloc(groups * nsb * 4096, f"{what}.act")
     sums = dev.alloc(groups * nsb * 128, f"{what}.sums")
     f32 = f32 if f32 is not None else dev.alloc(4 * max_tokens * ld, f"{what}.f32")
-    return Act(x16, sums, f32, width, ld, max_tokens)
+    lo = (dev.alloc(groups * nsb * 4096, f"{what}.act_lo"), dev.alloc(groups * nsb * 128, f"{what}.sums_lo")) \
+        if precise else (None, None)
+    return Act(x16, sums, f32, width, ld, max_tokens, *lo)
 
 
 # ---- norms, rope, element-wise, embedding, token choice ----

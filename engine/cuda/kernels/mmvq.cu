@@ -16,22 +16,37 @@
 // is 256 contiguous bytes. Sums: sums[(sb * 8 + n) * 8 + j] = sum of x[n][256 sb + 32 j .. + 31] (f16).
 __device__ __forceinline__ i64 act_index(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
 
+// One step's activation fragment of token g (zeros for absent tokens).
+__device__ __forceinline__ void load_b(u32 (&b)[2], const f16* __restrict__ act, bool has_col, int sb, int s, int g,
+                                       int c) {
+    if (has_col) {
+        const uint2 v = ld_cached_u2(act + act_index(sb, s, g) + 4 * c);
+        b[0] = v.x;
+        b[1] = v.y;
+    } else {
+        b[0] = b[1] = 0u;
+    }
+}
+
+// The min term of Q4_K/Q5_K: sum over sub-blocks of m * (sum of x over the sub-block), k-slots 2c, 2c+1 only.
+__device__ __forceinline__ void min_mma(float (&cm)[4], u32 m0, u32 m1, const f16* __restrict__ sums, bool has_col,
+                                        int sb, int g, int c) {
+    u32 bm[2] = {has_col ? __ldg(reinterpret_cast<const u32*>(sums + ((i64)sb * 8 + g) * 8 + 2 * c)) : 0u, 0u};
+    u32 am[4] = {m0, m1, 0u, 0u};
+    mma_f16_16816(cm, am, bm);
+}
+
+// One superblock of the lane's two rows. With act_lo (precise mode) the activations are x = hi + lo, both f16,
+// and every product is taken twice: the result then carries f32-level activation precision.
 template <int QT>
 __device__ __forceinline__ void mmvq_compute(const typename QTraits<QT>::Row (&r)[2], const f16* __restrict__ act,
-                                             const f16* __restrict__ sums, bool has_col, int sb, int c, int g,
-                                             float (&acc)[4], float (&accm)[4]) {
+                                             const f16* __restrict__ act_lo, const f16* __restrict__ sums,
+                                             const f16* __restrict__ sums_lo, bool has_col, int sb, int c, int g,
+                                             float (&acc)[4]) {
     using Q = QTraits<QT>;
     u32 b[SB_STEPS][2];
 #pragma unroll
-    for (int s = 0; s < SB_STEPS; ++s) {
-        if (has_col) {
-            const uint2 v = ld_cached_u2(act + act_index(sb, s, g) + 4 * c);
-            b[s][0] = v.x;
-            b[s][1] = v.y;
-        } else {
-            b[s][0] = b[s][1] = 0u;
-        }
-    }
+    for (int s = 0; s < SB_STEPS; ++s) load_b(b[s], act, has_col, sb, s, g, c);
     typename Q::Consts k[2];
     Q::prepare(r[0], c, k[0]);
     Q::prepare(r[1], c, k[1]);
@@ -43,6 +58,11 @@ __device__ __forceinline__ void mmvq_compute(const typename QTraits<QT>::Row (&r
         Q::frag(r[0], k[0], c, s, a[0], a[2]);
         Q::frag(r[1], k[1], c, s, a[1], a[3]);
         mma_f16_16816(dst, a, b[s]);
+        if (act_lo) {
+            u32 bl[2];
+            load_b(bl, act_lo, has_col, sb, s, g, c);
+            mma_f16_16816(dst, a, bl);
+        }
     }
     if constexpr (Q::BLOCK_SCALE) {
         const float d0 = Q::dscale(r[0]), d1 = Q::dscale(r[1]);
@@ -52,10 +72,14 @@ __device__ __forceinline__ void mmvq_compute(const typename QTraits<QT>::Row (&r
         acc[3] += d1 * blk[3];
     }
     if constexpr (Q::HAS_MIN) {
-        // sum over sub-blocks of (dmin * m) * (sum of x over the sub-block): k-slots 2c, 2c+1 only
-        u32 bm[2] = {has_col ? __ldg(reinterpret_cast<const u32*>(sums + ((i64)sb * 8 + g) * 8 + 2 * c)) : 0u, 0u};
-        u32 am[4] = {k[0].mins, k[1].mins, 0u, 0u};
-        mma_f16_16816(accm, am, bm);
+        float cm[4] = {0.f, 0.f, 0.f, 0.f};
+        min_mma(cm, k[0].mins, k[1].mins, sums, has_col, sb, g, c);
+        if (sums_lo) min_mma(cm, k[0].mins, k[1].mins, sums_lo, has_col, sb, g, c);
+        const float m0 = Q::mscale(r[0]), m1 = Q::mscale(r[1]);
+        acc[0] -= m0 * cm[0];
+        acc[1] -= m0 * cm[1];
+        acc[2] -= m1 * cm[2];
+        acc[3] -= m1 * cm[3];
     }
 }
 
@@ -72,8 +96,9 @@ __device__ __forceinline__ void mmvq_load(typename QTraits<QT>::Row (&r)[2], con
 // while the current one is multiplied, then reduce through shared memory.
 template <int QT>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32)
-mmvq(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restrict__ sums, float* __restrict__ y,
-     const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int T, int ldy) {
+mmvq(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restrict__ sums, const f16* __restrict__ act_lo,
+     const f16* __restrict__ sums_lo, float* __restrict__ y, const float* __restrict__ bias,
+     const float* __restrict__ residual, int rows, int K, int T, int ldy) {
     using Q = QTraits<QT>;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -83,25 +108,25 @@ mmvq(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restric
     const i64 ntot = (i64)rows * nb;
     const bool has_col = g < T;
 
-    float acc[4] = {0.f, 0.f, 0.f, 0.f}, accm[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
     typename Q::Row ra[2], rb[2];
     int sb = warp;
     if (sb < nsb) mmvq_load<QT>(ra, w, ntot, nb, row0, rows, sb, c, g);
     while (sb < nsb) {  // unrolled by two so the buffers swap without copies
         if (sb + num_warps < nsb) mmvq_load<QT>(rb, w, ntot, nb, row0, rows, sb + num_warps, c, g);
-        mmvq_compute<QT>(ra, act, sums, has_col, sb, c, g, acc, accm);
+        mmvq_compute<QT>(ra, act, act_lo, sums, sums_lo, has_col, sb, c, g, acc);
         sb += num_warps;
         if (sb >= nsb) break;
         if (sb + num_warps < nsb) mmvq_load<QT>(ra, w, ntot, nb, row0, rows, sb + num_warps, c, g);
-        mmvq_compute<QT>(rb, act, sums, has_col, sb, c, g, acc, accm);
+        mmvq_compute<QT>(rb, act, act_lo, sums, sums_lo, has_col, sb, c, g, acc);
         sb += num_warps;
     }
 
     __shared__ float red[MMVQ_MAX_WARPS][16][MMVQ_NCOLS];
-    red[warp][g][2 * c] = acc[0] - accm[0];
-    red[warp][g][2 * c + 1] = acc[1] - accm[1];
-    red[warp][g + 8][2 * c] = acc[2] - accm[2];
-    red[warp][g + 8][2 * c + 1] = acc[3] - accm[3];
+    red[warp][g][2 * c] = acc[0];
+    red[warp][g][2 * c + 1] = acc[1];
+    red[warp][g + 8][2 * c] = acc[2];
+    red[warp][g + 8][2 * c + 1] = acc[3];
     __syncthreads();
     for (int o = threadIdx.x; o < 16 * MMVQ_NCOLS; o += blockDim.x) {
         const int lr = o / MMVQ_NCOLS, col = o % MMVQ_NCOLS, row = row0 + lr;
@@ -148,7 +173,8 @@ mmv_f32(const float* __restrict__ w, const float* __restrict__ x, float* __restr
 // Grid (superblocks, token groups); 256 threads: thread = position in the superblock, looping over the group's
 // tokens. Each group of 8 tokens occupies nsb * 4096 bytes of act and nsb * 128 bytes of sums.
 __global__ void __launch_bounds__(256)
-act_f16(const float* __restrict__ x, f16* __restrict__ act, f16* __restrict__ sums, int T, int K, int ldin) {
+act_f16(const float* __restrict__ x, f16* __restrict__ act, f16* __restrict__ sums, f16* __restrict__ act_lo,
+        f16* __restrict__ sums_lo, int T, int K, int ldin) {
     const int sb = blockIdx.x, grp = blockIdx.y, nsb = gridDim.x, k_local = threadIdx.x;
     const int k = sb * QK_SB + k_local, lane = threadIdx.x & 31;
     const int c = k_local >> 6, h = (k_local >> 5) & 1, i = (k_local >> 2) & 7, r = k_local & 3;
@@ -158,8 +184,14 @@ act_f16(const float* __restrict__ x, f16* __restrict__ act, f16* __restrict__ su
     for (int n = 0; n < 8; ++n) {
         const int t = grp * 8 + n;
         const float v = (t < T && k < K) ? x[(i64)t * ldin + k] : 0.f;
-        act_g[act_index(sb, s, n) + 4 * c + r] = f32_to_f16(v);
+        const f16 hi = f32_to_f16(v);
+        act_g[act_index(sb, s, n) + 4 * c + r] = hi;
         const float sub = warp_sum(v);  // a warp covers one 32-wide sub-block
-        if (lane == 0) sums_g[((i64)sb * 8 + n) * 8 + (k_local >> 5)] = f32_to_f16(sub);
+        const i64 si = ((i64)sb * 8 + n) * 8 + (k_local >> 5);
+        if (lane == 0) sums_g[si] = f32_to_f16(sub);
+        if (act_lo) {  // precise mode: the rounding residue as a second f16 term
+            act_lo[(i64)grp * nsb * 2048 + act_index(sb, s, n) + 4 * c + r] = f32_to_f16(v - f16_to_f32(hi));
+            if (lane == 0) sums_lo[(i64)grp * nsb * 64 + si] = f32_to_f16(sub - f16_to_f32(f32_to_f16(sub)));
+        }
     }
 }

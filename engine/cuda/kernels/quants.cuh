@@ -15,7 +15,8 @@
 // stored in that order (act layout, mmvq.cu), so the four lanes of a quad read 32 contiguous bytes per token.
 //
 // Dequantization is exact where it can be: K-quants give A = q * sub-scale as exact small integers in f16 and apply
-// the f32 super-scale d after the mma; the mins of Q4_K/Q5_K go through one more mma against sub-block sums of x.
+// the f32 super-scale d after the mma; the mins of Q4_K/Q5_K go through one more mma (exact integer mins against
+// sub-block sums of x), scaled by the f32 dmin after it.
 #pragma once
 #include "common.cuh"
 
@@ -214,9 +215,10 @@ template <> struct QTraits<QT_Q4_K> {
         k.lo_b = hmul2(k.lo_s, H2_NEG1024);
         k.hi_s = hmul2(dup_hi(sch), H2_SIXTEENTH);     // high nibbles: 16 q + 1024
         k.hi_b = hmul2(dup_hi(sch), H2_NEG64);
-        k.mins = hmul2(bytes01_to_h2(mn), dup_hi(r.dm));  // dmin * m of both sub-blocks
+        k.mins = bytes01_to_h2(mn);  // m of both sub-blocks, exact (dmin is applied in f32 after the mma)
     }
     static __device__ __forceinline__ float dscale(const Row& r) { return f16_to_f32((f16)(r.dm & 0xFFFFu)); }
+    static __device__ __forceinline__ float mscale(const Row& r) { return f16_to_f32((f16)(r.dm >> 16)); }
     // full dequantization: (d sc) q - dmin m, with d sc and dmin m rounded to f16
     struct FullConsts { u32 lo_s, lo_b, hi_s, hi_b, lo_m, hi_m; };
     static __device__ __forceinline__ void prepare_full(const Row& r, int c, FullConsts& k) {
@@ -283,9 +285,10 @@ template <> struct QTraits<QT_Q5_K> {
         k.lo_b = hmul2(k.lo_s, H2_NEG1024);
         k.hi_s = dup_hi(sch);
         k.hi_b = hmul2(k.hi_s, H2_NEG1024);
-        k.mins = hmul2(bytes01_to_h2(mn), dup_hi(r.dm));
+        k.mins = bytes01_to_h2(mn);
     }
     static __device__ __forceinline__ float dscale(const Row& r) { return f16_to_f32((f16)(r.dm & 0xFFFFu)); }
+    static __device__ __forceinline__ float mscale(const Row& r) { return f16_to_f32((f16)(r.dm >> 16)); }
     struct FullConsts { u32 lo_s, lo_b, hi_s, hi_b, lo_m, hi_m; };
     static __device__ __forceinline__ void prepare_full(const Row& r, int c, FullConsts& k) {
         u32 sc, mn;
