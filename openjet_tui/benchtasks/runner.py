@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ def run_suite(options: SuiteOptions, reporter: Reporter) -> tuple[dict[str, Any]
     if options.repeat < 1:
         raise BenchTaskError(f"--repeat must be at least 1, got {options.repeat}")
     tasks = load_suite(options.suite_dir, options.pattern)
+    _check_tools(tasks, options.python)
     root = Path(__file__).resolve().parents[2]
     info = RunInfo(options.target.provider, options.target.base_url, options.target.model, git_commit(root),
                    machine_description(), time.strftime("%Y-%m-%d %H:%M:%S %Z"), options.repeat)
@@ -132,6 +134,16 @@ def run_suite(options: SuiteOptions, reporter: Reporter) -> tuple[dict[str, Any]
     reporter.close(document["summary"])
     results_dir = options.results_dir or default_suite_dir().parent / "results"
     return document, write_results(document, results_dir)
+
+
+def _check_tools(tasks: list[TaskSpec], python: str | None) -> None:
+    """pytest checks need pytest beside the interpreter that runs them; without it every task would just fail."""
+    if not any(task.check_kind == "pytest" for task in tasks):
+        return
+    probe = subprocess.run([python or sys.executable, "-c", "import pytest"], capture_output=True, timeout=60)
+    if probe.returncode != 0:
+        raise BenchTaskError(f"the hidden checks need pytest in {python or sys.executable}: "
+                             "install it with `pip install 'openjet[dev]'` (or pytest alone)")
 
 
 def _scratch_dir(keep_dir: Path | None) -> Path:

@@ -132,7 +132,7 @@ def _check_layout(root: Path, check_kind: str) -> None:
 
 def load_task(root: Path) -> TaskSpec:
     """Read and validate one task folder."""
-    root = Path(root)
+    root = Path(root).resolve()  # setup.sh and the check run from inside the workspace, not from here
     toml_path = root / "task.toml"
     data = _read_toml(toml_path)
     _check_unknown(toml_path, data, _TOP_KEYS, "task.toml")

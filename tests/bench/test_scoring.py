@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,10 +16,11 @@ import pytest
 from rich.console import Console
 
 from openjet_tui.benchtasks.agentrun import AgentTarget
+from openjet_tui.benchtasks.errors import BenchTaskError
 from openjet_tui.benchtasks.report import Reporter
 from openjet_tui.benchtasks.runner import ServerUnusableError, SuiteOptions, run_suite
 from openjet_tui.benchtasks.suite import TaskSpec, load_suite
-from openjet_tui.benchtasks.workspace import overlay_files
+from openjet_tui.benchtasks.workspace import overlay_files, prepare_workspace
 from openjet_tui.cli import main as openjet_main
 from tests.agent.scripted_server import ScriptedReply, ScriptedServer, call, reply
 
@@ -182,3 +185,20 @@ def test_cli_rejects_broken_tasks_without_running_the_agent(tmp_path, capsys):
 def test_cli_reports_bad_selection(tmp_path, capsys):
     code = openjet_main(["bench", "tasks", "--tasks", "no-such-task", "--results-dir", str(tmp_path)])
     assert code == 2 and "no task matches 'no-such-task'" in capsys.readouterr().err
+
+
+def test_suite_refuses_to_run_pytest_checks_without_pytest(tmp_path):
+    bare = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    options = SuiteOptions(pattern="05-*", python=str(bare / "bin" / "python"), results_dir=tmp_path / "results")
+    with pytest.raises(BenchTaskError, match="need pytest"), open(tmp_path / "t.txt", "w") as table:
+        run_suite(options, Reporter(Console(file=table)))
+
+
+def test_relative_suite_path_works_from_another_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(next(t for t in SUITE if t.name == "11-version-from-git-log").root.parent.parent)
+    (task,) = load_suite(Path("tasks"), "11-*")
+    assert task.root.is_absolute()
+    monkeypatch.chdir(tmp_path)
+    workspace = prepare_workspace(task, tmp_path / "ws")  # runs setup.sh from inside the workspace
+    assert (workspace / ".git").is_dir()
