@@ -76,6 +76,7 @@ def _agreement(golden_cases, ours, arch: str, mode: str) -> Agreement:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tiny_model_regenerates_the_file_llamacpp_read(golden_cases, arch):
+    """The generator still writes, byte for byte, the file llama.cpp was run on."""
     spec, arrays, path = golden_cases[arch]
     assert path.stat().st_size == spec["size"], f"regenerated {arch} model has another size; {REFRESH}"
     assert _sha256(path) == spec["sha256"], f"regenerated {arch} model has other bytes; {REFRESH}"
@@ -84,6 +85,7 @@ def test_tiny_model_regenerates_the_file_llamacpp_read(golden_cases, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_exact_mode_meets_the_targets(golden_cases, ours, arch):
+    """Against llama.cpp in float32: top-1 >= 98 %, KL < 0.01 (upper bound), log-probs equal to rounding."""
     agreement = _agreement(golden_cases, ours, arch, "exact")
     assert agreement.num_positions >= 256
     assert agreement.top1 >= MIN_TOP1, f"{arch}: top-1 mismatches at {agreement.mismatches}"
@@ -93,6 +95,7 @@ def test_exact_mode_meets_the_targets(golden_cases, ours, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quant_mode_does_as_well_as_measured(golden_cases, ours, arch):
+    """Against llama.cpp's quantized-activation path on the file as it is: no worse than measured."""
     measured = golden_cases[arch][0]["measured"]["quant"]
     agreement = _agreement(golden_cases, ours, arch, "quant")
     assert agreement.top1 >= measured["top1"] - QUANT_TOP1_SLACK, (agreement.mismatches, measured["mismatches"])

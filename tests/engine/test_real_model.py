@@ -70,6 +70,7 @@ def ours_along_golden(real_model_path, golden) -> list[np.ndarray]:
 
 
 def test_tokenizer_gives_llamacpps_ids(real_model_path, golden):
+    """Our ids equal llama-tokenize's on the mixed corpus and on the rendered chat prompts; decode inverts them."""
     from engine.gguf.reader import GGUFFile
     from engine.text.tokenizer import Tokenizer
 
@@ -90,6 +91,7 @@ def test_tokenizer_gives_llamacpps_ids(real_model_path, golden):
 
 
 def test_greedy_tokens_agree_with_llamacpp(golden, ours_along_golden):
+    """Our greedy choice equals llama.cpp's greedy token after every golden prefix, but at its own near-ties."""
     spec, arrays = golden
     total, matched, far = 0, 0, []
     for i, ours in enumerate(ours_along_golden):
@@ -110,6 +112,7 @@ def test_greedy_tokens_agree_with_llamacpp(golden, ours_along_golden):
 
 @pytest.mark.parametrize("mode", ["exact", "quant"])
 def test_distributions_along_greedy_sequences(golden, ours_along_golden, mode):
+    """Our next-token distributions along llama.cpp's greedy sequences: top-1 and KL targets (exact: log-probs too)."""
     spec, arrays = golden
     compact = [TopK.from_arrays(arrays, f"p{i}_{mode}") for i in range(len(ours_along_golden))]
     joined = TopK(*(np.concatenate([getattr(c, name) for c in compact])
@@ -131,6 +134,7 @@ def _extract_python(text: str) -> str:
 
 
 def test_generate_chat_writes_a_working_add_function(real_model_path):
+    """`openjet-engine generate --chat` answers with a Python function that really adds two numbers."""
     engine_cli = Path(sys.executable).with_name("openjet-engine")
     done = subprocess.run([str(engine_cli), "generate", "--model", str(real_model_path), "--chat", "--prompt",
                            CHAT_PROMPT, "--max-tokens", str(CHAT_MAX_TOKENS)],
