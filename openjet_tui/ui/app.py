@@ -22,6 +22,7 @@ from openjet_tui.agent.loop import Agent
 from openjet_tui.agent.proposals import ProposalBook
 from openjet_tui.agent.watch import WorkspaceWatcher
 from openjet_tui.errors import OpenJetError
+from openjet_tui.llm.probe import ProbeReport
 from openjet_tui.runtime.hardware import GpuSample, probe_hardware, sample_gpus
 from openjet_tui.ui.approver import InlineApprover
 from openjet_tui.ui.commands import COMMANDS, mode_candidates
@@ -50,8 +51,6 @@ class OpenJetApp(SlashCommands, App[int]):
         Binding("f2", "command('/engine')", "Engine panel"),
         Binding("f3", "command('/slipstream')", "Slipstream"),
         Binding("f4", "command('/resume')", "Resume"),
-        Binding("pageup", "scroll_conversation(-1)", "Scroll up", show=False),
-        Binding("pagedown", "scroll_conversation(1)", "Scroll down", show=False),
     ]
     is_busy: reactive[bool] = reactive(False, init=False)
 
@@ -110,19 +109,26 @@ class OpenJetApp(SlashCommands, App[int]):
             self.sample_gpu()
             self.set_interval(GPU_INTERVAL_S, self.sample_gpu)
 
+    @property
+    def is_showing(self) -> bool:
+        """False while the app shuts down (workers may still be finishing)."""
+        return self.is_running and bool(self.screen_stack) and isinstance(self.screen_stack[0], ChatScreen)
+
     def watch_is_busy(self, is_busy: bool) -> None:
         """Say in the status bar that a turn is running."""
-        self.chat.status_bar.activity = "working" if is_busy else ""
+        if self.is_showing:
+            self.chat.status_bar.activity = "working" if is_busy else ""
 
     def on_agent_event(self, event: ev.Event) -> None:
         """Every agent event: timed as it happens, drawn with the next frame's batch."""
-        if isinstance(self.screen_stack[0] if self.screen_stack else None, ChatScreen):
+        if self.is_showing:
             self.chat.clock(event)
         self.pump.push(event)
 
     async def deliver_events(self, events: list[ev.Event]) -> None:
         """Draw a batch of agent events (the pump calls this at most once per frame)."""
-        await self.chat.show_events(events)
+        if self.is_showing:
+            await self.chat.show_events(events)
 
     def _drawing_failed(self, exc: BaseException) -> None:
         self.log.error("drawing events failed", exc)
@@ -137,14 +143,20 @@ class OpenJetApp(SlashCommands, App[int]):
     @work(exclusive=True, group="connect")
     async def connect(self) -> None:
         """Start the local engine when needed, probe the server, load a resumed session."""
-        chat, controller = self.chat, self.controller
+        controller = self.controller
         try:
             if controller.needs_local_engine:
                 await self.start_local_engine()
             report = await controller.connect()
         except (OpenJetError, httpx.HTTPError) as exc:
-            await chat.notice(f"cannot use the model server: {describe_error(exc)}", "error")
+            if self.is_showing:
+                await self.chat.notice(f"cannot use the model server: {describe_error(exc)}", "error")
             return
+        if self.is_showing:  # the person may have quit while we waited
+            await self._show_connection(report)
+
+    async def _show_connection(self, report: ProbeReport) -> None:
+        chat, controller = self.chat, self.controller
         for note in report.notes:
             await chat.notice(note)
         if not report.is_usable:
@@ -156,10 +168,10 @@ class OpenJetApp(SlashCommands, App[int]):
         chat.engine_panel.model = controller.endpoint.model or "-"
         chat.figures.context_window = controller.context_window
         chat.show_figures()
+        self._show_slipstream()
         if controller.setup.is_resumed and controller.session is not None:
             await chat.show_history(controller.stored_messages())
-        await self.pump.flush()  # notes from recovering an interrupted turn
-        self._show_slipstream()
+            await self.pump.flush()  # notes from recovering an interrupted turn
         if self.poll_metrics and controller.endpoint.is_loopback:
             self.poll_engine_metrics()
 
@@ -279,10 +291,11 @@ class OpenJetApp(SlashCommands, App[int]):
             await self.chat.notice(describe_error(exc), "error")
         finally:
             self.is_busy = False
-            await self.pump.flush()
-            session = self.controller.session
-            self.chat.status_bar.session_id = session.id if session else "new"
-        if self.queued:
+            if self.is_showing:
+                await self.pump.flush()
+                session = self.controller.session
+                self.chat.status_bar.session_id = session.id if session else "new"
+        if self.queued and self.is_showing:
             following = self.queued.pop(0)
             await self.chat.add_user_message(following)
             self.run_turn(following)
@@ -299,11 +312,6 @@ class OpenJetApp(SlashCommands, App[int]):
     def action_command(self, text: str) -> None:
         """Run a slash command from a key or the palette."""
         self.run_command(text)
-
-    def action_scroll_conversation(self, direction: int) -> None:
-        """Page the conversation up or down."""
-        conversation = self.chat.conversation
-        conversation.scroll_page_up() if direction < 0 else conversation.scroll_page_down()
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """The command palette: every slash command and key action, then Textual's own."""

@@ -166,7 +166,7 @@ class SlashCommands:
 
     async def cmd_engine(self, argument: str) -> None:
         """Show or hide the engine panel."""
-        self.chat.toggle_class("-no-engine-panel")
+        self.chat.toggle_engine_panel()
 
     async def cmd_quit(self, argument: str) -> None:
         """Leave the app."""

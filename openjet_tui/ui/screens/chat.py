@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 
@@ -26,12 +27,15 @@ from openjet_tui.ui.widgets.prompts import AnswerPrompt
 from openjet_tui.ui.widgets.status import SlipstreamBanner, StatusBar
 
 T = TypeVar("T")
+NARROW_WIDTH = 100
 
 
 class ChatScreen(Screen[None]):
     """Everything a person sees while working with the agent."""
 
     CSS_PATH = "chat.tcss"
+    BINDINGS = [Binding("pageup", "scroll_conversation(-1)", "Scroll up", show=False, priority=True),
+                Binding("pagedown", "scroll_conversation(1)", "Scroll down", show=False, priority=True)]
 
     def __init__(self, sources: CompletionSources, **kwargs: Any):
         super().__init__(**kwargs)
@@ -56,6 +60,14 @@ class ChatScreen(Screen[None]):
         """Start with the cursor in the editor."""
         self.renderer = EventRenderer(self.conversation)
         self.prompt_input.focus()
+
+    def on_resize(self) -> None:
+        """Below NARROW_WIDTH columns the engine panel hides unless asked for (f2)."""
+        self.set_class(self.size.width < NARROW_WIDTH, "-narrow")
+
+    def toggle_engine_panel(self) -> None:
+        """Show or hide the engine panel."""
+        self.toggle_class("-engine-shown" if self.has_class("-narrow") else "-engine-hidden")
 
     # ---- typed access to the parts ---------------------------------------------------------------------------
     @property
@@ -134,6 +146,9 @@ class ChatScreen(Screen[None]):
                 figures.estimate_decode(event.completion_tokens, seconds)
             self.status_bar.context_used, self.status_bar.context_window = figures.context_used, \
                 figures.context_window
+        elif isinstance(event, ev.TurnStarted):
+            self.status_bar.session_id = event.session_id or self.status_bar.session_id
+            changed = False
         elif isinstance(event, ev.EngineStats):
             figures.apply_timings(event.prompt_per_second, event.predicted_n, event.predicted_per_second,
                                   event.draft_n, event.draft_n_accepted)
@@ -171,6 +186,14 @@ class ChatScreen(Screen[None]):
                 await prompt.remove()
             if not self.prompt_area.children:
                 self.prompt_input.focus()
+
+    def action_scroll_conversation(self, direction: int) -> None:
+        """Page the conversation up or down, wherever the focus is."""
+        conversation = self.conversation
+        if direction < 0:
+            conversation.scroll_page_up(animate=False)
+        else:
+            conversation.scroll_page_down(animate=False)
 
     def set_workspace(self, root: Path) -> None:
         """Show the workspace in the status bar, with ~ for the home folder."""

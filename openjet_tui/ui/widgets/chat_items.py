@@ -26,6 +26,7 @@ from openjet_tui.ui.widgets.diff_view import HighlightedSides, HunkView, diff_st
 Record = Callable[[], Widget]
 ORIGIN_BADGES = {"cloud": ("☁ cloud", "bold $text-error"), "delegate": ("local · delegated", "$text-accent")}
 MAX_RESULT_LINES = 60
+APPROVAL_TOOLS = frozenset({"run_shell", "edit_file", "write_file"})
 
 
 def estimate_tokens(text: str) -> int:
@@ -150,10 +151,12 @@ class ToolCard(Collapsible):
 
     def _card_title(self) -> Content:
         status = self.state.get("status")
-        if status is None:
-            status = ("error" if self.state.get("is_error") else "done") if "result" in self.state else "running"
+        if status is None and "result" in self.state:
+            status = "error" if self.state.get("is_error") else "done"
+        elif status is None:  # these may wait for the person before anything runs
+            status = "pending" if self.tool_name in APPROVAL_TOOLS else "running"
         style = {"error": "$text-error", "denied": "$text-error", "rejected": "$text-error", "stale": "$text-error",
-                 "running": "$text-warning", "review": "$text-warning"}.get(status.split()[0], "$text-success")
+                 "running": "$text-warning", "pending": "$text-warning", "awaiting": "$text-warning"}.get(status.split()[0], "$text-success")
         origin = " ☁" if self.origin == "cloud" else ""
         return Content.assemble((call_summary(self.tool_name, self.arguments), "bold"), (origin, "$text-error"),
                                 ("  ", ""), (status, style))

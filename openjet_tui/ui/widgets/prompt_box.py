@@ -78,7 +78,10 @@ class PromptInput(TextArea):
         menu_open = box is not None and box.menu.display
         handled = True
         if event.key == "enter":
-            box.accept_completion() if (box and menu_open) else self.submit()
+            if box is not None and menu_open and not box.completion_is_typed():
+                box.accept_completion()
+            else:
+                self.submit()
         elif event.key in NEWLINE_KEYS:
             self.insert("\n")
         elif menu_open and event.key in ("up", "down", "tab", "escape") and box is not None:
@@ -98,6 +101,8 @@ class PromptInput(TextArea):
 
     def submit(self) -> None:
         """Send the text (not when empty), remember it, clear the editor."""
+        if isinstance(self.parent, PromptBox):
+            self.parent.close_menu()
         text = self.text.strip()
         if not text:
             return
@@ -189,6 +194,13 @@ class PromptBox(Vertical):
             self.accept_completion()
         elif menu.option_count:
             menu.highlighted = ((menu.highlighted or 0) + (1 if key == "down" else -1)) % menu.option_count
+
+    def completion_is_typed(self) -> bool:
+        """True when the word at the cursor already is the highlighted candidate (Enter then sends)."""
+        menu, span = self.menu, self._span
+        if span is None or menu.highlighted is None:
+            return True
+        return self.input.text[span[0]:span[1]] == menu.get_option_at_index(menu.highlighted).id
 
     def accept_completion(self) -> None:
         """Replace the word being typed with the highlighted candidate."""
