@@ -52,12 +52,14 @@ class OpenJetApp(SlashCommands, App[int]):
         Binding("f3", "command('/slipstream')", "Slipstream"),
         Binding("f4", "command('/resume')", "Resume"),
     ]
+    DEFAULT_MODE = "chat"  # a mode's base screen gets its CSS_PATH loaded (a plain default screen would not)
     is_busy: reactive[bool] = reactive(False, init=False)
 
     def __init__(self, options: LaunchOptions, *, editor: str | None = None,
                  gpu_sampler: GpuSampler | None = sample_gpus, poll_metrics: bool = True,
                  watch_workspace: bool = True):
         super().__init__()
+        self.add_mode("chat", self._new_chat_screen)
         self.approver = InlineApprover(self, editor=editor)
         self.pump = EventPump(self.deliver_events, on_error=self._drawing_failed)
         self.controller = AgentController(options, self.approver, self.on_agent_event)
@@ -69,7 +71,7 @@ class OpenJetApp(SlashCommands, App[int]):
         self._stop_watch = asyncio.Event()
 
     # ---- screens and state ---------------------------------------------------------------------------------
-    def get_default_screen(self) -> Screen[Any]:
+    def _new_chat_screen(self) -> ChatScreen:
         """The chat screen, with completion fed by the controller."""
         sources = CompletionSources([(c.slash, c.help) for c in COMMANDS], self._argument_candidates,
                                     lambda query: self.controller.index.complete(query))

@@ -100,7 +100,7 @@ class DiffReview(AnswerPrompt[EditDecision]):
 
     DEFAULT_CSS = """
     DiffReview { border: round $accent; }
-    DiffReview #review-hunks { height: auto; max-height: 60vh; }
+    DiffReview #review-hunks { height: auto; max-height: 50vh; }
     DiffReview #review-stale { display: none; background: $error; color: $text; text-style: bold; padding: 0 1; }
     DiffReview.-stale #review-stale { display: block; }
     """
@@ -154,7 +154,7 @@ class DiffReview(AnswerPrompt[EditDecision]):
         """Move the marker and bring the hunk into view."""
         self._redraw()
         for block in self.query(f"#hunk-{self.current}"):
-            block.scroll_visible(animate=False)
+            self.query_one("#review-hunks", VerticalScroll).scroll_to_widget(block, top=True, animate=False)
 
     def watch_side_by_side(self) -> None:
         """Switch every hunk's layout."""

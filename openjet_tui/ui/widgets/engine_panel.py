@@ -13,19 +13,19 @@ from textual.widgets import Sparkline, Static
 from openjet_tui.runtime.hardware import GpuSample
 from openjet_tui.ui.figures import EngineFigures, format_rate, format_tokens
 
-BAR_CELLS = 10
+BAR_CELLS = 8
 
 
 def context_bar(used: int | None, window: int | None) -> Content:
     """'3.2k / 32k ███░░░░░░ 10%' (or what is known of it)."""
     if used is None:
-        return Content(f"- / {format_tokens(window)}" if window else "-")
+        return Content(f"-/{format_tokens(window)}" if window else "-")
     if not window:
-        return Content(f"{format_tokens(used)} / ? (window unknown)")
+        return Content(f"{format_tokens(used)}/? (window unknown)")
     share = min(1.0, used / window)
     filled = round(share * BAR_CELLS)
     style = "$text-error" if share > 0.8 else "$text-warning" if share > 0.6 else "$text-success"
-    return Content.assemble(f"{format_tokens(used)} / {format_tokens(window)} ", ("█" * filled, style),
+    return Content.assemble(f"{format_tokens(used)}/{format_tokens(window)} ", ("█" * filled, style),
                             ("░" * (BAR_CELLS - filled), "$text-muted"), f" {share:.0%}")
 
 
@@ -126,12 +126,10 @@ class EnginePanel(VerticalScroll):
         figures = self.figures
         self.query_one("#engine-decode", Static).update(_row("decode", format_rate(figures.decode_tps)))
         self.query_one(Sparkline).data = list(figures.decode_history)
-        if figures.acceptance_rate is None:
-            drafts = "- (no drafts reported)"
-        else:
-            length = f" · {figures.acceptance_length:.2f} tok/pass" if figures.acceptance_length else ""
-            drafts = f"{figures.acceptance_rate:.0%} accepted{length}"
-        lines = [_row("prefill", format_rate(figures.prefill_tps)), _row("drafts", drafts),
+        rate, length = figures.acceptance_rate, figures.acceptance_length
+        lines = [_row("prefill", format_rate(figures.prefill_tps)),
+                 _row("drafts", "- (none reported)" if rate is None else f"{rate:.0%} accepted"),
+                 _row("length", "-" if length is None else f"{length:.2f} tok/pass"),
                  _row("context", context_bar(figures.context_used, figures.context_window))]
         self.query_one("#engine-speeds", Static).update(Content("\n").join(lines))
         source = {"estimated": "speed estimated from chunk timing: the server reports none",
