@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import socket
 import sys
 
@@ -29,11 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=18080, help="port (default 18080; 0 picks a free one)")
     parser.add_argument("--ctx", type=int, default=None, help="context window in tokens (default: the model's)")
     parser.add_argument("--draft", choices=DRAFTS, default="auto",
-                        help="draft source: mtp (the model's MTP head), ngram (prompt lookup), none; "
-                             "auto: mtp when the model has a head, else ngram")
+                        help="draft source: mtp (the model's MTP head), ngram (prompt lookup), ngram+mtp (an "
+                             "n-gram match when there is one, else MTP), none; auto: mtp when the model has a head, "
+                             "else ngram")
     parser.add_argument("--n-draft", type=int, default=None,
                         help="most draft tokens per cycle; the adaptive length stays at or below it "
-                             "(default 4 for mtp, 8 for ngram; 0 disables speculation)")
+                             "(default 4 for mtp, 8 for ngram, 6 for ngram+mtp; 0 disables speculation)")
     parser.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every request")
     parser.add_argument("--queue", type=int, default=16,
                         help="requests that may wait while one is served; more get 503 with Retry-After")
@@ -95,9 +97,22 @@ def run(args: argparse.Namespace) -> int:
 
     log.info("listening on http://%s:%d (model loading)", host, port)
     state.start_loading(on_failure=stop_after_failure)
+    # uvicorn shuts down on SIGINT / SIGTERM and then raises the signal again for the previous handler
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
         server.run(sockets=[sock])
+    except (KeyboardInterrupt, _Stopped):
+        pass  # a requested stop, already carried out by uvicorn
     finally:
+        signal.signal(signal.SIGTERM, previous)
         state.shutdown()
         sock.close()
     return 1 if failed else 0
+
+
+class _Stopped(Exception):
+    """SIGTERM arrived (after uvicorn's graceful shutdown)."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped()

@@ -185,7 +185,8 @@ def _common(body: dict[str, Any], vocab_size: int, max_tokens_default: int | Non
     max_tokens = _integer(body, "max_tokens", max_tokens_default, low=1)
     max_tokens = _integer(body, "max_completion_tokens", max_tokens, low=1)
     return GenerationOptions(params=_sampling(body), max_tokens=max_tokens, stop=_stop(body),
-                             logit_bias=_logit_bias(body, vocab_size), cache_prompt=_boolean(body, "cache_prompt", True))
+                             logit_bias=_logit_bias(body, vocab_size),
+                             cache_prompt=_boolean(body, "cache_prompt", True))
 
 
 def _check_known(body: Any, known: frozenset[str]) -> dict[str, Any]:

@@ -19,12 +19,12 @@ from engine.session import Session
 from engine.spec.adaptive import DraftLengthController
 from engine.spec.decode import SpeculativeDecoder
 from engine.spec.drafter import Drafter
-from engine.spec.mtp import MtpDrafter
+from engine.spec.mtp import FallbackDrafter, MtpDrafter
 from engine.spec.ngram import NgramDrafter
 
 log = logging.getLogger("engine.server")
-DRAFTS = ("auto", "mtp", "ngram", "none")
-DEFAULT_N_DRAFT = {"mtp": 4, "ngram": 8}
+DRAFTS = ("auto", "mtp", "ngram", "ngram+mtp", "none")
+DEFAULT_N_DRAFT = {"mtp": 4, "ngram": 8, "ngram+mtp": 6}
 
 
 @dataclass(slots=True)
@@ -36,7 +36,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 18080
     context_size: int | None = None
-    draft: str = "auto"  # auto: MTP when the model has a head, else n-gram
+    draft: str = "auto"  # auto: MTP when the model has a head, else n-gram; ngram+mtp: n-gram match first
     n_draft: int | None = None  # the most draft tokens per cycle; None: DEFAULT_N_DRAFT
     api_key: str | None = None
     max_waiting: int = 16
@@ -57,12 +57,16 @@ class ServerConfig:
 def build_decoder(backend: Backend, draft: str, n_draft: int | None) -> tuple[SpeculativeDecoder, str]:
     """The speculative decoder for --draft and --n-draft, and the drafter actually used (mtp | ngram | none)."""
     kind = ("mtp" if backend.can_draft else "ngram") if draft == "auto" else draft
-    if kind == "mtp" and not backend.can_draft:
-        raise EngineError("--draft mtp needs a model with an MTP head (qwen35 nextn layers); use --draft ngram")
+    if "mtp" in kind and not backend.can_draft:
+        raise EngineError(f"--draft {kind} needs a model with an MTP head (qwen35 nextn layers); use --draft ngram")
     max_draft = DEFAULT_N_DRAFT.get(kind, 0) if n_draft is None else n_draft
     if kind == "none" or max_draft == 0:
         return SpeculativeDecoder(backend), "none"
-    drafter: Drafter = MtpDrafter(backend) if kind == "mtp" else NgramDrafter()
+    drafter: Drafter
+    if kind == "ngram+mtp":  # a prompt-lookup match when there is one (long runs), else the MTP head
+        drafter = FallbackDrafter(NgramDrafter(), MtpDrafter(backend))
+    else:
+        drafter = MtpDrafter(backend) if kind == "mtp" else NgramDrafter()
     return SpeculativeDecoder(backend, drafter, DraftLengthController(max_draft=max_draft)), kind
 
 

@@ -139,3 +139,26 @@ def test_prompt_past_the_context_window(qwen2_server, client: openai.OpenAI) -> 
     assert count > 512 and "context window of 512 tokens" in message
     # the server is still fine
     assert client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_metrics_follow_the_requests(qwen2_server, client: openai.OpenAI) -> None:
+    before = {name: qwen2_server.metric(name) for name in (
+        "openjet_generated_tokens_total", "openjet_prompt_tokens_total", "openjet_prefix_cache_hit_tokens_total",
+        "openjet_verify_passes_total")}
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "A new prompt."}],
+                                           max_tokens=7, temperature=0)
+    timings = reply.model_extra["timings"]
+    after = {name: qwen2_server.metric(name) for name in before}
+    assert after["openjet_generated_tokens_total"] - before["openjet_generated_tokens_total"] == 7
+    assert after["openjet_prompt_tokens_total"] - before["openjet_prompt_tokens_total"] == timings["prompt_n"]
+    assert (after["openjet_prefix_cache_hit_tokens_total"] - before["openjet_prefix_cache_hit_tokens_total"]
+            == timings["cache_n"])
+    passes = after["openjet_verify_passes_total"] - before["openjet_verify_passes_total"]
+    assert 1 <= passes <= 7
+    assert qwen2_server.metric("openjet_acceptance_length") == pytest.approx(7 / passes)
+    assert qwen2_server.metric("openjet_decode_tokens_per_second") > 0
+    assert qwen2_server.metric("openjet_context_size") == 512
+    assert qwen2_server.metric("openjet_context_tokens") == reply.usage.prompt_tokens + 7 - 1
+    info = 'backend="reference",backend_reason="requested with --backend reference",draft="ngram",model="'
+    text = httpx.get(f"{qwen2_server.url}/metrics").text
+    assert f"openjet_backend_info{{{info}" in text

@@ -11,7 +11,8 @@ from chisq import chi_square_pvalue
 from engine.backend import Backend, Draft, TokenSequence
 from engine.reference.backend import ReferenceBackend
 from engine.sampling import SamplingParams, sampling_probs
-from engine.spec import DraftLengthController, MtpDrafter, NgramDrafter, SpecStats, SpeculativeDecoder
+from engine.spec import (DraftLengthController, FallbackDrafter, MtpDrafter, NgramDrafter, SpecStats,
+                         SpeculativeDecoder)
 
 SMALL = dict(tokenizer=False, hidden_size=64, ffn_size=128, num_heads=2, num_kv_heads=1, head_dim=32)
 
@@ -48,12 +49,13 @@ def prompts(count: int, vocab: int) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("drafter", ["mtp", "ngram"])
+@pytest.mark.parametrize("drafter", ["mtp", "ngram", "ngram+mtp"])
 def test_greedy_speculation_changes_nothing(qwen35: ReferenceBackend, drafter: str) -> None:
     params = SamplingParams(temperature=0)
     plain = SpeculativeDecoder(qwen35)
-    source = MtpDrafter(qwen35) if drafter == "mtp" else NgramDrafter(min_ngram=1)
-    spec = SpeculativeDecoder(qwen35, source, fixed(3))
+    sources = {"mtp": MtpDrafter(qwen35), "ngram": NgramDrafter(min_ngram=1),
+               "ngram+mtp": FallbackDrafter(NgramDrafter(), MtpDrafter(qwen35))}
+    spec = SpeculativeDecoder(qwen35, sources[drafter], fixed(3))
     stats = SpecStats()
     for prompt in prompts(20, qwen35.vocab_size):
         expected = decode(qwen35, plain, prompt, params, 24)
