@@ -59,6 +59,7 @@ class EngineWorker:
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
         self._is_stopping = False
+        self._current: Job | None = None  # the running job
         self._mean_job_s = 5.0  # decayed mean job duration, for Retry-After
         self._thread = threading.Thread(target=self._loop, name="openjet-engine", daemon=True)
 
@@ -70,7 +71,7 @@ class EngineWorker:
         """Cancel every job and end the thread (the running job stops at its next cycle)."""
         with self._cond:
             self._is_stopping = True
-            for job in self._queue:
+            for job in [*self._queue, *([self._current] if self._current is not None else [])]:
                 job.cancelled.set()
             self._queue.clear()
             self._cond.notify_all()
@@ -112,13 +113,15 @@ class EngineWorker:
                     self._cond.wait()
                 if self._is_stopping:
                     return
-                job = self._queue.popleft()
+                job = self._current = self._queue.popleft()
                 self.metrics.waiting.set(len(self._queue))
             self.metrics.running.set(1)
             started = time.perf_counter()
             try:
                 self._run(job)
             finally:
+                with self._cond:
+                    self._current = None
                 self.metrics.running.set(0)
                 self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
 

@@ -96,3 +96,29 @@ def test_disconnect_while_queued_leaves_the_queue(queued_server) -> None:
     wait_until_idle(queued_server)
     assert queued_server.metric("openjet_requests_total", 'outcome="cancelled"') == cancelled_before + 1
     assert queued_server.metric("openjet_verify_passes_total") - passes_before == 60  # only the long request ran
+
+
+def test_stopping_the_worker_cancels_the_running_job(tiny_qwen2) -> None:
+    import threading
+
+    from engine.server.generation import Finished, GenerationJob
+    from engine.server.prompts import Prompt
+    from engine.server.schemas import GenerationOptions
+    from engine.server.worker import Job
+    from engine.sampling import SamplingParams
+
+    state = loaded_state(tiny_qwen2, context_size=512, n_draft=0)
+    worker = state.worker
+    events, started = [], threading.Event()
+
+    def emit(event) -> None:
+        events.append(event)
+        started.set()
+
+    options = GenerationOptions(params=SamplingParams(temperature=0), max_tokens=500)
+    worker.submit(Job(GenerationJob(Prompt("", [1, 2, 3]), options), emit))
+    assert started.wait(10)
+    worker.stop(timeout=5)
+    assert not worker._thread.is_alive()
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "cancelled"
+    assert events[-1].num_generated < 500
