@@ -31,7 +31,7 @@ def _model_file(report: Report) -> Path:
     return path
 
 
-def _time_passes(backend, report: Report, copy_gbps: float, pass_bytes: int) -> None:
+def _time_passes(backend, report: Report, copy_gbps: float, pass_bytes: int, tag: str) -> None:
     """Graph-replayed forward passes of T tokens at the current length (the pass does not commit, so every
     replay is the same pass), and the commit of an accepted prefix."""
     dev = backend.dev
@@ -45,13 +45,13 @@ def _time_passes(backend, report: Report, copy_gbps: float, pass_bytes: int) -> 
         med, spread = median_time(dev, graph.launch, reps=20, warmup=3)
         base = base or med
         roofline_ms = pass_bytes / (copy_gbps * 1e9) * 1e3
-        timing = Timing("forward", f"27b.T{t}", f"ctx{backend.num_tokens}", med, spread, pass_bytes,
+        timing = Timing("forward", f"27b{tag}.T{t}", f"ctx{backend.num_tokens}", med, spread, pass_bytes,
                         {"vs_T1": round(med / base, 3), "roofline_frac": round(roofline_ms / med, 3)})
         report.timings.append(timing)
-        print(f"  forward T={t}: {med:.3f} ms ({timing.gbps:.0f} GB/s, {roofline_ms / med:.0%} of the copy-bandwidth"
+        print(f"  forward{tag} T={t}: {med:.3f} ms ({timing.gbps:.0f} GB/s, {roofline_ms / med:.0%} of the copy-bandwidth"
               f" roofline, {med / base:.2f}x T=1)", flush=True)
         med_acc, spread_acc = median_time(dev, lambda t=t: backend.model.accept(t, t), reps=10, warmup=2)
-        report.timings.append(Timing("commit", f"27b.T{t}", "deltanet", med_acc, spread_acc))
+        report.timings.append(Timing("commit", f"27b{tag}.T{t}", "deltanet", med_acc, spread_acc))
         print(f"  commit of {t} verified tokens (DeltaNet re-run): {med_acc:.3f} ms", flush=True)
         backend._pending = None
 
@@ -92,7 +92,11 @@ def bench_27b(report: Report, args) -> None:
         report.timings.append(bw)
         report.info["copy_gbps_27b_run"] = round(bw.gbps, 1)
         _decode_sanity(backend, report)
-        _time_passes(backend, report, bw.gbps, pass_bytes)
+        backend.set_precise(True)
+        _time_passes(backend, report, bw.gbps, pass_bytes, "")
+        backend.set_precise(False)
+        _time_passes(backend, report, bw.gbps, pass_bytes, ".fast")
+        backend.set_precise(True)
         _time_prefill(backend, report)
     finally:
         backend.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.gpu_common import TOL_F32, Report, compare
+from bench.gpu_common import TOL_F32, Report, compare, poison
 from bench.gpu_ops import Scope, randn
 from engine.cuda import mixers
 from engine.cuda.device import Device
@@ -87,22 +87,69 @@ def check_gates(dev: Device, report: Report, rng: np.random.Generator, num_token
 
 def check_delta_rule(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int, commit: bool,
                      hk: int = 16, hv: int = 48, dk: int = 128, dv: int = 128) -> None:
-    """gdn_recurrent against ops.gated_delta_rule (q, k normalised, q scaled, g <= 0, beta in (0, 1))."""
+    """gdn_recurrent from raw inputs (L2 norms and gates inside, normalised q/k and gates saved when not
+    committing), then from those saved, prepared inputs: both against ops.gated_delta_rule."""
     s = Scope(dev)
-    q = ref.l2_norm(randn(rng, num_tokens, hk, dk), 1e-6) * F32(dk ** -0.5)
-    k = ref.l2_norm(randn(rng, num_tokens, hk, dk), 1e-6)
-    v = randn(rng, num_tokens, hv, dv)
-    g = -np.abs(randn(rng, num_tokens, hv, scale=0.3))
-    beta = ref.sigmoid(randn(rng, num_tokens, hv))
+    q_raw, k_raw, v = randn(rng, num_tokens, hk, dk), randn(rng, num_tokens, hk, dk), randn(rng, num_tokens, hv, dv)
+    alpha, b = randn(rng, num_tokens, hv, scale=2.0), randn(rng, num_tokens, hv, scale=2.0)
+    a, dt = -np.exp(randn(rng, hv, scale=0.5)), randn(rng, hv)
+    q = ref.l2_norm(q_raw, 1e-6) * F32(dk ** -0.5)
+    k = ref.l2_norm(k_raw, 1e-6)
+    g, beta = a * ref.softplus(alpha + dt), ref.sigmoid(b)
     state = randn(rng, hv, dk, dv, scale=0.1)
-    sb = s.put(state)
-    o = s.out(4 * num_tokens * hv * dv)
-    mixers.gdn_recurrent(dev, s.put(q), s.put(k), s.put(v), s.put(g), s.put(beta), sb, o, num_tokens, hk, hv, dk, dv,
-                         hk * dk, hv * dv, hv * dv, commit)
     want_o, want_state = ref.gated_delta_rule(q, k, v, g, beta, state)
-    compare(report, "gdn_rule", f"T{num_tokens}.o", s.get(o, v.shape), want_o, TOL_F32)
-    compare(report, "gdn_rule", f"T{num_tokens}.state" + ("" if commit else ".kept"), s.get(sb, state.shape),
+    sb = s.put(state)
+    o, gb, betab = s.out(4 * num_tokens * hv * dv), s.out(4 * num_tokens * hv), s.out(4 * num_tokens * hv)
+    qk_out = s.out(8 * num_tokens * hk * dk)
+    qkb = s.put(np.concatenate([q_raw.reshape(num_tokens, -1), k_raw.reshape(num_tokens, -1)], axis=1))
+    mixers.gdn_recurrent(dev, qkb, qkb.view(4 * hk * dk), s.put(v), sb, o, num_tokens, hk, hv, dk, dv, 2 * hk * dk,
+                         hv * dv, hv * dv, commit, g=gb, beta=betab, alpha=s.put(alpha), b=s.put(b), a=s.put(a),
+                         dt_bias=s.put(dt), ld_gate=hv, qk_out=None if commit else qk_out)
+    compare(report, "gdn_rule", f"raw.T{num_tokens}.o", s.get(o, v.shape), want_o, TOL_F32)
+    compare(report, "gdn_rule", f"raw.T{num_tokens}.state" + ("" if commit else ".kept"), s.get(sb, state.shape),
             want_state if commit else state, TOL_F32)
+    if commit:
+        s.close()
+        return
+    saved = s.get(qk_out, (num_tokens, 2, hk, dk))
+    compare(report, "gdn_rule", "saved.q", saved[:, 0], q, TOL_F32)
+    compare(report, "gdn_rule", "saved.k", saved[:, 1], k, TOL_F32)
+    compare(report, "gdn_rule", "saved.g", s.get(gb, g.shape), g, TOL_F32)
+    # commit the first n tokens from the saved, prepared inputs (the accept path)
+    n = max(1, num_tokens - 2)
+    poison(dev, o)
+    mixers.gdn_recurrent(dev, qk_out, qk_out.view(4 * hk * dk), s.put(v), sb, o, n, hk, hv, dk, dv, 2 * hk * dk,
+                         hv * dv, hv * dv, True, g=gb, beta=betab)
+    _, want_n = ref.gated_delta_rule(q[:n], k[:n], v[:n], g[:n], beta[:n], state)
+    compare(report, "gdn_rule", f"prepared.commit{n}", s.get(sb, state.shape), want_n, TOL_F32)
+    s.close()
+
+
+def check_qk_prep(dev: Device, report: Report, rng: np.random.Generator, start: int = 1234, num_tokens: int = 5,
+                  gated: bool = True) -> None:
+    """q/k RMSNorm per head, partial rope on q and k, q written back, k and v into the f16 caches."""
+    s = Scope(dev)
+    stride = 2 * D if gated else D
+    width = HQ * stride + 2 * HKV * D
+    proj = randn(rng, num_tokens, width)
+    pb = s.put(proj)
+    qn, kn = randn(rng, D), randn(rng, D)
+    kc, vc = s.out(2 * HKV * CAP * D, "k"), s.out(2 * HKV * CAP * D, "v")
+    positions = np.arange(start, start + num_tokens, dtype=np.int32)
+    q_off, k_off = 0, HQ * stride
+    mixers.qk_prep(dev, pb, pb.view(4 * k_off), pb.view(4 * (k_off + HKV * D)), s.put(qn), s.put(kn), kc, vc,
+                   s.put(positions), num_tokens, HQ, HKV, D, width, stride, CAP, 64, 1e7, True, 1e-6)
+    q = proj[:, : HQ * stride].reshape(num_tokens, HQ, stride)[..., :D]
+    k = proj[:, k_off : k_off + HKV * D].reshape(num_tokens, HKV, D)
+    v = proj[:, k_off + HKV * D :].reshape(num_tokens, HKV, D)
+    want_q = ref.rope(ref.rms_norm(q, qn, 1e-6), positions, 64, 1e7, True)
+    want_k = ref.rope(ref.rms_norm(k, kn, 1e-6), positions, 64, 1e7, True)
+    got = s.get(pb, proj.shape)
+    compare(report, "qk_prep", "q", got[:, : HQ * stride].reshape(num_tokens, HQ, stride)[..., :D], want_q, TOL_F32)
+    kcache = s.get(kc, (HKV, CAP, D), np.float16)[:, start : start + num_tokens].transpose(1, 0, 2)
+    vcache = s.get(vc, (HKV, CAP, D), np.float16)[:, start : start + num_tokens].transpose(1, 0, 2)
+    compare(report, "qk_prep", "k.cache", kcache.astype(F32), want_k, 1e-3)
+    compare(report, "qk_prep", "v.cache", vcache.astype(F32), v, 1e-3)
     s.close()
 
 
@@ -119,3 +166,4 @@ def run_mixer_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
     check_delta_rule(dev, report, rng, 1, commit=True)
     check_delta_rule(dev, report, rng, 5, commit=False)
     check_delta_rule(dev, report, rng, 200, commit=True)
+    check_qk_prep(dev, report, rng)

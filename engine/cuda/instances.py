@@ -32,6 +32,8 @@ def qtype_tag(qtype: Q) -> str:
 GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0)
 # Weight types the embedding lookup reads (the matmul types plus F32).
 EMBED_QTYPES = (Q.F32,) + MATMUL_QTYPES
+# How the matmul input is produced (kernels/act.cu ACT_*), in template-argument order.
+ACT_MODES = ("plain", "rmsnorm", "swiglu", "gatednorm")
 # Attention head sizes with an instance, and the queries each warp keeps in registers for them.
 ATTN_HEAD_DIMS = {32: 16, 64: 16, 128: 16, 256: 12}
 # DeltaNet key-head sizes with an instance (multiples of 32: rows per lane = size / 32).
@@ -42,14 +44,16 @@ def _build() -> dict[str, Instance]:
     """The whole table."""
     out: list[Instance] = []
     for qt in MATMUL_QTYPES:
-        out.append(Instance(f"mmvq_{qtype_tag(qt)}", "mmvq", f"mmvq<{int(qt)}>"))
+        out.append(Instance(f"mmvq_{qtype_tag(qt)}", "mmvq", f"mmvq<{int(qt)}, false>"))
+        out.append(Instance(f"mmvq_{qtype_tag(qt)}_x2", "mmvq", f"mmvq<{int(qt)}, true>"))  # precise: hi + lo
     out += [Instance(f"gemm_{qtype_tag(qt)}", "gemm", f"gemm<{int(qt)}>") for qt in GEMM_QTYPES]
-    out += [Instance(n, "mmvq", n) for n in ("mmv_f32", "act_f16")]
+    out += [Instance("mmv_f32", "mmvq", "mmv_f32")]
+    out += [Instance(f"act_{mode}", "act", f"act_from<{i}>") for i, mode in enumerate(ACT_MODES)]
     out += [Instance(n, "norm", n) for n in ("rms_norm", "head_norm", "gated_rms_norm")]
     out += [Instance("rope_neox", "rope", "rope<true>"), Instance("rope_norm", "rope", "rope<false>")]
     out += [Instance(n, "elementwise", n) for n in ("swiglu", "sigmoid_mul")]
     out += [Instance(f"get_rows_{qtype_tag(qt)}", "elementwise", f"get_rows<{int(qt)}>") for qt in EMBED_QTYPES]
-    out += [Instance(n, "attention", n) for n in ("kv_store", "attn_combine")]
+    out += [Instance(n, "attention", n) for n in ("kv_store", "qk_prep", "attn_combine")]
     out += [Instance(f"attn_d{d}", "attention", f"attn<{d}, {qpw}>") for d, qpw in ATTN_HEAD_DIMS.items()]
     out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]
     out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}>") for d in GDN_KEY_DIMS]

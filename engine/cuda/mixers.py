@@ -25,8 +25,42 @@ class AttnArgs(ctypes.Structure):
          "gate_head_stride", "tile_tokens")] + [("scale", ctypes.c_float)]
 
 
+class QkPrep(ctypes.Structure):
+    """Mirror of struct QkPrep in kernels/attention.cu."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in
+                ("q", "k", "v", "q_norm", "k_norm", "kcache", "vcache", "positions")] + [
+        (n, ctypes.c_int32) for n in
+        ("T", "num_heads", "num_kv_heads", "D", "ld", "q_head_stride", "capacity", "rope_dim", "neox")] + [
+        ("theta", ctypes.c_float), ("eps", ctypes.c_float)]
+
+
+class GdnArgs(ctypes.Structure):
+    """Mirror of struct GdnArgs in kernels/deltanet.cu."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in
+                ("q", "k", "v", "alpha", "b", "a", "dt_bias", "g", "beta", "qk_out", "state", "o")] + [
+        (n, ctypes.c_int32) for n in
+        ("T", "num_k_heads", "num_v_heads", "Dk", "Dv", "ld_qk", "ld_v", "ld_o", "ld_gate", "commit", "prepared",
+         "save")] + [("eps", ctypes.c_float), ("q_scale", ctypes.c_float)]
+
+
 def _ptr(buf: Buffer | None) -> int:
     return 0 if buf is None else buf.ptr
+
+
+def qk_prep(dev: Device, q: Buffer, k: Buffer, v: Buffer, q_norm: Buffer | None, k_norm: Buffer | None,
+            kcache: Buffer, vcache: Buffer, positions: Buffer, num_tokens: int, num_heads: int, num_kv_heads: int,
+            head_dim: int, ld: int, q_head_stride: int, capacity: int, rope_dim: int, theta: float, neox: bool,
+            eps: float) -> None:
+    """Per-head q/k RMSNorm (where weights are given), rope, q in place, k and v into the f16 caches."""
+    if head_dim > 256:
+        raise ValueError(f"qk_prep handles heads of at most 256 values, not {head_dim}")
+    args = QkPrep(q.ptr, k.ptr, v.ptr, _ptr(q_norm), _ptr(k_norm), kcache.ptr, vcache.ptr, positions.ptr,
+                  num_tokens, num_heads, num_kv_heads, head_dim, ld, q_head_stride, capacity, rope_dim, int(neox),
+                  float(theta), float(eps))
+    rows = num_tokens * (num_heads + 2 * num_kv_heads)
+    dev.launch(dev.kernel("qk_prep"), (rows + 7) // 8, 256, [args])
 
 
 def attn_tile_tokens(num_heads: int, num_kv_heads: int, head_dim: int) -> int:
@@ -108,14 +142,24 @@ def gdn_gates(dev: Device, alpha: Buffer, b: Buffer, a: Buffer, dt_bias: Buffer,
                [alpha, b, a, dt_bias, g, beta, num_tokens, num_heads, ld_alpha, ld_b])
 
 
-def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, g: Buffer, beta: Buffer, state: Buffer, o: Buffer,
-                  num_tokens: int, num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, ld_qk: int,
-                  ld_v: int, ld_o: int, commit: bool) -> None:
-    """The gated delta rule over T tokens from state [Hv, Dk, Dv]; writes o, and the state only if commit."""
+def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o: Buffer, num_tokens: int,
+                  num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, ld_qk: int, ld_v: int, ld_o: int,
+                  commit: bool, *, g: Buffer, beta: Buffer, alpha: Buffer | None = None, b: Buffer | None = None,
+                  a: Buffer | None = None, dt_bias: Buffer | None = None, ld_gate: int = 0,
+                  qk_out: Buffer | None = None, eps: float = 1e-6) -> None:
+    """The gated delta rule over T tokens from state [Hv, Dk, Dv]; writes o, and the state only if commit.
+
+    With alpha/b/a/dt_bias given, q and k are raw (L2-normalised here, q scaled by Dk^-0.5) and the gates are
+    computed here; qk_out then also receives the normalised q|k rows and g/beta the gates (for a later commit).
+    Without them the inputs are prepared: q, k normalised and g, beta read from their buffers.
+    """
     fitting = [d for d in GDN_KEY_DIMS if d >= k_dim]
     if not fitting:
         raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
+    prepared = alpha is None
+    args = GdnArgs(q.ptr, k.ptr, v.ptr, _ptr(alpha), _ptr(b), _ptr(a), _ptr(dt_bias), g.ptr, beta.ptr,
+                   _ptr(qk_out), state.ptr, o.ptr, num_tokens, num_k_heads, num_v_heads, k_dim, v_dim, ld_qk, ld_v,
+                   ld_o, ld_gate, int(commit), int(prepared), int(qk_out is not None and not prepared), float(eps),
+                   float(k_dim ** -0.5))
     grid = ((v_dim + 31) // 32, num_v_heads)
-    dev.launch(dev.kernel(f"gdn_k{fitting[0]}"), grid, 128,
-               [q, k, v, g, beta, state, o, num_tokens, num_k_heads, num_v_heads, k_dim, v_dim, ld_qk, ld_v, ld_o,
-                int(commit)])
+    dev.launch(dev.kernel(f"gdn_k{fitting[0]}"), grid, 128, [args])

@@ -29,7 +29,8 @@ class DeltaNetBuffers:
 
     window: Buffer  # [K-1 + VERIFY_MAX, C]
     ssm: Buffer  # [Hv, Dk, Dv]
-    conv_out: Buffer  # [VERIFY_MAX, C]
+    conv_out: Buffer  # [VERIFY_MAX, C]: conv outputs (q | k | v after SiLU)
+    qk_norm: Buffer  # [VERIFY_MAX, 2 * Hk * Dk]: normalised q | k
     g: Buffer  # [VERIFY_MAX, Hv]
     beta: Buffer  # [VERIFY_MAX, Hv]
 
@@ -52,15 +53,18 @@ class Workspace:
         self.max_tokens, self.proj_width, self.mix_width = p, proj_width, mix_width
         self.ids, self.pos = dev.alloc(4 * p, "ids"), dev.alloc(4 * p, "positions")
         self.x, self.xn = dev.alloc(4 * p * h, "x"), dev.alloc(4 * p * h, "xn")
-        self.act_h = ops.alloc_act(dev, p, h, "act_h", f32=self.xn, precise=precise)
+        self.act_h = ops.alloc_act(dev, p, h, "act_h", f32=self.xn, precise=True)
         self.proj = dev.alloc(4 * p * proj_width, "proj")
         self.mix, self.mix2 = dev.alloc(4 * p * mix_width, "mix"), dev.alloc(4 * p * mix_width, "mix2")
         # the output projections' inputs: attention output (q_size wide) and DeltaNet output (inner wide)
-        self.act_q = ops.alloc_act(dev, p, cfg.q_size, "act_q", f32=self.mix2, precise=precise)
-        self.act_inner = ops.alloc_act(dev, p, cfg.ssm_inner_size, "act_inner", f32=self.mix2, precise=precise) \
+        self.act_q = ops.alloc_act(dev, p, cfg.q_size, "act_q", f32=self.mix2, precise=True)
+        self.act_inner = ops.alloc_act(dev, p, cfg.ssm_inner_size, "act_inner", f32=self.mix2, precise=True) \
             if cfg.ssm_inner_size else None
         self.ffn = dev.alloc(4 * p * cfg.ffn_size, "ffn_h")
-        self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn, precise=precise)
+        self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn, precise=True)
+        acts = [self.act_h, self.act_q, self.act_ffn] + ([self.act_inner] if self.act_inner else [])
+        self._lo = [(act, act.x16_lo) for act in acts]  # kept allocated: precision is a switch
+        self.set_precise(precise)
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
         self.conv_out = dev.alloc(4 * p * self.conv_dim, "conv_out")
         self.g, self.beta = dev.alloc(4 * p * self.ssm_heads, "g"), dev.alloc(4 * p * self.ssm_heads, "beta")
@@ -72,14 +76,20 @@ class Workspace:
             mixers.attn_scratch_bytes(mixers.MAX_SPLITS, VERIFY_MAX, cfg.num_heads, cfg.head_dim), "attn_scratch")
 
 
+    def set_precise(self, on: bool) -> None:
+        """Precise matmuls (activations as f16 hi + lo) on or off; the buffers stay allocated either way."""
+        for act, lo in self._lo:
+            act.x16_lo = lo if on else None
+
+
 class CudaModel:
     """Weights, per-layer state and workspace of one model on one device, and the forward pass over them."""
 
     def __init__(self, dev: Device, cfg: ModelConfig, weights: CudaWeights, capacity: int, max_tokens: int = 512,
                  precise: bool = False):
         self.dev, self.cfg, self.weights, self.capacity = dev, cfg, weights, capacity
-        self.precise = precise  # activations as f16 hi + lo pairs in the matmuls (f32-level precision)
         self.ws = Workspace(dev, cfg, weights, max_tokens, precise)
+        self.precise = precise  # activations as f16 hi + lo pairs in the matmuls (f32-level precision)
         self.kv: dict[int, KVBuffers] = {}
         self.deltanet: dict[int, DeltaNetBuffers] = {}
         for i, kind in enumerate(cfg.layer_kinds):
@@ -97,6 +107,7 @@ class CudaModel:
             window=dev.alloc(4 * (cfg.ssm_conv_kernel - 1 + VERIFY_MAX) * c, f"blk.{i}.conv_window"),
             ssm=dev.alloc(4 * hv * cfg.ssm_head_dim * cfg.ssm_v_head_dim, f"blk.{i}.ssm_state"),
             conv_out=dev.alloc(4 * VERIFY_MAX * c, f"blk.{i}.pass_qkv"),
+            qk_norm=dev.alloc(8 * VERIFY_MAX * cfg.ssm_num_k_heads * cfg.ssm_head_dim, f"blk.{i}.pass_qk"),
             g=dev.alloc(4 * VERIFY_MAX * hv, f"blk.{i}.pass_g"), beta=dev.alloc(4 * VERIFY_MAX * hv, f"blk.{i}.pass_b"))
 
     def reset_state(self) -> None:
@@ -123,8 +134,7 @@ class CudaModel:
         h = cfg.hidden_size
         ops.get_rows(dev, self.weights.token_embd, ws.ids, ws.x, num_tokens, h)
         for i, lw in enumerate(self.weights.layers):
-            ops.rms_norm(dev, ws.x, lw.vectors["attn_norm"], ws.xn, num_tokens, h, h, h, cfg.rms_eps)
-            ops.act_f16(dev, ws.xn, ws.act_h, num_tokens, h)
+            ops.act_rmsnorm(dev, ws.x, lw.vectors["attn_norm"], ws.act_h, num_tokens, h, cfg.rms_eps, out32=ws.xn)
             if lw.kind == "attention":
                 self._attention(i, lw, num_tokens)
             else:
@@ -139,8 +149,8 @@ class CudaModel:
         """logits[0:rows] = output(RMSNorm(x[first_row:first_row + rows]))."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         h = cfg.hidden_size
-        ops.rms_norm(dev, ws.x.view(4 * first_row * h), self.weights.output_norm, ws.xn, rows, h, h, h, cfg.rms_eps)
-        ops.act_f16(dev, ws.xn, ws.act_h, rows, h)
+        ops.act_rmsnorm(dev, ws.x.view(4 * first_row * h), self.weights.output_norm, ws.act_h, rows, h, cfg.rms_eps,
+                        out32=ws.xn)
         ops.matmul(dev, self.weights.output, ws.act_h, ws.logits, rows, cfg.vocab_size)
 
     def _ffn(self, lw: LayerWeights, num_tokens: int) -> None:
@@ -148,13 +158,11 @@ class CudaModel:
         cfg, ws, dev = self.cfg, self.ws, self.dev
         h, f = cfg.hidden_size, cfg.ffn_size
         norm = lw.vectors["post_attention_norm" if cfg.arch == "qwen35" else "ffn_norm"]
-        ops.rms_norm(dev, ws.x, norm, ws.xn, num_tokens, h, h, h, cfg.rms_eps)
-        ops.act_f16(dev, ws.xn, ws.act_h, num_tokens, h)
+        ops.act_rmsnorm(dev, ws.x, norm, ws.act_h, num_tokens, h, cfg.rms_eps, out32=ws.xn)
         lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width)
         gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
         up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
-        ops.swiglu(dev, gate, up, ws.ffn, num_tokens, f, ws.proj_width, f)
-        ops.act_f16(dev, ws.ffn, ws.act_ffn, num_tokens, f)
+        ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=ws.ffn)
         ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x)
 
     def _attention(self, i: int, lw: LayerWeights, num_tokens: int) -> None:
@@ -166,13 +174,10 @@ class CudaModel:
         q = ws.proj.view(4 * lw.mix_in.offsets["attn_q"])
         k = ws.proj.view(4 * lw.mix_in.offsets["attn_k"])
         v = ws.proj.view(4 * lw.mix_in.offsets["attn_v"])
-        if cfg.has_qk_norm:
-            ops.head_norm(dev, q, lw.vectors["attn_q_norm"], num_tokens, hq, d, width, q_stride, cfg.rms_eps)
-            ops.head_norm(dev, k, lw.vectors["attn_k_norm"], num_tokens, hkv, d, width, d, cfg.rms_eps)
-        ops.rope(dev, q, ws.pos, num_tokens, hq, width, q_stride, cfg.rope_dim, cfg.rope_theta, cfg.rope_neox)
-        ops.rope(dev, k, ws.pos, num_tokens, hkv, width, d, cfg.rope_dim, cfg.rope_theta, cfg.rope_neox)
         cache = self.kv[i]
-        mixers.kv_store(dev, k, v, cache.k, cache.v, ws.pos, num_tokens, hkv, d, self.capacity, width, width)
+        mixers.qk_prep(dev, q, k, v, lw.vectors.get("attn_q_norm"), lw.vectors.get("attn_k_norm"), cache.k, cache.v,
+                       ws.pos, num_tokens, hq, hkv, d, width, q_stride, self.capacity, cfg.rope_dim, cfg.rope_theta,
+                       cfg.rope_neox, cfg.rms_eps)
         tile = mixers.attn_tile_tokens(hq, hkv, d)
         splits = mixers.attn_splits(num_tokens, hkv, tile, dev.info.multiprocessors)
         splits = max(1, min(splits, (mixers.MAX_SPLITS * VERIFY_MAX) // num_tokens))  # what the scratch holds
@@ -186,23 +191,20 @@ class CudaModel:
         """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)); a verify pass keeps its inputs in the layer."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         width, c, hk, hv = ws.proj_width, cfg.ssm_conv_dim, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads
-        dk, dv, inner = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size
+        dk, dv, inner, key = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size, hk * cfg.ssm_head_dim
         lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width)
-        layer = self.deltanet[i]
-        conv_out, g, beta = (ws.conv_out, ws.g, ws.beta) if commit else (layer.conv_out, layer.g, layer.beta)
-        off = lw.mix_in.offsets
+        layer, off = self.deltanet[i], lw.mix_in.offsets
+        conv_out = ws.conv_out if commit else layer.conv_out
         mixers.conv1d_silu(dev, layer.window, ws.proj.view(4 * off["attn_qkv"]), lw.vectors["ssm_conv1d"], conv_out,
                            num_tokens, c, cfg.ssm_conv_kernel, width, c, commit)
-        key = hk * dk
-        ops.head_norm(dev, conv_out, None, num_tokens, hk, dk, c, dk, cfg.rms_eps, l2_scale=dk ** -0.5)
-        ops.head_norm(dev, conv_out.view(4 * key), None, num_tokens, hk, dk, c, dk, cfg.rms_eps, l2_scale=1.0)
-        mixers.gdn_gates(dev, ws.proj.view(4 * off["ssm_alpha"]), ws.proj.view(4 * off["ssm_beta"]),
-                         lw.vectors["ssm_a"], lw.vectors["ssm_dt.bias"], g, beta, num_tokens, hv, width, width)
-        mixers.gdn_recurrent(dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), g, beta, layer.ssm,
-                             ws.mix, num_tokens, hk, hv, dk, dv, c, c, inner, commit)
-        ops.gated_rms_norm(dev, ws.mix, ws.proj.view(4 * off["attn_gate"]), lw.vectors["ssm_norm"], ws.mix2,
-                           num_tokens, hv, dv, inner, width, inner, cfg.rms_eps)
-        ops.act_f16(dev, ws.mix2, ws.act_inner, num_tokens, inner)
+        mixers.gdn_recurrent(
+            dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv, dk,
+            dv, c, c, inner, commit, g=ws.g if commit else layer.g, beta=ws.beta if commit else layer.beta,
+            alpha=ws.proj.view(4 * off["ssm_alpha"]), b=ws.proj.view(4 * off["ssm_beta"]), a=lw.vectors["ssm_a"],
+            dt_bias=lw.vectors["ssm_dt.bias"], ld_gate=width, qk_out=None if commit else layer.qk_norm,
+            eps=cfg.rms_eps)
+        ops.act_gatednorm(dev, ws.mix, ws.proj.view(4 * off["attn_gate"]), lw.vectors["ssm_norm"], ws.act_inner,
+                          num_tokens, dv, inner, width, cfg.rms_eps, out32=ws.mix2)
         ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x)
 
     def accept(self, num_pass_tokens: int, n: int) -> None:
@@ -212,7 +214,7 @@ class CudaModel:
         c, key = cfg.ssm_conv_dim, cfg.ssm_num_k_heads * cfg.ssm_head_dim
         for layer in self.deltanet.values():
             mixers.conv_commit(dev, layer.window, n, c, cfg.ssm_conv_kernel)
-            mixers.gdn_recurrent(dev, layer.conv_out, layer.conv_out.view(4 * key), layer.conv_out.view(8 * key),
-                                 layer.g, layer.beta, layer.ssm, self.ws.mix, n, cfg.ssm_num_k_heads,
-                                 cfg.ssm_num_v_heads, cfg.ssm_head_dim, cfg.ssm_v_head_dim, c, c,
-                                 cfg.ssm_inner_size, True)
+            mixers.gdn_recurrent(dev, layer.qk_norm, layer.qk_norm.view(4 * key), layer.conv_out.view(8 * key),
+                                 layer.ssm, self.ws.mix, n, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads,
+                                 cfg.ssm_head_dim, cfg.ssm_v_head_dim, 2 * key, c, cfg.ssm_inner_size, True,
+                                 g=layer.g, beta=layer.beta)

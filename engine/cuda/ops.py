@@ -6,6 +6,7 @@ they never synchronise. Shapes in comments are logical: [T, K] means T rows of K
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as Q
@@ -47,8 +48,8 @@ class Act:
     width: int
     ld: int
     max_tokens: int
+    sums_lo: Buffer | None = None  # the sums' f16 rounding residue (always allocated by alloc_act)
     x16_lo: Buffer | None = None  # precise mode: f16(x - f16(x)) in the same layout, a second pass of the mma
-    sums_lo: Buffer | None = None
 
     @property
     def num_superblocks(self) -> int:
@@ -56,11 +57,11 @@ class Act:
         return (self.width + SUPERBLOCK - 1) // SUPERBLOCK
 
     def group(self, index: int) -> tuple[Buffer, Buffer, Buffer | None, Buffer | None]:
-        """(act, sums, act_lo, sums_lo) views of token group `index` (the lo pair None unless precise)."""
+        """(act, sums, act_lo, sums_lo) views of token group `index` (act_lo None unless precise)."""
         nsb = self.num_superblocks
-        lo = (self.x16_lo.view(index * nsb * 4096), self.sums_lo.view(index * nsb * 128)) if self.x16_lo else (
-            None, None)
-        return self.x16.view(index * nsb * 4096), self.sums.view(index * nsb * 128), *lo
+        act_lo = self.x16_lo.view(index * nsb * 4096) if self.x16_lo else None
+        return (self.x16.view(index * nsb * 4096), self.sums.view(index * nsb * 128), act_lo,
+                self.sums_lo.view(index * nsb * 128))
 
 
 def _mmvq_instance(qtype: Q) -> str:
@@ -72,6 +73,7 @@ def _mmvq_instance(qtype: Q) -> str:
 
 # (op, qtype) -> instance name: the one place a run-time type picks a template instance.
 DISPATCH: dict[tuple[str, Q], str] = {("mmvq", qt): _mmvq_instance(qt) for qt in MATMUL_QTYPES}
+DISPATCH.update({("mmvq_x2", qt): _mmvq_instance(qt) + "_x2" for qt in MATMUL_QTYPES})
 DISPATCH[("mmvq", Q.F32)] = "mmv_f32"
 DISPATCH.update({("gemm", qt): f"gemm_{qtype_tag(qt)}" for qt in GEMM_QTYPES})
 DISPATCH.update({("get_rows", qt): f"get_rows_{qtype_tag(qt)}" for qt in EMBED_QTYPES})
@@ -80,12 +82,49 @@ GEMM_TOKENS = 32  # tokens per GEMM block (kernels/gemm.cu: GEMM_NG groups of 8)
 GEMM_ROWS = 128  # rows per GEMM block
 
 
-def act_f16(dev: Device, x: Buffer, act: Act, num_tokens: int, ld_in: int) -> None:
-    """Round f32 activations x [T, width] (row stride ld_in) into act's f16 layout and sub-block sums."""
+class ActSrc(ctypes.Structure):
+    """Mirror of struct ActSrc in kernels/act.cu."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in ("x", "x2", "w", "out32")] + [
+        (n, ctypes.c_int32) for n in ("ldx", "ldx2", "ld_out32", "head")] + [("eps", ctypes.c_float)]
+
+
+def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) -> None:
+    """Launch act_<mode>: one block per (superblock, group of 8 tokens)."""
     assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
     groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
-    dev.launch(dev.kernel("act_f16"), (act.num_superblocks, groups), 256,
-               [x, act.x16, act.sums, act.x16_lo, act.sums_lo, num_tokens, act.width, ld_in])
+    dev.launch(dev.kernel(f"act_{mode}"), (act.num_superblocks, groups), 256,
+               [src, act.x16, act.sums, act.x16_lo, act.sums_lo, num_tokens, act.width])
+
+
+def _p(buf: Buffer | None) -> int:
+    return 0 if buf is None else buf.ptr
+
+
+def act_f16(dev: Device, x: Buffer, act: Act, num_tokens: int, ld_in: int, out32: Buffer | None = None) -> None:
+    """act = x [T, width] (row stride ld_in), rounded into the act layout; out32 optionally gets a copy."""
+    _act_from(dev, "plain", ActSrc(x.ptr, 0, 0, _p(out32), ld_in, 0, act.ld, 0, 0.0), act, num_tokens)
+
+
+def act_rmsnorm(dev: Device, x: Buffer, w: Buffer, act: Act, num_tokens: int, ld_in: int, eps: float,
+                out32: Buffer | None = None) -> None:
+    """act = RMSNorm(x) * w over rows of `width`; out32 ([T, act.ld] f32) optionally gets the normed rows."""
+    _act_from(dev, "rmsnorm", ActSrc(x.ptr, 0, w.ptr, _p(out32), ld_in, 0, act.ld, 0, eps), act, num_tokens)
+
+
+def act_swiglu(dev: Device, gate: Buffer, up: Buffer, act: Act, num_tokens: int, ld_in: int,
+               out32: Buffer | None = None) -> None:
+    """act = silu(gate) * up (both [T, width] with row stride ld_in)."""
+    _act_from(dev, "swiglu", ActSrc(gate.ptr, up.ptr, 0, _p(out32), ld_in, ld_in, act.ld, 0, 0.0), act, num_tokens)
+
+
+def act_gatednorm(dev: Device, o: Buffer, z: Buffer, w: Buffer, act: Act, num_tokens: int, head: int, ld_o: int,
+                  ld_z: int, eps: float, out32: Buffer | None = None) -> None:
+    """act = RMSNorm(o per head of `head` values) * w[head] * silu(z) (the DeltaNet output norm)."""
+    if head % 32 or SUPERBLOCK % head:
+        raise ValueError(f"gated norm heads of {head} values: need a multiple of 32 dividing {SUPERBLOCK}")
+    _act_from(dev, "gatednorm", ActSrc(o.ptr, z.ptr, w.ptr, _p(out32), ld_o, ld_z, act.ld, head, eps), act,
+              num_tokens)
 
 
 def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, ld_y: int,
@@ -102,7 +141,8 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         grid = ((num_tokens + GEMM_TOKENS - 1) // GEMM_TOKENS, (w.rows + GEMM_ROWS - 1) // GEMM_ROWS)
         dev.launch(dev.kernel(gemm), grid, 128, [w.buf, act.x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y])
         return
-    instance = DISPATCH.get(("mmvq", w.qtype))
+    precise = act.x16_lo is not None and w.qtype != Q.F32
+    instance = DISPATCH.get(("mmvq_x2" if precise else "mmvq", w.qtype))
     if instance is None:
         raise ValueError(f"{w.name}: no CUDA matmul for {w.qtype.name}")
     kernel = dev.kernel(instance)
@@ -156,9 +196,9 @@ def alloc_act(dev: Device, max_tokens: int, width: int, what: str, f32: Buffer |
     x16 = dev.alloc(groups * nsb * 4096, f"{what}.act")
     sums = dev.alloc(groups * nsb * 128, f"{what}.sums")
     f32 = f32 if f32 is not None else dev.alloc(4 * max_tokens * ld, f"{what}.f32")
-    lo = (dev.alloc(groups * nsb * 4096, f"{what}.act_lo"), dev.alloc(groups * nsb * 128, f"{what}.sums_lo")) \
-        if precise else (None, None)
-    return Act(x16, sums, f32, width, ld, max_tokens, *lo)
+    sums_lo = dev.alloc(groups * nsb * 128, f"{what}.sums_lo")
+    act_lo = dev.alloc(groups * nsb * 4096, f"{what}.act_lo") if precise else None
+    return Act(x16, sums, f32, width, ld, max_tokens, sums_lo, act_lo)
 
 
 # ---- norms, rope, element-wise, embedding, token choice ----

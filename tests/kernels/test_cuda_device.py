@@ -8,7 +8,7 @@ import re
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import device, instances, mixers, ops
+from engine.cuda import device, instances, mixers, nvrtc, ops
 from engine.cuda.select import select_backend
 from engine.errors import EngineError
 
@@ -70,17 +70,24 @@ def test_views_stay_inside_their_buffer() -> None:
         buf.view(200, 100)
 
 
-def test_attn_args_mirror_the_kernel_struct() -> None:
-    """The ctypes struct passed by value has the C struct's fields, in order, with matching types."""
-    source = (instances.__file__.rsplit("/", 1)[0] + "/kernels/attention.cu")
-    body = re.search(r"struct AttnArgs \{(.*?)\};", open(source).read(), re.S).group(1)
-    c_fields = []
+def _c_struct(file: str, name: str) -> list[tuple[str, str]]:
+    """(field, kind) of a struct in a kernel file: kind "ptr", "int" or "float"."""
+    source = (nvrtc.KERNEL_DIR / file).read_text()
+    body = re.search(r"struct " + name + r" \{(.*?)\};", source, re.S).group(1)
+    fields = []
     for decl in re.findall(r"^\s*([^/;]+);", body, re.M):
         ctype, names = re.match(r"(const \w+\*|\w+\*|\w+)\s+(.*)", decl.strip()).groups()
-        c_fields += [(n.strip(), "ptr" if "*" in ctype else ctype) for n in names.split(",")]
-    py_fields = [(name, {ctypes.c_uint64: "ptr", ctypes.c_int32: "int", ctypes.c_float: "float"}[t])
-                 for name, t in mixers.AttnArgs._fields_]
-    assert py_fields == c_fields
+        fields += [(n.strip(), "ptr" if "*" in ctype else ctype) for n in names.split(",")]
+    return fields
+
+
+@pytest.mark.parametrize("file, struct", [("attention.cu", mixers.AttnArgs), ("attention.cu", mixers.QkPrep),
+                                          ("deltanet.cu", mixers.GdnArgs), ("act.cu", ops.ActSrc)],
+                         ids=lambda v: getattr(v, "__name__", v))
+def test_structs_passed_by_value_mirror_the_kernels(file: str, struct) -> None:
+    """The ctypes struct passed by value has the C struct's fields, in order, with matching types."""
+    kinds = {ctypes.c_uint64: "ptr", ctypes.c_int32: "int", ctypes.c_float: "float"}
+    assert [(name, kinds[t]) for name, t in struct._fields_] == _c_struct(file, struct.__name__)
 
 
 def test_dispatch_names_existing_instances_for_every_weight_type() -> None:

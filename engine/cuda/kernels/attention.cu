@@ -22,6 +22,68 @@ kv_store(const float* __restrict__ k, const float* __restrict__ v, f16* __restri
     }
 }
 
+// Attention inputs of T tokens in one launch: per row (t, head) of q, k and v (one warp each) the optional
+// per-head RMSNorm (qwen3/qwen35), rope on the first rope_dim dims (positions from the device), q written back in
+// place, k and v stored in the f16 caches at their positions. Rows: T x (Hq + 2 Hkv); 8 warps per block.
+struct QkPrep {
+    float* q;              // q[t * ld + h * q_head_stride + d]
+    const float* k;        // k[t * ld + h * D + d], v likewise
+    const float* v;
+    const float* q_norm;   // optional [D] weights
+    const float* k_norm;
+    f16* kcache;           // [Hkv][capacity][D]
+    f16* vcache;
+    const i32* positions;
+    int T, num_heads, num_kv_heads, D, ld, q_head_stride, capacity, rope_dim, neox;
+    float theta, eps;
+};
+
+__global__ void __launch_bounds__(256) qk_prep(QkPrep p) {
+    __shared__ float rowbuf[8][256];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = p.D;
+    const int per_token = p.num_heads + 2 * p.num_kv_heads;
+    const int row = blockIdx.x * 8 + warp;
+    if (row >= p.T * per_token) return;
+    const int t = row / per_token, j = row % per_token;
+    const int kind = j < p.num_heads ? 0 : j < p.num_heads + p.num_kv_heads ? 1 : 2;  // q, k, v
+    const int head = kind == 0 ? j : kind == 1 ? j - p.num_heads : j - p.num_heads - p.num_kv_heads;
+    const float* src = kind == 0 ? p.q + (i64)t * p.ld + (i64)head * p.q_head_stride
+                     : (kind == 1 ? p.k : p.v) + (i64)t * p.ld + (i64)head * D;
+    float* buf = rowbuf[warp];
+    float ss = 0.f;
+    for (int d = lane; d < D; d += 32) {
+        buf[d] = src[d];
+        ss += buf[d] * buf[d];
+    }
+    const float* norm = kind == 0 ? p.q_norm : kind == 1 ? p.k_norm : nullptr;
+    if (norm) {
+        const float inv = rsqrtf(warp_sum(ss) / D + p.eps);
+        for (int d = lane; d < D; d += 32) buf[d] = buf[d] * inv * norm[d];
+    }
+    __syncwarp();
+    const int pos = p.positions[t], half = p.rope_dim / 2;
+    float out[8];
+    for (int e = 0, d = lane; d < D; ++e, d += 32) {
+        float x = buf[d];
+        if (kind < 2 && d < p.rope_dim) {
+            const int i = p.neox ? (d < half ? d : d - half) : d / 2;
+            const bool first = p.neox ? d < half : (d & 1) == 0;
+            const int partner = p.neox ? (first ? d + half : d - half) : (d ^ 1);
+            const double inv_freq = pow((double)p.theta, -2.0 * i / p.rope_dim);
+            float sn, cs;
+            sincosf((float)fmod((double)pos * inv_freq, 6.283185307179586), &sn, &cs);
+            x = first ? x * cs - buf[partner] * sn : buf[partner] * sn + x * cs;
+        }
+        out[e] = x;
+    }
+    if (kind == 0) {
+        for (int e = 0, d = lane; d < D; ++e, d += 32) p.q[(i64)t * p.ld + (i64)head * p.q_head_stride + d] = out[e];
+    } else {
+        f16* cache = (kind == 1 ? p.kcache : p.vcache) + ((i64)head * p.capacity + pos) * D;
+        for (int e = 0, d = lane; d < D; ++e, d += 32) cache[d] = f32_to_f16(out[e]);
+    }
+}
+
 struct AttnArgs {
     const float* q;       // query of (t, head h): q[t * ld_q + h * q_head_stride + d]
     const f16* kcache;

@@ -56,22 +56,38 @@ gdn_gates(const float* __restrict__ alpha, const float* __restrict__ b, const fl
 #define GDN_COLS 8   // state columns per warp
 #define GDN_WARPS 4
 
+struct GdnArgs {
+    const float* q;        // q of (t, key head hk): q[t * ld_qk + hk * Dk]; k likewise (raw unless prepared)
+    const float* k;
+    const float* v;        // v[t * ld_v + h * Dv]
+    const float* alpha;    // raw gate inputs alpha[t * ld_gate + h], b[...] (unless prepared)
+    const float* b;
+    const float* a;        // ssm_a [Hv] (= -exp(A_log)) and ssm_dt.bias [Hv]
+    const float* dt_bias;
+    float* g;              // [T, Hv]: read when prepared, written when save
+    float* beta;
+    float* qk_out;         // save: normalised q (then k at + Hk * Dk) rows of 2 * Hk * Dk
+    float* state;          // [Hv, Dk, Dv]
+    float* o;              // o[t * ld_o + h * Dv]
+    int T, num_k_heads, num_v_heads, Dk, Dv, ld_qk, ld_v, ld_o, ld_gate, commit, prepared, save;
+    float eps, q_scale;
+};
+
 // The gated delta rule over T tokens, one token at a time, per value head h (key head h % Hk), S [Dk, Dv]:
-//   S = e^g S; u = beta (v - S^T k); S += k u^T; o = S^T q.
-// A warp keeps GDN_COLS columns of S in registers (lane holds rows lane + 32 i, i < KL = Dk / 32), so the whole
-// chunk of tokens runs on-chip and S is read once and (if commit) written once. Grid (ceil(Dv / 32), Hv).
-// q, k: rows of T at q[t * ld_qk + hk * Dk]; v: v[t * ld_v + h * Dv]; g, beta: [T, Hv]; o: o[t * ld_o + h * Dv].
+//   S = e^g S; u = beta (v - S^T k); S += k u^T; o = S^T q,
+// with q, k L2-normalised (q times q_scale) and g = a softplus(alpha + dt_bias), beta = sigmoid(b) computed here
+// unless `prepared` (then q, k, g, beta are read as given). `save` writes the normalised q/k and the gates for
+// a later commit. A warp keeps GDN_COLS columns of S in registers (lane holds rows lane + 32 i, i < KL), so the
+// whole chunk of tokens runs on-chip and S is read once and (if commit) written once. Grid (ceil(Dv / 32), Hv).
 template <int KL>
-__global__ void __launch_bounds__(GDN_WARPS * 32)
-gdn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-              const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
-              float* __restrict__ o, int T, int num_k_heads, int num_v_heads, int Dk, int Dv, int ld_qk, int ld_v,
-              int ld_o, int commit) {
+__global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h = blockIdx.y, hk = h % num_k_heads;
+    const int h = blockIdx.y, hk = h % p.num_k_heads, Dk = p.Dk, Dv = p.Dv;
     const int j0 = (blockIdx.x * GDN_WARPS + warp) * GDN_COLS;
     if (j0 >= Dv) return;
-    float* sh = state + (i64)h * Dk * Dv;
+    // one writer of the saved per-head values: the first warp of the first column block of the head
+    const bool writer = p.save && blockIdx.x == 0 && warp == 0;
+    float* sh = p.state + (i64)h * Dk * Dv;
     float s[KL][GDN_COLS];
 #pragma unroll
     for (int i = 0; i < KL; ++i) {
@@ -80,15 +96,46 @@ gdn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const fl
         for (int cj = 0; cj < GDN_COLS; ++cj)
             s[i][cj] = (row < Dk && j0 + cj < Dv) ? sh[(i64)row * Dv + j0 + cj] : 0.f;
     }
-    for (int t = 0; t < T; ++t) {
-        float kk[KL], qq[KL];
+    for (int t = 0; t < p.T; ++t) {
+        float kk[KL], qq[KL], kss = 0.f, qss = 0.f;
 #pragma unroll
         for (int i = 0; i < KL; ++i) {
             const int row = lane + 32 * i;
-            kk[i] = row < Dk ? k[(i64)t * ld_qk + hk * Dk + row] : 0.f;
-            qq[i] = row < Dk ? q[(i64)t * ld_qk + hk * Dk + row] : 0.f;
+            kk[i] = row < Dk ? p.k[(i64)t * p.ld_qk + hk * Dk + row] : 0.f;
+            qq[i] = row < Dk ? p.q[(i64)t * p.ld_qk + hk * Dk + row] : 0.f;
+            kss += kk[i] * kk[i];
+            qss += qq[i] * qq[i];
         }
-        const float decay = __expf(g[(i64)t * num_v_heads + h]), bt = beta[(i64)t * num_v_heads + h];
+        float decay, bt;
+        if (p.prepared) {
+            decay = __expf(p.g[(i64)t * p.num_v_heads + h]);
+            bt = p.beta[(i64)t * p.num_v_heads + h];
+        } else {
+            const float kn = rsqrtf(warp_sum(kss) + p.eps), qn = rsqrtf(warp_sum(qss) + p.eps) * p.q_scale;
+#pragma unroll
+            for (int i = 0; i < KL; ++i) {
+                kk[i] *= kn;
+                qq[i] *= qn;
+            }
+            const float gt = p.a[h] * softplusf_(p.alpha[(i64)t * p.ld_gate + h] + p.dt_bias[h]);
+            bt = sigmoidf_(p.b[(i64)t * p.ld_gate + h]);
+            decay = __expf(gt);
+            if (writer) {
+                if (lane == 0) {
+                    p.g[(i64)t * p.num_v_heads + h] = gt;
+                    p.beta[(i64)t * p.num_v_heads + h] = bt;
+                }
+                if (h < p.num_k_heads)  // one value head per key head saves the shared q/k
+#pragma unroll
+                    for (int i = 0; i < KL; ++i) {
+                        const int row = lane + 32 * i;
+                        if (row < Dk) {
+                            p.qk_out[(i64)t * 2 * p.num_k_heads * Dk + hk * Dk + row] = qq[i];
+                            p.qk_out[(i64)t * 2 * p.num_k_heads * Dk + (p.num_k_heads + hk) * Dk + row] = kk[i];
+                        }
+                    }
+            }
+        }
         float out_mine = 0.f;
 #pragma unroll
         for (int cj = 0; cj < GDN_COLS; ++cj) {
@@ -96,7 +143,7 @@ gdn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const fl
 #pragma unroll
             for (int i = 0; i < KL; ++i) pred += kk[i] * s[i][cj];
             pred = warp_sum(pred) * decay;  // k^T (e^g S)
-            const float vj = j0 + cj < Dv ? v[(i64)t * ld_v + (i64)h * Dv + j0 + cj] : 0.f;
+            const float vj = j0 + cj < Dv ? p.v[(i64)t * p.ld_v + (i64)h * Dv + j0 + cj] : 0.f;
             const float u = bt * (vj - pred);
             float oj = 0.f;
 #pragma unroll
@@ -107,9 +154,9 @@ gdn_recurrent(const float* __restrict__ q, const float* __restrict__ k, const fl
             oj = warp_sum(oj);
             if (lane == cj) out_mine = oj;
         }
-        if (lane < GDN_COLS && j0 + lane < Dv) o[(i64)t * ld_o + (i64)h * Dv + j0 + lane] = out_mine;
+        if (lane < GDN_COLS && j0 + lane < Dv) p.o[(i64)t * p.ld_o + (i64)h * Dv + j0 + lane] = out_mine;
     }
-    if (commit) {
+    if (p.commit) {
 #pragma unroll
         for (int i = 0; i < KL; ++i) {
             const int row = lane + 32 * i;

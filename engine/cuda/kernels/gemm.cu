@@ -24,7 +24,7 @@ gemm(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ 
     const int grp0 = blockIdx.x * GEMM_NG;
     const int nb = Q::QK == 1 ? K : (K + Q::QK - 1) / Q::QK;
     const int nsb = (K + QK_SB - 1) / QK_SB;
-    const i64 ntot = (i64)rows * nb;
+    const Planes P = Q::planes(w, (u64)rows * nb);
     const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout
 
     float acc[GEMM_MT][GEMM_NG][4];
@@ -42,7 +42,7 @@ gemm(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ 
         for (int mt = 0; mt < GEMM_MT; ++mt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                Q::load(r[mt][h], w, ntot, nb, min(row0 + 16 * mt + g + 8 * h, rows - 1), sb, c);
+                Q::load(r[mt][h], P, nb, min(row0 + 16 * mt + g + 8 * h, rows - 1), sb, c);
                 F::prepare(r[mt][h], c, k[mt][h]);
             }
         }

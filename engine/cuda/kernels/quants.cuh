@@ -55,6 +55,15 @@ __device__ __forceinline__ int canon_kofs(int c, int s) { return 64 * c + 32 * (
 
 template <int QT> struct QTraits;
 
+// Plane base pointers of one weight tensor (computed once per kernel; loads then index blocks with 32-bit block
+// numbers and one wide multiply-add, which keeps address arithmetic out of the inner loops).
+struct Planes {
+    const u8* p[4];
+};
+__device__ __forceinline__ Planes make_planes(const u8* w, u64 ntot, int f1, int f2, int f3) {
+    return Planes{{w, w + ntot * f1, w + ntot * f2, w + ntot * f3}};
+}
+
 // Full dequantization for the prefill GEMM (no per-superblock epilogue there): A = the weight itself in f16,
 // rounded once. Types without a block scale already produce that from frag().
 template <int QT, bool SCALED = QTraits<QT>::BLOCK_SCALE> struct FullFrag {
@@ -80,18 +89,20 @@ template <int QT> struct FullFrag<QT, true> {
 // ---------------------------------------------------------------- Q4_0
 // Lane c: blocks 2c + j (j = h of the step); byte l of a block: low nibble -> l, high nibble -> 16 + l.
 template <> struct QTraits<QT_Q4_0> {
+    static constexpr int MIN_BLOCKS = 2;  // mmvq blocks per SM the register budget targets
     static constexpr int QK = 32;
     static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
     struct Row { uint4 q[2]; u32 d[2]; };
     struct Consts { u32 lo[2], hi[2]; };
-    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
+    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 16, 0, 0); }
+    static __device__ __forceinline__ void load(Row& r, const Planes& P, int nb, int row, int sb, int c) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const int b = sb * 8 + 2 * c + j;
             const bool ok = b < nb;
-            const i64 idx = (i64)row * nb + (ok ? b : 0);
-            r.q[j] = ok ? ld_stream_u4(w + idx * 16) : make_uint4(0, 0, 0, 0);
-            r.d[j] = ok ? ld_stream_u16(w + ntot * 16 + idx * 2) : 0u;
+            const u32 idx = (u32)row * nb + (ok ? b : 0);
+            r.q[j] = ok ? ld_stream_u4(P.p[0] + (u64)idx * 16) : make_uint4(0, 0, 0, 0);
+            r.d[j] = ok ? ld_stream_u16(P.p[1] + (u64)idx * 2) : 0u;
         }
     }
     static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
@@ -117,19 +128,21 @@ template <> struct QTraits<QT_Q4_0> {
 // ---------------------------------------------------------------- Q5_0
 // As Q4_0, the fifth bit of position l of a block is bit l of qh.
 template <> struct QTraits<QT_Q5_0> {
+    static constexpr int MIN_BLOCKS = 2;  // mmvq blocks per SM the register budget targets
     static constexpr int QK = 32;
     static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
     struct Row { uint4 q[2]; u32 qh[2]; u32 d[2]; };
     struct Consts { u32 d2[2]; };
-    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
+    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 16, 20, 0); }
+    static __device__ __forceinline__ void load(Row& r, const Planes& P, int nb, int row, int sb, int c) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const int b = sb * 8 + 2 * c + j;
             const bool ok = b < nb;
-            const i64 idx = (i64)row * nb + (ok ? b : 0);
-            r.q[j] = ok ? ld_stream_u4(w + idx * 16) : make_uint4(0, 0, 0, 0);
-            r.qh[j] = ok ? ld_stream_u32(w + ntot * 16 + idx * 4) : 0u;
-            r.d[j] = ok ? ld_stream_u16(w + ntot * 20 + idx * 2) : 0u;
+            const u32 idx = (u32)row * nb + (ok ? b : 0);
+            r.q[j] = ok ? ld_stream_u4(P.p[0] + (u64)idx * 16) : make_uint4(0, 0, 0, 0);
+            r.qh[j] = ok ? ld_stream_u32(P.p[1] + (u64)idx * 4) : 0u;
+            r.d[j] = ok ? ld_stream_u16(P.p[2] + (u64)idx * 2) : 0u;
         }
     }
     static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
@@ -151,19 +164,22 @@ template <> struct QTraits<QT_Q5_0> {
 // ---------------------------------------------------------------- Q8_0
 // Lane c: blocks 2c + j (j = h of the step), word i = bytes 4i .. 4i + 3.
 template <> struct QTraits<QT_Q8_0> {
+    static constexpr int MIN_BLOCKS = 2;  // mmvq blocks per SM the register budget targets
     static constexpr int QK = 32;
     static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
     struct Row { uint4 q[4]; u32 d[2]; };
     struct Consts { u32 d2[2]; };
-    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
+    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 32, 0, 0); }
+    static __device__ __forceinline__ void load(Row& r, const Planes& P, int nb, int row, int sb, int c) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const int b = sb * 8 + 2 * c + j;
             const bool ok = b < nb;
-            const i64 idx = (i64)row * nb + (ok ? b : 0);
-            r.q[2 * j] = ok ? ld_stream_u4(w + idx * 32) : make_uint4(0, 0, 0, 0);
-            r.q[2 * j + 1] = ok ? ld_stream_u4(w + idx * 32 + 16) : make_uint4(0, 0, 0, 0);
-            r.d[j] = ok ? ld_stream_u16(w + ntot * 32 + idx * 2) : 0u;
+            const u32 idx = (u32)row * nb + (ok ? b : 0);
+            const u8* q = P.p[0] + (u64)idx * 32;
+            r.q[2 * j] = ok ? ld_stream_u4(q) : make_uint4(0, 0, 0, 0);
+            r.q[2 * j + 1] = ok ? ld_stream_u4(q + 16) : make_uint4(0, 0, 0, 0);
+            r.d[j] = ok ? ld_stream_u16(P.p[1] + (u64)idx * 2) : 0u;
         }
     }
     static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
@@ -189,23 +205,38 @@ __device__ __forceinline__ void k4_scale_pairs(u32 s0, u32 s1, u32 s2, int c, u3
     mn = c >= 2 ? mn_b : mn_a;
 }
 
+// Full-dequantization constants of sub-blocks 2c, 2c+1 (dup'ed f16x2): scale d sc, and the offset
+// centre d sc - dmin m of a weight whose quant is taken relative to `centre`.
+__device__ __forceinline__ void k4_full_consts(u32 sc, u32 mn, u32 dm, float centre, u32& lo_s, u32& hi_s, u32& lo_c,
+                                               u32& hi_c) {
+    const float d = f16_to_f32((f16)(dm & 0xFFFFu)), dmin = f16_to_f32((f16)(dm >> 16));
+    const float s0 = d * (float)(sc & 0xFF), s1 = d * (float)(sc >> 8);
+    const float c0 = centre * s0 - dmin * (float)(mn & 0xFF), c1 = centre * s1 - dmin * (float)(mn >> 8);
+    lo_s = dup_lo(pack_f16x2(s0, s0));
+    hi_s = dup_lo(pack_f16x2(s1, s1));
+    lo_c = dup_lo(pack_f16x2(c0, c0));
+    hi_c = dup_lo(pack_f16x2(c1, c1));
+}
+
 // ---------------------------------------------------------------- Q4_K
 // Lane c: the 32-byte chunk c of qs; byte l: low nibble -> 64c + l (sub-block 2c), high -> 64c + 32 + l (2c + 1).
 template <> struct QTraits<QT_Q4_K> {
+    static constexpr int MIN_BLOCKS = 2;  // mmvq blocks per SM the register budget targets
     static constexpr int QK = 256;
     static constexpr bool BLOCK_SCALE = true, HAS_MIN = true;
     struct Row { uint4 q[2]; u32 s[3]; u32 dm; };
     struct Consts { u32 lo_s, lo_b, hi_s, hi_b, mins; };
-    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
-        const i64 idx = (i64)row * nb + sb;
-        const u8* qs = w + idx * 128 + 32 * c;
+    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 128, 140, 0); }
+    static __device__ __forceinline__ void load(Row& r, const Planes& P, int nb, int row, int sb, int c) {
+        const u32 idx = (u32)row * nb + sb;
+        const u8* qs = P.p[0] + (u64)idx * 128 + 32 * c;
         r.q[0] = ld_stream_u4(qs);
         r.q[1] = ld_stream_u4(qs + 16);
-        const u8* sc = w + ntot * 128 + idx * 12;
+        const u8* sc = P.p[1] + (u64)idx * 12;
         r.s[0] = ld_stream_u32(sc);
         r.s[1] = ld_stream_u32(sc + 4);
         r.s[2] = ld_stream_u32(sc + 8);
-        r.dm = ld_stream_u32(w + ntot * 140 + idx * 4);
+        r.dm = ld_stream_u32(P.p[2] + (u64)idx * 4);
     }
     static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
         u32 sc, mn;
@@ -219,28 +250,24 @@ template <> struct QTraits<QT_Q4_K> {
     }
     static __device__ __forceinline__ float dscale(const Row& r) { return f16_to_f32((f16)(r.dm & 0xFFFFu)); }
     static __device__ __forceinline__ float mscale(const Row& r) { return f16_to_f32((f16)(r.dm >> 16)); }
-    // full dequantization: (d sc) q - dmin m, with d sc and dmin m rounded to f16
-    struct FullConsts { u32 lo_s, lo_b, hi_s, hi_b, lo_m, hi_m; };
+    // full dequantization, centred so that no rounding is amplified: w = (d sc) (q - 8) + (8 d sc - dmin m), with
+    // d sc and the per-sub-block constant rounded to f16 once each
+    struct FullConsts { u32 lo_s, hi_s, lo_c, hi_c; };
     static __device__ __forceinline__ void prepare_full(const Row& r, int c, FullConsts& k) {
         u32 sc, mn;
         k4_scale_pairs(r.s[0], r.s[1], r.s[2], c, sc, mn);
-        const u32 ds = hmul2(bytes01_to_h2(sc), dup_lo(r.dm)), dm = hmul2(bytes01_to_h2(mn), dup_hi(r.dm));
-        k.lo_s = dup_lo(ds);
-        k.lo_b = hmul2(k.lo_s, H2_NEG1024);
-        k.hi_s = hmul2(dup_hi(ds), H2_SIXTEENTH);
-        k.hi_b = hmul2(dup_hi(ds), H2_NEG64);
-        k.lo_m = dup_lo(dm);
-        k.hi_m = dup_hi(dm);
+        k4_full_consts(sc, mn, r.dm, 8.f, k.lo_s, k.hi_s, k.lo_c, k.hi_c);
+        k.hi_s = hmul2(k.hi_s, H2_SIXTEENTH);  // the high nibbles arrive as 16 (q - 8)
     }
     static __device__ __forceinline__ void frag_full(const Row& r, const FullConsts& k, int c, int s, u32& a0, u32& a2) {
         const int i = s >> 1;
         const u32 w = pair_bytes(word_at(r.q[i >> 2], i & 3));
         if ((s & 1) == 0) {
-            a0 = hsub2(hfma2(and_or(w, 0x000F000Fu, H2_1024), k.lo_s, k.lo_b), k.lo_m);
-            a2 = hsub2(hfma2(and_or(w >> 8, 0x000F000Fu, H2_1024), k.lo_s, k.lo_b), k.lo_m);
+            a0 = hfma2(hsub2(and_or(w, 0x000F000Fu, H2_1024), H2_1032), k.lo_s, k.lo_c);
+            a2 = hfma2(hsub2(and_or(w >> 8, 0x000F000Fu, H2_1024), H2_1032), k.lo_s, k.lo_c);
         } else {
-            a0 = hsub2(hfma2(and_or(w, 0x00F000F0u, H2_1024), k.hi_s, k.hi_b), k.hi_m);
-            a2 = hsub2(hfma2(and_or(w >> 8, 0x00F000F0u, H2_1024), k.hi_s, k.hi_b), k.hi_m);
+            a0 = hfma2(hsub2(and_or(w, 0x00F000F0u, H2_1024), H2_1152), k.hi_s, k.hi_c);
+            a2 = hfma2(hsub2(and_or(w >> 8, 0x00F000F0u, H2_1024), H2_1152), k.hi_s, k.hi_c);
         }
     }
     static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
@@ -259,23 +286,25 @@ template <> struct QTraits<QT_Q4_K> {
 // ---------------------------------------------------------------- Q5_K
 // As Q4_K; the fifth bit of positions 64c + l and 64c + 32 + l is bit 2c (resp. 2c + 1) of qh[l].
 template <> struct QTraits<QT_Q5_K> {
+    static constexpr int MIN_BLOCKS = 1;  // mmvq blocks per SM the register budget targets
     static constexpr int QK = 256;
     static constexpr bool BLOCK_SCALE = true, HAS_MIN = true;
     struct Row { uint4 q[2]; uint4 qh[2]; u32 s[3]; u32 dm; };
     struct Consts { u32 lo_s, lo_b, hi_s, hi_b, mins; };
-    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
-        const i64 idx = (i64)row * nb + sb;
-        const u8* qs = w + idx * 128 + 32 * c;
+    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 128, 160, 172); }
+    static __device__ __forceinline__ void load(Row& r, const Planes& P, int nb, int row, int sb, int c) {
+        const u32 idx = (u32)row * nb + sb;
+        const u8* qs = P.p[0] + (u64)idx * 128 + 32 * c;
         r.q[0] = ld_stream_u4(qs);
         r.q[1] = ld_stream_u4(qs + 16);
-        const u8* qh = w + ntot * 128 + idx * 32;
+        const u8* qh = P.p[1] + (u64)idx * 32;
         r.qh[0] = ld_stream_u4(qh);
         r.qh[1] = ld_stream_u4(qh + 16);
-        const u8* sc = w + ntot * 160 + idx * 12;
+        const u8* sc = P.p[2] + (u64)idx * 12;
         r.s[0] = ld_stream_u32(sc);
         r.s[1] = ld_stream_u32(sc + 4);
         r.s[2] = ld_stream_u32(sc + 8);
-        r.dm = ld_stream_u32(w + ntot * 172 + idx * 4);
+        r.dm = ld_stream_u32(P.p[3] + (u64)idx * 4);
     }
     static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
         u32 sc, mn;
@@ -289,24 +318,20 @@ template <> struct QTraits<QT_Q5_K> {
     }
     static __device__ __forceinline__ float dscale(const Row& r) { return f16_to_f32((f16)(r.dm & 0xFFFFu)); }
     static __device__ __forceinline__ float mscale(const Row& r) { return f16_to_f32((f16)(r.dm >> 16)); }
-    struct FullConsts { u32 lo_s, lo_b, hi_s, hi_b, lo_m, hi_m; };
+    struct FullConsts { u32 lo_s, hi_s, lo_c, hi_c; };  // as Q4_K's, centred at 16
     static __device__ __forceinline__ void prepare_full(const Row& r, int c, FullConsts& k) {
         u32 sc, mn;
         k4_scale_pairs(r.s[0], r.s[1], r.s[2], c, sc, mn);
-        const u32 ds = hmul2(bytes01_to_h2(sc), dup_lo(r.dm)), dm = hmul2(bytes01_to_h2(mn), dup_hi(r.dm));
-        k.lo_s = dup_lo(ds);
-        k.lo_b = hmul2(k.lo_s, H2_NEG1024);
-        k.hi_s = dup_hi(ds);
-        k.hi_b = hmul2(k.hi_s, H2_NEG1024);
-        k.lo_m = dup_lo(dm);
-        k.hi_m = dup_hi(dm);
+        k4_full_consts(sc, mn, r.dm, 16.f, k.lo_s, k.hi_s, k.lo_c, k.hi_c);
     }
     static __device__ __forceinline__ void frag_full(const Row& r, const FullConsts& k, int c, int s, u32& a0, u32& a2) {
-        Consts kk = {k.lo_s, k.lo_b, k.hi_s, k.hi_b, 0u};
-        frag(r, kk, c, s, a0, a2);
-        const u32 m = (s & 1) ? k.hi_m : k.lo_m;
-        a0 = hsub2(a0, m);
-        a2 = hsub2(a2, m);
+        const int i = s >> 1, h = s & 1;
+        const u32 w = word_at(r.q[i >> 2], i & 3), hw = word_at(r.qh[i >> 2], i & 3);
+        const u32 hbit = ((hw >> (2 * c + h)) & 0x01010101u) << 4;
+        const u32 v = pair_bytes(((h ? w >> 4 : w) & 0x0F0F0F0Fu) | hbit);
+        const u32 sc = h ? k.hi_s : k.lo_s, cc = h ? k.hi_c : k.lo_c;
+        a0 = hfma2(hsub2(and_or(v, 0x00FF00FFu, H2_1024), H2_1040), sc, cc);
+        a2 = hfma2(hsub2(and_or(v >> 8, 0x00FF00FFu, H2_1024), H2_1040), sc, cc);
     }
     static __device__ __forceinline__ void frag(const Row& r, const Consts& k, int c, int s, u32& a0, u32& a2) {
         const int i = s >> 1, h = s & 1;
@@ -324,18 +349,20 @@ template <> struct QTraits<QT_Q5_K> {
 // bit pairs (0-1, 2-3, 4-5, 6-7) -> positions 64c + l, 64c + 32 + l, 64c + 16 + l, 64c + 48 + l. The 16-wide
 // sub-block scales stay in place: lane c uses scales 4c .. 4c + 3.
 template <> struct QTraits<QT_Q6_K> {
+    static constexpr int MIN_BLOCKS = 2;  // mmvq blocks per SM the register budget targets
     static constexpr int QK = 256;
     static constexpr bool BLOCK_SCALE = true, HAS_MIN = false;
     struct Row { uint4 q[2]; uint4 qh; u32 sc; u32 d; };
     struct Consts { u32 s[4]; };  // scale of positions 64c + 16 m .. + 15, m = 0..3
-    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
-        const i64 idx = (i64)row * nb + sb;
-        const u8* ql = w + idx * 128 + 32 * c;
+    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 128, 192, 208); }
+    static __device__ __forceinline__ void load(Row& r, const Planes& P, int nb, int row, int sb, int c) {
+        const u32 idx = (u32)row * nb + sb;
+        const u8* ql = P.p[0] + (u64)idx * 128 + 32 * c;
         r.q[0] = ld_stream_u4(ql);
         r.q[1] = ld_stream_u4(ql + 16);
-        r.qh = ld_stream_u4(w + ntot * 128 + idx * 64 + 16 * c);
-        r.sc = ld_stream_u32(w + ntot * 192 + idx * 16 + 4 * c);
-        r.d = ld_stream_u16(w + ntot * 208 + idx * 2);
+        r.qh = ld_stream_u4(P.p[1] + (u64)idx * 64 + 16 * c);
+        r.sc = ld_stream_u32(P.p[2] + (u64)idx * 16 + 4 * c);
+        r.d = ld_stream_u16(P.p[3] + (u64)idx * 2);
     }
     static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
         // int8 scales b: (b ^ 0x80) = b + 128 as 1024 + (b + 128), minus 1152 -> b exactly
@@ -372,13 +399,15 @@ template <> struct QTraits<QT_Q6_K> {
 // ---------------------------------------------------------------- F16
 // The plain matrix; lane c reads its 64 positions (128 bytes) per superblock. Positions past K read as zero.
 template <> struct QTraits<QT_F16> {
+    static constexpr int MIN_BLOCKS = 1;  // mmvq blocks per SM the register budget targets
     static constexpr int QK = 1;
     static constexpr bool BLOCK_SCALE = false, HAS_MIN = false;
     struct Row { uint4 q[8]; };
     struct Consts {};
     // nb is K here (a multiple of 8)
-    static __device__ __forceinline__ void load(Row& r, const u8* w, i64 ntot, int nb, int row, int sb, int c) {
-        const f16* p = reinterpret_cast<const f16*>(w) + (i64)row * nb;
+    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 0, 0, 0); }
+    static __device__ __forceinline__ void load(Row& r, const Planes& P, int nb, int row, int sb, int c) {
+        const f16* p = reinterpret_cast<const f16*>(P.p[0]) + (u64)((u32)row * nb);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int e = sb * QK_SB + 64 * c + 8 * j;

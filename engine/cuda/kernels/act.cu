@@ -1,0 +1,113 @@
+// The matmul input ("act" layout, mmvq.cu) produced straight from the op in front of the matmul, so no separate
+// pass writes an f32 intermediate: a plain copy, RMSNorm, SwiGLU, or the DeltaNet's gated per-head RMSNorm.
+// Every variant also writes the sub-block sums (hi + lo f16 pair) of exactly the f16 values the mma will see,
+// and, in precise mode, each value's f16 rounding residue (act_lo).
+#include "common.cuh"
+#include "quants.cuh"
+
+#define ACT_PLAIN 0     // v = x
+#define ACT_RMSNORM 1   // v = x / rms(x row) * w
+#define ACT_SWIGLU 2    // v = silu(x) * x2
+#define ACT_GATEDNORM 3 // v = x / rms(x head) * w[d] * silu(x2), heads of `head` values
+
+struct ActSrc {
+    const float* x;
+    const float* x2;
+    const float* w;
+    float* out32;  // optional f32 copy of v, [T, ld_out32] (read by the f32-weight path)
+    int ldx, ldx2, ld_out32, head;
+    float eps;
+};
+
+__device__ __forceinline__ i64 act_pos(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
+
+// Per-token 1/rms of the whole row (RMSNORM): each block reduces the rows of its group itself.
+__device__ void row_inv_rms(const ActSrc& a, int grp, int T, int K, float* inv /* [8] shared */) {
+    __shared__ float part[8][8];  // [warp][token]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float ss[8];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+        const int t = grp * 8 + n;
+        float acc = 0.f;
+        if (t < T)
+            for (int k = threadIdx.x; k < K; k += blockDim.x) {
+                const float v = a.x[(i64)t * a.ldx + k];
+                acc += v * v;
+            }
+        ss[n] = warp_sum(acc);
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int n = 0; n < 8; ++n) part[warp][n] = ss[n];
+    __syncthreads();
+    if (threadIdx.x < 8) {
+        float total = 0.f;
+        for (int wi = 0; wi < (int)(blockDim.x >> 5); ++wi) total += part[wi][threadIdx.x];
+        inv[threadIdx.x] = rsqrtf(total / K + a.eps);
+    }
+    __syncthreads();
+}
+
+// Grid (superblocks, token groups of 8), 256 threads: thread = position in the superblock.
+template <int MODE>
+__global__ void __launch_bounds__(256)
+act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restrict__ act_lo,
+         f16* __restrict__ sums_lo, int T, int K) {
+    __shared__ float inv[8];
+    __shared__ float head_ss[8][8];  // GATEDNORM: [warp][token] partial sums of squares
+    const int sb = blockIdx.x, grp = blockIdx.y, nsb = gridDim.x, k_local = threadIdx.x;
+    const int k = sb * QK_SB + k_local, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c = k_local >> 6, h = (k_local >> 5) & 1, i = (k_local >> 2) & 7, r = k_local & 3;
+    const int s = 2 * i + h;
+    if (MODE == ACT_RMSNORM) row_inv_rms(a, grp, T, K, inv);
+    float v[8];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+        const int t = grp * 8 + n;
+        const bool ok = t < T && k < K;
+        float x = ok ? a.x[(i64)t * a.ldx + k] : 0.f;
+        if (MODE == ACT_SWIGLU) x = ok ? siluf_(x) * a.x2[(i64)t * a.ldx2 + k] : 0.f;
+        v[n] = x;
+    }
+    if (MODE == ACT_GATEDNORM) {  // heads of a.head positions (a divisor of 256): warps, then whole heads
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float ss = warp_sum(v[n] * v[n]);
+            if (lane == 0) head_ss[warp][n] = ss;
+        }
+        __syncthreads();
+        const int warps_per_head = a.head / 32, first = (warp / warps_per_head) * warps_per_head;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            float total = 0.f;
+            for (int wi = first; wi < first + warps_per_head; ++wi) total += head_ss[wi][n];
+            const int t = grp * 8 + n;
+            const bool ok = t < T && k < K;
+            v[n] = ok ? v[n] * rsqrtf(total / a.head + a.eps) * a.w[k % a.head] *
+                            siluf_(a.x2[(i64)t * a.ldx2 + k]) : 0.f;
+        }
+    }
+    f16* act_g = act + (i64)grp * nsb * 2048;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+        const int t = grp * 8 + n;
+        if (MODE == ACT_RMSNORM) v[n] = (t < T && k < K) ? v[n] * inv[n] * a.w[k] : 0.f;
+        if (a.out32 && t < T && k < K) a.out32[(i64)t * a.ld_out32 + k] = v[n];
+        const f16 hi = f32_to_f16(v[n]);
+        act_g[act_pos(sb, s, n) + 4 * c + r] = hi;
+        float seen = f16_to_f32(hi);  // what the mma multiplies
+        if (act_lo) {
+            const f16 lo = f32_to_f16(v[n] - seen);
+            act_lo[(i64)grp * nsb * 2048 + act_pos(sb, s, n) + 4 * c + r] = lo;
+            seen += f16_to_f32(lo);
+        }
+        const float sub = warp_sum(seen);  // a warp covers one 32-wide sub-block
+        if (lane == 0) {
+            const i64 si = (i64)grp * nsb * 64 + ((i64)sb * 8 + n) * 8 + (k_local >> 5);
+            const f16 sh = f32_to_f16(sub);
+            sums[si] = sh;
+            sums_lo[si] = f32_to_f16(sub - f16_to_f32(sh));
+        }
+    }
+}
