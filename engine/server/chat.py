@@ -34,6 +34,10 @@ class ChatPiece:
 
 def render(model: LoadedModel, request: ChatRequest) -> Prompt:
     """The prompt for a chat request (runs in a worker thread: templates and tokenizing take time)."""
+    if request.tools and not model.template.supports_tools:
+        # rendering would drop the schemas without a word; say so instead
+        raise RequestError("this model's chat template does not render tools, so the model would never see them",
+                           "tools")
     try:
         return chat_prompt(model.template, model.tokenizer, request.messages, request.tools,
                            request.template_kwargs)

@@ -40,7 +40,7 @@ class JobFailed:
     error_type: str
 
 
-@dataclass(eq=False)
+@dataclass(slots=True, eq=False)  # eq=False: jobs compare by identity (the queue removes this very job)
 class Job:
     """One request's work, where its events go, and its cancel flag."""
 

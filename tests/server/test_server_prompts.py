@@ -45,3 +45,20 @@ def test_text_prompts(text_parts) -> None:
     assert text_prompt(tokenizer, "def f():").ids == tokenizer.encode("def f():", add_special=True)
     ids = tokenizer.encode("x = 1")
     assert text_prompt(tokenizer, ids).text == "x = 1"
+
+
+def test_tools_with_a_template_that_cannot_render_them(text_parts, tiny_qwen2) -> None:
+    from engine.server.chat import render
+    from engine.server.loader import LoadedModel
+    from engine.server.schemas import RequestError, parse_chat_request
+
+    tokenizer, _ = text_parts
+    plain = ChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    model = LoadedModel(None, tokenizer, plain, "m", str(tiny_qwen2), "reference", "")
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    request = parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "tools": tools}, 151936)
+    with pytest.raises(RequestError, match="does not render tools") as caught:
+        render(model, request)
+    assert caught.value.param == "tools"
+    request.tools = None
+    assert render(model, request).text == "<|im_start|>user\nhi<|im_end|>\n"
