@@ -81,6 +81,7 @@ def stop_at_ids(rule: AcceptRule, stop_ids: frozenset[int]) -> AcceptRule:
     """A rule that ends the cycle's tokens at the first stop id, so nothing after it is committed to the state."""
 
     def stopping(draft: Draft, logits: np.ndarray, seq: TokenSequence, params: SamplingParams) -> list[int]:
+        """The inner rule's tokens, cut after the first stop id."""
         out = rule(draft, logits, seq, params)
         for i, token in enumerate(out):
             if token in stop_ids:
@@ -94,6 +95,7 @@ def capture_logits(rule: AcceptRule, sink: list[np.ndarray]) -> AcceptRule:
     """A rule that records, for each token it emits, the logits row it was chosen from."""
 
     def capturing(draft: Draft, logits: np.ndarray, seq: TokenSequence, params: SamplingParams) -> list[int]:
+        """The inner rule's tokens; their logits rows go to sink."""
         out = rule(draft, logits, seq, params)
         sink.extend(logits[: len(out)])
         return out

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     failed = []
 
     def stop_after_failure() -> None:
+        """Loading failed: stop serving, exit 1."""
         failed.append(True)
         server.should_exit = True
 

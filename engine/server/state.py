@@ -118,6 +118,7 @@ class ServerState:
         """Load in a background thread (so /health answers meanwhile); on_failure runs if loading fails."""
 
         def run() -> None:
+            """Load, and report a failure."""
             if not self.load() and on_failure is not None:
                 on_failure()
 

@@ -75,6 +75,7 @@ class EventStreamResponse(Response):
             async with anyio.create_task_group() as group:
 
                 async def watch() -> None:
+                    """Cancel the stream when the client goes."""
                     await until_disconnect(receive)
                     self._on_close()
                     group.cancel_scope.cancel()

@@ -33,6 +33,7 @@ def token_logprob(tokenizer: Tokenizer, logits: np.ndarray, token_id: int, num_t
     log_probs = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
 
     def entry(i: int) -> tuple[int, str, bytes, float]:
+        """(id, text, bytes, logprob) of token i."""
         raw = tokenizer.token_bytes(i)
         return i, raw.decode("utf-8", errors="replace"), raw, float(log_probs[i])
 

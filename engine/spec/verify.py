@@ -103,6 +103,7 @@ def with_logit_bias(rule: AcceptRule, bias: np.ndarray) -> AcceptRule:
     """A rule that adds bias ([V], OpenAI's logit_bias) to every row of the model's logits before verifying."""
 
     def biased(draft: Draft, logits: np.ndarray, seq: TokenSequence, params: SamplingParams) -> list[int]:
+        """The inner rule on biased logits."""
         # logits: [1 + d, V]; the bias is part of the target distribution, so verification stays exact
         return rule(draft, logits + bias[None, :], seq, params)
 
