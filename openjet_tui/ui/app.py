@@ -16,6 +16,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.timer import Timer
 
 from openjet_tui.agent import events as ev
 from openjet_tui.agent.loop import Agent
@@ -68,6 +69,7 @@ class OpenJetApp(SlashCommands, App[int]):
         self.models: list[str] = []
         self.engine_session: Any = None  # runtime.launch.EngineSession when the app started the engine
         self.watcher: WorkspaceWatcher | None = None
+        self._gpu_timer: Timer | None = None
         self._stop_watch = asyncio.Event()
 
     # ---- screens and state ---------------------------------------------------------------------------------
@@ -109,7 +111,7 @@ class OpenJetApp(SlashCommands, App[int]):
             self.watch_workspace()
         if self.gpu_sampler is not None:
             self.sample_gpu()
-            self.set_interval(GPU_INTERVAL_S, self.sample_gpu)
+            self._gpu_timer = self.set_interval(GPU_INTERVAL_S, self.sample_gpu)
 
     @property
     def is_showing(self) -> bool:
@@ -230,17 +232,22 @@ class OpenJetApp(SlashCommands, App[int]):
     @work(thread=True, exclusive=True, group="gpu")
     def sample_gpu(self) -> None:
         """NVML figures in a thread; without NVML, say why once and stop asking."""
-        assert self.gpu_sampler is not None
-        gpus = self.gpu_sampler()
+        sampler = self.gpu_sampler
+        if sampler is None:
+            return
+        gpus = sampler()
         note = ""
         if not gpus:
-            note = probe_hardware().gpu_summary() if self.gpu_sampler is sample_gpus else "no GPU figures"
+            note = probe_hardware().gpu_summary() if sampler is sample_gpus else "no GPU figures"
             self.gpu_sampler = None  # nothing to poll
         self.call_from_thread(self._show_gpus, gpus, note)
 
     def _show_gpus(self, gpus: list[GpuSample], note: str) -> None:
-        panel = self.chat.engine_panel
-        panel.gpus, panel.gpu_note = gpus, note
+        if not gpus and self._gpu_timer is not None:
+            self._gpu_timer.stop()
+        if self.is_showing:
+            panel = self.chat.engine_panel
+            panel.gpus, panel.gpu_note = gpus, note
 
     @work(group="watch")
     async def watch_workspace(self) -> None:

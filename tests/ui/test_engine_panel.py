@@ -89,3 +89,16 @@ async def test_panel_shows_timings_context_and_gpu(server, workspace):
         assert "NVIDIA H200" in gpu_text and "util 87% · VRAM 20.0/140.0 GiB" in gpu_text
         assert "61 °C · 312 W" in gpu_text
         assert "llama-server" in str(panel.query_one("#engine-backend").render())
+
+
+async def test_panel_reads_nvml_or_says_why_it_cannot(server, workspace):
+    from openjet_tui.ui.app import OpenJetApp
+    from openjet_tui.ui.controller import LaunchOptions
+
+    app = OpenJetApp(LaunchOptions(provider="llama-server", base_url=server.base_url, workspace=workspace),
+                     poll_metrics=False, watch_workspace=False)  # the real NVML sampler
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.chat.engine_panel
+        await wait_for(pilot, lambda: panel.gpus or panel.gpu_note, what="NVML figures or the reason for none")
+        text = str(panel.query_one("#engine-gpu").render())
+        assert (panel.gpus and "util" in text) or text.startswith("no NVIDIA GPU: ")

@@ -23,6 +23,7 @@ from openjet_tui.ui.widgets.prompts import AnswerPrompt
 
 KEYS = ("[y] accept hunk  [n] reject hunk (reason)  [A] accept all  [R] reject all (reason)  "
         "[↑↓] move  [v] unified/side by side  [e] open in $EDITOR  [esc] cancel the turn")
+RESERVED_ROWS = 9  # border, title, progress, stale warning and keys around the scrolling hunks
 _LINE_FLAG_EDITORS = {"code": "-g", "code-insiders": "-g", "codium": "-g"}  # take path:line after a flag
 
 
@@ -100,7 +101,8 @@ class DiffReview(AnswerPrompt[EditDecision]):
 
     DEFAULT_CSS = """
     DiffReview { border: round $accent; }
-    DiffReview #review-hunks { height: auto; max-height: 50vh; }
+    DiffReview #review-hunks { height: auto; }
+    DiffReview #review-progress { color: $text-muted; }
     DiffReview #review-stale { display: none; background: $error; color: $text; text-style: bold; padding: 0 1; }
     DiffReview.-stale #review-stale { display: block; }
     """
@@ -127,6 +129,7 @@ class DiffReview(AnswerPrompt[EditDecision]):
         yield Static(Content.from_markup("[b]Review edit:[/b] $path  [dim]$kind · $stats[/dim]",
                                          path=proposal.rel_path, kind=kind, stats=diff_stats(proposal)),
                      classes="prompt-title")
+        yield Static(id="review-progress")
         yield Static(f"STALE: {proposal.rel_path} changed on disk since this edit was proposed; accepting it "
                      "will be refused (nothing is written). Reject it so the model can re-read the file.",
                      id="review-stale")
@@ -139,6 +142,12 @@ class DiffReview(AnswerPrompt[EditDecision]):
         """Mark the first hunk and check the file is still as proposed."""
         self.check_stale()
         self._redraw()
+        self.on_resize()
+
+    def on_resize(self) -> None:
+        """Let the hunks scroll inside what the screen leaves, so the keys always stay in view."""
+        rows = max(3, int(self.app.size.height * 0.7) - RESERVED_ROWS)
+        self.query_one("#review-hunks", VerticalScroll).styles.max_height = rows
 
     def check_stale(self) -> bool:
         """Compare the file with the bytes the proposal was made against; marks the review stale if it changed."""
@@ -161,6 +170,11 @@ class DiffReview(AnswerPrompt[EditDecision]):
         self._redraw()
 
     def _redraw(self) -> None:
+        accepted = sum(v.is_accepted for v in self.verdicts.values())
+        rejected, total = len(self.verdicts) - accepted, len(self.proposal.hunks)
+        for progress in self.query("#review-progress").results(Static):
+            progress.update(f"hunk {self.current + 1} of {total} · {accepted} accepted · {rejected} rejected · "
+                            f"{total - len(self.verdicts)} to decide")
         for block in self.query(HunkBlock):
             index = block.hunk.index
             block.show(self.verdicts.get(index), index == self.current, self.side_by_side)

@@ -38,17 +38,19 @@ class ReasonInput(Input):
         """Hand the reason to the prompt and go away."""
         event.stop()
         reason = event.value.strip()
-        parent = self.parent
-        self.remove()
-        if isinstance(parent, Widget):
-            parent.focus()
+        self._close()
         self.on_done(reason)
 
     def action_back(self) -> None:
         """Drop the reason and return to the prompt."""
+        self._close()
+
+    def _close(self) -> None:
         parent = self.parent
         self.remove()
         if isinstance(parent, Widget):
+            for keys in parent.query(".prompt-keys"):
+                keys.display = True
             parent.focus()
 
 
@@ -103,11 +105,16 @@ class AnswerPrompt(Widget, Generic[T], can_focus=True):
         return await self._future()
 
     def ask_reason(self, placeholder: str, on_done: Callable[[str], None]) -> None:
-        """Show a reason field inside the prompt and focus it."""
+        """Show a reason field in place of the key help (it says which keys apply) and focus it."""
         for old in self.query(ReasonInput):
             old.remove()
         field = ReasonInput(placeholder, on_done)
-        self.mount(field)
+        keys = self.query(".prompt-keys")
+        if keys:
+            self.mount(field, before=keys.first())
+            keys.first().display = False
+        else:
+            self.mount(field)
         field.focus()
 
 

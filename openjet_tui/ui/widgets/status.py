@@ -65,7 +65,8 @@ class StatusBar(Static):
         context = ""
         if self.context_used is not None:
             context = f" · ctx {format_tokens(self.context_used)}/{format_tokens(self.context_window)}"
-        busy = Content.styled(f"  ● {self.activity} (esc cancels)", "bold $text-warning") if self.activity \
-            else Content("  f1 keys · ctrl+p commands")
+        busy = Content.styled(f"● {self.activity} (esc cancels)", "bold $text-warning") if self.activity \
+            else Content("f1 keys · ctrl+p commands")
+        # the workspace goes last: a long path is what gets cut on a narrow terminal
         return Content.assemble((self.mode, "bold $text-accent"), f" · {self.model} · session {self.session_id}",
-                                f" · {self.workspace}{context}", busy)
+                                f"{context} · ", busy, ("  " + self.workspace, "$text-muted"))

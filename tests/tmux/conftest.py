@@ -1,0 +1,10 @@
+"""The tmux test needs the repository root on sys.path for the scripted server."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
