@@ -8,7 +8,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import loaded_state, running_server
+from tests.server.conftest import loaded_state, running_server
 
 from engine.reference.backend import ReferenceBackend
 from engine.server.loader import load_model

@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from conftest import loaded_state, running_server
+from tests.server.conftest import loaded_state, running_server
 
 BODY = {"messages": [{"role": "user", "content": "Count."}], "temperature": 0, "stream": True}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-from conftest import loaded_state, running_server
+from tests.server.conftest import loaded_state, running_server
 
 from engine.server.prompts import chat_prompt
 from engine.session import common_prefix

@@ -6,7 +6,7 @@ import json
 
 import openai
 import pytest
-from conftest import loaded_state, running_server
+from tests.server.conftest import loaded_state, running_server
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import random_arrays, tiny_config
+from tests.engine.reference.conftest import random_arrays, tiny_config
 from engine.reference.qwen35 import deltanet_block, empty_deltanet_state
 from engine.reference.state import KVCache
 from engine.reference.transformer import attention_block

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import tiny_model
+from tests.engine.reference.conftest import tiny_model
 from engine.backend import Draft, TokenSequence
 from engine.errors import ContextOverflowError
 from engine.reference.backend import ReferenceBackend

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from chisq import chi_square_pvalue
+from tests.engine.spec.chisq import chi_square_pvalue
 
 from engine.backend import Backend, Draft, TokenSequence
 from engine.reference.backend import ReferenceBackend

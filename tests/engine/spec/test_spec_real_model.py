@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from codeedit import REQUESTS, plain_and_speculative
+from tests.engine.spec.codeedit import REQUESTS, plain_and_speculative
 
 from engine.gguf.reader import GGUFFile
 from engine.reference.backend import ReferenceBackend

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from chisq import chi_square_pvalue
+from tests.engine.spec.chisq import chi_square_pvalue
 
 from engine.backend import Draft, TokenSequence
 from engine.sampling import SamplingParams
