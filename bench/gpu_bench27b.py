@@ -72,6 +72,21 @@ def _time_prefill(backend, report: Report) -> None:
         print(f"  prefill {n}: {best * 1e3:.1f} ms = {n / best:.0f} tok/s", flush=True)
 
 
+def _profile(backend, report: Report) -> None:
+    """Per-kernel device time of one eager pass (events around every launch): where a pass goes."""
+    dev, rng = backend.dev, np.random.default_rng(4)
+    for label, n, commit, rows in (("verify1", 1, False, 1), ("verify5", 5, False, 5), ("prefill512", 512, True, 0)):
+        backend.model.set_tokens([int(x) for x in rng.integers(0, backend.vocab_size, size=n)], backend.num_tokens)
+        dev.profile = []
+        backend.model.forward(n, commit, rows)
+        summary = sorted(dev.profile_summary().items(), key=lambda kv: -kv[1][1])
+        total = sum(ms for _, (_, ms) in summary)
+        report.info[f"profile_{label}"] = {name: [count, round(ms, 4)] for name, (count, ms) in summary}
+        top = ", ".join(f"{name} {ms:.2f} ms/{count}" for name, (count, ms) in summary[:8])
+        print(f"  profile {label}: {total:.2f} ms in kernels: {top}", flush=True)
+        report.notes.append(f"profile {label} ({total:.2f} ms of kernels): {top}")
+
+
 def bench_27b(report: Report, args) -> None:
     """Load, sanity-decode and time the 27B-shaped model."""
     from engine.cuda.backend import CudaBackend
@@ -97,6 +112,8 @@ def bench_27b(report: Report, args) -> None:
         backend.set_precise(False)
         _time_passes(backend, report, bw.gbps, pass_bytes, ".fast")
         backend.set_precise(True)
+        _profile(backend, report)
+        backend.reset()
         _time_prefill(backend, report)
     finally:
         backend.close()

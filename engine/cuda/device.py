@@ -242,6 +242,7 @@ class Device:
         self._modules: list[Any] = []
         self._kernels: dict[str, Kernel] = {}
         self._graphs: list[Graph] = []
+        self.profile: list[tuple[str, Any, Any]] | None = None  # (kernel, start event, end event) when profiling
         self.closed = False
 
     def __enter__(self) -> Device:
@@ -309,8 +310,16 @@ class Device:
         bx, by, bz = (tuple(block) + (1, 1))[:3] if isinstance(block, tuple) else (block, 1, 1)
         assert gx > 0 and gy > 0 and gz > 0, f"{kernel.name}: empty grid {(gx, gy, gz)}"
         ptrs, keep = _pack_args(args)
-        check(_driver().cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, smem, self.stream,
-                                       ctypes.addressof(ptrs), 0), f"launch {kernel.name}")
+        drv = _driver()
+        events = None
+        if self.profile is not None:
+            events = (check(drv.cuEventCreate(0), "cuEventCreate"), check(drv.cuEventCreate(0), "cuEventCreate"))
+            check(drv.cuEventRecord(events[0], self.stream), "cuEventRecord")
+        check(drv.cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, smem, self.stream,
+                                 ctypes.addressof(ptrs), 0), f"launch {kernel.name}")
+        if events is not None:
+            check(drv.cuEventRecord(events[1], self.stream), "cuEventRecord")
+            self.profile.append((kernel.name, *events))
         del keep
 
     # ---- memory ----
@@ -392,6 +401,21 @@ class Device:
         for ev in events:
             check(drv.cuEventDestroy(ev), "cuEventDestroy")
         return times
+
+    def profile_summary(self) -> dict[str, tuple[int, float]]:
+        """Per kernel name: (launches, total ms) of the launches recorded since profiling was switched on
+        (dev.profile = []); the events are then released and profiling switched off."""
+        drv = _driver()
+        self.synchronize()
+        out: dict[str, tuple[int, float]] = {}
+        for name, start, end in self.profile or []:
+            ms = float(check(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+            count, total = out.get(name, (0, 0.0))
+            out[name] = (count + 1, total + ms)
+            check(drv.cuEventDestroy(start), "cuEventDestroy")
+            check(drv.cuEventDestroy(end), "cuEventDestroy")
+        self.profile = None
+        return out
 
     def close(self) -> None:
         """Free every allocation, graph and module, and release the context."""

@@ -79,6 +79,37 @@ struct GdnArgs {
 // unless `prepared` (then q, k, g, beta are read as given). `save` writes the normalised q/k and the gates for
 // a later commit. A warp keeps GDN_COLS columns of S in registers (lane holds rows lane + 32 i, i < KL), so the
 // whole chunk of tokens runs on-chip and S is read once and (if commit) written once. Grid (ceil(Dv / 32), Hv).
+// Butterfly sums of N values at once: the N shuffle chains interleave instead of running back to back.
+template <int N>
+__device__ __forceinline__ void warp_sum_n(float (&v)[N]) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] += __shfl_xor_sync(FULL_MASK, v[j], o);
+}
+
+// One token's inputs for the lane: raw (or prepared) q/k rows, its GDN_COLS values of v, the gate inputs.
+template <int KL>
+struct GdnToken {
+    float kk[KL], qq[KL], v[GDN_COLS], ga, gb;
+};
+
+template <int KL>
+__device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk, int j0, int lane, GdnToken<KL>& in) {
+#pragma unroll
+    for (int i = 0; i < KL; ++i) {
+        const int row = lane + 32 * i;
+        in.kk[i] = row < p.Dk ? p.k[(i64)t * p.ld_qk + hk * p.Dk + row] : 0.f;
+        in.qq[i] = row < p.Dk ? p.q[(i64)t * p.ld_qk + hk * p.Dk + row] : 0.f;
+    }
+#pragma unroll
+    for (int cj = 0; cj < GDN_COLS; ++cj)
+        in.v[cj] = j0 + cj < p.Dv ? p.v[(i64)t * p.ld_v + (i64)h * p.Dv + j0 + cj] : 0.f;
+    // prepared: g and beta; raw: alpha and b (the gates are formed after the load)
+    in.ga = p.prepared ? p.g[(i64)t * p.num_v_heads + h] : p.alpha[(i64)t * p.ld_gate + h];
+    in.gb = p.prepared ? p.beta[(i64)t * p.num_v_heads + h] : p.b[(i64)t * p.ld_gate + h];
+}
+
 template <int KL>
 __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -96,65 +127,70 @@ __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p) {
         for (int cj = 0; cj < GDN_COLS; ++cj)
             s[i][cj] = (row < Dk && j0 + cj < Dv) ? sh[(i64)row * Dv + j0 + cj] : 0.f;
     }
+    const float a_h = p.prepared ? 0.f : p.a[h], dt_h = p.prepared ? 0.f : p.dt_bias[h];
+    GdnToken<KL> cur, nxt;
+    if (p.T > 0) gdn_load<KL>(p, 0, h, hk, j0, lane, cur);
     for (int t = 0; t < p.T; ++t) {
-        float kk[KL], qq[KL], kss = 0.f, qss = 0.f;
-#pragma unroll
-        for (int i = 0; i < KL; ++i) {
-            const int row = lane + 32 * i;
-            kk[i] = row < Dk ? p.k[(i64)t * p.ld_qk + hk * Dk + row] : 0.f;
-            qq[i] = row < Dk ? p.q[(i64)t * p.ld_qk + hk * Dk + row] : 0.f;
-            kss += kk[i] * kk[i];
-            qss += qq[i] * qq[i];
-        }
-        float decay, bt;
-        if (p.prepared) {
-            decay = __expf(p.g[(i64)t * p.num_v_heads + h]);
-            bt = p.beta[(i64)t * p.num_v_heads + h];
-        } else {
-            const float kn = rsqrtf(warp_sum(kss) + p.eps), qn = rsqrtf(warp_sum(qss) + p.eps) * p.q_scale;
-#pragma unroll
-            for (int i = 0; i < KL; ++i) {
-                kk[i] *= kn;
-                qq[i] *= qn;
-            }
-            const float gt = p.a[h] * softplusf_(p.alpha[(i64)t * p.ld_gate + h] + p.dt_bias[h]);
-            bt = sigmoidf_(p.b[(i64)t * p.ld_gate + h]);
-            decay = __expf(gt);
-            if (writer) {
-                if (lane == 0) {
-                    p.g[(i64)t * p.num_v_heads + h] = gt;
-                    p.beta[(i64)t * p.num_v_heads + h] = bt;
-                }
-                if (h < p.num_k_heads)  // one value head per key head saves the shared q/k
-#pragma unroll
-                    for (int i = 0; i < KL; ++i) {
-                        const int row = lane + 32 * i;
-                        if (row < Dk) {
-                            p.qk_out[(i64)t * 2 * p.num_k_heads * Dk + hk * Dk + row] = qq[i];
-                            p.qk_out[(i64)t * 2 * p.num_k_heads * Dk + (p.num_k_heads + hk) * Dk + row] = kk[i];
-                        }
-                    }
-            }
-        }
-        float out_mine = 0.f;
+        if (t + 1 < p.T) gdn_load<KL>(p, t + 1, h, hk, j0, lane, nxt);  // the next token's loads fly meanwhile
+        // k^T S for every column and the two squared norms, reduced together
+        float red[GDN_COLS + 2];
 #pragma unroll
         for (int cj = 0; cj < GDN_COLS; ++cj) {
-            float pred = 0.f;
+            float acc = 0.f;
 #pragma unroll
-            for (int i = 0; i < KL; ++i) pred += kk[i] * s[i][cj];
-            pred = warp_sum(pred) * decay;  // k^T (e^g S)
-            const float vj = j0 + cj < Dv ? p.v[(i64)t * p.ld_v + (i64)h * Dv + j0 + cj] : 0.f;
-            const float u = bt * (vj - pred);
-            float oj = 0.f;
+            for (int i = 0; i < KL; ++i) acc += cur.kk[i] * s[i][cj];
+            red[cj] = acc;
+        }
+        red[GDN_COLS] = red[GDN_COLS + 1] = 0.f;
+#pragma unroll
+        for (int i = 0; i < KL; ++i) {
+            red[GDN_COLS] += cur.kk[i] * cur.kk[i];
+            red[GDN_COLS + 1] += cur.qq[i] * cur.qq[i];
+        }
+        warp_sum_n<GDN_COLS + 2>(red);
+        float kn = 1.f, qn = 1.f, gt = cur.ga, bt = cur.gb;
+        if (!p.prepared) {
+            kn = rsqrtf(red[GDN_COLS] + p.eps);
+            qn = rsqrtf(red[GDN_COLS + 1] + p.eps) * p.q_scale;
+            gt = a_h * softplusf_(cur.ga + dt_h);
+            bt = sigmoidf_(cur.gb);
+        }
+        const float decay = __expf(gt);
+        float o[GDN_COLS];
+#pragma unroll
+        for (int cj = 0; cj < GDN_COLS; ++cj) {
+            const float u = bt * (cur.v[cj] - red[cj] * kn * decay);  // v - k^T (e^g S)
+            float acc = 0.f;
 #pragma unroll
             for (int i = 0; i < KL; ++i) {
-                s[i][cj] = s[i][cj] * decay + kk[i] * u;
-                oj += qq[i] * s[i][cj];
+                s[i][cj] = s[i][cj] * decay + cur.kk[i] * kn * u;
+                acc += cur.qq[i] * s[i][cj];
             }
-            oj = warp_sum(oj);
-            if (lane == cj) out_mine = oj;
+            o[cj] = acc;
         }
+        warp_sum_n<GDN_COLS>(o);
+        float out_mine = 0.f;
+#pragma unroll
+        for (int cj = 0; cj < GDN_COLS; ++cj)
+            if (lane == cj) out_mine = o[cj] * qn;
         if (lane < GDN_COLS && j0 + lane < Dv) p.o[(i64)t * p.ld_o + (i64)h * Dv + j0 + lane] = out_mine;
+        if (writer) {
+            if (lane == 0) {
+                p.g[(i64)t * p.num_v_heads + h] = gt;
+                p.beta[(i64)t * p.num_v_heads + h] = bt;
+            }
+            if (h < p.num_k_heads)  // one value head per key head saves the shared, normalised q/k
+#pragma unroll
+                for (int i = 0; i < KL; ++i) {
+                    const int row = lane + 32 * i;
+                    if (row < Dk) {
+                        const i64 base = (i64)t * 2 * p.num_k_heads * Dk;
+                        p.qk_out[base + hk * Dk + row] = cur.qq[i] * qn;
+                        p.qk_out[base + (p.num_k_heads + hk) * Dk + row] = cur.kk[i] * kn;
+                    }
+                }
+        }
+        cur = nxt;
     }
     if (p.commit) {
 #pragma unroll
