@@ -28,8 +28,9 @@ def qtype_tag(qtype: Q) -> str:
     return qtype.name.lower().replace("_k", "_K")
 
 
-# Weight types with a prefill GEMM instance (the Q4_K_M mix); the others run prefill through mmvq, 8 tokens at a time.
-GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0)
+# Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
+# at a time.
+GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0)
 # Weight types the embedding lookup reads (the matmul types plus F32).
 EMBED_QTYPES = (Q.F32,) + MATMUL_QTYPES
 # How the matmul input is produced (kernels/act.cu ACT_*), in template-argument order.

@@ -120,13 +120,19 @@ def kv_store(dev: Device, k: Buffer, v: Buffer, kcache: Buffer, vcache: Buffer, 
                [k, v, kcache, vcache, positions, num_tokens, num_kv_heads, head_dim, capacity, ld_k, ld_v])
 
 
+CONV_CHUNK = 16  # tokens per thread of conv1d_silu (kernels/deltanet.cu)
+
+
 def conv1d_silu(dev: Device, window: Buffer, x: Buffer, w: Buffer, out: Buffer, num_tokens: int, channels: int,
                 kernel_size: int, ld_x: int, ld_out: int, commit: bool) -> None:
     """out = silu(causal depthwise conv of x after the window's state rows); commit: roll the state forward,
     else append x to the window for conv_commit."""
     assert 1 <= kernel_size <= 9, "conv kernels up to 9 taps"
-    dev.launch(dev.kernel("conv1d_silu"), (channels + 255) // 256, 256,
+    grid = ((channels + 255) // 256, (num_tokens + CONV_CHUNK - 1) // CONV_CHUNK)
+    dev.launch(dev.kernel("conv1d_silu"), grid, 256,
                [window, x, w, out, num_tokens, channels, kernel_size, ld_x, ld_out, int(commit)])
+    if commit:  # the new state was written to the scratch rows K-1 ..: move it into place
+        conv_commit(dev, window, kernel_size - 1, channels, kernel_size)
 
 
 def conv_commit(dev: Device, window: Buffer, n: int, channels: int, kernel_size: int) -> None:

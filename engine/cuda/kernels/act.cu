@@ -19,24 +19,39 @@ struct ActSrc {
     float eps;
 };
 
+__device__ __forceinline__ void warp_sum_n8(float (&v)[8]) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] += __shfl_xor_sync(FULL_MASK, v[j], o);
+}
+
 __device__ __forceinline__ i64 act_pos(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
 
-// Per-token 1/rms of the whole row (RMSNORM): each block reduces the rows of its group itself.
+// Per-token 1/rms of the whole row (RMSNORM): each block reduces the rows of its group itself. The token loop
+// is innermost so the loads of all the group's rows are independent and in flight together.
 __device__ void row_inv_rms(const ActSrc& a, int grp, int T, int K, float* inv /* [8] shared */) {
     __shared__ float part[8][8];  // [warp][token]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float ss[8];
+    const int tokens = min(8, T - grp * 8);
+    const float* rows = a.x + (i64)grp * 8 * a.ldx;
+    float ss[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if ((K & 3) == 0 && (a.ldx & 3) == 0) {
+        for (int k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-        const int t = grp * 8 + n;
-        float acc = 0.f;
-        if (t < T)
-            for (int k = threadIdx.x; k < K; k += blockDim.x) {
-                const float v = a.x[(i64)t * a.ldx + k];
-                acc += v * v;
-            }
-        ss[n] = warp_sum(acc);
+            for (int n = 0; n < 8; ++n)
+                if (n < tokens) {
+                    const float4 v = *reinterpret_cast<const float4*>(rows + (i64)n * a.ldx + k);
+                    ss[n] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                }
+        }
+    } else {
+        for (int k = threadIdx.x; k < K; k += blockDim.x)
+#pragma unroll
+            for (int n = 0; n < 8; ++n)
+                if (n < tokens) ss[n] += rows[(i64)n * a.ldx + k] * rows[(i64)n * a.ldx + k];
     }
+    warp_sum_n8(ss);
     if (lane == 0)
 #pragma unroll
         for (int n = 0; n < 8; ++n) part[warp][n] = ss[n];

@@ -9,6 +9,7 @@
 #include "common.cuh"
 
 #define ATTN_WARPS 4
+#define ATTN_MIN_KEYS 128  // fewest keys per active split
 
 // KV cache: [Hkv][capacity][D] f16. kv_store writes the f32 keys/values of T tokens at their positions.
 __global__ void __launch_bounds__(256)
@@ -115,6 +116,23 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
     const int G = a.num_heads / a.num_kv_heads;
     const int num_q = min(a.tile_tokens, a.T - t0) * G;
 
+    // keys visible to the tile, and this split's share of them: a split takes at least ATTN_MIN_KEYS keys, so
+    // at short lengths the higher splits stay idle (their partials say "no keys") instead of each filling its
+    // queries for a handful of keys; the grid itself is fixed, so a captured graph fits every length
+    const int last_t = min(t0 + a.tile_tokens, a.T) - 1;
+    const int kv_len = a.positions[last_t] + 1;
+    const int active = max(1, min(splits, (kv_len + ATTN_MIN_KEYS - 1) / ATTN_MIN_KEYS));
+    const int k_begin = split < active ? (int)((i64)kv_len * split / active) : kv_len;
+    const int k_end = split < active ? (int)((i64)kv_len * (split + 1) / active) : kv_len;
+    if (k_begin >= k_end && splits > 1) {  // idle split: an empty partial, without loading the queries
+        for (int qi = threadIdx.x; qi < num_q; qi += blockDim.x) {
+            const int t = t0 + qi / G, h = kvh * G + qi % G;
+            const i64 row = ((i64)split * a.T + t) * a.num_heads + h;
+            a.part_ml[row * 2] = NEG_INF;
+            a.part_ml[row * 2 + 1] = 0.f;
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < ATTN_WARPS * QPW * D; i += blockDim.x) {
         const int qi = i / D, d = i % D;
         float v = 0.f;
@@ -125,11 +143,6 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
         qs[i] = v;
     }
     __syncthreads();
-
-    // keys visible to the tile, and this split's share of them
-    const int last_t = min(t0 + a.tile_tokens, a.T) - 1;
-    const int kv_len = a.positions[last_t] + 1;
-    const int k_begin = (int)((i64)kv_len * split / splits), k_end = (int)((i64)kv_len * (split + 1) / splits);
     int qpos[QPW];
 #pragma unroll
     for (int j = 0; j < QPW; ++j) {
@@ -230,25 +243,24 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
 }
 
 // Merge the splits' partials: out = sum_s e^(m_s - m) o_s / sum_s e^(m_s - m) l_s, times the optional gate.
-// One block per (t, h), threads over D.
+// One block per (t, h): the split weights are formed once in shared memory, then threads sweep D.
 __global__ void __launch_bounds__(256) attn_combine(AttnArgs a, int splits, int D) {
+    __shared__ float weight[256];
+    __shared__ float scratch[32];
     const int t = blockIdx.x, h = blockIdx.y;
-    float m = NEG_INF;
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, a.part_ml[(((i64)s * a.T + t) * a.num_heads + h) * 2]);
-    float denom = 0.f;
-    for (int s = 0; s < splits; ++s) {
-        const i64 row = ((i64)s * a.T + t) * a.num_heads + h;
-        const float ms = a.part_ml[row * 2];
-        if (ms != NEG_INF) denom += __expf(ms - m) * a.part_ml[row * 2 + 1];
-    }
+    const int s = threadIdx.x;
+    const i64 row = ((i64)s * a.T + t) * a.num_heads + h;
+    const float ms = s < splits ? a.part_ml[row * 2] : NEG_INF;
+    const float m = block_max(ms, scratch);
+    const float wt = (ms == NEG_INF || m == NEG_INF) ? 0.f : __expf(ms - m);
+    const float denom = block_sum(s < splits ? wt * a.part_ml[row * 2 + 1] : 0.f, scratch);
+    weight[s] = wt;
+    __syncthreads();
     const float inv = denom > 0.f ? 1.f / denom : 0.f;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float acc = 0.f;
-        for (int s = 0; s < splits; ++s) {
-            const i64 row = ((i64)s * a.T + t) * a.num_heads + h;
-            const float ms = a.part_ml[row * 2];
-            if (ms != NEG_INF) acc += __expf(ms - m) * a.part_o[row * D + d];
-        }
+        for (int si = 0; si < splits; ++si)
+            if (weight[si] != 0.f) acc += weight[si] * a.part_o[(((i64)si * a.T + t) * a.num_heads + h) * D + d];
         float val = acc * inv;
         if (a.gate) val *= sigmoidf_(a.gate[(i64)t * a.ld_gate + (i64)h * a.gate_head_stride + d]);
         a.out[(i64)t * a.ld_out + (i64)h * D + d] = val;

@@ -7,19 +7,28 @@
 // plain decode commit directly.
 #include "common.cuh"
 
+#define CONV_CHUNK 16  // tokens per thread: chunks of a long prefill run in parallel
+
 // window: [K - 1 + max_tokens, C] f32, rows 0 .. K-2 the committed state. x: [T, ld_x] new inputs (the qkv
-// projections); out[t, c] = silu(sum_j w[c, j] * window[t + j, c]) with x appended as rows K-1 ... Each thread owns
-// one channel, so reading the state and writing the window never race.
+// projections); out[t, c] = silu(sum_j w[c, j] * window[t + j, c]) with x appended as rows K-1 ... A thread owns
+// one channel for CONV_CHUNK consecutive tokens (grid y: chunks); its history comes from the state rows or from x.
+// Nothing is written to the state rows here: a non-committing pass appends x after them (for conv_commit), and a
+// committing one writes the new state to the scratch rows K-1 .. 2K-3 (conv_commit(K-1) then moves it), so no
+// chunk can read a state row another chunk already replaced.
 __global__ void __launch_bounds__(256)
 conv1d_silu(float* __restrict__ window, const float* __restrict__ x, const float* __restrict__ w,
             float* __restrict__ out, int T, int C, int K, int ld_x, int ld_out, int commit) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * CONV_CHUNK;
     if (c >= C) return;
-    float hist[8];  // the last K-1 inputs, oldest first (K <= 9)
-    for (int j = 0; j < K - 1; ++j) hist[j] = window[(i64)j * C + c];
+    float hist[8];  // the K-1 inputs before the current token, oldest first (K <= 9)
+    for (int j = 0; j < K - 1; ++j) {
+        const int t = t0 - (K - 1) + j;  // < 0: a state row
+        hist[j] = t < 0 ? window[(i64)(K - 1 + t) * C + c] : x[(i64)t * ld_x + c];
+    }
     float wc[9];
     for (int j = 0; j < K; ++j) wc[j] = w[(i64)c * K + j];
-    for (int t = 0; t < T; ++t) {
+    const int t1 = min(T, t0 + CONV_CHUNK);
+    for (int t = t0; t < t1; ++t) {
         const float xt = x[(i64)t * ld_x + c];
         float acc = wc[K - 1] * xt;
         for (int j = 0; j < K - 1; ++j) acc += wc[j] * hist[j];
@@ -28,8 +37,8 @@ conv1d_silu(float* __restrict__ window, const float* __restrict__ x, const float
         for (int j = 0; j + 1 < K - 1; ++j) hist[j] = hist[j + 1];
         if (K > 1) hist[K - 2] = xt;
     }
-    if (commit)
-        for (int j = 0; j < K - 1; ++j) window[(i64)j * C + c] = hist[j];
+    if (commit && t1 == T)  // the chunk holding the last token: the new state, into the scratch rows
+        for (int j = 0; j < K - 1; ++j) window[(i64)(K - 1 + j) * C + c] = hist[j];
 }
 
 // After a non-committing pass: the state after its first n tokens is window rows n .. n + K-2.
