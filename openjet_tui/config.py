@@ -55,6 +55,21 @@ class SlipstreamSettings(BaseModel):
     model: str | None = None
 
 
+class SamplingSettings(BaseModel):
+    """[sampling]: sent with every chat request; an unset value leaves the server's own default."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Servers differ in their defaults (llama-server's is its --temp, OpenJet's engine 1.0), so a run is only
+    # repeatable when the request itself says 0.
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    seed: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=1)  # cap on one reply; unset: until the model stops or the window ends
+
+    def request_fields(self) -> dict[str, Any]:
+        """The OpenAI request fields these settings add to a chat request (only the ones set)."""
+        return {name: value for name, value in self.model_dump().items() if value is not None}
+
+
 class Settings(BaseSettings):
     """Every setting OpenJet reads."""
 
@@ -68,6 +83,7 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(600.0, gt=0)
     shell: ShellSettings = Field(default_factory=ShellSettings)
     context: ContextSettings = Field(default_factory=ContextSettings)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     slipstream: SlipstreamSettings = Field(default_factory=SlipstreamSettings)
 
     @field_validator("mode")

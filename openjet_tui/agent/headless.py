@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", help="what the agent should do")
     add_agent_options(parser, is_subcommand=True)
     parser.add_argument("--json", action="store_true", help="print JSON Lines events instead of text")
+    parser.add_argument("--temperature", type=float, help="sampling temperature sent with every request "
+                        "(0: greedy, the same reply on every run; default: [sampling] setting, else the server's)")
+    parser.add_argument("--seed", type=int, help="sampling seed sent with every request")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,6 +104,10 @@ def resolve_setup(args: argparse.Namespace) -> Setup:
     overrides = {"provider": args.provider, "base_url": args.base_url, "model": args.model, "mode": args.mode}
     if args.slipstream:
         overrides["slipstream"] = {"enabled": True}
+    # Only `openjet run` has these options; the app's namespace lacks them and keeps the settings' values.
+    sampling = {name: value for name in ("temperature", "seed") if (value := getattr(args, name, None)) is not None}
+    if sampling:
+        overrides["sampling"] = sampling
     settings = load_settings(workspace.root, overrides).settings
     return Setup(settings, workspace, store, session, session is not None)
 
@@ -133,7 +140,8 @@ async def run_task(args: argparse.Namespace, printer: HumanPrinter | JsonPrinter
                                  settings.airgapped)
     endpoint = resolve_endpoint(settings.provider, settings.base_url, settings.model)
     guard.check(endpoint.base_url)
-    client = ChatClient(endpoint, guard=guard, timeout_s=settings.request_timeout_s)
+    client = ChatClient(endpoint, guard=guard, timeout_s=settings.request_timeout_s,
+                        sampling=settings.sampling.request_fields())
     slipstream: Slipstream | None = None
     try:
         window = await _probe(client, setup, mode, printer)

@@ -32,11 +32,14 @@ _STDERR_TAIL = 2000
 
 @dataclass(slots=True)
 class AgentTarget:
-    """The model the agent talks to; None leaves the choice to openjet's own defaults."""
+    """The model the agent talks to and how it samples; None leaves the choice to openjet's own defaults."""
 
     provider: str | None = None
     base_url: str | None = None
     model: str | None = None
+    # Greedy with a fixed seed by default, whatever the server's own defaults: a repeat must give the same pass/fail.
+    temperature: float | None = 0.0
+    seed: int | None = 0
 
 
 @dataclass(slots=True)
@@ -63,6 +66,9 @@ def agent_command(task: TaskSpec, workspace: Path, target: AgentTarget, base: li
     for flag, value in (("--provider", target.provider), ("--base-url", target.base_url), ("--model", target.model)):
         if value:
             command += [flag, value]
+    for flag, number in (("--temperature", target.temperature), ("--seed", target.seed)):
+        if number is not None:  # 0 is a value here: temperature 0 is what makes a run greedy
+            command += [flag, str(number)]
     return command
 
 

@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--provider", choices=list(PROVIDERS), default=unset, help="model server kind")
     parser.add_argument("--base-url", default=unset, help="server base URL, e.g. http://127.0.0.1:8080/v1")
     parser.add_argument("--model", default=unset, help="model name to request (default: the first listed)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature sent with every request (default 0: greedy, repeatable)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed sent with every request (default 0)")
     parser.add_argument("--tasks", metavar="PATTERN",
                         help="comma-separated: globs on task names, name fragments or categories")
     parser.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="attempts per task")
@@ -62,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.list:
             return list_tasks(args)
-        target = AgentTarget(*(getattr(args, name, None) for name in ("provider", "base_url", "model")))
+        target = AgentTarget(*(getattr(args, name, None) for name in ("provider", "base_url", "model")),
+                             temperature=args.temperature, seed=args.seed)
         options = SuiteOptions(target, args.tasks, args.repeat, args.suite, args.results_dir, keep_dir=args.keep)
         # Off a terminal rich assumes 80 columns, which folds every cell; a log file can be wider.
         reporter = Reporter(Console(width=None if sys.stdout.isatty() else 160), is_quiet=args.json)

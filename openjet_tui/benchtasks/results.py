@@ -123,6 +123,8 @@ class RunInfo:
     machine: str
     started: str
     repeat: int
+    temperature: float | None = None  # as sent with every request; None: the server's default
+    seed: int | None = None
 
 
 def git_commit(root: Path) -> str | None:

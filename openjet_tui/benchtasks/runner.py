@@ -121,7 +121,8 @@ def run_suite(options: SuiteOptions, reporter: Reporter) -> tuple[dict[str, Any]
     _check_tools(tasks, options.python)
     root = Path(__file__).resolve().parents[2]
     info = RunInfo(options.target.provider, options.target.base_url, options.target.model, git_commit(root),
-                   machine_description(), time.strftime("%Y-%m-%d %H:%M:%S %Z"), options.repeat)
+                   machine_description(), time.strftime("%Y-%m-%d %H:%M:%S %Z"), options.repeat,
+                   options.target.temperature, options.target.seed)
     scratch = _scratch_dir(options.keep_dir)
     reporter.start(len(tasks) * options.repeat)
     try:

@@ -136,7 +136,8 @@ class AgentController:
         self.guard.check(self.endpoint.base_url)
         if self.client is None:
             self.client = ChatClient(self.endpoint, guard=self.guard,
-                                     timeout_s=self.setup.settings.request_timeout_s)
+                                     timeout_s=self.setup.settings.request_timeout_s,
+                                     sampling=self.setup.settings.sampling.request_fields())
         system = build_system_prompt(self.workspace_root, self.mode, load_agents_md(self.workspace_root))
         self.report = await probe_server(self.client, system, [t.schema() for t in all_tools().values()])
         if self.report.is_usable:

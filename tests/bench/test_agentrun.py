@@ -73,7 +73,7 @@ def test_agent_command_passes_only_given_options(tmp_path):
     command = agent_command(task, tmp_path, AgentTarget(base_url="http://127.0.0.1:9/v1"), ["openjet"])
     assert command[:3] == ["openjet", "run", task.prompt]
     assert command[3:] == ["--mode", "auto-edit", "--json", "--workspace", str(tmp_path),
-                           "--base-url", "http://127.0.0.1:9/v1"]
+                           "--base-url", "http://127.0.0.1:9/v1", "--temperature", "0.0", "--seed", "0"]
 
 
 def test_run_agent_kills_the_group_at_the_time_limit(tmp_path):
