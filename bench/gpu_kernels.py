@@ -106,6 +106,7 @@ def time_matmuls(dev: Device, report: Report, rng: np.random.Generator,
             state = {"i": 0}
 
             def run(t=t, state=state):
+                """One matmul, rotating over the weight copies."""
                 ops.matmul(dev, ws[state["i"] % copies], act, y, t, rows)
                 state["i"] += 1
 

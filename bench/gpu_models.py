@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.gpu_common import Report, Timing, median_time, record
+from bench.gpu_common import Report, record
 
 ARCHS = ("qwen35", "qwen3", "qwen2", "llama")
 NUM_GREEDY = 128

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from bench.gpu_common import TOL_F16, TOL_F32, Report, compare, poison, record
-from engine.cuda import mixers, ops
+from bench.gpu_common import TOL_F32, Report, compare, poison, record
+from engine.cuda import ops
 from engine.cuda.device import Buffer, Device
 from engine.cuda.repack import random_blocks
 from engine.gguf.quants import dequantize
@@ -24,20 +24,24 @@ class Scope:
         self.dev, self.bufs = dev, []
 
     def put(self, array: np.ndarray, what: str = "in") -> Buffer:
+        """A device copy of a host array."""
         buf = self.dev.to_device(np.ascontiguousarray(array), what)
         self.bufs.append(buf)
         return buf
 
     def out(self, nbytes: int, what: str = "out") -> Buffer:
+        """An output buffer, poisoned with NaN."""
         buf = self.dev.alloc(nbytes, what)
         poison(self.dev, buf)
         self.bufs.append(buf)
         return buf
 
     def get(self, buf: Buffer, shape: tuple[int, ...], dtype=F32) -> np.ndarray:
+        """A host copy of a device buffer."""
         return self.dev.download(buf, dtype, shape)
 
     def close(self) -> None:
+        """Free every buffer of the check."""
         for buf in self.bufs:
             self.dev.memory.free(buf)
 
