@@ -108,7 +108,7 @@ def _get_log(nvrtc, prog) -> str:
     """The program log of the last compilation (warnings or errors)."""
     err, size = nvrtc.nvrtcGetProgramLogSize(prog)
     _check(nvrtc, err, "nvrtcGetProgramLogSize")
-    buf = b" " * size
+    buf = bytearray(size)  # never b" " * size: for size 1 that is CPython's shared b" ", which NVRTC would overwrite
     (err,) = nvrtc.nvrtcGetProgramLog(prog, buf)
     _check(nvrtc, err, "nvrtcGetProgramLog")
     return buf.rstrip(b"\0").decode(errors="replace").strip()
@@ -118,10 +118,10 @@ def _get_blob(nvrtc, prog, size_fn, get_fn, what: str) -> bytes:
     """Read one NVRTC output buffer (cubin or PTX)."""
     err, size = size_fn(prog)
     _check(nvrtc, err, f"{what} size")
-    buf = b" " * size
+    buf = bytearray(size)  # a fresh mutable buffer (see _get_log)
     (err,) = get_fn(prog, buf)
     _check(nvrtc, err, what)
-    return buf
+    return bytes(buf)
 
 
 def compile_file(source_path: Path, arch: int, expressions: tuple[str, ...], options: tuple[str, ...] = (),
