@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -38,6 +39,7 @@ from openjet_tui.ui.widgets.prompts import AnswerPrompt
 T = TypeVar("T")
 METRICS_INTERVAL_S = 1.0
 GPU_INTERVAL_S = 2.0
+GC_THRESHOLDS = (5_000, 5, 1_000)  # allocations per young collection; young per middle; middle per full
 GpuSampler = Callable[[], list[GpuSample]]
 
 
@@ -62,7 +64,7 @@ class OpenJetApp(SlashCommands, App[int]):
         super().__init__()
         self.add_mode("chat", self._new_chat_screen)
         self.approver = InlineApprover(self, editor=editor)
-        self.pump = EventPump(self.deliver_events, on_error=self._drawing_failed)
+        self.pump = EventPump(self.deliver_events, settle=self._drawn, on_error=self._drawing_failed)
         self.controller = AgentController(options, self.approver, self.on_agent_event)
         self.gpu_sampler, self.poll_metrics, self.watch_enabled = gpu_sampler, poll_metrics, watch_workspace
         self.queued: list[str] = []
@@ -97,6 +99,11 @@ class OpenJetApp(SlashCommands, App[int]):
 
     def on_ready(self) -> None:
         """Once the screen is up: show who we are talking to, then connect, watch the workspace and start the live figures."""
+        # Long streams allocate many short-lived line objects; default thresholds then run full collections over
+        # the whole heap every few seconds (pauses of 100-300 ms, felt as a frozen keyboard). Startup objects
+        # leave the collector's scans, and full collections become rarer.
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLDS[0], GC_THRESHOLDS[1], GC_THRESHOLDS[2])
         controller, chat = self.controller, self.chat
         chat.set_workspace(controller.workspace_root)
         chat.status_bar.mode = controller.mode.value
@@ -133,6 +140,17 @@ class OpenJetApp(SlashCommands, App[int]):
         """Draw a batch of agent events (the pump calls this at most once per frame)."""
         if self.is_showing:
             await self.chat.show_events(events)
+
+    async def _drawn(self) -> None:
+        """Until the screen has refreshed (the pump times its frames by this)."""
+        if not self.is_showing:
+            return
+        refreshed = asyncio.get_running_loop().create_future()
+        self.chat.call_after_refresh(lambda: refreshed.done() or refreshed.set_result(None))
+        try:
+            await asyncio.wait_for(refreshed, timeout=1.0)
+        except asyncio.TimeoutError:
+            pass  # no refresh came (nothing visible changed); do not hold the next frame back
 
     def _drawing_failed(self, exc: BaseException) -> None:
         self.log.error("drawing events failed", exc)
@@ -299,15 +317,21 @@ class OpenJetApp(SlashCommands, App[int]):
         except (OpenJetError, httpx.HTTPError) as exc:
             await self.chat.notice(describe_error(exc), "error")
         finally:
+            await self._turn_ended()  # everything drawn before the turn counts as over
             self.is_busy = False
-            if self.is_showing:
-                await self.pump.flush()
-                session = self.controller.session
-                self.chat.status_bar.session_id = session.id if session else "new"
         if self.queued and self.is_showing:
             following = self.queued.pop(0)
             await self.chat.add_user_message(following)
             self.run_turn(following)
+
+    async def _turn_ended(self) -> None:
+        """Draw what is left and show the session (unless the app is closing)."""
+        if not self.is_showing:
+            return
+        await self.pump.flush()
+        if self.is_showing:
+            session = self.controller.session
+            self.chat.status_bar.session_id = session.id if session else "new"
 
     def action_cancel_turn(self) -> None:
         """Esc: stop the running turn at once (and drop queued messages)."""

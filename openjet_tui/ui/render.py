@@ -66,7 +66,7 @@ class EventRenderer:
             if isinstance(event, ev.TextDelta):
                 await reply.append_text(event.text)
             else:
-                reply.append_reasoning(event.text)
+                await reply.append_reasoning(event.text)
         elif isinstance(event, ev.AssistantMessage):
             await self._finish_reply(event)
         elif isinstance(event, (ev.TurnStarted, ev.TurnFinished)):
@@ -82,7 +82,7 @@ class EventRenderer:
     async def _reply_for(self, origin: str) -> AssistantReply:
         if self.reply is None or self.reply.origin != origin:
             await self._close_reply()
-            self.reply = AssistantReply(origin)
+            self.reply = AssistantReply(origin, is_streaming=True)
             await self.conversation.add(self.reply)
         return self.reply
 

@@ -17,11 +17,11 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
 from textual.widget import Widget
-from textual.widgets import Collapsible, Markdown, Static
-from textual.widgets.markdown import MarkdownStream
+from textual.widgets import Collapsible, Static
 
 from openjet_tui.agent.proposals import Proposal
 from openjet_tui.ui.widgets.diff_view import HighlightedSides, HunkView, diff_stats
+from openjet_tui.ui.widgets.markdown_text import ReplyBody
 
 Record = Callable[[], Widget]
 ORIGIN_BADGES = {"cloud": ("☁ cloud", "bold $text-error"), "delegate": ("local · delegated", "$text-accent")}
@@ -54,65 +54,67 @@ class UserMessage(Static):
 
 
 class AssistantReply(Vertical):
-    """A model reply: collapsed reasoning with its token count, then Markdown streamed as it arrives."""
+    """A model reply: collapsed reasoning with its token count, then the text, streamed as it arrives."""
 
     DEFAULT_CSS = """
     AssistantReply { height: auto; margin: 1 0 0 0; }
     AssistantReply .reply-badge { color: $text-muted; }
     AssistantReply Collapsible { border: none; padding: 0; margin: 0; background: transparent; }
     AssistantReply .reasoning-text { color: $text-muted; text-style: italic; }
-    AssistantReply Markdown { padding: 0 1; margin: 0; }
     """
 
-    def __init__(self, origin: str = "local", content: str = "", reasoning: str = ""):
+    def __init__(self, origin: str = "local", content: str = "", reasoning: str = "", is_streaming: bool = False):
         super().__init__(classes=f"-{origin}")
-        self.origin, self.content, self.reasoning = origin, content, reasoning
-        self._stream: MarkdownStream | None = None
+        self.origin, self.reasoning = origin, reasoning
+        self.body = ReplyBody(content, is_streaming=is_streaming)
+
+    @property
+    def content(self) -> str:
+        """The reply text so far."""
+        return self.body.text
 
     def compose(self) -> ComposeResult:
-        """Badge, reasoning (collapsed), reply text."""
+        """Badge, reasoning (collapsed, only when there is some), reply text."""
         label, style = ORIGIN_BADGES.get(self.origin, ("assistant", "bold $text-secondary"))
         yield Static(Content.styled(label, style), classes="reply-badge")
-        with Collapsible(title=self._reasoning_title(), collapsed=True, id="reasoning") as box:
-            box.display = bool(self.reasoning)
-            yield Static(self.reasoning, classes="reasoning-text", markup=False)
-        yield Markdown(self.content)
+        if self.reasoning:
+            yield self._reasoning_box()
+        yield self.body
+
+    def _reasoning_box(self) -> Collapsible:
+        return Collapsible(Static(self.reasoning, classes="reasoning-text", markup=False),
+                           title=self._reasoning_title(), collapsed=True, id="reasoning")  # type: ignore[arg-type]
 
     def _reasoning_title(self) -> Content:
         return Content.from_markup("reasoning [dim]· ~$count tokens[/dim]", count=estimate_tokens(self.reasoning))
 
     async def append_text(self, fragment: str) -> None:
-        """Stream more reply text (fragments are joined and rendered at most once per frame)."""
-        self.content += fragment
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
-        await self._stream.write(fragment)
+        """Stream more reply text."""
+        await self.body.append(fragment)
 
-    def append_reasoning(self, fragment: str) -> None:
-        """Add reasoning text; the header's token count follows."""
+    async def append_reasoning(self, fragment: str) -> None:
+        """Add reasoning text; the header's token count follows (the text itself is filled in when opened)."""
         self.reasoning += fragment
-        box = self.query_one("#reasoning", Collapsible)
-        box.display = True
+        boxes = self.query("#reasoning").results(Collapsible)
+        box = next(boxes, None)
+        if box is None:
+            await self.mount(self._reasoning_box(), before=self.body)
+            return
         box.title = self._reasoning_title()  # type: ignore[assignment]  # Collapsible accepts Content titles
         if not box.collapsed:
             box.query_one(".reasoning-text", Static).update(self.reasoning)
 
     @on(Collapsible.Expanded, "#reasoning")
     def reasoning_opened(self) -> None:
-        """Fill the reasoning in when it is opened (it is not kept up to date while collapsed)."""
+        """Show the reasoning as it stands when it is opened."""
         self.query_one(".reasoning-text", Static).update(self.reasoning)
 
     async def finish(self, content: str | None = None) -> None:
         """End the stream; `content` replaces the text when the client cleaned tool calls out of it."""
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
-        if content is not None and content != self.content:
-            self.content = content
-            await self.query_one(Markdown).update(content)
+        await self.body.finish(content)
 
     def record(self) -> Record:
-        """Rebuild with the text so far."""
+        """Rebuild, finished, with the text so far."""
         return functools.partial(AssistantReply, self.origin, self.content, self.reasoning)
 
 
