@@ -18,6 +18,7 @@ from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.timer import Timer
+from textual.worker import WorkerCancelled, WorkerFailed
 
 from openjet_tui.agent import events as ev
 from openjet_tui.agent.loop import Agent
@@ -29,7 +30,7 @@ from openjet_tui.runtime.hardware import GpuSample, probe_hardware, sample_gpus
 from openjet_tui.ui.approver import InlineApprover
 from openjet_tui.ui.commands import COMMANDS, mode_candidates
 from openjet_tui.ui.controller import AgentController, LaunchOptions, describe_error
-from openjet_tui.ui.figures import backend_info, parse_prometheus
+from openjet_tui.ui.figures import backend_info, format_bytes, parse_prometheus
 from openjet_tui.ui.pump import EventPump
 from openjet_tui.ui.screens.chat import ChatScreen
 from openjet_tui.ui.slash import SlashCommands, endpoint_label
@@ -98,7 +99,7 @@ class OpenJetApp(SlashCommands, App[int]):
         return []
 
     def on_ready(self) -> None:
-        """Once the screen is up: show who we are talking to, then connect, watch the workspace and start the live figures."""
+        """Once the screen is up: show who we are talking to, connect, watch the workspace, start the live figures."""
         # Long streams allocate many short-lived line objects; default thresholds then run full collections over
         # the whole heap every few seconds (pauses of 100-300 ms, felt as a frozen keyboard). Startup objects
         # leave the collector's scans, and full collections become rarer.
@@ -111,8 +112,7 @@ class OpenJetApp(SlashCommands, App[int]):
         chat.status_bar.session_id = controller.session.id if controller.session else "new"
         chat.engine_panel.backend, chat.engine_panel.reason = endpoint_label(controller)
         if controller.session is not None:
-            chat.prompt_input.sent_history = [m["content"] for m in controller.stored_messages() if m["role"] == "user"
-                                         and m.get("_origin") != "delegate"][-100:]
+            chat.remember_sent(controller.stored_messages())
         self.connect()
         if self.watch_enabled:
             self.watch_workspace()
@@ -190,7 +190,8 @@ class OpenJetApp(SlashCommands, App[int]):
         chat.engine_panel.model = controller.endpoint.model or "-"
         chat.figures.context_window = controller.context_window
         chat.show_figures()
-        self._show_slipstream()
+        if controller.wants_slipstream:  # asked for on the command line or in settings: confirm it all the same
+            self.run_command("/slipstream")
         if controller.setup.is_resumed and controller.session is not None:
             await chat.show_history(controller.stored_messages())
             await self.pump.flush()  # notes from recovering an interrupted turn
@@ -206,10 +207,14 @@ class OpenJetApp(SlashCommands, App[int]):
         panel.backend, panel.reason = "starting…", "choosing and starting the best engine for this machine"
 
         def progress(event: ProgressEvent) -> None:
-            total = f" / {event.total:.0f}" if event.total else ""
-            self.call_from_thread(setattr, panel, "reason", f"{event.task}: {event.done:.0f}{total} {event.unit}")
+            """Setup and start-up progress, from the runtime's thread, into the panel."""
+            amount = format_bytes(int(event.done)) if event.unit == "B" else f"{event.done:.0f}{event.unit}"
+            if event.total:
+                amount += f" of {format_bytes(int(event.total)) if event.unit == 'B' else f'{event.total:.0f}'}"
+            self.call_from_thread(setattr, panel, "reason", f"{event.task}: {amount} {event.note}".strip())
 
         def worker_event(event: Any) -> None:
+            """The engine worker started, crashed, restarted...: a line in the conversation."""
             self.call_from_thread(self.pump.push, ev.Notice(f"engine {event.kind}: {event.message}",
                                                             "warning" if event.kind != "healthy" else "info"))
 
@@ -234,10 +239,11 @@ class OpenJetApp(SlashCommands, App[int]):
                 if response.status_code == 404:
                     return  # this server has no metrics: its `timings` are all there is
                 if response.status_code == 200:
-                    self._apply_metrics(response.text)
+                    self.show_engine_metrics(response.text)
                 await asyncio.sleep(METRICS_INTERVAL_S)
 
-    def _apply_metrics(self, text: str) -> None:
+    def show_engine_metrics(self, text: str) -> None:
+        """Fold a /metrics scrape into the engine panel (figures, and the backend with its reason)."""
         samples = parse_prometheus(text)
         chat = self.chat
         if chat.figures.apply_metrics(samples):
@@ -357,7 +363,14 @@ class OpenJetApp(SlashCommands, App[int]):
         yield from super().get_system_commands(screen)
 
     async def on_unmount(self) -> None:
-        """Stop watching, close clients and stop an engine the app started."""
+        """End a running turn as Esc would (the session stays resumable), stop watching, close clients, and stop
+        an engine the app started."""
+        for worker in [w for w in self.workers if w.group == "turn" and w.is_running]:
+            worker.cancel()
+            try:
+                await worker.wait()
+            except (WorkerCancelled, WorkerFailed):
+                pass  # cancelled is what we asked for; a failure was already reported where it happened
         self._stop_watch.set()
         await self.pump.close()
         await self.controller.aclose()

@@ -108,6 +108,11 @@ class AgentController:
         return self.setup.settings.airgapped
 
     @property
+    def wants_slipstream(self) -> bool:
+        """Slipstream was asked for (--slipstream or slipstream.enabled); the app still asks the person first."""
+        return self.options.slipstream or self.setup.settings.slipstream.enabled
+
+    @property
     def is_slipstream_on(self) -> bool:
         """Whether the cloud orchestrator is driving the turns."""
         return self.slipstream is not None
@@ -143,8 +148,6 @@ class AgentController:
         if self.report.is_usable:
             self.context_window = self.report.context_window or self.setup.settings.context.window
             self._rebuild(self.setup.session, resume=self.setup.is_resumed)
-            if self.options.slipstream or self.setup.settings.slipstream.enabled:
-                self.enable_slipstream()
             self.ready.set()
         return self.report
 

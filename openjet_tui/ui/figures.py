@@ -88,6 +88,7 @@ class EngineFigures:
         """Fold in a /metrics scrape; True when it carried any engine figure."""
         values = {s.name: s.value for s in samples if not s.labels}
         def first(names: tuple[str, ...]) -> float | None:
+            """The first of these metrics the server exports."""
             return next((values[n] for n in names if n in values), None)
         generated = first(GENERATED)
         is_new_request = generated is not None and generated != self.num_generated_seen

@@ -108,8 +108,7 @@ class SlashCommands:
             await self.chat.show_history(messages)
             assert self.controller.session is not None
             self.chat.status_bar.session_id = self.controller.session.id
-            self.chat.prompt_input.sent_history = [m["content"] for m in messages if m["role"] == "user"
-                                              and m.get("_origin") != "delegate"][-100:]
+            self.chat.remember_sent(messages)
             await self.chat.notice(f"resumed session {self.controller.session.id} ({len(messages)} messages)")
 
     async def cmd_compact(self, argument: str) -> None:

@@ -95,3 +95,20 @@ async def test_escape_during_a_review_cancels_without_writing(server, workspace,
         await wait_idle(pilot)
         assert not app.chat.prompt_area.children and app.focused is app.chat.prompt_input
     assert (workspace / "a.txt").read_text() == "one\n"
+
+
+async def test_quitting_mid_turn_leaves_a_resumable_session(server, make_app):
+    server.push(reply("Working on it " * 20, hang_after_chunks=4), reply("Resumed fine."))
+    app = make_app(server)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await send(pilot, "a long job")
+        await wait_for(pilot, lambda: any(c for _, c in shown(app)[1:]), what="streamed text")
+        session_id = app.controller.session.id
+        await pilot.press("ctrl+q")
+    app = make_app(server, resume=session_id)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: shown(app), what="the history")
+        assert shown(app)[0] == ("you", "a long job")
+        await send(pilot, "continue")
+        await wait_idle(pilot)
+        assert shown(app)[-1] == ("assistant", "Resumed fine.")

@@ -28,6 +28,7 @@ from openjet_tui.ui.widgets.status import SlipstreamBanner, StatusBar
 
 T = TypeVar("T")
 NARROW_WIDTH = 100
+HISTORY_SIZE = 100  # sent messages the editor recalls with up/down
 
 
 class ChatScreen(Screen[None]):
@@ -114,6 +115,11 @@ class ChatScreen(Screen[None]):
     async def notice(self, message: str, level: str = "info") -> None:
         """A line from the app itself (errors at its edge, command results)."""
         await self.conversation.add(NoticeLine(message, level))
+
+    def remember_sent(self, messages: list[dict[str, Any]]) -> None:
+        """The editor's history (up/down) from a stored session's user messages."""
+        sent = [m["content"] for m in messages if m["role"] == "user" and m.get("_origin") != "delegate"]
+        self.prompt_input.sent_history = sent[-HISTORY_SIZE:]
 
     async def show_history(self, messages: list[dict[str, Any]]) -> None:
         """Replace the conversation with a stored session's messages."""

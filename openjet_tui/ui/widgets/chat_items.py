@@ -27,6 +27,9 @@ Record = Callable[[], Widget]
 ORIGIN_BADGES = {"cloud": ("☁ cloud", "bold $text-error"), "delegate": ("local · delegated", "$text-accent")}
 MAX_RESULT_LINES = 60
 APPROVAL_TOOLS = frozenset({"run_shell", "edit_file", "write_file"})
+STATUS_STYLES = {"error": "$text-error", "denied": "$text-error", "rejected": "$text-error", "stale": "$text-error",
+                 "failed": "$text-error", "never": "$text-error", "partial": "$text-warning",
+                 "running": "$text-warning", "pending": "$text-warning", "awaiting": "$text-warning"}
 
 
 def estimate_tokens(text: str) -> int:
@@ -157,8 +160,7 @@ class ToolCard(Collapsible):
             status = "error" if self.state.get("is_error") else "done"
         elif status is None:  # these may wait for the person before anything runs
             status = "pending" if self.tool_name in APPROVAL_TOOLS else "running"
-        style = {"error": "$text-error", "denied": "$text-error", "rejected": "$text-error", "stale": "$text-error",
-                 "running": "$text-warning", "pending": "$text-warning", "awaiting": "$text-warning"}.get(status.split()[0], "$text-success")
+        style = STATUS_STYLES.get(status.replace(":", " ").split()[0], "$text-success")
         origin = " ☁" if self.origin == "cloud" else ""
         return Content.assemble((call_summary(self.tool_name, self.arguments), "bold"), (origin, "$text-error"),
                                 ("  ", ""), (status, style))
