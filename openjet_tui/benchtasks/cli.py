@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature sent with every request (default 0: greedy, repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed sent with every request (default 0)")
+    parser.add_argument("--time-scale", type=float, default=1.0, metavar="X",
+                        help="multiply every task's time limit by X (e.g. 4 for a CPU engine; recorded in the JSON)")
     parser.add_argument("--tasks", metavar="PATTERN",
                         help="comma-separated: globs on task names, name fragments or categories")
     parser.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="attempts per task")
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
             return list_tasks(args)
         target = AgentTarget(*(getattr(args, name, None) for name in ("provider", "base_url", "model")),
                              temperature=args.temperature, seed=args.seed)
-        options = SuiteOptions(target, args.tasks, args.repeat, args.suite, args.results_dir, keep_dir=args.keep)
+        options = SuiteOptions(target, args.tasks, args.repeat, args.suite, args.results_dir, keep_dir=args.keep,
+                               time_scale=args.time_scale)
         # Off a terminal rich assumes 80 columns, which folds every cell; a log file can be wider.
         reporter = Reporter(Console(width=None if sys.stdout.isatty() else 160), is_quiet=args.json)
         document, path = run_suite(options, reporter)

@@ -125,6 +125,7 @@ class RunInfo:
     repeat: int
     temperature: float | None = None  # as sent with every request; None: the server's default
     seed: int | None = None
+    time_scale: float = 1.0  # multiplier applied to every task's time limit
 
 
 def git_commit(root: Path) -> str | None:

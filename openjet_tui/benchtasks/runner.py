@@ -43,6 +43,7 @@ class SuiteOptions:
     python: str | None = None  # interpreter for checks and the agent's `python` (default: this one)
     is_verifying: bool = True  # run each check on the untouched start first and reject tasks it passes
     keep_dir: Path | None = None  # keep every workspace and agent log here instead of deleting them
+    time_scale: float = 1.0  # every task's time limit is multiplied by this (a slow CPU engine needs more)
 
 
 def agent_env(task: TaskSpec, home: Path, python: str | None = None) -> dict[str, str]:
@@ -93,17 +94,18 @@ def run_attempt(task: TaskSpec, attempt: int, options: SuiteOptions, scratch: Pa
     run_dir = scratch / f"{task.name}-{attempt}"
     workspace = prepare_workspace(task, run_dir / "workspace", options.python)
     command = agent_command(task, workspace, options.target, options.openjet)
-    outcome = run_agent(command, workspace, agent_env(task, run_dir / "home", options.python), task.time_limit_s,
+    time_limit_s = task.time_limit_s * options.time_scale
+    outcome = run_agent(command, workspace, agent_env(task, run_dir / "home", options.python), time_limit_s,
                         run_dir / "logs")
     metrics = metrics_from_events(outcome.events)
     if outcome.exit_code == EXIT_SERVER and metrics.turns == 0:
-        raise ServerUnusableError(_detail(outcome, "agent-error", task.time_limit_s))
+        raise ServerUnusableError(_detail(outcome, "agent-error", time_limit_s))
     files = changed_files(workspace)
     check = run_check(task, workspace, options.python)
     failure = classify_failure(passed=check.passed, timed_out=outcome.timed_out, metrics=metrics,
                                files_changed=files, agent_exit=outcome.exit_code)
     return TaskRun(task.name, task.category, attempt, check.passed, failure,
-                   _detail(outcome, failure, task.time_limit_s), outcome.wall_s, metrics, files,
+                   _detail(outcome, failure, time_limit_s), outcome.wall_s, metrics, files,
                    "" if check.passed else check.output[-1500:])
 
 
@@ -117,12 +119,14 @@ def run_suite(options: SuiteOptions, reporter: Reporter) -> tuple[dict[str, Any]
     """Run every selected task `repeat` times; returns the results document and where it was written."""
     if options.repeat < 1:
         raise BenchTaskError(f"--repeat must be at least 1, got {options.repeat}")
+    if not options.time_scale > 0:
+        raise BenchTaskError(f"--time-scale must be positive, got {options.time_scale}")
     tasks = load_suite(options.suite_dir, options.pattern)
     _check_tools(tasks, options.python)
     root = Path(__file__).resolve().parents[2]
     info = RunInfo(options.target.provider, options.target.base_url, options.target.model, git_commit(root),
                    machine_description(), time.strftime("%Y-%m-%d %H:%M:%S %Z"), options.repeat,
-                   options.target.temperature, options.target.seed)
+                   options.target.temperature, options.target.seed, options.time_scale)
     scratch = _scratch_dir(options.keep_dir)
     reporter.start(len(tasks) * options.repeat)
     try:
