@@ -195,8 +195,10 @@ class OpenJetApp(SlashCommands, App[int]):
         if controller.setup.is_resumed and controller.session is not None:
             await chat.show_history(controller.stored_messages())
             await self.pump.flush()  # notes from recovering an interrupted turn
+        controller.mark_ready()  # only now: the history must not replace a message sent meanwhile
         if self.poll_metrics and controller.endpoint.is_loopback:
             self.poll_engine_metrics()
+        self._start_queued()
 
     async def start_local_engine(self) -> None:
         """Set up if needed and start the best engine (runtime.launch); the panel shows why it was chosen."""
@@ -307,9 +309,10 @@ class OpenJetApp(SlashCommands, App[int]):
             self.run_command(text)
             return
         text = text[1:] if text.startswith("//") else text
-        if self.is_busy:
+        if self.is_busy or not self.controller.ready.is_set():
             self.queued.append(text)
-            self.notify("queued: it is sent when the running turn ends (esc cancels the turn and the queue)")
+            self.notify("queued: it is sent when the running turn ends (esc cancels the turn and the queue)"
+                        if self.is_busy else "queued: it is sent once the model server answers")
             return
         await self.chat.add_user_message(text)
         self.run_turn(text)
@@ -325,10 +328,18 @@ class OpenJetApp(SlashCommands, App[int]):
         finally:
             await self._turn_ended()  # everything drawn before the turn counts as over
             self.is_busy = False
-        if self.queued and self.is_showing:
+        self._start_queued()
+
+    def _start_queued(self) -> None:
+        """Send the oldest queued message, if any (the new turn's worker replaces the finished one)."""
+        if self.queued and self.is_showing and not self.is_busy:
             following = self.queued.pop(0)
-            await self.chat.add_user_message(following)
-            self.run_turn(following)
+            self.is_busy = True  # at once, so nothing else starts a turn before the worker runs
+            self.run_worker(self._send_queued(following), exclusive=True, group="queue")
+
+    async def _send_queued(self, text: str) -> None:
+        await self.chat.add_user_message(text)
+        self.run_turn(text)
 
     async def _turn_ended(self) -> None:
         """Draw what is left and show the session (unless the app is closing)."""

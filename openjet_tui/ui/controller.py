@@ -137,7 +137,8 @@ class AgentController:
         self.endpoint = endpoint
 
     async def connect(self) -> ProbeReport:
-        """Probe the server; build the agent when it can serve (a resumed session is loaded too)."""
+        """Probe the server; build the agent when it can serve (a resumed session is loaded too). Turns wait
+        until mark_ready(), which the app calls once the resumed conversation is on screen."""
         self.guard.check(self.endpoint.base_url)
         if self.client is None:
             self.client = ChatClient(self.endpoint, guard=self.guard,
@@ -148,8 +149,12 @@ class AgentController:
         if self.report.is_usable:
             self.context_window = self.report.context_window or self.setup.settings.context.window
             self._rebuild(self.setup.session, resume=self.setup.is_resumed)
-            self.ready.set()
         return self.report
+
+    def mark_ready(self) -> None:
+        """Let turns run (the agent exists and the app shows the conversation)."""
+        assert self.agent is not None, "mark_ready() before a successful connect()"
+        self.ready.set()
 
     def agent_config(self) -> AgentConfig:
         """The agent's knobs from the settings, the mode and the probed window."""

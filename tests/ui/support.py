@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from textual import events
 from textual.pilot import Pilot
 
 from openjet_tui.ui.widgets.prompts import AnswerPrompt
@@ -48,6 +49,14 @@ async def send(pilot: Pilot[Any], text: str) -> None:
     await wait_for(pilot, lambda: app.controller.ready.is_set(), what="the app to connect")  # type: ignore
     app.chat.prompt_input.focus()  # type: ignore[attr-defined]
     await pilot.press(*text, "enter")
+
+
+def type_now(app: Any, text: str, enter: bool = True) -> None:
+    """Post key events without waiting for the screen to settle (pilot.press would wait out a whole stream)."""
+    for char in text:
+        app.post_message(events.Key(char, char))
+    if enter:
+        app.post_message(events.Key("enter", None))
 
 
 def tool_results(body: dict[str, Any]) -> list[str]:

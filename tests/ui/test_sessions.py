@@ -7,7 +7,7 @@ from openjet_tui.ui.screens.picker import PickerScreen
 from openjet_tui.ui.widgets.chat_items import AssistantReply, NoticeLine, UserMessage
 from openjet_tui.ui.widgets.diff_review import DiffReview
 from tests.agent.scripted_server import call, reply
-from tests.ui.support import send, wait_for, wait_for_prompt, wait_idle
+from tests.ui.support import send, type_now, wait_for, wait_for_prompt, wait_idle
 
 
 def shown(app) -> list[tuple[str, str]]:
@@ -112,3 +112,17 @@ async def test_quitting_mid_turn_leaves_a_resumable_session(server, make_app):
         await send(pilot, "continue")
         await wait_idle(pilot)
         assert shown(app)[-1] == ("assistant", "Resumed fine.")
+
+
+async def test_a_message_sent_during_a_turn_waits_for_it(server, make_app):
+    server.push(reply("first answer " * 15, chunk_chars=5, delay_s=0.02), reply("second answer"))
+    app = make_app(server)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, app.controller.ready.is_set, what="the connection")
+        type_now(app, "one")
+        await wait_for(pilot, lambda: app.is_busy, what="the first turn")
+        type_now(app, "two")
+        await wait_for(pilot, lambda: app.queued == ["two"], what="the queued message")
+        await wait_for(pilot, lambda: shown(app)[-1] == ("assistant", "second answer"), what="the second turn")
+        assert [text for who, text in shown(app) if who == "you"] == ["one", "two"]
+    assert server.chat_bodies[1]["messages"][-1]["content"] == "two"
