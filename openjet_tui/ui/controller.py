@@ -86,6 +86,7 @@ class AgentController:
         self.index = FileIndex(self.setup.workspace)
         self.agent: Agent | None = None
         self.slipstream: Slipstream | None = None
+        self._is_slipstream_used = False  # an orchestrator was built on it (its traffic log has a listener)
         self.context_window: int | None = settings.context.window
         self.report: ProbeReport | None = None
         self.ready = asyncio.Event()
@@ -148,7 +149,7 @@ class AgentController:
         self.report = await probe_server(self.client, system, [t.schema() for t in all_tools().values()])
         if self.report.is_usable:
             self.context_window = self.report.context_window or self.setup.settings.context.window
-            self._rebuild(self.setup.session, resume=self.setup.is_resumed)
+            await self._rebuild(self.setup.session, resume=self.setup.is_resumed)
         return self.report
 
     def mark_ready(self) -> None:
@@ -164,8 +165,8 @@ class AgentController:
                            keep_recent_turns=settings.context.keep_recent_turns,
                            shell_timeout_s=settings.shell.timeout_s, max_output_bytes=settings.shell.max_output_bytes)
 
-    def _rebuild(self, session: SessionInfo | None, resume: bool = False,
-                 history: list[dict[str, Any]] | None = None) -> None:
+    async def _rebuild(self, session: SessionInfo | None, resume: bool = False,
+                       history: list[dict[str, Any]] | None = None) -> None:
         """A fresh agent (plain, or Slipstream's orchestrator) on `session`, keeping or loading history."""
         assert self.client is not None
         config, store = self.agent_config(), self.setup.store
@@ -173,8 +174,10 @@ class AgentController:
             self.agent = Agent(self.client, self.setup.workspace, self.approver, config=config, policy=self.policy,
                                store=store, session=session, on_event=self.on_event)
         else:
-            self.agent = self.slipstream.build_agent(self.setup.workspace, self.approver, config, policy=self.policy,
-                                                     store=store, session=session, on_event=self.on_event)
+            slipstream = await self._unused_slipstream()
+            self.agent = slipstream.build_agent(self.setup.workspace, self.approver, config, policy=self.policy,
+                                                store=store, session=session, on_event=self.on_event)
+            self._is_slipstream_used = True
         self.setup.session = session
         if resume:
             self.agent.resume()
@@ -191,7 +194,7 @@ class AgentController:
         if self.setup.session is None:
             self.setup.session = self.setup.store.create(self.workspace_root, self.endpoint.provider,
                                                          self.endpoint.model, self.mode.value)
-            self._rebuild(self.setup.session, history=self.agent.history)
+            await self._rebuild(self.setup.session, history=self.agent.history)
         assert self.agent is not None
         return await self.agent.run_turn(text)
 
@@ -212,12 +215,12 @@ class AgentController:
         listing = await self.client.get_json(self.endpoint.base_url + "/models")
         return [str(e["id"]) for e in listing.get("data", []) if isinstance(e, dict) and e.get("id")]
 
-    def new_session(self) -> None:
+    async def new_session(self) -> None:
         """Start over: an empty conversation; a new session is stored with the next message."""
         if self.agent is not None:
-            self._rebuild(None, history=[])
+            await self._rebuild(None, history=[])
 
-    def resume(self, session_id: str) -> list[dict[str, Any]]:
+    async def resume(self, session_id: str) -> list[dict[str, Any]]:
         """Switch to a stored session of this workspace; returns its messages for display."""
         info = self.setup.store.get(session_id)
         if Path(info.workspace) != self.workspace_root:
@@ -225,7 +228,7 @@ class AgentController:
                                f"`openjet --workspace {info.workspace} --resume {info.id}`")
         if self.agent is None:
             raise SessionError("not connected to a model server yet; try again once it answers")
-        self._rebuild(info, resume=True)
+        await self._rebuild(info, resume=True)
         return self.stored_messages()
 
     def sessions(self) -> list[SessionInfo]:
@@ -279,16 +282,31 @@ class AgentController:
         check_slipstream_allowed(Endpoint("slipstream", settings.base_url, settings.model), self.is_airgapped)
         return SlipstreamPlan(resolve_endpoint("slipstream", settings.base_url, settings.model))
 
-    def enable_slipstream(self) -> Endpoint:
+    async def enable_slipstream(self) -> Endpoint:
         """Let the cloud orchestrator drive from the next turn on, keeping the conversation."""
         plan = self.slipstream_plan()
         assert self.client is not None
         if self.slipstream is None:
             self.slipstream = Slipstream.create(plan.endpoint, self.client, airgapped=self.is_airgapped,
                                                 timeout_s=self.setup.settings.request_timeout_s)
+            self._is_slipstream_used = False
             history = self.agent.history if self.agent is not None else []
-            self._rebuild(self.setup.session, history=history)
+            await self._rebuild(self.setup.session, history=history)
         return plan.endpoint
+
+    async def _unused_slipstream(self) -> Slipstream:
+        """Slipstream for a new orchestrator. build_agent subscribes to the traffic log for good (with the session
+        of that moment), so each rebuild gets a fresh one; the totals sent so far carry over."""
+        old = self.slipstream
+        assert old is not None and self.client is not None
+        if not self._is_slipstream_used:
+            return old
+        fresh = Slipstream.create(old.cloud.endpoint, self.client, airgapped=self.is_airgapped,
+                                  timeout_s=self.setup.settings.request_timeout_s)
+        fresh.traffic.records = list(old.traffic.records)
+        self.slipstream, self._is_slipstream_used = fresh, False
+        await old.aclose()
+        return fresh
 
     async def disable_slipstream(self) -> None:
         """Back to the local model alone, keeping the conversation."""
@@ -296,7 +314,7 @@ class AgentController:
             return
         slipstream, self.slipstream = self.slipstream, None
         history = self.agent.history if self.agent is not None else []
-        self._rebuild(self.setup.session, history=history)
+        await self._rebuild(self.setup.session, history=history)
         await slipstream.aclose()
 
     async def aclose(self) -> None:

@@ -104,7 +104,7 @@ class SlashCommands:
                                                              "no stored sessions in this workspace"),
                                                 wait_for_dismiss=True) or ""
         if session_id:
-            messages = self.controller.resume(session_id)
+            messages = await self.controller.resume(session_id)
             await self.chat.show_history(messages)
             assert self.controller.session is not None
             self.chat.status_bar.session_id = self.controller.session.id
@@ -131,7 +131,7 @@ class SlashCommands:
         """Start a new conversation."""
         if self._refuse_while_busy("clear"):
             return
-        self.controller.new_session()
+        await self.controller.new_session()
         await self.chat.conversation.clear()
         self.chat.status_bar.session_id = "new"
 
@@ -151,7 +151,7 @@ class SlashCommands:
             await self.chat.notice(f"Slipstream stays off: {exc}", "warning")
             return
         if await self.push_screen(SlipstreamConfirm(plan), wait_for_dismiss=True):
-            endpoint = self.controller.enable_slipstream()
+            endpoint = await self.controller.enable_slipstream()
             self._show_slipstream()
             await self.chat.notice(f"Slipstream is on: planning and review go to {endpoint.base_url} "
                                    f"({endpoint.model})", "warning")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from openjet_tui.agent.sessions import SessionStore
 from openjet_tui.ui.screens.confirm import SlipstreamConfirm
 from openjet_tui.ui.widgets.chat_items import AssistantReply, UserMessage
 from tests.agent.scripted_server import ScriptedServer, reply
@@ -44,6 +45,10 @@ async def test_enable_with_confirmation_marks_cloud_traffic_and_disable(server, 
             assert [m.to_cloud for m in items if isinstance(m, UserMessage)] == [True]
             assert [r.origin for r in items if isinstance(r, AssistantReply)] == ["cloud"]
             assert server.chat_bodies == []  # the local server saw none of it
+            store = SessionStore()  # one stored traffic row per cloud request, filed under this session
+            assert [row["request_bytes"] for row in store.traffic(app.controller.session.id)] == [sent.num_bytes]
+            assert store.db.execute("SELECT COUNT(*) FROM traffic").fetchone()[0] == 1  # and nowhere else
+            store.close()
             await pilot.press("f3")
             await wait_for(pilot, lambda: not app.chat.banner.is_on, what="the banner to go")
             await send(pilot, "now locally")
