@@ -3,12 +3,16 @@ time limit, then the hidden check; broken tasks are rejected before any agent ru
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,9 +93,37 @@ def _detail(outcome: AgentOutcome, failure: str | None, time_limit_s: float) -> 
     return f"check failed; the agent's last words: {last!r}" if last else "check failed"
 
 
+def stable_run_dir(task: TaskSpec) -> Path:
+    """Where every attempt at a task runs: the same absolute path each time, because the agent's system prompt names
+    its workspace folder, and a greedy model's reply depends on every byte of the prompt."""
+    return Path(tempfile.gettempdir()) / f"openjet-bench-tasks-{os.getuid()}" / task.name
+
+
+@contextmanager
+def _task_slot(task: TaskSpec) -> Iterator[Path]:
+    """The task's stable run folder, empty, held under an exclusive lock: a concurrent suite waits its turn."""
+    run_dir = stable_run_dir(task)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(run_dir.parent / f"{task.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        shutil.rmtree(run_dir, ignore_errors=True)  # left by a run that was killed
+        try:
+            yield run_dir
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def run_attempt(task: TaskSpec, attempt: int, options: SuiteOptions, scratch: Path) -> TaskRun:
-    """One attempt: fresh workspace, agent, hidden check, classification."""
-    run_dir = scratch / f"{task.name}-{attempt}"
+    """One attempt in the task's stable folder; with --keep, the folder is copied to scratch afterwards."""
+    with _task_slot(task) as run_dir:
+        record = _attempt(task, attempt, options, run_dir)
+        if options.keep_dir is not None:
+            shutil.copytree(run_dir, scratch / f"{task.name}-{attempt}", symlinks=True)
+    return record
+
+
+def _attempt(task: TaskSpec, attempt: int, options: SuiteOptions, run_dir: Path) -> TaskRun:
+    """Fresh workspace, agent, hidden check, classification."""
     workspace = prepare_workspace(task, run_dir / "workspace", options.python)
     command = agent_command(task, workspace, options.target, options.openjet)
     time_limit_s = task.time_limit_s * options.time_scale
@@ -175,5 +207,3 @@ def _run_task(task: TaskSpec, options: SuiteOptions, scratch: Path, reporter: Re
     for attempt in range(1, options.repeat + 1):
         reporter.begin(task.name, attempt)
         reporter.finish(run_attempt(task, attempt, options, scratch))
-        if options.keep_dir is None:
-            shutil.rmtree(scratch / f"{task.name}-{attempt}", ignore_errors=True)
