@@ -4,7 +4,7 @@ of a compound command matched which rule."""
 from __future__ import annotations
 
 from openjet_tui.agent.sessions import SessionStore
-from openjet_tui.ui.widgets.prompts import ShellPrompt
+from openjet_tui.ui.widgets.prompts import PathPrompt, ShellPrompt
 from tests.agent.scripted_server import call, reply
 from tests.ui.support import send, tool_results, wait_for_prompt, wait_idle
 
@@ -63,3 +63,22 @@ async def test_a_command_that_cannot_be_remembered_offers_no_always(server, work
         await pilot.press("y")
         await wait_idle(pilot)
     assert (workspace / "out.txt").read_text() == "hi\n"
+
+
+async def test_reading_outside_the_workspace_asks_first(server, workspace, make_app, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret-ish\n")
+    server.push(reply(tool_calls=[call("read_file", path=str(outside))]),
+                reply(tool_calls=[call("read_file", path=str(outside))]), reply("done"))
+    app = make_app(server)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await send(pilot, "read it twice")
+        prompt = await wait_for_prompt(pilot, PathPrompt)
+        assert prompt.request.action == "read" and prompt.request.path == outside.resolve()
+        await pilot.press("y")
+        await wait_for_prompt(pilot, PathPrompt)
+        await pilot.press("n", *"stay in the project", "enter")
+        await wait_idle(pilot)
+    assert "secret-ish" in tool_results(server.chat_bodies[1])[-1]
+    refused = tool_results(server.chat_bodies[2])[-1]
+    assert "leaving it was not approved: stay in the project" in refused
