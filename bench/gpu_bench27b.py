@@ -11,10 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
+from engine.cuda.instances import STAGED_QTYPES
 
 PASS_TOKENS = (1, 2, 3, 5)
 PREFILL_TOKENS = (512, 2048, 8192)
 CONTEXT = 16384
+# Kernel generations compared in one run: (cp.async-pipelined mmvq types, fewest keys per attention split).
+# v7 is the default; v6 is the state of commit ddd02e1 (register-pipelined mmvq, 128-key splits).
+VARIANTS = {"v7": (STAGED_QTYPES, 32), "v6": ((), 128)}
 
 
 def _model_file(report: Report) -> Path:
@@ -72,10 +76,12 @@ def _time_prefill(backend, report: Report) -> None:
         print(f"  prefill {n}: {best * 1e3:.1f} ms = {n / best:.0f} tok/s", flush=True)
 
 
-def _profile(backend, report: Report) -> None:
+def _profile(backend, report: Report, tag: str = "", full: bool = True) -> None:
     """Per-kernel device time of one eager pass (events around every launch): where a pass goes."""
     dev, rng = backend.dev, np.random.default_rng(4)
-    for label, n, commit, rows in (("verify1", 1, False, 1), ("verify5", 5, False, 5), ("prefill512", 512, True, 0)):
+    passes = (("verify1", 1, False, 1), ("verify5", 5, False, 5), ("prefill512", 512, True, 0))
+    for label, n, commit, rows in passes if full else passes[:1]:
+        label += tag
         backend.model.set_tokens([int(x) for x in rng.integers(0, backend.vocab_size, size=n)], backend.num_tokens)
         dev.profile = []
         backend.model.forward(n, commit, rows)
@@ -106,21 +112,40 @@ def bench_27b(report: Report, args) -> None:
         bw = copy_bandwidth(backend.dev)
         report.timings.append(bw)
         report.info["copy_gbps_27b_run"] = round(bw.gbps, 1)
-        _decode_sanity(backend, report)
-        backend.set_precise(True)
-        _time_passes(backend, report, bw.gbps, pass_bytes, "")
-        backend.set_precise(False)
-        _time_passes(backend, report, bw.gbps, pass_bytes, ".fast")
-        backend.set_precise(True)
-        _profile(backend, report)
+        report.info["model27b_variants"] = {k: [[q.name for q in types], keys] for k, (types, keys) in VARIANTS.items()}
+        tokens = {}
+        for name in ("v7", "v6"):
+            _use_variant(backend, name)
+            tag = "" if name == "v7" else f".{name}"
+            tokens[name] = _decode_sanity(backend, report, tag)
+            backend.set_precise(True)
+            _time_passes(backend, report, bw.gbps, pass_bytes, tag)
+            backend.set_precise(False)
+            _time_passes(backend, report, bw.gbps, pass_bytes, f"{tag}.fast")
+            backend.set_precise(True)
+            _profile(backend, report, tag, full=name == "v7")
+        same = sum(1 for pair in zip(*tokens.values(), strict=True) if len(set(pair)) == 1)
+        report.notes.append(f"27B greedy tokens, v7 and v6 kernels: {same} of {len(tokens['v7'])} equal")
+        _use_variant(backend, "v7")
         backend.reset()
         _time_prefill(backend, report)
     finally:
+        _use_variant(backend, "v7")
         backend.close()
 
 
-def _decode_sanity(backend, report: Report) -> None:
-    """Prefill 512 random tokens and decode 16 greedily: finite logits, tokens in range."""
+def _use_variant(backend, name: str) -> None:
+    """Switch the matmul and attention kernels to a generation of VARIANTS (captured passes are dropped)."""
+    from engine.cuda import mixers, ops
+
+    types, min_keys = VARIANTS[name]
+    ops.set_pipelined(frozenset(types))
+    mixers.ATTN_MIN_KEYS = min_keys
+    backend.drop_graphs()
+
+
+def _decode_sanity(backend, report: Report, tag: str = "") -> list[int]:
+    """Prefill 512 random tokens and decode 16 greedily: finite logits, tokens in range; returns the tokens."""
     rng = np.random.default_rng(3)
     backend.reset()
     logits = backend.prefill([int(x) for x in rng.integers(0, backend.vocab_size, size=512)])
@@ -132,6 +157,7 @@ def _decode_sanity(backend, report: Report) -> None:
         finite &= bool(np.isfinite(row).all())
         pending = int(np.argmax(row))
         tokens.append(pending)
-    record(report, "model27b.decode", "finite", "16 tokens", 0.0 if finite else 1.0, 0.5)
-    report.notes.append(f"27B greedy tokens after a 512-token random prompt: {tokens}")
-    print(f"  27B decoded: {tokens}", flush=True)
+    record(report, "model27b.decode", f"finite{tag}", "16 tokens", 0.0 if finite else 1.0, 0.5)
+    report.notes.append(f"27B greedy tokens{tag} after a 512-token random prompt: {tokens}")
+    print(f"  27B decoded{tag}: {tokens}", flush=True)
+    return tokens

@@ -83,6 +83,14 @@ def summary(report: Report) -> None:
         print(f"  FAIL {c.op} {c.variant} {c.shape} rel {c.rel_err:.2e} tol {c.tol:.0e} unwritten {c.unwritten}")
     for line in report.notes:
         print(f"  note: {line}")
+    rows: dict[str, list[str]] = {}
+    for t in report.timings:  # matmuls at T = 1 and 5: one line per shape, the variants side by side
+        parts = t.variant.split(".")
+        if t.op == "matmul" and len(parts) >= 4 and parts[2] in ("T1", "T5"):
+            rows.setdefault(".".join(parts[:3]), []).append(f"{'.'.join(parts[3:])} {t.median_ms * 1e3:.1f} us "
+                                                             f"{t.gbps:.0f} GB/s")
+    for key, cells in rows.items():
+        print(f"  matmul   {key:<22} " + " | ".join(cells))
     for t in report.timings:
         if t.op in ("forward", "prefill", "copy"):
             print(f"  {t.op:<8} {t.variant:<22} {t.median_ms:9.3f} ms  {t.gbps:7.0f} GB/s  {t.extra}")

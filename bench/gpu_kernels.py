@@ -20,13 +20,19 @@ H, FFN, VOCAB = 5120, 17408, 248320
 SHAPES_27B = {
     "attn_q": (12288, H), "attn_kv": (1024, H), "attn_output": (H, 6144), "attn_qkv": (10240, H),
     "attn_gate": (6144, H), "ssm_ab": (48, H), "ssm_out": (H, 6144), "ffn_up": (FFN, H), "ffn_down": (H, FFN),
-    "output": (VOCAB, H),
+    "output": (VOCAB, H), "ffn_gate_up": (2 * FFN, H),
+    "odd_rows": (999, 768),  # not a 27B shape: a partial row tile, an odd number of blocks (Q6_K's last d word)
 }
 # which types each matrix is checked in (all types on one shape; the Q4_K_M mix on the others)
 CHECKS = [("attn_q", qt) for qt in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0, Q.F16)] + [
     ("attn_kv", Q.Q6_K), ("ssm_ab", Q.Q4_K), ("ffn_down", Q.Q6_K), ("ffn_up", Q.Q4_K), ("attn_output", Q.Q4_K),
-    ("output", Q.Q6_K), ("ssm_ab", Q.F32),
+    ("output", Q.Q6_K), ("ssm_ab", Q.F32), ("ffn_down", Q.Q4_K), ("odd_rows", Q.Q4_K), ("odd_rows", Q.Q6_K),
 ]
+# the pipelined mmvq's column modes: packed (T <= 4, fast and precise) and two-pass (T > 4, precise); ffn_down's
+# 17 superblocks per warp go round the stage ring several times
+PIPELINE_CHECKS = [(name, qt, t, precise) for qt in ops.STAGE_SHAPE for name in ("attn_q", "odd_rows")
+                   for t, precise in ((1, True), (3, False), (4, True), (5, True), (8, True))] + [
+    ("ffn_down", qt, t, True) for qt in ops.STAGE_SHAPE for t in (1, 5)]
 # prefill-sized checks: the GEMM types through the tensor-core GEMM, the others through mmvq 8 tokens at a time
 GEMM_CHECKS = [("attn_q", Q.Q4_K, 40), ("ffn_down", Q.Q6_K, 70), ("attn_q", Q.Q8_0, 33), ("attn_q", Q.Q5_K, 16),
                ("attn_q", Q.Q4_0, 20), ("attn_kv", Q.Q6_K, 129)]
@@ -40,7 +46,7 @@ def _reference_rows(data: np.ndarray, qtype: Q, shape: tuple[int, int], rows: np
 
 
 def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q, num_tokens: int,
-                 with_residual: bool = True, precise: bool = False) -> None:
+                 with_residual: bool = True, precise: bool = False, tag: str = "") -> None:
     """mmvq (or the f32 path) against x @ W^T on fresh random weights and activations."""
     rows, cols = SHAPES_27B[name]
     data = random_blocks(qtype, (rows, cols), rng)
@@ -59,13 +65,37 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     if res is not None:
         ref += dev.download(res, np.float32, (num_tokens, rows))[:, pick]
     tol = TOL_F32 if qtype == Q.F32 or precise else TOL_F16
-    compare(report, "matmul", f"{qtype.name}.T{num_tokens}" + (".precise" if precise else ""), out[:, pick], ref, tol)
+    variant = f"{qtype.name}.T{num_tokens}" + (".precise" if precise else "") + tag
+    if qtype in ops.PIPELINED:
+        variant += ".cp"
+    compare(report, "matmul", variant, out[:, pick], ref, tol)
     unwritten = int(np.count_nonzero(np.isnan(out)))
     if unwritten:
         report.checks[-1].unwritten = unwritten
+    if qtype in ops.PIPELINED:
+        _check_against_plain(dev, report, w, act, y, res, out, num_tokens, variant)
     for buf in (w.buf, act.x16, act.sums, act.f32, y, act.x16_lo, act.sums_lo) + ((res,) if res is not None else ()):
         if buf is not None:
             dev.memory.free(buf)
+
+
+TOL_SAME_MATH = 1e-5  # two kernels with the same fragments and mma, summed in another order
+
+
+def _check_against_plain(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,
+                         variant: str) -> None:
+    """The pipelined kernel against the register-pipelined one on the same inputs: the same products in another
+    order, so they agree to f32 rounding; a dropped residue column or sub-block sum (~1e-4 against the float64
+    reference, inside its f16 tolerance) shows here."""
+    pipelined = ops.PIPELINED
+    try:
+        ops.set_pipelined(frozenset())
+        poison(dev, y)
+        ops.matmul(dev, w, act, y, num_tokens, w.rows, residual=res)
+    finally:
+        ops.set_pipelined(pipelined)
+    plain = dev.download(y, np.float32, (num_tokens, w.rows))
+    compare(report, "matmul.same", variant, out, plain, TOL_SAME_MATH)
 
 
 def run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
@@ -80,29 +110,64 @@ def run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> 
         check_matmul(dev, report, rng, name, qtype, num_tokens)
     for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # precise mode: exact K-quant weights, f32-level activations
         check_matmul(dev, report, rng, "attn_q", qtype, 3, precise=True)
-    failing = {c.variant.split(".")[0] for c in report.checks if c.op == "matmul" and not c.ok}
+    for name, qtype, num_tokens, precise in PIPELINE_CHECKS:
+        check_matmul(dev, report, rng, name, qtype, num_tokens, precise=precise)
+    pipelined = ops.PIPELINED
+    try:  # the register-pipelined kernel stays the fallback: check it in the same run
+        ops.set_pipelined(frozenset())
+        for qtype in ops.STAGE_SHAPE:
+            for num_tokens, precise in ((1, False), (5, True)):
+                check_matmul(dev, report, rng, "attn_q", qtype, num_tokens, precise=precise, tag=".plain")
+    finally:
+        ops.set_pipelined(pipelined)
+    failing = {c.variant.split(".")[0] for c in report.checks if c.op.startswith("matmul") and not c.ok}
     for name in sorted(failing):
         diagnose_matmul(dev, report, rng, Q[name])
 
 
+TIMED = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_up", Q.Q4_K), ("ssm_out", Q.Q4_K),
+         ("ffn_down", Q.Q4_K), ("ffn_down", Q.Q6_K), ("output", Q.Q6_K), ("attn_kv", Q.Q6_K), ("ssm_ab", Q.Q4_K),
+         ("attn_q", Q.Q8_0), ("attn_q", Q.Q5_K)]
+
+
+def _matmul_variants(qtype: Q) -> list[tuple[str, frozenset, bool]]:
+    """(label, pipelined types, precise) of each timed variant: pipelined vs plain where both exist."""
+    if qtype not in ops.STAGE_SHAPE:
+        return [("plain", frozenset(), False)]
+    return [(f"{kind}{'.precise' if precise else ''}", frozenset({qtype}) if kind == "cp" else frozenset(), precise)
+            for precise in (False, True) for kind in ("cp", "plain")]
+
+
 def time_matmuls(dev: Device, report: Report, rng: np.random.Generator,
-                 token_counts: tuple[int, ...] = (1, 2, 3, 5, 8)) -> None:
-    """Median time of each 27B-shape matmul per T, rotating over weight copies bigger than the L2 together."""
-    print("matmul timings", flush=True)
-    mix = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_up", Q.Q4_K), ("ffn_down", Q.Q4_K),
-           ("ffn_down", Q.Q6_K), ("output", Q.Q6_K), ("attn_kv", Q.Q6_K), ("ssm_ab", Q.Q4_K),
-           ("attn_q", Q.Q8_0), ("attn_q", Q.Q5_K), ("attn_q", Q.F16)]
-    for name, qtype in mix:
-        rows, cols = SHAPES_27B[name]
-        nbytes = device_nbytes(qtype, (rows, cols)) if qtype != Q.F16 else rows * cols * 2
-        copies = max(1, min(8, (256 << 20) // max(nbytes, 1)))
-        data = random_blocks(qtype, (rows, cols), rng)
-        ws = [ops.upload_weight(dev, data, qtype, (rows, cols), f"{name}.{i}") for i in range(copies)]
-        act = ops.alloc_act(dev, 8, cols, "x")
-        dev.upload(act.f32, rng.standard_normal((8, cols), dtype=np.float32))
-        ops.act_f16(dev, act.f32, act, 8, act.ld)
-        y = dev.alloc(4 * 8 * rows, "y")
-        for t in token_counts:
+                 token_counts: tuple[int, ...] = (1, 2, 5, 8)) -> None:
+    """Median time of each 27B-shape matmul per T and variant, rotating over weight copies bigger than the L2."""
+    print("matmul timings (us, GB/s)", flush=True)
+    pipelined = ops.PIPELINED
+    try:
+        for name, qtype in TIMED:
+            _time_matmul(dev, report, rng, name, qtype, token_counts)
+    finally:
+        ops.set_pipelined(pipelined)
+
+
+def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q,
+                 token_counts: tuple[int, ...]) -> None:
+    """One shape and type: every variant at every T, one line per T."""
+    rows, cols = SHAPES_27B[name]
+    nbytes = device_nbytes(qtype, (rows, cols))
+    copies = max(1, min(8, (256 << 20) // max(nbytes, 1)))
+    data = random_blocks(qtype, (rows, cols), rng)
+    ws = [ops.upload_weight(dev, data, qtype, (rows, cols), f"{name}.{i}") for i in range(copies)]
+    act = ops.alloc_act(dev, 8, cols, "x", precise=True)
+    lo = act.x16_lo
+    dev.upload(act.f32, rng.standard_normal((8, cols), dtype=np.float32))
+    ops.act_f16(dev, act.f32, act, 8, act.ld)
+    y = dev.alloc(4 * 8 * rows, "y")
+    for t in token_counts:
+        cells = []
+        for label, types, precise in _matmul_variants(qtype):
+            ops.set_pipelined(types)
+            act.x16_lo = lo if precise else None  # precise mode is the presence of the residue
             state = {"i": 0}
 
             def run(t=t, state=state):
@@ -111,11 +176,13 @@ def time_matmuls(dev: Device, report: Report, rng: np.random.Generator,
                 state["i"] += 1
 
             med, spread = median_time(dev, run, reps=20, warmup=3, inner=copies * 2)
-            timing = Timing("matmul", f"{name}.{qtype.name}.T{t}", f"{rows}x{cols}", med, spread, nbytes)
+            timing = Timing("matmul", f"{name}.{qtype.name}.T{t}.{label}", f"{rows}x{cols}", med, spread, nbytes)
             report.timings.append(timing)
-            print(f"  {name:<12} {qtype.name:<5} T={t}  {med * 1e3:8.1f} us  {timing.gbps:7.0f} GB/s", flush=True)
-        for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, y]:
-            dev.memory.free(buf)
+            cells.append(f"{label} {med * 1e3:6.1f} {timing.gbps:5.0f}")
+        print(f"  {name:<11} {qtype.name:<5} T={t}  " + " | ".join(cells), flush=True)
+    act.x16_lo = lo
+    for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, act.sums_lo, lo, y]:
+        dev.memory.free(buf)
 
 
 def diagnose_matmul(dev: Device, report: Report, rng: np.random.Generator, qtype: Q, rows: int = 32,

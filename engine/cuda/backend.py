@@ -150,9 +150,13 @@ class CudaBackend(Backend):
         if on != self.model.precise:
             self.model.precise = on
             self.model.ws.set_precise(on)
-            for graph in self._graphs.values():
-                graph.destroy()
-            self._graphs.clear()
+            self.drop_graphs()
+
+    def drop_graphs(self) -> None:
+        """Forget the captured passes (after a change of kernels: the next pass of each shape is captured anew)."""
+        for graph in self._graphs.values():
+            graph.destroy()
+        self._graphs.clear()
 
     def _run(self, tokens: list[int], commit: bool, logits_rows: int) -> None:
         """Upload ids/positions and run the pass, from a captured graph where the shape allows (decode and

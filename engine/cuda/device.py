@@ -187,6 +187,7 @@ class Device:
         self.memory = DeviceMemory(self)
         self._modules: list[Any] = []
         self._kernels: dict[str, Kernel] = {}
+        self._smem_limits: dict[str, int] = {}  # kernel name -> dynamic shared memory allowed so far
         self._graphs: list[Graph] = []
         self.profile: list[tuple[str, Any, Any]] | None = None  # (kernel, start event, end event) when profiling
         self.closed = False
@@ -244,10 +245,14 @@ class Device:
             self._kernels[inst.name] = Kernel(inst.name, fn)
 
     def set_max_dynamic_smem(self, kernel: Kernel, nbytes: int) -> None:
-        """Allow a kernel more than 48 KB of dynamic shared memory."""
+        """Allow a kernel more than 48 KB of dynamic shared memory (once per kernel and size: launchers call it
+        before every launch, also while a graph is being captured)."""
+        if self._smem_limits.get(kernel.name, 0) >= nbytes:
+            return
         drv = _driver()
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check(drv.cuFuncSetAttribute(kernel.handle, attr, int(nbytes)), f"cuFuncSetAttribute({kernel.name})")
+        self._smem_limits[kernel.name] = nbytes
 
     def launch(self, kernel: Kernel, grid: int | tuple[int, ...], block: int | tuple[int, ...],
                args: Sequence[Any], smem: int = 0) -> None:

@@ -13,6 +13,9 @@ from engine.cuda.instances import ATTN_HEAD_DIMS, GDN_KEY_DIMS
 
 ATTN_WARPS = 4
 MAX_SPLITS = 64
+# Fewest keys per active attention split (a power of two). 32 = one pass of the kernel's key loop: a decode step at a 512-token
+# context then spreads over 16 splits per KV head instead of 4 (128 keys, the v6 setting: 1.9 ms per 27B pass).
+ATTN_MIN_KEYS = 32
 
 
 class AttnArgs(ctypes.Structure):
@@ -22,7 +25,7 @@ class AttnArgs(ctypes.Structure):
                 ("q", "kcache", "vcache", "positions", "out", "part_o", "part_ml", "gate")] + [
         (name, ctypes.c_int32) for name in
         ("T", "num_heads", "num_kv_heads", "capacity", "ld_q", "q_head_stride", "ld_out", "ld_gate",
-         "gate_head_stride", "tile_tokens")] + [("scale", ctypes.c_float)]
+         "gate_head_stride", "tile_tokens", "min_keys_log2")] + [("scale", ctypes.c_float)]
 
 
 class QkPrep(ctypes.Structure):
@@ -88,12 +91,17 @@ def attn_scratch_bytes(splits: int, num_tokens: int, num_heads: int, head_dim: i
 def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions: Buffer, out: Buffer,
               num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity: int, ld_q: int,
               q_head_stride: int, ld_out: int, scale: float, gate: Buffer | None = None, ld_gate: int = 0,
-              gate_head_stride: int = 0, scratch: Buffer | None = None, splits: int = 1) -> None:
+              gate_head_stride: int = 0, scratch: Buffer | None = None, splits: int = 1,
+              min_keys: int | None = None) -> None:
     """out[t, h] = causal attention of query (t, h) over cache keys 0..positions[t] (times sigmoid(gate) if given).
 
     q, gate: f32 rows with per-head strides (qwen35 packs Q and its gate per head); caches: f16 [Hkv, capacity, D].
-    With splits > 1 the keys are split over blocks and merged by attn_combine through scratch.
+    With splits > 1 the keys are split over blocks and merged by attn_combine through scratch; a split takes at
+    least min_keys keys (default ATTN_MIN_KEYS), the splits past those stay idle.
     """
+    min_keys = ATTN_MIN_KEYS if min_keys is None else min_keys
+    if min_keys < 1 or min_keys & (min_keys - 1):
+        raise ValueError(f"min_keys (the fewest keys per attention split) must be a power of two, not {min_keys}")
     tile = attn_tile_tokens(num_heads, num_kv_heads, head_dim)
     qpw = ATTN_HEAD_DIMS[head_dim]
     if splits > 1:
@@ -102,7 +110,7 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
     part_ml = scratch.view(4 * splits * num_tokens * num_heads * head_dim) if splits > 1 else None
     args = AttnArgs(_ptr(q), _ptr(kcache), _ptr(vcache), _ptr(positions), _ptr(out), _ptr(part_o), _ptr(part_ml),
                     _ptr(gate), num_tokens, num_heads, num_kv_heads, capacity, ld_q, q_head_stride, ld_out, ld_gate,
-                    gate_head_stride, tile, float(scale))
+                    gate_head_stride, tile, min_keys.bit_length() - 1, float(scale))
     smem = ATTN_WARPS * qpw * head_dim * 4
     kernel = dev.kernel(f"attn_d{head_dim}")
     if smem > 48 * 1024:

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import EMBED_QTYPES, GEMM_QTYPES, MATMUL_QTYPES, qtype_tag
+from engine.cuda.instances import EMBED_QTYPES, GEMM_QTYPES, MATMUL_QTYPES, STAGED_QTYPES, qtype_tag
 from engine.cuda.repack import block_layout, device_nbytes
 
 MMVQ_WARPS = 8
+# Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type with the pipelined mmvq.
+STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q6_K: (3, 3648)}
+MMVQ_ENV = "OPENJET_CUDA_MMVQ"  # "plain": every type on the register-pipelined mmvq (the comparison baseline)
 
 
 @dataclass(slots=True)
@@ -150,6 +153,9 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         t = min(ACT_GROUP, num_tokens - t0)
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
+        if w.qtype in PIPELINED:
+            _mmvq_pipelined(dev, w, act.group(t0 // ACT_GROUP), y_t, bias, res_t, t, ld_y, precise)
+            continue
         if w.qtype == Q.F32:
             x_t = act.f32.view(4 * t0 * act.ld)
             dev.launch(kernel, (w.rows + 7) // 8, 256, [w.buf, x_t, y_t, bias, res_t, w.rows, w.cols, t, act.ld, ld_y])
@@ -158,6 +164,57 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         grid = (w.rows + 15) // 16
         dev.launch(kernel, grid, 32 * _mmvq_warps(w.cols),
                    [w.buf, x_t, s_t, xlo_t, slo_t, y_t, bias, res_t, w.rows, w.cols, t, ld_y])
+
+
+def _default_pipelined() -> frozenset[Q]:
+    """The types on the cp.async-pipelined mmvq: all of STAGED_QTYPES unless OPENJET_CUDA_MMVQ=plain."""
+    import os
+
+    return frozenset() if os.environ.get(MMVQ_ENV, "") == "plain" else frozenset(STAGED_QTYPES)
+
+
+PIPELINED: frozenset[Q] = _default_pipelined()
+
+
+def set_pipelined(qtypes: frozenset[Q] | set[Q]) -> None:
+    """Choose the types that run the pipelined mmvq (benchmarks compare it with the plain one); graphs
+    captured before keep the kernels they were captured with."""
+    global PIPELINED
+    unknown = set(qtypes) - set(STAGED_QTYPES)
+    if unknown:
+        raise ValueError(f"no pipelined mmvq for {', '.join(sorted(q.name for q in unknown))}")
+    PIPELINED = frozenset(qtypes)
+
+
+def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buffer | None, Buffer | None],
+                    y: Buffer, bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, precise: bool) -> None:
+    """One launch of mmvq_cp for up to 8 tokens: precise mode packs the activations' residue into the mma's
+    spare columns for t <= 4 (cp_hl) and runs it as a second mma above that (cp_x2)."""
+    act, sums, act_lo, sums_lo = group  # act: [nsb][16 steps][8 tokens][16] f16
+    variant = "cp" if not precise else "cp_hl" if t <= 4 else "cp_x2"
+    kernel = dev.kernel(f"mmvq_{qtype_tag(w.qtype)}_{variant}")
+    tiles = (w.rows + 15) // 16
+    warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
+    stages, stage_bytes = STAGE_SHAPE[w.qtype]
+    smem = warps * stages * stage_bytes
+    dev.set_max_dynamic_smem(kernel, MMVQ_WARPS * stages * stage_bytes)
+    dev.launch(kernel, tiles, 32 * warps, [w.buf, act, sums, act_lo, sums_lo, y, bias, residual, w.rows, w.cols, t,
+                                           ld_y], smem=smem)
+
+
+def _pipelined_warps(cols: int, tiles: int, multiprocessors: int) -> int:
+    """Warps per block of the pipelined mmvq: among the counts that split the superblocks evenly (as
+    _mmvq_warps), the one whose waves of about 16 resident warps per SM finish first."""
+    num_sb = cols // SUPERBLOCK
+    best = min(MMVQ_WARPS, num_sb)
+    even = [w for w in range(best, max(best // 2, 1) - 1, -1) if num_sb % w == 0] or [best]
+    capacity = 16 * multiprocessors
+
+    def cost(warps: int) -> tuple[int, int]:
+        waves = -(-tiles * warps // capacity)
+        return waves * -(-num_sb // warps), -warps
+
+    return min(even, key=cost)
 
 
 def _mmvq_warps(cols: int) -> int:

@@ -9,7 +9,6 @@
 #include "common.cuh"
 
 #define ATTN_WARPS 4
-#define ATTN_MIN_KEYS 128  // fewest keys per active split
 
 // KV cache: [Hkv][capacity][D] f16. kv_store writes the f32 keys/values of T tokens at their positions.
 __global__ void __launch_bounds__(256)
@@ -95,16 +94,39 @@ struct AttnArgs {
     float* part_ml;       // [splits][T][Hq][2] partial (max, sum)
     const float* gate;    // optional sigmoid gate: gate[t * ld_gate + h * gate_head_stride + d]
     int T, num_heads, num_kv_heads, capacity, ld_q, q_head_stride, ld_out, ld_gate, gate_head_stride, tile_tokens;
+    int min_keys_log2;    // log2 of the fewest keys per active split (engine/cuda/mixers.py: ATTN_MIN_KEYS)
     float scale;
 };
 
+__device__ __forceinline__ void unpack_h2(u32 w, float& lo, float& hi) {
+    lo = f16_to_f32((f16)(w & 0xFFFFu));
+    hi = f16_to_f32((f16)(w >> 16));
+}
+
 template <int D>
 __device__ __forceinline__ void load_row_f16(const f16* p, float (&x)[D / 32 > 0 ? D / 32 : 1], int lane) {
-    // lane's slice d = lane * D/32 .. of one row
+    // lane's slice d = lane * D/32 .. of one row, in the widest loads its alignment allows (rows are D halves)
     constexpr int DL = D / 32;
     const f16* src = p + lane * DL;
+    if constexpr (DL % 8 == 0) {
 #pragma unroll
-    for (int e = 0; e < DL; ++e) x[e] = f16_to_f32(src[e]);
+        for (int e = 0; e < DL; e += 8) {
+            const uint4 v = *reinterpret_cast<const uint4*>(src + e);
+            unpack_h2(v.x, x[e], x[e + 1]);
+            unpack_h2(v.y, x[e + 2], x[e + 3]);
+            unpack_h2(v.z, x[e + 4], x[e + 5]);
+            unpack_h2(v.w, x[e + 6], x[e + 7]);
+        }
+    } else if constexpr (DL == 4) {
+        const uint2 v = *reinterpret_cast<const uint2*>(src);
+        unpack_h2(v.x, x[0], x[1]);
+        unpack_h2(v.y, x[2], x[3]);
+    } else if constexpr (DL == 2) {
+        unpack_h2(*reinterpret_cast<const u32*>(src), x[0], x[1]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < DL; ++e) x[e] = f16_to_f32(src[e]);
+    }
 }
 
 template <int D, int QPW>
@@ -116,12 +138,12 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
     const int G = a.num_heads / a.num_kv_heads;
     const int num_q = min(a.tile_tokens, a.T - t0) * G;
 
-    // keys visible to the tile, and this split's share of them: a split takes at least ATTN_MIN_KEYS keys, so
+    // keys visible to the tile, and this split's share of them: a split takes at least 2^min_keys_log2 keys, so
     // at short lengths the higher splits stay idle (their partials say "no keys") instead of each filling its
     // queries for a handful of keys; the grid itself is fixed, so a captured graph fits every length
     const int last_t = min(t0 + a.tile_tokens, a.T) - 1;
     const int kv_len = a.positions[last_t] + 1;
-    const int active = max(1, min(splits, (kv_len + ATTN_MIN_KEYS - 1) / ATTN_MIN_KEYS));
+    const int active = max(1, min(splits, (kv_len + (1 << a.min_keys_log2) - 1) >> a.min_keys_log2));
     const int k_begin = split < active ? (int)((i64)kv_len * split / active) : kv_len;
     const int k_end = split < active ? (int)((i64)kv_len * (split + 1) / active) : kv_len;
     if (k_begin >= k_end && splits > 1) {  // idle split: an empty partial, without loading the queries

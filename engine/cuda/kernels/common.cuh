@@ -139,6 +139,31 @@ __device__ __forceinline__ u32 ld_stream_u16(const void* p) {
     return v;
 }
 
+// ---- asynchronous global -> shared copies (cp.async, sm_80+): bytes in flight without registers ----
+
+// The shared-memory address (32-bit, .shared window) of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+
+// 16 bytes, cached in L2 only (weights are streamed once).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
+// 4 bytes of which the first src_bytes are read and the rest zero-filled (src 4-byte aligned).
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, u32 src_bytes = 4u) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 // Activations are re-read by every row block: cached loads.
 __device__ __forceinline__ uint2 ld_cached_u2(const void* p) {
     return __ldg(reinterpret_cast<const uint2*>(p));

@@ -6,6 +6,7 @@
 // A block of W warps owns 16 * MT output rows; its warps split K by superblocks and reduce through shared memory.
 #include "common.cuh"
 #include "quants.cuh"
+#include "stage.cuh"
 
 #define MMVQ_MAX_WARPS 8
 #define MMVQ_NCOLS 8
@@ -145,6 +146,151 @@ mmvq(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restric
         if (residual) v += residual[(i64)col * ldy + row];
         y[(i64)col * ldy + row] = v;
     }
+}
+
+// ---- the pipelined variant (K-quants): weights staged through shared memory by cp.async ----
+//
+// The same block shape and result as mmvq, but each warp keeps Stage<QT>::STAGES - 1 superblocks of its 16 rows
+// in flight (cp.async into a per-warp ring of shared-memory stages, no registers held), so an SM streams
+// 16 warps x 3 x 2.3 KB instead of 16 x 2.3 KB: at the short K of the 27B model (20 superblocks per row) the
+// single-buffered loop spent most of each block's life waiting on its first load.
+//
+// Columns: for T <= 4 the mma's 8 columns carry each token twice: column n the f16 activations and the hi
+// sub-block sums, column T + n the activations' rounding residue (precise mode; zeros otherwise) and the lo
+// sums; the epilogue adds the two columns. So precise mode and the exact min term cost no second mma at T <= 4.
+// For T > 4, TWO runs the residue as a second mma per step (precise), and the lo sums get a second min mma.
+
+// One superblock: b from column source a (null: a zero column), bl from a2 (TWO only).
+template <int QT, bool TWO>
+__device__ __forceinline__ void mmvq_cp_compute(const typename QTraits<QT>::Row (&r)[2], const f16* a, const f16* a2,
+                                                u32 sum1, u32 sum2, bool two_sums, int c, float (&acc)[4]) {
+    using Q = QTraits<QT>;
+    static_assert(Q::BLOCK_SCALE, "the pipelined mmvq is for the K-quants (a per-superblock scale d)");
+    u32 b[SB_STEPS][2], bl[TWO ? SB_STEPS : 1][2];
+#pragma unroll
+    for (int s = 0; s < SB_STEPS; ++s) {
+        const uint2 v = a ? ld_cached_u2(a + 128 * s) : make_uint2(0u, 0u);
+        b[s][0] = v.x;
+        b[s][1] = v.y;
+        if constexpr (TWO) {
+            const uint2 vl = a2 ? ld_cached_u2(a2 + 128 * s) : make_uint2(0u, 0u);
+            bl[s][0] = vl.x;
+            bl[s][1] = vl.y;
+        }
+    }
+    typename Q::Consts k[2];
+    Q::prepare(r[0], c, k[0]);
+    Q::prepare(r[1], c, k[1]);
+    float blk[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < SB_STEPS; ++s) {
+        u32 f[4];
+        Q::frag(r[0], k[0], c, s, f[0], f[2]);
+        Q::frag(r[1], k[1], c, s, f[1], f[3]);
+        mma_f16_16816(blk, f, b[s]);
+        if constexpr (TWO) mma_f16_16816(blk, f, bl[s]);
+    }
+    const float d0 = Q::dscale(r[0]), d1 = Q::dscale(r[1]);
+    acc[0] += d0 * blk[0];
+    acc[1] += d0 * blk[1];
+    acc[2] += d1 * blk[2];
+    acc[3] += d1 * blk[3];
+    if constexpr (Q::HAS_MIN) {
+        float cm[4] = {0.f, 0.f, 0.f, 0.f};
+        min_mma(cm, k[0].mins, k[1].mins, sum1);
+        if (two_sums) min_mma(cm, k[0].mins, k[1].mins, sum2);
+        const float m0 = Q::mscale(r[0]), m1 = Q::mscale(r[1]);
+        acc[0] -= m0 * cm[0];
+        acc[1] -= m0 * cm[1];
+        acc[2] -= m1 * cm[2];
+        acc[3] -= m1 * cm[3];
+    }
+}
+
+// The warps' partial sums of the block's 16 rows, reduced and stored (columns T + n folded into n when packed).
+__device__ __forceinline__ void mmvq_store(const float (&acc)[4], float* __restrict__ y, const float* __restrict__ bias,
+                                           const float* __restrict__ residual, int row0, int rows, int T, int ldy,
+                                           bool packed) {
+    __shared__ float red[MMVQ_MAX_WARPS][16][MMVQ_NCOLS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    red[warp][g][2 * c] = acc[0];
+    red[warp][g][2 * c + 1] = acc[1];
+    red[warp][g + 8][2 * c] = acc[2];
+    red[warp][g + 8][2 * c + 1] = acc[3];
+    __syncthreads();
+    for (int o = threadIdx.x; o < 16 * MMVQ_NCOLS; o += blockDim.x) {
+        const int lr = o / MMVQ_NCOLS, col = o % MMVQ_NCOLS, row = row0 + lr;
+        if (col >= T || row >= rows) continue;
+        float v = 0.f;
+        for (int wi = 0; wi < num_warps; ++wi) v += red[wi][lr][col] + (packed ? red[wi][lr][col + T] : 0.f);
+        if (bias) v += bias[row];
+        if (residual) v += residual[(i64)col * ldy + row];
+        y[(i64)col * ldy + row] = v;
+    }
+}
+
+// y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 8, K a multiple of 256. Launch: one block of W warps
+// per 16 rows, dynamic shared memory W * STAGES * Stage<QT>::BYTES. LO: precise activations (act_lo) packed
+// into columns T..2T-1 (T <= 4; launch TWO above that, or precision is lost); TWO: the residue as a second mma
+// (any T).
+template <int QT, bool LO, bool TWO>
+__global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
+mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restrict__ sums,
+        const f16* __restrict__ act_lo, const f16* __restrict__ sums_lo, float* __restrict__ y,
+        const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int T, int ldy) {
+    using Q = QTraits<QT>;
+    using S = Stage<QT>;
+    constexpr int NS = S::STAGES;
+    extern __shared__ __align__(16) u8 stages[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int row0 = blockIdx.x * 16, nb = K / QK_SB;
+    const u64 ntot = (u64)rows * nb;
+    const Planes P = Q::planes(w, ntot);
+    u8* ring = stages + warp * NS * S::BYTES;
+    const u32 ring_s = smem_u32(ring);
+    typename S::Lane L;
+    S::init(L, row0, rows, nb, lane);
+    const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0;  // superblocks warp, warp + W, ...
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) {
+        if (s < n) S::copy(ring_s + s * S::BYTES, P, L, warp + s * num_warps, lane, ntot);
+        cp_async_commit();  // empty groups keep the group count uniform
+    }
+    // this lane's B column: token g (hi), or when packed token g - T's residue (lo)
+    const bool packed = !TWO && T <= 4, hi = g < T, lo = packed && !hi && g < 2 * T;
+    const int tok = hi ? g : g - T;
+    const f16* a = hi ? act + tok * 16 + 4 * c : (LO && lo) ? act_lo + tok * 16 + 4 * c : nullptr;
+    const f16* a2 = (TWO && hi) ? act_lo + tok * 16 + 4 * c : nullptr;
+    const u32* s1 = hi ? reinterpret_cast<const u32*>(sums + tok * 8 + 2 * c)
+                  : lo ? reinterpret_cast<const u32*>(sums_lo + tok * 8 + 2 * c) : nullptr;
+    const u32* s2 = (!packed && hi) ? reinterpret_cast<const u32*>(sums_lo + tok * 8 + 2 * c) : nullptr;
+    const u32 base0 = stage_row_base(row0, g, rows, nb), base1 = stage_row_base(row0, g + 8, rows, nb);
+
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int i = 0; i < n; ++i) {
+        __syncwarp();  // every lane is done reading the stage the next copy overwrites
+        const int ahead = i + NS - 1;
+        if (ahead < n) S::copy(ring_s + (ahead % NS) * S::BYTES, P, L, warp + ahead * num_warps, lane, ntot);
+        cp_async_commit();
+        cp_async_wait<NS - 1>();  // this lane's copies of superblock i have landed
+        __syncwarp();             // and every other lane's
+        const int sb = warp + i * num_warps;
+        const u8* st = ring + (i % NS) * S::BYTES;
+        typename Q::Row r[2];
+        S::read(r[0], st, g, c, base0 + sb);
+        S::read(r[1], st, g + 8, c, base1 + sb);
+        u32 sum1 = 0u, sum2 = 0u;
+        if (Q::HAS_MIN) {
+            sum1 = s1 ? __ldg(s1 + 32 * sb) : 0u;
+            sum2 = s2 ? __ldg(s2 + 32 * sb) : 0u;
+        }
+        mmvq_cp_compute<QT, TWO>(r, a ? a + 2048 * sb : nullptr, a2 ? a2 + 2048 * sb : nullptr, sum1, sum2,
+                                 !packed, c, acc);
+    }
+    cp_async_wait<0>();  // nothing may land in shared memory after the block exits
+    mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, packed);
 }
 
 // Plain f32 weights (small tensors only): one warp per row, f32 FMA, T <= 8 columns.

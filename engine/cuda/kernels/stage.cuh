@@ -1,0 +1,112 @@
+// Shared-memory staging of K-quant weights for the pipelined mmvq (kernels/mmvq_cp.cu).
+//
+// A stage holds one superblock of a warp's 16 rows: each plane's bytes of those rows (quants.cuh, repack.py) in
+// a region of its own, the 128-byte quant rows padded to 144 bytes so that the readers' 16-byte loads (lanes of
+// two rows in one phase) fall in different banks. Every lane issues a fixed handful of cp.async copies per stage;
+// the rows it copies are fixed for the whole kernel, so their block-index bases are computed once (Lane), and a
+// stage costs one add and one wide multiply-add per copy. Readers then fill the same Row that QTraits<QT>::load
+// fills from global memory, so the decoding (frag, prepare) is shared with every other matmul kernel.
+#pragma once
+#include "quants.cuh"
+
+#define STAGE_ROWS 16
+
+// Block-index base (row * nb) of local row lr of the tile starting at row0; rows past the end repeat the last
+// row (their results are never stored).
+__device__ __forceinline__ u32 stage_row_base(int row0, int lr, int rows, int nb) {
+    return (u32)min(row0 + lr, rows - 1) * (u32)nb;
+}
+
+template <int QT> struct Stage;
+
+// ---------------------------------------------------------------- Q4_K
+// Stage: qs [16][144] | scales [16][12] | dm [16][4] = 2560 bytes.
+// Copies of lane l: qs chunk (l % 8) of rows l / 8 + 4 j (j = 0..3); word q = l + 32 j (j = 0, 1) of the 64
+// words that follow: q < 48 is scale word q % 3 of row q / 3, else the dm word of row q - 48.
+template <> struct Stage<QT_Q4_K> {
+    static constexpr int STAGES = 4;  // stages per warp: 3 superblocks in flight while one is multiplied
+    static constexpr int QS = 0, QS_PITCH = 144, SC = QS + STAGE_ROWS * QS_PITCH, DM = SC + STAGE_ROWS * 12;
+    static constexpr int BYTES = DM + STAGE_ROWS * 4;
+    struct Lane { u32 qrow[4], wrow[2], wdst[2], woff[2]; };
+    static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) L.qrow[j] = stage_row_base(row0, (lane >> 3) + 4 * j, rows, nb);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int q = lane + 32 * j, r = q < 48 ? q / 3 : q - 48;
+            L.wrow[j] = stage_row_base(row0, r, rows, nb);
+            L.wdst[j] = q < 48 ? SC + 12 * r + 4 * (q % 3) : DM + 4 * r;
+            L.woff[j] = q < 48 ? 4 * (q % 3) : 0;
+        }
+    }
+    static __device__ __forceinline__ void copy(u32 dst, const Planes& P, const Lane& L, int sb, int lane, u64 ntot) {
+        const int part = lane & 7;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            cp_async16(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
+                       P.p[0] + (u64)(L.qrow[j] + sb) * 128 + 16 * part);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const u64 idx = L.wrow[j] + sb;
+            const bool is_scale = lane + 32 * j < 48;
+            cp_async4(dst + L.wdst[j], is_scale ? P.p[1] + idx * 12 + L.woff[j] : P.p[2] + idx * 4);
+        }
+    }
+    // Row lr of the stage at st, as QTraits<QT_Q4_K>::load would read it (idx: its block index, unused here).
+    static __device__ __forceinline__ void read(QTraits<QT_Q4_K>::Row& r, const u8* st, int lr, int c, u32 idx) {
+        const uint4* q = reinterpret_cast<const uint4*>(st + QS + lr * QS_PITCH + 32 * c);
+        r.q[0] = q[0];
+        r.q[1] = q[1];
+        const u32* s = reinterpret_cast<const u32*>(st + SC + 12 * lr);
+        r.s[0] = s[0];
+        r.s[1] = s[1];
+        r.s[2] = s[2];
+        r.dm = *reinterpret_cast<const u32*>(st + DM + 4 * lr);
+    }
+};
+
+// ---------------------------------------------------------------- Q6_K
+// Stage: ql' [16][144] | qh' [16][64] | scales [16][16] | d [16][4] = 3648 bytes.
+// Copies of lane l: ql' chunk (l % 8) of rows l / 8 + 4 j (j = 0..3); qh' chunk (l % 4) of rows l / 4 + 8 j
+// (j = 0, 1); lanes 0-15 the scales of row l, lanes 16-31 the aligned 4-byte word holding d of row l - 16 (d is
+// 2 bytes at 2 idx: the word at 2 idx & ~3 holds it in its low half for even idx, its high half for odd; the
+// copy reads only bytes inside the plane, zero-filling the rest at the plane's very end).
+template <> struct Stage<QT_Q6_K> {
+    static constexpr int STAGES = 3;  // 3648-byte stages: 3 let two blocks of 8 warps share one SM
+    static constexpr int QL = 0, QL_PITCH = 144, QH = QL + STAGE_ROWS * QL_PITCH, SC = QH + STAGE_ROWS * 64;
+    static constexpr int D = SC + STAGE_ROWS * 16, BYTES = D + STAGE_ROWS * 4;
+    struct Lane { u32 lrow[4], hrow[2], xrow; };
+    static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) L.lrow[j] = stage_row_base(row0, (lane >> 3) + 4 * j, rows, nb);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) L.hrow[j] = stage_row_base(row0, (lane >> 2) + 8 * j, rows, nb);
+        L.xrow = stage_row_base(row0, lane & 15, rows, nb);
+    }
+    static __device__ __forceinline__ void copy(u32 dst, const Planes& P, const Lane& L, int sb, int lane, u64 ntot) {
+        const int part8 = lane & 7, part4 = lane & 3, r = lane & 15;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            cp_async16(dst + QL + ((lane >> 3) + 4 * j) * QL_PITCH + 16 * part8,
+                       P.p[0] + (u64)(L.lrow[j] + sb) * 128 + 16 * part8);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            cp_async16(dst + QH + ((lane >> 2) + 8 * j) * 64 + 16 * part4, P.p[1] + (u64)(L.hrow[j] + sb) * 64 + 16 * part4);
+        const u64 idx = L.xrow + sb;
+        if (lane < 16) {
+            cp_async16(dst + SC + 16 * r, P.p[2] + idx * 16);
+        } else {
+            const u64 word = (2 * idx) & ~3ull;
+            cp_async4(dst + D + 4 * r, P.p[3] + word, (u32)min((u64)4, 2 * ntot - word));
+        }
+    }
+    static __device__ __forceinline__ void read(QTraits<QT_Q6_K>::Row& r, const u8* st, int lr, int c, u32 idx) {
+        const uint4* q = reinterpret_cast<const uint4*>(st + QL + lr * QL_PITCH + 32 * c);
+        r.q[0] = q[0];
+        r.q[1] = q[1];
+        r.qh = *reinterpret_cast<const uint4*>(st + QH + lr * 64 + 16 * c);
+        r.sc = *reinterpret_cast<const u32*>(st + SC + 16 * lr + 4 * c);
+        const u32 dw = *reinterpret_cast<const u32*>(st + D + 4 * lr);
+        r.d = (idx & 1u) ? dw >> 16 : dw & 0xFFFFu;
+    }
+};

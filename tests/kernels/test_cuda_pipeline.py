@@ -1,0 +1,102 @@
+"""Host-side contracts of the cp.async-pipelined mmvq and the attention split size (no GPU needed): the Python
+mirror of the shared-memory stages, the block shapes the launcher picks, and the switches the benchmark uses."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine.cuda import instances, mixers, nvrtc, ops
+
+SMEM_PER_BLOCK = 227 * 1024  # the most dynamic shared memory one block may ask for (sm_90)
+SMEM_PER_SM = 228 * 1024
+
+
+def _stage_constants(qtype: Q) -> dict[str, int]:
+    """Evaluate the `static constexpr int` lines of Stage<QT_x> in stage.cuh (STAGE_ROWS = 16)."""
+    text = (nvrtc.KERNEL_DIR / "stage.cuh").read_text()
+    tag = {Q.Q4_K: "QT_Q4_K", Q.Q6_K: "QT_Q6_K"}[qtype]
+    body = text[text.index(f"struct Stage<{tag}>"):]
+    body = body[: body.index("\n};")]
+    values: dict[str, int] = {"STAGE_ROWS": 16}
+    for line in re.findall(r"static constexpr int ([^;]+);", body):
+        for item in line.split(","):
+            name, expr = (part.strip() for part in item.split("=", 1))
+            values[name] = eval(expr, {}, dict(values))  # noqa: S307 - integer arithmetic from our own header
+    return values
+
+
+@pytest.mark.parametrize("qtype", list(ops.STAGE_SHAPE), ids=lambda q: q.name)
+def test_stage_shape_mirrors_the_header(qtype: Q) -> None:
+    consts = _stage_constants(qtype)
+    assert ops.STAGE_SHAPE[qtype] == (consts["STAGES"], consts["BYTES"])
+    assert consts["BYTES"] % 16 == 0, "stages must keep 16-byte cp.async destinations aligned"
+
+
+@pytest.mark.parametrize("qtype", list(ops.STAGE_SHAPE), ids=lambda q: q.name)
+def test_stage_holds_every_plane_of_16_rows(qtype: Q) -> None:
+    """Each region is at least 16 rows of its plane's bytes per superblock, and regions do not overlap."""
+    from engine.cuda.repack import PLANES
+
+    consts = _stage_constants(qtype)
+    names = {Q.Q4_K: ("QS", "SC", "DM"), Q.Q6_K: ("QL", "QH", "SC", "D")}[qtype]
+    starts = [consts[n] for n in names] + [consts["BYTES"]]
+    for (_, field), lo, hi in zip(PLANES[qtype], starts[:-1], starts[1:], strict=True):
+        word = 4 if field == 2 else field  # Q6_K's 2-byte d travels as the aligned word around it
+        assert hi - lo >= 16 * word
+
+
+def test_two_blocks_of_eight_warps_fit_one_multiprocessor() -> None:
+    """The launch bounds ask for 2 blocks of 256 threads per SM: their stages (and the 4 KB reduction) must fit."""
+    for qtype, (stages, stage_bytes) in ops.STAGE_SHAPE.items():
+        block = ops.MMVQ_WARPS * stages * stage_bytes + 4096
+        assert block <= SMEM_PER_BLOCK and 2 * (block + 1024) <= SMEM_PER_SM, qtype.name
+
+
+def test_every_pipelined_type_has_its_three_instances() -> None:
+    for qtype in instances.STAGED_QTYPES:
+        assert qtype in ops.STAGE_SHAPE
+        for variant in ("cp", "cp_hl", "cp_x2"):
+            assert f"mmvq_{instances.qtype_tag(qtype)}_{variant}" in instances.INSTANCES
+
+
+def test_pipelined_warps_split_evenly_and_fill_one_wave_where_they_can() -> None:
+    sms = 132
+    assert ops._pipelined_warps(5120, 2176, sms) == 5  # ffn gate|up: 20 superblocks, many waves either way
+    assert ops._pipelined_warps(6144, 320, sms) == 6  # ssm_out: 8 warps would spill 448 warps into a second wave
+    assert ops._pipelined_warps(17408, 320, sms) == 4  # ffn_down: 68 = 4 x 17
+    assert ops._pipelined_warps(5120, 1024, sms) == 4  # 4096 warps = 2 waves, where 5 would need 3
+    assert ops._pipelined_warps(768, 63, sms) == 3
+    assert ops._pipelined_warps(256, 1, sms) == 1
+    for cols in (256 * n for n in range(1, 80)):
+        warps = ops._pipelined_warps(cols, 1000, sms)
+        assert 1 <= warps <= ops.MMVQ_WARPS
+
+
+def test_set_pipelined_switches_and_rejects_types_without_the_kernel() -> None:
+    before = ops.PIPELINED
+    try:
+        ops.set_pipelined(frozenset())
+        assert not ops.PIPELINED
+        ops.set_pipelined({Q.Q4_K})
+        assert ops.PIPELINED == frozenset({Q.Q4_K})
+        with pytest.raises(ValueError, match="Q8_0"):
+            ops.set_pipelined({Q.Q4_K, Q.Q8_0})
+    finally:
+        ops.set_pipelined(before)
+
+
+def test_plain_environment_turns_the_pipeline_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ops.MMVQ_ENV, "plain")
+    assert ops._default_pipelined() == frozenset()
+    monkeypatch.delenv(ops.MMVQ_ENV)
+    assert ops._default_pipelined() == frozenset(instances.STAGED_QTYPES)
+
+
+@pytest.mark.parametrize("min_keys", [0, 48])
+def test_attention_split_size_must_be_a_power_of_two(min_keys: int) -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        mixers.attention(None, None, None, None, None, None, 1, 24, 4, 256, 64, 256, 256, 6144, 0.0625,
+                         min_keys=min_keys)
