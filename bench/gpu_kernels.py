@@ -66,17 +66,25 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
         ref += dev.download(res, np.float32, (num_tokens, rows))[:, pick]
     tol = TOL_F32 if qtype == Q.F32 or precise else TOL_F16
     variant = f"{qtype.name}.T{num_tokens}" + (".precise" if precise else "") + tag
-    if qtype in ops.PIPELINED:
-        variant += ".cp"
+    pipelined = _runs_pipeline(qtype, precise, num_tokens)
+    variant += ".cp" if pipelined else ""
     compare(report, "matmul", variant, out[:, pick], ref, tol)
     unwritten = int(np.count_nonzero(np.isnan(out)))
     if unwritten:
         report.checks[-1].unwritten = unwritten
-    if qtype in ops.PIPELINED:
+    if pipelined:
         _check_against_plain(dev, report, w, act, y, res, out, num_tokens, variant)
     for buf in (w.buf, act.x16, act.sums, act.f32, y, act.x16_lo, act.sums_lo) + ((res,) if res is not None else ()):
         if buf is not None:
             dev.memory.free(buf)
+
+
+def _runs_pipeline(qtype: Q, precise: bool, num_tokens: int) -> bool:
+    """Whether ops.matmul runs the pipelined mmvq for any of the 8-token launches of this call."""
+    if num_tokens >= ops.GEMM_MIN_TOKENS and ("gemm", qtype) in ops.DISPATCH:
+        return False
+    return any(ops.uses_pipeline(qtype, precise, min(ops.ACT_GROUP, num_tokens - t0))
+               for t0 in range(0, num_tokens, ops.ACT_GROUP))
 
 
 TOL_SAME_MATH = 1e-5  # two kernels with the same fragments and mma, summed in another order
@@ -87,19 +95,31 @@ def _check_against_plain(dev: Device, report: Report, w, act, y, res, out: np.nd
     """The pipelined kernel against the register-pipelined one on the same inputs: the same products in another
     order, so they agree to f32 rounding; a dropped residue column or sub-block sum (~1e-4 against the float64
     reference, inside its f16 tolerance) shows here."""
-    pipelined = ops.PIPELINED
+    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
     try:
         ops.set_pipelined(frozenset())
         poison(dev, y)
         ops.matmul(dev, w, act, y, num_tokens, w.rows, residual=res)
     finally:
-        ops.set_pipelined(pipelined)
+        ops.set_pipelined(*saved)
     plain = dev.download(y, np.float32, (num_tokens, w.rows))
     compare(report, "matmul.same", variant, out, plain, TOL_SAME_MATH)
 
 
 def run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
-    """All matmul checks: every type at attn_q, the Q4_K_M mix at the other shapes, several T."""
+    """All matmul checks: every type at attn_q, the Q4_K_M mix at the other shapes, several T; the K-quants
+    through the pipelined kernel in every mode (also where the default picks the plain one), each case also
+    against the plain kernel."""
+    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
+    try:
+        ops.set_pipelined(saved[0], everywhere=True)
+        _run_matmul_checks(dev, report, rng)
+    finally:
+        ops.set_pipelined(*saved)
+
+
+def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
+    """The checks of run_matmul_checks, in the pipeline setting in force."""
     print("matmul checks (27B shapes)", flush=True)
     for name, qtype in CHECKS:
         for num_tokens in (1, 5) if name != "output" else (1, 3):
@@ -112,14 +132,14 @@ def run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> 
         check_matmul(dev, report, rng, "attn_q", qtype, 3, precise=True)
     for name, qtype, num_tokens, precise in PIPELINE_CHECKS:
         check_matmul(dev, report, rng, name, qtype, num_tokens, precise=precise)
-    pipelined = ops.PIPELINED
-    try:  # the register-pipelined kernel stays the fallback: check it in the same run
+    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
+    try:  # the register-pipelined kernel runs the other modes: check it in the same run
         ops.set_pipelined(frozenset())
         for qtype in ops.STAGE_SHAPE:
             for num_tokens, precise in ((1, False), (5, True)):
                 check_matmul(dev, report, rng, "attn_q", qtype, num_tokens, precise=precise, tag=".plain")
     finally:
-        ops.set_pipelined(pipelined)
+        ops.set_pipelined(*saved)
     failing = {c.variant.split(".")[0] for c in report.checks if c.op.startswith("matmul") and not c.ok}
     for name in sorted(failing):
         diagnose_matmul(dev, report, rng, Q[name])
@@ -142,12 +162,12 @@ def time_matmuls(dev: Device, report: Report, rng: np.random.Generator,
                  token_counts: tuple[int, ...] = (1, 2, 5, 8)) -> None:
     """Median time of each 27B-shape matmul per T and variant, rotating over weight copies bigger than the L2."""
     print("matmul timings (us, GB/s)", flush=True)
-    pipelined = ops.PIPELINED
+    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
     try:
         for name, qtype in TIMED:
             _time_matmul(dev, report, rng, name, qtype, token_counts)
     finally:
-        ops.set_pipelined(pipelined)
+        ops.set_pipelined(*saved)
 
 
 def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q,
@@ -166,7 +186,7 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     for t in token_counts:
         cells = []
         for label, types, precise in _matmul_variants(qtype):
-            ops.set_pipelined(types)
+            ops.set_pipelined(types, everywhere=True)
             act.x16_lo = lo if precise else None  # precise mode is the presence of the residue
             state = {"i": 0}
 

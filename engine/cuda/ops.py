@@ -18,7 +18,13 @@ from engine.cuda.repack import block_layout, device_nbytes
 MMVQ_WARPS = 8
 # Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type with the pipelined mmvq.
 STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q6_K: (3, 3648)}
-MMVQ_ENV = "OPENJET_CUDA_MMVQ"  # "plain": every type on the register-pipelined mmvq (the comparison baseline)
+MMVQ_ENV = "OPENJET_CUDA_MMVQ"  # "plain": the register-pipelined mmvq only; "cp": the pipelined one wherever it can
+# Where the pipelined mmvq beat the register-pipelined one at the 27B shapes (H200, bench/NOTES.md v7):
+# (type, precise) -> the most tokens per launch it takes. Precise mode up to 4 tokens (the residue rides in the
+# mma's spare columns: 5-25 % faster); fast Q4_K and the two-pass precise mode above 4 tokens measured 1-14 %
+# slower than the plain kernel; fast Q6_K up to 4 tokens 5-12 % faster on output and attn_v, 1 % slower on
+# ffn_down (a net gain per pass).
+PIPELINE_MAX_TOKENS: dict[tuple[Q, bool], int] = {(Q.Q4_K, True): 4, (Q.Q6_K, True): 4, (Q.Q6_K, False): 4}
 
 
 @dataclass(slots=True)
@@ -153,7 +159,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         t = min(ACT_GROUP, num_tokens - t0)
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
-        if w.qtype in PIPELINED:
+        if uses_pipeline(w.qtype, precise, t):
             _mmvq_pipelined(dev, w, act.group(t0 // ACT_GROUP), y_t, bias, res_t, t, ld_y, precise)
             continue
         if w.qtype == Q.F32:
@@ -166,24 +172,35 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
                    [w.buf, x_t, s_t, xlo_t, slo_t, y_t, bias, res_t, w.rows, w.cols, t, ld_y])
 
 
-def _default_pipelined() -> frozenset[Q]:
-    """The types on the cp.async-pipelined mmvq: all of STAGED_QTYPES unless OPENJET_CUDA_MMVQ=plain."""
+def _default_pipelined() -> tuple[frozenset[Q], bool]:
+    """(types that may run the cp.async-pipelined mmvq, whether everywhere or only where PIPELINE_MAX_TOKENS
+    says it is faster), from OPENJET_CUDA_MMVQ: unset = the table, "plain" = never, "cp" = everywhere."""
     import os
 
-    return frozenset() if os.environ.get(MMVQ_ENV, "") == "plain" else frozenset(STAGED_QTYPES)
+    mode = os.environ.get(MMVQ_ENV, "")
+    if mode not in ("", "plain", "cp"):
+        raise ValueError(f"{MMVQ_ENV}={mode!r}: expected 'plain' or 'cp' (or unset)")
+    return (frozenset() if mode == "plain" else frozenset(STAGED_QTYPES)), mode == "cp"
 
 
-PIPELINED: frozenset[Q] = _default_pipelined()
+PIPELINED, PIPELINE_EVERYWHERE = _default_pipelined()
 
 
-def set_pipelined(qtypes: frozenset[Q] | set[Q]) -> None:
-    """Choose the types that run the pipelined mmvq (benchmarks compare it with the plain one); graphs
-    captured before keep the kernels they were captured with."""
-    global PIPELINED
+def set_pipelined(qtypes: frozenset[Q] | set[Q], everywhere: bool = False) -> None:
+    """Choose the types that may run the pipelined mmvq, and whether at every T and mode or only where it
+    measured faster (benchmarks and checks compare it with the plain one); captured graphs keep their kernels."""
+    global PIPELINED, PIPELINE_EVERYWHERE
     unknown = set(qtypes) - set(STAGED_QTYPES)
     if unknown:
         raise ValueError(f"no pipelined mmvq for {', '.join(sorted(q.name for q in unknown))}")
-    PIPELINED = frozenset(qtypes)
+    PIPELINED, PIPELINE_EVERYWHERE = frozenset(qtypes), everywhere
+
+
+def uses_pipeline(qtype: Q, precise: bool, num_tokens: int) -> bool:
+    """Whether a launch of num_tokens (<= 8) rows of this type runs the pipelined mmvq."""
+    if qtype not in PIPELINED:
+        return False
+    return PIPELINE_EVERYWHERE or num_tokens <= PIPELINE_MAX_TOKENS.get((qtype, precise), 0)
 
 
 def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buffer | None, Buffer | None],

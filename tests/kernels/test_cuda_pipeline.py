@@ -76,23 +76,41 @@ def test_pipelined_warps_split_evenly_and_fill_one_wave_where_they_can() -> None
 
 
 def test_set_pipelined_switches_and_rejects_types_without_the_kernel() -> None:
-    before = ops.PIPELINED
+    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
     try:
         ops.set_pipelined(frozenset())
-        assert not ops.PIPELINED
-        ops.set_pipelined({Q.Q4_K})
-        assert ops.PIPELINED == frozenset({Q.Q4_K})
+        assert not ops.uses_pipeline(Q.Q4_K, True, 1)
+        ops.set_pipelined({Q.Q4_K}, everywhere=True)
+        assert ops.uses_pipeline(Q.Q4_K, False, 8) and not ops.uses_pipeline(Q.Q6_K, True, 1)
         with pytest.raises(ValueError, match="Q8_0"):
             ops.set_pipelined({Q.Q4_K, Q.Q8_0})
     finally:
-        ops.set_pipelined(before)
+        ops.set_pipelined(*saved)
 
 
-def test_plain_environment_turns_the_pipeline_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_policy_runs_the_pipeline_only_where_it_measured_faster() -> None:
+    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
+    try:
+        ops.set_pipelined(instances.STAGED_QTYPES)
+        for qtype in (Q.Q4_K, Q.Q6_K):  # precise: the residue packed into spare columns, up to 4 tokens
+            assert [ops.uses_pipeline(qtype, True, t) for t in range(1, 9)] == [True] * 4 + [False] * 4
+        assert not any(ops.uses_pipeline(Q.Q4_K, False, t) for t in range(1, 9))
+        assert [ops.uses_pipeline(Q.Q6_K, False, t) for t in (1, 4, 5)] == [True, True, False]
+        assert not ops.uses_pipeline(Q.Q8_0, True, 1)
+    finally:
+        ops.set_pipelined(*saved)
+
+
+def test_environment_picks_plain_table_or_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ops.MMVQ_ENV, "plain")
-    assert ops._default_pipelined() == frozenset()
+    assert ops._default_pipelined() == (frozenset(), False)
+    monkeypatch.setenv(ops.MMVQ_ENV, "cp")
+    assert ops._default_pipelined() == (frozenset(instances.STAGED_QTYPES), True)
+    monkeypatch.setenv(ops.MMVQ_ENV, "fast")
+    with pytest.raises(ValueError, match="OPENJET_CUDA_MMVQ='fast'"):
+        ops._default_pipelined()
     monkeypatch.delenv(ops.MMVQ_ENV)
-    assert ops._default_pipelined() == frozenset(instances.STAGED_QTYPES)
+    assert ops._default_pipelined() == (frozenset(instances.STAGED_QTYPES), False)
 
 
 @pytest.mark.parametrize("min_keys", [0, 48])

@@ -151,9 +151,10 @@ mmvq(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restric
 // ---- the pipelined variant (K-quants): weights staged through shared memory by cp.async ----
 //
 // The same block shape and result as mmvq, but each warp keeps Stage<QT>::STAGES - 1 superblocks of its 16 rows
-// in flight (cp.async into a per-warp ring of shared-memory stages, no registers held), so an SM streams
-// 16 warps x 3 x 2.3 KB instead of 16 x 2.3 KB: at the short K of the 27B model (20 superblocks per row) the
-// single-buffered loop spent most of each block's life waiting on its first load.
+// in flight (cp.async into a per-warp ring of shared-memory stages, no registers held): an SM has up to 16 warps
+// x 3 x 2.3 KB requested instead of 16 x 2.3 KB. On the H200 that alone bought nothing (bench/NOTES.md, v7: both
+// kernels stream ~2 TB/s at the 27B shapes, the cost is per block and per launch); the ring is the piece a
+// persistent grid needs. What this kernel wins is precise mode up to 4 tokens, through the column packing below.
 //
 // Columns: for T <= 4 the mma's 8 columns carry each token twice: column n the f16 activations and the hi
 // sub-block sums, column T + n the activations' rounding residue (precise mode; zeros otherwise) and the lo
