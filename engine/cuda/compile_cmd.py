@@ -203,11 +203,10 @@ def compile_units(units: list[CompileUnit], target: Target, directory: Path, *, 
             on_result(result)
 
     if not is_forced:  # cache hits are reported at once, without starting a worker process
-        for unit in [u for u in ordered if is_cached(u, target, directory)]:
-            t0 = time.perf_counter()
+        hits = [u for u in ordered if is_cached(u, target, directory)]
+        for unit in hits:
             finish(compile_unit(unit, target, directory))
-            assert results[-1].status == "cached", f"{unit.name}: cache entry vanished"
-            ordered.remove(unit)
+        ordered = [u for u in ordered if u not in hits]
     if jobs <= 1 or len(ordered) <= 1:
         for unit in ordered:
             finish(compile_unit(unit, target, directory, is_forced))
