@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "make-test-model": ("engine.gguf.testmodel", "write a random-weight GGUF test model"),
     "generate": ("engine.reference.generate", "generate text from a GGUF model"),
     "serve": ("engine.server.main", "serve a model over OpenAI-compatible HTTP"),
+    "compile": ("engine.cuda.compile_cmd", "compile the CUDA kernels for a GPU architecture into the disk cache"),
 }
 
 

@@ -184,9 +184,9 @@ def compile_unit(unit: CompileUnit, target: Target, directory: Path, is_forced: 
         out = nvrtc.compile_cached(unit.source, target.arch, unit.expressions, unit.options, unit.kernel_dir,
                                    directory, ptx=target.is_ptx)
     except nvrtc.KernelCompileError as exc:
-        error, _, log = str(exc).partition("\n")
+        log = str(exc).partition("\n")[2] or str(exc)  # the first line repeats the file and target, named fully here
         return FileResult(unit.name, unit.group, "failed", time.perf_counter() - t0, len(unit.expressions),
-                          error, log)
+                          f"{unit.source} did not compile for {target.name}", log)
     status = "cached" if out.from_cache else "compiled"
     return FileResult(unit.name, unit.group, status, time.perf_counter() - t0, len(unit.expressions))
 
