@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -102,9 +101,13 @@ def megakernel_units() -> list[CompileUnit]:
     nvrtc.compile_cached (same source, expressions, options and kernel_dir), so that the runner's first launch hits
     the cache this command fills.
     """
-    if importlib.util.find_spec(MEGAKERNEL_PACKAGE) is None:
+    try:
+        package = importlib.import_module(MEGAKERNEL_PACKAGE)
+    except ModuleNotFoundError as exc:
+        if exc.name != MEGAKERNEL_PACKAGE:
+            raise  # the package exists but something it imports does not: a real error
         return []
-    provider = getattr(importlib.import_module(MEGAKERNEL_PACKAGE), "compile_units", None)
+    provider = getattr(package, "compile_units", None)
     if provider is None:
         return []
     units = list(provider())
