@@ -201,6 +201,7 @@ def compile_units(units: list[CompileUnit], target: Target, directory: Path, *, 
     results: list[FileResult] = []
 
     def finish(result: FileResult) -> None:
+        """Keep and report one result."""
         results.append(result)
         if on_result is not None:
             on_result(result)
@@ -308,17 +309,33 @@ def _target_from_args(args: argparse.Namespace) -> Target:
     return resolve_target(detect_arch() if requested is None else requested, supported)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Compile (or with --check, look up) every unit for the target; exit 0 ok, 1 a file failed or is missing."""
-    target = _target_from_args(args)
+def _units_from_args(args: argparse.Namespace) -> list[CompileUnit]:
+    """The units to handle: every kernel file (from --kernel-dir if given) and the megakernel's, cut by --only."""
     kernel_dir = args.kernel_dir.resolve() if args.kernel_dir else nvrtc.KERNEL_DIR
     if not kernel_dir.is_dir():
         raise EngineError(f"--kernel-dir {kernel_dir} is not a folder")
     extra = megakernel_units() if args.kernel_dir is None else []  # the megakernel sources live beside its code
-    units = select_units(kernel_units(kernel_dir) + extra, args.only)
+    return select_units(kernel_units(kernel_dir) + extra, args.only)
+
+
+def _cache_from_args(args: argparse.Namespace) -> Path:
+    """The kernel cache folder (OPENJET_KERNEL_CACHE, else under XDG_CACHE_HOME), created unless only checking."""
     directory = nvrtc.cache_dir()
+    if not args.check:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EngineError(f"the kernel cache {directory} cannot be created: {exc}") from exc
+    return directory
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compile (or with --check, look up) every unit for the target; exit 0 ok, 1 a file failed or is missing."""
     if args.jobs is not None and args.jobs < 1:
         raise EngineError(f"--jobs must be at least 1, got {args.jobs}")
+    target = _target_from_args(args)
+    units = _units_from_args(args)
+    directory = _cache_from_args(args)
     jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(units)))
     progress = _Progress(args.json, target, units)
     major, minor = nvrtc.nvrtc_version()
@@ -327,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
                    "files": [u.name for u in units], "total": len(units), "cache": str(directory),
                    "nvrtc": f"{major}.{minor}", "jobs": jobs, "is_check": args.check},
                   f"{verb} {_plural(len(units), 'kernel file')} for {target.name} (NVRTC {major}.{minor}"
-                  f"{'' if args.check else ', ' + _plural(jobs, 'process', 'es')}) in {directory}")
+                  f"{'' if args.check else ', up to ' + _plural(jobs, 'process', 'es')}) in {directory}")
     if args.check:
         for unit in units:
             status = "cached" if is_cached(unit, target, directory) else "missing"

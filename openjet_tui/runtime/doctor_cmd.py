@@ -15,6 +15,7 @@ from openjet_tui.runtime.download import find_ready_model, model_path
 from openjet_tui.runtime.engines import Decision, decision_line, gather_facts, select_engine
 from openjet_tui.runtime.errors import RuntimeSetupError
 from openjet_tui.runtime.hardware import HardwareInfo, probe_hardware
+from openjet_tui.runtime.kernels import KernelReport, gpu_arch, run_compile
 from openjet_tui.runtime.paths import cache_dir, logs_dir, models_dir
 from openjet_tui.runtime.setup import SetupRecord, is_setup_current, read_record
 from openjet_tui.runtime.verify import read_stamp
@@ -48,9 +49,16 @@ def _model_section(hardware: HardwareInfo, record: SetupRecord | None) -> tuple[
     return section, path, context
 
 
-def collect(probe_local: bool = True) -> dict[str, object]:
-    """Everything doctor reports, as plain data."""
-    hardware = probe_hardware()
+def _kernel_section(hardware: HardwareInfo) -> dict[str, object]:
+    """Whether the kernels for this GPU are compiled and cached (asked of `openjet-engine compile --check`)."""
+    arch, why = gpu_arch(hardware)
+    report = KernelReport("skipped", f"not needed: {why}") if arch is None else run_compile(arch, is_check=True)
+    return asdict(report)
+
+
+def collect(probe_local: bool = True, hardware: HardwareInfo | None = None) -> dict[str, object]:
+    """Everything doctor reports, as plain data (`hardware` describes the machine instead of probing it)."""
+    hardware = hardware or probe_hardware()
     record = read_record()
     model, path, context = _model_section(hardware, record)
     selection = select_engine(gather_facts(path, context=context, hardware=hardware, probe_local=probe_local))
@@ -62,6 +70,7 @@ def collect(probe_local: bool = True) -> dict[str, object]:
         "chosen": selection.chosen.engine if selection.chosen else None,
         "llama_server_build": asdict(facts.llama_build) if facts.llama_build else None,
         "local_servers": [asdict(s) for s in facts.local_servers],
+        "kernels": _kernel_section(hardware),
         "setup_record": asdict(record) if record else None,
         "paths": {"cache": str(cache_dir()), "models": str(models_dir()), "logs": str(logs_dir())},
     }
@@ -80,6 +89,7 @@ def format_text(data: dict) -> list[str]:
     lines.append("engines, in order of preference")
     lines += [f"  {decision_line(Decision(d['engine'], d['is_available'], d['reason'], d['is_chosen']))}"
               for d in data["engines"]]
+    lines += ["kernels", f"  {data['kernels']['reason']}"]
     if build := data["llama_server_build"]:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(build["updated_at"]))
         lines.append(f"llama-server build: {build['state']} ({build['percent']}%, {build['message']}, {when})")

@@ -42,6 +42,8 @@ class Facts:
     llama_server: LlamaServerBinary | None = None
     llama_build: BuildStatus | None = None
     local_servers: list[LocalServer] = field(default_factory=list)
+    # engine -> why its kernels did not compile (set by setup's kernel step, runtime/kernels.py)
+    kernel_errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -128,7 +130,7 @@ def megakernel_blocker(model: ModelFileInfo) -> str:
 
 
 def _decide_megakernel(facts: Facts) -> Decision:
-    if blocker := _gpu_blocker(facts):
+    if blocker := _gpu_blocker(facts) or facts.kernel_errors.get("megakernel", ""):
         return Decision("megakernel", False, blocker)
     assert facts.model is not None
     if blocker := megakernel_blocker(facts.model):
@@ -138,7 +140,7 @@ def _decide_megakernel(facts: Facts) -> Decision:
 
 
 def _decide_cuda(facts: Facts) -> Decision:
-    if blocker := _gpu_blocker(facts):
+    if blocker := _gpu_blocker(facts) or facts.kernel_errors.get("cuda", ""):
         return Decision("cuda", False, blocker)
     assert facts.model is not None
     if facts.model.arch not in ENGINE_ARCHS:

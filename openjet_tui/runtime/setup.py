@@ -14,6 +14,7 @@ from openjet_tui.runtime.download import describe_plan, fetch_model, find_ready_
 from openjet_tui.runtime.engines import Selection, gather_facts, select_engine
 from openjet_tui.runtime.errors import RuntimeSetupError
 from openjet_tui.runtime.hardware import HardwareInfo, probe_hardware
+from openjet_tui.runtime.kernels import KernelReport, compile_target, gpu_arch, run_compile
 from openjet_tui.runtime.llamacpp import choose_backend, ensure_llama_server
 from openjet_tui.runtime.paths import ensure_dir, setup_record_path
 from openjet_tui.runtime.progress import ProgressCallback, no_progress
@@ -46,6 +47,7 @@ class SetupRecord:
     engine_reason: str
     decisions: list[dict[str, object]] = field(default_factory=list)
     created_at: float = 0.0
+    kernels: dict[str, object] = field(default_factory=dict)  # the kernel step's state, target and reason
     version: int = RECORD_VERSION
 
 
@@ -61,6 +63,7 @@ class SetupReport:
     plan: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     record: SetupRecord | None = None
+    kernels: KernelReport | None = None  # the kernel step (None in a dry run)
 
 
 def resolve_model(spec: str | None, catalog: Catalog, hardware: HardwareInfo) -> tuple[ModelEntry | None, Path | None,
@@ -106,7 +109,30 @@ def _dry_run(report: SetupReport, entry: ModelEntry | None, options: SetupOption
     report.selection = select_engine(facts, options.engine)
     if report.model_path is None:
         report.plan.append("engine: chosen once the model file is verified (its header decides)")
+    report.plan.append(_kernel_plan(report.selection))
     return report
+
+
+def _kernel_plan(selection: Selection) -> str:
+    """The dry run's line on the kernel step."""
+    arch, why = compile_target(selection)
+    if arch is not None:
+        return f"kernels: compile for {why} with `openjet-engine compile`, cached for later starts"
+    if selection.chosen is None and gpu_arch(selection.facts.hardware)[0] is not None:
+        return "kernels: compiled for this GPU if a CUDA engine is chosen"
+    return f"kernels: {why}"
+
+
+def _compile_kernels(report: SetupReport, options: SetupOptions, progress: ProgressCallback) -> None:
+    """Setup's kernel step: compile for the GPU when a CUDA engine was chosen (or say why not); when kernels fail
+    to compile, choose again without the engines that need them, with the compiler's words as the reason."""
+    assert report.selection is not None
+    arch, why = compile_target(report.selection)
+    report.kernels = KernelReport("skipped", why) if arch is None else run_compile(arch, progress)
+    report.notes.append(report.kernels.reason)
+    if blocked := report.kernels.blocked_engines():
+        report.selection.facts.kernel_errors.update(blocked)
+        report.selection = select_engine(report.selection.facts, options.engine)
 
 
 def _maybe_build(options: SetupOptions, report: SetupReport, progress: ProgressCallback) -> None:
@@ -120,9 +146,10 @@ def _maybe_build(options: SetupOptions, report: SetupReport, progress: ProgressC
 
 
 def run_setup(options: SetupOptions, progress: ProgressCallback = no_progress,
-              catalog: Catalog | None = None) -> SetupReport:
-    """Set OpenJet up on this machine (or, with is_dry_run, say what that would do) and record the result."""
-    hardware, catalog = probe_hardware(), catalog or load_catalog()
+              catalog: Catalog | None = None, hardware: HardwareInfo | None = None) -> SetupReport:
+    """Set OpenJet up on this machine (or, with is_dry_run, say what that would do) and record the result;
+    `hardware` describes the machine instead of probing it (tests, a GPU chosen elsewhere)."""
+    hardware, catalog = hardware or probe_hardware(), catalog or load_catalog()
     entry, user_path, why = resolve_model(options.model, catalog, hardware)
     title = entry.title if entry else user_path.name  # type: ignore[union-attr]
     context = options.context or (entry.default_context if entry else 8192)
@@ -141,12 +168,14 @@ def run_setup(options: SetupOptions, progress: ProgressCallback = no_progress,
     if options.build_llama_server:  # the build changes the llama-server decision
         report.selection = select_engine(gather_facts(report.model_path, context=context, hardware=hardware),
                                          options.engine)
+    _compile_kernels(report, options, progress)
     chosen = report.selection.chosen
     report.record = SetupRecord(
         model_name=entry.name if entry else "", model_path=str(report.model_path), model_sha256=sha,
         is_model_pinned=is_pinned, context=context, engine=chosen.engine if chosen else None,
         engine_reason=chosen.reason if chosen else "no engine can serve this model here",
-        decisions=[asdict(d) for d in report.selection.decisions], created_at=time.time())
+        decisions=[asdict(d) for d in report.selection.decisions], created_at=time.time(),
+        kernels={"state": report.kernels.state, "target": report.kernels.target, "reason": report.kernels.reason})
     write_record(report.record)
     return report
 

@@ -46,6 +46,7 @@ def report_to_dict(report: SetupReport) -> dict[str, object]:
         "engines": [asdict(d) | {"label": d.label} for d in selection.decisions] if selection else [],
         "chosen": selection.chosen.engine if selection and selection.chosen else None,
         "plan": report.plan, "notes": report.notes,
+        "kernels": asdict(report.kernels) if report.kernels else None,
         "record": asdict(report.record) if report.record else None,
     }
 
