@@ -120,7 +120,7 @@ def _kernel_plan(selection: Selection) -> str:
         return f"kernels: compile for {why} with `openjet-engine compile`, cached for later starts"
     if selection.chosen is None and gpu_arch(selection.facts.hardware)[0] is not None:
         return "kernels: compiled for this GPU if a CUDA engine is chosen"
-    return f"kernels: {why}"
+    return f"kernels: {why.removeprefix('kernel compilation ')}"  # "kernels: skipped: no NVIDIA GPU: ..."
 
 
 def _compile_kernels(report: SetupReport, options: SetupOptions, progress: ProgressCallback) -> None:
