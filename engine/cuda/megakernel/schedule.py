@@ -1,0 +1,271 @@
+"""The instruction lists ("programs") of a model: per layer the ops, their tiles, counters and waits; then the
+assignment of instructions to SMs.
+
+A program is a chain of groups in program order. A group is every instruction of one (stage, opcode): they are
+independent of each other, and each waits for the whole previous group (its counter reaching the group's size).
+Each SM's queue keeps program order, so the earliest unfinished instruction of the program is always at the head
+of its SM's queue with its inputs complete: no schedule can deadlock (the VM checks this by running the queues in
+random interleavings).
+
+Programs: "cycle" (verify 1 + d rows through every layer, the head, acceptance, the MTP pass and draft steps,
+finish), "verify" (the trunk and the head only: the host accepts), "mtp" (the MTP pass and draft steps, finish: a
+catch-up after a host accept, or a draft-only launch) and "commit" (the DeltaNet commit of the last pass).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.cuda.megakernel import instructions as I
+from engine.cuda.megakernel.instructions import INST_WORDS, Instruction, Op
+from engine.cuda.megakernel.layout import (LW, MAX_DRAFT, SUPERBLOCK, TILE_ROWS, ModelSpec, finish_stage,
+                                           head_stage, lw, mtp_stage)
+from engine.gguf.quants import row_bytes
+
+PROGRAMS = ("cycle", "verify", "mtp", "commit")
+
+
+@dataclass(slots=True)
+class ScheduleConfig:
+    """How finely work is cut and over how many SMs it is spread."""
+
+    num_sms: int = 132
+    tiles_per_sm: int = 3  # matmul instructions per SM and matrix: more balance, more instruction overhead
+    attn_splits: int = 32  # key splits per KV head (flash decoding; the idle ones cost one check)
+    overhead_bytes: int = 16384  # cost of an instruction beyond its bytes, for the balance (fill, barrier)
+
+    def __post_init__(self) -> None:
+        for name in ("num_sms", "tiles_per_sm", "attn_splits"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ScheduleConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(slots=True)
+class Program:
+    """Instructions in program order and their assignment to SMs."""
+
+    name: str
+    instructions: list[Instruction]
+    queues: list[list[int]] = field(default_factory=list)  # per SM: indices into instructions, ascending
+    num_lm_parts: int = 0
+    num_draft_parts: int = 0
+
+    def words(self) -> tuple[np.ndarray, np.ndarray]:
+        """(int32 [num_sms, max_len, INST_WORDS] instruction words, int32 [num_sms] queue lengths)."""
+        lengths = np.array([len(q) for q in self.queues], np.int32)
+        out = np.zeros((len(self.queues), max(1, int(lengths.max(initial=0))), INST_WORDS), np.int32)
+        for sm, queue in enumerate(self.queues):
+            for slot, index in enumerate(queue):
+                out[sm, slot] = self.instructions[index].words()
+        return out, lengths
+
+    def count(self, stage: int, op: Op) -> int:
+        """Instructions of the group (stage, op)."""
+        return sum(1 for inst in self.instructions if inst.stage == stage and inst.OPCODE == op)
+
+    def truncated(self, stage: int, op: Op) -> Program:
+        """The program up to and including group (stage, op): what the diff test runs to stop after one op."""
+        last = max((i for i, inst in enumerate(self.instructions) if inst.stage == stage and inst.OPCODE == op),
+                   default=None)
+        if last is None:
+            raise ValueError(f"program {self.name} has no group ({stage}, {op.name})")
+        queues = [[i for i in q if i <= last] for q in self.queues]
+        return Program(f"{self.name}[..{stage}.{op.name}]", self.instructions[: last + 1], queues,
+                       self.num_lm_parts, self.num_draft_parts)
+
+
+class _Builder:
+    """Appends groups; each new group waits for the whole previous one."""
+
+    def __init__(self, spec: ModelSpec, config: ScheduleConfig):
+        self.spec, self.config = spec, config
+        self.instructions: list[Instruction] = []
+        self.last: tuple[int, Op, int] | None = None
+
+    def group(self, insts: list[Instruction]) -> None:
+        """Add one group (instructions of a single (stage, opcode))."""
+        assert insts and len({(i.stage, i.OPCODE) for i in insts}) == 1, "a group is one (stage, opcode)"
+        if self.last is not None:
+            for inst in insts:
+                inst.waits(*self.last)
+        self.instructions += insts
+        self.last = (insts[0].stage, insts[0].OPCODE, len(insts))
+
+    def row_tiles(self, rows: int, align: int = TILE_ROWS) -> list[tuple[int, int]]:
+        """Row ranges of a matrix's instructions: whole `align`-row tiles, about tiles_per_sm per SM."""
+        num_tiles = -(-rows // align)
+        num_insts = min(num_tiles, self.config.num_sms * self.config.tiles_per_sm)
+        per = -(-num_tiles // num_insts)
+        return [(b * align, min(rows, (b + per) * align)) for b in range(0, num_tiles, per)]
+
+    def split(self, total: int, pieces: int) -> list[tuple[int, int]]:
+        """[begin, end) ranges cutting `total` items into at most `pieces` nearly equal parts."""
+        pieces = max(1, min(pieces, total))
+        return [(total * p // pieces, total * (p + 1) // pieces) for p in range(pieces)]
+
+    def superblocks(self, width: int) -> list[tuple[int, int]]:
+        """One range per superblock of a `width`-wide activation."""
+        return [(sb, sb + 1) for sb in range(-(-width // SUPERBLOCK))]
+
+
+def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
+    """The groups of one decoder layer (trunk layer `layer`, or the MTP block's at an MTP stage)."""
+    spec, cfg = b.spec, b.spec.cfg
+    h = cfg.hidden_size
+    b.group([I.AttnNorm(stage, layer=layer, sb_begin=s, sb_end=e) for s, e in b.superblocks(h)])
+    kind = spec.layer_kind(layer)
+    keys = ("attn_q", "attn_k", "attn_v") if kind == "attention" else ("attn_qkv", "attn_gate", "ssm_alpha",
+                                                                        "ssm_beta")
+    b.group([I.MixIn(stage, layer=layer, matrix=lw(k), row_begin=s, row_end=e)
+             for k in keys for s, e in b.row_tiles(spec.matrix(layer, k).rows)])
+    if kind == "attention":
+        splits = b.config.attn_splits
+        b.group([I.AttnCore(stage, layer=layer, kv_head=kvh, split=s, num_splits=splits)
+                 for kvh in range(cfg.num_kv_heads) for s in range(splits)])
+        b.group([I.AttnCombine(stage, layer=layer, kv_head=kvh, num_splits=splits)
+                 for kvh in range(cfg.num_kv_heads)])
+    else:
+        heads = b.split(cfg.ssm_num_v_heads, cfg.ssm_num_v_heads)
+        b.group([I.DnRule(stage, layer=layer, head_begin=s, head_end=e) for s, e in heads])
+    out_key = "attn_output" if kind == "attention" else "ssm_out"
+    b.group([I.MixOut(stage, layer=layer, row_begin=s, row_end=e)
+             for s, e in b.row_tiles(spec.matrix(layer, out_key).rows)])
+    b.group([I.FfnNorm(stage, layer=layer, sb_begin=s, sb_end=e) for s, e in b.superblocks(h)])
+    # 32 FFN indices per tile at least: a sub-block of the act layout's sums must be one instruction's
+    b.group([I.FfnUp(stage, layer=layer, row_begin=s, row_end=e) for s, e in b.row_tiles(cfg.ffn_size, 32)])
+    b.group([I.FfnDown(stage, layer=layer, row_begin=s, row_end=e) for s, e in b.row_tiles(h)])
+
+
+def _head_groups(b: _Builder, with_verify: bool) -> int:
+    """Output norm, lm_head (and verify); returns the number of lm_head partials."""
+    cfg, stage = b.spec.cfg, head_stage(b.spec.cfg)
+    b.group([I.HeadNorm(stage, sb_begin=s, sb_end=e) for s, e in b.superblocks(cfg.hidden_size)])
+    tiles = b.row_tiles(cfg.vocab_size)
+    b.group([I.LmHead(stage, row_begin=s, row_end=e, part=p) for p, (s, e) in enumerate(tiles)])
+    if with_verify:
+        b.group([I.Verify(stage)])
+    return len(tiles)
+
+
+def _mtp_groups(b: _Builder) -> int:
+    """The MTP pass and the draft steps (a step past CTL_DRAFT_NEXT does nothing); returns the draft partials."""
+    spec = b.spec
+    h, layer, num_parts = spec.cfg.hidden_size, spec.mtp_layer, 0
+    for step in range(MAX_DRAFT):
+        stage = mtp_stage(spec.cfg, step)
+        b.group([I.MtpIn(stage, sb_begin=s, sb_end=e) for s, e in b.superblocks(2 * h)])
+        b.group([I.MtpEh(stage, row_begin=s, row_end=e)
+                 for s, e in b.row_tiles(spec.matrix(layer, "nextn.eh_proj").rows)])
+        _layer_groups(b, stage, layer)
+        b.group([I.HeadNorm(stage, sb_begin=s, sb_end=e) for s, e in b.superblocks(h)])
+        tiles = b.row_tiles(spec.draft_vocab)
+        b.group([I.DraftHead(stage, row_begin=s, row_end=e, part=p) for p, (s, e) in enumerate(tiles)])
+        b.group([I.DraftPick(stage)])
+        num_parts = len(tiles)
+    return num_parts
+
+
+def _commit_groups(b: _Builder) -> None:
+    """DN_COMMIT for every DeltaNet layer: heads and conv channels cut over the SMs."""
+    cfg = b.spec.cfg
+    pieces = min(cfg.ssm_num_v_heads, b.config.num_sms)
+    for layer, kind in enumerate(cfg.layer_kinds):
+        if kind != "deltanet":
+            continue
+        heads, chans = b.split(cfg.ssm_num_v_heads, pieces), b.split(cfg.ssm_conv_dim, pieces)
+        b.group([I.DnCommit(layer, layer=layer, head_begin=hs, head_end=he, chan_begin=cs, chan_end=ce)
+                 for (hs, he), (cs, ce) in zip(heads, chans, strict=True)])
+        b.last = None  # the layers' commits are independent
+
+
+def build_program(spec: ModelSpec, name: str, config: ScheduleConfig | None = None) -> Program:
+    """The program `name` (one of PROGRAMS) for a model, assigned to config.num_sms SMs."""
+    if name not in PROGRAMS:
+        raise ValueError(f"unknown program {name!r} (one of {', '.join(PROGRAMS)})")
+    if name == "mtp" and not spec.has_mtp:
+        raise ValueError("the model has no MTP block: there is no mtp program")
+    config = config or ScheduleConfig()
+    b = _Builder(spec, config)
+    num_lm = num_draft = 0
+    if name in ("cycle", "verify"):
+        b.group([I.Embed(0, col_begin=s * SUPERBLOCK, col_end=min(spec.cfg.hidden_size, e * SUPERBLOCK))
+                 for s, e in b.superblocks(spec.cfg.hidden_size)])
+        for layer in range(spec.cfg.num_layers):
+            _layer_groups(b, layer, layer)
+        num_lm = _head_groups(b, with_verify=name == "cycle")
+    if name in ("cycle", "mtp") and spec.has_mtp:
+        num_draft = _mtp_groups(b)
+    if name in ("cycle", "mtp"):
+        b.group([I.Finish(finish_stage(spec.cfg))])
+    if name == "commit":
+        _commit_groups(b)
+    program = Program(name, b.instructions, num_lm_parts=num_lm, num_draft_parts=num_draft)
+    program.queues = assign(program.instructions, config.num_sms, lambda i: cost(i, spec, config))
+    return program
+
+
+def cost(inst: Instruction, spec: ModelSpec, config: ScheduleConfig) -> float:
+    """Estimated bytes an instruction moves (weights dominate), plus a fixed overhead."""
+    cfg = spec.cfg
+    extra = 0
+    if isinstance(inst, (I.MixIn, I.MixOut, I.FfnDown, I.MtpEh, I.LmHead, I.DraftHead, I.FfnUp)):
+        key = _matrix_of(inst, spec)
+        info = spec.matrix(*key)
+        extra = (inst.row_end - inst.row_begin) * row_bytes(info.qtype, info.cols)
+        if isinstance(inst, I.FfnUp):
+            extra *= 2  # gate and up rows
+    elif isinstance(inst, I.DnRule):
+        extra = 2 * (inst.head_end - inst.head_begin) * cfg.ssm_head_dim * cfg.ssm_v_head_dim * 4
+    return float(config.overhead_bytes + extra)
+
+
+def _matrix_of(inst: Instruction, spec: ModelSpec) -> tuple[int | None, str]:
+    """The (layer, key) of the matrix a matmul instruction streams."""
+    if isinstance(inst, I.MixIn):
+        return inst.layer, LW[inst.matrix]
+    if isinstance(inst, I.MixOut):
+        return inst.layer, "attn_output" if spec.layer_kind(inst.layer) == "attention" else "ssm_out"
+    if isinstance(inst, I.FfnUp):
+        return inst.layer, "ffn_gate"
+    if isinstance(inst, I.FfnDown):
+        return inst.layer, "ffn_down"
+    if isinstance(inst, I.MtpEh):
+        return spec.mtp_layer, "nextn.eh_proj"
+    if isinstance(inst, I.DraftHead):
+        return spec.mtp_output_key()
+    return None, "output"
+
+
+def assign(instructions: list[Instruction], num_sms: int, cost_of: Callable[[Instruction], float]) -> list[list[int]]:
+    """Greedy balance in program order: each instruction goes to the SM with the least work so far."""
+    heap = [(0.0, sm) for sm in range(num_sms)]
+    queues: list[list[int]] = [[] for _ in range(num_sms)]
+    for index, inst in enumerate(instructions):
+        load, sm = heapq.heappop(heap)
+        queues[sm].append(index)
+        heapq.heappush(heap, (load + cost_of(inst), sm))
+    return queues
+
+
+def validate(program: Program) -> None:
+    """Check the synchronisation invariants the VM and the megakernel rely on; AssertionError names the first
+    instruction that breaks one."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for index, inst in enumerate(program.instructions):
+        groups.setdefault((inst.stage, int(inst.OPCODE)), []).append(index)
+    for index, inst in enumerate(program.instructions):
+        if not inst.wait_count:
+            continue
+        producers = groups.get((inst.wait_stage, inst.wait_op), [])
+        assert len(producers) == inst.wait_count, \
+            f"#{index} {inst} waits for {inst.wait_count}, the program has {len(producers)} producers"
+        assert max(producers) < index, f"#{index} {inst} waits on instructions after it"
+    for sm, queue in enumerate(program.queues):
+        assert queue == sorted(queue), f"SM {sm}'s queue is not in program order"
+    assigned = sorted(i for q in program.queues for i in q)
+    assert assigned == list(range(len(program.instructions))), "every instruction runs exactly once"
+

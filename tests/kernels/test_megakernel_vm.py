@@ -1,0 +1,239 @@
+"""The megakernel's Python VM behind the backend contract, against the numpy reference on a tiny qwen35 model:
+greedy tokens and logits at every draft depth, the MTP drafts, exact commits after partial acceptance,
+checkpoints, the host-accept path, and schedules that cannot deadlock whatever the interleaving."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from engine.backend import Draft, TokenSequence
+from engine.cuda.megakernel.backend import MegakernelBackend
+from engine.cuda.megakernel.errors import ScheduleDeadlockError
+from engine.cuda.megakernel.layout import MAX_DRAFT, MAX_ROWS
+from engine.cuda.megakernel.schedule import ScheduleConfig
+from engine.reference.backend import ReferenceBackend
+from engine.sampling import SamplingParams
+from engine.spec.verify import greedy_accept, with_logit_bias
+
+PROMPT = [11, 201, 35, 90, 400, 17]
+NUM_TOKENS = 256
+CONTEXT = 512
+GREEDY = SamplingParams(temperature=0.0, seed=0)  # seeded: the control words of two runs compare equal
+VM_CONFIG = ScheduleConfig(num_sms=2, tiles_per_sm=1, attn_splits=2)
+# finer cuts: several instructions per op, key splits that go idle, more SMs to interleave
+FINE_CONFIG = ScheduleConfig(num_sms=5, tiles_per_sm=3, attn_splits=3)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread_blas():
+    """Tiny matrices: OpenBLAS threads only contend on a shared machine (18x slower here), so use one."""
+    lib = next((p for p in open("/proc/self/maps").read().split() if "openblas" in p and p.endswith(".so")), None)
+    fn = None
+    if lib is not None:
+        blas = ctypes.CDLL(lib)
+        fn = next((getattr(blas, n) for n in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads")
+                   if hasattr(blas, n)), None)
+    if fn is not None:
+        fn(1)
+    yield
+    if fn is not None:
+        import os
+
+        fn(os.cpu_count() or 1)
+
+
+@pytest.fixture(scope="module")
+def model_path(tiny_model_path):
+    """A tiny qwen35 model with an MTP block (4 layers: 3 DeltaNet + 1 attention, vocabulary 512)."""
+    return tiny_model_path("qwen35", tokenizer=False, vocab_size=512)
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(model_path) -> tuple[list[int], np.ndarray]:
+    """Plain greedy decoding by the reference: NUM_TOKENS tokens and the logits that chose each."""
+    ref = ReferenceBackend.from_gguf(model_path, context_size=CONTEXT)
+    ref.prefill(PROMPT[:-1])
+    seq, logits = TokenSequence.start(PROMPT, GREEDY), []
+    while len(seq.generated) < NUM_TOKENS:
+        row = ref.verify([seq.pending])[0]
+        ref.accept(1)
+        logits.append(row)
+        seq.tokens.append(int(np.argmax(row)))
+    return seq.generated, np.stack(logits)
+
+
+def on_vm(model_path, config: ScheduleConfig = VM_CONFIG, seed: int = 0) -> MegakernelBackend:
+    """A megakernel backend on the VM, prefilled with PROMPT, keeping its logits."""
+    mk = MegakernelBackend.on_vm(model_path, context_size=CONTEXT, config=config, seed=seed)
+    mk.keep_logits = True
+    mk.prefill(PROMPT[:-1])
+    mk.launches.clear()
+    return mk
+
+
+def assert_same_state(mk: MegakernelBackend, ref: ReferenceBackend) -> None:
+    """Every committed array of the VM (after applying a pending commit) equals the reference's."""
+    mk.materialize()
+    assert mk.num_tokens == ref.num_tokens
+    ours = committed_arrays(mk)
+    for name, want in ref.state.arrays():
+        np.testing.assert_allclose(ours[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def committed_arrays(mk: MegakernelBackend) -> dict[str, np.ndarray]:
+    """The VM's state in the reference's names and shapes (engine.reference.state.ModelState.arrays)."""
+    cfg, n, out = mk.spec.cfg, mk.num_tokens, {}
+    for i, kind in enumerate(cfg.layer_kinds):
+        if kind == "attention":
+            out[f"blk.{i}.k"] = mk.ex.read(f"blk.{i}.k")[:, :n].transpose(1, 0, 2)
+            out[f"blk.{i}.v"] = mk.ex.read(f"blk.{i}.v")[:, :n].transpose(1, 0, 2)
+        else:
+            out[f"blk.{i}.conv"] = mk.ex.read(f"blk.{i}.window")[: cfg.ssm_conv_kernel - 1]
+            out[f"blk.{i}.ssm"] = mk.ex.read(f"blk.{i}.ssm")
+    mtp = mk.spec.mtp_layer
+    out["mtp.k"] = mk.ex.read(f"blk.{mtp}.k")[:, :n].transpose(1, 0, 2)
+    out["mtp.v"] = mk.ex.read(f"blk.{mtp}.v")[:, :n].transpose(1, 0, 2)
+    out["last_hidden"] = mk.ex.read("last_hidden")
+    return out
+
+
+@pytest.mark.parametrize("num_draft", range(MAX_DRAFT + 1))
+def test_greedy_cycles_match_the_reference(model_path, greedy_reference, num_draft: int) -> None:
+    """256 greedy tokens at a fixed draft depth: the same tokens as plain greedy decoding, and every row on the
+    accepted path has the reference's logits for that position."""
+    want_tokens, want_logits = greedy_reference
+    mk = on_vm(model_path)
+    seq, cycles = TokenSequence.start(PROMPT, GREEDY), 0
+    while len(seq.generated) < NUM_TOKENS:
+        pos, cycles = len(seq.generated), cycles + 1
+        result = mk.cycle(seq, num_draft, GREEDY, rule=greedy_accept)
+        assert result.num_drafted == num_draft
+        assert result.tokens == want_tokens[pos : pos + len(result.tokens)], f"cycle at token {pos}"
+        for i in range(len(result.tokens)):  # row i predicted generated[pos + i]
+            if pos + i < NUM_TOKENS:
+                np.testing.assert_allclose(mk.last_logits[i], want_logits[pos + i], rtol=1e-4, atol=2e-4)
+    # one launch per cycle: after the first, every cycle's drafts were made by the previous launch
+    assert mk.launches["cycle"] == cycles and mk.launches["mtp"] == (1 if num_draft else 0)
+
+
+def test_device_drafts_are_the_reference_mtp_drafts(model_path) -> None:
+    """The drafts each cycle verifies (made at the end of the previous launch) are the reference MTP head's."""
+    ref = ReferenceBackend.from_gguf(model_path, context_size=CONTEXT)
+    ref.prefill(PROMPT[:-1])
+    mk = on_vm(model_path, FINE_CONFIG)
+    ref_seq, mk_seq = TokenSequence.start(PROMPT, GREEDY), TokenSequence.start(PROMPT, GREEDY)
+    for cycle in range(24):
+        depth = 1 + cycle % MAX_DRAFT
+        mk.next_draft = 1 + (cycle + 1) % MAX_DRAFT
+        drafts = ref.draft(ref_seq.pending, depth)
+        want = ref.cycle(ref_seq, depth, GREEDY, draft=drafts, rule=greedy_accept)
+        got = mk.cycle(mk_seq, depth, GREEDY, rule=greedy_accept)
+        assert mk.last_drafts == drafts.tokens, f"cycle {cycle}"
+        assert got == want
+    assert_same_state(mk, ref)
+
+
+@pytest.mark.parametrize("num_draft", [2, MAX_DRAFT])
+def test_partial_acceptance_commits_exactly_the_accepted_prefix(model_path, greedy_reference,
+                                                                  num_draft: int) -> None:
+    """Host drafts that are right for k tokens then wrong: k are accepted, and the committed state (KV caches,
+    DeltaNet conv and recurrent state, MTP cache, last hidden) equals the reference fed the same cycles."""
+    truth, _ = greedy_reference
+    ref = ReferenceBackend.from_gguf(model_path, context_size=CONTEXT)
+    ref.prefill(PROMPT[:-1])
+    mk = on_vm(model_path, FINE_CONFIG, seed=num_draft)
+    ref_seq, mk_seq = TokenSequence.start(PROMPT, GREEDY), TokenSequence.start(PROMPT, GREEDY)
+    for cycle in range(18):
+        pos, right = len(mk_seq.generated), cycle % (num_draft + 1)
+        tokens = truth[pos : pos + num_draft]
+        draft = Draft(tokens[:right] + [(t + 1) % 512 for t in tokens[right:]])
+        want = ref.cycle(ref_seq, 0, GREEDY, draft=draft, rule=greedy_accept)
+        got = mk.cycle(mk_seq, 0, GREEDY, draft=draft, rule=greedy_accept)
+        assert got == want and got.num_accepted == right, f"cycle {cycle}"
+        if cycle % 5 == 4:  # between these, each next pass applies the commit itself
+            assert_same_state(mk, ref)
+    assert_same_state(mk, ref)
+
+
+def test_random_interleavings_give_identical_buffers(model_path) -> None:
+    """Two VMs running the SM queues in different orders end with bit-identical buffers."""
+    a, b = on_vm(model_path, FINE_CONFIG, seed=1), on_vm(model_path, FINE_CONFIG, seed=2)
+    b.ex.order = "program"
+    seqs = TokenSequence.start(PROMPT, GREEDY), TokenSequence.start(PROMPT, GREEDY)
+    for _ in range(6):
+        for backend, seq in zip((a, b), seqs):
+            backend.cycle(seq, 3, GREEDY, rule=greedy_accept)
+    for name, array in a.ex.mem.items():
+        assert np.array_equal(array, b.ex.mem[name], equal_nan=True), name
+
+
+def test_checkpoint_rollback_refeeds_bit_identically(model_path) -> None:
+    """Restoring a checkpoint taken with a commit pending, then repeating the cycles, repeats them exactly."""
+    mk = on_vm(model_path)
+    seq = TokenSequence.start(PROMPT, GREEDY)
+    for _ in range(3):
+        mk.cycle(seq, 2, GREEDY, rule=greedy_accept)
+    saved, length = mk.checkpoint(), len(seq.tokens)
+    first = [(mk.cycle(seq, 2, GREEDY, rule=greedy_accept).tokens, mk.last_logits.copy()) for _ in range(4)]
+    mk.rollback(saved)
+    del seq.tokens[length:]
+    second = [(mk.cycle(seq, 2, GREEDY, rule=greedy_accept).tokens, mk.last_logits.copy()) for _ in range(4)]
+    for (tokens_a, logits_a), (tokens_b, logits_b) in zip(first, second):
+        assert tokens_a == tokens_b and np.array_equal(logits_a, logits_b)
+    with pytest.raises(ValueError, match="not taken by this backend"):
+        on_vm(model_path).rollback(saved)
+
+
+def test_custom_rules_use_host_verify_and_accept(model_path) -> None:
+    """A rule the device does not implement (logit bias) runs through verify() + accept() and the MTP catch-up
+    launch, with the reference's result."""
+    bias = np.zeros(512, np.float32)
+    bias[[7, 99, 300]] = 4.0
+    rule = with_logit_bias(greedy_accept, bias)
+    ref = ReferenceBackend.from_gguf(model_path, context_size=CONTEXT)
+    ref.prefill(PROMPT[:-1])
+    mk = on_vm(model_path)
+    ref_seq, mk_seq = TokenSequence.start(PROMPT, GREEDY), TokenSequence.start(PROMPT, GREEDY)
+    for _ in range(8):
+        want = ref.cycle(ref_seq, 2, GREEDY, rule=rule)
+        assert mk.cycle(mk_seq, 2, GREEDY, rule=rule) == want
+    assert_same_state(mk, ref)
+
+
+def test_sampled_cycles_are_reproducible_with_a_seed(model_path) -> None:
+    """Sampling on the device: the same seed gives the same tokens, another seed other tokens."""
+    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=40, repetition_penalty=1.1, seed=7)
+    runs = []
+    for seed in (7, 7, 8):
+        params.seed = seed
+        mk, seq = on_vm(model_path), TokenSequence.start(PROMPT, params)
+        while len(seq.generated) < 24:
+            result = mk.cycle(seq, 2, params)
+            assert 1 <= len(result.tokens) <= 3 and all(0 <= t < 512 for t in result.tokens)
+        runs.append(seq.generated[:24])
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_deadlocked_schedule_is_reported(model_path) -> None:
+    """A wait no instruction can satisfy stops the VM with the instruction and the counter named."""
+    mk = on_vm(model_path)
+    program = mk.ex.programs["verify"]
+    program.instructions[-1].wait_count += 1
+    with pytest.raises(ScheduleDeadlockError, match="LM_HEAD|HEAD_NORM"):
+        mk.ex.run(program)
+
+
+def test_bad_requests_are_refused(model_path) -> None:
+    """Clear errors for what the megakernel cannot do."""
+    mk = on_vm(model_path)
+    with pytest.raises(ValueError, match="at most 8"):
+        mk.verify(list(range(MAX_ROWS + 1)))
+    with pytest.raises(ValueError, match="drafts 0..4"):
+        mk.draft(3, MAX_DRAFT + 1)
+    with pytest.raises(ValueError, match="without a verify"):
+        mk.accept(1)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        mk.prefill([512])
