@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -86,11 +85,8 @@ def test_unreadable_catalog_names_the_file(tmp_path):
         load_catalog(path)
 
 
-REAL_SMALL_MODEL = Path.home() / ".cache" / "openjet" / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-
-
-@pytest.mark.skipif(not REAL_SMALL_MODEL.exists(), reason="the real small model is not cached on this machine")
-def test_catalog_facts_match_the_real_small_model():
+@pytest.mark.slow
+def test_catalog_facts_match_the_real_small_model(real_model_path):
     model = load_catalog().get("qwen2.5-coder-0.5b")
-    assert REAL_SMALL_MODEL.stat().st_size == model.size
-    assert sha256_file(REAL_SMALL_MODEL) == model.sha256
+    assert real_model_path.stat().st_size == model.size
+    assert sha256_file(real_model_path) == model.sha256
