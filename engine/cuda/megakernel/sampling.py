@@ -112,7 +112,7 @@ def kept_weights(w: np.ndarray, ids: np.ndarray, params: DeviceSampling) -> np.n
     num_keep = order.size if params.top_k == 0 else min(params.top_k, order.size)
     if params.top_p < 1.0:
         top = w[order[:num_keep]].astype(np.float64)
-        cum = np.cumsum(top / top.sum())
+        cum = np.cumsum(top / np.cumsum(top)[-1])  # sequential sums, as the device adds them
         num_keep = min(num_keep, int(np.searchsorted(cum, params.top_p)) + 1)
     keep = np.zeros(w.size, bool)
     keep[order[:num_keep]] = True

@@ -1,0 +1,131 @@
+// OP_ATTN_CORE: one key split of causal attention for the query heads of one KV head. The split that holds this
+// pass's new positions first normalises, ropes and stores their keys and values into the f16 cache; then every
+// query (head, row) of the KV head streams the split's keys once with an online softmax and leaves a partial
+// (o, max, sum) for OP_ATTN_COMBINE. VM: solvers.attn_core.
+#pragma once
+#include "attn_common.cuh"
+
+struct AttnCoreOp {
+    static constexpr int OPCODE = OP_ATTN_CORE;
+    static constexpr int WAITS_ON = OP_MIX_IN;
+    struct Parsed {
+        int layer, kv_head, split, num_splits;  // fields, in the order of instructions.py's AttnCore
+        __device__ explicit Parsed(const i32* w)
+            : layer(w[INST_ARGS + 0]), kv_head(w[INST_ARGS + 1]), split(w[INST_ARGS + 2]), num_splits(w[INST_ARGS + 3]) {}
+    };
+    struct Loader {  // the cache rows depend on the position: left to the hardware
+        static __device__ void run(const Globals& g, const Parsed& p) {}
+    };
+    // This pass's keys and values at positions [first, end) into the cache (a warp per position).
+    static __device__ void store_new(const Globals& g, const LayerRefs& L, int kvh, int pos0, int first, int end,
+                                     float* bufs) {
+        const int D = g.head_dim, lane = threadIdx.x & 31;
+        f16* kc = static_cast<f16*>(L.s[LS_K]) + (i64)kvh * g.capacity * D;
+        f16* vc = static_cast<f16*>(L.s[LS_V]) + (i64)kvh * g.capacity * D;
+        float* buf = bufs + cwarp() * 256;
+        for (int p = first + cwarp(); p < end; p += MK_CONSUMER_WARPS) {
+            const float* row = g.proj + (i64)(p - pos0) * g.proj_width;
+            norm_rope_row(row + g.off_k + kvh * D, L.v[LV_K_NORM], D, g.rope_dim, g.rope_inv_freq, g.eps, p, 1.f, buf);
+            for (int d = lane; d < D; d += 32) {
+                kc[(i64)p * D + d] = f32_to_f16(buf[d]);
+                vc[(i64)p * D + d] = f32_to_f16(ld_cg(row + g.off_v + kvh * D + d));
+            }
+        }
+    }
+    struct Storer {  // the partials of the warp's queries
+        static __device__ void run(const Globals& g, const Parsed& p, int G, int nq, const float (&o)[ATTN_MAX_QPW][8],
+                                   const float (&m)[ATTN_MAX_QPW], const float (&l)[ATTN_MAX_QPW]) {
+            const int lane = threadIdx.x & 31, D = g.head_dim, DL = D / 32;
+            for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
+                const int qi = cwarp() + MK_CONSUMER_WARPS * jj;
+                const float lsum = warp_sum(l[jj]);
+                if (qi >= nq) continue;
+                float* part = attn_part_at(g, p.split, qi / G, p.kv_head * G + qi % G);
+                for (int e = 0; e < DL; ++e) part[lane * DL + e] = lsum > 0.f ? o[jj][e] : 0.f;
+                if (lane == 0) {
+                    part[D] = lsum > 0.f ? m[jj] : NEG_INF;
+                    part[D + 1] = lsum;
+                }
+            }
+        }
+    };
+    struct Consumer {
+        static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
+            const LayerRefs& L = layer_refs(g, p.layer);
+            const int rows = stage_rows(g, stage), pos0 = stage_pos0(g, stage), D = g.head_dim;
+            const int G = g.num_heads / g.num_kv_heads, nq = G * rows;
+            if (D > 256 || D % 32 || nq > MK_CONSUMER_WARPS * ATTN_MAX_QPW) {
+                if (ctid() == 0) mk_fail(g, ERR_BAD_SHAPE, blockIdx.x, -1, D, nq, 0, 0);
+                return;
+            }
+            int begin, end;
+            split_range(pos0 + rows, p.split, p.num_splits, begin, end);
+            float* bufs = s.scratch;                            // [8 warps][256]
+            float* qs = s.scratch + MK_CONSUMER_WARPS * 256;    // [nq][D]
+            store_new(g, L, p.kv_head, pos0, max(begin, pos0), end, bufs);
+            for (int qi = cwarp(); qi < nq; qi += MK_CONSUMER_WARPS) {
+                const int t = qi / G, h = p.kv_head * G + qi % G;
+                const float* src = g.proj + (i64)t * g.proj_width + g.off_q + (i64)h * 2 * D;
+                float* buf = bufs + cwarp() * 256;
+                norm_rope_row(src, L.v[LV_Q_NORM], D, g.rope_dim, g.rope_inv_freq, g.eps, pos0 + t, rsqrtf((float)D), buf);
+                for (int d = threadIdx.x & 31; d < D; d += 32) qs[qi * D + d] = buf[d];
+            }
+            consumers_sync();  // queries staged; the new keys are in the cache for every warp
+            float o[ATTN_MAX_QPW][8], m[ATTN_MAX_QPW], l[ATTN_MAX_QPW];
+            keys(g, L, p, pos0, G, nq, begin, end, qs, o, m, l);
+            Storer::run(g, p, G, nq, o, m, l);
+        }
+        // The split's keys, 32 at a time (lane = key for the scores, lane = dims for the values).
+        static __device__ void keys(const Globals& g, const LayerRefs& L, const Parsed& p, int pos0, int G, int nq,
+                                    int begin, int end, const float* qs, float (&o)[ATTN_MAX_QPW][8],
+                                    float (&m)[ATTN_MAX_QPW], float (&l)[ATTN_MAX_QPW]) {
+            const int lane = threadIdx.x & 31, D = g.head_dim, DL = D / 32;
+            const f16* kc = static_cast<const f16*>(L.s[LS_K]) + (i64)p.kv_head * g.capacity * D;
+            const f16* vc = static_cast<const f16*>(L.s[LS_V]) + (i64)p.kv_head * g.capacity * D;
+            int qpos[ATTN_MAX_QPW];
+            for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
+                const int qi = cwarp() + MK_CONSUMER_WARPS * jj;
+                qpos[jj] = qi < nq ? pos0 + qi / G : -1;  // -1: an empty slot sees no key
+                m[jj] = NEG_INF;
+                l[jj] = 0.f;
+                for (int e = 0; e < 8; ++e) o[jj][e] = 0.f;
+            }
+            for (int k0 = begin; k0 < end; k0 += 32) {
+                const int key = k0 + lane;
+                float sc[ATTN_MAX_QPW];
+                for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) sc[jj] = 0.f;
+                if (key < end)
+                    for (int d = 0; d < D; d += 2) {
+                        float k_lo, k_hi;
+                        const u32 kw = ld_cg_u32(kc + (i64)key * D + d);
+                        k_lo = f16_to_f32((f16)(kw & 0xFFFFu));
+                        k_hi = f16_to_f32((f16)(kw >> 16));
+                        for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
+                            const int qi = cwarp() + MK_CONSUMER_WARPS * jj;
+                            if (qi < nq) sc[jj] += qs[qi * D + d] * k_lo + qs[qi * D + d + 1] * k_hi;
+                        }
+                    }
+                float pr[ATTN_MAX_QPW];
+                for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
+                    const bool visible = key < end && key <= qpos[jj];
+                    const float sj = visible ? sc[jj] : NEG_INF;
+                    const float m_new = fmaxf(m[jj], warp_max(sj));
+                    const float corr = m_new == NEG_INF ? 1.f : expf(m[jj] - m_new);
+                    pr[jj] = visible ? expf(sj - m_new) : 0.f;
+                    l[jj] = l[jj] * corr + pr[jj];
+                    m[jj] = m_new;
+                    for (int e = 0; e < DL; ++e) o[jj][e] *= corr;
+                }
+                const int num_keys = min(32, end - k0);
+                for (int kk = 0; kk < num_keys; ++kk) {
+                    float v[8];
+                    for (int e = 0; e < DL; ++e) v[e] = f16_to_f32(ld_cg_f16(vc + (i64)(k0 + kk) * D + lane * DL + e));
+                    for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
+                        const float pj = __shfl_sync(FULL_MASK, pr[jj], kk);
+                        for (int e = 0; e < DL; ++e) o[jj][e] += pj * v[e];
+                    }
+                }
+            }
+        }
+    };
+};

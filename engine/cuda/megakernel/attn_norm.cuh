@@ -1,0 +1,21 @@
+// OP_ATTN_NORM: act_h superblocks [sb_begin, sb_end) = RMSNorm(x) * attn_norm (the mixer's input). VM: solvers.attn_norm.
+#pragma once
+#include "norm_act.cuh"
+
+struct AttnNormOp {
+    static constexpr int OPCODE = OP_ATTN_NORM;
+    static constexpr int WAITS_ON = OP_FFN_DOWN;
+    struct Parsed {
+        int layer, sb_begin, sb_end;  // fields, in the order of instructions.py
+        __device__ explicit Parsed(const i32* w)
+            : layer(w[INST_ARGS + 0]), sb_begin(w[INST_ARGS + 1]), sb_end(w[INST_ARGS + 2]) {}
+    };
+    struct Loader {
+        static __device__ void run(const Globals& g, const Parsed& p) {}
+    };
+    struct Consumer {
+        static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
+            norm_into_act(g, stage, layer_refs(g, p.layer).v[LV_ATTN_NORM], p.sb_begin, p.sb_end, nullptr, s);
+        }
+    };
+};

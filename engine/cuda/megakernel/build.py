@@ -1,0 +1,47 @@
+"""NVRTC compilation of megakernel.cu: its own headers (this folder) and the shared ones of engine/cuda/kernels
+(common.cuh, quants.cuh, kquants.cuh), cached on disk like every kernel (engine/cuda/nvrtc.py)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from engine.cuda import nvrtc
+
+MEGAKERNEL_DIR = Path(__file__).resolve().parent
+SOURCE = MEGAKERNEL_DIR / "megakernel.cu"
+ENTRY = "megakernel"
+SHARED_HEADERS = ("common.cuh", "quants.cuh", "kquants.cuh")
+
+
+def shared_digest() -> str:
+    """Hash of the shared headers the megakernel includes: part of the options, so it is part of the cache key."""
+    h = hashlib.sha256()
+    for name in SHARED_HEADERS:
+        h.update(name.encode() + b"\0" + (nvrtc.KERNEL_DIR / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def options(debug: bool = False) -> tuple[str, ...]:
+    """NVRTC options: the shared kernels folder on the include path, its hash, and MK_DEBUG when asked."""
+    out = (f"-I{nvrtc.KERNEL_DIR}", f"-DMK_SHARED_HEADERS=0x{shared_digest()}")
+    return out + (("-DMK_DEBUG",) if debug else ())
+
+
+def compile_megakernel(arch: int, extra: tuple[str, ...] = (), directory: Path | None = None, ptx: bool = False,
+                       debug: bool = False) -> nvrtc.CompiledKernels:
+    """The megakernel for sm_<arch> (or PTX for compute_<arch>) through the disk cache, with extra options (e.g.
+    model_options(spec)); KernelCompileError carries NVRTC's log."""
+    return nvrtc.compile_cached(SOURCE, arch, (ENTRY,), options(debug) + tuple(extra), kernel_dir=MEGAKERNEL_DIR,
+                                directory=directory, ptx=ptx)
+
+
+def model_options(spec) -> tuple[str, ...]:
+    """Defines that compile only what this model needs: its weight types and its DeltaNet head sizes."""
+    from engine.cuda.megakernel.upload import qtype_mask
+
+    cfg = spec.cfg
+    out = (f"-DMK_QT_MASK={qtype_mask(spec)}",)
+    if "deltanet" in cfg.layer_kinds:
+        out += (f"-DMK_DN_DK={cfg.ssm_head_dim}", f"-DMK_DN_DV={cfg.ssm_v_head_dim}")
+    return out

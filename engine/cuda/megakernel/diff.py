@@ -1,0 +1,113 @@
+"""The diff harness: the VM and the megakernel run the same program (the same instruction list, cut after any op
+or layer) from the same state, and every buffer is compared.
+
+The VM sets the state (prefill of a prompt, then a cycle's control words); all its buffers are copied to the GPU,
+scratch included, so the two start identical; then both run and each buffer is compared in the VM's form (act
+layouts decoded, f16 caches widened). sweep() repeats this stopping after every group of the first layers and
+after every layer, which finds the first instruction whose output diverges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.cuda.megakernel.instructions import Op
+from engine.cuda.megakernel.layout import MAX_DRAFT, MAX_ROWS, Ctl, Mode
+from engine.cuda.megakernel.schedule import Program
+from engine.cuda.megakernel.vm import VirtualMachine
+
+# relative error ||gpu - vm|| / ||vm|| allowed per buffer kind: f16 activations in the matmuls, f16 caches
+TOLERANCE = {"f32": 2e-2, "act": 2e-2, "kv": 2e-2}
+EXACT = ("i32", "u32", "u8")
+
+
+@dataclass(slots=True)
+class BufferDiff:
+    """One buffer's comparison."""
+
+    name: str
+    kind: str
+    rel_err: float
+    mismatches: int  # elements that differ (integer buffers) or are not finite (float buffers)
+    ok: bool
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    """||out - ref|| / ||ref|| in float64 (1.0 when ref is zero and out is not)."""
+    out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
+    denom = np.linalg.norm(ref64)
+    diff = np.linalg.norm(out64 - ref64)
+    return float(diff / denom) if denom > 0 else (0.0 if diff == 0 else 1.0)
+
+
+def compare(vm: VirtualMachine, gpu, skip: tuple[str, ...] = ("counters",)) -> list[BufferDiff]:
+    """Every buffer of the two executors, in the VM's form."""
+    out = []
+    for spec in vm.specs:  # act buffers: every row (rows neither wrote are the same copy on both sides)
+        if spec.name in skip:
+            continue
+        want, got = vm.mem[spec.name], gpu.read(spec.name)
+        if spec.kind in EXACT:
+            bad = int(np.count_nonzero(got != want))
+            out.append(BufferDiff(spec.name, spec.kind, float(bad), bad, bad == 0))
+            continue
+        err, bad = rel_err(got, want), int(np.count_nonzero(~np.isfinite(got)))
+        out.append(BufferDiff(spec.name, spec.kind, err, bad, bad == 0 and err < TOLERANCE[spec.kind]))
+    return out
+
+
+def copy_state(vm: VirtualMachine, gpu) -> None:
+    """Make every GPU buffer (state and scratch, control words included) equal to the VM's."""
+    for spec in vm.specs:
+        if spec.name != "counters":
+            gpu.write(spec.name, vm.mem[spec.name])
+
+
+def prepare(vm: VirtualMachine, prompt: list[int], drafts: list[int]) -> None:
+    """Prefill prompt[:-1] on the VM, then set up a cycle verifying [prompt[-1], *drafts] greedily."""
+    from engine.cuda.megakernel.backend import MegakernelBackend
+
+    backend = MegakernelBackend(vm, vm.spec, vm.capacity - MAX_ROWS - MAX_DRAFT)
+    backend.prefill(prompt[:-1])
+    vm.write_ctl({Ctl.MODE: Mode.CYCLE, Ctl.NUM_ROWS: 1 + len(drafts), Ctl.START: len(prompt) - 1,
+                  Ctl.DRAFT_NEXT: min(2, len(drafts) + 1) if vm.spec.has_mtp else 0, Ctl.GREEDY: 1,
+                  Ctl.PENALTIES: 0, Ctl.ERROR: 0})
+    vm.write_ctl({Ctl.IDS + i: t for i, t in enumerate([prompt[-1], *drafts])})
+
+
+def diff_program(vm: VirtualMachine, gpu, program: Program) -> list[BufferDiff]:
+    """Run `program` on both from the VM's current state; the VM's state is restored afterwards."""
+    saved = {name: array.copy() for name, array in vm.mem.items()}
+    try:
+        copy_state(vm, gpu)
+        gpu.run(program)
+        vm.run(program)
+        return compare(vm, gpu)
+    finally:
+        for name, array in saved.items():
+            vm.mem[name][...] = array
+
+
+def stop_points(vm: VirtualMachine, program: str = "cycle", detail_layers: int = 1) -> list[tuple[int, Op]]:
+    """(stage, op) after which to stop: every group of the first `detail_layers` stages, then each stage's last."""
+    groups: list[tuple[int, Op]] = []
+    for inst in vm.programs[program].instructions:
+        key = (inst.stage, inst.OPCODE)
+        if not groups or groups[-1] != key:
+            groups.append(key)
+    last_of_stage = {stage: (stage, op) for stage, op in groups}
+    return [g for g in groups if g[0] < detail_layers] + [p for s, p in last_of_stage.items() if s >= detail_layers]
+
+
+def sweep(vm: VirtualMachine, gpu, program: str = "cycle", detail_layers: int = 1,
+          stop_at_first_failure: bool = True) -> list[tuple[tuple[int, Op], list[BufferDiff]]]:
+    """diff_program cut after each stop point; stops at the first failing point unless told otherwise."""
+    results = []
+    for stage, op in stop_points(vm, program, detail_layers):
+        diffs = diff_program(vm, gpu, vm.programs[program].truncated(stage, op))
+        results.append(((stage, op), diffs))
+        if stop_at_first_failure and not all(d.ok for d in diffs):
+            break
+    return results

@@ -1,0 +1,26 @@
+// OP_FFN_DOWN: x[:, row_begin:row_end] += ffn_down act_ffn. VM: solvers.ffn_down.
+#pragma once
+#include "mix_out.cuh"
+
+struct FfnDownOp {
+    static constexpr int OPCODE = OP_FFN_DOWN;
+    static constexpr int WAITS_ON = OP_FFN_UP;
+    struct Parsed {
+        int layer, row_begin, row_end;  // fields, in the order of instructions.py's FfnDown
+        __device__ explicit Parsed(const i32* w)
+            : layer(w[INST_ARGS + 0]), row_begin(w[INST_ARGS + 1]), row_end(w[INST_ARGS + 2]) {}
+    };
+    struct Loader {
+        static __device__ void run(const Globals& g, const Parsed& p) {
+            prefetch_rows(layer_refs(g, p.layer).w[LW_FFN_DOWN], p.row_begin, p.row_end);
+        }
+    };
+    struct Consumer {
+        static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
+            const int rows = stage_rows(g, stage);
+            float* x = stage_x(g, stage);
+            mv_rows(g, layer_refs(g, p.layer).w[LW_FFN_DOWN], p.row_begin, p.row_end, g.act_ffn, 0, rows, s.scratch,
+                    [&](int r0, int n, const float* out) { residual_store(x, g.hidden_size, rows, r0, n, out); });
+        }
+    };
+};

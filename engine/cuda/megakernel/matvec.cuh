@@ -1,0 +1,233 @@
+// The megakernel's matmul: one 16-row tile of a weight times up to 8 activation rows, by all consumer warps, with
+// the weight formats and fragment order of kernels/quants.cuh (each weight block decoded once for every row:
+// tensor-core mma.m16n8k16, N = 8), and the L2 prefetch the loader issues for the instructions ahead.
+//
+// Columns of the mma: with ncols <= 4 rows, column n carries row n's f16 activations and the hi sub-block sums,
+// column ncols + n its rounding residue and the lo sums, folded together after the reduction, so the precise
+// (f32-level) product costs no extra mma; with more rows the residue takes a second pass.
+#pragma once
+#include "mk_common.cuh"
+
+// One superblock of the lane's two rows against columns from act pointer `a` (null: zero column); the K-quant
+// offset term uses the exact sums of what the mma sees.
+template <int QT>
+__device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&r)[2], const f16* a, const u32* sums,
+                                              int sb, int c, float (&acc)[4]) {
+    using Q = QTraits<QT>;
+    u32 b[SB_STEPS][2];
+#pragma unroll
+    for (int s = 0; s < SB_STEPS; ++s) {
+        const uint2 v = a ? ld_cg_u2(a + 2048 * sb + 128 * s) : make_uint2(0u, 0u);
+        b[s][0] = v.x;
+        b[s][1] = v.y;
+    }
+    typename Q::Consts k[2];
+    Q::prepare(r[0], c, k[0]);
+    Q::prepare(r[1], c, k[1]);
+    float blk[4] = {0.f, 0.f, 0.f, 0.f};
+    float* dst = Q::BLOCK_SCALE ? blk : acc;
+#pragma unroll
+    for (int s = 0; s < SB_STEPS; ++s) {
+        u32 f[4];
+        Q::frag(r[0], k[0], c, s, f[0], f[2]);
+        Q::frag(r[1], k[1], c, s, f[1], f[3]);
+        mma_f16_16816(dst, f, b[s]);
+    }
+    if constexpr (Q::BLOCK_SCALE) {
+        const float d0 = Q::dscale(r[0]), d1 = Q::dscale(r[1]);
+        acc[0] += d0 * blk[0];
+        acc[1] += d0 * blk[1];
+        acc[2] += d1 * blk[2];
+        acc[3] += d1 * blk[3];
+    }
+    if constexpr (Q::HAS_MIN) {
+        u32 bm[2] = {sums ? ld_cg_u32(sums + 32 * sb) : 0u, 0u};
+        u32 am[4] = {k[0].mins, k[1].mins, 0u, 0u};
+        float cm[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_f16_16816(cm, am, bm);
+        const float m0 = Q::mscale(r[0]), m1 = Q::mscale(r[1]);
+        acc[0] -= m0 * cm[0];
+        acc[1] -= m0 * cm[1];
+        acc[2] -= m1 * cm[2];
+        acc[3] -= m1 * cm[3];
+    }
+}
+
+// The warp's superblocks cw, cw + W, ... of rows ra, rb against one column source; the next superblock's weights
+// load while the current one is multiplied.
+template <int QT>
+__device__ __forceinline__ void mv_pass(const Planes& P, int nb, int nsb, int ra, int rb, const f16* a,
+                                        const u32* sums, int c, float (&acc)[4]) {
+    using Q = QTraits<QT>;
+    typename Q::Row cur[2], next[2];
+    int sb = cwarp();
+    if (sb < nsb) {
+        Q::load(cur[0], P, nb, ra, sb, c);
+        Q::load(cur[1], P, nb, rb, sb, c);
+    }
+    for (; sb < nsb; sb += MK_CONSUMER_WARPS) {
+        if (sb + MK_CONSUMER_WARPS < nsb) {
+            Q::load(next[0], P, nb, ra, sb + MK_CONSUMER_WARPS, c);
+            Q::load(next[1], P, nb, rb, sb + MK_CONSUMER_WARPS, c);
+        }
+        mv_superblock<QT>(cur, a, sums, sb, c, acc);
+        cur[0] = next[0];
+        cur[1] = next[1];
+    }
+}
+
+// Reduce the warps' fragments (red: [8 warps][16][8]) into out[16][8] (columns ncols + n folded into n).
+__device__ __forceinline__ void mv_reduce(const float (&acc)[4], int ncols, bool packed, float* out, float* red) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    float* mine = red + cwarp() * 128;
+    mine[g * 8 + 2 * c] = acc[0];
+    mine[g * 8 + 2 * c + 1] = acc[1];
+    mine[(g + 8) * 8 + 2 * c] = acc[2];
+    mine[(g + 8) * 8 + 2 * c + 1] = acc[3];
+    consumers_sync();
+    for (int o = ctid(); o < 128; o += MK_CONSUMER_THREADS) {
+        const int r = o >> 3, col = o & 7;
+        float v = 0.f;
+        if (col < ncols)
+            for (int w = 0; w < MK_CONSUMER_WARPS; ++w)
+                v += red[w * 128 + o] + (packed ? red[w * 128 + r * 8 + col + ncols] : 0.f);
+        out[o] = v;
+    }
+    consumers_sync();
+}
+
+// out[r * 8 + n] = sum_k W[row0 + r][k] * act[n0 + n][k], r < 16, n < ncols <= 8 (rows past the weight's end
+// repeat its last row; their results are not to be stored).
+template <int QT>
+__device__ __noinline__ void mv_tile(const WeightRef& w, int row0, const ActRef& a, int n0, int ncols, float* out,
+                                     float* red) {
+    using Q = QTraits<QT>;
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int K = w.cols, nb = Q::QK == 1 ? K : (K + Q::QK - 1) / Q::QK, nsb = (K + QK_SB - 1) / QK_SB;
+    const Planes P = Q::planes(w.ptr, (u64)w.rows_total * nb);
+    const int last = w.row_offset + w.rows - 1;
+    const int ra = min(w.row_offset + row0 + g, last), rb = min(w.row_offset + row0 + g + 8, last);
+    const bool packed = ncols <= 4, hi = g < ncols, lo = packed && !hi && g < 2 * ncols;
+    const int tok = n0 + (hi ? g : g - ncols);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    // pass 0: the f16 activations (and, packed, the residues in columns ncols ..); pass 1 (more than 4 rows): the
+    // residues against the same weights
+    for (int pass = 0; pass < (packed ? 1 : 2); ++pass) {
+        const bool use_hi = pass == 0 && hi, use_lo = pass == 0 ? lo : hi;
+        const f16* col = use_hi ? a.x16 + tok * 16 + 4 * c : use_lo ? a.x16_lo + tok * 16 + 4 * c : nullptr;
+        const u32* sums = use_hi ? reinterpret_cast<const u32*>(a.sums + tok * 8 + 2 * c)
+                        : use_lo ? reinterpret_cast<const u32*>(a.sums_lo + tok * 8 + 2 * c) : nullptr;
+        mv_pass<QT>(P, nb, nsb, ra, rb, col, sums, c, acc);
+    }
+    mv_reduce(acc, ncols, packed, out, red);
+}
+
+// F32 weights (small matrices only): a warp per row, the activations rebuilt from their hi + lo halves.
+__device__ __noinline__ void mv_tile_f32(const WeightRef& w, int row0, const ActRef& a, int n0, int ncols,
+                                         float* out) {
+    const int lane = threadIdx.x & 31;
+    for (int r = cwarp(); r < 16; r += MK_CONSUMER_WARPS) {
+        const int row = min(w.row_offset + row0 + r, w.row_offset + w.rows - 1);
+        const float* wr = reinterpret_cast<const float*>(w.ptr) + (i64)row * w.cols;
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int k = lane; k < w.cols; k += 32) {
+            const float wv = wr[k];
+#pragma unroll
+            for (int n = 0; n < 8; ++n)
+                if (n < ncols) {
+                    const i64 o = act_offset(k, n0 + n);
+                    acc[n] += wv * (f16_to_f32(ld_cg_f16(a.x16 + o)) + f16_to_f32(ld_cg_f16(a.x16_lo + o)));
+                }
+        }
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float v = warp_sum(acc[n]);
+            if (lane == 0) out[r * 8 + n] = n < ncols ? v : 0.f;
+        }
+    }
+    consumers_sync();
+}
+
+// Weight types compiled in: MK_QT_MASK (bit = ggml type id) is set by build.py to the types of the model loaded,
+// so a Q4_K_M file compiles four instances instead of seven; without it every type is in.
+#ifndef MK_QT_MASK
+#define MK_QT_MASK ((1 << QT_Q4_K) | (1 << QT_Q5_K) | (1 << QT_Q6_K) | (1 << QT_Q8_0) | (1 << QT_Q5_0) | (1 << QT_Q4_0) | (1 << QT_F16))
+#endif
+#define MK_HAS_QT(qt) ((MK_QT_MASK >> (qt)) & 1)
+
+// The one switch from a weight's run-time type to its template instance.
+__device__ __noinline__ void mv_dispatch(const Globals& g, const WeightRef& w, int row0, const ActRef& a, int n0, int ncols,
+                            float* out, float* red) {
+    switch (w.qtype) {
+#if MK_HAS_QT(QT_Q4_K)
+        case QT_Q4_K: mv_tile<QT_Q4_K>(w, row0, a, n0, ncols, out, red); break;
+#endif
+#if MK_HAS_QT(QT_Q5_K)
+        case QT_Q5_K: mv_tile<QT_Q5_K>(w, row0, a, n0, ncols, out, red); break;
+#endif
+#if MK_HAS_QT(QT_Q6_K)
+        case QT_Q6_K: mv_tile<QT_Q6_K>(w, row0, a, n0, ncols, out, red); break;
+#endif
+#if MK_HAS_QT(QT_Q8_0)
+        case QT_Q8_0: mv_tile<QT_Q8_0>(w, row0, a, n0, ncols, out, red); break;
+#endif
+#if MK_HAS_QT(QT_Q5_0)
+        case QT_Q5_0: mv_tile<QT_Q5_0>(w, row0, a, n0, ncols, out, red); break;
+#endif
+#if MK_HAS_QT(QT_Q4_0)
+        case QT_Q4_0: mv_tile<QT_Q4_0>(w, row0, a, n0, ncols, out, red); break;
+#endif
+#if MK_HAS_QT(QT_F16)
+        case QT_F16: mv_tile<QT_F16>(w, row0, a, n0, ncols, out, red); break;
+#endif
+        case QT_F32: mv_tile_f32(w, row0, a, n0, ncols, out); break;
+        default:
+            if (ctid() == 0) mk_fail(g, ERR_BAD_QTYPE, blockIdx.x, -1, w.qtype, 0, 0, 0);
+            consumers_sync();
+    }
+}
+
+// For every 16-row tile of [row_begin, row_end): the tile's products into scratch, then store(tile_row0, rows, out).
+template <class Store>
+__device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int row_end, const ActRef& a, int n0,
+                        int ncols, float* scratch, Store&& store) {
+    float* out = scratch;
+    float* red = scratch + 128;
+    for (int r0 = row_begin; r0 < row_end; r0 += MK_TILE_ROWS) {
+        mv_dispatch(g, w, r0, a, n0, ncols, out, red);
+        store(r0, min(MK_TILE_ROWS, row_end - r0), out);
+        consumers_sync();
+    }
+}
+
+// ---- the loader: L2 prefetch of weight rows (a hint: it never blocks and never faults) ----
+
+// Bytes per block of each plane of a type (engine/cuda/repack.py PLANES); returns the number of planes.
+__device__ __forceinline__ int plane_sizes(int qtype, int cols, int (&size)[4], int& nb) {
+    switch (qtype) {
+        case QT_Q4_K: nb = cols / 256; size[0] = 128; size[1] = 12; size[2] = 4; return 3;
+        case QT_Q5_K: nb = cols / 256; size[0] = 128; size[1] = 32; size[2] = 12; size[3] = 4; return 4;
+        case QT_Q6_K: nb = cols / 256; size[0] = 128; size[1] = 64; size[2] = 16; size[3] = 2; return 4;
+        case QT_Q8_0: nb = cols / 32; size[0] = 32; size[1] = 2; return 2;
+        case QT_Q5_0: nb = cols / 32; size[0] = 16; size[1] = 4; size[2] = 2; return 3;
+        case QT_Q4_0: nb = cols / 32; size[0] = 16; size[1] = 2; return 2;
+        case QT_F16: nb = 1; size[0] = 2 * cols; return 1;
+        case QT_F32: nb = 1; size[0] = 4 * cols; return 1;
+        default: nb = 0; return 0;
+    }
+}
+
+// Called by the loader warp: request rows [r0, r1) of w into L2, one 128-byte line per lane and step.
+__device__ __noinline__ void prefetch_rows(const WeightRef& w, int r0, int r1) {
+    int size[4], nb;
+    const int planes = plane_sizes(w.qtype, w.cols, size, nb);
+    const u64 ntot = (u64)w.rows_total * nb;
+    u64 base = 0;
+    for (int p = 0; p < planes; ++p) {
+        const u8* start = w.ptr + base + (u64)(w.row_offset + r0) * nb * size[p];
+        const u64 bytes = (u64)(r1 - r0) * nb * size[p];
+        for (u64 o = (u64)(threadIdx.x & 31) * 128; o < bytes; o += 32 * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(start + o));
+        base += ntot * size[p];
+    }
+}

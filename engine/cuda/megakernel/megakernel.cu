@@ -1,0 +1,182 @@
+// The megakernel: one persistent launch runs a whole program (engine/cuda/megakernel/schedule.py) - for a cycle,
+// 1 + d rows through every layer, the head, acceptance, the MTP pass and the drafts for the next cycle.
+//
+// One block per SM, MK_THREADS threads in warp roles; this file only sends each warp to its role's loop and holds
+// the switch from opcode to instruction. Roles:
+//   controller (warp 0)  fetches the SM's instructions into a two-slot ring in shared memory and, for each, waits
+//                        until the counter its header names reaches the value it names, then hands it over;
+//   loader (warp 1)      runs MK_PREFETCH_AHEAD instructions ahead of the controller, requesting their weights
+//                        into L2, so the next phase's weights stream while this one computes;
+//   consumers (8 warps)  run the instruction (compute, then store: each op's Consumer / Storer), then count it in
+//                        the global counter (stage, opcode) that later instructions wait on.
+// The controller and the consumers meet through named barriers (ready / free per ring slot), so no role waits on
+// another for longer than the slot it needs.
+#include "mk_common.cuh"
+#include "matvec.cuh"
+#include "dequant.cuh"
+#include "noop.cuh"
+#include "embed.cuh"
+#include "attn_norm.cuh"
+#include "mix_in.cuh"
+#include "dn_rule.cuh"
+#include "attn_core.cuh"
+#include "attn_combine.cuh"
+#include "mix_out.cuh"
+#include "ffn_norm.cuh"
+#include "ffn_up.cuh"
+#include "ffn_down.cuh"
+#include "head_norm.cuh"
+#include "lm_head.cuh"
+#include "verify.cuh"
+#include "mtp_in.cuh"
+#include "mtp_eh.cuh"
+#include "draft_head.cuh"
+#include "draft_pick.cuh"
+#include "finish.cuh"
+#include "dn_commit.cuh"
+
+#define MK_DISPATCH(X)               \
+    X(OP_NOOP, NoopOp)               \
+    X(OP_EMBED, EmbedOp)             \
+    X(OP_ATTN_NORM, AttnNormOp)      \
+    X(OP_MIX_IN, MixInOp)            \
+    X(OP_DN_RULE, DnRuleOp)          \
+    X(OP_ATTN_CORE, AttnCoreOp)      \
+    X(OP_ATTN_COMBINE, AttnCombineOp) \
+    X(OP_MIX_OUT, MixOutOp)          \
+    X(OP_FFN_NORM, FfnNormOp)        \
+    X(OP_FFN_UP, FfnUpOp)            \
+    X(OP_FFN_DOWN, FfnDownOp)        \
+    X(OP_HEAD_NORM, HeadNormOp)      \
+    X(OP_LM_HEAD, LmHeadOp)          \
+    X(OP_VERIFY, VerifyOp)           \
+    X(OP_MTP_IN, MtpInOp)            \
+    X(OP_MTP_EH, MtpEhOp)            \
+    X(OP_DRAFT_HEAD, DraftHeadOp)    \
+    X(OP_DRAFT_PICK, DraftPickOp)    \
+    X(OP_FINISH, FinishOp)           \
+    X(OP_DN_COMMIT, DnCommitOp)
+
+// Each instruction's consumer as a function of its own: registers are allocated per instruction, not across the
+// whole switch, and the compile time stays linear in the number of instructions.
+template <class T>
+__device__ __noinline__ void consume_op(const Globals& g, const i32* w, Smem& s) {
+    T::Consumer::run(g, typename T::Parsed(w), w[INST_STAGE], s);
+}
+
+// The one switch from opcode to instruction, for the consumers ...
+__device__ __noinline__ void consume(const Globals& g, const i32* w, Smem& s) {
+    switch (w[INST_OPCODE]) {
+#define MK_CONSUME(OPC, T) \
+    case OPC: static_assert(T::OPCODE == OPC, #T); consume_op<T>(g, w, s); break;
+        MK_DISPATCH(MK_CONSUME)
+#undef MK_CONSUME
+        default:
+            if (ctid() == 0) mk_fail(g, ERR_BAD_OPCODE, blockIdx.x, -1, w[INST_OPCODE], 0, 0, 0);
+    }
+}
+
+// ... and for the loader.
+__device__ __noinline__ void prefetch(const Globals& g, const i32* w) {
+    switch (w[INST_OPCODE]) {
+#define MK_PREFETCH(OPC, T) \
+    case OPC: T::Loader::run(g, T::Parsed(w)); break;
+        MK_DISPATCH(MK_PREFETCH)
+#undef MK_PREFETCH
+        default: break;
+    }
+}
+
+__device__ __forceinline__ void record(const Globals& g, int index, int slot) {
+    if (g.timings) g.timings[((i64)blockIdx.x * g.max_len + index) * TIME_SLOTS + slot] = global_ns();
+}
+
+struct Controller {
+    static __device__ void run(const Globals& g, Smem& s) {
+        const int lane = threadIdx.x & 31, n = g.queue_len[blockIdx.x], both = 32 + MK_CONSUMER_THREADS;
+        const i32* queue = g.instructions + (i64)blockIdx.x * g.max_len * INST_WORDS;
+        int i = 0;
+        for (; i < n; ++i) {
+            const int slot = i & 1;
+            if (i >= 2) bar_sync(slot ? BAR_FREE1 : BAR_FREE0, both);  // the consumers are done with instruction i - 2
+            if (lane < INST_WORDS) s.inst[slot][lane] = queue[(i64)i * INST_WORDS + lane];
+            __syncwarp();
+            bool ok = true;
+            if (lane == 0) {
+                record(g, i, TIME_FETCHED);
+                const i32* w = s.inst[slot];
+                if (w[INST_WAIT_COUNT] > 0)
+                    ok = wait_counter(g, w[INST_WAIT_STAGE], w[INST_WAIT_OP], (u32)w[INST_WAIT_COUNT], blockIdx.x, i);
+                ok = ok && !mk_failed(g);
+                if (!ok) s.inst[slot][INST_OPCODE] = -1;  // the consumers stop here
+                s.progress = i;
+                record(g, i, TIME_READY);
+            }
+            ok = __shfl_sync(FULL_MASK, ok, 0);
+            __threadfence_block();
+            bar_arrive(slot ? BAR_READY1 : BAR_READY0, both);
+            if (!ok) break;
+        }
+        // consume the consumers' arrivals still pending on the free barriers: the last two instructions, or after a
+        // stop at instruction i the one before it (the consumers do not arrive for the instruction they stop at)
+        if (i == n) {
+            for (int j = max(n - 2, 0); j < n; ++j) bar_sync((j & 1) ? BAR_FREE1 : BAR_FREE0, both);
+        } else if (i >= 1) {
+            bar_sync(((i - 1) & 1) ? BAR_FREE1 : BAR_FREE0, both);
+        }
+        s.progress = n;  // lets the loader finish
+    }
+};
+
+struct Loader {
+    static __device__ void run(const Globals& g, Smem& s) {
+        const int n = g.queue_len[blockIdx.x];
+        const i32* queue = g.instructions + (i64)blockIdx.x * g.max_len * INST_WORDS;
+        for (int j = 0; j < n; ++j) {
+            while (s.progress < j - MK_PREFETCH_AHEAD) {
+                if (mk_failed(g)) return;
+                __nanosleep(256);
+            }
+            const i32* w = queue + (i64)j * INST_WORDS;
+            if (stage_active(g, w[INST_STAGE])) prefetch(g, w);
+        }
+    }
+};
+
+struct Consumer {
+    static __device__ void run(const Globals& g, Smem& s) {
+        const int n = g.queue_len[blockIdx.x], both = 32 + MK_CONSUMER_THREADS;
+        for (int i = 0; i < n; ++i) {
+            const int slot = i & 1;
+            bar_sync(slot ? BAR_READY1 : BAR_READY0, both);
+            const i32* w = s.inst[slot];
+            const int op = w[INST_OPCODE], stage = w[INST_STAGE];
+            if (op < 0) return;  // the controller stopped: a wait timed out or another SM failed
+            if (stage_active(g, stage)) consume(g, w, s);
+            __threadfence();
+            consumers_sync();
+            if (ctid() == 0) {
+                signal_counter(g, stage, op);
+                record(g, i, TIME_DONE);
+            }
+            bar_arrive(slot ? BAR_FREE1 : BAR_FREE0, both);
+        }
+    }
+};
+
+__global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const Globals g) {
+    extern __shared__ __align__(16) float dynamic_smem[];
+    __shared__ Smem s;
+    if (threadIdx.x == 0) {
+        s.progress = -1;
+        s.scratch = dynamic_smem;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5;
+    if (warp == MK_WARP_CONTROLLER)
+        Controller::run(g, s);
+    else if (warp == MK_WARP_LOADER)
+        Loader::run(g, s);
+    else
+        Consumer::run(g, s);
+}

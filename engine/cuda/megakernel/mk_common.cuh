@@ -1,0 +1,177 @@
+// Device helpers of the megakernel: coherent loads, named barriers, the counter protocol with its timeout, timing,
+// the act-layout store every activation producer uses, and the shared-memory map.
+//
+// Coherence rule: anything written during the launch (activations, control words, KV rows of this pass, partials)
+// is read with ld.global.cg (L2), never through L1 or the read-only path, which may hold a line from an earlier
+// phase of the same launch. Only weights (read-only for the whole launch) use the streaming .nc loads.
+#pragma once
+#include "globals.cuh"
+#include "quants.cuh"
+
+#ifdef MK_DEBUG
+#define MK_PRINTF(...) printf(__VA_ARGS__)
+#else
+#define MK_PRINTF(...) ((void)0)
+#endif
+
+#define MK_SMEM_BYTES 98304  // dynamic shared memory of the kernel (every op's scratch fits; <= 99 KB: RTX GPUs)
+
+// ---- loads and stores of data produced during the launch ----
+
+__device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ int ld_cg(const i32* p) {
+    int v;
+    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint2 ld_cg_u2(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 ld_cg_u32(const void* p) {
+    u32 v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ f16 ld_cg_f16(const f16* p) {
+    u16 v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 ld_acquire(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// ---- named barriers (bar.sync / bar.arrive with a thread count: warp roles meet without __syncthreads) ----
+
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void consumers_sync() { bar_sync(BAR_CONSUMERS, MK_CONSUMER_THREADS); }
+
+// Consumer warp index 0 .. MK_CONSUMER_WARPS - 1 and thread index among the consumers.
+__device__ __forceinline__ int cwarp() { return (threadIdx.x >> 5) - MK_FIRST_CONSUMER; }
+__device__ __forceinline__ int ctid() { return threadIdx.x - MK_FIRST_CONSUMER * 32; }
+
+// ---- failure: the first error wins, every spinning SM sees it and the launch winds down ----
+
+__device__ __forceinline__ void mk_fail(const Globals& g, int code, int sm, int index, int a, int b, int c, int d) {
+    if (atomicCAS(g.ctl + CTL_ERROR, ERR_NONE, code) == ERR_NONE) {
+        const int info[6] = {sm, index, a, b, c, d};
+        for (int i = 0; i < 6; ++i) g.ctl[CTL_ERROR_INFO + i] = info[i];
+        __threadfence();
+    }
+}
+
+__device__ __forceinline__ bool mk_failed(const Globals& g) { return ctl_get(g, CTL_ERROR) != ERR_NONE; }
+
+// Spin until counter (stage, op) reaches `expected`; false on timeout or when another SM failed.
+__device__ bool wait_counter(const Globals& g, int stage, int op, u32 expected, int sm, int index) {
+    const u32* counter = g.counters + stage * NUM_OPCODES + op;
+    const u64 t0 = global_ns();
+    u32 have;
+    while ((have = ld_acquire(counter)) < expected) {
+        if (mk_failed(g)) return false;
+        if (global_ns() - t0 > MK_WAIT_TIMEOUT_NS) {
+            mk_fail(g, ERR_WAIT_TIMEOUT, sm, index, stage, op, (int)have, (int)expected);
+            return false;
+        }
+        __nanosleep(64);
+    }
+    return true;
+}
+
+// After a consumer barrier: make this instruction's stores visible at GPU scope, then count it.
+__device__ __forceinline__ void signal_counter(const Globals& g, int stage, int op) {
+    __threadfence();
+    atomicAdd(g.counters + stage * NUM_OPCODES + op, 1u);
+}
+
+// ---- the act layout (kernels/mmvq.cu): position k of token n ----
+
+__device__ __forceinline__ i64 act_offset(int k, int n) {
+    const int sb = k >> 8, kl = k & 255;
+    const int c = kl >> 6, h = (kl >> 5) & 1, i = (kl >> 2) & 7, r = kl & 3;
+    return ((i64)(sb * SB_STEPS + 2 * i + h) * 8 + n) * 16 + 4 * c + r;
+}
+
+// Store values vals[n * ld + j] (shared memory) of positions p0 + j, j < len, rows n < rows, into an act buffer:
+// f16 hi and lo parts, and per 32-position sub-block the hi + lo f16 pair of the sum of exactly what the matmul
+// will multiply. p0 is a multiple of 32; positions at or past the act's width are left alone (they stay zero).
+// Called by every consumer warp; a warp handles whole sub-blocks.
+__device__ __noinline__ void act_store(const ActRef& a, int p0, int len, int rows, const float* vals, int ld) {
+    const int lane = threadIdx.x & 31, num_sub = (len + 31) / 32;
+    for (int item = cwarp(); item < rows * num_sub; item += MK_CONSUMER_WARPS) {
+        const int n = item / num_sub, j = 32 * (item % num_sub) + lane, k = p0 + j;
+        const bool inside = j < len && k < a.width;
+        const float v = inside ? vals[n * ld + j] : 0.f;
+        const f16 hi = f32_to_f16(v);
+        const f16 lo = f32_to_f16(v - f16_to_f32(hi));
+        if (inside) {
+            const i64 o = act_offset(k, n);
+            a.x16[o] = hi;
+            a.x16_lo[o] = lo;
+        }
+        const float sub = warp_sum(inside ? f16_to_f32(hi) + f16_to_f32(lo) : 0.f);
+        if (lane == 0 && p0 + 32 * (item % num_sub) < a.width) {
+            const int kb = p0 + 32 * (item % num_sub);
+            const i64 si = ((i64)(kb >> 8) * 8 + n) * 8 + ((kb & 255) >> 5);
+            const f16 sh = f32_to_f16(sub);
+            a.sums[si] = sh;
+            a.sums_lo[si] = f32_to_f16(sub - f16_to_f32(sh));
+        }
+    }
+}
+
+// ---- shared memory: the instruction ring (static) and one scratch area (dynamic) ----
+
+struct Smem {
+    i32 inst[2][INST_WORDS];  // the controller's ring of two instruction slots
+    volatile int progress;    // instruction index the controller has reached (the loader stays ahead of it)
+    float* scratch;           // MK_SMEM_BYTES of dynamic shared memory
+};
+
+// Row-wise 1/rms of `rows` rows of x [rows, width] (row stride ld), into inv[rows] (shared); every consumer thread
+// takes part (a warp per row).
+__device__ __noinline__ void rows_inv_rms(const float* x, int rows, int width, int ld, float eps, float* inv) {
+    const int lane = threadIdx.x & 31;
+    for (int n = cwarp(); n < rows; n += MK_CONSUMER_WARPS) {
+        float ss = 0.f;
+        for (int k = lane; k < width; k += 32) {
+            const float v = ld_cg(x + (i64)n * ld + k);
+            ss += v * v;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) inv[n] = rsqrtf(ss / width + eps);
+    }
+    consumers_sync();
+}
+
+// ---- the reference's activations with accurate exponentials (engine/reference/ops.py) ----
+
+__device__ __forceinline__ float sigmoid_ref(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float silu_ref(float x) { return x * sigmoid_ref(x); }
+__device__ __forceinline__ float softplus_ref(float x) { return x > 20.f ? x : log1pf(expf(x)); }

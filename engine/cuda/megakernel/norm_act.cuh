@@ -1,0 +1,25 @@
+// The RMSNorm producer shared by OP_ATTN_NORM, OP_FFN_NORM and OP_HEAD_NORM: superblocks of act_h from the stage's
+// residual stream (VM: solvers._norm_into_act).
+#pragma once
+#include "mk_common.cuh"
+
+// act_h superblocks [sb_begin, sb_end) = RMSNorm(x rows) * weight; `hidden` (if given) gets the f32 values too.
+__device__ __noinline__ void norm_into_act(const Globals& g, int stage, const float* weight, int sb_begin, int sb_end,
+                              float* hidden, Smem& s) {
+    const int rows = stage_rows(g, stage), H = g.hidden_size;
+    const float* x = stage_x(g, stage);
+    float* inv = s.scratch;  // [MK_MAX_ROWS]
+    float* vals = s.scratch + MK_MAX_ROWS;  // [rows][256]
+    rows_inv_rms(x, rows, H, H, g.eps, inv);
+    for (int sb = sb_begin; sb < sb_end; ++sb) {
+        for (int o = ctid(); o < rows * QK_SB; o += MK_CONSUMER_THREADS) {
+            const int t = o / QK_SB, k = sb * QK_SB + o % QK_SB;
+            const float v = k < H ? ld_cg(x + (i64)t * H + k) * inv[t] * weight[k] : 0.f;
+            vals[o] = v;
+            if (hidden && k < H) hidden[(i64)t * H + k] = v;
+        }
+        consumers_sync();
+        act_store(g.act_h, sb * QK_SB, QK_SB, rows, vals, QK_SB);
+        consumers_sync();
+    }
+}

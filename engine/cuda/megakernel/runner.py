@@ -1,0 +1,292 @@
+"""The GPU executor of the megakernel: compiles it for the GPU and the model present, uploads the weights, the
+buffers of layout.buffer_specs and each program's instruction words, and launches one persistent cooperative
+grid (one block per SM) per program run. MegakernelBackend drives it exactly as it drives the VM.
+
+Untested on a GPU at the time of writing (see bench/MEGAKERNEL.md, "Status"): bench/gpu_megakernel.py and
+tests/kernels/test_megakernel_diff.py are the first things to run on one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from engine.cuda.device import Buffer, CudaError, Device, check
+from engine.cuda.megakernel import build, formats
+from engine.cuda.megakernel.errors import MegakernelError
+from engine.cuda.megakernel.layout import (CTL_WORDS, MAX_ROWS, BufferSpec, ModelSpec, buffer_specs, proj_offsets,
+                                           proj_width, lw)
+from engine.cuda.megakernel.schedule import PROGRAMS, Program, ScheduleConfig, build_program
+from engine.cuda.megakernel.structs import ActRef, Globals
+from engine.cuda.megakernel.upload import DeviceModel, layer_tables, rope_inv_freq, upload_model, weight_ref
+
+MK_THREADS = 320  # opcodes.cuh: (2 + MK_CONSUMER_WARPS) * 32
+MK_SMEM_BYTES = 98304  # mk_common.cuh
+ELEMENT_BYTES = {"f32": 4, "i32": 4, "u32": 4, "u8": 1, "kv": 2}
+TIME_SLOTS = 3
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+class GpuExecutor:
+    """One model on one GPU, ready to run the megakernel's programs."""
+
+    def __init__(self, dev: Device, spec: ModelSpec, tensors, capacity: int, config: ScheduleConfig | None = None,
+                 timings: bool = False, owns_device: bool = False):
+        self.dev, self.spec, self.capacity, self.owns_device = dev, spec, capacity, owns_device
+        self.config = config or ScheduleConfig(num_sms=dev.info.multiprocessors)
+        if self.config.num_sms > dev.info.multiprocessors:
+            raise MegakernelError(f"a schedule for {self.config.num_sms} SMs cannot be co-resident on "
+                                  f"{dev.info.multiprocessors}")
+        if spec.cfg.hidden_size % 256:
+            raise MegakernelError(f"hidden size {spec.cfg.hidden_size} is not a multiple of 256")
+        names = [n for n in PROGRAMS if n != "mtp" or spec.has_mtp]
+        self.programs = {n: build_program(spec, n, self.config) for n in names}
+        self.num_lm_parts = max(p.num_lm_parts for p in self.programs.values())
+        self.num_draft_parts = max(p.num_draft_parts for p in self.programs.values())
+        self._compile()
+        self.model: DeviceModel = upload_model(dev, spec, tensors)
+        self.specs = buffer_specs(spec, capacity, self.num_lm_parts, self.num_draft_parts, self.config.attn_splits)
+        self.bufs: dict[str, Buffer] = {}
+        self.acts: dict[str, tuple[Buffer, Buffer, Buffer, Buffer]] = {}
+        self._allocate()
+        self._rope = dev.to_device(rope_inv_freq(spec), "mk.rope_inv_freq")
+        self._tables = layer_tables(spec, self.model, self.bufs)
+        self._layers = dev.to_device(np.frombuffer(bytes(self._tables), np.uint8), "mk.layers")
+        self.timings = dev.alloc(8 * self.config.num_sms * self._max_len() * TIME_SLOTS, "mk.timings") \
+            if timings else None
+        self._uploaded: dict[str, tuple[Buffer, Buffer, int]] = {}
+        for name, program in self.programs.items():
+            self._uploaded[name] = self._upload_program(program)
+
+    # ---- setup ----
+
+    def _compile(self) -> None:
+        """Compile (through the disk cache) and load the megakernel for this GPU and model."""
+        from engine.cuda import nvrtc
+
+        arch, ptx = self.dev.info.arch, False
+        supported = nvrtc.supported_archs()
+        if arch not in supported:  # a GPU newer than this NVRTC: PTX, JIT-compiled by the driver
+            arch, ptx = max(a for a in supported if a <= arch), True
+        try:
+            compiled = build.compile_megakernel(arch, build.model_options(self.spec), ptx=ptx)
+        except nvrtc.KernelCompileError as exc:
+            raise MegakernelError(f"the megakernel did not compile for sm_{arch}: {exc}") from exc
+        drv = _driver()
+        image = compiled.image + (b"\0" if ptx else b"")
+        self._module = check(drv.cuModuleLoadData(image), "cuModuleLoadData(megakernel)")
+        self._fn = check(drv.cuModuleGetFunction(self._module, compiled.symbols[build.ENTRY].encode()), "megakernel")
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(drv.cuFuncSetAttribute(self._fn, attr, MK_SMEM_BYTES), "cuFuncSetAttribute(megakernel)")
+        blocks = check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, MK_THREADS, MK_SMEM_BYTES),
+                       "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        if int(blocks) < 1:
+            raise MegakernelError("the megakernel does not fit on one SM of this GPU (registers or shared memory)")
+
+    def _allocate(self) -> None:
+        """Every buffer, zeroed (act positions past a row's width must read as zeros)."""
+        for s in self.specs:
+            if s.kind == "act":
+                x16, sums = formats.act_nbytes(s.shape[1])
+                parts = tuple(self.dev.alloc(n, f"mk.{s.name}.{p}")
+                              for n, p in ((x16, "x16"), (sums, "sums"), (x16, "lo"), (sums, "sums_lo")))
+                self.acts[s.name] = parts
+                for part in parts:
+                    self.dev.fill_u32(part, 0)
+                continue
+            buf = self.dev.alloc(int(np.prod(s.shape)) * ELEMENT_BYTES[s.kind], f"mk.{s.name}")
+            self._zero(buf)
+            self.bufs[s.name] = buf
+
+    def _zero(self, buf: Buffer) -> None:
+        check(_driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, self.dev.stream), f"memset {buf.what}")
+
+    def _max_len(self) -> int:
+        return max(max(len(q) for q in p.queues) for p in self.programs.values())
+
+    def _upload_program(self, program: Program) -> tuple[Buffer, Buffer, int]:
+        """A program's instruction words and queue lengths on the device."""
+        words, lengths = program.words()
+        return (self.dev.to_device(words, f"mk.{program.name}.instructions"),
+                self.dev.to_device(lengths, f"mk.{program.name}.queues"), int(words.shape[1]))
+
+    def _act_ref(self, name: str, width: int) -> ActRef:
+        x16, sums, lo, sums_lo = self.acts[name]
+        return ActRef(x16.ptr, sums.ptr, lo.ptr, sums_lo.ptr, width, -(-width // 256))
+
+    def _globals(self, instructions: Buffer, queues: Buffer, max_len: int) -> Globals:
+        """The kernel argument for one program."""
+        spec, cfg, b, m = self.spec, self.spec.cfg, self.bufs, self.model.matrices
+        g = Globals(instructions=instructions.ptr, queue_len=queues.ptr, ctl=b["ctl"].ptr, counters=b["counters"].ptr,
+                    timings=self.timings.ptr if self.timings else 0, layers=self._layers.ptr,
+                    token_embd=weight_ref(m[(None, "token_embd")]), output=weight_ref(m[(None, "output")]),
+                    mtp_output=weight_ref(m[spec.mtp_output_key()], spec.draft_vocab) if spec.has_mtp else
+                    weight_ref(None), mtp_embd=weight_ref(m.get((spec.mtp_layer, "nextn.embed_tokens"),
+                                                                m[(None, "token_embd")])),
+                    output_norm=self.model.vectors[(None, "output_norm")].ptr, rope_inv_freq=self._rope.ptr)
+        for name in ("x", "mtp_x", "proj", "conv_out", "attn_part", "hidden", "mtp_hidden", "last_hidden", "logits",
+                     "lm_part_v", "lm_part_i", "draft_logits", "draft_part_v", "draft_part_i", "counts", "seen"):
+            setattr(g, name, b[name].ptr)
+        for s in self.specs:
+            if s.kind == "act":
+                setattr(g, s.name, self._act_ref(s.name, s.shape[1]))
+        offsets = proj_offsets(cfg)
+        sizes = dict(max_len=max_len, num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, ffn_size=cfg.ffn_size,
+                     vocab=cfg.vocab_size, draft_vocab=spec.draft_vocab, num_heads=cfg.num_heads,
+                     num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope_dim=cfg.rope_dim, q_size=cfg.q_size,
+                     kv_size=cfg.kv_size, ssm_k_heads=cfg.ssm_num_k_heads, ssm_v_heads=cfg.ssm_num_v_heads,
+                     ssm_dk=cfg.ssm_head_dim, ssm_dv=cfg.ssm_v_head_dim, conv_kernel=cfg.ssm_conv_kernel,
+                     conv_dim=cfg.ssm_conv_dim, inner=cfg.ssm_inner_size, capacity=self.capacity,
+                     proj_width=proj_width(cfg), attn_splits=self.config.attn_splits,
+                     num_lm_parts=self.num_lm_parts, num_draft_parts=max(self.num_draft_parts, 1),
+                     has_mtp=int(spec.has_mtp), off_q=offsets[lw("attn_q")], off_k=offsets[lw("attn_k")],
+                     off_v=offsets[lw("attn_v")], off_gate=offsets[lw("attn_gate")],
+                     off_alpha=offsets[lw("ssm_alpha")], off_beta=offsets[lw("ssm_beta")])
+        for name, value in sizes.items():
+            setattr(g, name, value)
+        g.eps, g.rope_theta = cfg.rms_eps, cfg.rope_theta
+        return g
+
+    # ---- the executor interface (engine/cuda/megakernel/backend.py) ----
+
+    def run(self, program: str | Program) -> None:
+        """Zero the counters and launch one cooperative grid running the program (asynchronous)."""
+        if isinstance(program, Program):
+            uploaded = self._upload_program(program)
+        else:
+            uploaded = self._uploaded[program]
+        params = self._globals(*uploaded)
+        drv = _driver()
+        check(drv.cuMemsetD32Async(self.bufs["counters"].ptr, 0, self.bufs["counters"].nbytes // 4, self.dev.stream),
+              "zero counters")
+        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        try:
+            check(drv.cuLaunchCooperativeKernel(self._fn, self.config.num_sms, 1, 1, MK_THREADS, 1, 1, MK_SMEM_BYTES,
+                                                self.dev.stream, ctypes.addressof(ptrs)), "launch megakernel")
+            if isinstance(program, Program):
+                self.dev.synchronize()
+        except CudaError as exc:
+            raise MegakernelError(f"megakernel launch failed: {exc}") from exc
+        finally:
+            if isinstance(program, Program):
+                for buf in uploaded[:2]:
+                    self.dev.memory.free(buf)
+
+    def write_ctl(self, values: dict[int, int]) -> None:
+        """Read-modify-write of the control words (256 bytes each way)."""
+        ctl = self.read_ctl()
+        for index, value in values.items():
+            ctl[index] = value
+        self.dev.upload(self.bufs["ctl"], ctl)
+
+    def read_ctl(self) -> np.ndarray:
+        """The control words, after the work queued before (a launch failure surfaces here)."""
+        try:
+            return self.dev.download(self.bufs["ctl"], np.int32, (CTL_WORDS,))
+        except CudaError as exc:
+            raise MegakernelError(f"megakernel failed: {exc}") from exc
+
+    def _spec(self, name: str) -> BufferSpec:
+        return next(s for s in self.specs if s.name == name)
+
+    def read(self, name: str, rows: int | None = None) -> np.ndarray:
+        """A buffer in the VM's form (act layouts decoded to float32 rows, f16 caches widened)."""
+        s = self._spec(name)
+        if s.kind == "act":
+            x16, _, lo, _ = self.acts[name]
+            n = formats.act_nbytes(s.shape[1])[0] // 2
+            hi_h = self.dev.download(x16, np.uint16, (n,))
+            lo_h = self.dev.download(lo, np.uint16, (n,))
+            return formats.act_decode(hi_h, lo_h, rows or MAX_ROWS, s.shape[1])
+        dtype = {"f32": np.float32, "i32": np.int32, "u32": np.uint32, "u8": np.uint8, "kv": np.float16}[s.kind]
+        out = self.dev.download(self.bufs[name], dtype, s.shape).astype(np.float32 if s.kind == "kv" else dtype)
+        return out if rows is None else out[:rows]
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        """Overwrite a buffer (or its leading rows) from the VM's form."""
+        s = self._spec(name)
+        if s.kind == "act":
+            for part, data in zip(self.acts[name], formats.act_encode(array, s.shape[1]), strict=True):
+                self.dev.upload(part, data)
+            return
+        dtype = {"f32": np.float32, "i32": np.int32, "u32": np.uint32, "u8": np.uint8, "kv": np.float16}[s.kind]
+        self.dev.upload(self.bufs[name], np.ascontiguousarray(array, dtype))
+
+    def snapshot(self) -> dict[str, Buffer]:
+        """Device copies of every state buffer (freed when the snapshot is dropped)."""
+        copies = {}
+        for s in self.specs:
+            if s.is_state:
+                src = self.bufs[s.name]
+                copies[s.name] = self.dev.alloc(src.nbytes, f"mk.checkpoint.{s.name}")
+                self.dev.copy(copies[s.name], src, src.nbytes)
+        holder = _Snapshot(copies)
+        weakref.finalize(holder, _free, self.dev, list(copies.values()))
+        return holder
+
+    def restore(self, snapshot: _Snapshot) -> None:
+        """Copy a snapshot back."""
+        for name, copy in snapshot.copies.items():
+            self.dev.copy(self.bufs[name], copy, copy.nbytes)
+
+    def reset_state(self) -> None:
+        """Zero every state buffer."""
+        for s in self.specs:
+            if s.is_state:
+                self._zero(self.bufs[s.name])
+
+    def read_timings(self, program: str) -> np.ndarray:
+        """[num_sms, max_len, TIME_SLOTS] globaltimer ns of the last run (timings=True)."""
+        if self.timings is None:
+            raise ValueError("the executor was built without timings")
+        return self.dev.download(self.timings, np.uint64, (self.config.num_sms, self._max_len(), TIME_SLOTS))
+
+    def close(self) -> None:
+        """Unload the module; close the device when this executor opened it (its memory goes with it)."""
+        if getattr(self, "_module", None) is not None and not self.dev.closed:
+            check(_driver().cuModuleUnload(self._module), "cuModuleUnload(megakernel)")
+        self._module = None
+        if self.owns_device:
+            self.dev.close()
+
+
+class _Snapshot:
+    """Device copies of the state buffers."""
+
+    def __init__(self, copies: dict[str, Buffer]):
+        self.copies = copies
+
+
+def _free(dev: Device, buffers: list[Buffer]) -> None:
+    if dev.closed:
+        return
+    for buf in buffers:
+        if buf.ptr in dev.memory.live:
+            dev.memory.free(buf)
+
+
+def open_backend(path: str | Path, context_size: int | None = None, device: Device | None = None,
+                 config: ScheduleConfig | None = None, draft_vocab: int | None = None, timings: bool = False):
+    """A MegakernelBackend on the GPU for a qwen35 GGUF file (MegakernelError / UnsupportedModelError say why not)."""
+    from engine.cuda.megakernel.backend import MegakernelBackend, capacity_for
+    from engine.model.weights import load_model
+
+    _, cfg, tensors = load_model(str(path))
+    spec = ModelSpec.from_tensors(tensors, draft_vocab=draft_vocab)
+    context = cfg.context_length if context_size is None else int(context_size)
+    dev = device or Device()
+    try:
+        executor = GpuExecutor(dev, spec, tensors, capacity_for(context), config, timings, owns_device=device is None)
+    except BaseException:
+        if device is None:
+            dev.close()
+        raise
+    return MegakernelBackend(executor, spec, context)
