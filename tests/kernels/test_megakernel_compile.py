@@ -62,6 +62,7 @@ def test_limits_and_launch_shape_match_the_header() -> None:
 
 
 def runner_stages_extra() -> int:
+    """Counter rows past the trunk's layers, as layout.num_stages counts them."""
     from engine.model.config import qwen38_27b_config
 
     cfg = qwen38_27b_config()

@@ -23,6 +23,7 @@ from engine.backend import AcceptRule, Backend, Checkpoint, CycleResult, Draft, 
 from engine.cuda.megakernel.errors import MegakernelError
 from engine.cuda.megakernel.layout import MAX_DRAFT, MAX_ROWS, Ctl, Err, ModelSpec, Mode
 from engine.cuda.megakernel.sampling import f32_bits
+from engine.cuda.megakernel.schedule import Program
 from engine.errors import ContextOverflowError
 from engine.sampling import SamplingParams
 from engine.spec.verify import greedy_accept, speculative_accept
@@ -33,15 +34,32 @@ DEVICE_RULES = (greedy_accept, speculative_accept, accept_matching)  # rules the
 class Executor(Protocol):
     """What the backend needs from the VM or the GPU runner."""
 
-    def run(self, program: str) -> None: ...
-    def write_ctl(self, values: dict[int, int]) -> None: ...
-    def read_ctl(self) -> np.ndarray: ...
-    def read(self, name: str, rows: int | None = None) -> np.ndarray: ...
-    def write(self, name: str, array: np.ndarray) -> None: ...
-    def snapshot(self) -> Any: ...
-    def restore(self, snapshot: Any) -> None: ...
-    def reset_state(self) -> None: ...
-    def close(self) -> None: ...
+    def run(self, program: str | Program) -> None:
+        """Run a program (by name or built by hand)."""
+
+    def write_ctl(self, values: dict[int, int]) -> None:
+        """Set control words."""
+
+    def read_ctl(self) -> np.ndarray:
+        """A copy of the control words (after the work queued before)."""
+
+    def read(self, name: str, rows: int | None = None) -> np.ndarray:
+        """A buffer in the VM's float32 form."""
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        """Overwrite a buffer from the VM's form."""
+
+    def snapshot(self) -> Any:
+        """Copies of every state buffer."""
+
+    def restore(self, snapshot: Any) -> None:
+        """Put a snapshot back."""
+
+    def reset_state(self) -> None:
+        """Zero every state buffer."""
+
+    def close(self) -> None:
+        """Release what the executor holds."""
 
 
 @dataclass(slots=True)
@@ -122,15 +140,17 @@ class MegakernelBackend(Backend):
 
     # ---- launches ----
 
-    def _launch(self, program: str, mode: Mode, words: dict[int, int]) -> np.ndarray:
-        """Write the control words, run a program, check the device's error word; returns the control words."""
+    def _launch(self, program: str | Program, mode: Mode, words: dict[int, int]) -> np.ndarray:
+        """Write the control words, run a program (by name, or one built by hand), check the device's error word;
+        returns the control words."""
         self.ex.write_ctl({Ctl.MODE: int(mode), Ctl.ERROR: 0, Ctl.SAMPLE_CLIPPED: 0, **words})
         self.ex.run(program)
-        self.launches[program] += 1
+        name = program if isinstance(program, str) else program.name
+        self.launches[name] += 1
         ctl = self.ex.read_ctl()
         if ctl[Ctl.ERROR] != Err.NONE:
             info = ", ".join(str(int(v)) for v in ctl[Ctl.ERROR_INFO : Ctl.ERROR_INFO + 6])
-            raise MegakernelError(f"megakernel {program} launch failed: {Err(int(ctl[Ctl.ERROR])).name} "
+            raise MegakernelError(f"megakernel {name} launch failed: {Err(int(ctl[Ctl.ERROR])).name} "
                                   f"(sm, instruction, wait stage, wait op, counter, expected = {info})")
         return ctl
 

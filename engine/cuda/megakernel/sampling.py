@@ -1,6 +1,7 @@
 """Token choice as the megakernel makes it on the device (verify.cuh), in numpy: the specification the VM runs.
 
-Penalties and greedy choice are engine.sampling's exactly. Sampling differs from engine.sampling only where a
+Penalties and greedy choice are engine.sampling's exactly, with the parameters as float32 (the control words carry
+them so). Sampling differs from engine.sampling only where a
 device must: the uniforms come from a counter-based generator keyed by (seed, position, purpose) instead of a
 numpy Generator, and the distribution is formed over candidates, the tokens whose logit / temperature is within
 SAMPLE_CUTOFF (30) of the largest, at most CAND_MAX (4096) of them. A token left out has probability below e^-30

@@ -27,6 +27,7 @@ SOLVERS: dict[Op, Solver] = {}
 def solver(op: Op) -> Callable[[Solver], Solver]:
     """Register the solver of an opcode."""
     def register(fn: Solver) -> Solver:
+        """Record fn as op's solver."""
         SOLVERS[op] = fn
         return fn
     return register

@@ -1,0 +1,103 @@
+"""Programs for the Qwen3.8-27B shape (no model file: the Q4_K_M-like spec engine.gguf.testmodel writes): the
+synchronisation invariants, the balance over 132 SMs, instruction words, the byte counts bench/MEGAKERNEL.md
+quotes, and the host's view of the act layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.cuda.megakernel import formats
+from engine.cuda.megakernel import instructions as I
+from engine.cuda.megakernel.costs import cycle_bytes, spec_from_config
+from engine.cuda.megakernel.instructions import INST_WORDS, Op, decode
+from engine.cuda.megakernel.layout import MAX_DRAFT, head_stage, mtp_stage
+from engine.cuda.megakernel.schedule import PROGRAMS, ScheduleConfig, build_program, cost, validate
+from engine.gguf.quants import row_bytes
+from engine.gguf.testmodel import plan_tensors
+from engine.model.config import qwen38_27b_config
+
+CONFIG = ScheduleConfig()  # 132 SMs: an H100 / H200
+
+
+@pytest.fixture(scope="module")
+def spec():
+    """The Qwen3.8-27B shape with a 32K draft vocabulary."""
+    return spec_from_config(qwen38_27b_config(), draft_vocab=32768)
+
+
+@pytest.fixture(scope="module")
+def programs(spec):
+    """Every program for 132 SMs."""
+    return {name: build_program(spec, name, CONFIG) for name in PROGRAMS}
+
+
+def test_every_program_keeps_the_synchronisation_invariants(programs) -> None:
+    for program in programs.values():
+        validate(program)
+    cycle = programs["cycle"]
+    assert cycle.instructions[0].OPCODE == Op.EMBED and cycle.instructions[-1].OPCODE == Op.FINISH
+    assert sum(1 for i in cycle.instructions if i.OPCODE == Op.VERIFY) == 1
+    cfg = qwen38_27b_config()
+    assert {i.stage for i in cycle.instructions if i.OPCODE == Op.DRAFT_PICK} == {
+        mtp_stage(cfg, s) for s in range(MAX_DRAFT)}
+
+
+def test_validate_catches_a_wrong_wait(programs) -> None:
+    program = programs["verify"].truncated(3, Op.MIX_OUT)
+    program.instructions[-1].wait_count += 1
+    with pytest.raises(AssertionError, match="waits for"):
+        validate(program)
+
+
+def test_the_cycle_is_balanced_over_the_sms(spec, programs) -> None:
+    """The greedy assignment leaves every SM within 2 % of the mean cost."""
+    cycle = programs["cycle"]
+    loads = np.array([sum(cost(cycle.instructions[i], spec, CONFIG) for i in q) for q in cycle.queues])
+    assert len(cycle.queues) == 132 and loads.max() / loads.mean() < 1.02
+
+
+def test_instruction_words_round_trip(programs) -> None:
+    for inst in programs["cycle"].instructions[:: 97]:
+        assert decode(inst.words()) == inst
+    words, lengths = programs["commit"].words()
+    assert words.shape == (132, int(lengths.max()), INST_WORDS)
+    with pytest.raises(ValueError, match="int32"):
+        I.MixIn(0, row_begin=2**31).words()
+    with pytest.raises(ValueError, match="does not wait on"):
+        I.FfnDown(0).waits(0, Op.ATTN_NORM, 3)
+
+
+def test_truncation_stops_after_the_group(programs) -> None:
+    cut = programs["cycle"].truncated(head_stage(qwen38_27b_config()), Op.LM_HEAD)
+    validate(cut)
+    assert cut.instructions[-1].OPCODE == Op.LM_HEAD
+    assert not any(i.OPCODE == Op.VERIFY for i in cut.instructions)
+
+
+def test_cycle_bytes_are_the_weights_once_plus_the_mtp_block_per_draft(spec) -> None:
+    """d = 0 streams every trunk matrix and the lm_head once (not token_embd); each draft step adds the MTP block
+    and the draft head; the trunk's bytes do not depend on d."""
+    cfg = spec.cfg
+    trunk = sum(row_bytes(p.qtype, p.shape[1]) * p.shape[0] for p in plan_tensors(cfg)
+                if len(p.shape) == 2 and p.layer is not None and p.layer < cfg.num_layers and p.key != "ssm_conv1d")
+    parts = [cycle_bytes(spec, 1 + d, d, 4096, CONFIG) for d in range(MAX_DRAFT + 1)]
+    assert parts[0]["trunk_weights"] == trunk
+    assert parts[0]["lm_head"] == cfg.vocab_size * row_bytes(spec.matrix(None, "output").qtype, cfg.hidden_size)
+    assert all(p["trunk_weights"] == trunk for p in parts)
+    step = parts[3]["draft_steps"] - parts[2]["draft_steps"]
+    assert step > 0 and parts[4]["draft_steps"] == 3 * step and parts[1]["draft_steps"] == 0
+    assert 15.4e9 < parts[0]["trunk_weights"] + parts[0]["lm_head"] < 15.6e9  # bench/NOTES.md: 15.52 GB
+
+
+def test_act_layout_round_trips_on_the_host() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((5, 300)).astype(np.float32) * 30
+    x16, sums, lo, sums_lo = formats.act_encode(values, 300)
+    assert np.unique(formats.act_index(300)).size == formats.act_index(300).size  # a permutation
+    back = formats.act_decode(x16, lo, 5, 300)
+    np.testing.assert_allclose(back, values, rtol=2e-6, atol=1e-6)
+    sub = formats.act_sums_decode(sums, sums_lo, 5, 300)
+    padded = np.zeros((5, 512), np.float32)
+    padded[:, :300] = back
+    np.testing.assert_allclose(sub, padded.reshape(5, 16, 32).sum(axis=2), rtol=1e-5, atol=1e-4)
