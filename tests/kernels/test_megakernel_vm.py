@@ -237,3 +237,28 @@ def test_bad_requests_are_refused(model_path) -> None:
         mk.accept(1)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         mk.prefill([512])
+
+
+def test_diff_harness_names_the_first_diverging_op(model_path) -> None:
+    """The GPU diff harness, run between two VMs: identical executors agree everywhere; an executor whose layer-0
+    FFN_UP is off is caught right after that op, with the buffer named."""
+    from engine.cuda.megakernel.diff import prepare, sweep
+    from engine.cuda.megakernel.instructions import Op
+    from engine.cuda.megakernel.vm import VirtualMachine
+
+    class Faulty(VirtualMachine):
+        def run(self, program) -> None:
+            """Run, then spoil act_ffn when the program ran layer 0's FFN_UP."""
+            super().run(program)
+            if any(i.stage == 0 and i.OPCODE == Op.FFN_UP for i in program.instructions):
+                self.mem["act_ffn"] *= 1.1
+
+    reference = on_vm(model_path, FINE_CONFIG).ex
+    spec, weights, capacity = reference.spec, reference.weights, reference.capacity
+    prepare(reference, PROMPT, [7, 8])
+    clean = sweep(reference, VirtualMachine(spec, weights, capacity, FINE_CONFIG), detail_layers=1)
+    assert len(clean) > 8 and all(d.ok for _, diffs in clean for d in diffs)
+    found = sweep(reference, Faulty(spec, weights, capacity, FINE_CONFIG), detail_layers=1)
+    (stage, op), diffs = found[-1]
+    assert (stage, op) == (0, Op.FFN_UP)
+    assert [d.name for d in diffs if not d.ok] == ["act_ffn"]
