@@ -4,15 +4,18 @@
 //
 // Columns of the mma: with ncols <= 4 rows, column n carries row n's f16 activations and the hi sub-block sums,
 // column ncols + n its rounding residue and the lo sums, folded together after the reduction, so the precise
-// (f32-level) product costs no extra mma; with more rows the residue takes a second pass.
+// (f32-level) product costs no extra mma; with more rows the residues take a second mma of the same fragments.
 #pragma once
 #include "mk_common.cuh"
 
-// One superblock of the lane's two rows against columns from act pointer `a` (null: zero column); the K-quant
-// offset term uses the exact sums of what the mma sees.
+// One superblock of the lane's two rows against the column from act pointer `a` (null: a zero column); the
+// K-quant offset term uses the exact sums of what the mma sees. `two` (warp-uniform, more than 4 rows): a second
+// column source a2 / sums2 (the rows' rounding residues) multiplies the same decoded fragments, so a weight is
+// decoded once whatever the number of rows.
 template <int QT>
 __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&r)[2], const f16* a, const u32* sums,
-                                              int sb, int c, float (&acc)[4]) {
+                                              const f16* a2, const u32* sums2, bool two, int sb, int c,
+                                              float (&acc)[4]) {
     using Q = QTraits<QT>;
     u32 b[SB_STEPS][2];
 #pragma unroll
@@ -32,6 +35,11 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
         Q::frag(r[0], k[0], c, s, f[0], f[2]);
         Q::frag(r[1], k[1], c, s, f[1], f[3]);
         mma_f16_16816(dst, f, b[s]);
+        if (two) {  // the residue column, loaded step by step (L2) to keep registers for the fragments
+            const uint2 v = a2 ? ld_cg_u2(a2 + 2048 * sb + 128 * s) : make_uint2(0u, 0u);
+            const u32 bl[2] = {v.x, v.y};
+            mma_f16_16816(dst, f, bl);
+        }
     }
     if constexpr (Q::BLOCK_SCALE) {
         const float d0 = Q::dscale(r[0]), d1 = Q::dscale(r[1]);
@@ -41,10 +49,14 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
         acc[3] += d1 * blk[3];
     }
     if constexpr (Q::HAS_MIN) {
-        u32 bm[2] = {sums ? ld_cg_u32(sums + 32 * sb) : 0u, 0u};
         u32 am[4] = {k[0].mins, k[1].mins, 0u, 0u};
         float cm[4] = {0.f, 0.f, 0.f, 0.f};
+        u32 bm[2] = {sums ? ld_cg_u32(sums + 32 * sb) : 0u, 0u};
         mma_f16_16816(cm, am, bm);
+        if (two) {
+            u32 bm2[2] = {sums2 ? ld_cg_u32(sums2 + 32 * sb) : 0u, 0u};
+            mma_f16_16816(cm, am, bm2);
+        }
         const float m0 = Q::mscale(r[0]), m1 = Q::mscale(r[1]);
         acc[0] -= m0 * cm[0];
         acc[1] -= m0 * cm[1];
@@ -53,11 +65,12 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
     }
 }
 
-// The warp's superblocks cw, cw + W, ... of rows ra, rb against one column source; the next superblock's weights
-// load while the current one is multiplied.
+// The warp's superblocks cw, cw + W, ... of rows ra, rb; the next superblock's weights load while the current one
+// is multiplied.
 template <int QT>
 __device__ __forceinline__ void mv_pass(const Planes& P, int nb, int nsb, int ra, int rb, const f16* a,
-                                        const u32* sums, int c, float (&acc)[4]) {
+                                        const u32* sums, const f16* a2, const u32* sums2, bool two, int c,
+                                        float (&acc)[4]) {
     using Q = QTraits<QT>;
     typename Q::Row cur[2], next[2];
     int sb = cwarp();
@@ -70,7 +83,7 @@ __device__ __forceinline__ void mv_pass(const Planes& P, int nb, int nsb, int ra
             Q::load(next[0], P, nb, ra, sb + MK_CONSUMER_WARPS, c);
             Q::load(next[1], P, nb, rb, sb + MK_CONSUMER_WARPS, c);
         }
-        mv_superblock<QT>(cur, a, sums, sb, c, acc);
+        mv_superblock<QT>(cur, a, sums, a2, sums2, two, sb, c, acc);
         cur[0] = next[0];
         cur[1] = next[1];
     }
@@ -109,16 +122,15 @@ __device__ __noinline__ void mv_tile(const WeightRef& w, int row0, const ActRef&
     const int ra = min(w.row_offset + row0 + g, last), rb = min(w.row_offset + row0 + g + 8, last);
     const bool packed = ncols <= 4, hi = g < ncols, lo = packed && !hi && g < 2 * ncols;
     const int tok = n0 + (hi ? g : g - ncols);
+    // packed: column g < ncols the f16 activations of row g, column ncols + n the residues of row n; otherwise
+    // every column g < ncols takes row g's activations and, in a second mma per step, its residues
+    const f16* col = hi ? a.x16 + tok * 16 + 4 * c : lo ? a.x16_lo + tok * 16 + 4 * c : nullptr;
+    const u32* sums = hi ? reinterpret_cast<const u32*>(a.sums + tok * 8 + 2 * c)
+                    : lo ? reinterpret_cast<const u32*>(a.sums_lo + tok * 8 + 2 * c) : nullptr;
+    const f16* col2 = !packed && hi ? a.x16_lo + tok * 16 + 4 * c : nullptr;
+    const u32* sums2 = !packed && hi ? reinterpret_cast<const u32*>(a.sums_lo + tok * 8 + 2 * c) : nullptr;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    // pass 0: the f16 activations (and, packed, the residues in columns ncols ..); pass 1 (more than 4 rows): the
-    // residues against the same weights
-    for (int pass = 0; pass < (packed ? 1 : 2); ++pass) {
-        const bool use_hi = pass == 0 && hi, use_lo = pass == 0 ? lo : hi;
-        const f16* col = use_hi ? a.x16 + tok * 16 + 4 * c : use_lo ? a.x16_lo + tok * 16 + 4 * c : nullptr;
-        const u32* sums = use_hi ? reinterpret_cast<const u32*>(a.sums + tok * 8 + 2 * c)
-                        : use_lo ? reinterpret_cast<const u32*>(a.sums_lo + tok * 8 + 2 * c) : nullptr;
-        mv_pass<QT>(P, nb, nsb, ra, rb, col, sums, c, acc);
-    }
+    mv_pass<QT>(P, nb, nsb, ra, rb, col, sums, col2, sums2, !packed, c, acc);
     mv_reduce(acc, ncols, packed, out, red);
 }
 
