@@ -24,7 +24,9 @@ def shared_digest() -> str:
 
 def options(debug: bool = False) -> tuple[str, ...]:
     """NVRTC options: the shared kernels folder on the include path, its hash, and MK_DEBUG when asked."""
-    out = (f"-I{nvrtc.KERNEL_DIR}", f"-DMK_SHARED_HEADERS=0x{shared_digest()}")
+    # -default-device: the generic lambdas handed to dn_dispatch carry no annotation; NVRTC 13.0 takes them for host
+    # code (13.5 does not), and every function in this source is device code anyway.
+    out = ("-default-device", f"-I{nvrtc.KERNEL_DIR}", f"-DMK_SHARED_HEADERS=0x{shared_digest()}")
     return out + (("-DMK_DEBUG",) if debug else ())
 
 
