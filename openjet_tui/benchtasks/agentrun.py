@@ -113,17 +113,21 @@ def run_agent(command: list[str], workspace: Path, env: dict[str, str], time_lim
 
 
 def _kill_group(process: subprocess.Popen) -> None:
-    """SIGTERM the agent's process group, then SIGKILL whatever is left after a grace period."""
-    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """SIGTERM the agent's process group, then SIGKILL whatever is left, the leader's children included."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=3.0)
+    except subprocess.TimeoutExpired:
+        pass
+    # The leader may exit on SIGTERM while a child of its ignores it: the group is killed regardless.
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=5.0)
 
 
 def metrics_from_events(events: list[dict[str, Any]]) -> AgentMetrics:

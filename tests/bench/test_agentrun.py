@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from openjet_tui.agent import events as ev
 from openjet_tui.benchtasks.agentrun import (AgentTarget, agent_command, metrics_from_events, parse_events,
@@ -77,9 +78,13 @@ def test_agent_command_passes_only_given_options(tmp_path):
 
 
 def test_run_agent_kills_the_group_at_the_time_limit(tmp_path):
+    # The child ignores SIGTERM, as a stuck tool might: only the group's SIGKILL ends it.
     script = ("import subprocess, sys, time\n"
               "print('{\"type\": \"turn_started\"}', flush=True)\n"
-              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)'],"
+              " stdout=subprocess.PIPE)\n"
+              "child.stdout.readline()\n"
               "print(child.pid, file=sys.stderr, flush=True)\n"
               "time.sleep(60)\n")
     outcome = run_agent([sys.executable, "-c", script], tmp_path, {"PATH": "/usr/bin:/bin"}, 1.5, tmp_path / "log")
@@ -90,10 +95,13 @@ def test_run_agent_kills_the_group_at_the_time_limit(tmp_path):
 
 
 def _alive(pid: int) -> bool:
+    """Whether pid still runs; a zombie counts as ended (with no reaping init, a killed orphan stays one)."""
     for _ in range(40):
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        if state in ("Z", "X"):
             return False
         time.sleep(0.05)
     return True
