@@ -24,7 +24,8 @@ DEFAULT_ALLOW = ["ls", "pwd", "cat", "head", "tail", "wc", "grep", "rg", "echo",
                  "git log", "git show"]
 DEFAULT_DENY = ["sudo", "su", "doas", "mkfs", "shutdown", "reboot", "rm -rf /", "rm -rf ~", "git push --force",
                 "git push -f"]
-_SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password)", re.IGNORECASE)
+# Whole trailing words only: `api_key`, `auth_token` and `password` are secrets, `max_tokens` is not.
+_SECRET_KEY = re.compile(r"(^|[_-])(api[_-]?key|key|token|secret|password)$", re.IGNORECASE)
 
 
 class ShellSettings(BaseModel):

@@ -1,9 +1,11 @@
 """Settings layers, sources, errors that name the culprit, and no secrets in files."""
 
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from openjet_tui.config import Settings, format_settings, load_settings
 from openjet_tui.errors import ConfigError
@@ -17,8 +19,25 @@ def write(path: Path, text: str) -> None:
 
 
 def test_default_config_file_documents_exactly_the_defaults():
-    data = tomllib.loads((ROOT / "assets" / "default_config.toml").read_text())
-    assert Settings.model_validate(data).model_dump() == Settings().model_dump()
+    text = (ROOT / "assets" / "default_config.toml").read_text()
+    assert Settings.model_validate(tomllib.loads(text)).model_dump() == Settings().model_dump()
+    # Every setting is listed, set to its default or commented out, under its table.
+    documented, table = set(), ""
+    for line in text.splitlines():
+        line = line.removeprefix("# ").strip()
+        if re.fullmatch(r"\[\w+\]", line):
+            table = line[1:-1] + "."
+        elif match := re.match(r"(\w+) = ", line):
+            documented.add(table + match[1])
+    assert documented >= _leaf_names(Settings())
+
+
+def _leaf_names(model: BaseModel, prefix: str = "") -> set[str]:
+    names = set()
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        names |= _leaf_names(value, f"{prefix}{name}.") if isinstance(value, BaseModel) else {prefix + name}
+    return names
 
 
 def test_layers_override_in_order_and_sources_are_reported(isolated_user_dirs, workspace, monkeypatch):
@@ -57,11 +76,19 @@ def test_bad_values_name_key_and_source(workspace, monkeypatch):
         load_settings(workspace)
 
 
-def test_secrets_in_config_files_are_refused(workspace):
-    write(workspace / ".openjet/config.toml", '[slipstream]\napi_key = "sk-123"\n')
-    with pytest.raises(ConfigError, match="slipstream.api_key.*never read from config files") as caught:
+@pytest.mark.parametrize("key", ["api_key", "apikey", "auth_token", "password", "client-secret"])
+def test_secrets_in_config_files_are_refused(workspace, key):
+    write(workspace / ".openjet/config.toml", f'[slipstream]\n{key} = "sk-123"\n')
+    with pytest.raises(ConfigError, match=f"slipstream.{key}.*never read from config files") as caught:
         load_settings(workspace)
     assert "sk-123" not in str(caught.value)
+
+
+def test_settings_whose_names_merely_contain_a_secret_word_are_read(workspace):
+    write(workspace / ".openjet/config.toml", "[sampling]\nmax_tokens = 512\ntemperature = 0.0\n")
+    loaded = load_settings(workspace)
+    assert (loaded.settings.sampling.max_tokens, loaded.settings.sampling.temperature) == (512, 0.0)
+    assert re.search(r"^sampling\.max_tokens = 512 +# project ", format_settings(loaded), re.M)
 
 
 def test_broken_toml_names_the_file(workspace):
