@@ -85,6 +85,7 @@ class Run:
     request: str
     plain: list[int]
     speculative: list[int]
+    stats: SpecStats  # the speculative run's cycles alone
 
 
 def plain_and_speculative(backend: Backend, tokenizer: Tokenizer, template: ChatTemplate, num_tokens: int,
@@ -98,18 +99,18 @@ def plain_and_speculative(backend: Backend, tokenizer: Tokenizer, template: Chat
     spec = SpeculativeDecoder(backend, NgramDrafter(), controller)
     for request in requests:
         ids = prompt_ids(tokenizer, template, request)
-        outputs = []
-        for decoder, counts in ((plain, None), (spec, stats)):
+        outputs, own = [], SpecStats()
+        for decoder, counts in ((plain, ()), (spec, (own, stats))):
             session.prepare(ids)
             seq = TokenSequence.start(ids, params)
             decoder.start(seq)
             while len(seq.generated) < num_tokens and not tokenizer.is_stop(seq.tokens[-1]):
                 result = decoder.step(seq, params, num_tokens - len(seq.generated))
                 session.sync(seq)
-                if counts is not None:
-                    counts.add(result)
+                for count in counts:
+                    count.add(result)
             outputs.append(_until_stop(tokenizer, seq.generated))
-        yield Run(request, *outputs)
+        yield Run(request, *outputs, own)
 
 
 def _until_stop(tokenizer: Tokenizer, tokens: list[int]) -> list[int]:
