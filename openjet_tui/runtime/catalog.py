@@ -111,21 +111,28 @@ class Catalog:
         return next((model for model in self.models if model.filename == filename), None)
 
     def choose_for(self, hardware: HardwareInfo) -> tuple[ModelEntry, str]:
-        """The best model for this machine and why: the GPU default if it fits, else the largest that fits."""
+        """The best model for this machine and why: the GPU default if it fits, else the largest that fits. Entries
+        with no pinned sha256 are skipped (their download would be refused), so a GPU machine falls back to a
+        model it can verify rather than failing."""
         gpu = hardware.best_gpu()
         if gpu is None:
             why = hardware.gpu_summary() if not hardware.gpus else "no GPU of sm_80 or newer"
             return self.get(self.cpu_default), f"{why}: the small CPU model"
-        fitting = [m for m in self.models if m.vram_needed() <= gpu.vram_free]
+        unpinned = [m.title for m in self.models if not m.sha256]
+        skipped = f" ({', '.join(unpinned)} skipped: no pinned sha256)" if unpinned else ""
+        fitting = [m for m in self.models if m.sha256 and m.vram_needed() <= gpu.vram_free]
         preferred = self.get(self.gpu_default)
+        free = f"{gpu.name} has {gpu.vram_free / 2**30:.1f} GiB free"
         if preferred in fitting:
-            return preferred, (f"{gpu.name} has {gpu.vram_free / 2**30:.1f} GiB free, {preferred.title} needs "
-                               f"{preferred.vram_needed() / 2**30:.1f} GiB at {preferred.default_context} tokens")
+            return preferred, (f"{free}, {preferred.title} needs {preferred.vram_needed() / 2**30:.1f} GiB at "
+                               f"{preferred.default_context} tokens{skipped}")
         if not fitting:
-            return self.get(self.cpu_default), f"{gpu.name}: too little free VRAM for any GPU model"
+            return self.get(self.cpu_default), f"{gpu.name}: too little free VRAM for any GPU model{skipped}"
         best = max(fitting, key=lambda m: m.size)
-        return best, (f"{gpu.name} has {gpu.vram_free / 2**30:.1f} GiB free: too little for {preferred.title} "
-                      f"({preferred.vram_needed() / 2**30:.1f} GiB); {best.title} fits")
+        if not preferred.sha256:
+            return best, f"{free}; {preferred.title} has no pinned sha256, {best.title} fits{skipped}"
+        return best, (f"{free}: too little for {preferred.title} ({preferred.vram_needed() / 2**30:.1f} GiB); "
+                      f"{best.title} fits{skipped}")
 
 
 def _check_source(model_name: str, source: Source) -> None:

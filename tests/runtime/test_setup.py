@@ -113,13 +113,15 @@ def test_setup_fetches_the_default_model_verified_and_records_decisions(tiny_cat
     assert Path(read_record().model_path).read_bytes() == tiny_catalog
 
 
-def test_setup_errors_are_clear(tiny_catalog, capsys, tmp_path):
+def test_setup_errors_are_clear(tiny_catalog, capsys, tmp_path, monkeypatch):
     assert setup_cmd.main(["--model", "qwen9"]) == 2
     assert "unknown model 'qwen9'" in capsys.readouterr().err
     assert setup_cmd.main(["--model", str(tmp_path / "missing.gguf")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
     assert setup_cmd.main(["--model", "qwen3.8-27b", "--yes"]) == 2
-    assert "--allow-unverified" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no source could provide Qwen3.8-27B Q4_K_M" in err and "cannot reach the Hugging Face hub" in err
 
 
 def test_an_engine_that_cannot_serve_lists_every_decision(tiny_catalog):
