@@ -6,6 +6,7 @@ Order of operations (that of vLLM and transformers):
   2. temperature 0 means greedy: the highest penalised logit;
   3. otherwise logits / temperature -> softmax -> top_k -> top_p -> min_p -> renormalise -> draw with the rng.
 sampling_probs() returns the distribution of step 3, which exact speculative sampling compares against.
+Logits with a NaN, or with every token at -inf, raise UnsampleableLogits rather than yield an arbitrary token.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class SamplingParams:
             ("presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
             ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
             ("repetition_penalty", self.repetition_penalty > 0, "must be > 0"),
-            ("seed", self.seed is None or isinstance(self.seed, int), "must be an integer"),
+            ("seed", self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+             "must be an integer >= 0 (None for a random seed)"),
         ]
         for name, ok, message in checks:
             value = getattr(self, name)
@@ -102,14 +104,35 @@ def sampling_probs(
     logits: np.ndarray, params: SamplingParams, history: Sequence[int] = (), prompt: Sequence[int] = ()
 ) -> np.ndarray:
     """The distribution sample() draws from (float64 [V]); one-hot at the argmax when greedy."""
-    penalised = apply_penalties(logits, params, history, prompt)
+    penalised = _checked(apply_penalties(logits, params, history, prompt))
     if params.is_greedy:
         probs = np.zeros(penalised.shape[0])
         probs[int(np.argmax(penalised))] = 1.0
         return probs
-    scaled = penalised.astype(np.float64) / params.temperature
-    probs = np.exp(scaled - scaled.max())
+    x = penalised.astype(np.float64)
+    top = x.max()
+    # shift before dividing: x / T overflows to inf for a tiny T and inf - inf is NaN; (x - top) / T goes to -inf at
+    # worst, so a tiny temperature is greedy in the limit. The tokens at the top get exactly 0 (also when top is
+    # +inf), so the argmax always keeps its mass.
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = np.where(x == top, 0.0, (x - top) / params.temperature)
+    probs = np.exp(scaled)
     return _truncate(probs / probs.sum(), params)
+
+
+class UnsampleableLogits(ValueError):
+    """Logits no token can be drawn from: a NaN (argmax would pick it) or every token at -inf."""
+
+
+def _checked(logits: np.ndarray) -> np.ndarray:
+    """The logits, or UnsampleableLogits instead of a silently chosen token."""
+    # logits: [V]
+    num_nan = int(np.isnan(logits).sum())
+    if num_nan:
+        raise UnsampleableLogits(f"the logits hold {num_nan} NaN values: no token can be chosen")
+    if not (logits > -np.inf).any():
+        raise UnsampleableLogits("every logit is -inf (penalties or biases ruled out every token)")
+    return logits
 
 
 def sample(
@@ -121,7 +144,7 @@ def sample(
 ) -> int:
     """One token id from logits [V], honouring every parameter. history = generated tokens, prompt = prompt tokens."""
     if params.is_greedy:
-        return int(np.argmax(apply_penalties(logits, params, history, prompt)))
+        return int(np.argmax(_checked(apply_penalties(logits, params, history, prompt))))
     if rng is None:
         raise ValueError("sampling at temperature > 0 needs an rng (SamplingParams.make_rng())")
     return draw(sampling_probs(logits, params, history, prompt), rng)

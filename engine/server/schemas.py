@@ -1,9 +1,9 @@
 """OpenAI request bodies, checked field by field into dataclasses. Anything we cannot honour is a 400 naming it.
 
 Accepted: every field OpenAI's chat and legacy completions APIs define that changes the output and that the engine
-implements (temperature, top_p, seed, stop, max_tokens / max_completion_tokens, presence and frequency penalties,
-logit_bias, logprobs / top_logprobs, tools, tool_choice "auto" | "none", parallel_tool_calls, stream,
-stream_options), the llama.cpp / vLLM extensions top_k, min_p, repetition_penalty (alias repeat_penalty),
+implements (temperature, top_p, seed (-1 = random, as in llama.cpp), stop, max_tokens / max_completion_tokens,
+presence and frequency penalties, logit_bias, logprobs / top_logprobs, tools, tool_choice "auto" | "none",
+parallel_tool_calls, stream, stream_options), the llama.cpp / vLLM extensions top_k, min_p, repetition_penalty (alias repeat_penalty),
 chat_template_kwargs and cache_prompt, and fields without effect on the output (model, user, metadata, store).
 Refused with a 400 naming the field: n > 1, best_of > 1, suffix, response_format other than text, tool_choice
 "required" or a named function (they need constrained decoding), echo with logprobs, and any field we do not know.
@@ -148,6 +148,12 @@ def _stream_options(body: dict[str, Any], is_stream: bool) -> bool:
     return _boolean(value, "include_usage", False)
 
 
+def _seed(body: dict[str, Any]) -> int | None:
+    """The seed; -1 is llama.cpp's "random seed", the same as none."""
+    seed = _integer(body, "seed", None, low=-1)
+    return None if seed == -1 else seed
+
+
 def _sampling(body: dict[str, Any]) -> SamplingParams:
     top_k = _integer(body, "top_k", 0, low=-1)
     if "repeat_penalty" in body and "repetition_penalty" in body:
@@ -159,7 +165,7 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
             top_k=max(top_k or 0, 0),  # -1 means off (vLLM), as 0 does (llama.cpp)
             top_p=_number(body, "top_p", 1.0),
             min_p=_number(body, "min_p", 0.0),
-            seed=_integer(body, "seed", None),
+            seed=_seed(body),
             presence_penalty=_number(body, "presence_penalty", 0.0),
             frequency_penalty=_number(body, "frequency_penalty", 0.0),
             repetition_penalty=_number(body, penalty_name, 1.0),

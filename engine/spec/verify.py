@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.backend import AcceptRule, Draft, TokenSequence
-from engine.sampling import SamplingParams, apply_penalties, draw, sampling_probs
+from engine.sampling import SamplingParams, draw, sample, sampling_probs
 
 
 @dataclass(slots=True)
@@ -63,8 +63,7 @@ def greedy_accept(draft: Draft, logits: np.ndarray, seq: TokenSequence, params: 
     # logits: [1 + d, V]
     out: list[int] = []
     for i in range(len(draft.tokens) + 1):
-        penalised = apply_penalties(logits[i], params, history=_history(seq, out), prompt=seq.prompt)
-        token = int(np.argmax(penalised))
+        token = sample(logits[i], params, history=_history(seq, out), prompt=seq.prompt)  # greedy: the argmax
         out.append(token)
         if i == len(draft.tokens) or token != draft.tokens[i]:
             break

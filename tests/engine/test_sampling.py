@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.sampling import InvalidSamplingParam, SamplingParams, apply_penalties, sample, sampling_probs
+from engine.sampling import (InvalidSamplingParam, SamplingParams, UnsampleableLogits, apply_penalties, sample,
+                             sampling_probs)
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03], dtype=np.float32))
 
@@ -20,7 +21,7 @@ def empirical(params: SamplingParams, logits=LOGITS, draws: int = 4000, **kw) ->
     "field,value",
     [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("min_p", 2.0), ("top_k", -1),
      ("presence_penalty", 3.0), ("frequency_penalty", -2.5), ("repetition_penalty", 0.0),
-     ("temperature", float("nan")), ("seed", "7")],
+     ("temperature", float("nan")), ("seed", "7"), ("seed", -1)],
 )
 def test_invalid_params_name_the_field(field, value):
     with pytest.raises(InvalidSamplingParam) as info:
@@ -82,3 +83,32 @@ def test_draw_never_picks_a_zero_probability_token():
     logits = np.array([0.0, -np.inf, 0.0, -np.inf], dtype=np.float32)
     freq = empirical(SamplingParams(seed=5), logits=logits, draws=500)
     assert freq[1] == 0 and freq[3] == 0 and abs(freq[0] - 0.5) < 0.08
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 5e-324, 1e-30, 1e-8])
+def test_a_tiny_temperature_is_greedy(temperature):
+    # the largest logit is last-but-one; logits / 1e-310 overflowed to inf, and inf - inf made every probability NaN
+    logits = np.array([3.0, -2.0, 7.5, 7.25, 1.0], dtype=np.float32)
+    params = SamplingParams(temperature=temperature, seed=0)
+    np.testing.assert_array_equal(sampling_probs(logits, params), [0, 0, 1, 0, 0])
+    rng = params.make_rng()
+    assert {sample(logits, params, rng) for _ in range(50)} == {2}
+    with_truncation = SamplingParams(temperature=temperature, top_p=0.5, min_p=0.5, top_k=3)
+    np.testing.assert_array_equal(sampling_probs(logits, with_truncation), [0, 0, 1, 0, 0])
+
+
+def test_infinite_logits_sample_only_from_the_top():
+    logits = np.array([np.inf, 1.0, np.inf, -np.inf], dtype=np.float32)
+    np.testing.assert_array_equal(sampling_probs(logits, SamplingParams(top_p=0.9, min_p=0.1)), [0.5, 0, 0.5, 0])
+    masked = np.array([-np.inf, 0.0, -np.inf, 0.0], dtype=np.float32)  # ruled-out tokens get no mass
+    np.testing.assert_array_equal(sampling_probs(masked, SamplingParams(temperature=1e-310)), [0, 0.5, 0, 0.5])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_logits_nothing_can_be_drawn_from_raise(temperature):
+    params = SamplingParams(temperature=temperature, seed=0)
+    nan = np.array([1.0, np.nan, 0.5], dtype=np.float32)  # argmax would pick the NaN
+    impossible = np.full(3, -np.inf, dtype=np.float32)
+    for logits in (nan, impossible):
+        with pytest.raises(UnsampleableLogits):
+            sample(logits, params, params.make_rng())

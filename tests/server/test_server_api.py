@@ -93,6 +93,24 @@ def test_seed_logit_bias_and_penalties(client: openai.OpenAI) -> None:
     assert len(chosen) == 8 and chosen.count("0") <= 1
 
 
+def test_seed_minus_one_is_a_random_seed(client: openai.OpenAI) -> None:
+    def reply(**knobs):
+        return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, **knobs)
+
+    # llama.cpp's "no seed": served (it used to fail on the engine thread, a 500 that also dropped the prefix cache)
+    texts = {reply(temperature=2.0, seed=-1).choices[0].message.content for _ in range(4)}
+    assert len(texts) > 1  # fresh entropy each time, not one fixed seed
+    again = reply(temperature=2.0, seed=-1)
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1  # the session survived
+
+
+def test_a_tiny_temperature_is_greedy(client: openai.OpenAI) -> None:
+    greedy = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0)
+    for temperature in (1e-310, 1e-30):  # 1e-310 is subnormal: logits / T overflowed to inf, then NaN
+        tiny = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, temperature=temperature)
+        assert tiny.choices[0].message.content == greedy.choices[0].message.content
+
+
 def test_models_tokenize_detokenize(qwen2_server) -> None:
     models = httpx.get(f"{qwen2_server.url}/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["meta"]["n_ctx"] == 512
@@ -116,6 +134,9 @@ def test_models_tokenize_detokenize(qwen2_server) -> None:
     ({"messages": []}, "messages", "non-empty"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "one of"),
     ({"messages": MESSAGES, "max_tokens": 0}, "max_tokens", ">= 1"),
+    ({"messages": MESSAGES, "seed": -2}, "seed", ">= -1"),  # -1 is llama.cpp's "random"; below it is nothing
+    ({"messages": MESSAGES, "seed": 1.5}, "seed", "integer"),
+    ({"messages": MESSAGES, "seed": "7"}, "seed", "integer"),
 ])
 def test_bad_requests_name_the_field(qwen2_server, body: dict, param: str, words: str) -> None:
     response = post(qwen2_server, "/v1/chat/completions", body)
