@@ -19,6 +19,7 @@ from engine.server.streaming import Channel, ErrorReply, EventStreamResponse, ra
 from engine.server.textstream import TokenLogprob
 from engine.server.worker import EngineWorker, Job, JobFailed
 from engine.text.chat import ChatTemplateError, prompt_opens_reasoning
+from engine.text.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class ChatPiece:
     finished: Finished | None = None
     finish_reason: str | None = None
     failed: JobFailed | None = None
+    reasoning_tokens: int | None = None  # with `finished`: how many tokens the reasoning text takes
 
 
 def render(model: LoadedModel, request: ChatRequest) -> Prompt:
@@ -45,8 +47,13 @@ def render(model: LoadedModel, request: ChatRequest) -> Prompt:
         raise RequestError(f"the messages could not be rendered: {exc}", "messages") from None
 
 
+def count_tokens(tokenizer: Tokenizer, text: str) -> int:
+    """Tokens `text` encodes to (for reasoning_tokens: the generated ids are not kept split by part)."""
+    return len(tokenizer.encode(text, parse_special=False)) if text else 0
+
+
 async def chat_pieces(channel: Channel, output: ChatOutput, request: ChatRequest, worker: EngineWorker,
-                      job: Job) -> AsyncIterator[ChatPiece]:
+                      job: Job, tokenizer: Tokenizer) -> AsyncIterator[ChatPiece]:
     """The job's events as chat deltas. Without parallel tool calls, generation stops after the first call."""
     is_cut = False
     async for event in events(channel):
@@ -62,7 +69,8 @@ async def chat_pieces(channel: Channel, output: ChatOutput, request: ChatRequest
         else:
             deltas = [] if is_cut else output.finish()
             reason = "tool_calls" if is_cut else output.finish_reason(event)
-            yield ChatPiece(deltas, finished=event, finish_reason=reason)
+            num_reasoning = await anyio.to_thread.run_sync(count_tokens, tokenizer, output.reasoning)
+            yield ChatPiece(deltas, finished=event, finish_reason=reason, reasoning_tokens=num_reasoning)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -75,7 +83,7 @@ async def chat_completions(request: Request) -> Response:
     job, channel = submit(worker, prompt, chat.options)
     output = ChatOutput(chat.tools, prompt_opens_reasoning(prompt.text))
     name = chat.model or model.model_id
-    pieces = chat_pieces(channel, output, chat, worker, job)
+    pieces = chat_pieces(channel, output, chat, worker, job, model.tokenizer)
     if chat.stream:
         return EventStreamResponse(stream_chat(pieces, chat, ChatChunks(name)), lambda: worker.cancel(job))
     result = await race_disconnect(request.receive, collect(pieces), lambda: worker.cancel(job))
@@ -86,7 +94,7 @@ async def chat_completions(request: Request) -> Response:
     last, logprobs = result
     assert last.finished is not None and last.finish_reason is not None
     body = chat_completion(name, output, last.finished, last.finish_reason,
-                           logprobs if chat.options.logprobs is not None else None)
+                           logprobs if chat.options.logprobs is not None else None, last.reasoning_tokens)
     return JSONResponse(body)
 
 
@@ -126,6 +134,6 @@ async def stream_chat(pieces: AsyncIterator[ChatPiece], chat: ChatRequest,
             logprobs = chat_logprobs(held) if wants_logprobs and held else None
             yield sse(chunks.chunk({}, piece.finish_reason, logprobs=logprobs, timings=piece.finished.timings()))
             if chat.include_usage:
-                yield sse(chunks.chunk(None, usage=usage(piece.finished)))
+                yield sse(chunks.chunk(None, usage=usage(piece.finished, piece.reasoning_tokens)))
             yield sse("[DONE]")
             return

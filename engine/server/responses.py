@@ -27,11 +27,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
-def usage(finished: Finished) -> dict[str, Any]:
-    """OpenAI's usage object, with the prefix-cache hit as prompt_tokens_details.cached_tokens."""
-    return {"prompt_tokens": finished.num_prompt_tokens, "completion_tokens": finished.num_generated,
-            "total_tokens": finished.num_prompt_tokens + finished.num_generated,
-            "prompt_tokens_details": {"cached_tokens": finished.num_cached_tokens}}
+def usage(finished: Finished, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object, with the prefix-cache hit as prompt_tokens_details.cached_tokens and, for chat
+    replies, completion_tokens_details.reasoning_tokens."""
+    body: dict[str, Any] = {"prompt_tokens": finished.num_prompt_tokens, "completion_tokens": finished.num_generated,
+                            "total_tokens": finished.num_prompt_tokens + finished.num_generated,
+                            "prompt_tokens_details": {"cached_tokens": finished.num_cached_tokens}}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
 
 
 def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
@@ -133,13 +137,13 @@ class ChatChunks:
 
 
 def chat_completion(model: str, output: ChatOutput, finished: Finished, finish_reason: str,
-                    logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
+                    logprobs: list[TokenLogprob] | None, reasoning_tokens: int | None = None) -> dict[str, Any]:
     """The non-streamed chat.completion object."""
     return {
         "id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": output.message(), "finish_reason": finish_reason,
                      "logprobs": None if logprobs is None else chat_logprobs(logprobs)}],
-        "usage": usage(finished), "timings": finished.timings(),
+        "usage": usage(finished, reasoning_tokens), "timings": finished.timings(),
     }
 
 
