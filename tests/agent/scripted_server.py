@@ -7,7 +7,8 @@ the UI (Pilot tests) and benchmarks can all drive the real client against it:
         ... point a client at server.base_url ...
         assert server.chat_bodies[1]["messages"][-1]["role"] == "tool"
 
-A reply may also be a callable taking the request body and returning a ScriptedReply.
+A reply may also be a callable taking the request body and returning a ScriptedReply. Set `metrics` (for example
+to `openjet_metrics(...)`) and GET /metrics serves it as Prometheus text; without it /metrics is a 404.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ Script = ScriptedReply | Callable[[dict[str, Any]], ScriptedReply]
 
 
 class ScriptedServer:
-    """Serves /v1/chat/completions from a reply queue, plus /v1/models, /props, /tokenize and /health."""
+    """Serves /v1/chat/completions from a reply queue, plus /v1/models, /props, /tokenize, /health and /metrics."""
 
     def __init__(self, replies: Iterable[Script] = (), *, model: str = "scripted-model",
                  context_window: int | None = None, supports_tools: bool | None = None,
@@ -74,6 +75,7 @@ class ScriptedServer:
         self.tokenize = tokenize
         self.model_fields = model_fields or {}  # extra /v1/models entry fields, e.g. vLLM's max_model_len
         self.ollama_show = ollama_show  # the answer to Ollama's POST /api/show
+        self.metrics: str | None = None  # the Prometheus text GET /metrics serves (None: 404, as llama-server)
         self.replies: deque[Script] = deque(replies)
         self.requests: list[RecordedRequest] = []
         self.disconnects = 0  # streams the client closed before the reply ended
@@ -197,8 +199,11 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        """Informational endpoints: /v1/models, /props, /health."""
+        """Informational endpoints: /v1/models, /props, /health, /metrics."""
         self.scripted.record(RecordedRequest("GET", self.path, dict(self.headers), None, 0))
+        if self.path == "/metrics" and self.scripted.metrics is not None:
+            self._text(200, self.scripted.metrics, "text/plain; version=0.0.4; charset=utf-8")
+            return
         document = self.scripted.info_document(self.path)
         self._json(404 if document is None else 200, document or {"error": {"message": "not found"}})
 
@@ -217,9 +222,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"no route {self.path}"}})
 
     def _json(self, status: int, document: Any) -> None:
-        data = json.dumps(document).encode()
+        self._text(status, json.dumps(document), "application/json")
+
+    def _text(self, status: int, text: str, content_type: str) -> None:
+        data = text.encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -255,6 +263,26 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(script.delay_s)
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+
+def openjet_metrics(*, decode_tps: float = 0.0, prefill_tps: float = 0.0, generated: int = 0, drafted: int = 0,
+                    accepted: int = 0, acceptance_length: float = 0.0, context_tokens: int = 0,
+                    context_size: int = 0, backend: str = "cuda", backend_reason: str = "",
+                    model: str = "scripted-model") -> str:
+    """A /metrics page exactly as openjet-engine renders one (its own registry, names and format)."""
+    from engine.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    metrics.decode_rate.set(decode_tps)
+    metrics.prefill_rate.set(prefill_tps)
+    metrics.generated_tokens.inc(generated)
+    metrics.draft_tokens.inc(drafted)
+    metrics.accepted_tokens.inc(accepted)
+    metrics.acceptance_length.set(acceptance_length)
+    metrics.context_tokens.set(context_tokens)
+    metrics.context_size.set(context_size)
+    metrics.backend.info({"backend": backend, "backend_reason": backend_reason, "model": model})
+    return metrics.render().decode()
 
 
 def _handler_for(server: ScriptedServer) -> type[BaseHTTPRequestHandler]:
