@@ -10,6 +10,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from openjet_tui.agent import events as ev
+
 HISTORY_LENGTH = 40  # decode speeds kept for the sparkline (one per request)
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -117,12 +119,55 @@ class EngineFigures:
             passes = values["llamacpp:spec_decode_num_drafts_total"]
             self.acceptance_length = (accepted + passes) / passes
 
-    def estimate_decode(self, completion_tokens: int, seconds: float) -> None:
-        """Chunk-timing estimate, used only while the server has reported no speed at all."""
-        if self.source or seconds <= 0 or completion_tokens <= 0:
-            return
+    def estimate_decode(self, completion_tokens: int, seconds: float) -> bool:
+        """Chunk-timing estimate, used only while the server has reported no speed at all; True when recorded."""
+        if self.source not in ("", "estimated") or seconds <= 0 or completion_tokens <= 0:
+            return False
         self.record_decode(completion_tokens / seconds)
         self.source = "estimated"
+        return True
+
+
+def is_local(event: ev.UsageReported | ev.EngineStats | ev.ToolResult) -> bool:
+    """Whether the local engine served it (with Slipstream, "cloud" events are the orchestrator's)."""
+    return event.origin != "cloud"
+
+
+class ChunkTiming:
+    """Chunk-timing decode estimates, each kept back until it is known that its request's server sent no timings.
+
+    The agent emits a request's UsageReported and then, only when the server reported them, its EngineStats; the
+    screen may draw the two in different batches. So an estimate waits for the next event: EngineStats drops it,
+    anything else lets it count. Cloud requests (the Slipstream orchestrator) are not the local engine's: not timed.
+    """
+
+    def __init__(self) -> None:
+        self._started: float | None = None  # when the current local request was sent
+        self._seconds: dict[int, float] = {}  # id(UsageReported) -> seconds its request streamed
+        self._pending: tuple[int, float] | None = None  # (completion tokens, seconds) of the last drawn usage
+
+    def clock(self, event: ev.Event, now: float) -> None:
+        """As events are emitted: note when local requests start and how long each one streamed."""
+        if isinstance(event, ev.TurnStarted) or (isinstance(event, ev.ToolResult) and is_local(event)):
+            self._started = now
+        elif isinstance(event, ev.UsageReported) and is_local(event) and self._started is not None:
+            self._seconds[id(event)] = now - self._started
+
+    def settle(self, event: ev.Event, figures: EngineFigures) -> bool:
+        """As events are drawn, in order: hold, drop or apply estimates; True when the figures changed."""
+        if isinstance(event, ev.EngineStats):
+            if is_local(event):
+                self._pending = None  # the server reported this request's speed
+            return False
+        changed = False
+        if self._pending is not None:  # the event after a usage report that had no timings behind it
+            changed = figures.estimate_decode(*self._pending)
+            self._pending = None
+        if isinstance(event, ev.UsageReported):
+            seconds = self._seconds.pop(id(event), None)
+            if seconds is not None:
+                self._pending = (event.completion_tokens, seconds)
+        return changed
 
 
 def backend_info(samples: list[MetricSample]) -> dict[str, str]:

@@ -1,5 +1,6 @@
-"""The engine panel: figures from the response `timings` and from /metrics (OpenJet's and llama-server's names),
-never replaced by an estimate once the server reports them; GPU figures from NVML samples."""
+"""The engine panel: figures from the response `timings` and from a polled /metrics (OpenJet's and llama-server's
+names), never estimated from chunk timing for a request whose server reported them, never the Slipstream cloud
+model's; GPU figures from NVML samples."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 
 from openjet_tui.runtime.hardware import GpuSample
 from openjet_tui.ui.figures import EngineFigures, backend_info, parse_prometheus
-from tests.agent.scripted_server import reply
+from openjet_tui.ui.screens.confirm import SlipstreamConfirm
+from tests.agent.scripted_server import ScriptedServer, call, openjet_metrics, reply
 from tests.ui.support import send, wait_for, wait_idle
 
 OPENJET_METRICS = """# HELP openjet_decode_tokens_per_second Decode speed of the last request
@@ -54,23 +56,98 @@ def test_llama_server_metrics_give_acceptance_length_per_verify_pass():
     assert not EngineFigures().apply_metrics(parse_prometheus("# nothing here\nprocess_cpu_seconds_total 3\n"))
 
 
-def test_an_estimate_never_replaces_reported_figures():
-    figures = EngineFigures()
-    figures.apply_timings(900.0, 20, 42.5, None, None)
-    figures.estimate_decode(100, 0.5)  # 200 tok/s by chunk timing: ignored, the server reported 42.5
-    assert (figures.decode_tps, figures.source) == (42.5, "timings")
-    fresh = EngineFigures()
-    fresh.estimate_decode(100, 0.5)
-    assert (fresh.decode_tps, fresh.source) == (200.0, "estimated")
+TIMINGS = {"prompt_n": 120, "prompt_per_second": 880.0, "predicted_n": 20, "predicted_per_second": 42.5,
+           "draft_n": 10, "draft_n_accepted": 7}
+
+
+def panel_text(panel, selector: str) -> str:
+    """What one part of the engine panel shows."""
+    return str(panel.query_one(selector).render())
+
+
+async def test_reported_timings_leave_no_estimate_in_the_sparkline(server, workspace, make_app):
+    # the agent emits each request's usage before its timings, as it does for every real server
+    (workspace / "a.py").write_text("print(1)\n")
+    server.push(reply(tool_calls=[call("read_file", path="a.py")], timings=TIMINGS, delay_s=0.01),
+                reply("It prints 1.", timings={**TIMINGS, "predicted_per_second": 40.0}, delay_s=0.01))
+    app = make_app(server)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await send(pilot, "what does a.py do?")
+        await wait_idle(pilot)
+        figures = app.chat.figures
+        assert figures.decode_history == [42.5, 40.0] and figures.source == "timings"
+        assert "40.0 tok/s" in panel_text(app.chat.engine_panel, "#engine-decode")
+
+
+async def test_a_server_without_timings_gets_one_labelled_estimate_per_request(server, workspace, make_app):
+    (workspace / "a.py").write_text("print(1)\n")
+    server.push(reply(tool_calls=[call("read_file", path="a.py")], delay_s=0.01),
+                reply("It prints 1, as the file says.", delay_s=0.01))
+    app = make_app(server)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await send(pilot, "what does a.py do?")
+        await wait_idle(pilot)
+        figures = app.chat.figures
+        assert len(figures.decode_history) == 2 and figures.source == "estimated"
+        assert figures.decode_tps == figures.decode_history[-1] > 0
+        assert "estimated from chunk timing" in panel_text(app.chat.engine_panel, "#engine-source")
+
+
+async def test_slipstream_cloud_figures_never_reach_the_local_engine_panel(server, workspace, make_app):
+    from tests.ui.test_slipstream import configure
+
+    cloud_usage = {"prompt_tokens": 90000, "completion_tokens": 50, "total_tokens": 90050}
+    cloud_timings = {**TIMINGS, "predicted_per_second": 999.0}
+    with ScriptedServer([reply(tool_calls=[call("delegate_local", task="say hi")], usage=cloud_usage,
+                               timings=cloud_timings, delay_s=0.01),
+                         reply("Done.", usage=cloud_usage, timings=cloud_timings, delay_s=0.01)],
+                        model="cloud-model") as cloud:
+        configure(workspace, cloud)
+        server.push(reply("hi", delay_s=0.01, timings=TIMINGS,
+                          usage={"prompt_tokens": 900, "completion_tokens": 20, "total_tokens": 920}))
+        app = make_app(server)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, app.controller.ready.is_set, what="the connection")
+            await pilot.press("f3")
+            await wait_for(pilot, lambda: isinstance(app.screen, SlipstreamConfirm), what="the confirmation")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: app.chat.banner.is_on, what="the banner")
+            await send(pilot, "greet me")
+            await wait_idle(pilot)
+            assert len(cloud.chat_bodies) == 2 and len(server.chat_bodies) == 1  # the delegate ran locally
+            figures = app.chat.figures
+            assert figures.decode_history == [42.5] and figures.source == "timings"  # no 999, no estimate
+            assert figures.context_used == 920 and app.chat.status_bar.context_used == 920
+            assert "920/32.8k" in panel_text(app.chat.engine_panel, "#engine-speeds")
+
+
+async def test_metrics_are_polled_from_the_server(server, workspace):
+    from openjet_tui.ui.app import OpenJetApp
+    from openjet_tui.ui.controller import LaunchOptions
+
+    server.metrics = openjet_metrics(decode_tps=55.5, prefill_tps=1234.0, generated=40, drafted=20, accepted=15,
+                                     acceptance_length=2.5, context_tokens=700, context_size=4096,
+                                     backend="cuda", backend_reason="per-op kernels: the megakernel runs qwen35 only")
+    app = OpenJetApp(LaunchOptions(provider="llama-server", base_url=server.base_url, workspace=workspace),
+                     gpu_sampler=None, poll_metrics=True, watch_workspace=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.chat.engine_panel
+        await wait_for(pilot, lambda: panel.backend == "cuda", what="the backend from /metrics")
+        assert panel.reason == "per-op kernels: the megakernel runs qwen35 only"
+        await wait_for(pilot, lambda: "55.5 tok/s" in panel_text(panel, "#engine-decode"), what="the speed")
+        speeds = panel_text(panel, "#engine-speeds")
+        assert "1,234 tok/s" in speeds and "75% accepted" in speeds and "2.50 tok/pass" in speeds
+        assert "700/4.1k" in speeds and "figures from the server's /metrics" in panel_text(panel, "#engine-source")
+        server.metrics = openjet_metrics(decode_tps=61.0, generated=90, backend="cuda")  # one more request
+        await wait_for(pilot, lambda: app.chat.figures.decode_history == [55.5, 61.0], what="the next request")
+    assert sum(r.path == "/metrics" for r in server.requests) >= 2
 
 
 async def test_panel_shows_timings_context_and_gpu(server, workspace):
     from openjet_tui.ui.app import OpenJetApp
     from openjet_tui.ui.controller import LaunchOptions
 
-    timings = {"prompt_n": 120, "prompt_per_second": 880.0, "predicted_n": 20, "predicted_per_second": 42.5,
-               "draft_n": 10, "draft_n_accepted": 7}
-    server.push(reply("hi", timings=timings, usage={"prompt_tokens": 1200, "completion_tokens": 20,
+    server.push(reply("hi", timings=TIMINGS, usage={"prompt_tokens": 1200, "completion_tokens": 20,
                                                     "total_tokens": 1220}))
     gpu = GpuSample(0, "NVIDIA H200", 87, 20 * 2**30, 140 * 2**30, 61, 312.4)
     app = OpenJetApp(LaunchOptions(provider="llama-server", base_url=server.base_url, workspace=workspace),

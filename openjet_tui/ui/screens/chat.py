@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 
 from openjet_tui.agent import events as ev
-from openjet_tui.ui.figures import EngineFigures
+from openjet_tui.ui.figures import ChunkTiming, EngineFigures, is_local
 from openjet_tui.ui.render import CONVERSATION_EVENTS, EventRenderer, history_records
 from openjet_tui.ui.widgets.chat_items import NoticeLine, UserMessage
 from openjet_tui.ui.widgets.conversation import Conversation
@@ -43,8 +43,7 @@ class ChatScreen(Screen[None]):
         self.sources = sources
         self.figures = EngineFigures()
         self.renderer: EventRenderer | None = None
-        self._request_started: float | None = None  # for the chunk-timing estimate only
-        self._stream_seconds: dict[int, float] = {}  # id(UsageReported) -> seconds its request streamed
+        self.timing = ChunkTiming()  # decode estimates for servers that report no timings
 
     def compose(self) -> ComposeResult:
         """Banner on top, conversation and prompts beside the engine panel, editor, status bar."""
@@ -137,39 +136,31 @@ class ChatScreen(Screen[None]):
 
     def clock(self, event: ev.Event) -> None:
         """Note when requests start and end as events are emitted (drawing happens later, in batches)."""
-        if isinstance(event, (ev.TurnStarted, ev.ToolResult)):
-            self._request_started = time.monotonic()
-        elif isinstance(event, ev.UsageReported) and self._request_started is not None:
-            self._stream_seconds[id(event)] = time.monotonic() - self._request_started
+        self.timing.clock(event, time.monotonic())
 
     def _apply_state(self, event: ev.Event) -> None:
-        figures, changed = self.figures, True
-        if isinstance(event, ev.UsageReported):
+        figures = self.figures
+        changed = self.timing.settle(event, figures)
+        if isinstance(event, ev.UsageReported) and is_local(event):  # the orchestrator's window is not ours
             figures.context_used = event.prompt_tokens + event.completion_tokens
             figures.context_window = event.context_window or figures.context_window
-            seconds = self._stream_seconds.pop(id(event), None)
-            if seconds is not None:
-                figures.estimate_decode(event.completion_tokens, seconds)
             self.status_bar.context_used, self.status_bar.context_window = figures.context_used, \
                 figures.context_window
+            changed = True
         elif isinstance(event, ev.TurnStarted):
             self.status_bar.session_id = event.session_id or self.status_bar.session_id
-            changed = False
-        elif isinstance(event, ev.EngineStats):
+        elif isinstance(event, ev.EngineStats) and is_local(event):
             figures.apply_timings(event.prompt_per_second, event.predicted_n, event.predicted_per_second,
                                   event.draft_n, event.draft_n_accepted)
+            changed = True
         elif isinstance(event, ev.SlipstreamTraffic):
             banner = self.banner
             banner.num_requests, banner.bytes_sent = event.total_requests, event.total_bytes_sent
             banner.tokens_sent = event.total_tokens_sent
-            changed = False
         elif isinstance(event, ev.ProposalStale):
             for review in self.prompt_area.query(DiffReview):
                 if review.proposal.id == event.proposal_id:
                     review.is_stale = True
-            changed = False
-        else:
-            changed = False
         if changed:
             self.engine_panel.figures = figures
 
