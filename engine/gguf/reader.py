@@ -284,12 +284,13 @@ class GGUFFile:
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor called name as float32 of its numpy shape."""
-        from engine.gguf.quants import dequantize  # quants imports nothing from here; keep the header module light
+        # quants imports nothing from here; keep the header module light
+        from engine.gguf.quants import QuantTypeError, dequantize
 
         info = self.tensor(name)
         try:
             return dequantize(info.data, info.qtype, info.shape)
-        except UnsupportedModelError as exc:
+        except QuantTypeError as exc:  # a type gguf knows the size of but we do not decode (Q2_K, IQ*, ...)
             raise UnsupportedModelError(self.path, str(exc), tensor=name) from None
 
     def __repr__(self) -> str:

@@ -138,6 +138,22 @@ def test_broken_files_give_clear_errors(sample, tmp_path, edit, error, message):
     assert str(broken) in str(caught.value)
 
 
+def test_dequantizing_an_unsupported_type_names_file_and_tensor(tmp_path):
+    # Q2_K has a known block size, so the file opens; decoding it is what the engine cannot do
+    path = tmp_path / "q2k.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("q.weight", np.zeros((2, 84), dtype=np.uint8), raw_dtype=Q.Q2_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f = GGUFFile.open(path)
+    assert f.tensors["q.weight"].qtype == Q.Q2_K
+    with pytest.raises(UnsupportedModelError, match=r"tensor 'q.weight': quant type Q2_K is not supported") as caught:
+        f.dequantize("q.weight")
+    assert str(path) in str(caught.value) and "Q4_K" in str(caught.value)  # says what would have worked
+
+
 def test_row_length_that_does_not_fill_blocks(sample, tmp_path):
     def edit(raw: bytearray) -> None:  # c.weight is Q8_0 (blocks of 32): make its rows 48 long
         at = tensor_info_offset(raw, "c.weight") + 4
