@@ -162,6 +162,7 @@ class UsageReported(Event):
     total_tokens: int
     context_window: int | None = None
     origin: str = "local"
+    reasoning_tokens: int | None = None  # of completion_tokens, when the server reports them
 
 
 @dataclass(slots=True)

@@ -175,7 +175,7 @@ class Agent:
             usage = result.usage
             self._counted = (usage.total_tokens, len(self.history))
             self.emit(ev.UsageReported(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens,
-                                       self.config.context_window, origin))
+                                       self.config.context_window, origin, usage.reasoning_tokens))
         if result.timings is not None:
             t = result.timings
             self.emit(ev.EngineStats(t.prompt_n, t.prompt_per_second, t.predicted_n, t.predicted_per_second,

@@ -58,13 +58,17 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    reasoning_tokens: int | None = None  # completion_tokens_details.reasoning_tokens, when the server counts them
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Usage:
         """Parse an OpenAI `usage` object, tolerating missing fields."""
         prompt = int(data.get("prompt_tokens") or 0)
         completion = int(data.get("completion_tokens") or 0)
-        return cls(prompt, completion, int(data.get("total_tokens") or prompt + completion))
+        details = data.get("completion_tokens_details")
+        reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        return cls(prompt, completion, int(data.get("total_tokens") or prompt + completion),
+                   int(reasoning) if isinstance(reasoning, (int, float)) else None)
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from openjet_tui.agent import events as ev
@@ -18,20 +19,31 @@ from openjet_tui.ui.widgets.conversation import Conversation
 
 CONVERSATION_EVENTS = (ev.TextDelta, ev.ReasoningDelta, ev.AssistantMessage, ev.ToolRequested, ev.ProposalCreated,
                        ev.ProposalResolved, ev.ProposalStale, ev.ShellResolved, ev.ToolResult, ev.TodoUpdated,
-                       ev.Compacted, ev.Notice, ev.ErrorEvent, ev.TurnStarted, ev.TurnFinished)
+                       ev.Compacted, ev.Notice, ev.ErrorEvent, ev.TurnStarted, ev.TurnFinished, ev.UsageReported)
 MAX_CARDS = 1000  # tool cards remembered by call id for late updates
+
+
+@dataclass(slots=True)
+class ReasoningRun(ev.ReasoningDelta):
+    """Consecutive reasoning deltas joined for drawing, and how many there were (one per streamed chunk)."""
+
+    num_deltas: int = 1
 
 
 def coalesce(events: Iterable[ev.Event]) -> list[ev.Event]:
     """Join runs of text (or reasoning) deltas from the same origin into one delta each."""
     out: list[ev.Event] = []
     for event in events:
+        if isinstance(event, ev.ReasoningDelta) and not isinstance(event, ReasoningRun):
+            event = ReasoningRun(event.text, event.origin)
         last = out[-1] if out else None
-        if isinstance(event, (ev.TextDelta, ev.ReasoningDelta)) and type(last) is type(event) \
-                and last.origin == event.origin:  # type: ignore[union-attr]
-            out[-1] = type(event)(last.text + event.text, event.origin)  # type: ignore[union-attr]
-        else:
+        if not isinstance(event, (ev.TextDelta, ReasoningRun)) or type(last) is not type(event) \
+                or last.origin != event.origin:  # type: ignore[union-attr]
             out.append(event)
+        elif isinstance(event, ReasoningRun) and isinstance(last, ReasoningRun):
+            out[-1] = ReasoningRun(last.text + event.text, event.origin, last.num_deltas + event.num_deltas)
+        else:
+            out[-1] = ev.TextDelta(last.text + event.text, event.origin)  # type: ignore[union-attr]
     return out
 
 
@@ -51,6 +63,7 @@ class EventRenderer:
     def __init__(self, conversation: Conversation):
         self.conversation = conversation
         self.reply: AssistantReply | None = None
+        self.finished: AssistantReply | None = None  # the last finished reply, until its usage report comes
         self.cards: dict[str, ToolCard] = {}
         self.proposal_cards: dict[str, ToolCard] = {}
 
@@ -66,9 +79,11 @@ class EventRenderer:
             if isinstance(event, ev.TextDelta):
                 await reply.append_text(event.text)
             else:
-                await reply.append_reasoning(event.text)
+                await reply.append_reasoning(event.text, getattr(event, "num_deltas", 1))
         elif isinstance(event, ev.AssistantMessage):
             await self._finish_reply(event)
+        elif isinstance(event, ev.UsageReported):
+            self._count_reasoning(event)
         elif isinstance(event, (ev.TurnStarted, ev.TurnFinished)):
             await self._close_reply()
             if isinstance(event, ev.TurnFinished) and event.status == "cancelled":
@@ -92,11 +107,20 @@ class EventRenderer:
             self.reply = None
 
     async def _finish_reply(self, event: ev.AssistantMessage) -> None:
+        self.finished = None
         if self.reply is not None and self.reply.origin == event.origin:
             await self.reply.finish(event.content)
-            self.reply = None
+            self.reply, self.finished = None, self.reply
         elif event.content.strip():  # nothing was streamed (a server that ignored `stream`)
-            await self.conversation.add(AssistantReply(event.origin, event.content, event.reasoning))
+            self.finished = AssistantReply(event.origin, event.content, event.reasoning)
+            await self.conversation.add(self.finished)
+
+    def _count_reasoning(self, event: ev.UsageReported) -> None:
+        """The server's reasoning token count replaces the counted chunks of the reply it belongs to (a 0 beside
+        reasoning text is a server that does not count them)."""
+        reply, self.finished = self.finished, None
+        if reply is not None and reply.origin == event.origin and event.reasoning_tokens:
+            reply.set_reasoning_tokens(event.reasoning_tokens)
 
     async def _apply_tool_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.ToolRequested):

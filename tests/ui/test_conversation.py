@@ -1,5 +1,5 @@
-"""The conversation: follows streamed output unless the person scrolls up; reasoning collapsed with its token count;
-tool cards expand; a 2,000-message history mounts only a window and loads earlier pages on demand."""
+"""The conversation: follows streamed output unless the person scrolls up; reasoning collapsed with its token count
+(the server's, else one per streamed chunk, else an estimate); tool cards expand; a 2,000-message history mounts only a window and loads earlier pages on demand."""
 
 from __future__ import annotations
 
@@ -46,13 +46,35 @@ async def test_reasoning_is_collapsed_with_its_token_count_and_cards_expand(serv
         await wait_idle(pilot)
         first = app.chat.conversation.query(AssistantReply).first()
         box = first.query_one("#reasoning", Collapsible)
-        assert box.collapsed and "~30 tokens" in str(box.title)
+        # the server reports no count: one token per streamed reasoning chunk (120 characters, 7 per chunk)
+        assert box.collapsed and str(box.title) == "reasoning · 18 tokens"
         card = app.chat.conversation.query_one(ToolCard)
         assert "read_file a.py" in str(card.title) and "done" in str(card.title) and card.collapsed
         assert not card.query(".card-result")  # details are built only when opened
         card.collapsed = False
         await wait_for(pilot, lambda: card.query(".card-result"), what="the card details")
         assert "print(1)" in str(card.query_one(".card-result").render())
+
+
+async def test_reasoning_count_is_the_servers_when_it_reports_one(server, workspace, make_app):
+    usage = {"prompt_tokens": 300, "completion_tokens": 40, "total_tokens": 340,
+             "completion_tokens_details": {"reasoning_tokens": 31}}
+    server.push(reply("Fine.", reasoning="Several tokens arrive in each chunk here. " * 3, chunk_chars=40,
+                      usage=usage))
+    app = make_app(server)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await send(pilot, "hello")
+        await wait_idle(pilot)
+        answer = app.chat.conversation.query_one(AssistantReply)
+        assert str(answer.query_one("#reasoning", Collapsible).title) == "reasoning · 31 tokens"  # not 4 chunks
+        assert answer.record()().reasoning_tokens == 31  # kept when scrolled out and mounted again
+        session_id = app.controller.session.id
+    app = make_app(server, resume=session_id)
+    async with app.run_test(size=(120, 40)) as pilot:  # a stored reply: no count survives, so an estimate
+        [answer] = await wait_for(pilot, lambda: list(app.chat.conversation.query(AssistantReply)),
+                                  what="the stored reply")
+        await pilot.pause()
+        assert str(answer.query_one("#reasoning", Collapsible).title) == "reasoning · ~32 tokens"
 
 
 async def test_two_thousand_message_history_mounts_a_window(server, workspace, make_app):

@@ -33,8 +33,14 @@ STATUS_STYLES = {"error": "$text-error", "denied": "$text-error", "rejected": "$
 
 
 def estimate_tokens(text: str) -> int:
-    """About four characters per token: what the reasoning header shows (marked "~")."""
+    """About four characters per token: what the reasoning header shows (marked "~") when nothing was counted."""
     return math.ceil(len(text) / 4)
+
+
+def reasoning_title(reasoning: str, num_tokens: int | None) -> Content:
+    """'reasoning · 42 tokens' (reported by the server, or one per streamed chunk), else '~N' from the length."""
+    count = f"~{estimate_tokens(reasoning)}" if num_tokens is None else f"{num_tokens:,}"
+    return Content.from_markup("reasoning [dim]· $count tokens[/dim]", count=count)
 
 
 class UserMessage(Static):
@@ -57,7 +63,9 @@ class UserMessage(Static):
 
 
 class AssistantReply(Vertical):
-    """A model reply: collapsed reasoning with its token count, then the text, streamed as it arrives."""
+    """A model reply: collapsed reasoning with its token count, then the text, streamed as it arrives. The count is
+    the server's (usage.completion_tokens_details.reasoning_tokens) when it reports one, else one per streamed
+    reasoning chunk, else (a stored or unstreamed reply) an estimate from the length."""
 
     DEFAULT_CSS = """
     AssistantReply { height: auto; margin: 1 0 0 0; }
@@ -66,9 +74,11 @@ class AssistantReply(Vertical):
     AssistantReply .reasoning-text { color: $text-muted; text-style: italic; }
     """
 
-    def __init__(self, origin: str = "local", content: str = "", reasoning: str = "", is_streaming: bool = False):
+    def __init__(self, origin: str = "local", content: str = "", reasoning: str = "", is_streaming: bool = False,
+                 reasoning_tokens: int | None = None):
         super().__init__(classes=f"-{origin}")
         self.origin, self.reasoning = origin, reasoning
+        self.reasoning_tokens = reasoning_tokens  # None: not counted (the title shows an estimate)
         self.body = ReplyBody(content, is_streaming=is_streaming)
 
     @property
@@ -89,23 +99,31 @@ class AssistantReply(Vertical):
                            title=self._reasoning_title(), collapsed=True, id="reasoning")  # type: ignore[arg-type]
 
     def _reasoning_title(self) -> Content:
-        return Content.from_markup("reasoning [dim]· ~$count tokens[/dim]", count=estimate_tokens(self.reasoning))
+        return reasoning_title(self.reasoning, self.reasoning_tokens)
 
     async def append_text(self, fragment: str) -> None:
         """Stream more reply text."""
         await self.body.append(fragment)
 
-    async def append_reasoning(self, fragment: str) -> None:
-        """Add reasoning text; the header's token count follows (the text itself is filled in when opened)."""
+    async def append_reasoning(self, fragment: str, num_chunks: int = 1) -> None:
+        """Add reasoning text and count its streamed chunks; the header's count follows (the text itself is filled
+        in when opened)."""
         self.reasoning += fragment
-        boxes = self.query("#reasoning").results(Collapsible)
-        box = next(boxes, None)
+        self.reasoning_tokens = (self.reasoning_tokens or 0) + num_chunks
+        box = next(self.query("#reasoning").results(Collapsible), None)
         if box is None:
             await self.mount(self._reasoning_box(), before=self.body)
             return
         box.title = self._reasoning_title()  # type: ignore[assignment]  # Collapsible accepts Content titles
         if not box.collapsed:
             box.query_one(".reasoning-text", Static).update(self.reasoning)
+
+    def set_reasoning_tokens(self, num_tokens: int) -> None:
+        """The server's count of this reply's reasoning tokens (it replaces the counted chunks)."""
+        self.reasoning_tokens = num_tokens
+        box = next(self.query("#reasoning").results(Collapsible), None)
+        if box is not None:
+            box.title = self._reasoning_title()  # type: ignore[assignment]
 
     @on(Collapsible.Expanded, "#reasoning")
     def reasoning_opened(self) -> None:
@@ -117,8 +135,9 @@ class AssistantReply(Vertical):
         await self.body.finish(content)
 
     def record(self) -> Record:
-        """Rebuild, finished, with the text so far."""
-        return functools.partial(AssistantReply, self.origin, self.content, self.reasoning)
+        """Rebuild, finished, with the text and the reasoning count so far."""
+        return functools.partial(AssistantReply, self.origin, self.content, self.reasoning,
+                                 reasoning_tokens=self.reasoning_tokens)
 
 
 def call_summary(name: str, arguments: dict[str, Any]) -> str:
