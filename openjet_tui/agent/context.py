@@ -18,7 +18,8 @@ AGENTS_FILE = "AGENTS.md"
 MAX_AGENTS_CHARS = 20_000
 MAX_TRANSCRIPT_RESULT_CHARS = 1500
 MODE_NOTES = {
-    Mode.READ_ONLY: "You may read and search; edits are refused and every command needs approval.",
+    Mode.READ_ONLY: ("You may read and search; edits are refused and only read-only commands run (ls, cat, grep, "
+                     "git status/diff/log, ...); anything that writes files is refused."),
     Mode.ASK: "Edits and commands need the person's approval unless a rule allows the command.",
     Mode.AUTO_EDIT: "Edits are applied without asking; commands need approval unless a rule allows them.",
     Mode.AUTO: "Edits apply and commands run without asking, except those denied by policy.",

@@ -113,7 +113,8 @@ def resolve_setup(args: argparse.Namespace) -> Setup:
 
 
 NO_TERMINAL = {
-    Mode.READ_ONLY: "read-only mode needs a person to approve every command, and there is no terminal",
+    Mode.READ_ONLY: ("read-only mode needs a person to approve reading outside the workspace, and there is no "
+                     "terminal"),
     Mode.ASK: ("ask mode needs a person to approve and there is no terminal; rerun in a terminal, or "
                "choose --mode auto-edit (edits apply) or --mode auto (commands run too)"),
     Mode.AUTO_EDIT: ("auto-edit mode needs a person to approve commands no allow rule covers, and there "

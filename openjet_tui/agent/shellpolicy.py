@@ -16,13 +16,18 @@ from pathlib import Path
 
 import bashlex
 
+from openjet_tui.agent.shellpaths import (PRINTERS, SAFE_PATHS, expansions, outside_paths, reaches_outside,
+                                          redirect_target, run_time_targets, word_value)
 from openjet_tui.errors import ConfigError
+
+__all__ = ["CommandPart", "Mode", "Rule", "ShellPolicy", "ShellVerdict", "narrow_rule", "outside_paths",
+           "split_command"]
 
 
 class Mode(enum.StrEnum):
     """How much the agent may do without asking."""
 
-    READ_ONLY = "read-only"  # no edits; every command asks
+    READ_ONLY = "read-only"  # no edits; only read-only commands run, reading outside the workspace asks
     ASK = "ask"  # edits ask; commands ask unless every part is allowed by a rule
     AUTO_EDIT = "auto-edit"  # edits apply; commands as in ask
     AUTO = "auto"  # edits apply; commands run unless a part is denied or cannot be checked
@@ -72,6 +77,8 @@ class CommandPart:
     flags: list[str] = field(default_factory=list)  # why it can never be allowed by a rule alone
     nested: list[CommandPart] = field(default_factory=list)  # what `bash -c`/`sudo`/`xargs` would run
     is_opaque: bool = False  # what runs cannot be known before running it: never runs without asking
+    redirects: list[str] = field(default_factory=list)  # the files its redirects open (`< x`, `> y`, `2>> z`)
+    escapes: list[str] = field(default_factory=list)  # why its files are only known at run time (`$HOME`, `~`)
 
     def walk(self) -> list[CommandPart]:
         """This part and everything nested in it."""
@@ -114,13 +121,23 @@ DESTRUCTIVE_SUBCOMMANDS = frozenset({("git", "push"), ("git", "reset"), ("git", 
                                      ("git", "rebase"), ("git", "branch"), ("git", "restore"), ("git", "stash")})
 RUNNERS = frozenset({("npm", "run"), ("yarn", "run"), ("pnpm", "run"), ("cargo", "run"), ("go", "run"),
                      ("uv", "run"), ("poetry", "run"), ("npx", ""), ("make", "")})
-SAFE_PATHS = frozenset({"/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr"})
 _OPTIONS_WITH_VALUES = {"nice": {"-n"}, "xargs": {"-I", "-n", "-P", "-L", "-d", "-s", "-E", "-a"},
                         "timeout": {"-s", "-k", "--signal", "--kill-after"}, "env": {"-u", "-C", "-S"},
                         "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-U"}, "ionice": {"-c", "-n", "-p"},
                         "watch": {"-n", "-d"}, "strace": {"-o", "-e", "-p", "-s"}}
 _SUBCOMMAND = re.compile(r"^[A-Za-z][A-Za-z0-9_:-]*$")
-_WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>"})
+_WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
+# What read-only mode runs: commands that only read, each with the options that would make it write or run
+# another program. Allow rules do not extend it (a rule allowing `make` must not let read-only mode build).
+READ_ONLY_COMMANDS: dict[tuple[str, ...], frozenset[str]] = {
+    **{(name,): frozenset() for name in ("ls", "pwd", "cat", "head", "tail", "wc", "grep", "echo", "printf",
+                                          "stat", "du", "diff", "cmp", "basename", "dirname", "realpath",
+                                          "readlink", "sha256sum", "md5sum", "cut", "tr", "nl", "which", "true", "cd")},
+    ("file",): frozenset({"-C", "--compile"}),
+    ("rg",): frozenset({"--pre"}),
+    **{("git", sub): frozenset({"--output", "--ext-diff", "-O", "--open-files-in-pager"})
+       for sub in ("status", "diff", "log", "show", "blame", "grep", "ls-files", "rev-parse")},
+}
 
 
 def split_command(command: str) -> list[CommandPart]:
@@ -162,8 +179,21 @@ def _collect(node: bashlex.ast.node, source: str, parts: list[CommandPart]) -> N
     if kind == "command":
         parts.append(_command_part(node, source, parts))
         return
+    if kind in ("commandsubstitution", "processsubstitution") and not _is_whole(node, source):
+        parts += _fallback_split(source[node.pos[0]:])  # bashlex lost part of it: check every piece, run none
+        return
     for child in _children(node):
         _collect(child, source, parts)
+
+
+def _is_whole(substitution: bashlex.ast.node, source: str) -> bool:
+    """False when bashlex parsed only part of a `$(...)`, `` `...` `` or `<(...)` (it stops at a newline inside)."""
+    text = source[substitution.pos[0]:substitution.pos[1]]
+    opener, closer = (1, "`") if text.startswith("`") else (2, ")")
+    if len(text) <= opener or not text.endswith(closer) or not hasattr(substitution.command, "pos"):
+        return False
+    start, end = substitution.command.pos
+    return not source[substitution.pos[0] + opener:start].strip() and not source[end:substitution.pos[1] - 1].strip()
 
 
 def _children(node: bashlex.ast.node) -> list[bashlex.ast.node]:
@@ -178,27 +208,47 @@ def _children(node: bashlex.ast.node) -> list[bashlex.ast.node]:
 
 
 def _command_part(node: bashlex.ast.node, source: str, parts: list[CommandPart]) -> CommandPart:
-    words, flags = [], []
+    words, word_nodes, flags, redirects, escapes = [], [], [], [], []
+    is_opaque = False
     for child in node.parts:
         if child.kind == "word":
-            words.append(child.word)
+            words.append(word_value(child, source))
+            word_nodes.append(child)
         elif child.kind == "assignment":
             flags.append("sets environment variables")
-        elif child.kind == "redirect" and _writes_file(child):
-            flags.append(f"writes to {child.output.word}")
+        elif child.kind == "redirect" and _redirect(child, source, parts, redirects, flags, escapes):
+            is_opaque = True
         for inner in getattr(child, "parts", None) or []:  # $(...), `...`, <(...) inside words
             _collect(inner, source, parts)
-    is_opaque = bool(words) and bool(re.search(r"[$`]", words[0]))
-    if is_opaque:
+    if words and re.search(r"[$`]", words[0]):
+        is_opaque = True
         flags.append("the command name is computed at run time")
-    part = CommandPart(source[node.pos[0]:node.pos[1]], words, flags, is_opaque=is_opaque)
+    if words and os.path.basename(words[0]) not in PRINTERS:  # `echo $HOME` prints a value, opens nothing
+        escapes += [reason for word in word_nodes[1:] for reason in expansions(word, source)]
+    part = CommandPart(source[node.pos[0]:node.pos[1]], words, flags, is_opaque=is_opaque, redirects=redirects,
+                       escapes=escapes)
     part.nested = _nested_commands(words)
     return part
 
 
-def _writes_file(redirect: bashlex.ast.node) -> bool:
-    output = redirect.output
-    return redirect.type in _WRITE_REDIRECTS and hasattr(output, "word") and output.word not in SAFE_PATHS
+def _redirect(node: bashlex.ast.node, source: str, parts: list[CommandPart], redirects: list[str],
+              flags: list[str], escapes: list[str]) -> bool:
+    """Note the file a redirect opens, whether it writes, and commands substituted into it; True when it runs
+    commands that cannot be seen before it runs (`$(...)` in an unquoted here-document)."""
+    if hasattr(node.output, "kind"):  # `> $(cmd)` and `<<< $(cmd)` run cmd
+        _collect(node.output, source, parts)
+    heredoc = getattr(node, "heredoc", None)
+    if heredoc is not None and re.search(r"\$\(|`", heredoc.value):
+        flags.append("its here-document runs commands")
+        return True
+    target = redirect_target(node, source)
+    if target is None:
+        return False
+    redirects.append(target)
+    escapes += expansions(node.output, source)
+    if node.type in _WRITE_REDIRECTS and target not in SAFE_PATHS:
+        flags.append(f"writes to {target}")
+    return False
 
 
 def _nested_commands(words: list[str]) -> list[CommandPart]:
@@ -225,19 +275,6 @@ def _dash_c_script(words: list[str]) -> str | None:
         if word.startswith("-") and "c" in word[1:] and not word.startswith("--"):
             return words[index + 1]
     return None
-
-
-def outside_paths(words: list[str], cwd: Path) -> list[str]:
-    """Arguments that name a path outside cwd (absolute, `~` or `..` paths), for an approval prompt."""
-    found = []
-    for word in words[1:]:
-        value = word.split("=", 1)[1] if word.startswith("-") and "=" in word else word
-        if value in SAFE_PATHS or not (value.startswith(("/", "~")) or ".." in value.split("/")):
-            continue
-        resolved = Path(os.path.realpath(cwd / os.path.expanduser(value)))
-        if resolved != cwd and cwd not in resolved.parents:
-            found.append(word)
-    return found
 
 
 def narrow_rule(words: list[str]) -> Rule | None:
@@ -309,13 +346,19 @@ class ShellPolicy:
         if deny is not None:
             return PartVerdict(part, "deny", deny, f"matches deny rule `{deny}`")
         inner_parts = part.walk()
-        outside = [p for inner in inner_parts for p in outside_paths(inner.words, cwd)]
+        if mode is Mode.READ_ONLY and (why := _not_read_only(inner_parts)):
+            return PartVerdict(part, "deny", None, f"read-only mode runs only read-only commands: {why}")
+        outside = [p for inner in inner_parts
+                   for p in outside_paths(inner.words, cwd) + [t for t in inner.redirects if reaches_outside(t, cwd)]]
         if outside:
             return PartVerdict(part, "ask", None, f"refers to paths outside the workspace: {', '.join(outside)}")
+        escapes = [why for inner in inner_parts for why in inner.escapes + run_time_targets(inner.words)]
+        if escapes:
+            return PartVerdict(part, "ask", None, "; ".join(dict.fromkeys(escapes)))
         if any(inner.is_opaque for inner in inner_parts):
             return PartVerdict(part, "ask", None, "cannot be checked before it runs")
         if mode is Mode.READ_ONLY:
-            return PartVerdict(part, "ask", None, "read-only mode: every command needs approval")
+            return PartVerdict(part, "allow", None, "read-only command")
         if mode is Mode.AUTO:
             return PartVerdict(part, "allow", None, "auto mode")
         flags = [flag for inner in inner_parts for flag in inner.flags]
@@ -325,6 +368,22 @@ class ShellPolicy:
         if allow is None:
             return PartVerdict(part, "ask", None, "no allow rule matches")
         return PartVerdict(part, "allow", allow, f"allowed by rule `{allow}`")
+
+
+def _not_read_only(parts: list[CommandPart]) -> str | None:
+    """Why these parts are not all read-only commands, or None when they are."""
+    for part in parts:
+        if part.is_opaque or part.flags:
+            return "; ".join(part.flags) or "it cannot be checked before it runs"
+        if not part.words:
+            continue
+        prefix = next((p for p in READ_ONLY_COMMANDS if tuple(part.words[:len(p)]) == p), None)
+        if prefix is None:
+            return f"`{' '.join(part.words[:2])}` is not one of them"
+        forbidden = READ_ONLY_COMMANDS[prefix]
+        if option := next((w for w in part.words if w.split("=", 1)[0] in forbidden), None):
+            return f"`{' '.join(prefix)} {option}` writes files or runs another program"
+    return None
 
 
 def _suggestions(asking: list[PartVerdict]) -> list[Rule]:

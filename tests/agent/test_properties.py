@@ -1,5 +1,7 @@
 """Must show (property tests): whatever the model asks, no file outside the workspace is ever written, and in
-`ask` and `read-only` modes nothing is written or run without approval."""
+`ask` and `read-only` modes nothing is written or run without approval. Commands reach outside through arguments,
+redirects, symlinks, globs, brace lists and run-time expansions (`$HOME`, `~`, `$(...)`, `cd`, `xargs`); none of
+them reads or writes there unasked, in any mode."""
 
 import asyncio
 import os
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 
 from openjet_tui.agent.approver import PathDecision, PolicyApprover, ScriptedApprover
 from openjet_tui.agent.proposals import EditDecision, ProposalBook
-from openjet_tui.agent.shellpolicy import Mode, ShellPolicy
+from openjet_tui.agent.shellpolicy import Mode, ShellPolicy, split_command
 from openjet_tui.agent.tools import ToolContext, all_tools, run_tool
 from openjet_tui.agent.tools import shell as shell_tool
 from openjet_tui.agent.workspace import Workspace
@@ -30,7 +32,15 @@ edit_call = st.one_of(
 SIMPLE = ["touch t1", "echo hi > out.txt", "ls >> list.txt", "cat a.txt > sub/a.txt", "git status >| s.txt",
           "echo hi &> both.txt", "rm -rf a.txt", "ls", "cat a.txt", "git status", "mkdir d", "wc -l a.txt",
           "python3 -c 'open(\"p\", \"w\")'", "cp a.txt ../out/b.txt", "echo x >> {OUT}/a.txt", "cat {OUT}/a.txt",
-          "FOO=1 ls", "$SHELL -c 'touch t2'", "sudo ls", "echo hi | tee t3"]
+          "FOO=1 ls", "$SHELL -c 'touch t2'", "sudo ls", "echo hi | tee t3",
+          # reaching outside: redirect targets, symlinks, globs, brace lists, expansions, run-time folders
+          "cat < ../out/secret.txt", "wc -l < link_out/secret.txt", "cat link_out/secret.txt", "cat */secret.txt",
+          "cat {..,.}/out/secret.txt", "cat < dangling", "echo hi >> link_out/pwned", "ls 2> ../out/err",
+          "cat $HOME/secret.txt", "cat ${HOME}/secret.txt", "cat ~/secret.txt", "cat \"$HOME\"/secret.txt",
+          "echo hi > $HOME/pwned", "touch ~/pwned", "cd; cat secret.txt", "cd && touch pwned",
+          "echo ../out/secret.txt | xargs cat", "cat $(echo ../out/secret.txt)", "cat `echo link_out`/secret.txt",
+          "echo $PATH", "echo $HOME", "cat <<< $HOME"]
+SECRET = "s3cret-never-shown"
 command_strategy = st.recursive(
     st.sampled_from(SIMPLE),
     lambda inner: st.one_of(
@@ -52,6 +62,7 @@ def make_layout(base: Path) -> tuple[Path, Path]:
     (ws / "link_out").symlink_to(out)
     (ws / "link_in").symlink_to(ws / "sub")
     (ws / "dangling").symlink_to(out / "new.txt")
+    (out / "secret.txt").write_text(SECRET + "\n")
     return ws, out
 
 
@@ -67,8 +78,9 @@ def snapshot(*roots: Path) -> dict[str, bytes | str]:
     return found
 
 
-def run_calls(ws: Path, out: Path, calls, mode: Mode, approver, allow=()):
-    """Run tool calls as the model would ask them; returns the commands that reached the runner."""
+def run_calls(ws: Path, out: Path, calls, mode: Mode, approver, allow=(), results=None):
+    """Run tool calls as the model would ask them; returns the commands that reached the runner (what the model
+    read back goes into `results`)."""
     context = ToolContext(Workspace(ws), approver, mode, ShellPolicy(list(allow), DEFAULT_DENY), ProposalBook(),
                           lambda event: None, shell_timeout_s=5)
     ran = []
@@ -82,7 +94,9 @@ def run_calls(ws: Path, out: Path, calls, mode: Mode, approver, allow=()):
         for number, (name, arguments) in enumerate(calls):
             text = {k: v.replace("{OUT}", str(out)).replace("{WS}", str(ws)) if isinstance(v, str) else v
                     for k, v in arguments.items()}
-            await run_tool(all_tools(), context, ToolCall(f"c{number}", name, text))
+            outcome = await run_tool(all_tools(), context, ToolCall(f"c{number}", name, text))
+            if results is not None:
+                results.append(outcome.content)
 
     shell_tool.run_command = spy
     try:
@@ -127,8 +141,40 @@ def test_only_allow_rules_run_commands_unasked_and_they_never_write(isolated_use
         before = snapshot(ws, out)
         ran = run_calls(ws, out, calls, mode, PolicyApprover(), DEFAULT_ALLOW if with_rules else ())
         assert snapshot(ws, out) == before  # what allow rules let run never writes
-        if mode is Mode.READ_ONLY or not with_rules:
+        if mode is Mode.ASK and not with_rules:
             assert ran == []
+        if mode is Mode.READ_ONLY:  # read-only runs only commands that read, whatever the rules
+            assert all(programs(command) <= READERS for command in ran), ran
+
+
+READERS = {"ls", "cat", "wc", "echo", "git status"}
+
+
+def programs(command: str) -> set[str]:
+    """The programs of every part of a command line (`git status` with its subcommand)."""
+    return {" ".join(p.words[:2]) if p.words[0] == "git" else p.words[0] for p in split_command(command) if p.words}
+
+
+def fresh_home(base: Path) -> Path:
+    """A new home folder (HOME points at it) with a secret in it, which `$HOME`, `~` and `cd` reach."""
+    home = base / "home"
+    home.mkdir()
+    (home / "secret.txt").write_text(SECRET + "\n")
+    os.environ["HOME"] = str(home)  # the isolated_user_dirs fixture restores it after the test
+    return home
+
+
+@settings(PROPERTY, max_examples=150)
+@given(st.lists(shell_call, min_size=1, max_size=3), st.sampled_from(list(Mode)))
+def test_no_command_reads_or_writes_outside_the_workspace_unasked(isolated_user_dirs, calls, mode):
+    with tempfile.TemporaryDirectory() as base:
+        ws, out = make_layout(Path(base).resolve())
+        home = fresh_home(Path(base).resolve())
+        outside_before = snapshot(out, home)
+        results = []
+        run_calls(ws, out, calls, mode, PolicyApprover(), DEFAULT_ALLOW, results)
+        assert snapshot(out, home) == outside_before
+        assert not any(SECRET in result for result in results), results
 
 
 def test_path_approval_is_what_lets_a_read_leave_the_workspace(tmp_path):
