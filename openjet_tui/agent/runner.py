@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from openjet_tui.llm.providers import key_env_names
+
 KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 DRAIN_AFTER_EXIT_S = 0.5  # background children may hold the pipe open after the shell exits
+_OPENJET_KEY = re.compile(r"^OPENJET_\w+_API_KEY$")  # a provider's own key variable, whatever its name
 
 
 @dataclass(slots=True)
@@ -112,6 +116,15 @@ async def _pump(stream: asyncio.StreamReader, cap: OutputCap) -> None:
         cap.add(chunk)
 
 
+def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Our environment without the API keys providers read: a command's output goes to the model and the session
+    database, so `echo $OPENAI_API_KEY` must print nothing."""
+    secret = key_env_names()
+    kept = {name: value for name, value in os.environ.items()
+            if name not in secret and not _OPENJET_KEY.match(name)}
+    return {**kept, **(extra or {})}
+
+
 async def run_command(command: str, cwd: Path, timeout_s: float, max_output_bytes: int,
                       env: dict[str, str] | None = None) -> CommandResult:
     """Run `bash -c command` in cwd, in a new session so the group can be killed on timeout or cancel."""
@@ -119,7 +132,7 @@ async def run_command(command: str, cwd: Path, timeout_s: float, max_output_byte
     process = await asyncio.create_subprocess_exec(
         "/bin/bash", "-c", command, cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, **(env or {})})
+        env=child_environment(env))
     cap = OutputCap(max_output_bytes)
     assert process.stdout is not None
     pump = asyncio.create_task(_pump(process.stdout, cap))

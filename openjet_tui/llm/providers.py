@@ -41,6 +41,11 @@ PROVIDERS: dict[str, ProviderSpec] = {spec.name: spec for spec in (
 )}
 
 
+def key_env_names() -> frozenset[str]:
+    """Every environment variable a provider reads its key from (kept out of shell commands' environment)."""
+    return frozenset(name for spec in PROVIDERS.values() for name in spec.key_env)
+
+
 @dataclass(slots=True)
 class Endpoint:
     """A resolved server: provider, base URL, model, and the key (kept out of repr, logs and files)."""

@@ -75,3 +75,38 @@ async def test_background_child_does_not_hold_the_result(tmp_path):
     started = time.monotonic()
     result = await run_command("(sleep 30 &) ; echo done", tmp_path, 20, 1000)
     assert result.exit_code == 0 and result.output == "done\n" and time.monotonic() - started < 3
+
+
+SECRET_KEY_NAMES = ["OPENAI_API_KEY", "LLAMA_API_KEY", "OPENJET_SLIPSTREAM_API_KEY", "OPENJET_OPENAI_COMPATIBLE_API_KEY",
+                    "OPENJET_SOME_FUTURE_PROVIDER_API_KEY"]
+
+
+async def test_commands_never_see_the_api_keys_providers_read(monkeypatch, tmp_path):
+    from openjet_tui.llm.providers import key_env_names
+
+    assert {"OPENAI_API_KEY", "LLAMA_API_KEY", "OPENJET_SLIPSTREAM_API_KEY"} <= key_env_names()
+    for number, name in enumerate(SECRET_KEY_NAMES):
+        monkeypatch.setenv(name, f"sk-secret-{number}")
+    monkeypatch.setenv("OPENJET_VISIBLE_SETTING", "kept")
+    script = "; ".join(f'echo "{name}=${{{name}:-unset}}"' for name in SECRET_KEY_NAMES)
+    result = await run_command(f"{script}; echo visible=$OPENJET_VISIBLE_SETTING; env", tmp_path, 10, 100_000)
+    assert "sk-secret" not in result.output
+    assert all(f"{name}=unset" in result.output for name in SECRET_KEY_NAMES)
+    assert "visible=kept" in result.output and "PATH=" in result.output  # the rest of the environment is there
+    assert os.environ["OPENAI_API_KEY"] == "sk-secret-0"  # our own environment keeps the key
+
+
+async def test_a_key_echoed_by_the_model_reaches_neither_the_model_nor_the_session_db(monkeypatch, server, workspace,
+                                                                                       make_agent, tmp_path):
+    from openjet_tui.agent.approver import ScriptedApprover
+    from openjet_tui.agent.shellpolicy import Mode
+    from tests.agent.scripted_server import call, reply
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-0123456789")
+    server.push(reply(tool_calls=[call("run_shell", command="echo key=$OPENAI_API_KEY")]), reply("Printed it."))
+    agent, _ = make_agent(server, workspace, ScriptedApprover(), Mode.AUTO)
+    assert (await agent.run_turn("print the key")).status == "done"
+    result = [m for m in server.chat_bodies[1]["messages"] if m["role"] == "tool"][0]["content"]
+    assert result.startswith("exit code 0") and "key=" in result and "sk-live" not in result
+    stored = b"".join(path.read_bytes() for path in tmp_path.glob("sessions.db*"))  # the WAL too
+    assert b"echo key=" in stored and b"sk-live" not in stored
