@@ -35,8 +35,8 @@ def check_slipstream_allowed(endpoint: Endpoint, airgapped: bool) -> None:
             f"Slipstream is impossible while airgapped = true: it sends planning and review requests to "
             f"{endpoint.base_url}. Nothing was sent. Set airgapped = false to allow it.")
     if not endpoint.model:
-        raise ProviderError("Slipstream needs a cloud model: set slipstream.model in the config or pass "
-                            "--slipstream-model")
+        raise ProviderError("Slipstream needs a cloud model: set model under [slipstream] in the config "
+                            "(slipstream.model) or OPENJET_SLIPSTREAM__MODEL in the environment")
 
 
 @dataclass(slots=True)
