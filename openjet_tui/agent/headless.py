@@ -1,7 +1,8 @@
 """`openjet run "TASK"`: one task without the full-screen app, printing progress or JSON Lines events.
 
-Exit codes: 0 the task finished; 1 the turn failed or stopped early; 2 bad options or settings;
-3 the model server cannot be used (unreachable, no tool calls, window too small, airgapped); 130 interrupted.
+Exit codes: 0 the task finished; 1 the turn failed or stopped early; 2 bad options or settings (an API key the
+server rejects included); 3 the model server cannot be used (unreachable, no tool calls, window too small,
+airgapped), whether probing finds it before the turn or a request fails mid-turn; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from openjet_tui.agent import events as ev
 from openjet_tui.agent.approver import Approver, ConsoleApprover, PolicyApprover
 from openjet_tui.agent.context import build_system_prompt, load_agents_md
-from openjet_tui.agent.loop import Agent, AgentConfig
+from openjet_tui.agent.loop import Agent, AgentConfig, TurnResult
 from openjet_tui.agent.printer import HumanPrinter, JsonPrinter
 from openjet_tui.agent.sessions import SessionInfo, SessionStore
 from openjet_tui.agent.shellpolicy import Mode, ShellPolicy
@@ -169,6 +170,16 @@ async def run_task(args: argparse.Namespace, printer: HumanPrinter | JsonPrinter
             await slipstream.aclose()
         await client.aclose()
         setup.store.close()
+    return exit_code(result)
+
+
+def exit_code(result: TurnResult) -> int:
+    """The documented code for how a turn ended: a server that turns out unusable mid-turn (no tool calls, window
+    too small, gone) is 3, as it is when the probe finds it so."""
+    if result.status == "error" and isinstance(result.failure, SERVER_ERRORS):
+        return EXIT_SERVER
+    if result.status == "error" and isinstance(result.failure, USAGE_ERRORS):
+        return EXIT_USAGE
     return {"done": EXIT_OK, "cancelled": EXIT_INTERRUPTED}.get(result.status, EXIT_FAILED)
 
 

@@ -47,6 +47,7 @@ class TurnResult:
     final_text: str
     num_steps: int
     error: str | None = None
+    failure: OpenJetError | None = None  # what ended an "error" turn, for callers that map it (exit codes)
 
 
 class Agent:
@@ -135,11 +136,11 @@ class Agent:
         except OpenJetError as exc:
             self._close_open_calls(f"not run: the turn failed ({exc})")
             self.emit(ev.ErrorEvent(str(exc), type(exc).__name__))
-            return self._finish("error", final, steps, str(exc))
+            return self._finish("error", final, steps, exc)
 
-    def _finish(self, status: str, final: str, steps: int, error: str | None = None) -> TurnResult:
+    def _finish(self, status: str, final: str, steps: int, failure: OpenJetError | None = None) -> TurnResult:
         self.emit(ev.TurnFinished(status, steps, final))
-        return TurnResult(status, final, steps, error)
+        return TurnResult(status, final, steps, str(failure) if failure else None, failure)
 
     async def _ask_model(self) -> ChatResult:
         """Stream one reply, emitting deltas; store it and report usage and engine figures."""

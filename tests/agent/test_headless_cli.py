@@ -78,6 +78,24 @@ def test_server_without_tools_or_room_exits_3_and_says_why(capsys, workspace):
     assert code == 3 and "smaller than the system prompt plus tool schemas" in err
 
 
+@pytest.mark.parametrize("status, error, code, said", [
+    (400, "tools param requires --jinja flag", 3, "cannot do tool calls"),
+    (400, "the request exceeds the available context size", 3, "does not fit the model's context window"),
+    (401, "invalid api key", 2, "rejected the request (HTTP 401)"),
+    (500, "model crashed", 1, "answered HTTP 500"),
+])
+def test_a_server_failing_mid_turn_exits_with_the_documented_code(capsys, workspace, status, error, code, said):
+    (workspace / "a.txt").write_text("old\n")
+    script = [reply(tool_calls=[call("read_file", path="a.txt")]), reply(status=status, error=error)]
+    with ScriptedServer(script) as server:  # the probe finds nothing wrong: the trouble starts on step 2
+        got, out, _ = run_cli(capsys, "run", "--provider", "llama-server", "--base-url", server.base_url,
+                              "--mode", "auto", "--workspace", str(workspace), "--json", "read a.txt")
+        assert len(server.chat_bodies) == 2
+    events = records(out)
+    assert got == code and events[-1] == {**events[-1], "type": "turn_finished", "status": "error"}
+    assert said in next(e for e in events if e["type"] == "error")["message"]
+
+
 def test_airgapped_refuses_remote_server_and_slipstream_without_connecting(capsys, workspace, monkeypatch):
     connects = []
     real = socket.socket.connect
