@@ -42,6 +42,7 @@ METRICS_INTERVAL_S = 1.0
 GPU_INTERVAL_S = 2.0
 GC_THRESHOLDS = (5_000, 5, 1_000)  # allocations per young collection; young per middle; middle per full
 GpuSampler = Callable[[], list[GpuSample]]
+EngineStarter = Callable[..., Any]  # runtime.launch.start_engine's shape: (progress=, on_event=) -> EngineSession
 
 
 class OpenJetApp(SlashCommands, App[int]):
@@ -61,7 +62,7 @@ class OpenJetApp(SlashCommands, App[int]):
 
     def __init__(self, options: LaunchOptions, *, editor: str | None = None,
                  gpu_sampler: GpuSampler | None = sample_gpus, poll_metrics: bool = True,
-                 watch_workspace: bool = True):
+                 watch_workspace: bool = True, engine_starter: EngineStarter | None = None):
         super().__init__()
         self.add_mode("chat", self._new_chat_screen)
         self.approver = InlineApprover(self, editor=editor)
@@ -71,6 +72,7 @@ class OpenJetApp(SlashCommands, App[int]):
         self.queued: list[str] = []
         self.models: list[str] = []
         self.engine_session: Any = None  # runtime.launch.EngineSession when the app started the engine
+        self.engine_starter = engine_starter  # None: runtime.launch.start_engine
         self.watcher: WorkspaceWatcher | None = None
         self._gpu_timer: Timer | None = None
         self._stop_watch = asyncio.Event()
@@ -220,10 +222,12 @@ class OpenJetApp(SlashCommands, App[int]):
             self.call_from_thread(self.pump.push, ev.Notice(f"engine {event.kind}: {event.message}",
                                                             "warning" if event.kind != "healthy" else "info"))
 
-        session = await asyncio.to_thread(start_engine, progress=progress, on_event=worker_event)
+        starter = self.engine_starter or start_engine
+        session = await asyncio.to_thread(starter, progress=progress, on_event=worker_event)
         self.engine_session = session
         self.controller.use_local_engine(session)
         panel.backend, panel.reason = session.label, session.reason
+        panel.decisions = list(session.selection.decisions)  # every engine considered, with its reason
         for note in session.notes:
             await self.chat.notice(note)
 
@@ -245,15 +249,20 @@ class OpenJetApp(SlashCommands, App[int]):
                 await asyncio.sleep(METRICS_INTERVAL_S)
 
     def show_engine_metrics(self, text: str) -> None:
-        """Fold a /metrics scrape into the engine panel (figures, and the backend with its reason)."""
+        """Fold a /metrics scrape into the engine panel: figures, and the backend the engine reports with its reason
+        (beside the app's own choice and reason when the app chose the engine)."""
         samples = parse_prometheus(text)
         chat = self.chat
         if chat.figures.apply_metrics(samples):
             chat.show_figures()
-        info = backend_info(samples)
-        if info.get("backend"):
-            chat.engine_panel.backend = info["backend"]
-            chat.engine_panel.reason = info.get("backend_reason", "")
+        info, panel = backend_info(samples), chat.engine_panel
+        if not info.get("backend"):
+            return
+        if self.engine_session is not None:
+            reason = info.get("backend_reason", "")
+            panel.report = f"{info['backend']}{': ' + reason if reason else ''}"
+        else:
+            panel.backend, panel.reason = info["backend"], info.get("backend_reason", "")
 
     @work(thread=True, exclusive=True, group="gpu")
     def sample_gpu(self) -> None:

@@ -179,3 +179,46 @@ async def test_panel_reads_nvml_or_says_why_it_cannot(server, workspace):
         await wait_for(pilot, lambda: panel.gpus or panel.gpu_note, what="NVML figures or the reason for none")
         text = str(panel.query_one("#engine-gpu").render())
         assert (panel.gpus and "util" in text) or text.startswith("no NVIDIA GPU: ")
+
+
+async def test_panel_lists_every_engine_decision_with_the_chosen_one_first_class(server, workspace, tiny_model_path):
+    from pathlib import Path
+
+    from openjet_tui.runtime.engines import Facts, select_engine
+    from openjet_tui.runtime.ggufinfo import read_model_info
+    from openjet_tui.runtime.hardware import HardwareInfo
+    from openjet_tui.runtime.launch import EngineSession
+    from openjet_tui.runtime.progress import ProgressEvent
+    from openjet_tui.ui.app import OpenJetApp
+    from openjet_tui.ui.controller import LaunchOptions
+
+    model = read_model_info(tiny_model_path("qwen2", hidden_size=64, ffn_size=128, num_heads=2, num_kv_heads=1,
+                                            head_dim=32))
+    no_gpu = HardwareInfo(nvml_error="the NVIDIA driver library (libnvidia-ml) is not installed", num_cpus=2)
+    selection = select_engine(Facts(hardware=no_gpu, model=model))  # this machine's story: no GPU, no llama-server
+    chosen = selection.chosen
+    assert chosen is not None and chosen.engine == "reference"
+
+    def start_engine(progress, on_event) -> EngineSession:
+        """What runtime.launch.start_engine returns once its worker is healthy (here the scripted server serves)."""
+        progress(ProgressEvent("starting the engine", 50, 100, "%"))
+        return EngineSession("reference", "openjet", server.base_url, None, chosen.reason, selection)
+
+    server.metrics = openjet_metrics(backend="reference", backend_reason="--backend reference: numpy on the CPU")
+    app = OpenJetApp(LaunchOptions(provider="openjet", workspace=workspace), gpu_sampler=None,
+                     poll_metrics=True, watch_workspace=False, engine_starter=start_engine)
+    async with app.run_test(size=(120, 60)) as pilot:
+        panel = app.chat.engine_panel
+        await wait_for(pilot, app.controller.ready.is_set, what="the connection")
+        assert panel.backend == "OpenJet reference engine (CPU, slow)" and panel.reason == chosen.reason
+        await wait_for(pilot, lambda: panel.query(".decision"), what="the engine selection")
+        listed = [str(part.render()) for part in panel.query("#engine-selection Static")]
+        assert len(listed) == 2 * len(selection.decisions)  # each engine: its name, then why
+        assert listed[0] == "✗ OpenJet megakernel (CUDA)" and "no NVIDIA GPU" in listed[1]
+        assert listed[2:6:2] == ["✗ OpenJet per-op CUDA", "✗ llama-server"]
+        assert listed[6:10:2] == ["✗ Ollama", "✗ LM Studio"] and listed[7] == "not probed"
+        assert listed[10:] == ["✓ OpenJet reference engine (CPU, slow)", chosen.reason]
+        # the engine's own word on its backend (/metrics) stands beside the app's choice, not over it
+        await wait_for(pilot, lambda: panel.report, what="the engine's report")
+        assert panel_text(panel, "#engine-report") == "engine reports reference: --backend reference: numpy on the CPU"
+        assert panel.backend == "OpenJet reference engine (CPU, slow)" and panel.reason == chosen.reason

@@ -6,7 +6,8 @@ from __future__ import annotations
 from textual.pilot import Pilot
 
 from openjet_tui.ui.widgets.prompt_box import PromptInput
-from tests.ui.snapshot_apps.apps import DiffReviewApp, EnginePanelApp, MainScreenApp, ShellPromptApp
+from tests.ui.snapshot_apps.apps import DiffReviewApp, EnginePanelApp, EngineSelectionApp, MainScreenApp, \
+    ShellPromptApp
 
 SIZE = (120, 36)
 
@@ -48,3 +49,6 @@ class TestApprovals:
 class TestEnginePanel:
     def test_engine_panel_with_gpu(self, snap_compare):
         assert snap_compare(EnginePanelApp(), terminal_size=SIZE, run_before=settle)
+
+    def test_engine_selection_with_every_decision(self, snap_compare):
+        assert snap_compare(EngineSelectionApp(), terminal_size=(120, 60), run_before=settle)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
-from textual.containers import VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.reactive import reactive
 from textual.widgets import Sparkline, Static
@@ -13,7 +13,11 @@ from textual.widgets import Sparkline, Static
 from openjet_tui.runtime.hardware import GpuSample
 from openjet_tui.ui.figures import EngineFigures, format_rate, format_tokens
 
+if TYPE_CHECKING:
+    from openjet_tui.runtime.engines import Decision
+
 BAR_CELLS = 8
+DECISION_MARKS = {"chosen": ("✓", "bold $text-success"), "ok": ("·", "$text-muted"), "no": ("✗", "$text-error")}
 
 
 def context_bar(used: int | None, window: int | None) -> Content:
@@ -43,6 +47,13 @@ def gpu_lines(gpus: list[GpuSample], note: str) -> Content:
     return Content("\n").join(blocks)
 
 
+def decision_title(decision: Decision) -> Content:
+    """'✓ OpenJet per-op CUDA' (chosen, bold), '· ...' (available, not chosen) or '✗ ...' (not available)."""
+    verdict = "chosen" if decision.is_chosen else "ok" if decision.is_available else "no"
+    mark, style = DECISION_MARKS[verdict]
+    return Content.assemble((f"{mark} ", style), Content.styled(decision.label, "bold" if decision.is_chosen else ""))
+
+
 def _row(label: str, value: Content | str) -> Content:
     return Content.assemble((f"{label:<8}", "$text-muted"), value)
 
@@ -59,6 +70,9 @@ class EnginePanel(VerticalScroll):
     EnginePanel #engine-reason { color: $text-muted; padding-left: 8; }
     EnginePanel Sparkline { height: 1; margin-left: 8; }
     EnginePanel #engine-source { color: $text-muted; margin-top: 1; }
+    EnginePanel #engine-report { color: $text-muted; padding-left: 8; }
+    EnginePanel #engine-selection { height: auto; }
+    EnginePanel .decision-reason { color: $text-muted; padding-left: 2; }
     """
     backend: reactive[str] = reactive("connecting…")
     reason: reactive[str] = reactive("")
@@ -66,15 +80,18 @@ class EnginePanel(VerticalScroll):
     figures: reactive[EngineFigures] = reactive(EngineFigures, always_update=True)
     gpus: reactive[list[GpuSample]] = reactive(list, always_update=True)
     gpu_note: reactive[str] = reactive("")
+    report: reactive[str] = reactive("")  # the engine's own word on its backend (/metrics), beside the choice
+    decisions: reactive[list[Decision]] = reactive(list, always_update=True)  # when the app chose the engine
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         self.border_title = "engine"
 
     def compose(self) -> ComposeResult:
-        """Backend and why, model, speeds with a sparkline, drafts, context, GPU."""
+        """Backend and why, model, speeds with a sparkline, drafts, context, GPU, every engine considered."""
         yield Static(id="engine-backend")
         yield Static(id="engine-reason")
+        yield Static(id="engine-report")
         yield Static(id="engine-model")
         yield Static(id="engine-decode")
         yield Sparkline([], id="engine-sparkline")
@@ -82,12 +99,15 @@ class EnginePanel(VerticalScroll):
         yield Static(id="engine-source")
         yield Static("GPU", classes="panel-section")
         yield Static(id="engine-gpu")
+        yield Static("engine selection", id="selection-title", classes="panel-section")
+        yield Vertical(id="engine-selection")
 
     def on_mount(self) -> None:
         """Draw the initial state."""
         self._draw_engine()
         self._draw_figures()
         self._draw_gpu()
+        self._draw_selection()
 
     def watch_backend(self) -> None:
         """Redraw the backend lines."""
@@ -100,6 +120,14 @@ class EnginePanel(VerticalScroll):
     def watch_model(self) -> None:
         """Redraw the backend lines."""
         self._draw_engine()
+
+    def watch_report(self) -> None:
+        """Redraw the backend lines."""
+        self._draw_engine()
+
+    def watch_decisions(self) -> None:
+        """Redraw the engine selection."""
+        self._draw_selection()
 
     def watch_figures(self) -> None:
         """Redraw speeds, drafts and context."""
@@ -118,6 +146,9 @@ class EnginePanel(VerticalScroll):
             return
         self.query_one("#engine-backend", Static).update(_row("backend", Content.styled(self.backend, "bold")))
         self.query_one("#engine-reason", Static).update(Content(self.reason))
+        report = self.query_one("#engine-report", Static)
+        report.update(Content(f"engine reports {self.report}"))
+        report.display = bool(self.report)
         self.query_one("#engine-model", Static).update(_row("model", self.model))
 
     def _draw_figures(self) -> None:
@@ -139,3 +170,13 @@ class EnginePanel(VerticalScroll):
     def _draw_gpu(self) -> None:
         if self.children:
             self.query_one("#engine-gpu", Static).update(gpu_lines(self.gpus, self.gpu_note))
+
+    def _draw_selection(self) -> None:
+        if not self.children:  # not composed yet: on_mount draws
+            return
+        box = self.query_one("#engine-selection", Vertical)
+        box.remove_children()
+        for decision in self.decisions:  # in preference order, each with why (reasons wrap under their engine)
+            box.mount(Static(decision_title(decision), classes="decision"),
+                      Static(decision.reason, classes="decision-reason", markup=False))
+        self.query_one("#selection-title").display = box.display = bool(self.decisions)

@@ -3,6 +3,7 @@ no NVML), so each SVG changes only when the UI does."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from textual.app import App
@@ -29,8 +30,9 @@ TIMINGS = [(2410.0, 40, 98.5, 30, 22), (2480.0, 64, 104.2, 48, 37), (2502.0, 52,
 
 def conversation_events() -> list[ev.Event]:
     """A short turn: reasoning, a read, a plan, an allowed command, usage and engine timings."""
-    events: list[ev.Event] = [
-        ev.ReasoningDelta("The report crashes on a blank quantity; read the loader first."),
+    reasoning = "The report crashes on a blank quantity; read the loader first."
+    events: list[ev.Event] = [ev.ReasoningDelta(word) for word in re.findall(r"\S+ ?", reasoning)]  # chunk per token
+    events += [
         ev.TextDelta("I'll read the loader first."),
         ev.AssistantMessage("I'll read the loader first.", "", []),
         ev.ToolRequested("call_1", "read_file", {"path": "inventory.py"}),
@@ -126,3 +128,25 @@ class EnginePanelApp(SnapshotApp):
         panel.gpus = [GPU]
         await self.chat.show_events([ev.UsageReported(5720, 80, 5800, 32768)] +
                                     [ev.EngineStats(96, p, n, d, dn, da) for p, n, d, dn, da in TIMINGS])
+
+
+class EngineSelectionApp(EnginePanelApp):
+    """The engine panel after the app chose the engine: every engine considered, the chosen one first-class."""
+
+    async def show(self) -> None:
+        """Per-op CUDA chosen on an H200, with the engine's own report from /metrics."""
+        from openjet_tui.runtime.engines import Decision
+
+        await super().show()
+        panel = self.chat.engine_panel
+        fits = "NVIDIA H200 (sm_90) has 139.3 GiB free, Qwen3.8-27B-Q4_K_M.gguf needs about 19.6 GiB at 32768 tokens"
+        panel.backend, panel.reason = "OpenJet per-op CUDA", fits
+        panel.report = "cuda: --backend cuda, sm_90"
+        panel.decisions = [
+            Decision("megakernel", False, f"not yet served by openjet-engine; this GPU and file would qualify: {fits}"),
+            Decision("cuda", True, fits, is_chosen=True),
+            Decision("llama-server", False, "not on PATH and not built yet"),
+            Decision("ollama", False, "not running at http://127.0.0.1:11434"),
+            Decision("lmstudio", False, "not running at http://127.0.0.1:1234"),
+            Decision("reference", True, "numpy on 16 CPU cores: always works, slow (not needed: OpenJet per-op "
+                                        "CUDA comes first)")]
