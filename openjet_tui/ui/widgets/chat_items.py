@@ -40,7 +40,8 @@ def estimate_tokens(text: str) -> int:
 def reasoning_title(reasoning: str, num_tokens: int | None) -> Content:
     """'reasoning · 42 tokens' (reported by the server, or one per streamed chunk), else '~N' from the length."""
     count = f"~{estimate_tokens(reasoning)}" if num_tokens is None else f"{num_tokens:,}"
-    return Content.from_markup("reasoning [dim]· $count tokens[/dim]", count=count)
+    unit = "token" if count == "1" else "tokens"
+    return Content.from_markup("reasoning [dim]· $count $unit[/dim]", count=count, unit=unit)
 
 
 class UserMessage(Static):
