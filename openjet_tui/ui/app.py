@@ -380,7 +380,17 @@ class OpenJetApp(SlashCommands, App[int]):
                                 partial(self.run_command, command.slash))
         yield SystemCommand("Load earlier messages", "mount the whole history (ctrl+home)",
                             self.chat.conversation.action_load_all_older)
+        yield from self._prompt_commands()
         yield from super().get_system_commands(screen)
+
+    def _prompt_commands(self) -> Iterable[SystemCommand]:
+        """The keys of the approval prompts waiting for an answer (diff review, shell or path prompt)."""
+        if not self.is_showing:
+            return
+        for prompt in self.chat.prompt_area.query(AnswerPrompt):
+            for binding in prompt.palette_actions():
+                yield SystemCommand(f"{binding.description} ({binding.key})", f"answer the {prompt.KIND}",
+                                    partial(prompt.run_action, binding.action))
 
     async def on_unmount(self) -> None:
         """End a running turn as Esc would (the session stays resumable), stop watching, close clients, and stop

@@ -10,8 +10,9 @@ from openjet_tui.ui.screens.help import HelpScreen
 from openjet_tui.ui.screens.picker import PickerScreen
 from openjet_tui.ui.widgets.diff_review import DiffReview
 from openjet_tui.ui.widgets.prompt_box import CompletionSources, completion_context
+from openjet_tui.ui.widgets.prompts import ShellPrompt
 from tests.agent.scripted_server import call, reply
-from tests.ui.support import send, wait_for, wait_idle
+from tests.ui.support import send, wait_for, wait_for_prompt, wait_idle
 
 SOURCES = CompletionSources([(c.slash, c.help) for c in COMMANDS], lambda cmd, part: [("ask", "")],
                             lambda query: ["src/app.py", "src/api.py"] if "ap" in query else [])
@@ -100,3 +101,47 @@ async def test_palette_lists_every_action_help_lists_keys_and_model_picker(serve
         assert picker.option_list.get_option_at_index(0).id == "scripted-model"
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.chat.status_bar.model == "scripted-model", what="the model")
+
+
+async def palette_run(pilot, app, title: str) -> None:
+    """Open the command palette, search for `title`, and run the first match (it must be that command)."""
+    from textual.command import CommandList, CommandPalette
+
+    await pilot.press("ctrl+p")
+    palette = await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette) and app.screen)
+    await pilot.press(*title)
+    commands = palette.query_one(CommandList)
+    await wait_for(pilot, lambda: commands.option_count and title in str(commands.get_option_at_index(0).prompt),
+                   what=f"{title!r} first in the palette")
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: not isinstance(app.screen, CommandPalette), what="the palette to close")
+
+
+async def test_palette_offers_the_waiting_prompts_keys(server, workspace, make_app):
+    from tests.ui.test_edit_review import SOURCE, TWO_HUNKS
+
+    (workspace / "app.py").write_text(SOURCE)
+    server.push(reply(tool_calls=[call("edit_file", path="app.py", edits=TWO_HUNKS)]),
+                reply(tool_calls=[call("run_shell", command="touch made.txt")]), reply("done"))
+    app = make_app(server)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await send(pilot, "rename and touch")
+        review = await wait_for_prompt(pilot, DiffReview)
+        titles = {c.title: c.help for c in app.get_system_commands(app.screen) if isinstance(c, SystemCommand)}
+        for key in ("Accept hunk (y)", "Reject hunk (n)", "Accept all (A)", "Reject all (R)",
+                    "Unified / side by side (v)", "Open in $EDITOR (e)"):
+            assert titles[key] == "answer the diff review"
+        await palette_run(pilot, app, "Accept hunk (y)")
+        assert review.current == 1 and app.focused is review  # the answer went to the prompt, which keeps focus
+        await palette_run(pilot, app, "Reject hunk (n)")
+        await pilot.press(*"keep line 25", "enter")  # the reason field the palette's action opened
+        shell = await wait_for_prompt(pilot, ShellPrompt)
+        titles = [c.title for c in app.get_system_commands(app.screen) if isinstance(c, SystemCommand)]
+        assert {"Allow once (y)", "Allow always (a)", "Deny (n)"} <= set(titles) and "Accept hunk (y)" not in titles
+        await palette_run(pilot, app, "Allow once (y)")
+        await wait_idle(pilot)
+        assert shell.is_answered and not app.chat.prompt_area.children
+        titles = [c.title for c in app.get_system_commands(app.screen) if isinstance(c, SystemCommand)]
+        assert "Allow once (y)" not in titles  # no prompt waits: no prompt keys
+    assert (workspace / "app.py").read_text() == SOURCE.replace("line 2\n", "line two\n")
+    assert (workspace / "made.txt").exists()

@@ -99,6 +99,8 @@ class HunkBlock(Vertical):
 class DiffReview(AnswerPrompt[EditDecision]):
     """Each hunk accepted or rejected (with a reason), or all at once; answers with an EditDecision."""
 
+    KIND = "diff review"
+
     DEFAULT_CSS = """
     DiffReview { border: round $accent; }
     DiffReview #review-hunks { height: auto; }

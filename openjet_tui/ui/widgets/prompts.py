@@ -57,6 +57,8 @@ class ReasonInput(Input):
 class AnswerPrompt(Widget, Generic[T], can_focus=True):
     """A question in the conversation, answered once with keys; the agent awaits `wait()`."""
 
+    KIND = "prompt"  # what the command palette calls it
+
     DEFAULT_CSS = """
     AnswerPrompt {
         height: auto; max-height: 70vh; border: round $warning; padding: 0 1; margin: 0 0 1 0;
@@ -104,6 +106,12 @@ class AnswerPrompt(Widget, Generic[T], can_focus=True):
         """The answer, once given."""
         return await self._future()
 
+    def palette_actions(self) -> list[Binding]:
+        """The shown key bindings, for the command palette (none once answered)."""
+        if self.is_answered:
+            return []
+        return [b for b in self.BINDINGS if isinstance(b, Binding) and b.show]
+
     def ask_reason(self, placeholder: str, on_done: Callable[[str], None]) -> None:
         """Show a reason field in place of the key help (it says which keys apply) and focus it."""
         for old in self.query(ReasonInput):
@@ -120,6 +128,8 @@ class AnswerPrompt(Widget, Generic[T], can_focus=True):
 
 class ShellPrompt(AnswerPrompt[ShellDecision]):
     """A command waiting to run: where, which part matched which rule, and what "always" would store."""
+
+    KIND = "shell prompt"
 
     BINDINGS = [Binding("y", "allow_once", "Allow once"), Binding("a", "allow_always", "Allow always"),
                 Binding("n", "deny", "Deny")]
@@ -173,6 +183,8 @@ class ShellPrompt(AnswerPrompt[ShellDecision]):
 
 class PathPrompt(AnswerPrompt[PathDecision]):
     """A tool asks to use a path outside the workspace."""
+
+    KIND = "path prompt"
 
     BINDINGS = [Binding("y", "allow", "Allow"), Binding("n", "deny", "Deny")]
 
