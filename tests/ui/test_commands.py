@@ -1,8 +1,9 @@
-"""Slash commands that change the session: /diff, /undo, /compact, /clear; Slipstream asked for at start-up still
-needs the person's confirmation; a /metrics scrape names the backend and why."""
+"""Slash commands: /diff, /undo, /compact, /clear, /engine, /quit and typed /slipstream; Slipstream asked for at
+start-up still needs the person's confirmation; a /metrics scrape names the backend and why."""
 
 from __future__ import annotations
 
+from openjet_tui.agent.sessions import SessionStore
 from openjet_tui.ui.screens.confirm import SlipstreamConfirm
 from openjet_tui.ui.screens.diff import DiffScreen
 from openjet_tui.ui.widgets.chat_items import NoticeLine
@@ -82,3 +83,69 @@ async def test_metrics_scrape_names_the_backend_and_its_reason(server, make_app)
         assert "105 tok/s" in str(panel.query_one("#engine-decode").render())
         assert "3.28 tok/pass" in str(panel.query_one("#engine-speeds").render())
         assert "figures from the server's /metrics" in str(panel.query_one("#engine-source").render())
+
+
+async def test_engine_command_hides_and_shows_the_panel(server, make_app):
+    app = make_app(server)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, app.controller.ready.is_set, what="the connection")
+        panel = app.chat.engine_panel
+        assert panel.display and panel.region.width > 0  # wide enough: shown from the start
+        await pilot.press(*"/engine", "enter")
+        await wait_for(pilot, lambda: not panel.display, what="the panel to hide")
+        await pilot.pause()
+        assert panel.region.width == 0 and app.chat.conversation.region.width == 120
+        await pilot.press(*"/engine", "enter")
+        await wait_for(pilot, lambda: panel.display, what="the panel to come back")
+    narrow = make_app(server)
+    async with narrow.run_test(size=(80, 40)) as pilot:
+        await wait_for(pilot, narrow.controller.ready.is_set, what="the connection")
+        assert not narrow.chat.engine_panel.display  # too narrow: hidden unless asked for
+        await pilot.press(*"/engine", "enter")
+        await wait_for(pilot, lambda: narrow.chat.engine_panel.display, what="the panel on a narrow screen")
+
+
+async def test_quit_leaves_the_app_and_keeps_the_session(server, make_app):
+    server.push(reply("hello there"))
+    app = make_app(server)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await send(pilot, "hi")
+        await wait_idle(pilot)
+        session_id = app.controller.session.id
+        await pilot.press(*"/quit", "enter")
+        await wait_for(pilot, lambda: not app.is_running, what="the app to exit")
+    assert app.return_value == 0
+    store = SessionStore()
+    try:  # the conversation is stored and resumable
+        assert [m["content"] for m in store.messages(session_id)] == ["hi", "hello there"]
+    finally:
+        store.close()
+
+
+async def test_typed_slipstream_asks_turns_on_and_off_and_waits_for_a_turn(server, workspace, make_app):
+    from tests.ui.test_slipstream import configure
+
+    with ScriptedServer(model="cloud-model") as cloud:
+        configure(workspace, cloud)
+        server.push(reply("partial", hang_after_chunks=2))
+        app = make_app(server)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await send(pilot, "a long one")
+            await wait_for(pilot, lambda: app.is_busy and server.chat_bodies, what="the turn to start")
+            await pilot.press(*"/slipstream", "enter")
+            await wait_for(pilot, lambda: app._notifications, what="the refusal while busy")
+            assert "/slipstream waits for the running turn" in list(app._notifications)[0].message
+            assert not isinstance(app.screen, SlipstreamConfirm) and not app.controller.is_slipstream_on
+            await pilot.press("escape")
+            await wait_idle(pilot)
+            await pilot.press(*"/slipstream", "enter")
+            confirm = await wait_for(pilot, lambda: isinstance(app.screen, SlipstreamConfirm) and app.screen)
+            assert cloud.base_url in str(confirm.query_one("#confirm-text").render())
+            await pilot.press("y")
+            await wait_for(pilot, lambda: app.chat.banner.is_on and app.controller.is_slipstream_on,
+                           what="Slipstream on")
+            await pilot.press(*"/slipstream", "enter")
+            await wait_for(pilot, lambda: not app.chat.banner.is_on, what="Slipstream off")
+            assert not app.controller.is_slipstream_on
+            assert "Slipstream is off: everything stays on this machine" in notices(app)
+        assert cloud.requests == []  # turning it on and off sends nothing by itself
