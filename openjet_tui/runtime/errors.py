@@ -25,6 +25,15 @@ class SourceUnreachableError(DownloadError):
     """A source could not be reached at all (no network, wrong endpoint, server error)."""
 
 
+class AirgappedSourceError(SourceUnreachableError):
+    """A source is not on loopback and `airgapped = true` forbids contacting it; nothing was sent."""
+
+
+class SourceMismatchError(DownloadError):
+    """A source's file is not the catalog's (another size, or a wheel without the expected data); the next source
+    is tried."""
+
+
 class ChecksumMismatchError(DownloadError):
     """A fetched file's sha256 differs from the catalog's; the file has been deleted."""
 

