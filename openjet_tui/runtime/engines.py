@@ -29,6 +29,11 @@ ENGINE_ARCHS = ("qwen35", "qwen3", "qwen2", "llama")
 MEGAKERNEL_SHAPE = {"embedding_length": 5120, "block_count": 65, "nextn_predict_layers": 1}
 MTP_TENSORS = ("eh_proj", "enorm", "hnorm", "shared_head_norm")
 OVERHEAD_BYTES = 1536 << 20  # recurrent state, compute buffers and the CUDA context (an estimate)
+# `openjet-engine serve` has no megakernel backend yet (its --backend is reference, cuda or auto, and `cuda` runs the
+# per-op kernels: README, bench/MEGAKERNEL.md). Until it has one the megakernel is never chosen, so doctor, the log
+# and the engine panel never say "megakernel" while per-op kernels run. A test pins this to the engine's backends.
+IS_MEGAKERNEL_SERVED = False
+MEGAKERNEL_NOT_SERVED = "not yet served by openjet-engine (bench/MEGAKERNEL.md)"
 
 
 @dataclass(slots=True)
@@ -46,6 +51,7 @@ class Facts:
     local_servers: list[LocalServer] = field(default_factory=list)
     # engine -> why its kernels did not compile (set by setup's kernel step, runtime/kernels.py)
     kernel_errors: dict[str, str] = field(default_factory=dict)
+    is_megakernel_served: bool = IS_MEGAKERNEL_SERVED
 
 
 @dataclass(slots=True)
@@ -131,7 +137,8 @@ def megakernel_blocker(model: ModelFileInfo) -> str:
     return ""
 
 
-def _decide_megakernel(facts: Facts) -> Decision:
+def _megakernel_verdict(facts: Facts) -> Decision:
+    """Whether this machine and file could run the megakernel at all (GPU, kernels, file shape, VRAM)."""
     if blocker := _gpu_blocker(facts) or facts.kernel_errors.get("megakernel", ""):
         return Decision("megakernel", False, blocker)
     assert facts.model is not None
@@ -139,6 +146,14 @@ def _decide_megakernel(facts: Facts) -> Decision:
         return Decision("megakernel", False, blocker)
     fits, verdict = _vram_verdict(facts)
     return Decision("megakernel", fits, verdict + ("; qwen35 file with MTP head" if fits else ": too little"))
+
+
+def _decide_megakernel(facts: Facts) -> Decision:
+    verdict = _megakernel_verdict(facts)
+    if facts.is_megakernel_served:
+        return verdict
+    qualifies = "this GPU and file would qualify: " if verdict.is_available else ""
+    return Decision("megakernel", False, f"{MEGAKERNEL_NOT_SERVED}; {qualifies}{verdict.reason}")
 
 
 def _decide_cuda(facts: Facts) -> Decision:
@@ -243,8 +258,10 @@ def gather_facts(model_path: Path | None, *, context: int = 8192, probe_local: b
 
 def engine_command(engine: str, model_path: Path, context: int, facts: Facts) -> list[str]:
     """The worker command line for an engine OpenJet starts; '{port}' stands for the port chosen at start."""
+    if engine == "megakernel" and not facts.is_megakernel_served:
+        raise RuntimeSetupError(f"{LABELS[engine]} is {MEGAKERNEL_NOT_SERVED}")
     if engine in ("megakernel", "cuda", "reference"):
-        backend = "reference" if engine == "reference" else "cuda"
+        backend = engine
         return [sys.executable, "-m", "engine.cli", "serve", "--model", str(model_path), "--backend", backend,
                 "--host", "127.0.0.1", "--port", "{port}", "--ctx", str(context)]
     if engine == "llama-server":

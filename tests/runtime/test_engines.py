@@ -14,17 +14,22 @@ import httpx
 import pytest
 
 from engine.gguf.testmodel import write_test_model
-from openjet_tui.runtime.engines import Facts, engine_command, gather_facts, megakernel_blocker, select_engine
+from openjet_tui.runtime.engines import (
+    IS_MEGAKERNEL_SERVED, Facts, engine_command, gather_facts, megakernel_blocker, select_engine,
+)
 from openjet_tui.runtime.errors import RuntimeSetupError
 from openjet_tui.runtime.ggufinfo import GGUFHeaderError, ModelFileInfo, TensorEntry, read_model_info
 from openjet_tui.runtime.hardware import GpuInfo, HardwareInfo
+from openjet_tui.runtime.launch import start_engine
 from openjet_tui.runtime.localservers import probe_ollama
+from openjet_tui.runtime.setup import SetupOptions, run_setup
 from openjet_tui.runtime.worker import EngineWorker, WorkerSpec
 from tests.runtime.procs import wait_gone
 
 REAL_LLAMA_SERVER = Path.home() / ".cache/openjet/llama.cpp/b11434-cpu/bin/llama-server"
 REAL_SMALL_MODEL = Path.home() / ".cache/openjet/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 H200 = GpuInfo(0, "NVIDIA H200", (9, 0), 140 << 30, 139 << 30)
+DOUBLE = Path(__file__).with_name("engine_double.py")
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +71,46 @@ def test_no_gpu_gives_the_reason_and_the_cpu_path(tiny_models, no_llama_server):
     assert len(selection.lines()) == 6 and all(": " in line for line in selection.lines())
 
 
+def stand_in_llama_server(bin_dir: Path) -> Path:
+    """A `llama-server` executable in bin_dir that runs the engine double with llama-server's command line."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "llama-server"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{DOUBLE}" "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_llama_server_on_path_is_used_with_the_reason_shown(tmp_path, monkeypatch):
+    """Whatever the machine has built: a llama-server found on PATH is chosen over the reference engine, with the
+    reason naming it, and the launch path starts it (with the model and a port) as a real process."""
+    script = stand_in_llama_server(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}/usr/bin:/bin")
+    monkeypatch.delenv("OPENJET_LLAMA_SERVER", raising=False)
+    monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:9")
+    model = write_test_model(tmp_path / "tiny.gguf", "qwen2", tokenizer=False)
+    record = run_setup(SetupOptions(model=str(model), context=2048)).record
+    assert record.engine in ("llama-server", "cuda")  # per-op CUDA comes first on a GPU machine
+    session = start_engine(record, forced=None if record.engine == "llama-server" else "llama-server",
+                           start_build=False)
+    try:
+        assert (session.engine, session.provider) == ("llama-server", "llama-server")
+        assert session.reason == f"llama-server at {script} (PATH)"
+        assert f"[chosen] llama-server: llama-server at {script} (PATH)" in session.selection.lines()
+        props = httpx.get(f"{session.worker.base_url}/props", timeout=5).json()
+        assert props["model_path"] == str(model.resolve())  # the file setup recorded, handed over with -m
+        reply = httpx.post(f"{session.base_url}/chat/completions", timeout=10,
+                           json={"messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.json()["choices"][0]["message"]["content"]
+        pid = session.worker.pid
+    finally:
+        session.close()
+    assert wait_gone(pid)
+
+
 @pytest.mark.skipif(not (REAL_LLAMA_SERVER.exists() and REAL_SMALL_MODEL.exists()),
                     reason="needs the cached llama-server build and the real small model")
-def test_llama_server_on_path_is_chosen_and_served(tmp_path, monkeypatch):
+def test_real_llama_server_on_path_is_chosen_and_served(tmp_path, monkeypatch):
+    """The same with the real build, where this machine has one (an extra to the stand-in test above)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "llama-server").symlink_to(REAL_LLAMA_SERVER)
@@ -101,17 +143,36 @@ def test_megakernel_needs_the_qwen38_shape_and_mtp_head(tiny_models):
 def test_gpu_machine_prefers_megakernel_then_per_op_by_vram(tiny_models):
     full = _qwen38_header(tiny_models["qwen35"])
     selection = select_engine(Facts(hardware=HardwareInfo(gpus=[H200]), model=full, context=32768))
-    assert selection.chosen.engine == "megakernel" and "139.0 GiB free" in selection.chosen.reason
-    assert "not needed" in selection.decisions[1].reason  # per-op CUDA available but second
+    megakernel, cuda = selection.decisions[:2]
+    # openjet-engine serve has no megakernel backend yet: it is never chosen, and says why (and that it would fit).
+    assert not megakernel.is_available and megakernel.reason.startswith(
+        "not yet served by openjet-engine (bench/MEGAKERNEL.md); this GPU and file would qualify: ")
+    assert selection.chosen is cuda and "139.0 GiB free" in cuda.reason and "MTP head" not in cuda.reason
+    with pytest.raises(RuntimeSetupError, match="megakernel.*not yet served"):
+        engine_command("megakernel", full.path, 32768, selection.facts)
+    # Once it is served, the same facts choose it first and per-op CUDA becomes the runner-up.
+    served = select_engine(Facts(hardware=HardwareInfo(gpus=[H200]), model=full, context=32768,
+                                 is_megakernel_served=True))
+    assert served.chosen.engine == "megakernel" and "not needed" in served.decisions[1].reason
     card_16g = GpuInfo(0, "RTX 4080", (8, 9), 16 << 30, 15 << 30)
     selection = select_engine(Facts(hardware=HardwareInfo(gpus=[card_16g]), model=full, context=32768))
-    assert selection.chosen.engine == "reference" and "too little" in selection.decisions[0].reason
+    assert selection.chosen.engine == "reference"
+    assert "too little" in selection.decisions[0].reason and "too little" in selection.decisions[1].reason
     small = read_model_info(tiny_models["qwen2"])
     selection = select_engine(Facts(hardware=HardwareInfo(gpus=[card_16g]), model=small))
     assert selection.chosen.engine == "cuda" and "15.0 GiB free" in selection.chosen.reason
+    assert "megakernel runs qwen35 only" in selection.decisions[0].reason
     turing = GpuInfo(0, "Tesla T4", (7, 5), 16 << 30, 15 << 30)
     selection = select_engine(Facts(hardware=HardwareInfo(gpus=[turing]), model=small))
-    assert "Tesla T4 (sm_75): the CUDA engines need sm_80 or newer" == selection.decisions[0].reason
+    assert "Tesla T4 (sm_75): the CUDA engines need sm_80 or newer" == selection.decisions[1].reason
+    assert selection.decisions[0].reason.endswith("; Tesla T4 (sm_75): the CUDA engines need sm_80 or newer")
+
+
+def test_megakernel_flag_follows_the_engine_server():
+    """IS_MEGAKERNEL_SERVED must change the day `openjet-engine serve --backend megakernel` exists."""
+    from engine.server.loader import BACKENDS
+
+    assert IS_MEGAKERNEL_SERVED == ("megakernel" in BACKENDS)
 
 
 def test_running_ollama_is_found_and_preferred_over_the_reference(tiny_models):
