@@ -11,6 +11,7 @@ from pathlib import Path
 
 from openjet_tui.llm.network import NetworkGuard, host_of, is_loopback_host
 from openjet_tui.runtime.airgap import settings_guard
+from openjet_tui.runtime.applog import log_selection
 from openjet_tui.runtime.engines import LABELS, Selection, engine_command, gather_facts, select_engine
 from openjet_tui.runtime.errors import EngineStartError
 from openjet_tui.runtime.llamacpp import BackgroundBuild, choose_backend
@@ -94,12 +95,13 @@ def _background_build(selection: Selection, guard: NetworkGuard, notes: list[str
 def start_engine(record: SetupRecord | None = None, *, progress: ProgressCallback = no_progress,
                  on_event: Callable[[WorkerEvent], None] | None = None, forced: str | None = None,
                  start_build: bool = True, airgapped: bool | None = None) -> EngineSession:
-    """Choose the engine for the recorded model (decisions re-checked now) and start it; EngineStartError lists
-    every decision when nothing can serve. `airgapped` None: the setting decides."""
+    """Choose the engine for the recorded model (decisions re-checked now, and written to the app's log) and start
+    it; EngineStartError lists every decision when nothing can serve. `airgapped` None: the setting decides."""
     guard = settings_guard(airgapped)
     record = record or ensure_setup(progress, guard.airgapped)
     model = Path(record.model_path)
     selection = select_engine(gather_facts(model, context=record.context, guard=guard), forced or None)
+    log_selection(selection, f"engine for {model.name}")
     notes: list[str] = []
     build = _background_build(selection, guard, notes) if start_build else None
     chosen = selection.chosen

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from openjet_tui.llm.network import NetworkGuard
+from openjet_tui.runtime.applog import log_selection
 from openjet_tui.runtime.catalog import Catalog, ModelEntry, load_catalog
 from openjet_tui.runtime.download import describe_plan, fetch_model, find_ready_model
 from openjet_tui.runtime.engines import Selection, gather_facts, select_engine
@@ -180,6 +181,7 @@ def run_setup(options: SetupOptions, progress: ProgressCallback = no_progress,
     if options.build_llama_server:  # the build changes the llama-server decision
         report.selection = _select(report, context, options)
     _compile_kernels(report, options, progress)
+    log_selection(report.selection, f"setup for {report.model_path.name}")
     chosen = report.selection.chosen
     report.record = SetupRecord(
         model_name=entry.name if entry else "", model_path=str(report.model_path), model_sha256=sha,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import signal
 import socket
@@ -18,11 +19,14 @@ from pathlib import Path
 
 import httpx
 
+from openjet_tui.runtime.applog import configure_logging
 from openjet_tui.runtime.errors import EngineStartError
 from openjet_tui.runtime.paths import cache_dir, ensure_dir, logs_dir
 from openjet_tui.runtime.progress import ProgressCallback, ProgressEvent, no_progress
 
 HEALTH_POLL_S = 0.2
+TROUBLE_EVENTS = ("crashed", "gave_up")  # logged as warnings
+log = logging.getLogger("openjet.worker")
 
 
 @dataclass(slots=True)
@@ -186,6 +190,8 @@ class EngineWorker:
     def _emit(self, kind: str, message: str) -> None:
         event = WorkerEvent(kind, message)
         self.events.append(event)
+        log.log(logging.WARNING if kind in TROUBLE_EVENTS else logging.INFO, "%s %s: %s", self.spec.name, kind,
+                message)
         if self._on_event is not None:
             self._on_event(event)
 
@@ -253,6 +259,7 @@ class EngineWorker:
         """Start the process and block until /health answers 200; EngineStartError (with the log tail) if not."""
         reap_orphans()
         install_exit_handlers()
+        configure_logging()
         self._emit("starting", f"{self.spec.name} on port {self.port}, log {self.log_path}")
         self._spawn()
         _LIVE_WORKERS.add(self)

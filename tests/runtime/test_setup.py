@@ -14,6 +14,7 @@ import pytest
 
 from engine.gguf.testmodel import write_test_model
 from openjet_tui.runtime import setup_cmd
+from openjet_tui.runtime.applog import log_file
 from openjet_tui.runtime.bench import bench_endpoint
 from openjet_tui.runtime.errors import EngineStartError, RuntimeSetupError
 from openjet_tui.runtime.engines import Facts, select_engine
@@ -192,14 +193,24 @@ def _has_engine_server() -> bool:
 
 
 @pytest.mark.skipif(not _has_engine_server(), reason="openjet-engine serve is not in this build yet")
-def test_reference_engine_is_started_as_a_worker_and_stopped(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+def test_selection_with_no_forcing_starts_its_choice_as_a_real_process(tmp_path, monkeypatch):
+    """Nothing forced: the engine the selection chooses on this machine (with no GPU: the reference engine, with the
+    reasons why not the others) is started as a real process, answers, is logged with every decision, and is gone
+    after close."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no llama-server
     monkeypatch.delenv("OPENJET_LLAMA_SERVER", raising=False)
+    monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:9")  # the discard port: no Ollama found by accident
     model = write_test_model(tmp_path / "tiny.gguf", "qwen2")  # with the tokenizer: it must chat
     record = run_setup(SetupOptions(model=str(model), context=512)).record
-    session = start_engine(record, forced="reference", start_build=False)
+    session = start_engine(record, start_build=False)  # (the background llama-server build is tested elsewhere)
+    selection = session.selection
+    by_engine = {d.engine: d for d in selection.decisions}
     try:
-        assert session.provider == "openjet" and "slow" in session.reason
+        assert session.engine == selection.chosen.engine and session.reason == selection.chosen.reason
+        if not selection.facts.hardware.has_gpu:
+            assert session.engine == "reference" and session.provider == "openjet" and "slow" in session.reason
+            assert all("no NVIDIA GPU" in by_engine[e].reason for e in ("megakernel", "cuda"))
+        assert "not on PATH and not built yet" in by_engine["llama-server"].reason
         assert session.worker.health_info["status"] == "ok" and session.notes[-1].startswith("engine backend ")
         reply = httpx.post(f"{session.base_url}/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0})
@@ -208,3 +219,8 @@ def test_reference_engine_is_started_as_a_worker_and_stopped(tmp_path, monkeypat
     finally:
         session.close()
     assert wait_gone(pid)
+    # The app's log holds every decision, chosen or not, with its reason, and the worker's lifecycle.
+    log = log_file().read_text()
+    assert f"engine for tiny.gguf: {session.label} chosen" in log
+    assert all(f"engine for tiny.gguf: {line}" in log for line in selection.lines()) and len(selection.lines()) == 6
+    assert all(f"{session.engine} {kind}: " in log for kind in ("starting", "healthy", "stopped"))
