@@ -44,3 +44,26 @@ def test_bench_needs_a_model(capsys):
     assert "no model is set up yet" in capsys.readouterr().err
     assert bench_cmd.main(["--model", "qwen3-8b"]) == 2
     assert "is not downloaded and verified" in capsys.readouterr().err
+
+
+def test_bench_measures_the_reference_engine_on_a_tiny_model(tmp_path, monkeypatch, capsys):
+    """`openjet bench --model F --max-tokens 4` starts OpenJet's engine for the file, runs the fixed prompt set and
+    reports decode and prefill tok/s, time to first token and draft acceptance for each engine."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("OPENJET_LLAMA_SERVER", raising=False)
+    model = write_test_model(tmp_path / "tiny.gguf", "qwen2")  # with the tokenizer: it must chat
+    out = tmp_path / "bench.json"
+    assert bench_cmd.main(["--model", str(model), "--max-tokens", "4", "--ctx", "2048", "--out", str(out)]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split() == ["engine", "decode", "tok/s", "prefill", "tok/s", "TTFT", "ms", "acceptance"]
+    [bench] = json.loads(out.read_text())["engines"]
+    assert bench["engine"] in ("reference", "cuda") and not bench["error"]
+    assert [r["prompt"] for r in bench["results"]] == list(PROMPTS)
+    assert all(1 <= r["completion_tokens"] <= 4 and r["prompt_tokens"] > 10 for r in bench["results"])
+    summary = bench["summary"]
+    assert summary["decode_tps"] > 0 and summary["prefill_tps"] > 0 and summary["ttft_ms"] > 0
+    assert "acceptance" in summary  # None when the engine drafted nothing in 4 tokens
+    cells = row.split()
+    assert cells[0] == bench["engine"] and float(cells[1]) == pytest.approx(summary["decode_tps"], abs=0.05)
+    assert float(cells[2]) == pytest.approx(summary["prefill_tps"], abs=0.05)
+    assert cells[4] == ("-" if summary["acceptance"] is None else f"{summary['acceptance']:.2f}")
