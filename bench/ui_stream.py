@@ -5,6 +5,9 @@ server, through the real client and agent, into the real app (headless Textual),
 every KEY_INTERVAL seconds into the editor. A keystroke's latency runs from posting the key event to the first
 screen refresh after the character is in the editor.
 
+The figures hold only for the rate the stream reached: below RATE_SHORTFALL of the asked rate (a loaded machine
+that cannot keep up) the run says so, on stderr and in its JSON, beside the machine, date, commit and load average.
+
     .venv/bin/python bench/ui_stream.py [--tokens 20000] [--rate 1000] [--history 0] [--json out.json]
 """
 
@@ -15,7 +18,9 @@ import asyncio
 import json
 import multiprocessing
 import os
+import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +40,7 @@ from tests.agent.scripted_server import ScriptedServer, reply  # noqa: E402
 
 CHARS_PER_TOKEN = 4  # one SSE chunk per token, as a real server sends them
 KEY_INTERVAL = 0.05
+RATE_SHORTFALL = 0.9  # a stream below this share of the asked rate measured a lighter load than asked
 SECTION = """## Step {n}: tighten the parser
 
 The loader reads every row, converts the quantity and keeps a running total. A blank quantity made `int()`
@@ -69,6 +75,44 @@ class Result:
     frames: int
     app_cpu_seconds: float  # CPU the app process used while streaming (steadier than latency on a busy machine)
     latencies_ms: list[float] = field(repr=False)
+    rate_warning: str = ""  # set when the stream fell short of the asked rate
+    machine: dict[str, object] = field(default_factory=dict)  # where and when it ran (machine_info)
+
+
+def rate_warning(target_rate: float, achieved_rate: float) -> str:
+    """Why the figures understate the asked load, when the stream reached less than RATE_SHORTFALL of it."""
+    if achieved_rate >= RATE_SHORTFALL * target_rate:
+        return ""
+    return (f"the stream reached {achieved_rate:,.0f} tok/s, {achieved_rate / target_rate:.0%} of the "
+            f"{target_rate:,.0f} tok/s asked (below {RATE_SHORTFALL:.0%}): these latencies are for a slower stream; "
+            f"run it again on a quieter machine before quoting them")
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                platform.processor())
+
+
+def machine_info() -> dict[str, object]:
+    """Machine, software, date, commit and load average (1, 5, 15 minutes), for the results file."""
+    import textual
+
+    return {"host": platform.node(), "cpu": _cpu_model(), "num_cpus": os.cpu_count(),
+            "platform": platform.platform(), "python": platform.python_version(), "textual": textual.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": _git("rev-parse", "HEAD"),
+            "is_tree_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def markdown_tokens(num_tokens: int) -> str:
@@ -176,16 +220,23 @@ def main(argv: list[str] | None = None) -> int:
     server = multiprocessing.get_context("fork").Process(target=serve, args=(theirs, text, args.delay or 1 / args.rate),
                                                          daemon=True)
     server.start()
+    machine = machine_info()  # the load average before the run: what else was keeping the machine busy
     try:
         result = asyncio.run(run(ours.recv(), text, args.tokens, args.rate, args.history))
     finally:
         ours.send("stop")
         server.join(timeout=10)
+    result.machine = {**machine, "load_average_after": [round(x, 2) for x in os.getloadavg()]}
+    result.rate_warning = rate_warning(result.target_rate, result.achieved_rate)
     print(f"{result.tokens:,} tokens at {result.achieved_rate:,.0f} tok/s (target {result.target_rate:,.0f}) "
           f"in {result.stream_seconds:.1f} s, history {result.history_messages:,} messages, "
           f"{result.frames:,} drawn batches, app CPU {result.app_cpu_seconds:.1f} s")
     print(f"keystroke latency over {result.keystrokes} keys: worst {result.worst_ms:.1f} ms, "
           f"p99 {result.p99_ms:.1f} ms, median {result.median_ms:.1f} ms")
+    print(f"on {machine['cpu']} ({machine['num_cpus']} CPUs), load average {machine['load_average']}, "
+          f"commit {str(machine['commit'])[:12]}{' (uncommitted changes)' if machine['is_tree_dirty'] else ''}")
+    if result.rate_warning:
+        print(f"WARNING: {result.rate_warning}", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(asdict(result), indent=2))
     return 0
