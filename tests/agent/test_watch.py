@@ -2,10 +2,14 @@
 
 import asyncio
 
-from openjet_tui.agent.events import ProposalStale
+from openjet_tui.agent.approver import ScriptedApprover
+from openjet_tui.agent.events import ProposalResolved, ProposalStale
 from openjet_tui.agent.proposals import ProposalBook, make_proposal
+from openjet_tui.agent.shellpolicy import Mode, ShellPolicy
+from openjet_tui.agent.tools import ToolContext, all_tools, run_tool
 from openjet_tui.agent.watch import FileIndex, WorkspaceWatcher
 from openjet_tui.agent.workspace import Workspace
+from openjet_tui.llm.types import ToolCall
 
 
 async def until(predicate, action=None, timeout_s=10.0):
@@ -55,7 +59,37 @@ async def test_outside_change_marks_pending_proposal_stale_and_reloads(workspace
         (workspace / ".openjet").mkdir()
         await until(lambda: "config" in reloads,
                     lambda: (workspace / ".openjet" / "config.toml").write_text('mode = "ask"\n'))
-        assert not any(p.endswith(".openjet-tmp") for p in watcher.index.paths)
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)
+
+
+async def test_our_own_atomic_writes_are_not_reported_as_temporary_files_or_outside_changes(workspace):
+    (workspace / "f.txt").write_text("one\ntwo\n")
+    ws = Workspace(workspace)
+    book, events, seen = ProposalBook(), [], []
+    watcher = WorkspaceWatcher(ws, book, FileIndex(ws), events.append)
+    real_handle = watcher.handle
+    watcher.handle = lambda changes: (seen.extend(changes), real_handle(changes))  # the batches, as they arrive
+    context = ToolContext(ws, ScriptedApprover(), Mode.AUTO_EDIT, ShellPolicy(), book, events.append)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    try:
+        await until(lambda: "armed.txt" in watcher.index.paths, lambda: (workspace / "armed.txt").write_text("x"))
+        # the real apply path: propose, decide (auto-edit), write through a temporary file and rename
+        created = await run_tool(all_tools(), context, ToolCall("c1", "write_file", {"path": "new/made.py",
+                                                                                       "content": "x = 1\n"}))
+        edited = await run_tool(all_tools(), context, ToolCall("c2", "edit_file", {
+            "path": "f.txt", "edits": [{"old_text": "two", "new_text": "TWO"}]}))
+        assert not created.is_error and not edited.is_error, (created.content, edited.content)
+        await until(lambda: "new/made.py" in watcher.index.paths
+                    and any(path.endswith("f.txt") for _, path in seen))
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+    assert (workspace / "f.txt").read_text() == "one\nTWO\n"
+    assert [e.status for e in events if isinstance(e, ProposalResolved)] == ["applied", "applied"]
+    assert not any(path.endswith(".openjet-tmp") for _, path in seen)  # filtered before the watcher sees them
+    assert not any(path.endswith(".openjet-tmp") for path in watcher.index.paths)
+    assert list(workspace.rglob("*.openjet-tmp")) == []
+    assert not any(isinstance(e, ProposalStale) for e in events)  # applied edits are not "changed outside"
