@@ -137,6 +137,37 @@ def test_continue_and_sessions_commands(capsys, workspace):
     assert run_cli(capsys, "sessions", "show", "nope")[0] == 2
 
 
+def test_resume_id_continues_that_session_in_its_own_workspace(capsys, tmp_path, monkeypatch):
+    from openjet_tui.agent.sessions import SessionStore
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    (first / "a.txt").write_text("old\n")
+    script = [*edit_script(), reply("Nothing to do here."),
+              reply(tool_calls=[call("read_file", path="a.txt")]), reply("It says new.")]
+    with ScriptedServer(script) as server:
+        base = ["--provider", "llama-server", "--base-url", server.base_url, "--mode", "auto"]
+        assert run_cli(capsys, "run", *base, "--workspace", str(first), "fix a.txt")[0] == 0
+        assert run_cli(capsys, "run", *base, "--workspace", str(second), "anything?")[0] == 0  # the latest one
+        store = SessionStore()
+        session = store.latest(first.resolve())
+        monkeypatch.chdir(second)  # neither the current folder nor the latest session: the one named
+        code, out, _ = run_cli(capsys, "--resume", session.id[:8], "run", *base, "what does a.txt say now?")
+        resumed = server.chat_bodies[3]["messages"]
+    assert code == 0 and out.strip() == "It says new."
+    assert [(m["role"], m.get("content")) for m in resumed if m["role"] in ("user", "assistant")] == [
+        ("user", "fix a.txt"), ("assistant", ""), ("assistant", "Replaced old with new."),
+        ("user", "what does a.txt say now?")]
+    read_result = [m for m in server.chat_bodies[4]["messages"] if m["role"] == "tool"][-1]["content"]
+    assert "new" in read_result and "Error" not in read_result  # a.txt was read from the session's workspace
+    assert len(store.list()) == 2  # no new session was made
+    assert [m["content"] for m in store.messages(session.id) if m["role"] == "user"] == [
+        "fix a.txt", "what does a.txt say now?"]
+    store.close()
+    code, _, err = run_cli(capsys, "run", *base, "--resume", "nope", "hello")
+    assert code == 2 and "no session with id 'nope'" in err
+
+
 def test_plain_openjet_explains_when_the_app_is_missing(capsys, monkeypatch):
     monkeypatch.setattr("openjet_tui.cli.APP_MODULE", "openjet_tui.ui.no_such_app")
     code, _, err = run_cli(capsys)
