@@ -77,8 +77,8 @@ async def test_background_child_does_not_hold_the_result(tmp_path):
     assert result.exit_code == 0 and result.output == "done\n" and time.monotonic() - started < 3
 
 
-SECRET_KEY_NAMES = ["OPENAI_API_KEY", "LLAMA_API_KEY", "OPENJET_SLIPSTREAM_API_KEY", "OPENJET_OPENAI_COMPATIBLE_API_KEY",
-                    "OPENJET_SOME_FUTURE_PROVIDER_API_KEY"]
+SECRET_KEY_NAMES = ["OPENAI_API_KEY", "LLAMA_API_KEY", "OPENJET_SLIPSTREAM_API_KEY",
+                    "OPENJET_OPENAI_COMPATIBLE_API_KEY", "OPENJET_SOME_FUTURE_PROVIDER_API_KEY"]
 
 
 async def test_commands_never_see_the_api_keys_providers_read(monkeypatch, tmp_path):
