@@ -42,7 +42,7 @@ METRICS_INTERVAL_S = 1.0
 GPU_INTERVAL_S = 2.0
 GC_THRESHOLDS = (5_000, 5, 1_000)  # allocations per young collection; young per middle; middle per full
 GpuSampler = Callable[[], list[GpuSample]]
-EngineStarter = Callable[..., Any]  # runtime.launch.start_engine's shape: (progress=, on_event=) -> EngineSession
+EngineStarter = Callable[..., Any]  # runtime.launch.start_engine's shape: (progress=, on_event=, airgapped=)
 
 
 class OpenJetApp(SlashCommands, App[int]):
@@ -223,7 +223,9 @@ class OpenJetApp(SlashCommands, App[int]):
                                                             "warning" if event.kind != "healthy" else "info"))
 
         starter = self.engine_starter or start_engine
-        session = await asyncio.to_thread(starter, progress=progress, on_event=worker_event)
+        # The workspace's own airgapped setting (it may be another folder than the one the app started in).
+        session = await asyncio.to_thread(starter, progress=progress, on_event=worker_event,
+                                          airgapped=self.controller.is_airgapped)
         self.engine_session = session
         self.controller.use_local_engine(session)
         panel.backend, panel.reason = session.label, session.reason

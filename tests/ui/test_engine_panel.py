@@ -199,8 +199,9 @@ async def test_panel_lists_every_engine_decision_with_the_chosen_one_first_class
     chosen = selection.chosen
     assert chosen is not None and chosen.engine == "reference"
 
-    def start_engine(progress, on_event) -> EngineSession:
+    def start_engine(progress, on_event, airgapped) -> EngineSession:
         """What runtime.launch.start_engine returns once its worker is healthy (here the scripted server serves)."""
+        assert airgapped is False  # the workspace's setting reaches the runtime
         progress(ProgressEvent("starting the engine", 50, 100, "%"))
         return EngineSession("reference", "openjet", server.base_url, None, chosen.reason, selection)
 

@@ -121,10 +121,10 @@ class EnginePanelApp(SnapshotApp):
     """The engine panel with speeds, drafts, context and a GPU."""
 
     async def show(self) -> None:
-        """Megakernel figures and an H200 sample."""
+        """Per-op CUDA figures and an H200 sample."""
         panel = self.chat.engine_panel
-        panel.backend, panel.model = "OpenJet megakernel (CUDA)", "qwen3.8-27b-q4_k_m"
-        panel.reason = "sm_90, 118.4 GiB free of the 17.9 GiB needed; MTP head present"
+        panel.backend, panel.model = "OpenJet per-op CUDA", "qwen3.8-27b-q4_k_m"
+        panel.reason = "sm_90, 118.4 GiB free of the 17.9 GiB needed"
         panel.gpus = [GPU]
         await self.chat.show_events([ev.UsageReported(5720, 80, 5800, 32768)] +
                                     [ev.EngineStats(96, p, n, d, dn, da) for p, n, d, dn, da in TIMINGS])
