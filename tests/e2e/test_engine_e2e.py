@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,5 +154,41 @@ def test_the_run_ends_cleanly(agent_run):
         assert any(f"stopped after {MAX_STEPS} steps" in e.get("message", "") for e in of_type(events, "notice"))
     stats = of_type(events, "engine_stats")
     assert stats and all(s["predicted_n"] <= MAX_TOKENS for s in stats)
-    files = sorted(p.name for p in agent_run["workspace"].iterdir() if p.name != ".openjet")
-    assert "greeting.py" in files
+
+
+def test_the_workspace_is_exactly_what_the_applied_hunks_say(agent_run):
+    # whatever the model did, every file is the start state plus the hunks the events report as applied
+    expected = files_after(agent_run["events"], {"greeting.py": BUGGY})
+    root = agent_run["workspace"]
+    found = {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*")
+             if p.is_file() and ".openjet" not in p.relative_to(root).parts}
+    assert sorted(found) == sorted(expected)
+    assert {path: text.splitlines() for path, text in found.items()} == \
+        {path: text.splitlines() for path, text in expected.items()}
+
+
+def files_after(events: list[dict[str, Any]], start: dict[str, str]) -> dict[str, str]:
+    """The workspace's files after applying, in order, the hunks each proposal_resolved event says were applied."""
+    files, proposals = dict(start), {}
+    for event in events:
+        if event["type"] == "proposal_created":
+            proposals[event["proposal"]["id"]] = event["proposal"]
+        elif event["type"] == "proposal_resolved" and event["applied"]:
+            proposal = proposals[event["proposal_id"]]
+            hunks = [h for h in proposal["hunks"] if h["index"] in event["applied"]]
+            files[proposal["path"]] = apply_hunks(files.get(proposal["path"], ""), hunks)
+    return files
+
+
+def apply_hunks(text: str, hunks: list[dict[str, Any]]) -> str:
+    """Apply unified-diff hunks (header and " "/"-"/"+" lines, as events carry them) to a text."""
+    lines = text.splitlines()
+    placed = []
+    for hunk in hunks:
+        old_start, old_count = (int(n or 1) for n in re.match(r"@@ -(\d+)(?:,(\d+))?", hunk["header"]).groups())
+        placed.append((old_start - 1 if old_count else old_start, hunk))
+    for start, hunk in sorted(placed, key=lambda item: item[0], reverse=True):  # the last first: starts stay valid
+        old = [line[1:] for line in hunk["lines"] if line[:1] in (" ", "-")]
+        assert lines[start:start + len(old)] == old, f"hunk {hunk['header']} does not fit"
+        lines[start:start + len(old)] = [line[1:] for line in hunk["lines"] if line[:1] in (" ", "+")]
+    return "\n".join(lines) + "\n" if lines else ""
