@@ -14,7 +14,8 @@ from openjet_tui.llm.providers import key_env_names
 
 KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 DRAIN_AFTER_EXIT_S = 0.5  # background children may hold the pipe open after the shell exits
-_OPENJET_KEY = re.compile(r"^OPENJET_\w+_API_KEY$")  # a provider's own key variable, whatever its name
+# Names that say they hold a credential (Codex's default exclusion): GITHUB_TOKEN, ANTHROPIC_API_KEY, AWS_SECRET_...
+_SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
 @dataclass(slots=True)
@@ -117,11 +118,11 @@ async def _pump(stream: asyncio.StreamReader, cap: OutputCap) -> None:
 
 
 def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Our environment without the API keys providers read: a command's output goes to the model and the session
-    database, so `echo $OPENAI_API_KEY` must print nothing."""
+    """Our environment without the API keys providers read and any variable named like a credential: a command's
+    output goes to the model and the session database, so `echo $OPENAI_API_KEY` must print nothing."""
     secret = key_env_names()
     kept = {name: value for name, value in os.environ.items()
-            if name not in secret and not _OPENJET_KEY.match(name)}
+            if name not in secret and not _SECRET_NAME.search(name)}
     return {**kept, **(extra or {})}
 
 

@@ -57,6 +57,6 @@ def parse_command(text: str) -> tuple[SlashCommand, str]:
 
 def mode_candidates(partial: str) -> list[tuple[str, str]]:
     """The approval modes, for `/mode ` completion."""
-    notes = {Mode.READ_ONLY: "no edits; every command asks", Mode.ASK: "edits and commands ask",
+    notes = {Mode.READ_ONLY: "no edits; only read-only commands run", Mode.ASK: "edits and commands ask",
              Mode.AUTO_EDIT: "edits apply; commands ask", Mode.AUTO: "edits apply, commands run"}
     return [(mode.value, notes[mode]) for mode in Mode if mode.value.startswith(partial)]

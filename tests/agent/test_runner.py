@@ -78,7 +78,8 @@ async def test_background_child_does_not_hold_the_result(tmp_path):
 
 
 SECRET_KEY_NAMES = ["OPENAI_API_KEY", "LLAMA_API_KEY", "OPENJET_SLIPSTREAM_API_KEY",
-                    "OPENJET_OPENAI_COMPATIBLE_API_KEY", "OPENJET_SOME_FUTURE_PROVIDER_API_KEY"]
+                    "OPENJET_OPENAI_COMPATIBLE_API_KEY", "OPENJET_SOME_FUTURE_PROVIDER_API_KEY", "GITHUB_TOKEN",
+                    "ANTHROPIC_API_KEY", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD", "hf_token"]
 
 
 async def test_commands_never_see_the_api_keys_providers_read(monkeypatch, tmp_path):
