@@ -1,7 +1,7 @@
 """`make gpu-check` / `make bench`: the CUDA backend checked against the numpy reference and timed, on the GPU.
 
   python bench/gpu_check.py                 kernels and whole tiny models against the reference
-  python bench/gpu_check.py --bench         the same, then the 27B-shape timings
+  python bench/gpu_check.py --bench         the same, then the 27B-shape timings, megakernel and llama.cpp
   python bench/gpu_check.py --parts kernels,timings --out DIR
 
 Prints a short table last and writes results JSON (and the log) under --out (default $OUT, else bench/results).
@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
-PARTS = ("compile", "bandwidth", "kernels", "models", "timings", "model27b")
+PARTS = ("compile", "bandwidth", "kernels", "models", "timings", "model27b", "mk27b", "peer")
+BENCH_PARTS = ["timings", "model27b", "mk27b", "peer"]  # --bench: ours, the megakernel, llama.cpp on one 27B file
 
 
 def compile_all(report: Report, dev) -> None:
@@ -70,6 +71,14 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         from bench import gpu_models
 
         gpu_models.run_27b(dev, report, args)
+    elif name == "mk27b":  # the megakernel's cycle at d = 0..4 on the same file
+        from bench import gpu_megakernel
+
+        gpu_megakernel.part_model27b(dev, report, gpu_megakernel.parse_args([]))
+    elif name == "peer":  # llama.cpp on the same file (bench/gpu_peer.py): its failures are recorded, never raised
+        from bench import gpu_peer
+
+        gpu_peer.run_into(report)
 
 
 def summary(report: Report) -> None:
@@ -94,6 +103,10 @@ def summary(report: Report) -> None:
     for t in report.timings:
         if t.op in ("forward", "prefill", "copy"):
             print(f"  {t.op:<8} {t.variant:<22} {t.median_ms:9.3f} ms  {t.gbps:7.0f} GB/s  {t.extra}")
+    if "peer" in report.info:  # last: ours vs llama.cpp
+        from bench.gpu_compare import ours_from_timings, print_comparison
+
+        print_comparison(ours_from_timings(report.timings), report.info["peer"])
 
 
 def run_child(args, parts: list[str]) -> int:
@@ -150,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p] or (
-        ["compile", "bandwidth", "kernels", "models"] + (["timings", "model27b"] if args.bench else []))
+        ["compile", "bandwidth", "kernels", "models"] + (BENCH_PARTS if args.bench else []))
     out_dir = Path(args.out) if args.out else Path(__file__).resolve().parent / "results"
     if args.child:
         args.out = str(out_dir)

@@ -229,8 +229,8 @@ def run_child(args, part: str) -> int:
     return 0 if ok and all(c.ok for c in report.checks) else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Every part in its own process; the merged results in <out>/gpu_megakernel.json."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """This script's options; parse_args([]) gives the defaults `make bench` runs part_model27b with."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default=",".join(PARTS))
     parser.add_argument("--out", default=os.environ.get("OUT", "") or str(Path(__file__).parent / "results"))
@@ -238,7 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-vocab", type=int, default=32768)
     parser.add_argument("--tiles-per-sm", type=int, default=3, help="matmul instructions per SM and matrix")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every part in its own process; the merged results in <out>/gpu_megakernel.json."""
+    args = parse_args(argv)
     Path(args.work).mkdir(parents=True, exist_ok=True)
     if args.child:
         return run_child(args, args.child)
