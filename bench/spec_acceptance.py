@@ -66,8 +66,9 @@ def measure(path: Path, num_tokens: int, requests: list[str], max_draft: int) ->
     for run in plain_and_speculative(backend, tokenizer, template, num_tokens, total, max_draft, requests):
         prompts.append(prompt_entry(run))
         p = prompts[-1]
-        print(f"{len(prompts):2d} {p['tokens']:3d} tokens in {p['passes']:3d} passes ({p['tokens_per_pass']:.2f}/pass), "
-              f"{p['accepted']}/{p['drafted']} drafts kept, identical={p['identical']}: {run.request}", flush=True)
+        print(f"{len(prompts):2d} {p['tokens']:3d} tokens in {p['passes']:3d} passes "
+              f"({p['tokens_per_pass']:.2f}/pass), {p['accepted']}/{p['drafted']} drafts kept, "
+              f"identical={p['identical']}: {run.request}", flush=True)
     return {"model": MODEL, "file": path.name, "backend": "reference", "decoding": "greedy",
             "drafter": "ngram", "max_draft": max_draft, "max_tokens": num_tokens,
             "seconds": round(time.perf_counter() - started, 1),

@@ -3,8 +3,9 @@
 Accepted: every field OpenAI's chat and legacy completions APIs define that changes the output and that the engine
 implements (temperature, top_p, seed (-1 = random, as in llama.cpp), stop, max_tokens / max_completion_tokens,
 presence and frequency penalties, logit_bias, logprobs / top_logprobs, tools, tool_choice "auto" | "none",
-parallel_tool_calls, stream, stream_options), the llama.cpp / vLLM extensions top_k, min_p, repetition_penalty (alias repeat_penalty),
-chat_template_kwargs and cache_prompt, and fields without effect on the output (model, user, metadata, store).
+parallel_tool_calls, stream, stream_options), the llama.cpp / vLLM extensions top_k, min_p, repetition_penalty
+(alias repeat_penalty), chat_template_kwargs and cache_prompt, and fields without effect on the output (model, user,
+metadata, store).
 Refused with a 400 naming the field: n > 1, best_of > 1, suffix, response_format other than text, tool_choice
 "required" or a named function (they need constrained decoding), echo with logprobs, and any field we do not know.
 """
