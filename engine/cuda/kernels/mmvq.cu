@@ -4,25 +4,7 @@
 // and reused for every row of the batch: tensor cores (mma.m16n8k16, N = 8 = the largest T) multiply the
 // decoded f16 block by all T activation rows at once, and T = 5 costs about what T = 1 does.
 // A block of W warps owns 16 * MT output rows; its warps split K by superblocks and reduce through shared memory.
-#include "common.cuh"
-#include "quants.cuh"
-#include "stage.cuh"
-
-#define MMVQ_MAX_WARPS 8
-#define MMVQ_NCOLS 8
-
-// Activation layout ("act"): tokens in groups of 8; per group, superblock sb and step s, the 8 tokens' 16 values
-// at the canonical positions (quants.cuh) of that step: act[((sb * 16 + s) * 8 + n) * 16 + 4c + r] holds x[n][k],
-// k = 256 sb + 64c + 32 (s & 1) + 4 (s >> 1) + r. Positions past K hold zeros. One step's fragment of all 8 tokens
-// is 256 contiguous bytes. Sums: sums[(sb * 8 + n) * 8 + j] = sum of x[n][256 sb + 32 j .. + 31] (f16).
-__device__ __forceinline__ i64 act_index(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
-
-// The min term of Q4_K/Q5_K: sum over sub-blocks of m * (sum of x over the sub-block), k-slots 2c, 2c+1 only.
-__device__ __forceinline__ void min_mma(float (&cm)[4], u32 m0, u32 m1, u32 sums_pair) {
-    u32 bm[2] = {sums_pair, 0u};
-    u32 am[4] = {m0, m1, 0u, 0u};
-    mma_f16_16816(cm, am, bm);
-}
+#include "mmvq.cuh"
 
 // One superblock of the lane's two rows. a_sb: this superblock's activations for the lane (token g, slot 4c);
 // step s is at a_sb + 128 s. LO (precise mode): x = hi + lo, both f16, every product taken twice, so the result
@@ -153,60 +135,9 @@ mmvq(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restric
 // The same block shape and result as mmvq, but each warp keeps Stage<QT>::STAGES - 1 superblocks of its 16 rows
 // in flight (cp.async into a per-warp ring of shared-memory stages, no registers held): an SM has up to 16 warps
 // x 3 x 2.3 KB requested instead of 16 x 2.3 KB. On the H200 that alone bought nothing (bench/NOTES.md, v7: both
-// kernels stream ~2 TB/s at the 27B shapes, the cost is per block and per launch); the ring is the piece a
-// persistent grid needs. What this kernel wins is precise mode up to 4 tokens, through the column packing below.
-//
-// Columns: for T <= 4 the mma's 8 columns carry each token twice: column n the f16 activations and the hi
-// sub-block sums, column T + n the activations' rounding residue (precise mode; zeros otherwise) and the lo
-// sums; the epilogue adds the two columns. So precise mode and the exact min term cost no second mma at T <= 4.
-// For T > 4, TWO runs the residue as a second mma per step (precise), and the lo sums get a second min mma.
-
-// One superblock: b from column source a (null: a zero column), bl from a2 (TWO only).
-template <int QT, bool TWO>
-__device__ __forceinline__ void mmvq_cp_compute(const typename QTraits<QT>::Row (&r)[2], const f16* a, const f16* a2,
-                                                u32 sum1, u32 sum2, bool two_sums, int c, float (&acc)[4]) {
-    using Q = QTraits<QT>;
-    static_assert(Q::BLOCK_SCALE, "the pipelined mmvq is for the K-quants (a per-superblock scale d)");
-    u32 b[SB_STEPS][2], bl[TWO ? SB_STEPS : 1][2];
-#pragma unroll
-    for (int s = 0; s < SB_STEPS; ++s) {
-        const uint2 v = a ? ld_cached_u2(a + 128 * s) : make_uint2(0u, 0u);
-        b[s][0] = v.x;
-        b[s][1] = v.y;
-        if constexpr (TWO) {
-            const uint2 vl = a2 ? ld_cached_u2(a2 + 128 * s) : make_uint2(0u, 0u);
-            bl[s][0] = vl.x;
-            bl[s][1] = vl.y;
-        }
-    }
-    typename Q::Consts k[2];
-    Q::prepare(r[0], c, k[0]);
-    Q::prepare(r[1], c, k[1]);
-    float blk[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int s = 0; s < SB_STEPS; ++s) {
-        u32 f[4];
-        Q::frag(r[0], k[0], c, s, f[0], f[2]);
-        Q::frag(r[1], k[1], c, s, f[1], f[3]);
-        mma_f16_16816(blk, f, b[s]);
-        if constexpr (TWO) mma_f16_16816(blk, f, bl[s]);
-    }
-    const float d0 = Q::dscale(r[0]), d1 = Q::dscale(r[1]);
-    acc[0] += d0 * blk[0];
-    acc[1] += d0 * blk[1];
-    acc[2] += d1 * blk[2];
-    acc[3] += d1 * blk[3];
-    if constexpr (Q::HAS_MIN) {
-        float cm[4] = {0.f, 0.f, 0.f, 0.f};
-        min_mma(cm, k[0].mins, k[1].mins, sum1);
-        if (two_sums) min_mma(cm, k[0].mins, k[1].mins, sum2);
-        const float m0 = Q::mscale(r[0]), m1 = Q::mscale(r[1]);
-        acc[0] -= m0 * cm[0];
-        acc[1] -= m0 * cm[1];
-        acc[2] -= m1 * cm[2];
-        acc[3] -= m1 * cm[3];
-    }
-}
+// kernels stream ~2 TB/s at the 27B shapes, the cost is per block and per launch); the ring is the piece the
+// persistent grid (kernels/mmvq_persist.cu) runs on. What this kernel wins is precise mode up to 4 tokens,
+// through the column packing of mmvq.cuh (a second mma above that).
 
 // The warps' partial sums of the block's 16 rows, reduced and stored (columns T + n folded into n when packed).
 __device__ __forceinline__ void mmvq_store(const float (&acc)[4], float* __restrict__ y, const float* __restrict__ bias,
@@ -259,14 +190,7 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
         if (s < n) S::copy(ring_s + s * S::BYTES, P, L, warp + s * num_warps, lane, ntot);
         cp_async_commit();  // empty groups keep the group count uniform
     }
-    // this lane's B column: token g (hi), or when packed token g - T's residue (lo)
-    const bool packed = !TWO && T <= 4, hi = g < T, lo = packed && !hi && g < 2 * T;
-    const int tok = hi ? g : g - T;
-    const f16* a = hi ? act + tok * 16 + 4 * c : (LO && lo) ? act_lo + tok * 16 + 4 * c : nullptr;
-    const f16* a2 = (TWO && hi) ? act_lo + tok * 16 + 4 * c : nullptr;
-    const u32* s1 = hi ? reinterpret_cast<const u32*>(sums + tok * 8 + 2 * c)
-                  : lo ? reinterpret_cast<const u32*>(sums_lo + tok * 8 + 2 * c) : nullptr;
-    const u32* s2 = (!packed && hi) ? reinterpret_cast<const u32*>(sums_lo + tok * 8 + 2 * c) : nullptr;
+    const CpColumns cols = cp_columns<LO, TWO>(act, sums, act_lo, sums_lo, T, g, c);
     const u32 base0 = stage_row_base(row0, g, rows, nb), base1 = stage_row_base(row0, g + 8, rows, nb);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -282,16 +206,10 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
         typename Q::Row r[2];
         S::read(r[0], st, g, c, base0 + sb);
         S::read(r[1], st, g + 8, c, base1 + sb);
-        u32 sum1 = 0u, sum2 = 0u;
-        if (Q::HAS_MIN) {
-            sum1 = s1 ? __ldg(s1 + 32 * sb) : 0u;
-            sum2 = s2 ? __ldg(s2 + 32 * sb) : 0u;
-        }
-        mmvq_cp_compute<QT, TWO>(r, a ? a + 2048 * sb : nullptr, a2 ? a2 + 2048 * sb : nullptr, sum1, sum2,
-                                 !packed, c, acc);
+        cp_superblock<QT, TWO>(cols, r, sb, c, acc);
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
-    mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, packed);
+    mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, cols.packed);
 }
 
 // Plain f32 weights (small tensors only): one warp per row, f32 FMA, T <= 8 columns.

@@ -1,4 +1,4 @@
-// Shared-memory staging of K-quant weights for the pipelined mmvq (kernels/mmvq_cp.cu).
+// Shared-memory staging of K-quant weights for the pipelined mmvqs (kernels/mmvq.cu mmvq_cp, kernels/mmvq_persist.cu).
 //
 // A stage holds one superblock of a warp's 16 rows: each plane's bytes of those rows (quants.cuh, repack.py) in
 // a region of its own, the 128-byte quant rows padded to 144 bytes so that the readers' 16-byte loads (lanes of
@@ -17,27 +17,48 @@ __device__ __forceinline__ u32 stage_row_base(int row0, int lr, int rows, int nb
     return (u32)min(row0 + lr, rows - 1) * (u32)nb;
 }
 
+// The 64 small words of a Q4_K/Q5_K stage: 16 rows of 3 scale words (region SC, 12 bytes a row) and 16 dm words
+// (region DM). Lane l copies words q = l + 32 j (j = 0, 1): q < 48 is scale word q % 3 of row q / 3, else the dm
+// word of row q - 48. Rows and destinations are fixed per lane (computed once by stage_words_init).
+struct StageWords { u32 row[2], dst[2], off[2]; };
+
+template <int SC, int DM>
+__device__ __forceinline__ void stage_words_init(StageWords& W, int row0, int rows, int nb, int lane) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int q = lane + 32 * j, r = q < 48 ? q / 3 : q - 48;
+        W.row[j] = stage_row_base(row0, r, rows, nb);
+        W.dst[j] = q < 48 ? SC + 12 * r + 4 * (q % 3) : DM + 4 * r;
+        W.off[j] = q < 48 ? 4 * (q % 3) : 0;
+    }
+}
+
+// The copies of stage_words_init's words of superblock sb: scales from plane sc (12 bytes a block), dm from dm.
+__device__ __forceinline__ void stage_words_copy(u32 dst, const u8* sc, const u8* dm, const StageWords& W, int sb,
+                                                 int lane) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const u64 idx = W.row[j] + sb;
+        const bool is_scale = lane + 32 * j < 48;
+        cp_async4(dst + W.dst[j], is_scale ? sc + idx * 12 + W.off[j] : dm + idx * 4);
+    }
+}
+
 template <int QT> struct Stage;
 
 // ---------------------------------------------------------------- Q4_K
 // Stage: qs [16][144] | scales [16][12] | dm [16][4] = 2560 bytes.
-// Copies of lane l: qs chunk (l % 8) of rows l / 8 + 4 j (j = 0..3); word q = l + 32 j (j = 0, 1) of the 64
-// words that follow: q < 48 is scale word q % 3 of row q / 3, else the dm word of row q - 48.
+// Copies of lane l: qs chunk (l % 8) of rows l / 8 + 4 j (j = 0..3); two of the 64 words that follow
+// (stage_words_init).
 template <> struct Stage<QT_Q4_K> {
     static constexpr int STAGES = 4;  // stages per warp: 3 superblocks in flight while one is multiplied
     static constexpr int QS = 0, QS_PITCH = 144, SC = QS + STAGE_ROWS * QS_PITCH, DM = SC + STAGE_ROWS * 12;
     static constexpr int BYTES = DM + STAGE_ROWS * 4;
-    struct Lane { u32 qrow[4], wrow[2], wdst[2], woff[2]; };
+    struct Lane { u32 qrow[4]; StageWords w; };
     static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) L.qrow[j] = stage_row_base(row0, (lane >> 3) + 4 * j, rows, nb);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int q = lane + 32 * j, r = q < 48 ? q / 3 : q - 48;
-            L.wrow[j] = stage_row_base(row0, r, rows, nb);
-            L.wdst[j] = q < 48 ? SC + 12 * r + 4 * (q % 3) : DM + 4 * r;
-            L.woff[j] = q < 48 ? 4 * (q % 3) : 0;
-        }
+        stage_words_init<SC, DM>(L.w, row0, rows, nb, lane);
     }
     static __device__ __forceinline__ void copy(u32 dst, const Planes& P, const Lane& L, int sb, int lane, u64 ntot) {
         const int part = lane & 7;
@@ -45,18 +66,53 @@ template <> struct Stage<QT_Q4_K> {
         for (int j = 0; j < 4; ++j)
             cp_async16(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
                        P.p[0] + (u64)(L.qrow[j] + sb) * 128 + 16 * part);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const u64 idx = L.wrow[j] + sb;
-            const bool is_scale = lane + 32 * j < 48;
-            cp_async4(dst + L.wdst[j], is_scale ? P.p[1] + idx * 12 + L.woff[j] : P.p[2] + idx * 4);
-        }
+        stage_words_copy(dst, P.p[1], P.p[2], L.w, sb, lane);
     }
     // Row lr of the stage at st, as QTraits<QT_Q4_K>::load would read it (idx: its block index, unused here).
     static __device__ __forceinline__ void read(QTraits<QT_Q4_K>::Row& r, const u8* st, int lr, int c, u32 idx) {
         const uint4* q = reinterpret_cast<const uint4*>(st + QS + lr * QS_PITCH + 32 * c);
         r.q[0] = q[0];
         r.q[1] = q[1];
+        const u32* s = reinterpret_cast<const u32*>(st + SC + 12 * lr);
+        r.s[0] = s[0];
+        r.s[1] = s[1];
+        r.s[2] = s[2];
+        r.dm = *reinterpret_cast<const u32*>(st + DM + 4 * lr);
+    }
+};
+
+// ---------------------------------------------------------------- Q5_K
+// Stage: qs [16][144] | qh [16][32] | scales [16][12] | dm [16][4] = 3072 bytes.
+// Copies of lane l: qs as Q4_K; qh half (l % 2) of row l / 2; the words as Q4_K. Every lane of a row reads that
+// row's whole 32-byte qh (QTraits<QT_Q5_K>::load does too): the four lanes of a quad read one address, and the
+// two rows of a quarter-warp sit 32 bytes apart, so the 16-byte reads are conflict-free at a 32-byte pitch.
+template <> struct Stage<QT_Q5_K> {
+    static constexpr int STAGES = 4;
+    static constexpr int QS = 0, QS_PITCH = 144, QH = QS + STAGE_ROWS * QS_PITCH, SC = QH + STAGE_ROWS * 32;
+    static constexpr int DM = SC + STAGE_ROWS * 12, BYTES = DM + STAGE_ROWS * 4;
+    struct Lane { u32 qrow[4], hrow; StageWords w; };
+    static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) L.qrow[j] = stage_row_base(row0, (lane >> 3) + 4 * j, rows, nb);
+        L.hrow = stage_row_base(row0, lane >> 1, rows, nb);
+        stage_words_init<SC, DM>(L.w, row0, rows, nb, lane);
+    }
+    static __device__ __forceinline__ void copy(u32 dst, const Planes& P, const Lane& L, int sb, int lane, u64 ntot) {
+        const int part = lane & 7, half = lane & 1;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            cp_async16(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
+                       P.p[0] + (u64)(L.qrow[j] + sb) * 128 + 16 * part);
+        cp_async16(dst + QH + (lane >> 1) * 32 + 16 * half, P.p[1] + (u64)(L.hrow + sb) * 32 + 16 * half);
+        stage_words_copy(dst, P.p[2], P.p[3], L.w, sb, lane);
+    }
+    static __device__ __forceinline__ void read(QTraits<QT_Q5_K>::Row& r, const u8* st, int lr, int c, u32 idx) {
+        const uint4* q = reinterpret_cast<const uint4*>(st + QS + lr * QS_PITCH + 32 * c);
+        r.q[0] = q[0];
+        r.q[1] = q[1];
+        const uint4* h = reinterpret_cast<const uint4*>(st + QH + 32 * lr);
+        r.qh[0] = h[0];
+        r.qh[1] = h[1];
         const u32* s = reinterpret_cast<const u32*>(st + SC + 12 * lr);
         r.s[0] = s[0];
         r.s[1] = s[1];
