@@ -30,6 +30,11 @@ def qtype_tag(qtype: Q) -> str:
 
 # Weight types with the pipelined matmul (kernels/stage.cuh: weights staged through shared memory by cp.async).
 STAGED_QTYPES = (Q.Q4_K, Q.Q6_K)
+# Weight types with the persistent stream-K matmul (kernels/mmvq_persist.cu; the same stages).
+PERSIST_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# The pipelined kernels' column modes, in template-argument order (LO, TWO): fast, precise packed (T <= 4),
+# precise two-pass.
+PIPELINE_MODES = (("", "false, false"), ("_hl", "true, false"), ("_x2", "true, true"))
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
 # at a time.
 GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0)
@@ -50,8 +55,12 @@ def _build() -> dict[str, Instance]:
         out.append(Instance(f"mmvq_{qtype_tag(qt)}", "mmvq", f"mmvq<{int(qt)}, false>"))
         out.append(Instance(f"mmvq_{qtype_tag(qt)}_x2", "mmvq", f"mmvq<{int(qt)}, true>"))  # precise: hi + lo
     for qt in STAGED_QTYPES:  # the cp.async pipeline: fast, precise packed (T <= 4), precise two-pass
-        for variant, flags in (("cp", "false, false"), ("cp_hl", "true, false"), ("cp_x2", "true, true")):
-            out.append(Instance(f"mmvq_{qtype_tag(qt)}_{variant}", "mmvq", f"mmvq_cp<{int(qt)}, {flags}>"))
+        for suffix, flags in PIPELINE_MODES:
+            out.append(Instance(f"mmvq_{qtype_tag(qt)}_cp{suffix}", "mmvq", f"mmvq_cp<{int(qt)}, {flags}>"))
+    for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
+        for suffix, flags in PIPELINE_MODES:
+            out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",
+                                f"mmvq_persist<{int(qt)}, {flags}>"))
     out += [Instance(f"gemm_{qtype_tag(qt)}", "gemm", f"gemm<{int(qt)}>") for qt in GEMM_QTYPES]
     out += [Instance("mmv_f32", "mmvq", "mmv_f32")]
     out += [Instance(f"act_{mode}", "act", f"act_from<{i}>") for i, mode in enumerate(ACT_MODES)]

@@ -11,14 +11,19 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as Q
 
+from engine.cuda import persist
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import EMBED_QTYPES, GEMM_QTYPES, MATMUL_QTYPES, STAGED_QTYPES, qtype_tag
+from engine.cuda.instances import (EMBED_QTYPES, GEMM_QTYPES, MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES,
+                                   qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
 MMVQ_WARPS = 8
-# Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type with the pipelined mmvq.
-STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q6_K: (3, 3648)}
-MMVQ_ENV = "OPENJET_CUDA_MMVQ"  # "plain": the register-pipelined mmvq only; "cp": the pipelined one wherever it can
+# Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type it stages.
+STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q5_K: (4, 3072), Q.Q6_K: (3, 3648)}
+# "plain": the register-pipelined mmvq only; "cp": the cp.async-pipelined one wherever it can; "persist": the
+# persistent stream-K one wherever it can (not the default until measured: bench/NOTES.md v8)
+MMVQ_ENV = "OPENJET_CUDA_MMVQ"
+PIPELINE_KERNELS: dict[str, tuple[Q, ...]] = {"cp": STAGED_QTYPES, "persist": PERSIST_QTYPES}
 # Where the pipelined mmvq beat the register-pipelined one at the 27B shapes (H200, bench/NOTES.md v7):
 # (type, precise) -> the most tokens per launch it takes. Precise mode up to 4 tokens (the residue rides in the
 # mma's spare columns: 5-25 % faster); fast Q4_K and the two-pass precise mode above 4 tokens measured 1-14 %
@@ -160,7 +165,8 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
         if uses_pipeline(w.qtype, precise, t):
-            _mmvq_pipelined(dev, w, act.group(t0 // ACT_GROUP), y_t, bias, res_t, t, ld_y, precise)
+            launch = _mmvq_persist if PIPELINE_KERNEL == "persist" else _mmvq_pipelined
+            launch(dev, w, act.group(t0 // ACT_GROUP), y_t, bias, res_t, t, ld_y, precise)
             continue
         if w.qtype == Q.F32:
             x_t = act.f32.view(4 * t0 * act.ld)
@@ -172,28 +178,39 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
                    [w.buf, x_t, s_t, xlo_t, slo_t, y_t, bias, res_t, w.rows, w.cols, t, ld_y])
 
 
-def _default_pipelined() -> tuple[frozenset[Q], bool]:
-    """(types that may run the cp.async-pipelined mmvq, whether everywhere or only where PIPELINE_MAX_TOKENS
-    says it is faster), from OPENJET_CUDA_MMVQ: unset = the table, "plain" = never, "cp" = everywhere."""
+def _default_pipelined() -> tuple[frozenset[Q], bool, str]:
+    """(types that may run a pipelined mmvq, whether everywhere or only where PIPELINE_MAX_TOKENS says it is
+    faster, which one), from OPENJET_CUDA_MMVQ: unset = the table (cp), "plain" = never, "cp" or "persist" =
+    that kernel everywhere."""
     import os
 
     mode = os.environ.get(MMVQ_ENV, "")
-    if mode not in ("", "plain", "cp"):
-        raise ValueError(f"{MMVQ_ENV}={mode!r}: expected 'plain' or 'cp' (or unset)")
-    return (frozenset() if mode == "plain" else frozenset(STAGED_QTYPES)), mode == "cp"
+    if mode not in ("", "plain", *PIPELINE_KERNELS):
+        raise ValueError(f"{MMVQ_ENV}={mode!r}: expected 'plain', 'cp' or 'persist' (or unset)")
+    kernel = mode if mode in PIPELINE_KERNELS else "cp"
+    types = frozenset() if mode == "plain" else frozenset(PIPELINE_KERNELS[kernel])
+    return types, mode in PIPELINE_KERNELS, kernel
 
 
-PIPELINED, PIPELINE_EVERYWHERE = _default_pipelined()
+PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL = _default_pipelined()
 
 
-def set_pipelined(qtypes: frozenset[Q] | set[Q], everywhere: bool = False) -> None:
-    """Choose the types that may run the pipelined mmvq, and whether at every T and mode or only where it
-    measured faster (benchmarks and checks compare it with the plain one); captured graphs keep their kernels."""
-    global PIPELINED, PIPELINE_EVERYWHERE
-    unknown = set(qtypes) - set(STAGED_QTYPES)
+def set_pipelined(qtypes: frozenset[Q] | set[Q], everywhere: bool = False, kernel: str = "cp") -> None:
+    """Choose the types that may run a pipelined mmvq (kernel "cp" or "persist"), and whether at every T and mode
+    or only where it measured faster (benchmarks and checks compare it with the plain one); captured graphs keep
+    their kernels."""
+    global PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL
+    if kernel not in PIPELINE_KERNELS:
+        raise ValueError(f"no pipelined mmvq {kernel!r}: expected one of {', '.join(PIPELINE_KERNELS)}")
+    unknown = set(qtypes) - set(PIPELINE_KERNELS[kernel])
     if unknown:
-        raise ValueError(f"no pipelined mmvq for {', '.join(sorted(q.name for q in unknown))}")
-    PIPELINED, PIPELINE_EVERYWHERE = frozenset(qtypes), everywhere
+        raise ValueError(f"no {kernel} mmvq for {', '.join(sorted(q.name for q in unknown))}")
+    PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL = frozenset(qtypes), everywhere, kernel
+
+
+def pipeline_state() -> tuple[frozenset[Q], bool, str]:
+    """The current choice, as set_pipelined takes it (to restore it after a comparison)."""
+    return PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL
 
 
 def uses_pipeline(qtype: Q, precise: bool, num_tokens: int) -> bool:
@@ -217,6 +234,20 @@ def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, B
     dev.set_max_dynamic_smem(kernel, MMVQ_WARPS * stages * stage_bytes)
     dev.launch(kernel, tiles, 32 * warps, [w.buf, act, sums, act_lo, sums_lo, y, bias, residual, w.rows, w.cols, t,
                                            ld_y], smem=smem)
+
+
+def _mmvq_persist(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buffer | None, Buffer | None],
+                  y: Buffer, bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, precise: bool) -> None:
+    """One launch of mmvq_persist for up to 8 tokens (mmvq_cp's column modes): one wave of warps over the whole
+    matrix, each streaming an equal share of its superblocks (engine/cuda/persist.py)."""
+    act, sums, act_lo, sums_lo = group  # act: [nsb][16 steps][8 tokens][16] f16
+    variant = "persist" if not precise else "persist_hl" if t <= 4 else "persist_x2"
+    kernel = dev.kernel(f"mmvq_{qtype_tag(w.qtype)}_{variant}")
+    grid, warps, smem = persist.plan(dev, kernel, *STAGE_SHAPE[w.qtype], w.rows, w.cols)
+    partials, counts = persist.scratch(dev, (w.rows + 15) // 16)
+    assert 2 * grid * warps * persist.TILE_BYTES <= partials.nbytes, "more warps than share slots"
+    dev.launch(kernel, grid, 32 * warps, [w.buf, act, sums, act_lo, sums_lo, y, bias, residual, partials, counts,
+                                          w.rows, w.cols, t, ld_y], smem=smem)
 
 
 def _pipelined_warps(cols: int, tiles: int, multiprocessors: int) -> int:

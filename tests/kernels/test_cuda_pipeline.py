@@ -17,7 +17,7 @@ SMEM_PER_SM = 228 * 1024
 def _stage_constants(qtype: Q) -> dict[str, int]:
     """Evaluate the `static constexpr int` lines of Stage<QT_x> in stage.cuh (STAGE_ROWS = 16)."""
     text = (nvrtc.KERNEL_DIR / "stage.cuh").read_text()
-    tag = {Q.Q4_K: "QT_Q4_K", Q.Q6_K: "QT_Q6_K"}[qtype]
+    tag = {Q.Q4_K: "QT_Q4_K", Q.Q5_K: "QT_Q5_K", Q.Q6_K: "QT_Q6_K"}[qtype]
     body = text[text.index(f"struct Stage<{tag}>"):]
     body = body[: body.index("\n};")]
     values: dict[str, int] = {"STAGE_ROWS": 16}
@@ -41,7 +41,7 @@ def test_stage_holds_every_plane_of_16_rows(qtype: Q) -> None:
     from engine.cuda.repack import PLANES
 
     consts = _stage_constants(qtype)
-    names = {Q.Q4_K: ("QS", "SC", "DM"), Q.Q6_K: ("QL", "QH", "SC", "D")}[qtype]
+    names = {Q.Q4_K: ("QS", "SC", "DM"), Q.Q5_K: ("QS", "QH", "SC", "DM"), Q.Q6_K: ("QL", "QH", "SC", "D")}[qtype]
     starts = [consts[n] for n in names] + [consts["BYTES"]]
     for (_, field), lo, hi in zip(PLANES[qtype], starts[:-1], starts[1:], strict=True):
         word = 4 if field == 2 else field  # Q6_K's 2-byte d travels as the aligned word around it
@@ -49,8 +49,10 @@ def test_stage_holds_every_plane_of_16_rows(qtype: Q) -> None:
 
 
 def test_two_blocks_of_eight_warps_fit_one_multiprocessor() -> None:
-    """The launch bounds ask for 2 blocks of 256 threads per SM: their stages (and the 4 KB reduction) must fit."""
-    for qtype, (stages, stage_bytes) in ops.STAGE_SHAPE.items():
+    """mmvq_cp's launch bounds ask for 2 blocks of 256 threads per SM: their stages (and the 4 KB reduction) must
+    fit."""
+    for qtype in instances.STAGED_QTYPES:
+        stages, stage_bytes = ops.STAGE_SHAPE[qtype]
         block = ops.MMVQ_WARPS * stages * stage_bytes + 4096
         assert block <= SMEM_PER_BLOCK and 2 * (block + 1024) <= SMEM_PER_SM, qtype.name
 
@@ -76,7 +78,7 @@ def test_pipelined_warps_split_evenly_and_fill_one_wave_where_they_can() -> None
 
 
 def test_set_pipelined_switches_and_rejects_types_without_the_kernel() -> None:
-    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
+    saved = ops.pipeline_state()
     try:
         ops.set_pipelined(frozenset())
         assert not ops.uses_pipeline(Q.Q4_K, True, 1)
@@ -89,7 +91,7 @@ def test_set_pipelined_switches_and_rejects_types_without_the_kernel() -> None:
 
 
 def test_default_policy_runs_the_pipeline_only_where_it_measured_faster() -> None:
-    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
+    saved = ops.pipeline_state()
     try:
         ops.set_pipelined(instances.STAGED_QTYPES)
         for qtype in (Q.Q4_K, Q.Q6_K):  # precise: the residue packed into spare columns, up to 4 tokens
@@ -103,14 +105,14 @@ def test_default_policy_runs_the_pipeline_only_where_it_measured_faster() -> Non
 
 def test_environment_picks_plain_table_or_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ops.MMVQ_ENV, "plain")
-    assert ops._default_pipelined() == (frozenset(), False)
+    assert ops._default_pipelined() == (frozenset(), False, "cp")
     monkeypatch.setenv(ops.MMVQ_ENV, "cp")
-    assert ops._default_pipelined() == (frozenset(instances.STAGED_QTYPES), True)
+    assert ops._default_pipelined() == (frozenset(instances.STAGED_QTYPES), True, "cp")
     monkeypatch.setenv(ops.MMVQ_ENV, "fast")
     with pytest.raises(ValueError, match="OPENJET_CUDA_MMVQ='fast'"):
         ops._default_pipelined()
     monkeypatch.delenv(ops.MMVQ_ENV)
-    assert ops._default_pipelined() == (frozenset(instances.STAGED_QTYPES), False)
+    assert ops._default_pipelined() == (frozenset(instances.STAGED_QTYPES), False, "cp")
 
 
 @pytest.mark.parametrize("min_keys", [0, 48])
