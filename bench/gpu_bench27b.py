@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
-from engine.cuda.instances import STAGED_QTYPES
+from engine.cuda.instances import PERSIST_QTYPES, STAGED_QTYPES
 
 PASS_TOKENS = (1, 2, 3, 5)
 PREFILL_TOKENS = (512, 2048, 8192)
@@ -19,7 +19,10 @@ CONTEXT = 16384
 # Kernel generations compared in one run: (types that may run the cp.async-pipelined mmvq, whether at every T
 # and mode rather than where it measured faster, fewest keys per attention split). v7 is the default; v7cp the
 # pipelined kernel everywhere (what the first v7 run measured as "v7"); v6 the state of commit ddd02e1.
-VARIANTS = {"v7": (STAGED_QTYPES, False, 32), "v7cp": (STAGED_QTYPES, True, 32), "v6": ((), False, 128)}
+# v8 the persistent stream-K mmvq everywhere (bench/NOTES.md v8), last so that a fault of the new kernel loses
+# nothing but the prefill timings, and left out when its checks failed. The last field: the pipelined kernel.
+VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp"), "v7cp": (STAGED_QTYPES, True, 32, "cp"),
+            "v6": ((), False, 128, "cp"), "v8": (PERSIST_QTYPES, True, 32, "persist")}
 
 
 def _model_file(report: Report) -> Path:
@@ -113,10 +116,13 @@ def bench_27b(report: Report, args) -> None:
         bw = copy_bandwidth(backend.dev)
         report.timings.append(bw)
         report.info["copy_gbps_27b_run"] = round(bw.gbps, 1)
-        report.info["model27b_variants"] = {k: [[q.name for q in types], everywhere, keys]
-                                             for k, (types, everywhere, keys) in VARIANTS.items()}
+        report.info["model27b_variants"] = {k: [[q.name for q in types], everywhere, keys, kernel]
+                                             for k, (types, everywhere, keys, kernel) in VARIANTS.items()}
         tokens = {}
         for name in VARIANTS:
+            if name == "v8" and getattr(args, "skip_persist", False):
+                report.notes.append("27B v8 (persistent mmvq) not run: its checks failed")
+                continue
             _use_variant(backend, name)
             tag = "" if name == "v7" else f".{name}"
             tokens[name] = _decode_sanity(backend, report, tag)
@@ -140,8 +146,8 @@ def _use_variant(backend, name: str) -> None:
     """Switch the matmul and attention kernels to a generation of VARIANTS (captured passes are dropped)."""
     from engine.cuda import mixers, ops
 
-    types, everywhere, min_keys = VARIANTS[name]
-    ops.set_pipelined(frozenset(types), everywhere=everywhere)
+    types, everywhere, min_keys, kernel = VARIANTS[name]
+    ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.drop_graphs()
 

@@ -23,8 +23,9 @@ import numpy as np  # noqa: E402
 
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
-PARTS = ("compile", "bandwidth", "kernels", "models", "timings", "model27b", "mk27b", "peer")
+PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer")
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer"]  # --bench: ours, the megakernel, llama.cpp on one 27B file
+SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
 
 
 def compile_all(report: Report, dev) -> None:
@@ -58,10 +59,14 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_kernels.run_matmul_checks(dev, report, rng)
         gpu_ops.run_op_checks(dev, report, rng)
+    elif name == "persist":  # the persistent mmvq (bench/NOTES.md v8), in its own process: a fault stays here
+        from bench import gpu_persist
+
+        gpu_persist.run_persist_checks(dev, report, rng)
     elif name == "timings":
         from bench import gpu_kernels
 
-        gpu_kernels.time_matmuls(dev, report, rng)
+        gpu_kernels.time_matmuls(dev, report, rng, with_persist=not args.skip_persist)
         gpu_kernels.time_gemm(dev, report, rng)
     elif name == "models":
         from bench import gpu_models
@@ -97,7 +102,7 @@ def summary(report: Report) -> None:
         parts = t.variant.split(".")
         if t.op == "matmul" and len(parts) >= 4 and parts[2] in ("T1", "T5"):
             rows.setdefault(".".join(parts[:3]), []).append(f"{'.'.join(parts[3:])} {t.median_ms * 1e3:.1f} us "
-                                                             f"{t.gbps:.0f} GB/s")
+                                                             f"{t.gbps / 1e3:.2f} TB/s")
     for key, cells in rows.items():
         print(f"  matmul   {key:<22} " + " | ".join(cells))
     for t in report.timings:
@@ -151,6 +156,18 @@ def merge(out_dir: Path, parts: list[str]) -> Report:
     return report
 
 
+def _persist_failed(part_dir: Path, codes: dict[str, int]) -> bool:
+    """Whether the persist part ran in this run and failed (raised, or any of its checks failed)."""
+    import json
+
+    if "persist" not in codes:
+        return False
+    path = part_dir / "part_persist.json"
+    if codes["persist"] != 0 or not path.exists():
+        return True
+    return not all(c["ok"] for c in json.loads(path.read_text())["checks"])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run each part in its own process (a fault in one leaves the others' results); exit 1 on any failure."""
     import subprocess
@@ -160,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="", help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--out", default=os.environ.get("OUT", ""), help="folder for results JSON")
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    parser.add_argument("--skip-persist", action="store_true", help="leave the persistent mmvq out of the timings")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p] or (
-        ["compile", "bandwidth", "kernels", "models"] + (BENCH_PARTS if args.bench else []))
+        ["compile", "bandwidth", "kernels", "persist", "models"] + (BENCH_PARTS if args.bench else []))
     out_dir = Path(args.out) if args.out else Path(__file__).resolve().parent / "results"
     if args.child:
         args.out = str(out_dir)
@@ -172,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     codes = {}
     for part in parts:
         cmd = [sys.executable, __file__, "--child", "--parts", part, "--out", str(part_dir), "--seed", str(args.seed)]
+        if part in SKIP_PERSIST_PARTS and (args.skip_persist or _persist_failed(part_dir, codes)):
+            print(f"{part}: without the persistent mmvq (its checks failed)", flush=True)
+            cmd.append("--skip-persist")
         codes[part] = subprocess.run(cmd).returncode
     report = merge(part_dir, parts)
     report.info["exit_codes"] = codes

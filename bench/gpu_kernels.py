@@ -6,12 +6,14 @@ float64/float32 numpy result by ||out - ref|| / ||ref||.
 
 from __future__ import annotations
 
+import traceback
+
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, poison
-from engine.cuda import ops
-from engine.cuda.device import Device
+from engine.cuda import instances, ops
+from engine.cuda.device import CudaError, Device
 from engine.cuda.repack import device_nbytes, random_blocks
 from engine.gguf.quants import dequantize
 
@@ -30,9 +32,9 @@ CHECKS = [("attn_q", qt) for qt in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4
 ]
 # the pipelined mmvq's column modes: packed (T <= 4, fast and precise) and two-pass (T > 4, precise); ffn_down's
 # 17 superblocks per warp go round the stage ring several times
-PIPELINE_CHECKS = [(name, qt, t, precise) for qt in ops.STAGE_SHAPE for name in ("attn_q", "odd_rows")
+PIPELINE_CHECKS = [(name, qt, t, precise) for qt in instances.STAGED_QTYPES for name in ("attn_q", "odd_rows")
                    for t, precise in ((1, True), (3, False), (4, True), (5, True), (8, True))] + [
-    ("ffn_down", qt, t, True) for qt in ops.STAGE_SHAPE for t in (1, 5)]
+    ("ffn_down", qt, t, True) for qt in instances.STAGED_QTYPES for t in (1, 5)]
 # prefill-sized checks: the GEMM types through the tensor-core GEMM, the others through mmvq 8 tokens at a time
 GEMM_CHECKS = [("attn_q", Q.Q4_K, 40), ("ffn_down", Q.Q6_K, 70), ("attn_q", Q.Q8_0, 33), ("attn_q", Q.Q5_K, 16),
                ("attn_q", Q.Q4_0, 20), ("attn_kv", Q.Q6_K, 129)]
@@ -95,7 +97,7 @@ def _check_against_plain(dev: Device, report: Report, w, act, y, res, out: np.nd
     """The pipelined kernel against the register-pipelined one on the same inputs: the same products in another
     order, so they agree to f32 rounding; a dropped residue column or sub-block sum (~1e-4 against the float64
     reference, inside its f16 tolerance) shows here."""
-    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
+    saved = ops.pipeline_state()
     try:
         ops.set_pipelined(frozenset())
         poison(dev, y)
@@ -109,10 +111,11 @@ def _check_against_plain(dev: Device, report: Report, w, act, y, res, out: np.nd
 def run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
     """All matmul checks: every type at attn_q, the Q4_K_M mix at the other shapes, several T; the K-quants
     through the pipelined kernel in every mode (also where the default picks the plain one), each case also
-    against the plain kernel."""
-    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
+    against the plain kernel (the persistent kernel has its own part: bench/gpu_persist.py)."""
+    saved = ops.pipeline_state()
+    types = saved[0] if saved[2] == "cp" else frozenset(instances.STAGED_QTYPES)  # OPENJET_CUDA_MMVQ=plain: none
     try:
-        ops.set_pipelined(saved[0], everywhere=True)
+        ops.set_pipelined(types, everywhere=True)
         _run_matmul_checks(dev, report, rng)
     finally:
         ops.set_pipelined(*saved)
@@ -132,10 +135,10 @@ def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) ->
         check_matmul(dev, report, rng, "attn_q", qtype, 3, precise=True)
     for name, qtype, num_tokens, precise in PIPELINE_CHECKS:
         check_matmul(dev, report, rng, name, qtype, num_tokens, precise=precise)
-    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
+    saved = ops.pipeline_state()
     try:  # the register-pipelined kernel runs the other modes: check it in the same run
         ops.set_pipelined(frozenset())
-        for qtype in ops.STAGE_SHAPE:
+        for qtype in instances.STAGED_QTYPES:
             for num_tokens, precise in ((1, False), (5, True)):
                 check_matmul(dev, report, rng, "attn_q", qtype, num_tokens, precise=precise, tag=".plain")
     finally:
@@ -150,28 +153,36 @@ TIMED = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ff
          ("attn_q", Q.Q8_0), ("attn_q", Q.Q5_K)]
 
 
-def _matmul_variants(qtype: Q) -> list[tuple[str, frozenset, bool]]:
-    """(label, pipelined types, precise) of each timed variant: pipelined vs plain where both exist."""
-    if qtype not in ops.STAGE_SHAPE:
-        return [("plain", frozenset(), False)]
-    return [(f"{kind}{'.precise' if precise else ''}", frozenset({qtype}) if kind == "cp" else frozenset(), precise)
-            for precise in (False, True) for kind in ("cp", "plain")]
+def _matmul_variants(qtype: Q, with_persist: bool) -> list[tuple[str, tuple, bool]]:
+    """(label, ops.set_pipelined arguments, precise) of each timed variant: the persistent, cp.async-pipelined
+    and plain kernels side by side where they exist, in fast and precise mode; the other types plain and fast."""
+    kinds: list[tuple[str, tuple]] = []
+    if with_persist and qtype in instances.PERSIST_QTYPES:
+        kinds.append(("persist", (frozenset({qtype}), True, "persist")))
+    if qtype in instances.STAGED_QTYPES:
+        kinds.append(("cp", (frozenset({qtype}), True, "cp")))
+    plain = ("plain", (frozenset(), False, "cp"))
+    if not kinds:
+        return [(*plain, False)]
+    return [(f"{label}{'.precise' if precise else ''}", state, precise) for precise in (False, True)
+            for label, state in kinds + [plain]]
 
 
 def time_matmuls(dev: Device, report: Report, rng: np.random.Generator,
-                 token_counts: tuple[int, ...] = (1, 2, 5, 8)) -> None:
-    """Median time of each 27B-shape matmul per T and variant, rotating over weight copies bigger than the L2."""
+                 token_counts: tuple[int, ...] = (1, 2, 5, 8), with_persist: bool = True) -> None:
+    """Median time of each 27B-shape matmul per T and variant, rotating over weight copies bigger than the L2
+    (with_persist False: the persistent kernel failed its checks, leave it out)."""
     print("matmul timings (us, GB/s)", flush=True)
-    saved = ops.PIPELINED, ops.PIPELINE_EVERYWHERE
+    saved = ops.pipeline_state()
     try:
         for name, qtype in TIMED:
-            _time_matmul(dev, report, rng, name, qtype, token_counts)
+            _time_matmul(dev, report, rng, name, qtype, token_counts, with_persist)
     finally:
         ops.set_pipelined(*saved)
 
 
 def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q,
-                 token_counts: tuple[int, ...]) -> None:
+                 token_counts: tuple[int, ...], with_persist: bool) -> None:
     """One shape and type: every variant at every T, one line per T."""
     rows, cols = SHAPES_27B[name]
     nbytes = device_nbytes(qtype, (rows, cols))
@@ -185,8 +196,8 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     y = dev.alloc(4 * 8 * rows, "y")
     for t in token_counts:
         cells = []
-        for label, types, precise in _matmul_variants(qtype):
-            ops.set_pipelined(types, everywhere=True)
+        for label, state, precise in _matmul_variants(qtype, with_persist):
+            ops.set_pipelined(*state)
             act.x16_lo = lo if precise else None  # precise mode is the presence of the residue
             state = {"i": 0}
 
@@ -195,7 +206,13 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
                 ops.matmul(dev, ws[state["i"] % copies], act, y, t, rows)
                 state["i"] += 1
 
-            med, spread = median_time(dev, run, reps=20, warmup=3, inner=copies * 2)
+            try:
+                med, spread = median_time(dev, run, reps=20, warmup=3, inner=copies * 2)
+            except Exception:  # one variant's failure (the new kernel's, most likely) must not end the timings
+                report.notes.append(f"timing {name}.{qtype.name}.T{t}.{label} raised: {traceback.format_exc(limit=4)}")
+                cells.append(f"{label} raised")
+                raise_if_context_lost(dev)
+                continue
             timing = Timing("matmul", f"{name}.{qtype.name}.T{t}.{label}", f"{rows}x{cols}", med, spread, nbytes)
             report.timings.append(timing)
             cells.append(f"{label} {med * 1e3:6.1f} {timing.gbps:5.0f}")
@@ -203,6 +220,16 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     act.x16_lo = lo
     for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, act.sums_lo, lo, y]:
         dev.memory.free(buf)
+
+
+def raise_if_context_lost(dev: Device) -> None:
+    """After a failed launch: a kernel fault leaves the context unusable, so nothing later in this process can
+    run; re-raise then (gpu_check runs each part in its own process), else carry on."""
+    try:
+        dev.synchronize()
+    except CudaError:
+        print("  the CUDA context is lost (a kernel fault): the rest of this part cannot run", flush=True)
+        raise
 
 
 def diagnose_matmul(dev: Device, report: Report, rng: np.random.Generator, qtype: Q, rows: int = 32,
