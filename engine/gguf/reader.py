@@ -1,8 +1,11 @@
 """GGUF header and tensor index: metadata as plain Python values, tensors as memory-mapped arrays (no math here).
 
-The header is parsed here rather than by gguf.GGUFReader, which builds a numpy view per string and takes seconds on
-a 150K-token vocabulary; gguf-py's constants (types, block sizes) stay the source of truth, and the tests check this
-parser against gguf.GGUFReader on the same files.
+The header is parsed here, over the same read-only np.memmap gguf.GGUFReader would use, rather than by GGUFReader
+itself: GGUFReader builds numpy memmap views for every part of every string (about 3 million for the 151,936 tokens
+and 151,387 merges of the Qwen vocabulary), and with gguf 0.19.0 it took 9 to 16 s to open Qwen2.5-Coder-0.5B Q4_K_M
+and 11 to 14 s to open a generated tiny qwen35 (same vocabulary), against 0.5 to 0.8 s here (2026-12-01, 2 busy
+cores). gguf-py's constants (types, block sizes) stay the source of truth, and the tests check this parser against
+gguf.GGUFReader on the same files.
 """
 
 from __future__ import annotations
