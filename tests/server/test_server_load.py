@@ -124,58 +124,68 @@ def hang_up_seen(state) -> bool:
     return job is None or job.cancelled.is_set()
 
 
-def test_disconnect_mid_stream_stops_generation_within_one_cycle(tiny_qwen2) -> None:
+@pytest.fixture
+def gated_server(tiny_qwen2):
+    """A server on its own tiny qwen2 whose decode cycles wait for the test's VerifyGate."""
     state = loaded_state(tiny_qwen2, context_size=512, n_draft=N_DRAFT)
     gate = VerifyGate(state.worker.generator.backend)
     with running_server(state) as server:
-        generated_before = server.metric("openjet_generated_tokens_total")
-        # completions with logprobs: every chunk lists the tokens it carries, so the client can count them
-        body = {"prompt": "Count:", "max_tokens": 400, "temperature": 0, "stream": True, "logprobs": 0,
-                "logit_bias": never_stop(server)}
-        gate.allow(3)
-        with httpx.Client(timeout=30) as client:
-            with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
-                received = 0
-                for line in response.iter_lines():
-                    if line.startswith('data: {"id"'):
-                        received += len(json.loads(line[6:])["choices"][0]["logprobs"]["tokens"])
-                    if received == 3:
-                        break  # three cycles streamed; the fourth waits at the gate; hang up
-        deadline = time.monotonic() + 20
-        while not hang_up_seen(state):
-            assert time.monotonic() < deadline, "the server never noticed the client leave"
-            time.sleep(0.01)
-        gate.allow(1000)  # from here on the engine may run freely: it must stop after the cycle in progress
-        wait_until_idle(server)
-        assert server.metric("openjet_requests_total", 'outcome="cancelled"') == 1
-        after_hang_up = server.metric("openjet_generated_tokens_total") - generated_before - received
-        # at most the cycle under way when the server learnt of it (none if it learnt before the next one began)
-        assert 0 <= after_hang_up <= N_DRAFT + 1
+        yield server, gate
 
 
-def test_disconnect_while_queued_leaves_the_queue(queued_server) -> None:
-    cancelled_before = queued_server.metric("openjet_requests_total", 'outcome="cancelled"')
-    passes_before = queued_server.metric("openjet_verify_passes_total")
+def wait_for(condition, what: str, timeout: float = 20) -> None:
+    """Poll condition() until it holds; fail (rather than hang) after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def test_disconnect_mid_stream_stops_generation_within_one_cycle(gated_server) -> None:
+    server, gate = gated_server
+    generated_before = server.metric("openjet_generated_tokens_total")
+    # completions with logprobs: every chunk lists the tokens it carries, so the client can count them
+    body = {"prompt": "Count:", "max_tokens": 400, "temperature": 0, "stream": True, "logprobs": 0,
+            "logit_bias": never_stop(server)}
+    gate.allow(3)
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+            received = 0
+            for line in response.iter_lines():
+                if line.startswith('data: {"id"'):
+                    received += len(json.loads(line[6:])["choices"][0]["logprobs"]["tokens"])
+                if received == 3:
+                    break  # three cycles streamed; the fourth waits at the gate; hang up
+    wait_for(lambda: hang_up_seen(server.state), "the server noticed the client leave")
+    gate.allow(1000)  # from here on the engine may run freely: it must stop after the cycle in progress
+    wait_until_idle(server)
+    assert server.metric("openjet_requests_total", 'outcome="cancelled"') == 1
+    after_hang_up = server.metric("openjet_generated_tokens_total") - generated_before - received
+    # at most the cycle under way when the server learnt of it (none if it learnt before the next one began)
+    assert 0 <= after_hang_up <= N_DRAFT + 1
+
+
+def test_disconnect_while_queued_leaves_the_queue(gated_server) -> None:
+    server, gate = gated_server
 
     async def main() -> None:
         async with httpx.AsyncClient(timeout=30) as client:
-            long = asyncio.create_task(client.post(f"{queued_server.url}/v1/chat/completions",
+            # the long request holds the engine at its first cycle, so the second one surely waits behind it
+            long = asyncio.create_task(client.post(f"{server.url}/v1/chat/completions",
                                                    json={**BODY, "stream": False, "max_tokens": 60}))
-            while not queued_server.metric("openjet_requests_running"):
-                await asyncio.sleep(0.01)
-            waiting = asyncio.create_task(client.post(f"{queued_server.url}/v1/chat/completions",
+            await asyncio.to_thread(wait_for, lambda: server.metric("openjet_requests_running"), "one runs")
+            waiting = asyncio.create_task(client.post(f"{server.url}/v1/chat/completions",
                                                       json={**BODY, "max_tokens": 60}))
-            while not queued_server.metric("openjet_requests_waiting"):
-                await asyncio.sleep(0.01)
+            await asyncio.to_thread(wait_for, lambda: server.metric("openjet_requests_waiting"), "one waits")
             waiting.cancel()  # the client gives up while its request waits
-            while queued_server.metric("openjet_requests_waiting"):
-                await asyncio.sleep(0.01)
+            await asyncio.to_thread(wait_for, lambda: not server.metric("openjet_requests_waiting"), "it left")
+            gate.allow(1000)
             assert (await long).status_code == 200
 
-    asyncio.run(main())
-    wait_until_idle(queued_server)
-    assert queued_server.metric("openjet_requests_total", 'outcome="cancelled"') == cancelled_before + 1
-    assert queued_server.metric("openjet_verify_passes_total") - passes_before == 60  # only the long request ran
+    asyncio.run(asyncio.wait_for(main(), 60))
+    wait_until_idle(server)
+    assert server.metric("openjet_requests_total", 'outcome="cancelled"') == 1
+    assert server.metric("openjet_verify_passes_total") == 60  # only the long request ran
 
 
 def test_stopping_the_worker_cancels_the_running_job(tiny_qwen2) -> None:
