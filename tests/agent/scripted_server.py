@@ -251,6 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.scripted.disconnects += 1
 
     def _stream(self, script: ScriptedReply, chunks: list[dict[str, Any]]) -> None:
+        started = time.monotonic()
         for number, item in enumerate(chunks):
             if script.hang_after_chunks is not None and number >= script.hang_after_chunks:
                 while not self.scripted.release.wait(0.05):  # keep-alive comments reveal a closed client
@@ -259,8 +260,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self.wfile.write(f"data: {json.dumps(item)}\n\n".encode())
             self.wfile.flush()
-            if script.delay_s:
-                time.sleep(script.delay_s)
+            if script.delay_s:  # on a schedule, not a pause per chunk: the rate holds whatever a write costs
+                time.sleep(max(0.0, started + (number + 1) * script.delay_s - time.monotonic()))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
