@@ -35,6 +35,7 @@ class ScriptedReply:
     chunk_chars: int = 7  # content is cut into chunks this long: many small SSE events, like a real server
     delay_s: float = 0.0  # pause between chunks
     hang_after_chunks: int | None = None  # stop sending after N chunks and hold the connection open
+    pause_after_chunks: int | None = None  # after N chunks, wait for the server's `resume` event, then go on
     status: int = 200
     error: str | None = None  # error message sent with a status >= 400
     as_json: bool = False  # answer with one JSON object instead of SSE (a server that ignores `stream`)
@@ -80,6 +81,7 @@ class ScriptedServer:
         self.requests: list[RecordedRequest] = []
         self.disconnects = 0  # streams the client closed before the reply ended
         self.release = threading.Event()  # set to free hanging replies
+        self.resume = threading.Event()  # set to let paused replies go on
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer((host, 0), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -258,6 +260,10 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.write(b": keep-alive\n\n")
                     self.wfile.flush()
                 return
+            if number == script.pause_after_chunks:
+                while not self.scripted.resume.wait(0.05) and not self.scripted.release.is_set():
+                    pass
+                started = time.monotonic()  # the schedule starts again after the pause
             self.wfile.write(f"data: {json.dumps(item)}\n\n".encode())
             self.wfile.flush()
             if script.delay_s:  # on a schedule, not a pause per chunk: the rate holds whatever a write costs

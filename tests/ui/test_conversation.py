@@ -16,7 +16,8 @@ LONG_REPLY = "".join(f"Paragraph {i} of a long answer.\n\n" for i in range(80))
 
 
 async def test_follows_output_until_scrolled_up_and_again_at_the_bottom(server, make_app):
-    server.push(reply(LONG_REPLY, chunk_chars=12, delay_s=0.01))
+    # The stream pauses after a third of the reply, so the scroll happens while more is surely to come.
+    server.push(reply(LONG_REPLY, chunk_chars=12, delay_s=0.005, pause_after_chunks=70))
     app = make_app(server)
     async with app.run_test(size=(100, 30)) as pilot:
         await send(pilot, "write a lot")
@@ -27,6 +28,7 @@ async def test_follows_output_until_scrolled_up_and_again_at_the_bottom(server, 
         await wait_for(pilot, lambda: not conversation.is_following, what="the scroll")
         held = conversation.scroll_y
         height = conversation.virtual_size.height
+        server.resume.set()
         await wait_for(pilot, lambda: conversation.virtual_size.height > height + 10, what="more text")
         assert conversation.scroll_y == held  # new output did not drag the view down
         await wait_idle(pilot)
