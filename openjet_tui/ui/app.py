@@ -45,6 +45,11 @@ GpuSampler = Callable[[], list[GpuSample]]
 EngineStarter = Callable[..., Any]  # runtime.launch.start_engine's shape: (progress=, on_event=, airgapped=)
 
 
+# Languages replies and diffs show most; each costs a lexer load on first use.
+WARM_UP_SNIPPETS = (("python", "def f(x):\n    return x\n"), ("bash", "echo ok\n"), ("json", '{"a": 1}\n'),
+                    ("toml", "a = 1\n"), ("diff", "-a\n+b\n"), ("markdown", "# a\n"))
+
+
 class OpenJetApp(SlashCommands, App[int]):
     """Conversation, approvals, engine panel and Slipstream over one AgentController."""
 
@@ -116,6 +121,7 @@ class OpenJetApp(SlashCommands, App[int]):
         if controller.session is not None:
             chat.remember_sent(controller.stored_messages())
         self.connect()
+        self.warm_up_highlighting()
         if self.watch_enabled:
             self.watch_workspace()
         if self.gpu_sampler is not None:
@@ -265,6 +271,15 @@ class OpenJetApp(SlashCommands, App[int]):
             panel.report = f"{info['backend']}{': ' + reason if reason else ''}"
         else:
             panel.backend, panel.reason = info["backend"], info.get("backend_reason", "")
+
+    @work(thread=True, exclusive=True, group="warm-up")
+    def warm_up_highlighting(self) -> None:
+        """Load the syntax highlighter and its common lexers now, off the event loop: done lazily by the first code
+        block of a reply, it froze the keyboard for ~150 ms (the import and the first lexer)."""
+        from textual.highlight import highlight
+
+        for language, code in WARM_UP_SNIPPETS:
+            highlight(code, language=language)
 
     @work(thread=True, exclusive=True, group="gpu")
     def sample_gpu(self) -> None:
