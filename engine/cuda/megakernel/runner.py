@@ -20,7 +20,7 @@ from engine.cuda.megakernel.errors import MegakernelError
 from engine.cuda.megakernel.layout import (CTL_WORDS, MAX_ROWS, BufferSpec, ModelSpec, buffer_specs, proj_offsets,
                                            proj_width, lw)
 from engine.cuda.megakernel.schedule import PROGRAMS, Program, ScheduleConfig, build_program
-from engine.cuda.megakernel.structs import ActRef, Globals
+from engine.cuda.megakernel.structs import ActRef, Globals, assign
 from engine.cuda.megakernel.upload import DeviceModel, layer_tables, rope_inv_freq, upload_model, weight_ref
 
 MK_THREADS = 320  # opcodes.cuh: (2 + MK_CONSUMER_WARPS) * 32
@@ -33,6 +33,22 @@ def _driver():
     from cuda.bindings import driver
 
     return driver
+
+
+def globals_sizes(spec: ModelSpec, capacity: int, config: ScheduleConfig, num_lm_parts: int,
+                  num_draft_parts: int, max_len: int) -> dict[str, int]:
+    """The int32 size fields of Globals (structs.SIZE_FIELDS) for a model, a KV capacity and a schedule."""
+    cfg, offsets = spec.cfg, proj_offsets(spec.cfg)
+    return dict(max_len=max_len, num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, ffn_size=cfg.ffn_size,
+                vocab=cfg.vocab_size, draft_vocab=spec.draft_vocab, num_heads=cfg.num_heads,
+                num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope_dim=cfg.rope_dim, q_size=cfg.q_size,
+                kv_size=cfg.kv_size, ssm_k_heads=cfg.ssm_num_k_heads, ssm_v_heads=cfg.ssm_num_v_heads,
+                ssm_dk=cfg.ssm_head_dim, ssm_dv=cfg.ssm_v_head_dim, conv_kernel=cfg.ssm_conv_kernel,
+                conv_dim=cfg.ssm_conv_dim, inner=cfg.ssm_inner_size, capacity=capacity, proj_width=proj_width(cfg),
+                attn_splits=config.attn_splits, num_lm_parts=num_lm_parts, num_draft_parts=max(num_draft_parts, 1),
+                has_mtp=int(spec.has_mtp), off_q=offsets[lw("attn_q")], off_k=offsets[lw("attn_k")],
+                off_v=offsets[lw("attn_v")], off_gate=offsets[lw("attn_gate")], off_alpha=offsets[lw("ssm_alpha")],
+                off_beta=offsets[lw("ssm_beta")])
 
 
 class GpuExecutor:
@@ -138,20 +154,8 @@ class GpuExecutor:
         for s in self.specs:
             if s.kind == "act":
                 setattr(g, s.name, self._act_ref(s.name, s.shape[1]))
-        offsets = proj_offsets(cfg)
-        sizes = dict(max_len=max_len, num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, ffn_size=cfg.ffn_size,
-                     vocab=cfg.vocab_size, draft_vocab=spec.draft_vocab, num_heads=cfg.num_heads,
-                     num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope_dim=cfg.rope_dim, q_size=cfg.q_size,
-                     kv_size=cfg.kv_size, ssm_k_heads=cfg.ssm_num_k_heads, ssm_v_heads=cfg.ssm_num_v_heads,
-                     ssm_dk=cfg.ssm_head_dim, ssm_dv=cfg.ssm_v_head_dim, conv_kernel=cfg.ssm_conv_kernel,
-                     conv_dim=cfg.ssm_conv_dim, inner=cfg.ssm_inner_size, capacity=self.capacity,
-                     proj_width=proj_width(cfg), attn_splits=self.config.attn_splits,
-                     num_lm_parts=self.num_lm_parts, num_draft_parts=max(self.num_draft_parts, 1),
-                     has_mtp=int(spec.has_mtp), off_q=offsets[lw("attn_q")], off_k=offsets[lw("attn_k")],
-                     off_v=offsets[lw("attn_v")], off_gate=offsets[lw("attn_gate")],
-                     off_alpha=offsets[lw("ssm_alpha")], off_beta=offsets[lw("ssm_beta")])
-        for name, value in sizes.items():
-            setattr(g, name, value)
+        assign(g, **globals_sizes(spec, self.capacity, self.config, self.num_lm_parts, self.num_draft_parts,
+                                  max_len))
         g.eps, g.rope_theta = cfg.rms_eps, cfg.rope_theta
         return g
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
+from engine.cuda.megakernel.errors import MegakernelError
 from engine.cuda.megakernel.layout import LS, LV, LW
 
 u64, i32, f32 = ctypes.c_uint64, ctypes.c_int32, ctypes.c_float
@@ -50,3 +51,18 @@ class Globals(ctypes.Structure):
 
 BUFFER_FIELDS = _BUFFERS
 ACT_FIELDS = _ACTS
+SIZE_FIELDS = _SIZES
+
+
+def assign(struct: ctypes.Structure, **values: int) -> ctypes.Structure:
+    """Set integer fields of a ctypes structure; MegakernelError when a value does not survive its field's width.
+
+    ctypes wraps integers silently (2**31 rows would reach the device as -2**31), so every size, offset and count
+    the device reads goes through here.
+    """
+    for name, value in values.items():
+        setattr(struct, name, value)
+        if getattr(struct, name) != value:
+            kind = dict(struct._fields_)[name].__name__
+            raise MegakernelError(f"{type(struct).__name__}.{name} = {value} does not fit its field ({kind})")
+    return struct

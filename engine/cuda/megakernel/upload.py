@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.cuda.megakernel.layout import LV, LW, ModelSpec
-from engine.cuda.megakernel.structs import LayerRefs, WeightRef
+from engine.cuda.megakernel.structs import LayerRefs, WeightRef, assign
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
@@ -56,8 +56,14 @@ def weight_ref(weight: DeviceWeight | None, rows: int | None = None) -> WeightRe
     """The table entry of a whole matrix (or of its first `rows` rows); a null entry for None."""
     if weight is None:
         return WeightRef()
-    n = weight.rows if rows is None else rows
-    return WeightRef(weight.buf.ptr, int(weight.qtype), weight.rows, weight.cols, 0, n, 0)
+    return matrix_ref(weight.buf.ptr, int(weight.qtype), weight.rows, weight.cols, rows)
+
+
+def matrix_ref(ptr: int, qtype: int, rows_total: int, cols: int, rows: int | None = None) -> WeightRef:
+    """The WeightRef of rows [0, rows) of a [rows_total, cols] matrix at ptr (MegakernelError if a size does not
+    fit its int32 field)."""
+    return assign(WeightRef(), ptr=ptr, qtype=qtype, rows_total=rows_total, cols=cols, row_offset=0,
+                  rows=rows_total if rows is None else rows)
 
 
 def layer_tables(spec: ModelSpec, model: DeviceModel, state: dict[str, Buffer]) -> ctypes.Array:
