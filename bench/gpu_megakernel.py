@@ -7,11 +7,16 @@ Parts (each in its own process: a fault in one leaves the others' results):
   compile   NVRTC for this GPU and the 27B shape, cold cache, with ptxas' register and spill report
   diff      VM vs megakernel from the same state, cut after every op of the first 4 stages and after every stage;
             prints the first diverging (stage, op) and buffer
+  diff27    the same at every width of the 27B file (4 layers + MTP, vocabulary 248320: bench/mk_trace.py
+            wide_config), stopping at the first diverging buffer; then 64 greedy tokens megakernel vs the numpy
+            reference vs the per-op path on that file, with the first difference and its top-2 gaps
   tiny      256 greedy tokens at d = 0..4 on a tiny qwen35: megakernel = reference = per-op CUDA path
   sampling  the device sampler's distribution (chi-square), VERIFY alone on fixed logits
-  model27b  the Qwen3.8-27B-shaped file (generated once): 256 greedy tokens vs the per-op path, cycle times at
-            d = 0..4 against the copy bandwidth of the same run, the bandwidth floor of each cycle, per-phase times,
-            and tokens/s projected with Qwen3.8's published MTP acceptance (labelled as a projection)
+  model27b  the Qwen3.8-27B-shaped file (generated once): 256 greedy tokens vs the per-op path (prefilled 8
+            tokens at a time, so it runs its precise mmvq as the megakernel does, and as one chunk, which runs its
+            f16 GEMM), the first differing position with each run's top-2 logits, cycle times at d = 0..4 against
+            the copy bandwidth of the same run, the bandwidth floor of each cycle, per-phase times, and tokens/s
+            projected with Qwen3.8's published MTP acceptance (labelled as a projection)
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import numpy as np  # noqa: E402
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, machine_info, median_time, record  # noqa: E402
 
-PARTS = ("compile", "diff", "tiny", "sampling", "model27b")
+PARTS = ("compile", "diff", "diff27", "tiny", "sampling", "model27b")
 PROMPT = [11, 201, 35, 90, 400, 17]
 PUBLISHED_ACCEPTANCE = {0: 1.0, 1: 1.90, 2: 2.68, 3: 3.28, 4: 3.79}  # Qwen3.8 MTP, tokens per cycle (REFERENCE.md)
 
@@ -65,6 +70,12 @@ def tiny_path(args) -> Path:
 
 def part_diff(dev, report: Report, args) -> None:
     """The op-by-op sweep for three draft depths; every buffer's error recorded, the first failure named."""
+    diff_sweeps(dev, report, tiny_path(args), "mk_diff", 4)
+
+
+def diff_sweeps(dev, report: Report, path: Path, op_name: str, detail_layers: int) -> None:
+    """VM vs megakernel on one file at d = 0, 2, 4, cut after every op of the first `detail_layers` stages and
+    after every stage, each sweep stopping at its first diverging point (printed: stage, op, buffer)."""
     from engine.cuda.megakernel.backend import capacity_for
     from engine.cuda.megakernel.diff import prepare, sweep
     from engine.cuda.megakernel.layout import ModelSpec
@@ -73,21 +84,45 @@ def part_diff(dev, report: Report, args) -> None:
     from engine.model.weights import load_model
     from engine.reference.weights import load_weights
 
-    _, _, tensors = load_model(str(tiny_path(args)))
+    _, _, tensors = load_model(str(path))
     spec = ModelSpec.from_tensors(tensors)
     gpu = GpuExecutor(dev, spec, tensors, capacity_for(512))
     vm = VirtualMachine(spec, load_weights(tensors), capacity_for(512), gpu.config, order="program")
     for drafts in ([], [7, 8], [7, 8, 9, 10]):
         prepare(vm, PROMPT, drafts)
-        for (stage, op), diffs in sweep(vm, gpu, detail_layers=4):
+        for (stage, op), diffs in sweep(vm, gpu, detail_layers=detail_layers):
             worst = max(diffs, key=lambda d: (not d.ok, d.rel_err))
-            record(report, "mk_diff", f"d{len(drafts)}.s{stage}.{op.name}", worst.name, worst.rel_err if worst.ok
+            record(report, op_name, f"d{len(drafts)}.s{stage}.{op.name}", worst.name, worst.rel_err if worst.ok
                    else float("inf"), 1.0)
             for d in diffs:
                 if not d.ok:
-                    report.notes.append(f"d={len(drafts)} after stage {stage} {op.name}: {d.name} ({d.kind}) "
-                                        f"rel {d.rel_err:.3e}, {d.mismatches} bad")
+                    line = (f"{op_name} d={len(drafts)}: first divergence after stage {stage} {op.name}: {d.name} "
+                            f"({d.kind}) rel {d.rel_err:.3e}, {d.mismatches} bad")
+                    report.notes.append(line)
+                    print(line, flush=True)
     gpu.close()
+
+
+def part_diff27(dev, report: Report, args) -> None:
+    """Every width of the 27B file: the VM diff, then greedy megakernel vs reference vs per-op (64 tokens)."""
+    from bench.mk_trace import compare_runs, describe, trace_host, trace_megakernel, wide_path
+    from engine.cuda.backend import CudaBackend
+    from engine.cuda.megakernel.runner import open_backend
+    from engine.reference.backend import ReferenceBackend
+
+    path = wide_path(Path(args.work) / "qwen38-27b-widths-4layers.gguf", workers=os.cpu_count())
+    diff_sweeps(dev, report, path, "mk_diff27", args.wide_detail)
+    ref = trace_host(ReferenceBackend.from_gguf(path, context_size=512), "reference", PROMPT, 64)
+    per_op = trace_host(CudaBackend.from_gguf(path, context_size=512, device=dev), "per_op", PROMPT, 64, 8)
+    mk_backend = open_backend(path, context_size=512, device=dev)
+    mk = trace_megakernel(mk_backend, "megakernel", PROMPT, 64)
+    mk_backend.ex.close()
+    for a, b in ((mk, ref), (mk, per_op), (per_op, ref)):
+        rep = compare_runs(a, b)
+        report.info.setdefault("wide_first_difference", []).append(rep)
+        print("  27B widths: " + describe(rep), flush=True)
+        if a is mk:
+            record(report, "mk_greedy_27b_widths", f"vs_{b.name}", "64 tokens", 64 - rep["first_difference"], 1)
 
 
 def greedy_run(backend, num_draft: int, num_tokens: int, prompt: list[int]) -> tuple[list[int], float]:
@@ -153,30 +188,52 @@ def model27b_path(report: Report) -> Path:
 
 def part_model27b(dev, report: Report, args) -> None:
     """27B: greedy equality with the per-op path, then cycle times at d = 0..4."""
-    from engine.backend import TokenSequence
-    from engine.cuda.backend import CudaBackend
-    from engine.cuda.megakernel.costs import cycle_bytes
-    from engine.cuda.megakernel.runner import open_backend
-    from engine.sampling import SamplingParams
-
     path = model27b_path(report)
     prompt = [int(t) for t in np.random.default_rng(3).integers(0, 150000, 32)]
     bw = copy_bandwidth(dev)
     report.timings.append(bw)
     report.info["copy_gbps"] = round(bw.gbps, 1)
-    per_op = CudaBackend.from_gguf(path, context_size=4096, device=dev)
-    want, _ = greedy_run(per_op, 0, 256, prompt)  # its 16 GB stay on the device beside the megakernel's (H200)
+    mk, got = greedy_27b(dev, report, args, path, prompt)
+    time_cycles(dev, report, mk, prompt + got[:1], bw)
+
+
+def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
+    """256 greedy tokens: the per-op path prefilled 8 at a time (its precise mmvq, as the megakernel prefills) and
+    in one chunk (its f16 GEMM: weights and activations rounded to f16), then the megakernel; where each pair
+    parts, both runs' top-2 logits (bench/mk_trace.py). Returns the megakernel backend and its tokens."""
+    from bench.mk_trace import PREFILL_PRECISE, compare_runs, describe, trace_host, trace_megakernel
+    from engine.cuda.backend import CudaBackend
+    from engine.cuda.megakernel.runner import open_backend
     from engine.cuda.megakernel.schedule import ScheduleConfig
 
+    per_op = CudaBackend.from_gguf(path, context_size=4096, device=dev)  # its 16 GB stay beside the megakernel's
+    precise = trace_host(per_op, "per_op", prompt, 256, PREFILL_PRECISE)
+    per_op.reset()
+    gemm = trace_host(per_op, "per_op_gemm_prefill", prompt, 256)
     config = ScheduleConfig(num_sms=dev.info.multiprocessors, tiles_per_sm=args.tiles_per_sm)
     report.info["schedule"] = {"tiles_per_sm": args.tiles_per_sm, "num_sms": config.num_sms}
     mk = open_backend(path, context_size=4096, device=dev, config=config, draft_vocab=args.draft_vocab, timings=True)
-    got, _ = greedy_run(mk, 0, 256, prompt)
-    record(report, "mk_greedy_27b", "vs_per_op", "256 tokens", 256 - first_difference(got, want), 1)
+    got = trace_megakernel(mk, "megakernel", prompt, 256)
+    mk.keep_logits = False
+    for a, b, check in ((got, precise, "vs_per_op"), (got, gemm, "vs_per_op_gemm_prefill"), (precise, gemm, None)):
+        rep = compare_runs(a, b)
+        report.info.setdefault("mk27_first_difference", []).append(rep)
+        print("  27B: " + describe(rep), flush=True)
+        if check:
+            record(report, "mk_greedy_27b", check, "256 tokens", 256 - rep["first_difference"], 1)
+    return mk, got.tokens
+
+
+def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing) -> None:
+    """Cycle times at d = 0..4 after `tokens`, against the bandwidth floor, and the per-phase device times."""
+    from engine.backend import TokenSequence
+    from engine.cuda.megakernel.costs import cycle_bytes
+    from engine.sampling import SamplingParams
+
     params = SamplingParams(temperature=0.0, seed=0)
     for d in range(5):
         mk.next_draft = d
-        seq = TokenSequence.start(prompt + got[: 1], params)
+        seq = TokenSequence.start(list(tokens), params)
         mk.reset()
         mk.prefill(seq.tokens[:-1])
         for _ in range(3):  # drafts ready on the device, caches warm
@@ -237,6 +294,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", default="/tmp/openjet-megakernel")
     parser.add_argument("--draft-vocab", type=int, default=32768)
     parser.add_argument("--tiles-per-sm", type=int, default=3, help="matmul instructions per SM and matrix")
+    parser.add_argument("--wide-detail", type=int, default=4, help="diff27: stages cut after every op")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -250,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     codes, merged = {}, {"parts": {}}
     for part in [p for p in args.parts.split(",") if p]:
         cmd = [sys.executable, __file__, "--child", part, "--out", args.out, "--work", args.work,
-               "--draft-vocab", str(args.draft_vocab), "--tiles-per-sm", str(args.tiles_per_sm)]
+               "--draft-vocab", str(args.draft_vocab), "--tiles-per-sm", str(args.tiles_per_sm),
+               "--wide-detail", str(args.wide_detail)]
         codes[part] = subprocess.run(cmd).returncode
         path = Path(args.out) / f"mk_part_{part}.json"
         if path.exists():
