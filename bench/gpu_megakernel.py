@@ -70,11 +70,11 @@ def tiny_path(args) -> Path:
 
 def part_diff(dev, report: Report, args) -> None:
     """The op-by-op sweep for three draft depths; every buffer's error recorded, the first failure named."""
-    diff_sweeps(dev, report, tiny_path(args), "mk_diff", 4)
+    diff_sweeps(dev, report, tiny_path(args), "mk_diff", 4, (0, 2, 4))
 
 
-def diff_sweeps(dev, report: Report, path: Path, op_name: str, detail_layers: int) -> None:
-    """VM vs megakernel on one file at d = 0, 2, 4, cut after every op of the first `detail_layers` stages and
+def diff_sweeps(dev, report: Report, path: Path, op_name: str, detail_layers: int, depths: tuple[int, ...]) -> None:
+    """VM vs megakernel on one file at each draft depth, cut after every op of the first `detail_layers` stages and
     after every stage, each sweep stopping at its first diverging point (printed: stage, op, buffer)."""
     from engine.cuda.megakernel.backend import capacity_for
     from engine.cuda.megakernel.diff import prepare, sweep
@@ -88,7 +88,7 @@ def diff_sweeps(dev, report: Report, path: Path, op_name: str, detail_layers: in
     spec = ModelSpec.from_tensors(tensors)
     gpu = GpuExecutor(dev, spec, tensors, capacity_for(512))
     vm = VirtualMachine(spec, load_weights(tensors), capacity_for(512), gpu.config, order="program")
-    for drafts in ([], [7, 8], [7, 8, 9, 10]):
+    for drafts in ([7, 8, 9, 10][:d] for d in depths):
         prepare(vm, PROMPT, drafts)
         for (stage, op), diffs in sweep(vm, gpu, detail_layers=detail_layers):
             worst = max(diffs, key=lambda d: (not d.ok, d.rel_err))
@@ -111,7 +111,7 @@ def part_diff27(dev, report: Report, args) -> None:
     from engine.reference.backend import ReferenceBackend
 
     path = wide_path(Path(args.work) / "qwen38-27b-widths-4layers.gguf", workers=os.cpu_count())
-    diff_sweeps(dev, report, path, "mk_diff27", args.wide_detail)
+    diff_sweeps(dev, report, path, "mk_diff27", args.wide_detail, (0, 4))  # the VM takes seconds a cycle here
     ref = trace_host(ReferenceBackend.from_gguf(path, context_size=512), "reference", PROMPT, 64)
     per_op = trace_host(CudaBackend.from_gguf(path, context_size=512, device=dev), "per_op", PROMPT, 64, 8)
     mk_backend = open_backend(path, context_size=512, device=dev)
