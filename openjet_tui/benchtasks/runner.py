@@ -130,7 +130,9 @@ def _attempt(task: TaskSpec, attempt: int, options: SuiteOptions, run_dir: Path)
     outcome = run_agent(command, workspace, agent_env(task, run_dir / "home", options.python), time_limit_s,
                         run_dir / "logs")
     metrics = metrics_from_events(outcome.events)
-    if outcome.exit_code == EXIT_SERVER and metrics.turns == 0:
+    # Exit 3 before any turn began: the probe found the server unusable (every task would fail the same way).
+    # After a turn began it is this task's failure (a conversation past the window, a server lost mid-turn).
+    if outcome.exit_code == EXIT_SERVER and not any(e.get("type") == "turn_started" for e in outcome.events):
         raise ServerUnusableError(_detail(outcome, "agent-error", time_limit_s))
     files = changed_files(workspace)
     check = run_check(task, workspace, options.python)
