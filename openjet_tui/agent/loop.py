@@ -171,16 +171,17 @@ class Agent:
             seen.add(call.id)
 
     def _report(self, result: ChatResult) -> None:
+        # The server's timings first: whoever reads the usage then knows whether this request's speed was reported.
         origin = self.config.origin
+        if result.timings is not None:
+            t = result.timings
+            self.emit(ev.EngineStats(t.prompt_n, t.prompt_per_second, t.predicted_n, t.predicted_per_second,
+                                     t.draft_n, t.draft_n_accepted, origin))
         if result.usage is not None:
             usage = result.usage
             self._counted = (usage.total_tokens, len(self.history))
             self.emit(ev.UsageReported(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens,
                                        self.config.context_window, origin, usage.reasoning_tokens))
-        if result.timings is not None:
-            t = result.timings
-            self.emit(ev.EngineStats(t.prompt_n, t.prompt_per_second, t.predicted_n, t.predicted_per_second,
-                                     t.draft_n, t.draft_n_accepted, origin))
 
     async def _run_calls(self, calls: list[ToolCall]) -> None:
         """Run the calls of one reply in order, storing each result as soon as it exists."""

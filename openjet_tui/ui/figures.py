@@ -134,40 +134,35 @@ def is_local(event: ev.UsageReported | ev.EngineStats | ev.ToolResult) -> bool:
 
 
 class ChunkTiming:
-    """Chunk-timing decode estimates, each kept back until it is known that its request's server sent no timings.
+    """Chunk-timing decode estimates for requests whose server reported no timings.
 
-    The agent emits a request's UsageReported and then, only when the server reported them, its EngineStats; the
-    screen may draw the two in different batches. So an estimate waits for the next event: EngineStats drops it,
-    anything else lets it count. Cloud requests (the Slipstream orchestrator) are not the local engine's: not timed.
+    The agent emits a request's EngineStats (only when the server reported them) before its UsageReported, so when
+    the usage is emitted it is known whether the speed was reported. Cloud requests (the Slipstream orchestrator)
+    are not the local engine's: not timed.
     """
 
     def __init__(self) -> None:
         self._started: float | None = None  # when the current local request was sent
-        self._seconds: dict[int, float] = {}  # id(UsageReported) -> seconds its request streamed
-        self._pending: tuple[int, float] | None = None  # (completion tokens, seconds) of the last drawn usage
+        self._is_reported = False  # the current request's server sent timings
+        self._seconds: dict[int, float] = {}  # id(UsageReported) -> seconds its unreported request streamed
 
     def clock(self, event: ev.Event, now: float) -> None:
-        """As events are emitted: note when local requests start and how long each one streamed."""
+        """As events are emitted: note when local requests start, whether timings came, and how long each streamed."""
         if isinstance(event, ev.TurnStarted) or (isinstance(event, ev.ToolResult) and is_local(event)):
-            self._started = now
+            self._started, self._is_reported = now, False
+        elif isinstance(event, ev.EngineStats) and is_local(event):
+            self._is_reported = True
         elif isinstance(event, ev.UsageReported) and is_local(event) and self._started is not None:
-            self._seconds[id(event)] = now - self._started
+            if not self._is_reported:
+                self._seconds[id(event)] = now - self._started
+            self._is_reported = False  # the next request of the same step is timed afresh
 
     def settle(self, event: ev.Event, figures: EngineFigures) -> bool:
-        """As events are drawn, in order: hold, drop or apply estimates; True when the figures changed."""
-        if isinstance(event, ev.EngineStats):
-            if is_local(event):
-                self._pending = None  # the server reported this request's speed
+        """As events are drawn: apply a usage report's estimate; True when the figures changed."""
+        if not isinstance(event, ev.UsageReported):
             return False
-        changed = False
-        if self._pending is not None:  # the event after a usage report that had no timings behind it
-            changed = figures.estimate_decode(*self._pending)
-            self._pending = None
-        if isinstance(event, ev.UsageReported):
-            seconds = self._seconds.pop(id(event), None)
-            if seconds is not None:
-                self._pending = (event.completion_tokens, seconds)
-        return changed
+        seconds = self._seconds.pop(id(event), None)
+        return seconds is not None and figures.estimate_decode(event.completion_tokens, seconds)
 
 
 def backend_info(samples: list[MetricSample]) -> dict[str, str]:
