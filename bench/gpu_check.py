@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", ""), help="folder for results JSON")
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     parser.add_argument("--skip-persist", action="store_true", help="leave the persistent mmvq out of the timings")
+    parser.add_argument("--part-timeout", type=float, default=0,
+                        help="seconds after which a part's process is killed (0: no limit); the others go on")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p] or (
@@ -193,7 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         if part in SKIP_PERSIST_PARTS and (args.skip_persist or _persist_failed(part_dir, codes)):
             print(f"{part}: without the persistent mmvq (its checks failed)", flush=True)
             cmd.append("--skip-persist")
-        codes[part] = subprocess.run(cmd).returncode
+        try:
+            codes[part] = subprocess.run(cmd, timeout=args.part_timeout or None).returncode
+        except subprocess.TimeoutExpired:  # a hung kernel costs this part, not the run's later parts
+            print(f"{part}: killed after {args.part_timeout:.0f} s", flush=True)
+            codes[part] = 124
     report = merge(part_dir, parts)
     report.info["exit_codes"] = codes
     for path in part_dir.glob("part_*.json"):
