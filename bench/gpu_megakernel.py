@@ -215,7 +215,10 @@ def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
     mk = open_backend(path, context_size=4096, device=dev, config=config, draft_vocab=args.draft_vocab, timings=True)
     got = trace_megakernel(mk, "megakernel", prompt, 256)
     mk.keep_logits = False
-    for a, b, check in ((got, precise, "vs_per_op"), (got, gemm, "vs_per_op_gemm_prefill"), (precise, gemm, None)):
+    # Only the first pair is a check: the per-op path prefilled through its f16 GEMM parts from the same path
+    # prefilled precisely (the H200 run of 2026-12-01: both at token 51, a near-tie), so the other two pairs
+    # measure the GEMM's rounding, not the megakernel; they stay as first-difference lines.
+    for a, b, check in ((got, precise, "vs_per_op"), (got, gemm, None), (precise, gemm, None)):
         rep = compare_runs(a, b)
         report.info.setdefault("mk27_first_difference", []).append(rep)
         print("  27B: " + describe(rep), flush=True)
