@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
+from engine.cuda.device import PDL_MIN_ARCH, CudaError
 from engine.cuda.instances import PERSIST_QTYPES, STAGED_QTYPES
 
 PASS_TOKENS = (1, 2, 3, 5)
@@ -21,8 +23,11 @@ CONTEXT = 16384
 # pipelined kernel everywhere (what the first v7 run measured as "v7"); v6 the state of commit ddd02e1.
 # v8 the persistent stream-K mmvq everywhere (bench/NOTES.md v8), last so that a fault of the new kernel loses
 # nothing but the prefill timings, and left out when its checks failed. The last field: the pipelined kernel.
-VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp"), "v7cp": (STAGED_QTYPES, True, 32, "cp"),
-            "v6": ((), False, 128, "cp"), "v8": (PERSIST_QTYPES, True, 32, "persist")}
+# v7pdl: v7 launched with programmatic dependent launch (engine/cuda/device.py; each kernel's launch and first
+# weight loads overlap the previous kernel's tail). The field after the kernel: PDL on.
+VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", False), "v7cp": (STAGED_QTYPES, True, 32, "cp", False),
+            "v6": ((), False, 128, "cp", False), "v7pdl": (STAGED_QTYPES, False, 32, "cp", True),
+            "v8": (PERSIST_QTYPES, True, 32, "persist", False)}
 
 
 def _model_file(report: Report) -> Path:
@@ -64,7 +69,7 @@ def _time_passes(backend, report: Report, copy_gbps: float, pass_bytes: int, tag
         backend._pending = None
 
 
-def _time_prefill(backend, report: Report) -> None:
+def _time_prefill(backend, report: Report, tag: str = "") -> None:
     """Wall time of reset + prefill(n) (the final logits download waits for the device), best of two."""
     rng = np.random.default_rng(2)
     for n in PREFILL_TOKENS:
@@ -75,9 +80,9 @@ def _time_prefill(backend, report: Report) -> None:
             t0 = time.perf_counter()
             backend.prefill(tokens)
             best = min(best, time.perf_counter() - t0)
-        report.timings.append(Timing("prefill", f"27b.{n}", f"{n} tokens", best * 1e3, 0.0, 0,
+        report.timings.append(Timing("prefill", f"27b{tag}.{n}", f"{n} tokens", best * 1e3, 0.0, 0,
                                      {"tok_per_s": round(n / best, 1)}))
-        print(f"  prefill {n}: {best * 1e3:.1f} ms = {n / best:.0f} tok/s", flush=True)
+        print(f"  prefill{tag} {n}: {best * 1e3:.1f} ms = {n / best:.0f} tok/s", flush=True)
 
 
 def _profile(backend, report: Report, tag: str = "", full: bool = True) -> None:
@@ -116,27 +121,41 @@ def bench_27b(report: Report, args) -> None:
         bw = copy_bandwidth(backend.dev)
         report.timings.append(bw)
         report.info["copy_gbps_27b_run"] = round(bw.gbps, 1)
-        report.info["model27b_variants"] = {k: [[q.name for q in types], everywhere, keys, kernel]
-                                             for k, (types, everywhere, keys, kernel) in VARIANTS.items()}
+        report.info["model27b_variants"] = {k: [[q.name for q in types], everywhere, keys, kernel, pdl]
+                                             for k, (types, everywhere, keys, kernel, pdl) in VARIANTS.items()}
         tokens = {}
         for name in VARIANTS:
+            if name == "v7pdl" and backend.dev.info.arch < PDL_MIN_ARCH:
+                continue
             if name == "v8" and getattr(args, "skip_persist", False):
                 report.notes.append("27B v8 (persistent mmvq) not run: its checks failed")
                 continue
             _use_variant(backend, name)
             tag = "" if name == "v7" else f".{name}"
-            tokens[name] = _decode_sanity(backend, report, tag)
-            backend.set_precise(True)
-            _time_passes(backend, report, bw.gbps, pass_bytes, tag)
-            backend.set_precise(False)
-            _time_passes(backend, report, bw.gbps, pass_bytes, f"{tag}.fast")
-            backend.set_precise(True)
-            _profile(backend, report, tag, full=name == "v7")
+            try:
+                tokens[name] = _decode_sanity(backend, report, tag)
+                backend.set_precise(True)
+                _time_passes(backend, report, bw.gbps, pass_bytes, tag)
+                backend.set_precise(False)
+                _time_passes(backend, report, bw.gbps, pass_bytes, f"{tag}.fast")
+                backend.set_precise(True)
+                _profile(backend, report, tag, full=name == "v7")
+            except CudaError:  # a newer variant's failure must not cost the others (a lost context still does)
+                if name == "v7":
+                    raise
+                record(report, "model27b.variant", name, "decode and timings", 1.0, 0.5)
+                report.notes.append(f"27B variant {name} raised: {traceback.format_exc(limit=4)}")
+                tokens.pop(name, None)
+                backend.set_precise(True)
         same = sum(1 for column in zip(*tokens.values(), strict=True) if len(set(column)) == 1)
         report.notes.append(f"27B greedy tokens, {', '.join(tokens)} kernels: {same} of {len(tokens['v7'])} equal")
         _use_variant(backend, "v7")
         backend.reset()
         _time_prefill(backend, report)
+        if "v7pdl" in tokens:  # prefill launched with PDL too
+            _use_variant(backend, "v7pdl")
+            backend.reset()
+            _time_prefill(backend, report, ".pdl")
     finally:
         _use_variant(backend, "v7")
         backend.close()
@@ -146,9 +165,10 @@ def _use_variant(backend, name: str) -> None:
     """Switch the matmul and attention kernels to a generation of VARIANTS (captured passes are dropped)."""
     from engine.cuda import mixers, ops
 
-    types, everywhere, min_keys, kernel = VARIANTS[name]
+    types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
     mixers.ATTN_MIN_KEYS = min_keys
+    backend.dev.pdl = pdl
     backend.drop_graphs()
 
 

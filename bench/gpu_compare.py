@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, is_dataclass
 
 DECODE_ROWS = {("forward", "27b.T1"): "per-op T=1", ("forward", "27b.fast.T1"): "per-op T=1 fast",
-               ("mk_cycle", "27b.d0"): "megakernel d=0"}
+               ("forward", "27b.v7pdl.T1"): "per-op T=1 PDL", ("mk_cycle", "27b.d0"): "megakernel d=0"}
 
 
 def _rows(timings: list) -> list[dict]:

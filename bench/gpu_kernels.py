@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, poison
 from engine.cuda import instances, ops
-from engine.cuda.device import CudaError, Device
+from engine.cuda.device import PDL_MIN_ARCH, CudaError, Device
 from engine.cuda.repack import device_nbytes, random_blocks
 from engine.gguf.quants import dequantize
 
@@ -196,8 +196,13 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     y = dev.alloc(4 * 8 * rows, "y")
     for t in token_counts:
         cells = []
-        for label, state, precise in _matmul_variants(qtype, with_persist):
+        variants = _matmul_variants(qtype, with_persist)
+        if dev.info.arch >= PDL_MIN_ARCH and qtype in instances.STAGED_QTYPES:
+            # back-to-back launches with programmatic dependent launch: what overlapping the tails saves
+            variants.append(("cp.precise.pdl", (frozenset({qtype}), True, "cp"), True))
+        for label, state, precise in variants:
             ops.set_pipelined(*state)
+            dev.pdl = label.endswith(".pdl")
             act.x16_lo = lo if precise else None  # precise mode is the presence of the residue
             state = {"i": 0}
 
@@ -217,6 +222,7 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
             report.timings.append(timing)
             cells.append(f"{label} {med * 1e3:6.1f} {timing.gbps:5.0f}")
         print(f"  {name:<11} {qtype.name:<5} T={t}  " + " | ".join(cells), flush=True)
+    dev.pdl = False
     act.x16_lo = lo
     for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, act.sums_lo, lo, y]:
         dev.memory.free(buf)

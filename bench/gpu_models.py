@@ -66,8 +66,9 @@ def speculative_replay(backend, prompt: list[int], ref_tokens: list[int], ref_ro
 
 
 def check_arch(report: Report, arch: str, folder: Path, rng: np.random.Generator) -> None:
-    """Reference vs CUDA (default and precise matmuls) on one generated tiny model."""
+    """Reference vs CUDA (default and precise matmuls, and precise under PDL) on one generated tiny model."""
     from engine.cuda.backend import CudaBackend
+    from engine.cuda.device import PDL_MIN_ARCH
     from engine.gguf.testmodel import write_test_model
     from engine.reference.backend import ReferenceBackend
 
@@ -75,11 +76,16 @@ def check_arch(report: Report, arch: str, folder: Path, rng: np.random.Generator
     ref = ReferenceBackend.from_gguf(path, context_size=1024)
     prompt = [int(t) for t in rng.integers(0, ref.vocab_size, size=24)]
     ref_tokens, ref_rows = greedy(ref, prompt, NUM_GREEDY)
-    for precise in (False, True):
+    # fast, precise, and precise with programmatic dependent launch (a kernel waiting too late would race there)
+    for precise, pdl in ((False, False), (True, False), (True, True)):
         cuda = CudaBackend.from_gguf(path, context_size=1024, max_tokens=64, precise=precise)
+        if pdl and cuda.dev.info.arch < PDL_MIN_ARCH:
+            cuda.close()
+            continue
+        cuda.dev.pdl = pdl
         try:
-            compare_backend(report, arch + (".precise" if precise else ""), ref, cuda, prompt, ref_tokens,
-                            ref_rows, rng)
+            compare_backend(report, arch + (".precise" if precise else "") + (".pdl" if pdl else ""), ref, cuda,
+                            prompt, ref_tokens, ref_rows, rng)
         finally:
             cuda.close()
 

@@ -11,6 +11,7 @@ UnsupportedGpuError (older than sm_80), DeviceOutOfMemoryError (with the request
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from engine.cuda.memory import Buffer, DeviceMemory
 from engine.errors import EngineError
 
 MIN_COMPUTE_CAPABILITY = (8, 0)
+PDL_ENV = "OPENJET_CUDA_PDL"  # "1": launch kernels with programmatic dependent launch (sm_90+)
+PDL_MIN_ARCH = 90  # griddepcontrol (kernels/common.cuh PDL_ENTER) exists from sm_90 on
 
 
 class CudaError(EngineError):
@@ -190,6 +193,9 @@ class Device:
         self._smem_limits: dict[str, int] = {}  # kernel name -> dynamic shared memory allowed so far
         self._graphs: list[Graph] = []
         self.profile: list[tuple[str, Any, Any]] | None = None  # (kernel, start event, end event) when profiling
+        # programmatic dependent launch: each kernel may start while the previous one finishes (every kernel of
+        # kernels/*.cu waits in PDL_ENTER before touching what an earlier kernel wrote); off unless asked for
+        self.pdl = self.info.arch >= PDL_MIN_ARCH and os.environ.get(PDL_ENV, "0") not in ("", "0")
         self.closed = False
 
     def __enter__(self) -> Device:
@@ -266,12 +272,31 @@ class Device:
         if self.profile is not None:
             events = (check(drv.cuEventCreate(0), "cuEventCreate"), check(drv.cuEventCreate(0), "cuEventCreate"))
             check(drv.cuEventRecord(events[0], self.stream), "cuEventRecord")
-        check(drv.cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, smem, self.stream,
-                                 ctypes.addressof(ptrs), 0), f"launch {kernel.name}")
+        if self.pdl:
+            check(drv.cuLaunchKernelEx(self._pdl_config(gx, gy, gz, bx, by, bz, smem), kernel.handle,
+                                       ctypes.addressof(ptrs), 0), f"launch {kernel.name}")
+        else:
+            check(drv.cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, smem, self.stream,
+                                     ctypes.addressof(ptrs), 0), f"launch {kernel.name}")
         if events is not None:
             check(drv.cuEventRecord(events[1], self.stream), "cuEventRecord")
             self.profile.append((kernel.name, *events))
         del keep
+
+    def _pdl_config(self, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int) -> Any:
+        """A launch configuration on this stream that lets the kernel overlap its predecessor's tail."""
+        drv = _driver()
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config = drv.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+        config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+        config.sharedMemBytes = smem
+        config.hStream = self.stream
+        config.attrs = [attr]
+        config.numAttrs = 1
+        return config
 
     # ---- memory ----
 

@@ -69,6 +69,7 @@ template <int MODE>
 __global__ void __launch_bounds__(256)
 act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restrict__ act_lo,
          f16* __restrict__ sums_lo, int T, int K) {
+    PDL_ENTER();
     __shared__ float inv[8];
     __shared__ float head_ss[8][8];  // GATEDNORM: [warp][token] partial sums of squares
     const int sb = blockIdx.x, grp = blockIdx.y, nsb = gridDim.x, k_local = threadIdx.x;

@@ -14,6 +14,7 @@
 __global__ void __launch_bounds__(256)
 kv_store(const float* __restrict__ k, const float* __restrict__ v, f16* __restrict__ kcache, f16* __restrict__ vcache,
          const i32* __restrict__ positions, int T, int num_kv_heads, int D, int capacity, int ld_k, int ld_v) {
+    PDL_ENTER();
     const int t = blockIdx.x, h = blockIdx.y;
     const i64 dst = ((i64)h * capacity + positions[t]) * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -39,6 +40,7 @@ struct QkPrep {
 };
 
 __global__ void __launch_bounds__(256) qk_prep(QkPrep p) {
+    PDL_ENTER();
     __shared__ float rowbuf[8][256];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = p.D;
     const int per_token = p.num_heads + 2 * p.num_kv_heads;
@@ -131,6 +133,7 @@ __device__ __forceinline__ void load_row_f16(const f16* p, float (&x)[D / 32 > 0
 
 template <int D, int QPW>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
+    PDL_ENTER();
     constexpr int DL = D / 32;
     extern __shared__ float qs[];  // [ATTN_WARPS * QPW][D] queries of the block, pre-scaled
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -267,6 +270,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
 // Merge the splits' partials: out = sum_s e^(m_s - m) o_s / sum_s e^(m_s - m) l_s, times the optional gate.
 // One block per (t, h): the split weights are formed once in shared memory, then threads sweep D.
 __global__ void __launch_bounds__(256) attn_combine(AttnArgs a, int splits, int D) {
+    PDL_ENTER();
     __shared__ float weight[256];
     __shared__ float scratch[32];
     const int t = blockIdx.x, h = blockIdx.y;

@@ -13,6 +13,32 @@ typedef long long i64;
 // A half is carried as its bit pattern; a pair of halves (f16x2) as one u32, low half first.
 typedef u16 f16;
 
+// ---- programmatic dependent launch (sm_90+) ----
+// With OPENJET_CUDA_PDL=1 (engine/cuda/device.py) every kernel here is launched so that it may start while its
+// predecessor is still finishing: the launch latency and the first loads of constant data (weights) then overlap
+// the previous kernel's tail. pdl_wait() returns once the predecessor has completed and its writes are visible,
+// so every kernel runs PDL_ENTER() before it reads anything an earlier kernel wrote or writes anything an earlier
+// kernel reads; only loads of weights may come before it. pdl_launch_dependents() lets the next kernel's blocks
+// be scheduled into whatever this one leaves free (they wait in their own PDL_ENTER). Without PDL, or before
+// sm_90, both do nothing. tests/engine/cuda/test_pdl.py checks that every kernel calls it.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+#define PDL_ENTER()               \
+    do {                          \
+        pdl_wait();               \
+        pdl_launch_dependents();  \
+    } while (0)
+
 #define WARP_SIZE 32
 #define NEG_INF __int_as_float(0xff800000)
 #define FULL_MASK 0xffffffffu

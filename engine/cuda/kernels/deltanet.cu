@@ -18,6 +18,7 @@
 __global__ void __launch_bounds__(256)
 conv1d_silu(float* __restrict__ window, const float* __restrict__ x, const float* __restrict__ w,
             float* __restrict__ out, int T, int C, int K, int ld_x, int ld_out, int commit) {
+    PDL_ENTER();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * CONV_CHUNK;
     if (c >= C) return;
     float hist[8];  // the K-1 inputs before the current token, oldest first (K <= 9)
@@ -43,6 +44,7 @@ conv1d_silu(float* __restrict__ window, const float* __restrict__ x, const float
 
 // After a non-committing pass: the state after its first n tokens is window rows n .. n + K-2.
 __global__ void __launch_bounds__(256) conv_commit(float* __restrict__ window, int n, int C, int K) {
+    PDL_ENTER();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float hist[8];
@@ -55,6 +57,7 @@ __global__ void __launch_bounds__(256)
 gdn_gates(const float* __restrict__ alpha, const float* __restrict__ b, const float* __restrict__ a,
           const float* __restrict__ dt_bias, float* __restrict__ g, float* __restrict__ beta, int T, int H,
           int ld_alpha, int ld_b) {
+    PDL_ENTER();
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= T * H) return;
     const int t = idx / H, h = idx % H;
@@ -121,6 +124,7 @@ __device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk,
 
 template <int KL>
 __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p) {
+    PDL_ENTER();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, hk = h % p.num_k_heads, Dk = p.Dk, Dv = p.Dv;
     const int j0 = (blockIdx.x * GDN_WARPS + warp) * GDN_COLS;

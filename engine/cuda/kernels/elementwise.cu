@@ -6,6 +6,7 @@
 __global__ void __launch_bounds__(256)
 swiglu(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out, int T, int F,
        int ld_in, int ld_out) {
+    PDL_ENTER();
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * F) return;
     const int t = idx / F, i = idx % F;
@@ -16,6 +17,7 @@ swiglu(const float* __restrict__ gate, const float* __restrict__ up, float* __re
 // x[t, i] *= sigmoid(gate[t, i]) (qwen35's gated attention output); gate rows strided by ld_gate.
 __global__ void __launch_bounds__(256)
 sigmoid_mul(float* __restrict__ x, const float* __restrict__ gate, int T, int N, int ld_x, int ld_gate) {
+    PDL_ENTER();
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * N) return;
     const int t = idx / N, i = idx % N;
@@ -95,6 +97,7 @@ template <int QT>
 __global__ void __launch_bounds__(256)
 get_rows(const u8* __restrict__ w, const i32* __restrict__ ids, float* __restrict__ out, int rows, int H, int nb,
          int ld_out) {
+    PDL_ENTER();
     const int t = blockIdx.x, k = blockIdx.y * blockDim.x + threadIdx.x;
     if (k >= H) return;
     const int row = ids[t];

@@ -16,6 +16,7 @@ template <int QT>
 __global__ void __launch_bounds__(GEMM_WARPS * 32)
 gemm(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ y, const float* __restrict__ bias,
      const float* __restrict__ residual, int rows, int K, int T, int ldy) {
+    PDL_ENTER();
     using Q = QTraits<QT>;
     using F = FullFrag<QT>;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

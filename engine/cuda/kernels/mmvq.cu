@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, QTraits<QT>::MIN_BLOCKS)
 mmvq(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restrict__ sums, const f16* __restrict__ act_lo,
      const f16* __restrict__ sums_lo, float* __restrict__ y, const float* __restrict__ bias,
      const float* __restrict__ residual, int rows, int K, int T, int ldy) {
+    PDL_ENTER();
     using Q = QTraits<QT>;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -190,6 +191,7 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
         if (s < n) S::copy(ring_s + s * S::BYTES, P, L, warp + s * num_warps, lane, ntot);
         cp_async_commit();  // empty groups keep the group count uniform
     }
+    PDL_ENTER();  // the first weights are on their way; the activations are the previous kernel's output
     const CpColumns cols = cp_columns<LO, TWO>(act, sums, act_lo, sums_lo, T, g, c);
     const u32 base0 = stage_row_base(row0, g, rows, nb), base1 = stage_row_base(row0, g + 8, rows, nb);
 
@@ -217,6 +219,7 @@ __global__ void __launch_bounds__(256)
 mmv_f32(const float* __restrict__ w, const float* __restrict__ x, float* __restrict__ y,
         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int T, int ldx,
         int ldy) {
+    PDL_ENTER();
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;

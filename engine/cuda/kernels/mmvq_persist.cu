@@ -172,12 +172,13 @@ mmvq_persist(const u8* __restrict__ w, const f16* __restrict__ act, const f16* _
     u8* ring = smem + warp * WARP_BYTES;
     float* buf = reinterpret_cast<float*>(ring + NS * S::BYTES);
     const u32 ring_s = smem_u32(ring);
-    const PersistOut out{y, bias, residual, rows, T, ldy, !TWO && T <= 4};
 
     PersistFetch<QT> fetch;
     fetch.begin(start, end, rows, nb, lane);
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) fetch.next(ring_s + s * S::BYTES, P, rows, nb, lane, ntot);
+    PDL_ENTER();  // the first weights are on their way; activations, partials and counts are shared with earlier kernels
+    const PersistOut out{y, bias, residual, rows, T, ldy, !TWO && T <= 4};
 
     const CpColumns cols = cp_columns<LO, TWO>(act, sums, act_lo, sums_lo, T, g, c);
     const int first_tile = start / nb;

@@ -5,6 +5,7 @@
 __global__ void __launch_bounds__(1024)
 rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int H, int ld_in,
          int ld_out, float eps) {
+    PDL_ENTER();
     __shared__ float scratch[32];
     const float* xr = x + (i64)blockIdx.x * ld_in;
     float ss = 0.f;
@@ -19,6 +20,7 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __rest
 __global__ void __launch_bounds__(256)
 head_norm(float* __restrict__ x, const float* __restrict__ w, int T, int num_heads, int D, int ld, int head_stride,
           float eps, float scale, int kind) {
+    PDL_ENTER();
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= T * num_heads) return;
     float* p = x + (i64)(row / num_heads) * ld + (i64)(row % num_heads) * head_stride;
@@ -33,6 +35,7 @@ head_norm(float* __restrict__ x, const float* __restrict__ w, int T, int num_hea
 __global__ void __launch_bounds__(256)
 gated_rms_norm(const float* __restrict__ o, const float* __restrict__ z, const float* __restrict__ w,
                float* __restrict__ out, int T, int num_heads, int D, int ld_o, int ld_z, int ld_out, float eps) {
+    PDL_ENTER();
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= T * num_heads) return;
     const int t = row / num_heads, h = row % num_heads;

@@ -9,6 +9,7 @@ template <bool NEOX>
 __global__ void __launch_bounds__(256)
 rope(float* __restrict__ x, const i32* __restrict__ positions, int T, int num_heads, int ld, int head_stride,
      int rope_dim, float theta) {
+    PDL_ENTER();
     const int half = rope_dim / 2;
     const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (i64)T * num_heads * half) return;

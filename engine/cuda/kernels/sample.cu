@@ -33,6 +33,7 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_partial(const float* __restrict__ logits, float* __restrict__ part_v, int* __restrict__ part_i, int V, int ld,
                int chunk) {
+    PDL_ENTER();
     const int t = blockIdx.x, c = blockIdx.y;
     const float* row = logits + (i64)t * ld;
     float v = NEG_INF;
@@ -49,6 +50,7 @@ argmax_partial(const float* __restrict__ logits, float* __restrict__ part_v, int
 // Stage 2: one block per row over its chunks' results -> ids[t].
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_final(const float* __restrict__ part_v, const int* __restrict__ part_i, i32* __restrict__ ids, int chunks) {
+    PDL_ENTER();
     const int t = blockIdx.x;
     float v = NEG_INF;
     int i = 0x7fffffff;
@@ -81,6 +83,7 @@ __device__ float row_count_or_mass(const float* row, int V, float thr, float m, 
 __global__ void __launch_bounds__(1024)
 sample_topk_topp(const float* __restrict__ logits, i32* __restrict__ ids, int V, int ld, float temperature, int top_k,
                  float top_p, u64 seed) {
+    PDL_ENTER();
     __shared__ float scratch[32];
     __shared__ float chunk_sums[1024];
     const float* row = logits + (i64)blockIdx.x * ld;

@@ -1,0 +1,62 @@
+"""Programmatic dependent launch: with OPENJET_CUDA_PDL=1 every per-op kernel may start before its predecessor
+has finished, so each must wait (PDL_ENTER) before it touches anything an earlier kernel wrote. These checks
+run without a GPU: a kernel added without the wait would race under PDL and is caught here."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from engine.cuda import nvrtc
+
+# Kernels whose PDL_ENTER comes after their first weight copies (weights are never written during a pass);
+# every other kernel waits before its first statement.
+WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_persist"}
+
+
+def kernel_bodies() -> dict[str, str]:
+    """name -> body text of every __global__ function in kernels/*.cu (braces matched)."""
+    bodies = {}
+    for path in sorted(nvrtc.KERNEL_DIR.glob("*.cu")):
+        src = path.read_text()
+        for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\)?\s*)?(?:\)\s*)?(\w+)\s*\(", src):
+            open_at = src.index("{", src.index(")", m.end()))
+            depth, i = 0, open_at
+            while True:
+                depth += {"{": 1, "}": -1}.get(src[i], 0)
+                if depth == 0:
+                    break
+                i += 1
+            bodies[m.group(1)] = src[open_at + 1:i]
+    return bodies
+
+
+def test_every_kernel_is_found() -> None:
+    names = set(kernel_bodies())
+    assert {"mmvq", "mmvq_cp", "mmvq_persist", "gemm", "attn", "gdn_recurrent", "act_from", "rms_norm",
+            "sample_topk_topp"} <= names
+    total = sum(p.read_text().count("__global__") for p in nvrtc.KERNEL_DIR.glob("*.cu"))
+    assert len(names) == total
+
+
+@pytest.mark.parametrize("name", sorted(kernel_bodies()))
+def test_kernel_waits_for_its_predecessor(name: str) -> None:
+    body = kernel_bodies()[name]
+    assert body.count("PDL_ENTER();") == 1, f"{name} must call PDL_ENTER() exactly once"
+    before = body.split("PDL_ENTER();")[0]
+    if name in WAIT_AFTER_WEIGHT_PREFETCH:
+        # only the weight ring's first copies may precede the wait: no activation, output or count access
+        for arg in ("act", "sums", "y[", "y +", "residual", "counts", "partials", "bias"):
+            assert not re.search(rf"\b{re.escape(arg)}", before.replace("cp_async", "")), (name, arg)
+    else:
+        assert before.strip() == "", f"{name}: PDL_ENTER() must be its first statement"
+
+
+def test_the_wait_is_compiled_only_where_the_hardware_has_it() -> None:
+    """griddepcontrol is sm_90+: the sm_90 PTX holds it, the sm_80 PTX does not (the macro is empty there)."""
+    source = nvrtc.KERNEL_DIR / "norm.cu"
+    ptx90 = nvrtc.compile_file(source, 90, ("rms_norm",), ptx=True).image.decode()
+    ptx80 = nvrtc.compile_file(source, 80, ("rms_norm",), ptx=True).image.decode()
+    assert "griddepcontrol.wait" in ptx90 and "griddepcontrol.launch_dependents" in ptx90
+    assert "griddepcontrol" not in ptx80
