@@ -69,7 +69,7 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     tol = TOL_F32 if qtype == Q.F32 or precise else TOL_F16
     variant = f"{qtype.name}.T{num_tokens}" + (".precise" if precise else "") + tag
     pipelined = _runs_pipeline(qtype, precise, num_tokens)
-    variant += ".cp" if pipelined else ""
+    variant += f".{pipelined}" if pipelined else ""
     compare(report, "matmul", variant, out[:, pick], ref, tol)
     unwritten = int(np.count_nonzero(np.isnan(out)))
     if unwritten:
@@ -81,12 +81,14 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
             dev.memory.free(buf)
 
 
-def _runs_pipeline(qtype: Q, precise: bool, num_tokens: int) -> bool:
-    """Whether ops.matmul runs the pipelined mmvq for any of the 8-token launches of this call."""
+def _runs_pipeline(qtype: Q, precise: bool, num_tokens: int) -> str:
+    """The pipelined mmvqs ops.matmul runs for the 8-token launches of this call ("cp", "persist", "cp+persist";
+    empty for none)."""
     if num_tokens >= ops.GEMM_MIN_TOKENS and ("gemm", qtype) in ops.DISPATCH:
-        return False
-    return any(ops.uses_pipeline(qtype, precise, min(ops.ACT_GROUP, num_tokens - t0))
-               for t0 in range(0, num_tokens, ops.ACT_GROUP))
+        return ""
+    kernels = {ops.pipeline_kernel(qtype, precise, min(ops.ACT_GROUP, num_tokens - t0))
+               for t0 in range(0, num_tokens, ops.ACT_GROUP)} - {None}
+    return "+".join(sorted(kernels))
 
 
 TOL_SAME_MATH = 1e-5  # two kernels with the same fragments and mma, summed in another order

@@ -24,12 +24,14 @@ STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q5_K: (4, 3072), Q
 # persistent stream-K one wherever it can (not the default until measured: bench/NOTES.md v8)
 MMVQ_ENV = "OPENJET_CUDA_MMVQ"
 PIPELINE_KERNELS: dict[str, tuple[Q, ...]] = {"cp": STAGED_QTYPES, "persist": PERSIST_QTYPES}
-# Where the pipelined mmvq beat the register-pipelined one at the 27B shapes (H200, bench/NOTES.md v7):
-# (type, precise) -> the most tokens per launch it takes. Precise mode up to 4 tokens (the residue rides in the
-# mma's spare columns: 5-25 % faster); fast Q4_K and the two-pass precise mode above 4 tokens measured 1-14 %
-# slower than the plain kernel; fast Q6_K up to 4 tokens 5-12 % faster on output and attn_v, 1 % slower on
-# ffn_down (a net gain per pass).
-PIPELINE_MAX_TOKENS: dict[tuple[Q, bool], int] = {(Q.Q4_K, True): 4, (Q.Q6_K, True): 4, (Q.Q6_K, False): 4}
+# Where a pipelined mmvq beat the register-pipelined one at the 27B shapes (H200, bench/NOTES.md v7 and v8):
+# (type, precise) -> (most tokens per launch, kernel) steps, the first step covering a launch's T used. Precise
+# mode up to 4 tokens: mmvq_cp with the residue in the mma's spare columns (5-25 % faster). Precise Q4_K at 5-8
+# tokens: the persistent kernel's two-pass mode (6-16 % faster than cp or plain there; cp and plain tie at 1-4
+# tokens with it). Fast Q4_K and precise Q6_K above 4 tokens: plain (the others 1-14 % slower); fast Q6_K up to 4
+# tokens mmvq_cp (5-12 % faster on output and attn_v, 1 % slower on ffn_down: a net gain per pass).
+PIPELINE_TABLE: dict[tuple[Q, bool], tuple[tuple[int, str], ...]] = {
+    (Q.Q4_K, True): ((4, "cp"), (8, "persist")), (Q.Q6_K, True): ((4, "cp"),), (Q.Q6_K, False): ((4, "cp"),)}
 
 
 @dataclass(slots=True)
@@ -164,8 +166,9 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         t = min(ACT_GROUP, num_tokens - t0)
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
-        if uses_pipeline(w.qtype, precise, t):
-            launch = _mmvq_persist if PIPELINE_KERNEL == "persist" else _mmvq_pipelined
+        pipelined = pipeline_kernel(w.qtype, precise, t)
+        if pipelined is not None:
+            launch = _mmvq_persist if pipelined == "persist" else _mmvq_pipelined
             launch(dev, w, act.group(t0 // ACT_GROUP), y_t, bias, res_t, t, ld_y, precise)
             continue
         if w.qtype == Q.F32:
@@ -179,30 +182,30 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
 
 
 def _default_pipelined() -> tuple[frozenset[Q], bool, str]:
-    """(types that may run a pipelined mmvq, whether everywhere or only where PIPELINE_MAX_TOKENS says it is
-    faster, which one), from OPENJET_CUDA_MMVQ: unset = the table (cp), "plain" = never, "cp" or "persist" =
-    that kernel everywhere."""
+    """(types that may run a pipelined mmvq, whether one kernel everywhere or each where PIPELINE_TABLE says it
+    is faster, which kernel when everywhere), from OPENJET_CUDA_MMVQ: unset = the table, "plain" = never, "cp" or
+    "persist" = that kernel everywhere."""
     import os
 
     mode = os.environ.get(MMVQ_ENV, "")
     if mode not in ("", "plain", *PIPELINE_KERNELS):
         raise ValueError(f"{MMVQ_ENV}={mode!r}: expected 'plain', 'cp' or 'persist' (or unset)")
-    kernel = mode if mode in PIPELINE_KERNELS else "cp"
-    types = frozenset() if mode == "plain" else frozenset(PIPELINE_KERNELS[kernel])
-    return types, mode in PIPELINE_KERNELS, kernel
+    if mode in PIPELINE_KERNELS:
+        return frozenset(PIPELINE_KERNELS[mode]), True, mode
+    return (frozenset() if mode == "plain" else frozenset(q for q, _ in PIPELINE_TABLE)), False, "cp"
 
 
 PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL = _default_pipelined()
 
 
 def set_pipelined(qtypes: frozenset[Q] | set[Q], everywhere: bool = False, kernel: str = "cp") -> None:
-    """Choose the types that may run a pipelined mmvq (kernel "cp" or "persist"), and whether at every T and mode
-    or only where it measured faster (benchmarks and checks compare it with the plain one); captured graphs keep
-    their kernels."""
+    """Choose the types that may run a pipelined mmvq, and whether `kernel` ("cp" or "persist") at every T and
+    mode or each pipelined kernel only where PIPELINE_TABLE says it measured faster (benchmarks and checks
+    compare them with the plain one); captured graphs keep their kernels."""
     global PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL
     if kernel not in PIPELINE_KERNELS:
         raise ValueError(f"no pipelined mmvq {kernel!r}: expected one of {', '.join(PIPELINE_KERNELS)}")
-    unknown = set(qtypes) - set(PIPELINE_KERNELS[kernel])
+    unknown = set(qtypes) - set(PIPELINE_KERNELS[kernel] if everywhere else PIPELINE_KERNELS["cp"])
     if unknown:
         raise ValueError(f"no {kernel} mmvq for {', '.join(sorted(q.name for q in unknown))}")
     PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL = frozenset(qtypes), everywhere, kernel
@@ -213,11 +216,14 @@ def pipeline_state() -> tuple[frozenset[Q], bool, str]:
     return PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL
 
 
-def uses_pipeline(qtype: Q, precise: bool, num_tokens: int) -> bool:
-    """Whether a launch of num_tokens (<= 8) rows of this type runs the pipelined mmvq."""
+def pipeline_kernel(qtype: Q, precise: bool, num_tokens: int) -> str | None:
+    """The pipelined mmvq ("cp", "persist") a launch of num_tokens (<= 8) rows of this type runs, or None for
+    the plain one."""
     if qtype not in PIPELINED:
-        return False
-    return PIPELINE_EVERYWHERE or num_tokens <= PIPELINE_MAX_TOKENS.get((qtype, precise), 0)
+        return None
+    if PIPELINE_EVERYWHERE:
+        return PIPELINE_KERNEL
+    return next((kernel for most, kernel in PIPELINE_TABLE.get((qtype, precise), ()) if num_tokens <= most), None)
 
 
 def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buffer | None, Buffer | None],

@@ -136,7 +136,7 @@ def test_the_switch_selects_the_persistent_kernel(monkeypatch: pytest.MonkeyPatc
     saved = ops.pipeline_state()
     try:
         ops.set_pipelined(instances.PERSIST_QTYPES, everywhere=True, kernel="persist")
-        assert ops.uses_pipeline(Q.Q5_K, True, 8) and ops.PIPELINE_KERNEL == "persist"
+        assert ops.pipeline_kernel(Q.Q5_K, True, 8) == "persist" and ops.pipeline_kernel(Q.Q4_K, False, 1) == "persist"
         with pytest.raises(ValueError, match="no cp mmvq for Q5_K"):
             ops.set_pipelined({Q.Q5_K}, kernel="cp")
         with pytest.raises(ValueError, match="no pipelined mmvq 'stream'"):
@@ -178,7 +178,8 @@ def test_bench_times_persist_beside_cp_and_plain_unless_its_checks_failed() -> N
     for label, state, precise in _matmul_variants(Q.Q6_K, with_persist=True):
         ops.set_pipelined(*state)  # every variant is a choice set_pipelined accepts
         assert precise == label.endswith(".precise")
-        assert ops.uses_pipeline(Q.Q6_K, precise, 8) == (not label.startswith("plain"))
+        kernel = label.split(".")[0]
+        assert ops.pipeline_kernel(Q.Q6_K, precise, 8) == (None if kernel == "plain" else kernel)
     ops.set_pipelined(*ops._default_pipelined())
 
 

@@ -81,24 +81,28 @@ def test_set_pipelined_switches_and_rejects_types_without_the_kernel() -> None:
     saved = ops.pipeline_state()
     try:
         ops.set_pipelined(frozenset())
-        assert not ops.uses_pipeline(Q.Q4_K, True, 1)
+        assert ops.pipeline_kernel(Q.Q4_K, True, 1) is None and ops.pipeline_kernel(Q.Q4_K, True, 5) is None
         ops.set_pipelined({Q.Q4_K}, everywhere=True)
-        assert ops.uses_pipeline(Q.Q4_K, False, 8) and not ops.uses_pipeline(Q.Q6_K, True, 1)
+        assert ops.pipeline_kernel(Q.Q4_K, False, 8) == "cp" and ops.pipeline_kernel(Q.Q6_K, True, 1) is None
         with pytest.raises(ValueError, match="Q8_0"):
             ops.set_pipelined({Q.Q4_K, Q.Q8_0})
     finally:
         ops.set_pipelined(*saved)
 
 
-def test_default_policy_runs_the_pipeline_only_where_it_measured_faster() -> None:
+def test_default_policy_runs_each_pipelined_kernel_only_where_it_measured_faster() -> None:
     saved = ops.pipeline_state()
     try:
         ops.set_pipelined(instances.STAGED_QTYPES)
-        for qtype in (Q.Q4_K, Q.Q6_K):  # precise: the residue packed into spare columns, up to 4 tokens
-            assert [ops.uses_pipeline(qtype, True, t) for t in range(1, 9)] == [True] * 4 + [False] * 4
-        assert not any(ops.uses_pipeline(Q.Q4_K, False, t) for t in range(1, 9))
-        assert [ops.uses_pipeline(Q.Q6_K, False, t) for t in (1, 4, 5)] == [True, True, False]
-        assert not ops.uses_pipeline(Q.Q8_0, True, 1)
+        # precise: the residue packed into spare columns up to 4 tokens; above, the persistent two-pass kernel
+        # for Q4_K and the plain kernel for Q6_K
+        assert [ops.pipeline_kernel(Q.Q4_K, True, t) for t in range(1, 9)] == ["cp"] * 4 + ["persist"] * 4
+        assert [ops.pipeline_kernel(Q.Q6_K, True, t) for t in range(1, 9)] == ["cp"] * 4 + [None] * 4
+        assert not any(ops.pipeline_kernel(Q.Q4_K, False, t) for t in range(1, 9))
+        assert [ops.pipeline_kernel(Q.Q6_K, False, t) for t in (1, 4, 5)] == ["cp", "cp", None]
+        assert ops.pipeline_kernel(Q.Q8_0, True, 1) is None
+        ops.set_pipelined({Q.Q6_K})  # a type left out runs plain whatever the table says
+        assert ops.pipeline_kernel(Q.Q4_K, True, 5) is None
     finally:
         ops.set_pipelined(*saved)
 
