@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
-PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer")
+PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream")
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer"]  # --bench: ours, the megakernel, llama.cpp on one 27B file
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
 
@@ -68,6 +68,10 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_kernels.time_matmuls(dev, report, rng, with_persist=not args.skip_persist)
         gpu_kernels.time_gemm(dev, report, rng)
+    elif name == "stream":  # diagnostic, not in the default parts: mmvq vs its loads alone vs a plain read
+        from bench import gpu_stream
+
+        gpu_stream.run_stream_probe(dev, report, rng)
     elif name == "models":
         from bench import gpu_models
 

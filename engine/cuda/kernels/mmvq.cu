@@ -205,10 +205,14 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
         __syncwarp();             // and every other lane's
         const int sb = warp + i * num_warps;
         const u8* st = ring + (i % NS) * S::BYTES;
+#ifdef OPENJET_PROBE_LOADS_ONLY  // bench/gpu_stream.py: the same copies and ring, no decoding or mma
+        acc[0] += __int_as_float(reinterpret_cast<const u32*>(st)[lane] & 0x007FFFFFu);
+#else
         typename Q::Row r[2];
         S::read(r[0], st, g, c, base0 + sb);
         S::read(r[1], st, g + 8, c, base1 + sb);
         cp_superblock<QT, TWO>(cols, r, sb, c, acc);
+#endif
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
     mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, cols.packed);

@@ -1,0 +1,112 @@
+"""Where the mid-size matmuls' bandwidth goes (gpu_check part `stream`; bench/NOTES.md "v9").
+
+For each 27B matrix, graph-replayed back to back over weight copies bigger than the L2 (as the matmul timings):
+- `mmvq`: the fast T = 1 mmvq_cp that decode runs;
+- `loads`: the same kernel compiled with OPENJET_PROBE_LOADS_ONLY: the same grid, copies and stage ring, no
+  decoding and no mma (what the access pattern and the launch shape alone cost);
+- `stream.same`: a contiguous read of the same bytes (bench/kernels/stream_probe.cu) by as many warps;
+- `stream.wave`: the same read by one full wave (64 warps on every SM).
+If `loads` is as slow as `mmvq`, the arithmetic is not the limit; if `stream.same` is much faster than `loads`,
+the weight layout (16 scattered 128-byte rows per stage) is; if all three sit together, a launch this size cannot
+stream faster on this GPU, and only fusing launches (the megakernel) moves it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from bench.gpu_common import Report, Timing, median_time
+from bench.gpu_kernels import SHAPES_27B
+from engine.cuda import instances, nvrtc, ops
+from engine.cuda.device import Device, Kernel, check
+from engine.cuda.repack import device_nbytes, random_blocks
+
+PROBE_SOURCE = Path(__file__).resolve().parent / "kernels" / "stream_probe.cu"
+MATRICES = [("attn_kv", Q.Q6_K), ("ssm_out", Q.Q4_K), ("attn_q", Q.Q4_K), ("ffn_up", Q.Q4_K),
+            ("ffn_down", Q.Q6_K), ("ffn_gate_up", Q.Q4_K), ("output", Q.Q6_K)]
+WAVE_WARPS_PER_SM = 64
+
+
+def _load(dev: Device, source: Path, expr: str, name: str, options: tuple[str, ...] = ()) -> Kernel:
+    """Compile one kernel expression (not through the cache: a probe build) and load it."""
+    from engine.cuda.device import _driver
+
+    compiled = nvrtc.compile_file(source, dev.info.arch, (expr,), options=options)
+    module = check(_driver().cuModuleLoadData(compiled.image), f"cuModuleLoadData({name})")
+    dev._modules.append(module)  # unloaded with the device
+    return Kernel(name, check(_driver().cuModuleGetFunction(module, compiled.symbols[expr].encode()), name))
+
+
+def run_stream_probe(dev: Device, report: Report, rng: np.random.Generator) -> None:
+    print("stream probe: mmvq vs loads only vs a contiguous read (us, TB/s)", flush=True)
+    stream = _load(dev, PROBE_SOURCE, "stream_read", "stream_read")
+    saved = ops.pipeline_state()
+    try:
+        for name, qtype in MATRICES:
+            _probe_matrix(dev, report, rng, stream, name, qtype)
+    finally:
+        ops.set_pipelined(*saved)
+
+
+def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream: Kernel, name: str,
+                  qtype: Q) -> None:
+    rows, cols = SHAPES_27B[name]
+    nbytes = device_nbytes(qtype, (rows, cols))
+    copies = max(1, min(8, (256 << 20) // nbytes))
+    data = random_blocks(qtype, (rows, cols), rng)
+    ws = [ops.upload_weight(dev, data, qtype, (rows, cols), f"{name}.{i}") for i in range(copies)]
+    act = ops.alloc_act(dev, 8, cols, "x", precise=False)
+    dev.upload(act.f32, rng.standard_normal((8, cols), dtype=np.float32))
+    ops.act_f16(dev, act.f32, act, 8, act.ld)
+    y = dev.alloc(4 * 8 * rows, "y")
+    tag = instances.qtype_tag(qtype)
+    expr = instances.INSTANCES[f"mmvq_{tag}_cp"].expr
+    loads = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_cp.loads", ("-DOPENJET_PROBE_LOADS_ONLY",))
+    tiles = (rows + 15) // 16
+    warps = ops._pipelined_warps(cols, tiles, dev.info.multiprocessors)
+    stages, stage_bytes = ops.STAGE_SHAPE[qtype]
+    smem = warps * stages * stage_bytes
+    dev.set_max_dynamic_smem(loads, ops.MMVQ_WARPS * stages * stage_bytes)
+    words = nbytes // 16
+    wave = WAVE_WARPS_PER_SM * dev.info.multiprocessors
+    out = dev.alloc(4 * max(wave, tiles * warps), "probe.out")
+    ops.set_pipelined(frozenset({qtype}), True, "cp")
+    x, s, _, _ = act.group(0)
+    state = {"i": 0}
+
+    def rotate():
+        state["i"] += 1
+        return ws[state["i"] % copies]
+
+    def read(total_warps: int):
+        per_warp = -(-words // total_warps)
+        return lambda: dev.launch(stream, -(-total_warps // 8), 256, [rotate().buf, out, ctypes_i64(words),
+                                                                       ctypes_i64(per_warp)])
+
+    variants = {
+        "mmvq": lambda: ops.matmul(dev, rotate(), act, y, 1, rows),
+        "loads": lambda: dev.launch(loads, tiles, 32 * warps, [rotate().buf, x, s, None, None, y, None, None, rows,
+                                                               cols, 1, rows], smem=smem),
+        "stream.same": read(tiles * warps),
+        "stream.wave": read(wave),
+    }
+    cells = []
+    for label, fn in variants.items():
+        med, spread = median_time(dev, fn, reps=20, warmup=3, inner=copies * 2)
+        timing = Timing("stream", f"{name}.{qtype.name}.{label}", f"{rows}x{cols}", med, spread, nbytes,
+                        {"warps": tiles * warps if label != "stream.wave" else wave})
+        report.timings.append(timing)
+        cells.append(f"{label} {med * 1e3:6.1f} {timing.gbps / 1e3:4.2f}")
+    print(f"  {name:<11} {qtype.name:<5} {nbytes / 1e6:7.1f} MB  {tiles * warps:5d} warps  " + " | ".join(cells),
+          flush=True)
+    for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, y, out]:
+        dev.memory.free(buf)
+
+
+def ctypes_i64(value: int):
+    import ctypes
+
+    return ctypes.c_int64(value)
