@@ -28,6 +28,7 @@ PROBE_SOURCE = Path(__file__).resolve().parent / "kernels" / "stream_probe.cu"
 MATRICES = [("attn_kv", Q.Q6_K), ("ssm_out", Q.Q4_K), ("attn_q", Q.Q4_K), ("ffn_up", Q.Q4_K),
             ("ffn_down", Q.Q6_K), ("ffn_gate_up", Q.Q4_K), ("output", Q.Q6_K)]
 WAVE_WARPS_PER_SM = 64
+_LOADS: dict[str, Kernel] = {}
 
 
 def _load(dev: Device, source: Path, expr: str, name: str, options: tuple[str, ...] = ()) -> Kernel:
@@ -64,7 +65,10 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
     y = dev.alloc(4 * 8 * rows, "y")
     tag = instances.qtype_tag(qtype)
     expr = instances.INSTANCES[f"mmvq_{tag}_cp"].expr
-    loads = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_cp.loads", ("-DOPENJET_PROBE_LOADS_ONLY",))
+    if tag not in _LOADS:  # one module per type: the device remembers each kernel name's shared-memory limit
+        _LOADS[tag] = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_cp.loads",
+                            ("-DOPENJET_PROBE_LOADS_ONLY",))
+    loads = _LOADS[tag]
     tiles = (rows + 15) // 16
     warps = ops._pipelined_warps(cols, tiles, dev.info.multiprocessors)
     stages, stage_bytes = ops.STAGE_SHAPE[qtype]
