@@ -24,7 +24,8 @@ import numpy as np  # noqa: E402
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
 PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream")
-BENCH_PARTS = ["timings", "model27b", "mk27b", "peer"]  # --bench: ours, the megakernel, llama.cpp on one 27B file
+# --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
+BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
 
 
