@@ -98,12 +98,23 @@ class ServerState:
         generator = Generator(model.backend, model.tokenizer, session, decoder)
         self.worker = EngineWorker(generator, self.metrics, self.config.max_waiting)
         self.metrics.context_size.set(model.backend.context_size)
-        self.metrics.backend.info({"backend": model.backend_name, "backend_reason": model.backend_reason,
-                                   "model": model.model_id, "draft": self.drafter_kind})
+        self._report_backend(model)
+        if hasattr(model.backend, "on_switch"):  # the megakernel falls back to the per-op path at run time
+
+            def switched(name: str, reason: str) -> None:
+                model.backend_name, model.backend_reason = name, reason
+                self._report_backend(model)
+
+            model.backend.on_switch = switched
         log.info("serving %s on the %s backend (%s), drafts: %s", model.model_id, model.backend_name,
                  model.backend_reason, self.drafter_kind)
         self.worker.start()
         self.load_state.ready(model)
+
+    def _report_backend(self, model: LoadedModel) -> None:
+        """The backend, its reason, the model and the drafts as /metrics' openjet_backend info."""
+        self.metrics.backend.info({"backend": model.backend_name, "backend_reason": model.backend_reason,
+                                   "model": model.model_id, "draft": self.drafter_kind})
 
     def ready_model(self) -> tuple[LoadedModel, EngineWorker]:
         """The model and worker, or a 503 RequestError while loading (500 if loading failed)."""
