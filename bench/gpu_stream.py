@@ -4,11 +4,14 @@ For each 27B matrix, graph-replayed back to back over weight copies bigger than 
 - `mmvq`: the fast T = 1 mmvq_cp that decode runs;
 - `loads`: the same kernel compiled with OPENJET_PROBE_LOADS_ONLY: the same grid, copies and stage ring, no
   decoding and no mma (what the access pattern and the launch shape alone cost);
+- `decode`: OPENJET_PROBE_DECODE_ONLY (kernels/probe.cuh): the stage reads and every fragment decoded, no mma;
+- `mma`: OPENJET_PROBE_MMA_ONLY: the stage reads, the activation loads and the mma chain, no decoding;
 - `stream.same`: a contiguous read of the same bytes (bench/kernels/stream_probe.cu) by as many warps;
 - `stream.wave`: the same read by one full wave (64 warps on every SM).
 If `loads` is as slow as `mmvq`, the arithmetic is not the limit; if `stream.same` is much faster than `loads`,
-the weight layout (16 scattered 128-byte rows per stage) is; if all three sit together, a launch this size cannot
-stream faster on this GPU, and only fusing launches (the megakernel) moves it.
+the weight layout (16 scattered 128-byte rows per stage) is. The H200 run of 2026-12-01 (commit 61314a6) found
+`loads` 1.3-2.2 x faster than `mmvq` and within 10 % of `stream.same`: the arithmetic is the limit; `decode` and
+`mma` then say whether the unpacking or the activation loads and mma chain cost it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ PROBE_SOURCE = Path(__file__).resolve().parent / "kernels" / "stream_probe.cu"
 MATRICES = [("attn_kv", Q.Q6_K), ("ssm_out", Q.Q4_K), ("attn_q", Q.Q4_K), ("ffn_up", Q.Q4_K),
             ("ffn_down", Q.Q6_K), ("ffn_gate_up", Q.Q4_K), ("output", Q.Q6_K)]
 WAVE_WARPS_PER_SM = 64
-_LOADS: dict[str, Kernel] = {}
+# the probe builds of mmvq_cp, by label (kernels/mmvq.cu, kernels/probe.cuh)
+PROBES = {"loads": "OPENJET_PROBE_LOADS_ONLY", "decode": "OPENJET_PROBE_DECODE_ONLY", "mma": "OPENJET_PROBE_MMA_ONLY"}
+_LOADS: dict[tuple[str, str], Kernel] = {}
 
 
 def _load(dev: Device, source: Path, expr: str, name: str, options: tuple[str, ...] = ()) -> Kernel:
@@ -65,15 +70,18 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
     y = dev.alloc(4 * 8 * rows, "y")
     tag = instances.qtype_tag(qtype)
     expr = instances.INSTANCES[f"mmvq_{tag}_cp"].expr
-    if tag not in _LOADS:  # one module per type: the device remembers each kernel name's shared-memory limit
-        _LOADS[tag] = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_cp.loads",
-                            ("-DOPENJET_PROBE_LOADS_ONLY",))
-    loads = _LOADS[tag]
+    probes = {}
+    for label, define in PROBES.items():
+        key = (tag, label)
+        if key not in _LOADS:  # one module per type and build: the device remembers each name's shared memory
+            _LOADS[key] = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_cp.{label}", (f"-D{define}",))
+            dev.set_max_dynamic_smem(_LOADS[key], ops.MMVQ_WARPS * ops.STAGE_SHAPE[qtype][0]
+                                     * ops.STAGE_SHAPE[qtype][1])
+        probes[label] = _LOADS[key]
     tiles = (rows + 15) // 16
     warps = ops._pipelined_warps(cols, tiles, dev.info.multiprocessors)
     stages, stage_bytes = ops.STAGE_SHAPE[qtype]
     smem = warps * stages * stage_bytes
-    dev.set_max_dynamic_smem(loads, ops.MMVQ_WARPS * stages * stage_bytes)
     words = nbytes // 16
     wave = WAVE_WARPS_PER_SM * dev.info.multiprocessors
     out = dev.alloc(4 * max(wave, tiles * warps), "probe.out")
@@ -90,13 +98,13 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
         return lambda: dev.launch(stream, -(-total_warps // 8), 256, [rotate().buf, out, ctypes_i64(words),
                                                                        ctypes_i64(per_warp)])
 
-    variants = {
-        "mmvq": lambda: ops.matmul(dev, rotate(), act, y, 1, rows),
-        "loads": lambda: dev.launch(loads, tiles, 32 * warps, [rotate().buf, x, s, None, None, y, None, None, rows,
-                                                               cols, 1, rows], smem=smem),
-        "stream.same": read(tiles * warps),
-        "stream.wave": read(wave),
-    }
+    def probe(kernel: Kernel):
+        return lambda: dev.launch(kernel, tiles, 32 * warps, [rotate().buf, x, s, None, None, y, None, None, rows,
+                                                              cols, 1, rows], smem=smem)
+
+    variants = {"mmvq": lambda: ops.matmul(dev, rotate(), act, y, 1, rows),
+                **{label: probe(kernel) for label, kernel in probes.items()},
+                "stream.same": read(tiles * warps), "stream.wave": read(wave)}
     cells = []
     for label, fn in variants.items():
         med, spread = median_time(dev, fn, reps=20, warmup=3, inner=copies * 2)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from bench import gpu_stream
 from engine.cuda import instances, nvrtc
 
@@ -22,3 +24,15 @@ def test_loads_only_build_keeps_the_copies_and_drops_the_mma() -> None:
     # the copies stay (static counts differ: the lighter loop body is unrolled differently)
     for ptx in (full, loads):
         assert re.search(r"cp\.async\.cg\.shared\.global", ptx) and "cp.async.wait_group" in ptx
+
+
+@pytest.mark.parametrize("tag", ["q4_K", "q6_K"])
+def test_every_probe_build_compiles_and_drops_what_it_says(tag: str) -> None:
+    expr = instances.INSTANCES[f"mmvq_{tag}_cp"].expr
+    ptx = {label: nvrtc.compile_file(nvrtc.KERNEL_DIR / "mmvq.cu", 90, (expr,), ptx=True,
+                                     options=(f"-D{define}",)).image.decode()
+           for label, define in gpu_stream.PROBES.items()}
+    assert "mma.sync" not in ptx["loads"] and "mma.sync" not in ptx["decode"] and "mma.sync" in ptx["mma"]
+    # decoding is f16x2 arithmetic (fma for Q4_K, sub and mul for Q6_K); the mma-only build has none of it
+    f16x2 = re.compile(r"\b(?:fma|mul|sub|add)\.rn\.f16x2")
+    assert f16x2.search(ptx["decode"]) and not f16x2.search(ptx["mma"])

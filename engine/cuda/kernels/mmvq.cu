@@ -5,6 +5,9 @@
 // decoded f16 block by all T activation rows at once, and T = 5 costs about what T = 1 does.
 // A block of W warps owns 16 * MT output rows; its warps split K by superblocks and reduce through shared memory.
 #include "mmvq.cuh"
+#if defined(OPENJET_PROBE_DECODE_ONLY) || defined(OPENJET_PROBE_MMA_ONLY)
+#include "probe.cuh"
+#endif
 
 // One superblock of the lane's two rows. a_sb: this superblock's activations for the lane (token g, slot 4c);
 // step s is at a_sb + 128 s. LO (precise mode): x = hi + lo, both f16, every product taken twice, so the result
@@ -211,7 +214,13 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
         typename Q::Row r[2];
         S::read(r[0], st, g, c, base0 + sb);
         S::read(r[1], st, g + 8, c, base1 + sb);
+#if defined(OPENJET_PROBE_DECODE_ONLY)  // kernels/probe.cuh
+        probe_decode_only<QT>(r, c, acc);
+#elif defined(OPENJET_PROBE_MMA_ONLY)
+        probe_mma_only<QT>(cols, r, sb, acc);
+#else
         cp_superblock<QT, TWO>(cols, r, sb, c, acc);
+#endif
 #endif
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits

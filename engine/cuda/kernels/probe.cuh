@@ -1,0 +1,41 @@
+// Probe builds of mmvq_cp for bench/gpu_stream.py, never used by the engine: each keeps the copies, the stage ring
+// and the grid of the real kernel and drops part of the arithmetic, so that the stream probe can say which part
+// costs the bandwidth. Selected by one define:
+//   OPENJET_PROBE_LOADS_ONLY  neither decoding nor mma (kernels/mmvq.cu does this one inline)
+//   OPENJET_PROBE_DECODE_ONLY the stage reads and every fragment decoded (prepare + frag), no activations, no mma
+//   OPENJET_PROBE_MMA_ONLY    the stage reads, the activations and the mma chain, the raw quant words as fragments
+// Each folds what it computed into acc[0] so that nothing is optimised away; the results are meaningless.
+#pragma once
+#include "mmvq.cuh"
+
+template <int QT>
+__device__ __forceinline__ void probe_decode_only(const typename QTraits<QT>::Row (&r)[2], int c, float (&acc)[4]) {
+    using Q = QTraits<QT>;
+    typename Q::Consts k[2];
+    Q::prepare(r[0], c, k[0]);
+    Q::prepare(r[1], c, k[1]);
+    u32 fold = 0u;
+#pragma unroll
+    for (int s = 0; s < SB_STEPS; ++s) {
+        u32 f[4];
+        Q::frag(r[0], k[0], c, s, f[0], f[2]);
+        Q::frag(r[1], k[1], c, s, f[1], f[3]);
+        fold ^= f[0] ^ f[1] ^ f[2] ^ f[3];
+    }
+    acc[0] += __int_as_float(fold & 0x007FFFFFu);
+}
+
+template <int QT>
+__device__ __forceinline__ void probe_mma_only(const CpColumns& cols, const typename QTraits<QT>::Row (&r)[2], int sb,
+                                               float (&acc)[4]) {
+    const f16* a = cols.a ? cols.a + 2048 * sb : nullptr;
+    const u32* q0 = reinterpret_cast<const u32*>(&r[0].q[0]);
+    const u32* q1 = reinterpret_cast<const u32*>(&r[1].q[0]);
+#pragma unroll
+    for (int s = 0; s < SB_STEPS; ++s) {
+        const uint2 v = a ? ld_cached_u2(a + 128 * s) : make_uint2(0u, 0u);
+        u32 b[2] = {v.x, v.y};
+        u32 f[4] = {q0[s & 7], q1[s & 7], q0[(s + 1) & 7], q1[(s + 1) & 7]};
+        mma_f16_16816(acc, f, b);
+    }
+}
