@@ -16,6 +16,7 @@ the weight layout (16 scattered 128-byte rows per stage) is. The H200 run of 202
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from gguf import GGMLQuantizationType as Q
 from bench.gpu_common import Report, Timing, median_time
 from bench.gpu_kernels import SHAPES_27B
 from engine.cuda import instances, nvrtc, ops
-from engine.cuda.device import Device, Kernel, check
+from engine.cuda.device import Device, Kernel
 from engine.cuda.repack import device_nbytes, random_blocks
 
 PROBE_SOURCE = Path(__file__).resolve().parent / "kernels" / "stream_probe.cu"
@@ -33,32 +34,40 @@ MATRICES = [("attn_kv", Q.Q6_K), ("ssm_out", Q.Q4_K), ("attn_q", Q.Q4_K), ("ffn_
 WAVE_WARPS_PER_SM = 64
 # the probe builds of mmvq_cp, by label (kernels/mmvq.cu, kernels/probe.cuh)
 PROBES = {"loads": "OPENJET_PROBE_LOADS_ONLY", "decode": "OPENJET_PROBE_DECODE_ONLY", "mma": "OPENJET_PROBE_MMA_ONLY"}
-_LOADS: dict[tuple[str, str], Kernel] = {}
 
 
 def _load(dev: Device, source: Path, expr: str, name: str, options: tuple[str, ...] = ()) -> Kernel:
     """Compile one kernel expression (not through the cache: a probe build) and load it."""
-    from engine.cuda.device import _driver
-
     compiled = nvrtc.compile_file(source, dev.info.arch, (expr,), options=options)
-    module = check(_driver().cuModuleLoadData(compiled.image), f"cuModuleLoadData({name})")
-    dev._modules.append(module)  # unloaded with the device
-    return Kernel(name, check(_driver().cuModuleGetFunction(module, compiled.symbols[expr].encode()), name))
+    return dev.load_kernels(compiled.image, {name: compiled.symbols[expr]}, name)[name]
+
+
+def _probe_builds(dev: Device, qtype: Q) -> dict[str, Kernel]:
+    """The probe builds of this type's mmvq_cp, by label, allowed the real kernel's shared memory."""
+    tag = instances.qtype_tag(qtype)
+    expr = instances.INSTANCES[f"mmvq_{tag}_cp"].expr
+    stages, stage_bytes = ops.STAGE_SHAPE[qtype]
+    builds = {}
+    for label, define in PROBES.items():
+        builds[label] = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_cp.{label}", (f"-D{define}",))
+        dev.set_max_dynamic_smem(builds[label], ops.MMVQ_WARPS * stages * stage_bytes)
+    return builds
 
 
 def run_stream_probe(dev: Device, report: Report, rng: np.random.Generator) -> None:
     print("stream probe: mmvq vs loads only vs a contiguous read (us, TB/s)", flush=True)
     stream = _load(dev, PROBE_SOURCE, "stream_read", "stream_read")
+    builds = {qtype: _probe_builds(dev, qtype) for qtype in {q for _, q in MATRICES}}  # one module per type
     saved = ops.pipeline_state()
     try:
         for name, qtype in MATRICES:
-            _probe_matrix(dev, report, rng, stream, name, qtype)
+            _probe_matrix(dev, report, rng, stream, builds[qtype], name, qtype)
     finally:
         ops.set_pipelined(*saved)
 
 
-def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream: Kernel, name: str,
-                  qtype: Q) -> None:
+def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream: Kernel, probes: dict[str, Kernel],
+                  name: str, qtype: Q) -> None:
     rows, cols = SHAPES_27B[name]
     nbytes = device_nbytes(qtype, (rows, cols))
     copies = max(1, min(8, (256 << 20) // nbytes))
@@ -68,16 +77,6 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
     dev.upload(act.f32, rng.standard_normal((8, cols), dtype=np.float32))
     ops.act_f16(dev, act.f32, act, 8, act.ld)
     y = dev.alloc(4 * 8 * rows, "y")
-    tag = instances.qtype_tag(qtype)
-    expr = instances.INSTANCES[f"mmvq_{tag}_cp"].expr
-    probes = {}
-    for label, define in PROBES.items():
-        key = (tag, label)
-        if key not in _LOADS:  # one module per type and build: the device remembers each name's shared memory
-            _LOADS[key] = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_cp.{label}", (f"-D{define}",))
-            dev.set_max_dynamic_smem(_LOADS[key], ops.MMVQ_WARPS * ops.STAGE_SHAPE[qtype][0]
-                                     * ops.STAGE_SHAPE[qtype][1])
-        probes[label] = _LOADS[key]
     tiles = (rows + 15) // 16
     warps = ops._pipelined_warps(cols, tiles, dev.info.multiprocessors)
     stages, stage_bytes = ops.STAGE_SHAPE[qtype]
@@ -95,8 +94,8 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
 
     def read(total_warps: int):
         per_warp = -(-words // total_warps)
-        return lambda: dev.launch(stream, -(-total_warps // 8), 256, [rotate().buf, out, ctypes_i64(words),
-                                                                       ctypes_i64(per_warp)])
+        return lambda: dev.launch(stream, -(-total_warps // 8), 256, [rotate().buf, out, ctypes.c_int64(words),
+                                                                       ctypes.c_int64(per_warp)])
 
     def probe(kernel: Kernel):
         return lambda: dev.launch(kernel, tiles, 32 * warps, [rotate().buf, x, s, None, None, y, None, None, rows,
@@ -117,8 +116,3 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
     for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, y, out]:
         dev.memory.free(buf)
 
-
-def ctypes_i64(value: int):
-    import ctypes
-
-    return ctypes.c_int64(value)

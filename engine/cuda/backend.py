@@ -8,7 +8,6 @@ later one uploads its ids and positions and replays it.
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.backend import Backend, Checkpoint, Draft
+from engine.cuda import env_flag
 from engine.cuda.device import Buffer, Device, Graph
 from engine.cuda.model import VERIFY_MAX, CudaModel
 from engine.errors import ContextOverflowError
@@ -65,7 +65,7 @@ class CudaBackend(Backend):
             dev.load_all()
             weights = upload_weights(dev, cfg, tensors)
             if precise is None:
-                precise = os.environ.get("OPENJET_CUDA_PRECISE", "1") not in ("", "0")
+                precise = env_flag("OPENJET_CUDA_PRECISE", True)
             model = CudaModel(dev, cfg, weights, capacity=context + VERIFY_MAX, max_tokens=max_tokens,
                               precise=precise)
         except BaseException:

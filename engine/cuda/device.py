@@ -11,7 +11,6 @@ UnsupportedGpuError (older than sm_80), DeviceOutOfMemoryError (with the request
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.cuda import env_flag
 from engine.cuda.memory import Buffer, DeviceMemory
 from engine.errors import EngineError
 
@@ -195,7 +195,7 @@ class Device:
         self.profile: list[tuple[str, Any, Any]] | None = None  # (kernel, start event, end event) when profiling
         # programmatic dependent launch: each kernel may start while the previous one finishes (every kernel of
         # kernels/*.cu waits in PDL_ENTER before touching what an earlier kernel wrote); off unless asked for
-        self.pdl = self.info.arch >= PDL_MIN_ARCH and os.environ.get(PDL_ENV, "0") not in ("", "0")
+        self.pdl = self.info.arch >= PDL_MIN_ARCH and env_flag(PDL_ENV, False)
         self.closed = False
 
     def __enter__(self) -> Device:
@@ -235,7 +235,6 @@ class Device:
         """Compile (through the disk cache) and load every instance of one .cu file."""
         from engine.cuda import instances, nvrtc
 
-        drv = _driver()
         insts = instances.files()[file]
         arch, ptx = self.info.arch, False
         supported = nvrtc.supported_archs()
@@ -244,11 +243,15 @@ class Device:
             arch, ptx = max(a for a in supported if a <= arch), True
         compiled = nvrtc.compile_cached(nvrtc.KERNEL_DIR / f"{file}.cu", arch, tuple(i.expr for i in insts), ptx=ptx)
         image = compiled.image + (b"\0" if ptx else b"")
-        module = check(drv.cuModuleLoadData(image), f"cuModuleLoadData({file})")
+        self._kernels.update(self.load_kernels(image, {i.name: compiled.symbols[i.expr] for i in insts}, file))
+
+    def load_kernels(self, image: bytes, symbols: dict[str, str], what: str) -> dict[str, Kernel]:
+        """Load a compiled module (kept until close) and its functions, by name -> mangled symbol."""
+        drv = _driver()
+        module = check(drv.cuModuleLoadData(image), f"cuModuleLoadData({what})")
         self._modules.append(module)
-        for inst in insts:
-            fn = check(drv.cuModuleGetFunction(module, compiled.symbols[inst.expr].encode()), inst.name)
-            self._kernels[inst.name] = Kernel(inst.name, fn)
+        return {name: Kernel(name, check(drv.cuModuleGetFunction(module, symbol.encode()), name))
+                for name, symbol in symbols.items()}
 
     def set_max_dynamic_smem(self, kernel: Kernel, nbytes: int) -> None:
         """Allow a kernel more than 48 KB of dynamic shared memory (once per kernel and size: launchers call it

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from engine.cuda.megakernel.errors import MegakernelError
 from engine.sampling import SamplingParams
 
 log = logging.getLogger("openjet.engine")
+T = TypeVar("T")
 
 
 @dataclass
@@ -48,11 +50,8 @@ class FallbackBackend(Backend):
         """Leave the megakernel for the per-op backend, rebuilt at the committed tokens."""
         self.reason = f"cuda: per-op kernels; the megakernel failed at run time ({exc})"
         log.error("backend %s: %s", self._fallback_name, self.reason)
-        old = self.inner
         try:
-            close = getattr(old, "close", None)
-            if close is not None:
-                close()
+            self.close()
         except Exception as close_exc:  # a faulted device may refuse to free; the per-op backend still starts
             log.warning("closing the failed megakernel: %s", close_exc)
         self.inner, self.name, self._generation = self._make_fallback(), self._fallback_name, 1
@@ -61,14 +60,19 @@ class FallbackBackend(Backend):
         if self.on_switch is not None:
             self.on_switch(self.name, self.reason)
 
-    def _call(self, method: str, *args):
+    def _guarded(self, attempt: Callable[[], T], after_switch: Callable[[], T] | None = None) -> T:
+        """attempt() on the megakernel; on its failure, switch and run after_switch() (default: attempt again) on
+        the per-op path. A failure there, or any other error, is the caller's."""
         try:
-            return getattr(self.inner, method)(*args)
+            return attempt()
         except MegakernelError as exc:
             if self._generation:
                 raise
             self._switch(exc)
-            return getattr(self.inner, method)(*args)
+            return (after_switch or attempt)()
+
+    def _call(self, method: str, *args):
+        return self._guarded(lambda: getattr(self.inner, method)(*args))
 
     # ---- contract ----
 
@@ -109,14 +113,12 @@ class FallbackBackend(Backend):
 
     def accept(self, n: int) -> None:
         pending = self._pending or []
-        try:
+
+        def verify_again() -> None:  # the verify ran on the megakernel: repeat it before accepting
+            self.inner.verify(pending)
             self.inner.accept(n)
-        except MegakernelError as exc:
-            if self._generation:
-                raise
-            self._switch(exc)
-            self.inner.verify(pending)  # the verify ran on the megakernel: repeat it before accepting
-            self.inner.accept(n)
+
+        self._guarded(lambda: self.inner.accept(n), verify_again)
         self._tokens.extend(pending[:n])
         self._pending = None
 
@@ -126,14 +128,12 @@ class FallbackBackend(Backend):
     def cycle(self, seq: TokenSequence, n_draft: int, params: SamplingParams, draft: Draft | None = None,
               rule: AcceptRule = accept_matching) -> CycleResult:
         before = len(seq.tokens)
-        try:
-            result = self.inner.cycle(seq, n_draft, params, draft, rule)
-        except MegakernelError as exc:
-            if self._generation:
-                raise
+
+        def cycle_again() -> CycleResult:
             del seq.tokens[before:]  # nothing of the failed launch counts
-            self._switch(exc)
-            result = self.inner.cycle(seq, n_draft, params, draft, rule)
+            return self.inner.cycle(seq, n_draft, params, draft, rule)
+
+        result = self._guarded(lambda: self.inner.cycle(seq, n_draft, params, draft, rule), cycle_again)
         self._tokens = [int(t) for t in seq.tokens[:-1]]
         self._pending = None
         return result
@@ -145,19 +145,16 @@ class FallbackBackend(Backend):
     def rollback(self, checkpoint: Checkpoint) -> None:
         if not isinstance(checkpoint, FallbackCheckpoint):
             raise TypeError(f"not a checkpoint of this backend: {type(checkpoint).__name__}")
-        same = checkpoint.generation == self._generation
-        if same:
-            try:
-                self.inner.rollback(checkpoint.inner)
-            except MegakernelError as exc:
-                if self._generation:
-                    raise
-                self._switch(exc)
-                same = False
-        if not same:  # taken on the megakernel: rebuild it on the per-op path
+
+        def rebuild() -> None:  # a checkpoint of the megakernel, on the per-op path: prefill its tokens
             self.inner.reset()
             if checkpoint.tokens:
                 self.inner.prefill(list(checkpoint.tokens))
+
+        if checkpoint.generation == self._generation:
+            self._guarded(lambda: self.inner.rollback(checkpoint.inner), rebuild)
+        else:
+            rebuild()
         self._tokens, self._pending = list(checkpoint.tokens), None
 
     def truncate(self, num_tokens: int) -> None:

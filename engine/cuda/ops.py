@@ -32,6 +32,7 @@ PIPELINE_KERNELS: dict[str, tuple[Q, ...]] = {"cp": STAGED_QTYPES, "persist": PE
 # tokens mmvq_cp (5-12 % faster on output and attn_v, 1 % slower on ffn_down: a net gain per pass).
 PIPELINE_TABLE: dict[tuple[Q, bool], tuple[tuple[int, str], ...]] = {
     (Q.Q4_K, True): ((4, "cp"), (8, "persist")), (Q.Q6_K, True): ((4, "cp"),), (Q.Q6_K, False): ((4, "cp"),)}
+TABLE_QTYPES = frozenset(q for q, _ in PIPELINE_TABLE)
 
 
 @dataclass(slots=True)
@@ -192,7 +193,7 @@ def _default_pipelined() -> tuple[frozenset[Q], bool, str]:
         raise ValueError(f"{MMVQ_ENV}={mode!r}: expected 'plain', 'cp' or 'persist' (or unset)")
     if mode in PIPELINE_KERNELS:
         return frozenset(PIPELINE_KERNELS[mode]), True, mode
-    return (frozenset() if mode == "plain" else frozenset(q for q, _ in PIPELINE_TABLE)), False, "cp"
+    return (frozenset() if mode == "plain" else TABLE_QTYPES), False, "cp"
 
 
 PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL = _default_pipelined()
@@ -205,7 +206,7 @@ def set_pipelined(qtypes: frozenset[Q] | set[Q], everywhere: bool = False, kerne
     global PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL
     if kernel not in PIPELINE_KERNELS:
         raise ValueError(f"no pipelined mmvq {kernel!r}: expected one of {', '.join(PIPELINE_KERNELS)}")
-    unknown = set(qtypes) - set(PIPELINE_KERNELS[kernel] if everywhere else PIPELINE_KERNELS["cp"])
+    unknown = set(qtypes) - set(PIPELINE_KERNELS[kernel] if everywhere else TABLE_QTYPES)
     if unknown:
         raise ValueError(f"no {kernel} mmvq for {', '.join(sorted(q.name for q in unknown))}")
     PIPELINED, PIPELINE_EVERYWHERE, PIPELINE_KERNEL = frozenset(qtypes), everywhere, kernel

@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 
 from engine.backend import Backend
+from engine.cuda import env_flag
 from engine.errors import EngineError
 
 BACKENDS = ("auto", "cuda", "reference")
@@ -27,9 +28,7 @@ log = logging.getLogger("openjet.engine")
 
 def megakernel_requested() -> bool:
     """Whether OPENJET_CUDA_MEGAKERNEL asks for the megakernel."""
-    import os
-
-    return os.environ.get(MEGAKERNEL_ENV, "0") not in ("", "0")
+    return env_flag(MEGAKERNEL_ENV, False)
 
 
 def select_backend(model_path: str | Path, requested: str = "auto", context_size: int | None = None,

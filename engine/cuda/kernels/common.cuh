@@ -20,7 +20,7 @@ typedef u16 f16;
 // so every kernel runs PDL_ENTER() before it reads anything an earlier kernel wrote or writes anything an earlier
 // kernel reads; only loads of weights may come before it. pdl_launch_dependents() lets the next kernel's blocks
 // be scheduled into whatever this one leaves free (they wait in their own PDL_ENTER). Without PDL, or before
-// sm_90, both do nothing. tests/engine/cuda/test_pdl.py checks that every kernel calls it.
+// sm_90, both do nothing. tests/kernels/test_pdl.py checks that every kernel calls it.
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
