@@ -5,7 +5,8 @@
 // decoded f16 block by all T activation rows at once, and T = 5 costs about what T = 1 does.
 // A block of W warps owns 16 * MT output rows; its warps split K by superblocks and reduce through shared memory.
 #include "mmvq.cuh"
-#if defined(OPENJET_PROBE_DECODE_ONLY) || defined(OPENJET_PROBE_MMA_ONLY)
+#if defined(OPENJET_PROBE_DECODE_ONLY) || defined(OPENJET_PROBE_MMA_ONLY) || defined(OPENJET_PROBE_ACT_ONLY) || \
+    defined(OPENJET_PROBE_MMA_NOACT) || defined(OPENJET_PROBE_MMA_SPLIT)
 #include "probe.cuh"
 #endif
 
@@ -218,6 +219,12 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
         probe_decode_only<QT>(r, c, acc);
 #elif defined(OPENJET_PROBE_MMA_ONLY)
         probe_mma_only<QT>(cols, r, sb, acc);
+#elif defined(OPENJET_PROBE_ACT_ONLY)
+        probe_act_only<QT>(cols, r, sb, acc);
+#elif defined(OPENJET_PROBE_MMA_NOACT)
+        probe_mma_chain<QT, true, false>(cols, r, sb, acc);
+#elif defined(OPENJET_PROBE_MMA_SPLIT)
+        probe_mma_chain<QT, false, true>(cols, r, sb, acc);
 #else
         cp_superblock<QT, TWO>(cols, r, sb, c, acc);
 #endif

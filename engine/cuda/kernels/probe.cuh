@@ -4,6 +4,9 @@
 //   OPENJET_PROBE_LOADS_ONLY  neither decoding nor mma (kernels/mmvq.cu does this one inline)
 //   OPENJET_PROBE_DECODE_ONLY the stage reads and every fragment decoded (prepare + frag), no activations, no mma
 //   OPENJET_PROBE_MMA_ONLY    the stage reads, the activations and the mma chain, the raw quant words as fragments
+//   OPENJET_PROBE_ACT_ONLY    the stage reads and the activation loads, neither decoding nor mma
+//   OPENJET_PROBE_MMA_NOACT   the stage reads and the mma chain on constant activations (no activation loads)
+//   OPENJET_PROBE_MMA_SPLIT   as MMA_ONLY with the chain cut into four independent accumulators
 // Each folds what it computed into acc[0] so that nothing is optimised away; the results are meaningless.
 #pragma once
 #include "mmvq.cuh"
@@ -37,5 +40,39 @@ __device__ __forceinline__ void probe_mma_only(const CpColumns& cols, const type
         u32 b[2] = {v.x, v.y};
         u32 f[4] = {q0[s & 7], q1[s & 7], q0[(s + 1) & 7], q1[(s + 1) & 7]};
         mma_f16_16816(acc, f, b);
+    }
+}
+
+template <int QT>
+__device__ __forceinline__ void probe_act_only(const CpColumns& cols, const typename QTraits<QT>::Row (&r)[2], int sb,
+                                               float (&acc)[4]) {
+    const f16* a = cols.a ? cols.a + 2048 * sb : nullptr;
+    u32 fold = reinterpret_cast<const u32*>(&r[0].q[0])[0] ^ reinterpret_cast<const u32*>(&r[1].q[0])[0];
+#pragma unroll
+    for (int s = 0; s < SB_STEPS; ++s) {
+        const uint2 v = a ? ld_cached_u2(a + 128 * s) : make_uint2(0u, 0u);
+        fold ^= v.x ^ v.y;
+    }
+    acc[0] += __int_as_float(fold & 0x007FFFFFu);
+}
+
+// NOACT: b is a constant; SPLIT: four accumulators, so four mmas are in flight instead of one.
+template <int QT, bool NOACT, bool SPLIT>
+__device__ __forceinline__ void probe_mma_chain(const CpColumns& cols, const typename QTraits<QT>::Row (&r)[2], int sb,
+                                                float (&acc)[4]) {
+    const f16* a = cols.a ? cols.a + 2048 * sb : nullptr;
+    const u32* q0 = reinterpret_cast<const u32*>(&r[0].q[0]);
+    const u32* q1 = reinterpret_cast<const u32*>(&r[1].q[0]);
+    float part[4][4] = {};
+#pragma unroll
+    for (int s = 0; s < SB_STEPS; ++s) {
+        const uint2 v = NOACT ? make_uint2(0x3C003C00u, 0x3C003C00u) : a ? ld_cached_u2(a + 128 * s) : make_uint2(0u, 0u);
+        u32 b[2] = {v.x, v.y};
+        u32 f[4] = {q0[s & 7], q1[s & 7], q0[(s + 1) & 7], q1[(s + 1) & 7]};
+        mma_f16_16816(SPLIT ? part[s & 3] : acc, f, b);
+    }
+    if constexpr (SPLIT) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[j] += (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
     }
 }
