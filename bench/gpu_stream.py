@@ -87,7 +87,7 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
     wave = WAVE_WARPS_PER_SM * dev.info.multiprocessors
     out = dev.alloc(4 * max(wave, tiles * warps), "probe.out")
     ops.set_pipelined(frozenset({qtype}), True, "cp")
-    x, s, _, _ = act.group(0)
+    x, s, _, s_lo = act.group(0)
     state = {"i": 0}
 
     def rotate():
@@ -100,7 +100,7 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
                                                                        ctypes.c_int64(per_warp)])
 
     def probe(kernel: Kernel):
-        return lambda: dev.launch(kernel, tiles, 32 * warps, [rotate().buf, x, s, None, None, y, None, None, rows,
+        return lambda: dev.launch(kernel, tiles, 32 * warps, [rotate().buf, x, s, None, s_lo, y, None, None, rows,
                                                               cols, 1, rows], smem=smem)
 
     variants = {"mmvq": lambda: ops.matmul(dev, rotate(), act, y, 1, rows),
