@@ -34,7 +34,7 @@ MATRICES = [("attn_kv", Q.Q6_K), ("ssm_out", Q.Q4_K), ("attn_q", Q.Q4_K), ("ffn_
 WAVE_WARPS_PER_SM = 64
 # the probe builds of mmvq_cp, by label (kernels/mmvq.cu, kernels/probe.cuh)
 PROBES = {"loads": "OPENJET_PROBE_LOADS_ONLY", "decode": "OPENJET_PROBE_DECODE_ONLY", "mma": "OPENJET_PROBE_MMA_ONLY",
-          "act": "OPENJET_PROBE_ACT_ONLY", "mma.noact": "OPENJET_PROBE_MMA_NOACT", "mma.split": "OPENJET_PROBE_MMA_SPLIT",
+          "act": "OPENJET_PROBE_ACT_ONLY", "act.hot": "OPENJET_PROBE_ACT_HOT", "mma.noact": "OPENJET_PROBE_MMA_NOACT", "mma.split": "OPENJET_PROBE_MMA_SPLIT",
           "chains2": "MMVQ_CHAINS=2", "chains4": "MMVQ_CHAINS=4"}
 
 

@@ -6,7 +6,7 @@
 // A block of W warps owns 16 * MT output rows; its warps split K by superblocks and reduce through shared memory.
 #include "mmvq.cuh"
 #if defined(OPENJET_PROBE_DECODE_ONLY) || defined(OPENJET_PROBE_MMA_ONLY) || defined(OPENJET_PROBE_ACT_ONLY) || \
-    defined(OPENJET_PROBE_MMA_NOACT) || defined(OPENJET_PROBE_MMA_SPLIT)
+    defined(OPENJET_PROBE_ACT_HOT) ||     defined(OPENJET_PROBE_MMA_NOACT) || defined(OPENJET_PROBE_MMA_SPLIT)
 #include "probe.cuh"
 #endif
 
@@ -219,7 +219,7 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
         probe_decode_only<QT>(r, c, acc);
 #elif defined(OPENJET_PROBE_MMA_ONLY)
         probe_mma_only<QT>(cols, r, sb, acc);
-#elif defined(OPENJET_PROBE_ACT_ONLY)
+#elif defined(OPENJET_PROBE_ACT_ONLY) || defined(OPENJET_PROBE_ACT_HOT)
         probe_act_only<QT>(cols, r, sb, acc);
 #elif defined(OPENJET_PROBE_MMA_NOACT)
         probe_mma_chain<QT, true, false>(cols, r, sb, acc);

@@ -5,6 +5,7 @@
 //   OPENJET_PROBE_DECODE_ONLY the stage reads and every fragment decoded (prepare + frag), no activations, no mma
 //   OPENJET_PROBE_MMA_ONLY    the stage reads, the activations and the mma chain, the raw quant words as fragments
 //   OPENJET_PROBE_ACT_ONLY    the stage reads and the activation loads, neither decoding nor mma
+//   OPENJET_PROBE_ACT_HOT     as ACT_ONLY, every unit reading superblock 0's activations (always in L1)
 //   OPENJET_PROBE_MMA_NOACT   the stage reads and the mma chain on constant activations (no activation loads)
 //   OPENJET_PROBE_MMA_SPLIT   as MMA_ONLY with the chain cut into four independent accumulators
 // Each folds what it computed into acc[0] so that nothing is optimised away; the results are meaningless.
@@ -46,6 +47,9 @@ __device__ __forceinline__ void probe_mma_only(const CpColumns& cols, const type
 template <int QT>
 __device__ __forceinline__ void probe_act_only(const CpColumns& cols, const typename QTraits<QT>::Row (&r)[2], int sb,
                                                float (&acc)[4]) {
+#ifdef OPENJET_PROBE_ACT_HOT
+    sb = 0;
+#endif
     const f16* a = cols.a ? cols.a + 2048 * sb : nullptr;
     u32 fold = reinterpret_cast<const u32*>(&r[0].q[0])[0] ^ reinterpret_cast<const u32*>(&r[1].q[0])[0];
 #pragma unroll
