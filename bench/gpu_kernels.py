@@ -35,6 +35,12 @@ CHECKS = [("attn_q", qt) for qt in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4
 PIPELINE_CHECKS = [(name, qt, t, precise) for qt in instances.STAGED_QTYPES for name in ("attn_q", "odd_rows")
                    for t, precise in ((1, True), (3, False), (4, True), (5, True), (8, True))] + [
     ("ffn_down", qt, t, True) for qt in instances.STAGED_QTYPES for t in (1, 5)]
+# mmvq_cp with staged activations: every token count and mode it runs (1-4 tokens, fast and precise), around the
+# ring on ffn_down, a partial tile, the output matrix
+STAGED_ACT_CHECKS = [(name, qt, t, precise) for qt in instances.STAGED_QTYPES for name in ("attn_q", "odd_rows")
+                     for t in (1, 2, 3, 4) for precise in (False, True)] + [
+    ("ffn_down", qt, t, precise) for qt in instances.STAGED_QTYPES for t in (1, 4) for precise in (False, True)] + [
+    ("ffn_up", Q.Q4_K, 1, True), ("output", Q.Q6_K, 1, False)]
 # prefill-sized checks: the GEMM types through the tensor-core GEMM, the others through mmvq 8 tokens at a time
 GEMM_CHECKS = [("attn_q", Q.Q4_K, 40), ("ffn_down", Q.Q6_K, 70), ("attn_q", Q.Q8_0, 33), ("attn_q", Q.Q5_K, 16),
                ("attn_q", Q.Q4_0, 20), ("attn_kv", Q.Q6_K, 129)]
@@ -145,6 +151,12 @@ def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) ->
                 check_matmul(dev, report, rng, "attn_q", qtype, num_tokens, precise=precise, tag=".plain")
     finally:
         ops.set_pipelined(*saved)
+    try:  # the activations staged beside the weights (cpa, packed columns up to 4 tokens)
+        ops.set_pipelined(frozenset(instances.STAGED_QTYPES), everywhere=True, kernel="cpa")
+        for name, qtype, num_tokens, precise in STAGED_ACT_CHECKS:
+            check_matmul(dev, report, rng, name, qtype, num_tokens, precise=precise)
+    finally:
+        ops.set_pipelined(*saved)
     failing = {c.variant.split(".")[0] for c in report.checks if c.op.startswith("matmul") and not c.ok}
     for name in sorted(failing):
         diagnose_matmul(dev, report, rng, Q[name])
@@ -163,6 +175,7 @@ def _matmul_variants(qtype: Q, with_persist: bool) -> list[tuple[str, tuple, boo
         kinds.append(("persist", (frozenset({qtype}), True, "persist")))
     if qtype in instances.STAGED_QTYPES:
         kinds.append(("cp", (frozenset({qtype}), True, "cp")))
+        kinds.append(("cpa", (frozenset({qtype}), True, "cpa")))
     plain = ("plain", (frozenset(), False, "cp"))
     if not kinds:
         return [(*plain, False)]

@@ -2,6 +2,7 @@
 
 For each 27B matrix, graph-replayed back to back over weight copies bigger than the L2 (as the matmul timings):
 - `mmvq`: the fast T = 1 mmvq_cp that decode runs;
+- `cpa`: the same with the activations staged beside the weights (bench/NOTES.md v10);
 - `loads`: the same kernel compiled with OPENJET_PROBE_LOADS_ONLY: the same grid, copies and stage ring, no
   decoding and no mma (what the access pattern and the launch shape alone cost);
 - `decode`: OPENJET_PROBE_DECODE_ONLY (kernels/probe.cuh): the stage reads and every fragment decoded, no mma;
@@ -103,7 +104,9 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
         return lambda: dev.launch(kernel, tiles, 32 * warps, [rotate().buf, x, s, None, s_lo, y, None, None, rows,
                                                               cols, 1, rows], smem=smem)
 
+    group = act.group(0)
     variants = {"mmvq": lambda: ops.matmul(dev, rotate(), act, y, 1, rows),
+                "cpa": lambda: ops._mmvq_pipelined(dev, rotate(), group, y, None, None, 1, rows, False, staged_act=True),
                 **{label: probe(kernel) for label, kernel in probes.items()},
                 "stream.same": read(tiles * warps), "stream.wave": read(wave)}
     cells = []

@@ -35,6 +35,8 @@ PERSIST_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # The pipelined kernels' column modes, in template-argument order (LO, TWO): fast, precise packed (T <= 4),
 # precise two-pass.
 PIPELINE_MODES = (("", "false, false"), ("_hl", "true, false"), ("_x2", "true, true"))
+# Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
+ACT_STAGES = 3
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
 # at a time.
 GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0)
@@ -57,6 +59,9 @@ def _build() -> dict[str, Instance]:
     for qt in STAGED_QTYPES:  # the cp.async pipeline: fast, precise packed (T <= 4), precise two-pass
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_cp{suffix}", "mmvq", f"mmvq_cp<{int(qt)}, {flags}>"))
+        for suffix, flags in PIPELINE_MODES[:2]:  # activations staged too (packed columns only)
+            out.append(Instance(f"mmvq_{qtype_tag(qt)}_cpa{suffix}", "mmvq",
+                                f"mmvq_cp<{int(qt)}, {flags}, true, {ACT_STAGES}>"))
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

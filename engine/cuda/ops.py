@@ -13,8 +13,8 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import persist
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import (EMBED_QTYPES, GEMM_QTYPES, MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES,
-                                   qtype_tag)
+from engine.cuda.instances import (ACT_STAGES, EMBED_QTYPES, GEMM_QTYPES, MATMUL_QTYPES, PERSIST_QTYPES,
+                                   STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
 MMVQ_WARPS = 8
@@ -23,7 +23,8 @@ STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q5_K: (4, 3072), Q
 # "plain": the register-pipelined mmvq only; "cp": the cp.async-pipelined one wherever it can; "persist": the
 # persistent stream-K one wherever it can (not the default until measured: bench/NOTES.md v8)
 MMVQ_ENV = "OPENJET_CUDA_MMVQ"
-PIPELINE_KERNELS: dict[str, tuple[Q, ...]] = {"cp": STAGED_QTYPES, "persist": PERSIST_QTYPES}
+# "cpa": mmvq_cp with the activations staged beside the weights (up to 4 tokens; cp above)
+PIPELINE_KERNELS: dict[str, tuple[Q, ...]] = {"cp": STAGED_QTYPES, "cpa": STAGED_QTYPES, "persist": PERSIST_QTYPES}
 # Where a pipelined mmvq beat the register-pipelined one at the 27B shapes (H200, bench/NOTES.md v7 and v8):
 # (type, precise) -> (most tokens per launch, kernel) steps, the first step covering a launch's T used. Precise
 # mode up to 4 tokens: mmvq_cp with the residue in the mma's spare columns (5-25 % faster). Precise Q4_K at 5-8
@@ -169,8 +170,11 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
         pipelined = pipeline_kernel(w.qtype, precise, t)
         if pipelined is not None:
-            launch = _mmvq_persist if pipelined == "persist" else _mmvq_pipelined
-            launch(dev, w, act.group(t0 // ACT_GROUP), y_t, bias, res_t, t, ld_y, precise)
+            group = act.group(t0 // ACT_GROUP)
+            if pipelined == "persist":
+                _mmvq_persist(dev, w, group, y_t, bias, res_t, t, ld_y, precise)
+            else:
+                _mmvq_pipelined(dev, w, group, y_t, bias, res_t, t, ld_y, precise, staged_act=pipelined == "cpa")
             continue
         if w.qtype == Q.F32:
             x_t = act.f32.view(4 * t0 * act.ld)
@@ -190,7 +194,7 @@ def _default_pipelined() -> tuple[frozenset[Q], bool, str]:
 
     mode = os.environ.get(MMVQ_ENV, "")
     if mode not in ("", "plain", *PIPELINE_KERNELS):
-        raise ValueError(f"{MMVQ_ENV}={mode!r}: expected 'plain', 'cp' or 'persist' (or unset)")
+        raise ValueError(f"{MMVQ_ENV}={mode!r}: expected 'plain', {', '.join(map(repr, PIPELINE_KERNELS))} (or unset)")
     if mode in PIPELINE_KERNELS:
         return frozenset(PIPELINE_KERNELS[mode]), True, mode
     return (frozenset() if mode == "plain" else TABLE_QTYPES), False, "cp"
@@ -227,18 +231,30 @@ def pipeline_kernel(qtype: Q, precise: bool, num_tokens: int) -> str | None:
     return next((kernel for most, kernel in PIPELINE_TABLE.get((qtype, precise), ()) if num_tokens <= most), None)
 
 
+def staged_act_bytes(qtype: Q, num_tokens: int, precise: bool) -> int:
+    """Mirror of kernels/mmvq.cuh staged_act_bytes: what a stage of mmvq_cpa adds for the activations and sums."""
+    slots = 2 * num_tokens if precise else num_tokens
+    return 512 * slots + (32 * num_tokens if qtype in (Q.Q4_K, Q.Q5_K) else 0)
+
+
 def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buffer | None, Buffer | None],
-                    y: Buffer, bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, precise: bool) -> None:
+                    y: Buffer, bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, precise: bool,
+                    staged_act: bool = False) -> None:
     """One launch of mmvq_cp for up to 8 tokens: precise mode packs the activations' residue into the mma's
-    spare columns for t <= 4 (cp_hl) and runs it as a second mma above that (cp_x2)."""
+    spare columns for t <= 4 (cp_hl) and runs it as a second mma above that (cp_x2). staged_act (t <= 4): the
+    activations travel in the weight stages (cpa, cpa_hl)."""
     act, sums, act_lo, sums_lo = group  # act: [nsb][16 steps][8 tokens][16] f16
-    variant = "cp" if not precise else "cp_hl" if t <= 4 else "cp_x2"
+    staged_act = staged_act and t <= 4
+    base = "cpa" if staged_act else "cp"
+    variant = base if not precise else f"{base}_hl" if t <= 4 else "cp_x2"
     kernel = dev.kernel(f"mmvq_{qtype_tag(w.qtype)}_{variant}")
     tiles = (w.rows + 15) // 16
     warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
     stages, stage_bytes = STAGE_SHAPE[w.qtype]
+    if staged_act:
+        stages, stage_bytes = ACT_STAGES, stage_bytes + staged_act_bytes(w.qtype, t, precise)
     smem = warps * stages * stage_bytes
-    dev.set_max_dynamic_smem(kernel, MMVQ_WARPS * stages * stage_bytes)
+    dev.set_max_dynamic_smem(kernel, smem if staged_act else MMVQ_WARPS * stages * stage_bytes)
     dev.launch(kernel, tiles, 32 * warps, [w.buf, act, sums, act_lo, sums_lo, y, bias, residual, w.rows, w.cols, t,
                                            ld_y], smem=smem)
 

@@ -168,34 +168,45 @@ __device__ __forceinline__ void mmvq_store(const float (&acc)[4], float* __restr
 }
 
 // y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 8, K a multiple of 256. Launch: one block of W warps
-// per 16 rows, dynamic shared memory W * STAGES * Stage<QT>::BYTES. LO: precise activations (act_lo) packed
-// into columns T..2T-1 (T <= 4; launch TWO above that, or precision is lost); TWO: the residue as a second mma
-// (any T).
-template <int QT, bool LO, bool TWO>
+// per 16 rows, dynamic shared memory W * NS * (Stage<QT>::BYTES + ACT part). LO: precise activations (act_lo)
+// packed into columns T..2T-1 (T <= 4; launch TWO above that, or precision is lost); TWO: the residue as a second
+// mma (any T). ACT (packed modes only, T <= 4): the activations and sums travel in the stage (mmvq.cuh); NS:
+// stages per warp.
+template <int QT, bool LO, bool TWO, bool ACT = false, int NS = Stage<QT>::STAGES>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restrict__ sums,
         const f16* __restrict__ act_lo, const f16* __restrict__ sums_lo, float* __restrict__ y,
         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int T, int ldy) {
     using Q = QTraits<QT>;
     using S = Stage<QT>;
-    constexpr int NS = S::STAGES;
+    static_assert(!(ACT && TWO), "ACT stages only the packed columns");
     extern __shared__ __align__(16) u8 stages[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     const int row0 = blockIdx.x * 16, nb = K / QK_SB;
     const u64 ntot = (u64)rows * nb;
     const Planes P = Q::planes(w, ntot);
-    u8* ring = stages + warp * NS * S::BYTES;
+    const int stage_bytes = S::BYTES + (ACT ? staged_act_bytes(T, LO, Q::HAS_MIN) : 0);
+    u8* ring = stages + warp * NS * stage_bytes;
     const u32 ring_s = smem_u32(ring);
     typename S::Lane L;
     S::init(L, row0, rows, nb, lane);
     const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0;  // superblocks warp, warp + W, ...
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
-        if (s < n) S::copy(ring_s + s * S::BYTES, P, L, warp + s * num_warps, lane, ntot);
-        cp_async_commit();  // empty groups keep the group count uniform
+        if (s < n) S::copy(ring_s + s * stage_bytes, P, L, warp + s * num_warps, lane, ntot);
+        if (!ACT) cp_async_commit();  // empty groups keep the group count uniform
     }
     PDL_ENTER();  // the first weights are on their way; the activations are the previous kernel's output
+    if constexpr (ACT) {  // the first stages' activations after PDL_ENTER, all in one group (waited for at once)
+#pragma unroll
+        for (int s = 0; s < NS - 1; ++s) {
+            if (s < n)
+                staged_act_copy<Q::HAS_MIN>(ring_s + s * stage_bytes + S::BYTES, act, act_lo, sums, sums_lo,
+                                           warp + s * num_warps, T, LO, lane);
+            cp_async_commit();
+        }
+    }
     const CpColumns cols = cp_columns<LO, TWO>(act, sums, act_lo, sums_lo, T, g, c);
     const u32 base0 = stage_row_base(row0, g, rows, nb), base1 = stage_row_base(row0, g + 8, rows, nb);
 
@@ -203,12 +214,18 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
     for (int i = 0; i < n; ++i) {
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
         const int ahead = i + NS - 1;
-        if (ahead < n) S::copy(ring_s + (ahead % NS) * S::BYTES, P, L, warp + ahead * num_warps, lane, ntot);
+        if (ahead < n) {
+            const int sb_ahead = warp + ahead * num_warps;
+            const u32 dst = ring_s + (ahead % NS) * stage_bytes;
+            S::copy(dst, P, L, sb_ahead, lane, ntot);
+            if constexpr (ACT) staged_act_copy<Q::HAS_MIN>(dst + S::BYTES, act, act_lo, sums, sums_lo, sb_ahead, T, LO,
+                                                          lane);
+        }
         cp_async_commit();
         cp_async_wait<NS - 1>();  // this lane's copies of superblock i have landed
         __syncwarp();             // and every other lane's
         const int sb = warp + i * num_warps;
-        const u8* st = ring + (i % NS) * S::BYTES;
+        const u8* st = ring + (i % NS) * stage_bytes;
 #ifdef OPENJET_PROBE_LOADS_ONLY  // bench/gpu_stream.py: the same copies and ring, no decoding or mma
         acc[0] += __int_as_float(reinterpret_cast<const u32*>(st)[lane] & 0x007FFFFFu);
 #else
@@ -226,7 +243,10 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
 #elif defined(OPENJET_PROBE_MMA_SPLIT)
         probe_mma_chain<QT, false, true>(cols, r, sb, acc);
 #else
-        cp_superblock<QT, TWO>(cols, r, sb, c, acc);
+        if constexpr (ACT)
+            staged_act_superblock<QT>(r, st + S::BYTES, T, LO, g, c, acc);
+        else
+            cp_superblock<QT, TWO>(cols, r, sb, c, acc);
 #endif
 #endif
     }

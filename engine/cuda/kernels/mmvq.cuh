@@ -32,24 +32,13 @@ __device__ __forceinline__ void min_mma(float (&cm)[4], u32 m0, u32 m1, u32 sums
 // sums; the epilogue adds the two columns. So precise mode and the exact min term cost no second mma at T <= 4.
 // For T > 4, TWO runs the residue as a second mma per step (precise), and the lo sums get a second min mma.
 
-// One superblock: b from column source a (null: a zero column), bl from a2 (TWO only).
+// One superblock from B fragments already loaded (b; bl for TWO: the residue's).
 template <int QT, bool TWO>
-__device__ __forceinline__ void mmvq_cp_compute(const typename QTraits<QT>::Row (&r)[2], const f16* a, const f16* a2,
-                                                u32 sum1, u32 sum2, bool two_sums, int c, float (&acc)[4]) {
+__device__ __forceinline__ void mmvq_cp_product(const typename QTraits<QT>::Row (&r)[2], const u32 (&b)[SB_STEPS][2],
+                                                const u32 (&bl)[TWO ? SB_STEPS : 1][2], u32 sum1, u32 sum2,
+                                                bool two_sums, int c, float (&acc)[4]) {
     using Q = QTraits<QT>;
     static_assert(Q::BLOCK_SCALE, "the pipelined mmvq is for the K-quants (a per-superblock scale d)");
-    u32 b[SB_STEPS][2], bl[TWO ? SB_STEPS : 1][2];
-#pragma unroll
-    for (int s = 0; s < SB_STEPS; ++s) {
-        const uint2 v = a ? ld_cached_u2(a + 128 * s) : make_uint2(0u, 0u);
-        b[s][0] = v.x;
-        b[s][1] = v.y;
-        if constexpr (TWO) {
-            const uint2 vl = a2 ? ld_cached_u2(a2 + 128 * s) : make_uint2(0u, 0u);
-            bl[s][0] = vl.x;
-            bl[s][1] = vl.y;
-        }
-    }
     typename Q::Consts k[2];
     Q::prepare(r[0], c, k[0]);
     Q::prepare(r[1], c, k[1]);
@@ -82,6 +71,80 @@ __device__ __forceinline__ void mmvq_cp_compute(const typename QTraits<QT>::Row 
         acc[2] -= m1 * cm[2];
         acc[3] -= m1 * cm[3];
     }
+}
+
+// The lane's B fragments of one superblock from global memory (through L1): step s at a + 128 s; null: zeros.
+__device__ __forceinline__ void load_b_global(u32 (&b)[SB_STEPS][2], const f16* a) {
+#pragma unroll
+    for (int s = 0; s < SB_STEPS; ++s) {
+        const uint2 v = a ? ld_cached_u2(a + 128 * s) : make_uint2(0u, 0u);
+        b[s][0] = v.x;
+        b[s][1] = v.y;
+    }
+}
+
+// One superblock: b from column source a (null: a zero column), bl from a2 (TWO only).
+template <int QT, bool TWO>
+__device__ __forceinline__ void mmvq_cp_compute(const typename QTraits<QT>::Row (&r)[2], const f16* a, const f16* a2,
+                                                u32 sum1, u32 sum2, bool two_sums, int c, float (&acc)[4]) {
+    u32 b[SB_STEPS][2], bl[TWO ? SB_STEPS : 1][2];
+    load_b_global(b, a);
+    if constexpr (TWO) load_b_global(bl, a2);
+    mmvq_cp_product<QT, TWO>(r, b, bl, sum1, sum2, two_sums, c, acc);
+}
+
+// ---- activations staged beside the weights (mmvq_cp's ACT mode, packed columns only: T <= 4) ----
+//
+// Read through L1, each superblock's activation fragments mostly missed it (bench/NOTES.md v10: the same loads
+// from one always-resident superblock ran 1.2 x faster over ffn gate|up), and every unit waited an L2 round trip
+// for them before its mma chain. In ACT mode the stage carries them: after the weight bytes, [16 steps][nslot]
+// [32 bytes], slot j < T token j of act and slot T + j token j of act_lo (precise; nslot = 2T, else T), then the
+// sub-block sums, [2T][16 bytes]: hi sums of tokens 0..T-1, then the lo sums. Packed lane g reads slot g.
+__device__ __forceinline__ int staged_act_slots(int T, bool lo) { return lo ? 2 * T : T; }
+__device__ __forceinline__ int staged_act_bytes(int T, bool lo, bool has_min) {
+    return 512 * staged_act_slots(T, lo) + (has_min ? 32 * T : 0);
+}
+
+// The copies of superblock sb's activations (act, act_lo: the group's bases) into the stage part at dst. Lane l
+// copies 16-byte chunk l % 8 of steps l / 8 + 4 m (chunks past 2T idle); lanes below 2T one sums chunk each.
+template <bool HAS_MIN>
+__device__ __forceinline__ void staged_act_copy(u32 dst, const f16* act, const f16* act_lo, const f16* sums,
+                                               const f16* sums_lo, int sb, int T, bool lo, int lane) {
+    const int chunk = lane & 7, nslot = staged_act_slots(T, lo);
+    if (chunk < 2 * T) {
+        const u8* hi = reinterpret_cast<const u8*>(act) + (u64)sb * 4096 + 16 * chunk;
+        const u8* lo_src = reinterpret_cast<const u8*>(act_lo) + (u64)sb * 4096 + 16 * chunk;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const int s = (lane >> 3) + 4 * m;
+            const u32 d = dst + s * 32 * nslot + 16 * chunk;
+            cp_async16(d, hi + 256 * s);
+            if (lo) cp_async16(d + 32 * T, lo_src + 256 * s);
+        }
+    }
+    if (HAS_MIN && lane < 2 * T) {
+        const f16* src = lane < T ? sums + (u64)sb * 64 + 8 * lane : sums_lo + (u64)sb * 64 + 8 * (lane - T);
+        cp_async16(dst + 512 * nslot + 16 * lane, src);
+    }
+}
+
+// Superblock i's product from a stage carrying its activations (staged_act_copy): lane (g, c) reads slot g.
+template <int QT>
+__device__ __forceinline__ void staged_act_superblock(const typename QTraits<QT>::Row (&r)[2], const u8* st_act, int T,
+                                                     bool lo, int g, int c, float (&acc)[4]) {
+    const int nslot = staged_act_slots(T, lo);
+    u32 b[SB_STEPS][2], unused[1][2];
+    const bool has = g < nslot;
+    const u8* a = st_act + 32 * g + 8 * c;
+#pragma unroll
+    for (int s = 0; s < SB_STEPS; ++s) {
+        const uint2 v = has ? *reinterpret_cast<const uint2*>(a + s * 32 * nslot) : make_uint2(0u, 0u);
+        b[s][0] = v.x;
+        b[s][1] = v.y;
+    }
+    const u32 sum = QTraits<QT>::HAS_MIN && g < 2 * T
+                        ? *reinterpret_cast<const u32*>(st_act + 512 * nslot + 16 * g + 4 * c) : 0u;
+    mmvq_cp_product<QT, false>(r, b, unused, sum, 0u, false, c, acc);
 }
 
 // The B column of lane (g, c): token g (hi), or when packed token g - T's residue (lo). The pointers are those
