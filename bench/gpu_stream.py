@@ -35,14 +35,33 @@ MATRICES = [("attn_kv", Q.Q6_K), ("ssm_out", Q.Q4_K), ("attn_q", Q.Q4_K), ("ffn_
 WAVE_WARPS_PER_SM = 64
 # the probe builds of mmvq_cp, by label (kernels/mmvq.cu, kernels/probe.cuh)
 PROBES = {"loads": "OPENJET_PROBE_LOADS_ONLY", "decode": "OPENJET_PROBE_DECODE_ONLY", "mma": "OPENJET_PROBE_MMA_ONLY",
-          "act": "OPENJET_PROBE_ACT_ONLY", "act.hot": "OPENJET_PROBE_ACT_HOT", "mma.noact": "OPENJET_PROBE_MMA_NOACT", "mma.split": "OPENJET_PROBE_MMA_SPLIT",
-          "chains2": "MMVQ_CHAINS=2", "chains4": "MMVQ_CHAINS=4"}
+          "act": "OPENJET_PROBE_ACT_ONLY", "act.hot": "OPENJET_PROBE_ACT_HOT", "mma.noact": "OPENJET_PROBE_MMA_NOACT", "mma.split": "OPENJET_PROBE_MMA_SPLIT"}
 
 
 def _load(dev: Device, source: Path, expr: str, name: str, options: tuple[str, ...] = ()) -> Kernel:
     """Compile one kernel expression (not through the cache: a probe build) and load it."""
     compiled = nvrtc.compile_file(source, dev.info.arch, (expr,), options=options)
     return dev.load_kernels(compiled.image, {name: compiled.symbols[expr]}, name)[name]
+
+
+# mmvq_cp with staged activations at other ring depths and occupancies: label -> (stages, blocks per SM the
+# register budget targets)
+CPA_SHAPES = {"cpa.ns2": (2, 2), "cpa.ns2.b3": (2, 3), "cpa.ns4": (4, 2)}
+
+
+def _cpa_builds(dev: Device, qtype: Q) -> dict[str, tuple[Kernel, int]]:
+    """CPA_SHAPES' builds of this type's fast mmvq_cp with staged activations: label -> (kernel, bytes per warp
+    at T = 1)."""
+    tag = instances.qtype_tag(qtype)
+    _, stage_bytes = ops.STAGE_SHAPE[qtype]
+    builds = {}
+    for label, (stages, blocks) in CPA_SHAPES.items():
+        expr = f"mmvq_cp<{int(qtype)}, false, false, true, {stages}, {blocks}>"
+        kernel = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_{label}")
+        per_warp = stages * (stage_bytes + ops.staged_act_bytes(qtype, 1, False)) + ops.ACT_ZERO_BYTES
+        dev.set_max_dynamic_smem(kernel, ops.MMVQ_WARPS * per_warp)
+        builds[label] = (kernel, per_warp)
+    return builds
 
 
 def _probe_builds(dev: Device, qtype: Q) -> dict[str, Kernel]:
@@ -60,17 +79,19 @@ def _probe_builds(dev: Device, qtype: Q) -> dict[str, Kernel]:
 def run_stream_probe(dev: Device, report: Report, rng: np.random.Generator) -> None:
     print("stream probe: mmvq vs loads only vs a contiguous read (us, TB/s)", flush=True)
     stream = _load(dev, PROBE_SOURCE, "stream_read", "stream_read")
-    builds = {qtype: _probe_builds(dev, qtype) for qtype in {q for _, q in MATRICES}}  # one module per type
+    qtypes = {q for _, q in MATRICES}
+    builds = {qtype: _probe_builds(dev, qtype) for qtype in qtypes}  # one module per type
+    cpa = {qtype: _cpa_builds(dev, qtype) for qtype in qtypes}
     saved = ops.pipeline_state()
     try:
         for name, qtype in MATRICES:
-            _probe_matrix(dev, report, rng, stream, builds[qtype], name, qtype)
+            _probe_matrix(dev, report, rng, stream, builds[qtype], cpa[qtype], name, qtype)
     finally:
         ops.set_pipelined(*saved)
 
 
 def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream: Kernel, probes: dict[str, Kernel],
-                  name: str, qtype: Q) -> None:
+                  cpa: dict[str, tuple[Kernel, int]], name: str, qtype: Q) -> None:
     rows, cols = SHAPES_27B[name]
     nbytes = device_nbytes(qtype, (rows, cols))
     copies = max(1, min(8, (256 << 20) // nbytes))
@@ -105,8 +126,13 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
                                                               cols, 1, rows], smem=smem)
 
     group = act.group(0)
+    def shaped(kernel: Kernel, per_warp: int):
+        return lambda: dev.launch(kernel, tiles, 32 * warps, [rotate().buf, x, s, None, s_lo, y, None, None, rows,
+                                                              cols, 1, rows], smem=warps * per_warp)
+
     variants = {"mmvq": lambda: ops.matmul(dev, rotate(), act, y, 1, rows),
                 "cpa": lambda: ops._mmvq_pipelined(dev, rotate(), group, y, None, None, 1, rows, False, staged_act=True),
+                **{label: shaped(*build) for label, build in cpa.items()},
                 **{label: probe(kernel) for label, kernel in probes.items()},
                 "stream.same": read(tiles * warps), "stream.wave": read(wave)}
     cells = []

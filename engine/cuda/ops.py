@@ -231,10 +231,13 @@ def pipeline_kernel(qtype: Q, precise: bool, num_tokens: int) -> str | None:
     return next((kernel for most, kernel in PIPELINE_TABLE.get((qtype, precise), ()) if num_tokens <= most), None)
 
 
+ACT_SLOT_PITCH, ACT_ZERO_BYTES = 544, 512  # mirror of kernels/mmvq.cuh
+
+
 def staged_act_bytes(qtype: Q, num_tokens: int, precise: bool) -> int:
     """Mirror of kernels/mmvq.cuh staged_act_bytes: what a stage of mmvq_cpa adds for the activations and sums."""
     slots = 2 * num_tokens if precise else num_tokens
-    return 512 * slots + (32 * num_tokens if qtype in (Q.Q4_K, Q.Q5_K) else 0)
+    return ACT_SLOT_PITCH * slots + (32 * num_tokens if qtype in (Q.Q4_K, Q.Q5_K) else 0)
 
 
 def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buffer | None, Buffer | None],
@@ -251,10 +254,11 @@ def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, B
     tiles = (w.rows + 15) // 16
     warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
     stages, stage_bytes = STAGE_SHAPE[w.qtype]
+    per_warp = stages * stage_bytes
     if staged_act:
-        stages, stage_bytes = ACT_STAGES, stage_bytes + staged_act_bytes(w.qtype, t, precise)
-    smem = warps * stages * stage_bytes
-    dev.set_max_dynamic_smem(kernel, smem if staged_act else MMVQ_WARPS * stages * stage_bytes)
+        per_warp = ACT_STAGES * (stage_bytes + staged_act_bytes(w.qtype, t, precise)) + ACT_ZERO_BYTES
+    smem = warps * per_warp
+    dev.set_max_dynamic_smem(kernel, smem if staged_act else MMVQ_WARPS * per_warp)
     dev.launch(kernel, tiles, 32 * warps, [w.buf, act, sums, act_lo, sums_lo, y, bias, residual, w.rows, w.cols, t,
                                            ld_y], smem=smem)
 

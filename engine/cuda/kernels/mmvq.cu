@@ -172,8 +172,8 @@ __device__ __forceinline__ void mmvq_store(const float (&acc)[4], float* __restr
 // packed into columns T..2T-1 (T <= 4; launch TWO above that, or precision is lost); TWO: the residue as a second
 // mma (any T). ACT (packed modes only, T <= 4): the activations and sums travel in the stage (mmvq.cuh); NS:
 // stages per warp.
-template <int QT, bool LO, bool TWO, bool ACT = false, int NS = Stage<QT>::STAGES>
-__global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
+template <int QT, bool LO, bool TWO, bool ACT = false, int NS = Stage<QT>::STAGES, int MIN_BLOCKS = 2>
+__global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, MIN_BLOCKS)
 mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restrict__ sums,
         const f16* __restrict__ act_lo, const f16* __restrict__ sums_lo, float* __restrict__ y,
         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int T, int ldy) {
@@ -187,7 +187,8 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
     const u64 ntot = (u64)rows * nb;
     const Planes P = Q::planes(w, ntot);
     const int stage_bytes = S::BYTES + (ACT ? staged_act_bytes(T, LO, Q::HAS_MIN) : 0);
-    u8* ring = stages + warp * NS * stage_bytes;
+    const int warp_bytes = NS * stage_bytes + (ACT ? ACT_ZERO_BYTES : 0);
+    u8* ring = stages + warp * warp_bytes;
     const u32 ring_s = smem_u32(ring);
     typename S::Lane L;
     S::init(L, row0, rows, nb, lane);
@@ -208,6 +209,16 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
         }
     }
     const CpColumns cols = cp_columns<LO, TWO>(act, sums, act_lo, sums_lo, T, g, c);
+    // ACT: the lane's slot and sums word inside a stage, or the zero row after the ring
+    const int nslot = staged_act_slots(T, LO);
+    const int a_off = S::BYTES + (g < nslot ? ACT_SLOT_PITCH * g + 8 * c : 0);
+    const int s_off = S::BYTES + ACT_SLOT_PITCH * nslot + 16 * g + 4 * c;
+    const u8* zero_row = ring + NS * stage_bytes + 8 * c;
+    if constexpr (ACT) {
+        for (int k = lane; k < ACT_ZERO_BYTES / 16; k += 32)
+            *reinterpret_cast<uint4*>(ring + NS * stage_bytes + 16 * k) = make_uint4(0u, 0u, 0u, 0u);
+        __syncwarp();
+    }
     const u32 base0 = stage_row_base(row0, g, rows, nb), base1 = stage_row_base(row0, g + 8, rows, nb);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -244,7 +255,7 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
         probe_mma_chain<QT, false, true>(cols, r, sb, acc);
 #else
         if constexpr (ACT)
-            staged_act_superblock<QT>(r, st + S::BYTES, T, LO, g, c, acc);
+            staged_act_superblock<QT>(r, g < nslot ? st + a_off : zero_row, g < 2 * T ? st + s_off : nullptr, c, acc);
         else
             cp_superblock<QT, TWO>(cols, r, sb, c, acc);
 #endif

@@ -97,53 +97,51 @@ __device__ __forceinline__ void mmvq_cp_compute(const typename QTraits<QT>::Row 
 //
 // Read through L1, each superblock's activation fragments mostly missed it (bench/NOTES.md v10: the same loads
 // from one always-resident superblock ran 1.2 x faster over ffn gate|up), and every unit waited an L2 round trip
-// for them before its mma chain. In ACT mode the stage carries them: after the weight bytes, [16 steps][nslot]
-// [32 bytes], slot j < T token j of act and slot T + j token j of act_lo (precise; nslot = 2T, else T), then the
-// sub-block sums, [2T][16 bytes]: hi sums of tokens 0..T-1, then the lo sums. Packed lane g reads slot g.
+// for them before its mma chain. In ACT mode the stage carries them: after the weight bytes, nslot slots of
+// [16 steps][32 bytes] at a pitch of 544 bytes (the four slots a half-warp reads sit in different banks): slot
+// j < T token j of act, slot T + j token j of act_lo (precise; nslot = 2T, else T); then the sub-block sums,
+// [2T][16 bytes]: hi sums of tokens 0..T-1, then the lo sums. Packed lane g reads slot g at fixed offsets (no
+// address arithmetic per step); a lane without a slot reads the warp's zero step row (ACT_ZERO_BYTES, once
+// per warp after its ring).
+#define ACT_SLOT_PITCH 544
+#define ACT_ZERO_BYTES 512
 __device__ __forceinline__ int staged_act_slots(int T, bool lo) { return lo ? 2 * T : T; }
 __device__ __forceinline__ int staged_act_bytes(int T, bool lo, bool has_min) {
-    return 512 * staged_act_slots(T, lo) + (has_min ? 32 * T : 0);
+    return ACT_SLOT_PITCH * staged_act_slots(T, lo) + (has_min ? 32 * T : 0);
 }
 
-// The copies of superblock sb's activations (act, act_lo: the group's bases) into the stage part at dst. Lane l
-// copies 16-byte chunk l % 8 of steps l / 8 + 4 m (chunks past 2T idle); lanes below 2T one sums chunk each.
+// The copies of superblock sb's activations (act, act_lo: the group's bases) into the stage part at dst. Copy
+// q = lane + 32 m: slot q / 32 (hi tokens first, then lo), step (q / 2) % 16, half q % 2; lanes below 2T then
+// copy one sums chunk each.
 template <bool HAS_MIN>
 __device__ __forceinline__ void staged_act_copy(u32 dst, const f16* act, const f16* act_lo, const f16* sums,
-                                               const f16* sums_lo, int sb, int T, bool lo, int lane) {
-    const int chunk = lane & 7, nslot = staged_act_slots(T, lo);
-    if (chunk < 2 * T) {
-        const u8* hi = reinterpret_cast<const u8*>(act) + (u64)sb * 4096 + 16 * chunk;
-        const u8* lo_src = reinterpret_cast<const u8*>(act_lo) + (u64)sb * 4096 + 16 * chunk;
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            const int s = (lane >> 3) + 4 * m;
-            const u32 d = dst + s * 32 * nslot + 16 * chunk;
-            cp_async16(d, hi + 256 * s);
-            if (lo) cp_async16(d + 32 * T, lo_src + 256 * s);
-        }
+                                                const f16* sums_lo, int sb, int T, bool lo, int lane) {
+    const int nslot = staged_act_slots(T, lo), s = lane >> 1, h = lane & 1;
+    const u64 off = (u64)sb * 4096 + 256 * s + 16 * h;
+    for (int j = 0; j < nslot; ++j) {  // one copy per lane and slot
+        const int tok = j < T ? j : j - T;
+        const u8* src = reinterpret_cast<const u8*>(j < T ? act : act_lo) + off + 32 * tok;
+        cp_async16(dst + ACT_SLOT_PITCH * j + 32 * s + 16 * h, src);
     }
     if (HAS_MIN && lane < 2 * T) {
         const f16* src = lane < T ? sums + (u64)sb * 64 + 8 * lane : sums_lo + (u64)sb * 64 + 8 * (lane - T);
-        cp_async16(dst + 512 * nslot + 16 * lane, src);
+        cp_async16(dst + ACT_SLOT_PITCH * nslot + 16 * lane, src);
     }
 }
 
-// Superblock i's product from a stage carrying its activations (staged_act_copy): lane (g, c) reads slot g.
+// Superblock i's product from a stage carrying its activations (staged_act_copy): a_lane is the lane's slot in
+// this stage (or the zero row), sum_lane its sums word's offset in the stage (negative: none).
 template <int QT>
-__device__ __forceinline__ void staged_act_superblock(const typename QTraits<QT>::Row (&r)[2], const u8* st_act, int T,
-                                                     bool lo, int g, int c, float (&acc)[4]) {
-    const int nslot = staged_act_slots(T, lo);
+__device__ __forceinline__ void staged_act_superblock(const typename QTraits<QT>::Row (&r)[2], const u8* a_lane,
+                                                      const u8* sum_lane, int c, float (&acc)[4]) {
     u32 b[SB_STEPS][2], unused[1][2];
-    const bool has = g < nslot;
-    const u8* a = st_act + 32 * g + 8 * c;
 #pragma unroll
     for (int s = 0; s < SB_STEPS; ++s) {
-        const uint2 v = has ? *reinterpret_cast<const uint2*>(a + s * 32 * nslot) : make_uint2(0u, 0u);
+        const uint2 v = *reinterpret_cast<const uint2*>(a_lane + 32 * s);
         b[s][0] = v.x;
         b[s][1] = v.y;
     }
-    const u32 sum = QTraits<QT>::HAS_MIN && g < 2 * T
-                        ? *reinterpret_cast<const u32*>(st_act + 512 * nslot + 16 * g + 4 * c) : 0u;
+    const u32 sum = QTraits<QT>::HAS_MIN && sum_lane ? *reinterpret_cast<const u32*>(sum_lane) : 0u;
     mmvq_cp_product<QT, false>(r, b, unused, sum, 0u, false, c, acc);
 }
 
