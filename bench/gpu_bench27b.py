@@ -124,7 +124,8 @@ def bench_27b(report: Report, args) -> None:
         report.info["model27b_variants"] = {k: [[q.name for q in types], everywhere, keys, kernel, pdl]
                                              for k, (types, everywhere, keys, kernel, pdl) in VARIANTS.items()}
         tokens = {}
-        for name in VARIANTS:
+        chosen = [v for v in os.environ.get("OPENJET_BENCH_VARIANTS", "").split(",") if v] or list(VARIANTS)
+        for name in chosen:
             if name == "v7pdl" and backend.dev.info.arch < PDL_MIN_ARCH:
                 continue
             if name == "v8" and getattr(args, "skip_persist", False):

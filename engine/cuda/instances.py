@@ -36,7 +36,7 @@ PERSIST_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # precise two-pass.
 PIPELINE_MODES = (("", "false, false"), ("_hl", "true, false"), ("_x2", "true, true"))
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
-ACT_STAGES = 3
+ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
 # at a time.
 GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0)

@@ -232,6 +232,9 @@ def pipeline_kernel(qtype: Q, precise: bool, num_tokens: int) -> str | None:
 
 
 ACT_SLOT_PITCH, ACT_ZERO_BYTES = 544, 512  # mirror of kernels/mmvq.cuh
+# Staged activations only where two blocks still fit an SM (228 KB, 1 KB reserved per block): at 4 precise
+# tokens a stage grows by 4.4 KB and one block a SM streams slower than cp's two.
+ACT_MAX_BLOCK_SMEM = 113 * 1024
 
 
 def staged_act_bytes(qtype: Q, num_tokens: int, precise: bool) -> int:
@@ -247,16 +250,15 @@ def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, B
     spare columns for t <= 4 (cp_hl) and runs it as a second mma above that (cp_x2). staged_act (t <= 4): the
     activations travel in the weight stages (cpa, cpa_hl)."""
     act, sums, act_lo, sums_lo = group  # act: [nsb][16 steps][8 tokens][16] f16
-    staged_act = staged_act and t <= 4
-    base = "cpa" if staged_act else "cp"
-    variant = base if not precise else f"{base}_hl" if t <= 4 else "cp_x2"
-    kernel = dev.kernel(f"mmvq_{qtype_tag(w.qtype)}_{variant}")
     tiles = (w.rows + 15) // 16
     warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
     stages, stage_bytes = STAGE_SHAPE[w.qtype]
-    per_warp = stages * stage_bytes
-    if staged_act:
-        per_warp = ACT_STAGES * (stage_bytes + staged_act_bytes(w.qtype, t, precise)) + ACT_ZERO_BYTES
+    staged_per_warp = ACT_STAGES * (stage_bytes + staged_act_bytes(w.qtype, t, precise)) + ACT_ZERO_BYTES
+    staged_act = staged_act and t <= 4 and warps * staged_per_warp <= ACT_MAX_BLOCK_SMEM
+    per_warp = staged_per_warp if staged_act else stages * stage_bytes
+    base = "cpa" if staged_act else "cp"
+    variant = base if not precise else f"{base}_hl" if t <= 4 else "cp_x2"
+    kernel = dev.kernel(f"mmvq_{qtype_tag(w.qtype)}_{variant}")
     smem = warps * per_warp
     dev.set_max_dynamic_smem(kernel, smem if staged_act else MMVQ_WARPS * per_warp)
     dev.launch(kernel, tiles, 32 * warps, [w.buf, act, sums, act_lo, sums_lo, y, bias, residual, w.rows, w.cols, t,
