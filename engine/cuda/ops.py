@@ -30,9 +30,13 @@ PIPELINE_KERNELS: dict[str, tuple[Q, ...]] = {"cp": STAGED_QTYPES, "cpa": STAGED
 # mode up to 4 tokens: mmvq_cp with the residue in the mma's spare columns (5-25 % faster). Precise Q4_K at 5-8
 # tokens: the persistent kernel's two-pass mode (6-16 % faster than cp or plain there; cp and plain tie at 1-4
 # tokens with it). Fast Q4_K and precise Q6_K above 4 tokens: plain (the others 1-14 % slower); fast Q6_K up to 4
-# tokens mmvq_cp (5-12 % faster on output and attn_v, 1 % slower on ffn_down: a net gain per pass).
+# tokens mmvq_cp (5-12 % faster on output and attn_v, 1 % slower on ffn_down: a net gain per pass). One token,
+# both types and modes: mmvq_cp with staged activations (v10: 27B pass 10.99 -> 9.79 ms precise, 10.49 -> 9.33
+# fast; at 2 and 3 tokens it lost, 11.37 -> 11.58 and 11.79 -> 13.91 ms, its per-unit copies of 2T columns
+# outgrowing the weights' L2 traffic).
 PIPELINE_TABLE: dict[tuple[Q, bool], tuple[tuple[int, str], ...]] = {
-    (Q.Q4_K, True): ((4, "cp"), (8, "persist")), (Q.Q6_K, True): ((4, "cp"),), (Q.Q6_K, False): ((4, "cp"),)}
+    (Q.Q4_K, True): ((1, "cpa"), (4, "cp"), (8, "persist")), (Q.Q4_K, False): ((1, "cpa"),),
+    (Q.Q6_K, True): ((1, "cpa"), (4, "cp")), (Q.Q6_K, False): ((1, "cpa"), (4, "cp"))}
 TABLE_QTYPES = frozenset(q for q, _ in PIPELINE_TABLE)
 
 
@@ -243,6 +247,17 @@ def staged_act_bytes(qtype: Q, num_tokens: int, precise: bool) -> int:
     return ACT_SLOT_PITCH * slots + (32 * num_tokens if qtype in (Q.Q4_K, Q.Q5_K) else 0)
 
 
+def _staged_warp_bytes(qtype: Q, num_tokens: int, precise: bool) -> int:
+    """Shared memory per warp of mmvq_cpa: its stages and the zero row."""
+    return ACT_STAGES * (STAGE_SHAPE[qtype][1] + staged_act_bytes(qtype, num_tokens, precise)) + ACT_ZERO_BYTES
+
+
+def staged_act_fits(qtype: Q, num_tokens: int, precise: bool, warps: int) -> bool:
+    """Whether a launch of num_tokens may stage its activations: packed columns (at most 4 tokens) and two blocks
+    of `warps` warps in one SM."""
+    return num_tokens <= 4 and warps * _staged_warp_bytes(qtype, num_tokens, precise) <= ACT_MAX_BLOCK_SMEM
+
+
 def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buffer | None, Buffer | None],
                     y: Buffer, bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, precise: bool,
                     staged_act: bool = False) -> None:
@@ -253,9 +268,8 @@ def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, B
     tiles = (w.rows + 15) // 16
     warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
     stages, stage_bytes = STAGE_SHAPE[w.qtype]
-    staged_per_warp = ACT_STAGES * (stage_bytes + staged_act_bytes(w.qtype, t, precise)) + ACT_ZERO_BYTES
-    staged_act = staged_act and t <= 4 and warps * staged_per_warp <= ACT_MAX_BLOCK_SMEM
-    per_warp = staged_per_warp if staged_act else stages * stage_bytes
+    staged_act = staged_act and staged_act_fits(w.qtype, t, precise, warps)
+    per_warp = _staged_warp_bytes(w.qtype, t, precise) if staged_act else stages * stage_bytes
     base = "cpa" if staged_act else "cp"
     variant = base if not precise else f"{base}_hl" if t <= 4 else "cp_x2"
     kernel = dev.kernel(f"mmvq_{qtype_tag(w.qtype)}_{variant}")

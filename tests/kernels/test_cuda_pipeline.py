@@ -94,12 +94,12 @@ def test_default_policy_runs_each_pipelined_kernel_only_where_it_measured_faster
     saved = ops.pipeline_state()
     try:
         ops.set_pipelined(instances.STAGED_QTYPES)
-        # precise: the residue packed into spare columns up to 4 tokens; above, the persistent two-pass kernel
-        # for Q4_K and the plain kernel for Q6_K
-        assert [ops.pipeline_kernel(Q.Q4_K, True, t) for t in range(1, 9)] == ["cp"] * 4 + ["persist"] * 4
-        assert [ops.pipeline_kernel(Q.Q6_K, True, t) for t in range(1, 9)] == ["cp"] * 4 + [None] * 4
-        assert not any(ops.pipeline_kernel(Q.Q4_K, False, t) for t in range(1, 9))
-        assert [ops.pipeline_kernel(Q.Q6_K, False, t) for t in (1, 4, 5)] == ["cp", "cp", None]
+        # one token: the activations staged with the weights; precise: the residue packed into spare columns up
+        # to 4 tokens; above, the persistent two-pass kernel for Q4_K and the plain kernel for Q6_K
+        assert [ops.pipeline_kernel(Q.Q4_K, True, t) for t in range(1, 9)] == ["cpa"] + ["cp"] * 3 + ["persist"] * 4
+        assert [ops.pipeline_kernel(Q.Q6_K, True, t) for t in range(1, 9)] == ["cpa"] + ["cp"] * 3 + [None] * 4
+        assert [ops.pipeline_kernel(Q.Q4_K, False, t) for t in range(1, 9)] == ["cpa"] + [None] * 7
+        assert [ops.pipeline_kernel(Q.Q6_K, False, t) for t in (1, 2, 4, 5)] == ["cpa", "cp", "cp", None]
         assert ops.pipeline_kernel(Q.Q8_0, True, 1) is None
         ops.set_pipelined({Q.Q6_K})  # a type left out runs plain whatever the table says
         assert ops.pipeline_kernel(Q.Q4_K, True, 5) is None
@@ -124,3 +124,13 @@ def test_attention_split_size_must_be_a_power_of_two(min_keys: int) -> None:
     with pytest.raises(ValueError, match="power of two"):
         mixers.attention(None, None, None, None, None, None, 1, 24, 4, 256, 64, 256, 256, 6144, 0.0625,
                          min_keys=min_keys)
+
+
+def test_staged_activations_only_up_to_four_tokens_and_where_two_blocks_fit() -> None:
+    # 4 warps: every packed mode fits (two stages of weights plus 2T columns of 16 steps)
+    assert all(ops.staged_act_fits(q, t, precise, 4) for q in instances.STAGED_QTYPES for t in range(1, 5)
+               for precise in (False, True))
+    assert not any(ops.staged_act_fits(Q.Q4_K, t, False, 4) for t in range(5, 9))  # the two-pass modes never
+    # 8 warps of Q6_K at 4 precise tokens: 8 x (2 x (3648 + 8 x 544) + 512) bytes, more than half an SM
+    assert ops.staged_act_fits(Q.Q6_K, 1, True, 8) and not ops.staged_act_fits(Q.Q6_K, 4, True, 8)
+    assert ops.staged_act_bytes(Q.Q4_K, 1, False) == 544 + 32 and ops.staged_act_bytes(Q.Q6_K, 2, True) == 4 * 544
