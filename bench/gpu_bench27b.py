@@ -153,13 +153,6 @@ def bench_27b(report: Report, args) -> None:
         _use_variant(backend, "v7")
         backend.reset()
         _time_prefill(backend, report)
-        from engine.cuda import ops
-        try:  # the prefill GEMM with 64-token blocks (gemm_*_n8)
-            ops.GEMM_TOKENS = 64
-            backend.reset()
-            _time_prefill(backend, report, ".n8")
-        finally:
-            ops.GEMM_TOKENS = 32
         if "v7pdl" in tokens:  # prefill launched with PDL too
             _use_variant(backend, "v7pdl")
             backend.reset()

@@ -139,12 +139,6 @@ def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) ->
     check_matmul(dev, report, rng, "attn_q", Q.Q4_K, 11)  # two launches: 8 + 3 rows
     for name, qtype, num_tokens in GEMM_CHECKS:
         check_matmul(dev, report, rng, name, qtype, num_tokens)
-    try:  # the 64-token GEMM blocks (gemm_*_n8), with a partial token tile
-        ops.GEMM_TOKENS = 64
-        for name, qtype, num_tokens in GEMM_CHECKS + [("attn_q", Q.Q4_K, 100)]:
-            check_matmul(dev, report, rng, name, qtype, num_tokens, tag=".n8")
-    finally:
-        ops.GEMM_TOKENS = 32
     for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # precise mode: exact K-quant weights, f32-level activations
         check_matmul(dev, report, rng, "attn_q", qtype, 3, precise=True)
     for name, qtype, num_tokens, precise in PIPELINE_CHECKS:

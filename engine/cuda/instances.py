@@ -66,8 +66,7 @@ def _build() -> dict[str, Instance]:
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",
                                 f"mmvq_persist<{int(qt)}, {flags}>"))
-    out += [Instance(f"gemm_{qtype_tag(qt)}", "gemm", f"gemm<{int(qt)}, 4>") for qt in GEMM_QTYPES]
-    out += [Instance(f"gemm_{qtype_tag(qt)}_n8", "gemm", f"gemm<{int(qt)}, 8>") for qt in GEMM_QTYPES]  # 64 tokens
+    out += [Instance(f"gemm_{qtype_tag(qt)}", "gemm", f"gemm<{int(qt)}>") for qt in GEMM_QTYPES]
     out += [Instance("mmv_f32", "mmvq", "mmv_f32")]
     out += [Instance(f"act_{mode}", "act", f"act_from<{i}>") for i, mode in enumerate(ACT_MODES)]
     out += [Instance(n, "norm", n) for n in ("rms_norm", "head_norm", "gated_rms_norm")]

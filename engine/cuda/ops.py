@@ -100,7 +100,7 @@ DISPATCH[("mmvq", Q.F32)] = "mmv_f32"
 DISPATCH.update({("gemm", qt): f"gemm_{qtype_tag(qt)}" for qt in GEMM_QTYPES})
 DISPATCH.update({("get_rows", qt): f"get_rows_{qtype_tag(qt)}" for qt in EMBED_QTYPES})
 GEMM_MIN_TOKENS = 16  # from this many tokens on, a GEMM type runs the prefill GEMM instead of mmvq
-GEMM_TOKENS = 32  # tokens per GEMM block (kernels/gemm.cu: GEMM_NG groups of 8); 64 runs the gemm_*_n8 instances
+GEMM_TOKENS = 32  # tokens per GEMM block (kernels/gemm.cu: GEMM_NG groups of 8)
 GEMM_ROWS = 128  # rows per GEMM block
 
 
@@ -161,7 +161,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
     gemm = DISPATCH.get(("gemm", w.qtype))
     if gemm is not None and num_tokens >= GEMM_MIN_TOKENS:
         grid = ((num_tokens + GEMM_TOKENS - 1) // GEMM_TOKENS, (w.rows + GEMM_ROWS - 1) // GEMM_ROWS)
-        dev.launch(dev.kernel(gemm if GEMM_TOKENS == 32 else f"{gemm}_n8"), grid, 128, [w.buf, act.x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y])
+        dev.launch(dev.kernel(gemm), grid, 128, [w.buf, act.x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y])
         return
     precise = act.x16_lo is not None and w.qtype != Q.F32
     instance = DISPATCH.get(("mmvq_x2" if precise else "mmvq", w.qtype))

@@ -6,13 +6,13 @@ __device__ __forceinline__ i64 act_index(int sb, int s, int n) { return ((i64)(s
 
 #define GEMM_WARPS 4
 #define GEMM_MT 2   // 16-row tiles per warp
+#define GEMM_NG 4   // 8-token groups per warp (32 tokens)
 
 // Prefill: y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual) for many tokens, on tensor cores. A block computes
-// 128 rows x 8 NG tokens: each warp decodes its 32 rows of a superblock once (full f16 weights) and multiplies
-// them by all 8 NG tokens (NG = 4 or 8: the more tokens, the fewer decodes per product); the warps share the
-// activations through L1. Blocks of one row tile are adjacent in the grid
+// 128 rows x 64 tokens: each warp decodes its 32 rows of a superblock once (full f16 weights) and multiplies them
+// by all 64 tokens; the warps share the activations through L1. Blocks of one row tile are adjacent in the grid
 // (x = token tiles), so they run together and the weights come from L2 after the first. act: token group 0.
-template <int QT, int GEMM_NG>
+template <int QT>
 __global__ void __launch_bounds__(GEMM_WARPS * 32)
 gemm(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ y, const float* __restrict__ bias,
      const float* __restrict__ residual, int rows, int K, int T, int ldy) {
