@@ -44,9 +44,10 @@ def _load(dev: Device, source: Path, expr: str, name: str, options: tuple[str, .
     return dev.load_kernels(compiled.image, {name: compiled.symbols[expr]}, name)[name]
 
 
-# mmvq_cp with staged activations at other ring depths and occupancies: label -> (stages, blocks per SM the
-# register budget targets)
-CPA_SHAPES = {"cpa.ns2": (2, 2), "cpa.ns2.b3": (2, 3), "cpa.ns4": (4, 2)}
+# mmvq_cp with staged activations at other ring depths, occupancies and mma chains: label -> (stages, blocks per
+# SM the register budget targets, a define)
+CPA_SHAPES = {"cpa.ns3": (3, 2, ""), "cpa.b3": (2, 3, ""), "cpa.chains2": (2, 2, "MMVQ_CHAINS=2"),
+              "cpa.chains4": (2, 2, "MMVQ_CHAINS=4")}
 
 
 def _cpa_builds(dev: Device, qtype: Q) -> dict[str, tuple[Kernel, int]]:
@@ -55,9 +56,10 @@ def _cpa_builds(dev: Device, qtype: Q) -> dict[str, tuple[Kernel, int]]:
     tag = instances.qtype_tag(qtype)
     _, stage_bytes = ops.STAGE_SHAPE[qtype]
     builds = {}
-    for label, (stages, blocks) in CPA_SHAPES.items():
+    for label, (stages, blocks, define) in CPA_SHAPES.items():
         expr = f"mmvq_cp<{int(qtype)}, false, false, true, {stages}, {blocks}>"
-        kernel = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_{label}")
+        kernel = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_{label}",
+                       (f"-D{define}",) if define else ())
         per_warp = stages * (stage_bytes + ops.staged_act_bytes(qtype, 1, False)) + ops.ACT_ZERO_BYTES
         dev.set_max_dynamic_smem(kernel, ops.MMVQ_WARPS * per_warp)
         builds[label] = (kernel, per_warp)
