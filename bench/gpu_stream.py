@@ -1,17 +1,18 @@
 """Where the mid-size matmuls' bandwidth goes (gpu_check part `stream`; bench/NOTES.md "v9").
 
 For each 27B matrix, graph-replayed back to back over weight copies bigger than the L2 (as the matmul timings):
-- `mmvq`: the fast T = 1 mmvq_cp that decode runs;
-- `cpa`: the same with the activations staged beside the weights (bench/NOTES.md v10);
+- `cp`: the fast T = 1 mmvq_cp that decode ran before v10;
+- `cpa`: the same with the activations staged beside the weights (bench/NOTES.md v10; what decode runs now), and
+  CPA_SHAPES' builds of it;
 - `loads`: the same kernel compiled with OPENJET_PROBE_LOADS_ONLY: the same grid, copies and stage ring, no
   decoding and no mma (what the access pattern and the launch shape alone cost);
 - `decode`: OPENJET_PROBE_DECODE_ONLY (kernels/probe.cuh): the stage reads and every fragment decoded, no mma;
 - `mma`: OPENJET_PROBE_MMA_ONLY: the stage reads, the activation loads and the mma chain, no decoding;
 - `stream.same`: a contiguous read of the same bytes (bench/kernels/stream_probe.cu) by as many warps;
 - `stream.wave`: the same read by one full wave (64 warps on every SM).
-If `loads` is as slow as `mmvq`, the arithmetic is not the limit; if `stream.same` is much faster than `loads`,
+If `loads` is as slow as `cp`, the arithmetic is not the limit; if `stream.same` is much faster than `loads`,
 the weight layout (16 scattered 128-byte rows per stage) is. The H200 run of 2026-12-01 (commit 61314a6) found
-`loads` 1.3-2.2 x faster than `mmvq` and within 10 % of `stream.same`: the arithmetic is the limit; `decode` and
+`loads` 1.3-2.2 x faster than `cp` and within 10 % of `stream.same`: the arithmetic is the limit; `decode` and
 `mma` then say whether the unpacking or the activation loads and mma chain cost it.
 """
 
@@ -79,7 +80,7 @@ def _probe_builds(dev: Device, qtype: Q) -> dict[str, Kernel]:
 
 
 def run_stream_probe(dev: Device, report: Report, rng: np.random.Generator) -> None:
-    print("stream probe: mmvq vs loads only vs a contiguous read (us, TB/s)", flush=True)
+    print("stream probe: mmvq builds vs their loads only vs a contiguous read (us, TB/s)", flush=True)
     stream = _load(dev, PROBE_SOURCE, "stream_read", "stream_read")
     qtypes = {q for _, q in MATRICES}
     builds = {qtype: _probe_builds(dev, qtype) for qtype in qtypes}  # one module per type
@@ -132,7 +133,7 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
         return lambda: dev.launch(kernel, tiles, 32 * warps, [rotate().buf, x, s, None, s_lo, y, None, None, rows,
                                                               cols, 1, rows], smem=warps * per_warp)
 
-    variants = {"mmvq": lambda: ops.matmul(dev, rotate(), act, y, 1, rows),
+    variants = {"cp": lambda: ops.matmul(dev, rotate(), act, y, 1, rows),
                 "cpa": lambda: ops._mmvq_pipelined(dev, rotate(), group, y, None, None, 1, rows, False, staged_act=True),
                 **{label: shaped(*build) for label, build in cpa.items()},
                 **{label: probe(kernel) for label, kernel in probes.items()},

@@ -30,13 +30,13 @@ PIPELINE_KERNELS: dict[str, tuple[Q, ...]] = {"cp": STAGED_QTYPES, "cpa": STAGED
 # mode up to 4 tokens: mmvq_cp with the residue in the mma's spare columns (5-25 % faster). Precise Q4_K at 5-8
 # tokens: the persistent kernel's two-pass mode (6-16 % faster than cp or plain there; cp and plain tie at 1-4
 # tokens with it). Fast Q4_K and precise Q6_K above 4 tokens: plain (the others 1-14 % slower); fast Q6_K up to 4
-# tokens mmvq_cp (5-12 % faster on output and attn_v, 1 % slower on ffn_down: a net gain per pass). One token,
-# both types and modes: mmvq_cp with staged activations (v10: 27B pass 10.99 -> 9.79 ms precise, 10.49 -> 9.33
-# fast; at 2 and 3 tokens it lost, 11.37 -> 11.58 and 11.79 -> 13.91 ms, its per-unit copies of 2T columns
-# outgrowing the weights' L2 traffic).
+# tokens mmvq_cp (5-12 % faster on output and attn_v, 1 % slower on ffn_down: a net gain per pass). Staged
+# activations (cpa, bench/NOTES.md v10), both types: one token in either mode (27B pass 10.99 -> 9.79 ms precise,
+# 10.49 -> 9.33 fast) and two fast tokens (10.82 -> 10.33); precise at two tokens and both modes at three it lost
+# (11.37 -> 11.58, 11.79 -> 13.91 precise): its per-unit copies of the 2T columns outgrow the weights' L2 traffic.
 PIPELINE_TABLE: dict[tuple[Q, bool], tuple[tuple[int, str], ...]] = {
-    (Q.Q4_K, True): ((1, "cpa"), (4, "cp"), (8, "persist")), (Q.Q4_K, False): ((1, "cpa"),),
-    (Q.Q6_K, True): ((1, "cpa"), (4, "cp")), (Q.Q6_K, False): ((1, "cpa"), (4, "cp"))}
+    (Q.Q4_K, True): ((1, "cpa"), (4, "cp"), (8, "persist")), (Q.Q4_K, False): ((2, "cpa"),),
+    (Q.Q6_K, True): ((1, "cpa"), (4, "cp")), (Q.Q6_K, False): ((2, "cpa"), (4, "cp"))}
 TABLE_QTYPES = frozenset(q for q, _ in PIPELINE_TABLE)
 
 

@@ -98,8 +98,8 @@ def test_default_policy_runs_each_pipelined_kernel_only_where_it_measured_faster
         # to 4 tokens; above, the persistent two-pass kernel for Q4_K and the plain kernel for Q6_K
         assert [ops.pipeline_kernel(Q.Q4_K, True, t) for t in range(1, 9)] == ["cpa"] + ["cp"] * 3 + ["persist"] * 4
         assert [ops.pipeline_kernel(Q.Q6_K, True, t) for t in range(1, 9)] == ["cpa"] + ["cp"] * 3 + [None] * 4
-        assert [ops.pipeline_kernel(Q.Q4_K, False, t) for t in range(1, 9)] == ["cpa"] + [None] * 7
-        assert [ops.pipeline_kernel(Q.Q6_K, False, t) for t in (1, 2, 4, 5)] == ["cpa", "cp", "cp", None]
+        assert [ops.pipeline_kernel(Q.Q4_K, False, t) for t in range(1, 9)] == ["cpa"] * 2 + [None] * 6
+        assert [ops.pipeline_kernel(Q.Q6_K, False, t) for t in (1, 2, 3, 4, 5)] == ["cpa", "cpa", "cp", "cp", None]
         assert ops.pipeline_kernel(Q.Q8_0, True, 1) is None
         ops.set_pipelined({Q.Q6_K})  # a type left out runs plain whatever the table says
         assert ops.pipeline_kernel(Q.Q4_K, True, 5) is None
