@@ -27,7 +27,8 @@ CONTEXT = 16384
 # weight loads overlap the previous kernel's tail). The field after the kernel: PDL on.
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", False), "v7cp": (STAGED_QTYPES, True, 32, "cp", False),
             "v6": ((), False, 128, "cp", False), "v7pdl": (STAGED_QTYPES, False, 32, "cp", True),
-            "v8": (PERSIST_QTYPES, True, 32, "persist", False), "v10": (STAGED_QTYPES, True, 32, "cpa", False)}
+            "v8": (PERSIST_QTYPES, True, 32, "persist", False), "v10": (STAGED_QTYPES, True, 32, "cpa", False),
+            "v11": (STAGED_QTYPES, True, 32, "cpa2", False)}
 
 
 def _model_file(report: Report) -> Path:

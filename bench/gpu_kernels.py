@@ -151,10 +151,11 @@ def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) ->
                 check_matmul(dev, report, rng, "attn_q", qtype, num_tokens, precise=precise, tag=".plain")
     finally:
         ops.set_pipelined(*saved)
-    try:  # the activations staged beside the weights (cpa, packed columns up to 4 tokens)
-        ops.set_pipelined(frozenset(instances.STAGED_QTYPES), everywhere=True, kernel="cpa")
-        for name, qtype, num_tokens, precise in STAGED_ACT_CHECKS:
-            check_matmul(dev, report, rng, name, qtype, num_tokens, precise=precise)
+    try:  # the activations staged beside the weights (cpa, cpa2: packed columns up to 4 tokens)
+        for kernel in ops.STAGED_TILES:
+            ops.set_pipelined(frozenset(instances.STAGED_QTYPES), everywhere=True, kernel=kernel)
+            for name, qtype, num_tokens, precise in STAGED_ACT_CHECKS:
+                check_matmul(dev, report, rng, name, qtype, num_tokens, precise=precise)
     finally:
         ops.set_pipelined(*saved)
     failing = {c.variant.split(".")[0] for c in report.checks if c.op.startswith("matmul") and not c.ok}
@@ -175,7 +176,7 @@ def _matmul_variants(qtype: Q, with_persist: bool) -> list[tuple[str, tuple, boo
         kinds.append(("persist", (frozenset({qtype}), True, "persist")))
     if qtype in instances.STAGED_QTYPES:
         kinds.append(("cp", (frozenset({qtype}), True, "cp")))
-        kinds.append(("cpa", (frozenset({qtype}), True, "cpa")))
+        kinds += [(k, (frozenset({qtype}), True, k)) for k in ops.STAGED_TILES]
     plain = ("plain", (frozenset(), False, "cp"))
     if not kinds:
         return [(*plain, False)]

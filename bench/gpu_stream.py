@@ -45,28 +45,6 @@ def _load(dev: Device, source: Path, expr: str, name: str, options: tuple[str, .
     return dev.load_kernels(compiled.image, {name: compiled.symbols[expr]}, name)[name]
 
 
-# mmvq_cp with staged activations at other ring depths, occupancies and mma chains: label -> (stages, blocks per
-# SM the register budget targets, a define)
-CPA_SHAPES = {"cpa.ns3": (3, 2, ""), "cpa.b3": (2, 3, ""), "cpa.chains2": (2, 2, "MMVQ_CHAINS=2"),
-              "cpa.chains4": (2, 2, "MMVQ_CHAINS=4")}
-
-
-def _cpa_builds(dev: Device, qtype: Q) -> dict[str, tuple[Kernel, int]]:
-    """CPA_SHAPES' builds of this type's fast mmvq_cp with staged activations: label -> (kernel, bytes per warp
-    at T = 1)."""
-    tag = instances.qtype_tag(qtype)
-    _, stage_bytes = ops.STAGE_SHAPE[qtype]
-    builds = {}
-    for label, (stages, blocks, define) in CPA_SHAPES.items():
-        expr = f"mmvq_cp<{int(qtype)}, false, false, true, {stages}, {blocks}>"
-        kernel = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", expr, f"mmvq_{tag}_{label}",
-                       (f"-D{define}",) if define else ())
-        per_warp = stages * (stage_bytes + ops.staged_act_bytes(qtype, 1, False)) + ops.ACT_ZERO_BYTES
-        dev.set_max_dynamic_smem(kernel, ops.MMVQ_WARPS * per_warp)
-        builds[label] = (kernel, per_warp)
-    return builds
-
-
 def _probe_builds(dev: Device, qtype: Q) -> dict[str, Kernel]:
     """The probe builds of this type's mmvq_cp, by label, allowed the real kernel's shared memory."""
     tag = instances.qtype_tag(qtype)
@@ -82,19 +60,20 @@ def _probe_builds(dev: Device, qtype: Q) -> dict[str, Kernel]:
 def run_stream_probe(dev: Device, report: Report, rng: np.random.Generator) -> None:
     print("stream probe: mmvq builds vs their loads only vs a contiguous read (us, TB/s)", flush=True)
     stream = _load(dev, PROBE_SOURCE, "stream_read", "stream_read")
-    qtypes = {q for _, q in MATRICES}
-    builds = {qtype: _probe_builds(dev, qtype) for qtype in qtypes}  # one module per type
-    cpa = {qtype: _cpa_builds(dev, qtype) for qtype in qtypes}
+    builds = {qtype: _probe_builds(dev, qtype) for qtype in {q for _, q in MATRICES}}  # one module per type
     saved = ops.pipeline_state()
     try:
         for name, qtype in MATRICES:
-            _probe_matrix(dev, report, rng, stream, builds[qtype], cpa[qtype], name, qtype)
+            _probe_matrix(dev, report, rng, stream, builds[qtype], name, qtype)
+        print("staged activations by token count, precise (us): cp | cpa (one tile a block) | cpa2 (two)", flush=True)
+        for name, qtype in STAGED_TIMED:
+            _time_staged(dev, report, rng, name, qtype)
     finally:
         ops.set_pipelined(*saved)
 
 
 def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream: Kernel, probes: dict[str, Kernel],
-                  cpa: dict[str, tuple[Kernel, int]], name: str, qtype: Q) -> None:
+                  name: str, qtype: Q) -> None:
     rows, cols = SHAPES_27B[name]
     nbytes = device_nbytes(qtype, (rows, cols))
     copies = max(1, min(8, (256 << 20) // nbytes))
@@ -129,13 +108,11 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
                                                               cols, 1, rows], smem=smem)
 
     group = act.group(0)
-    def shaped(kernel: Kernel, per_warp: int):
-        return lambda: dev.launch(kernel, tiles, 32 * warps, [rotate().buf, x, s, None, s_lo, y, None, None, rows,
-                                                              cols, 1, rows], smem=warps * per_warp)
 
-    variants = {"cp": lambda: ops.matmul(dev, rotate(), act, y, 1, rows),
-                "cpa": lambda: ops._mmvq_pipelined(dev, rotate(), group, y, None, None, 1, rows, False, staged_act=True),
-                **{label: shaped(*build) for label, build in cpa.items()},
+    def staged(tiles_a_block: int):
+        return lambda: ops._mmvq_pipelined(dev, rotate(), group, y, None, None, 1, rows, False, tiles_a_block)
+
+    variants = {"cp": lambda: ops.matmul(dev, rotate(), act, y, 1, rows), "cpa": staged(1), "cpa2": staged(2),
                 **{label: probe(kernel) for label, kernel in probes.items()},
                 "stream.same": read(tiles * warps), "stream.wave": read(wave)}
     cells = []
@@ -150,3 +127,38 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
     for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, y, out]:
         dev.memory.free(buf)
 
+
+
+STAGED_TIMED = [("attn_q", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_down", Q.Q6_K)]
+
+
+def _time_staged(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q) -> None:
+    """One matrix, precise mode, 1-4 tokens: mmvq_cp against the staged activations with one and two row tiles
+    a block (v10 lost at 2-3 tokens with one)."""
+    rows, cols = SHAPES_27B[name]
+    nbytes = device_nbytes(qtype, (rows, cols))
+    copies = max(1, min(8, (256 << 20) // nbytes))
+    data = random_blocks(qtype, (rows, cols), rng)
+    ws = [ops.upload_weight(dev, data, qtype, (rows, cols), f"{name}.{i}") for i in range(copies)]
+    act = ops.alloc_act(dev, 8, cols, "x", precise=True)
+    dev.upload(act.f32, rng.standard_normal((8, cols), dtype=np.float32))
+    ops.act_f16(dev, act.f32, act, 8, act.ld)
+    y = dev.alloc(4 * 8 * rows, "y")
+    for t in (1, 2, 3, 4):
+        cells = []
+        for kernel in ("cp", "cpa", "cpa2"):
+            ops.set_pipelined(frozenset({qtype}), True, kernel)
+            state = {"i": 0}
+
+            def run(t=t, state=state):
+                state["i"] += 1
+                ops.matmul(dev, ws[state["i"] % copies], act, y, t, rows)
+
+            med, spread = median_time(dev, run, reps=20, warmup=3, inner=copies * 2)
+            timing = Timing("stream", f"{name}.{qtype.name}.T{t}.precise.{kernel}", f"{rows}x{cols}", med, spread,
+                            nbytes)
+            report.timings.append(timing)
+            cells.append(f"{kernel} {med * 1e3:6.1f}")
+        print(f"  {name:<11} {qtype.name:<5} T={t}  " + " | ".join(cells), flush=True)
+    for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, act.sums_lo, act.x16_lo, y]:
+        dev.memory.free(buf)

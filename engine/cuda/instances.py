@@ -6,6 +6,7 @@ plainly; the expression is what NVRTC instantiates and mangles ("mmvq<12, 2>").
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as Q
@@ -59,9 +60,10 @@ def _build() -> dict[str, Instance]:
     for qt in STAGED_QTYPES:  # the cp.async pipeline: fast, precise packed (T <= 4), precise two-pass
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_cp{suffix}", "mmvq", f"mmvq_cp<{int(qt)}, {flags}>"))
-        for suffix, flags in PIPELINE_MODES[:2]:  # activations staged too (packed columns only)
-            out.append(Instance(f"mmvq_{qtype_tag(qt)}_cpa{suffix}", "mmvq",
-                                f"mmvq_cp<{int(qt)}, {flags}, true, {ACT_STAGES}>"))
+        for (suffix, flags), tiles in itertools.product(PIPELINE_MODES[:2], (1, 2)):  # activations staged too
+            lo = flags.split(",")[0]
+            out.append(Instance(f"mmvq_{qtype_tag(qt)}_cpa{'2' if tiles == 2 else ''}{suffix}", "mmvq",
+                                f"mmvq_cpa<{int(qt)}, {lo}, {tiles}, {ACT_STAGES}>"))
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

@@ -23,8 +23,11 @@ STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q5_K: (4, 3072), Q
 # "plain": the register-pipelined mmvq only; "cp": the cp.async-pipelined one wherever it can; "persist": the
 # persistent stream-K one wherever it can (not the default until measured: bench/NOTES.md v8)
 MMVQ_ENV = "OPENJET_CUDA_MMVQ"
-# "cpa": mmvq_cp with the activations staged beside the weights (up to 4 tokens; cp above)
-PIPELINE_KERNELS: dict[str, tuple[Q, ...]] = {"cp": STAGED_QTYPES, "cpa": STAGED_QTYPES, "persist": PERSIST_QTYPES}
+# "cpa": mmvq_cpa, the activations staged beside the weights (up to 4 tokens; cp above); "cpa2": the same with
+# two row tiles a block sharing them
+PIPELINE_KERNELS: dict[str, tuple[Q, ...]] = {"cp": STAGED_QTYPES, "cpa": STAGED_QTYPES, "cpa2": STAGED_QTYPES,
+                                              "persist": PERSIST_QTYPES}
+STAGED_TILES = {"cpa": 1, "cpa2": 2}  # row tiles per block of each staged-activation kernel
 # Where a pipelined mmvq beat the register-pipelined one at the 27B shapes (H200, bench/NOTES.md v7 and v8):
 # (type, precise) -> (most tokens per launch, kernel) steps, the first step covering a launch's T used. Precise
 # mode up to 4 tokens: mmvq_cp with the residue in the mma's spare columns (5-25 % faster). Precise Q4_K at 5-8
@@ -178,7 +181,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
             if pipelined == "persist":
                 _mmvq_persist(dev, w, group, y_t, bias, res_t, t, ld_y, precise)
             else:
-                _mmvq_pipelined(dev, w, group, y_t, bias, res_t, t, ld_y, precise, staged_act=pipelined == "cpa")
+                _mmvq_pipelined(dev, w, group, y_t, bias, res_t, t, ld_y, precise, STAGED_TILES.get(pipelined, 0))
             continue
         if w.qtype == Q.F32:
             x_t = act.f32.view(4 * t0 * act.ld)
@@ -247,36 +250,46 @@ def staged_act_bytes(qtype: Q, num_tokens: int, precise: bool) -> int:
     return ACT_SLOT_PITCH * slots + (32 * num_tokens if qtype in (Q.Q4_K, Q.Q5_K) else 0)
 
 
-def _staged_warp_bytes(qtype: Q, num_tokens: int, precise: bool) -> int:
-    """Shared memory per warp of mmvq_cpa: its stages and the zero row."""
-    return ACT_STAGES * (STAGE_SHAPE[qtype][1] + staged_act_bytes(qtype, num_tokens, precise)) + ACT_ZERO_BYTES
+def _staged_warp_bytes(qtype: Q, num_tokens: int, precise: bool, tiles: int = 1) -> int:
+    """Shared memory per warp of mmvq_cpa: its stages (each tile's weights, then the activations) and the zero
+    row."""
+    stage = tiles * STAGE_SHAPE[qtype][1] + staged_act_bytes(qtype, num_tokens, precise)
+    return ACT_STAGES * stage + ACT_ZERO_BYTES
 
 
-def staged_act_fits(qtype: Q, num_tokens: int, precise: bool, warps: int) -> bool:
+def staged_act_fits(qtype: Q, num_tokens: int, precise: bool, warps: int, tiles: int = 1) -> bool:
     """Whether a launch of num_tokens may stage its activations: packed columns (at most 4 tokens) and two blocks
     of `warps` warps in one SM."""
-    return num_tokens <= 4 and warps * _staged_warp_bytes(qtype, num_tokens, precise) <= ACT_MAX_BLOCK_SMEM
+    return num_tokens <= 4 and warps * _staged_warp_bytes(qtype, num_tokens, precise, tiles) <= ACT_MAX_BLOCK_SMEM
 
 
 def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buffer | None, Buffer | None],
                     y: Buffer, bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, precise: bool,
-                    staged_act: bool = False) -> None:
+                    staged_tiles: int = 0) -> None:
     """One launch of mmvq_cp for up to 8 tokens: precise mode packs the activations' residue into the mma's
-    spare columns for t <= 4 (cp_hl) and runs it as a second mma above that (cp_x2). staged_act (t <= 4): the
-    activations travel in the weight stages (cpa, cpa_hl)."""
+    spare columns for t <= 4 (cp_hl) and runs it as a second mma above that (cp_x2). staged_tiles 1 or 2: the
+    activations travel in the weight stages (mmvq_cpa, that many row tiles a block) where they fit, up to 4
+    tokens."""
     act, sums, act_lo, sums_lo = group  # act: [nsb][16 steps][8 tokens][16] f16
     tiles = (w.rows + 15) // 16
-    warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
     stages, stage_bytes = STAGE_SHAPE[w.qtype]
-    staged_act = staged_act and staged_act_fits(w.qtype, t, precise, warps)
-    per_warp = _staged_warp_bytes(w.qtype, t, precise) if staged_act else stages * stage_bytes
-    base = "cpa" if staged_act else "cp"
-    variant = base if not precise else f"{base}_hl" if t <= 4 else "cp_x2"
+    if staged_tiles:
+        blocks = -(-tiles // staged_tiles)
+        warps = _pipelined_warps(w.cols, blocks, dev.info.multiprocessors)
+        if staged_act_fits(w.qtype, t, precise, warps, staged_tiles):
+            name = f"cpa{'2' if staged_tiles == 2 else ''}{'_hl' if precise else ''}"
+            kernel = dev.kernel(f"mmvq_{qtype_tag(w.qtype)}_{name}")
+            smem = warps * _staged_warp_bytes(w.qtype, t, precise, staged_tiles)
+            dev.set_max_dynamic_smem(kernel, smem)
+            dev.launch(kernel, blocks, 32 * warps, [w.buf, act, sums, act_lo, sums_lo, y, bias, residual, w.rows,
+                                                    w.cols, t, ld_y], smem=smem)
+            return
+    variant = "cp" if not precise else "cp_hl" if t <= 4 else "cp_x2"
     kernel = dev.kernel(f"mmvq_{qtype_tag(w.qtype)}_{variant}")
-    smem = warps * per_warp
-    dev.set_max_dynamic_smem(kernel, smem if staged_act else MMVQ_WARPS * per_warp)
+    warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
+    dev.set_max_dynamic_smem(kernel, MMVQ_WARPS * stages * stage_bytes)
     dev.launch(kernel, tiles, 32 * warps, [w.buf, act, sums, act_lo, sums_lo, y, bias, residual, w.rows, w.cols, t,
-                                           ld_y], smem=smem)
+                                           ld_y], smem=warps * stages * stage_bytes)
 
 
 def _mmvq_persist(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buffer | None, Buffer | None],

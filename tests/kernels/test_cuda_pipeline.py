@@ -134,3 +134,14 @@ def test_staged_activations_only_up_to_four_tokens_and_where_two_blocks_fit() ->
     # 8 warps of Q6_K at 4 precise tokens: 8 x (2 x (3648 + 8 x 544) + 512) bytes, more than half an SM
     assert ops.staged_act_fits(Q.Q6_K, 1, True, 8) and not ops.staged_act_fits(Q.Q6_K, 4, True, 8)
     assert ops.staged_act_bytes(Q.Q4_K, 1, False) == 544 + 32 and ops.staged_act_bytes(Q.Q6_K, 2, True) == 4 * 544
+
+
+def test_staged_layout_constants_mirror_the_kernel_header() -> None:
+    """ops sizes mmvq_cpa's shared memory from its own copies of the header's constants: they must agree, or a
+    launch under-allocates its stages."""
+    header = (nvrtc.KERNEL_DIR / "mmvq.cuh").read_text()
+    defines = dict(re.findall(r"#define (ACT_\w+) (\d+)", header))
+    assert int(defines["ACT_SLOT_PITCH"]) == ops.ACT_SLOT_PITCH and int(defines["ACT_ZERO_BYTES"]) == ops.ACT_ZERO_BYTES
+    stage = (nvrtc.KERNEL_DIR / "stage.cuh").read_text()
+    assert "static constexpr int STAGES = 4;" in stage.split("Stage<QT_Q4_K>")[1][:200]
+    assert ops.STAGE_SHAPE[Q.Q4_K] == (4, 2560) and ops.STAGE_SHAPE[Q.Q6_K] == (3, 3648)

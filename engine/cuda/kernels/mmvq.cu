@@ -168,75 +168,46 @@ __device__ __forceinline__ void mmvq_store(const float (&acc)[4], float* __restr
 }
 
 // y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 8, K a multiple of 256. Launch: one block of W warps
-// per 16 rows, dynamic shared memory W * NS * (Stage<QT>::BYTES + ACT part). LO: precise activations (act_lo)
-// packed into columns T..2T-1 (T <= 4; launch TWO above that, or precision is lost); TWO: the residue as a second
-// mma (any T). ACT (packed modes only, T <= 4): the activations and sums travel in the stage (mmvq.cuh); NS:
-// stages per warp.
-template <int QT, bool LO, bool TWO, bool ACT = false, int NS = Stage<QT>::STAGES, int MIN_BLOCKS = 2>
-__global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, MIN_BLOCKS)
+// per 16 rows, dynamic shared memory W * STAGES * Stage<QT>::BYTES. LO: precise activations (act_lo) packed into
+// columns T..2T-1 (T <= 4; launch TWO above that, or precision is lost); TWO: the residue as a second mma (any T).
+template <int QT, bool LO, bool TWO>
+__global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restrict__ sums,
         const f16* __restrict__ act_lo, const f16* __restrict__ sums_lo, float* __restrict__ y,
         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int T, int ldy) {
     using Q = QTraits<QT>;
     using S = Stage<QT>;
-    static_assert(!(ACT && TWO), "ACT stages only the packed columns");
+    constexpr int NS = S::STAGES;
     extern __shared__ __align__(16) u8 stages[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     const int row0 = blockIdx.x * 16, nb = K / QK_SB;
     const u64 ntot = (u64)rows * nb;
     const Planes P = Q::planes(w, ntot);
-    const int stage_bytes = S::BYTES + (ACT ? staged_act_bytes(T, LO, Q::HAS_MIN) : 0);
-    const int warp_bytes = NS * stage_bytes + (ACT ? ACT_ZERO_BYTES : 0);
-    u8* ring = stages + warp * warp_bytes;
+    u8* ring = stages + warp * NS * S::BYTES;
     const u32 ring_s = smem_u32(ring);
     typename S::Lane L;
     S::init(L, row0, rows, nb, lane);
     const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0;  // superblocks warp, warp + W, ...
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
-        if (s < n) S::copy(ring_s + s * stage_bytes, P, L, warp + s * num_warps, lane, ntot);
-        if (!ACT) cp_async_commit();  // empty groups keep the group count uniform
+        if (s < n) S::copy(ring_s + s * S::BYTES, P, L, warp + s * num_warps, lane, ntot);
+        cp_async_commit();  // empty groups keep the group count uniform
     }
     PDL_ENTER();  // the first weights are on their way; the activations are the previous kernel's output
-    if constexpr (ACT) {  // the first stages' activations after PDL_ENTER, all in one group (waited for at once)
-#pragma unroll
-        for (int s = 0; s < NS - 1; ++s) {
-            if (s < n)
-                staged_act_copy<Q::HAS_MIN>(ring_s + s * stage_bytes + S::BYTES, act, act_lo, sums, sums_lo,
-                                           warp + s * num_warps, T, LO, lane);
-            cp_async_commit();
-        }
-    }
     const CpColumns cols = cp_columns<LO, TWO>(act, sums, act_lo, sums_lo, T, g, c);
-    // ACT: the lane's slot and sums word inside a stage, or the zero row after the ring
-    const int nslot = staged_act_slots(T, LO);
-    const int a_off = S::BYTES + (g < nslot ? ACT_SLOT_PITCH * g + 8 * c : 0);
-    const int s_off = S::BYTES + ACT_SLOT_PITCH * nslot + 16 * g + 4 * c;
-    const u8* zero_row = ring + NS * stage_bytes + 8 * c;
-    if constexpr (ACT) {
-        for (int k = lane; k < ACT_ZERO_BYTES / 16; k += 32)
-            *reinterpret_cast<uint4*>(ring + NS * stage_bytes + 16 * k) = make_uint4(0u, 0u, 0u, 0u);
-        __syncwarp();
-    }
     const u32 base0 = stage_row_base(row0, g, rows, nb), base1 = stage_row_base(row0, g + 8, rows, nb);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int i = 0; i < n; ++i) {
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
         const int ahead = i + NS - 1;
-        if (ahead < n) {
-            const int sb_ahead = warp + ahead * num_warps;
-            const u32 dst = ring_s + (ahead % NS) * stage_bytes;
-            S::copy(dst, P, L, sb_ahead, lane, ntot);
-            if constexpr (ACT) staged_act_copy<Q::HAS_MIN>(dst + S::BYTES, act, act_lo, sums, sums_lo, sb_ahead, T, LO,
-                                                          lane);
-        }
+        if (ahead < n) S::copy(ring_s + (ahead % NS) * S::BYTES, P, L, warp + ahead * num_warps, lane, ntot);
         cp_async_commit();
         cp_async_wait<NS - 1>();  // this lane's copies of superblock i have landed
         __syncwarp();             // and every other lane's
         const int sb = warp + i * num_warps;
-        const u8* st = ring + (i % NS) * stage_bytes;
+        const u8* st = ring + (i % NS) * S::BYTES;
 #ifdef OPENJET_PROBE_LOADS_ONLY  // bench/gpu_stream.py: the same copies and ring, no decoding or mma
         acc[0] += __int_as_float(reinterpret_cast<const u32*>(st)[lane] & 0x007FFFFFu);
 #else
@@ -254,15 +225,104 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
 #elif defined(OPENJET_PROBE_MMA_SPLIT)
         probe_mma_chain<QT, false, true>(cols, r, sb, acc);
 #else
-        if constexpr (ACT)
-            staged_act_superblock<QT>(r, g < nslot ? st + a_off : zero_row, g < 2 * T ? st + s_off : nullptr, c, acc);
-        else
-            cp_superblock<QT, TWO>(cols, r, sb, c, acc);
+        cp_superblock<QT, TWO>(cols, r, sb, c, acc);
 #endif
 #endif
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
     mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, cols.packed);
+}
+
+// ---- staged activations (kernels/mmvq.cuh): the activation columns travel in the stages with the weights ----
+//
+// y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 4 (packed columns: LO puts the residue in columns
+// T..2T-1, fast mode leaves them zero with the lo sums), K a multiple of 256. A block of W warps owns TILES
+// consecutive 16-row tiles; warp w takes superblocks w, w + W, ... of all of them, so each stage's activations
+// serve 16 TILES rows: with TILES = 2 a weight byte brings half the activation copies (at 2-4 tokens one tile's
+// copies outgrew the weights' L2 traffic, bench/NOTES.md v10). Launch: ceil(tiles / TILES) blocks, dynamic shared
+// memory W * (NS * (TILES * Stage<QT>::BYTES + staged_act_bytes) + ACT_ZERO_BYTES).
+template <int QT, bool LO, int TILES, int NS>
+__global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
+mmvq_cpa(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restrict__ sums,
+         const f16* __restrict__ act_lo, const f16* __restrict__ sums_lo, float* __restrict__ y,
+         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int T, int ldy) {
+    using Q = QTraits<QT>;
+    using S = Stage<QT>;
+    extern __shared__ __align__(16) u8 stages[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int row0 = blockIdx.x * 16 * TILES, nb = K / QK_SB;
+    const u64 ntot = (u64)rows * nb;
+    const Planes P = Q::planes(w, ntot);
+    constexpr int WBYTES = TILES * S::BYTES;  // one superblock of every tile's weights (the columns follow)
+    const int stage_bytes = WBYTES + staged_act_bytes(T, LO, Q::HAS_MIN);
+    u8* ring = stages + warp * (NS * stage_bytes + ACT_ZERO_BYTES);
+    const u32 ring_s = smem_u32(ring);
+    typename S::Lane L[TILES];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) S::init(L[t], row0 + 16 * t, rows, nb, lane);
+    const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0;  // superblocks warp, warp + W, ...
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s)
+        if (s < n)
+#pragma unroll
+            for (int t = 0; t < TILES; ++t)
+                S::copy(ring_s + s * stage_bytes + t * S::BYTES, P, L[t], warp + s * num_warps, lane, ntot);
+    PDL_ENTER();  // the first weights are on their way; the activations are the previous kernel's output
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) {  // the first stages' activations, in the weights' groups
+        if (s < n)
+            staged_act_copy<Q::HAS_MIN>(ring_s + s * stage_bytes + WBYTES, act, act_lo, sums, sums_lo,
+                                        warp + s * num_warps, T, LO, lane);
+        cp_async_commit();
+    }
+    // the lane's column and sums word inside a stage, or the zero row after the ring
+    const int nslot = staged_act_slots(T, LO);
+    const int a_off = WBYTES + ACT_SLOT_PITCH * g + 8 * c;
+    const int s_off = WBYTES + ACT_SLOT_PITCH * nslot + 16 * g + 4 * c;
+    u8* zero = ring + NS * stage_bytes;
+    for (int k = lane; k < ACT_ZERO_BYTES / 16; k += 32) reinterpret_cast<uint4*>(zero)[k] = make_uint4(0u, 0u, 0u, 0u);
+    __syncwarp();
+    u32 base[TILES][2];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+        base[t][0] = stage_row_base(row0 + 16 * t, g, rows, nb);
+        base[t][1] = stage_row_base(row0 + 16 * t, g + 8, rows, nb);
+    }
+
+    float acc[TILES][4] = {};
+    for (int i = 0; i < n; ++i) {
+        __syncwarp();  // every lane is done reading the stage the next copy overwrites
+        const int ahead = i + NS - 1;
+        if (ahead < n) {
+            const int sb_ahead = warp + ahead * num_warps;
+            const u32 dst = ring_s + (ahead % NS) * stage_bytes;
+#pragma unroll
+            for (int t = 0; t < TILES; ++t) S::copy(dst + t * S::BYTES, P, L[t], sb_ahead, lane, ntot);
+            staged_act_copy<Q::HAS_MIN>(dst + WBYTES, act, act_lo, sums, sums_lo, sb_ahead, T, LO, lane);
+        }
+        cp_async_commit();
+        cp_async_wait<NS - 1>();  // this lane's copies of superblock i have landed
+        __syncwarp();             // and every other lane's
+        const int sb = warp + i * num_warps;
+        const u8* st = ring + (i % NS) * stage_bytes;
+        u32 b[SB_STEPS][2], unused[1][2];
+        load_b_staged(b, g < nslot ? st + a_off : zero + 8 * c);
+        const u32 sum = Q::HAS_MIN && g < 2 * T ? *reinterpret_cast<const u32*>(st + s_off) : 0u;
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) {
+            typename Q::Row r[2];
+            S::read(r[0], st + t * S::BYTES, g, c, base[t][0] + sb);
+            S::read(r[1], st + t * S::BYTES, g + 8, c, base[t][1] + sb);
+            mmvq_cp_product<QT, false>(r, b, unused, sum, 0u, false, c, acc[t]);
+        }
+    }
+    cp_async_wait<0>();  // nothing may land in shared memory after the block exits
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+        if (t) __syncthreads();  // the last tile's readers are done with the reduction buffer
+        mmvq_store(acc[t], y, bias, residual, row0 + 16 * t, rows, T, ldy, true);
+    }
 }
 
 // Plain f32 weights (small tensors only): one warp per row, f32 FMA, T <= 8 columns.

@@ -93,11 +93,11 @@ __device__ __forceinline__ void mmvq_cp_compute(const typename QTraits<QT>::Row 
     mmvq_cp_product<QT, TWO>(r, b, bl, sum1, sum2, two_sums, c, acc);
 }
 
-// ---- activations staged beside the weights (mmvq_cp's ACT mode, packed columns only: T <= 4) ----
+// ---- activations staged beside the weights (mmvq.cu mmvq_cpa, packed columns only: T <= 4) ----
 //
 // Read through L1, each superblock's activation fragments mostly missed it (bench/NOTES.md v10: the same loads
 // from one always-resident superblock ran 1.2 x faster over ffn gate|up), and every unit waited an L2 round trip
-// for them before its mma chain. In ACT mode the stage carries them: after the weight bytes, nslot slots of
+// for them before its mma chain. In mmvq_cpa the stage carries them: after the weight bytes, nslot slots of
 // [16 steps][32 bytes] at a pitch of 544 bytes (the four slots a half-warp reads sit in different banks): slot
 // j < T token j of act, slot T + j token j of act_lo (precise; nslot = 2T, else T); then the sub-block sums,
 // [2T][16 bytes]: hi sums of tokens 0..T-1, then the lo sums. Packed lane g reads slot g at fixed offsets (no
@@ -129,20 +129,14 @@ __device__ __forceinline__ void staged_act_copy(u32 dst, const f16* act, const f
     }
 }
 
-// Superblock i's product from a stage carrying its activations (staged_act_copy): a_lane is the lane's slot in
-// this stage (or the zero row), sum_lane its sums word's offset in the stage (negative: none).
-template <int QT>
-__device__ __forceinline__ void staged_act_superblock(const typename QTraits<QT>::Row (&r)[2], const u8* a_lane,
-                                                      const u8* sum_lane, int c, float (&acc)[4]) {
-    u32 b[SB_STEPS][2], unused[1][2];
+// The lane's B fragments of one superblock from its column of a stage (staged_act_copy) or the zero row.
+__device__ __forceinline__ void load_b_staged(u32 (&b)[SB_STEPS][2], const u8* column) {
 #pragma unroll
     for (int s = 0; s < SB_STEPS; ++s) {
-        const uint2 v = *reinterpret_cast<const uint2*>(a_lane + 32 * s);
+        const uint2 v = *reinterpret_cast<const uint2*>(column + 32 * s);
         b[s][0] = v.x;
         b[s][1] = v.y;
     }
-    const u32 sum = QTraits<QT>::HAS_MIN && sum_lane ? *reinterpret_cast<const u32*>(sum_lane) : 0u;
-    mmvq_cp_product<QT, false>(r, b, unused, sum, 0u, false, c, acc);
 }
 
 // The B column of lane (g, c): token g (hi), or when packed token g - T's residue (lo). The pointers are those
