@@ -1,4 +1,4 @@
-"""The stream probe's two builds compile without a GPU, and the loads-only build really drops the arithmetic."""
+"""The stream probe's builds compile without a GPU, and each really drops what its name says."""
 
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ def test_every_probe_build_compiles_and_drops_what_it_says(tag: str) -> None:
                                      options=(f"-D{define}",)).image.decode()
            for label, define in gpu_stream.PROBES.items()}
     assert "mma.sync" not in ptx["loads"] and "mma.sync" not in ptx["decode"] and "mma.sync" in ptx["mma"]
+    # the activation-load builds keep the loads and drop the mma; the chain builds keep the mma, and the one on
+    # constant activations loads none from global memory beyond the copies
+    assert not any("mma.sync" in ptx[k] for k in ("act", "act.hot"))
+    assert all("mma.sync" in ptx[k] for k in ("mma.noact", "mma.split"))
+    assert "ld.global.nc.v2" in ptx["act"] and "ld.global.nc.v2" not in ptx["mma.noact"]  # 8-byte fragments
     # decoding is f16x2 arithmetic (fma for Q4_K, sub and mul for Q6_K); the mma-only build has none of it
     f16x2 = re.compile(r"\b(?:fma|mul|sub|add)\.rn\.f16x2")
     assert f16x2.search(ptx["decode"]) and not f16x2.search(ptx["mma"])

@@ -7,10 +7,6 @@
 
 #define MMVQ_MAX_WARPS 8
 #define MMVQ_NCOLS 8
-// Independent mma accumulators per superblock (mmvq_cp_compute): one chain makes each mma wait for the last.
-#ifndef MMVQ_CHAINS
-#define MMVQ_CHAINS 1
-#endif
 
 // Activation layout ("act"): tokens in groups of 8; per group, superblock sb and step s, the 8 tokens' 16 values
 // at the canonical positions (quants.cuh) of that step: act[((sb * 16 + s) * 8 + n) * 16 + 4c + r] holds x[n][k],
@@ -42,20 +38,16 @@ __device__ __forceinline__ void mmvq_cp_product(const typename QTraits<QT>::Row 
     typename Q::Consts k[2];
     Q::prepare(r[0], c, k[0]);
     Q::prepare(r[1], c, k[1]);
-    float chain[MMVQ_CHAINS][4] = {};
+    // one accumulator chain: splitting it in two or four bought nothing (bench/NOTES.md v10)
+    float blk[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int s = 0; s < SB_STEPS; ++s) {
         u32 f[4];
         Q::frag(r[0], k[0], c, s, f[0], f[2]);
         Q::frag(r[1], k[1], c, s, f[1], f[3]);
-        mma_f16_16816(chain[s % MMVQ_CHAINS], f, b[s]);
-        if constexpr (TWO) mma_f16_16816(chain[s % MMVQ_CHAINS], f, bl[s]);
+        mma_f16_16816(blk, f, b[s]);
+        if constexpr (TWO) mma_f16_16816(blk, f, bl[s]);
     }
-    float blk[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < MMVQ_CHAINS; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) blk[e] += chain[j][e];
     const float d0 = Q::dscale(r[0]), d1 = Q::dscale(r[1]);
     acc[0] += d0 * blk[0];
     acc[1] += d0 * blk[1];
