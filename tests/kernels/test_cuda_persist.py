@@ -171,15 +171,18 @@ def test_bench_times_persist_beside_cp_and_plain_unless_its_checks_failed() -> N
     from bench.gpu_kernels import _matmul_variants
 
     labels = [label for label, _, _ in _matmul_variants(Q.Q4_K, with_persist=True)]
-    assert labels == ["persist", "cp", "plain", "persist.precise", "cp.precise", "plain.precise"]
+    kernels = ["persist", "cp", "cpa", "cpa2", "plain"]
+    assert labels == kernels + [f"{k}.precise" for k in kernels]
     assert [label for label, _, _ in _matmul_variants(Q.Q5_K, with_persist=True)][:2] == ["persist", "plain"]
-    assert [label for label, _, _ in _matmul_variants(Q.Q4_K, with_persist=False)][:2] == ["cp", "plain"]
+    assert [label for label, _, _ in _matmul_variants(Q.Q4_K, with_persist=False)][:4] == ["cp", "cpa", "cpa2", "plain"]
     assert [label for label, _, _ in _matmul_variants(Q.Q8_0, with_persist=True)] == ["plain"]
     for label, state, precise in _matmul_variants(Q.Q6_K, with_persist=True):
         ops.set_pipelined(*state)  # every variant is a choice set_pipelined accepts
         assert precise == label.endswith(".precise")
         kernel = label.split(".")[0]
         assert ops.pipeline_kernel(Q.Q6_K, precise, 8) == (None if kernel == "plain" else kernel)
+        # staged activations run only up to 4 tokens: 8 goes through mmvq_cp (ops._mmvq_pipelined)
+        assert kernel not in ops.STAGED_TILES or not ops.staged_act_fits(Q.Q6_K, 8, precise, 4)
     ops.set_pipelined(*ops._default_pipelined())
 
 
