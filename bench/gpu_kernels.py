@@ -7,13 +7,14 @@ float64/float32 numpy result by ||out - ref|| / ||ref||.
 from __future__ import annotations
 
 import traceback
+from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, poison
 from engine.cuda import instances, ops
-from engine.cuda.device import PDL_MIN_ARCH, CudaError, Device
+from engine.cuda.device import PDL_MIN_ARCH, Buffer, CudaError, Device
 from engine.cuda.repack import device_nbytes, random_blocks
 from engine.gguf.quants import dequantize
 
@@ -197,19 +198,45 @@ def time_matmuls(dev: Device, report: Report, rng: np.random.Generator,
         ops.set_pipelined(*saved)
 
 
-def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q,
-                 token_counts: tuple[int, ...], with_persist: bool) -> None:
-    """One shape and type: every variant at every T, one line per T."""
+@dataclass(slots=True)
+class TimedMatrix:
+    """One 27B-shape matrix for timing: weight copies that together outgrow the L2 (so each launch streams from
+    HBM), 8 tokens of random activations and an output."""
+
+    rows: int
+    cols: int
+    nbytes: int  # one copy's device bytes
+    ws: list[ops.DeviceWeight]
+    act: ops.Act
+    y: Buffer
+
+    def free(self, dev: Device) -> None:
+        act = self.act
+        for buf in [w.buf for w in self.ws] + [act.x16, act.sums, act.f32, act.sums_lo, act.x16_lo, self.y]:
+            if buf is not None:
+                dev.memory.free(buf)
+
+
+def timed_matrix(dev: Device, rng: np.random.Generator, name: str, qtype: Q, precise: bool) -> TimedMatrix:
+    """Fresh random weights of SHAPES_27B[name] in up to 8 copies (256 MB in all), activations (with the residue
+    when precise) in the act layout."""
     rows, cols = SHAPES_27B[name]
     nbytes = device_nbytes(qtype, (rows, cols))
     copies = max(1, min(8, (256 << 20) // max(nbytes, 1)))
     data = random_blocks(qtype, (rows, cols), rng)
     ws = [ops.upload_weight(dev, data, qtype, (rows, cols), f"{name}.{i}") for i in range(copies)]
-    act = ops.alloc_act(dev, 8, cols, "x", precise=True)
-    lo = act.x16_lo
+    act = ops.alloc_act(dev, 8, cols, "x", precise=precise)
     dev.upload(act.f32, rng.standard_normal((8, cols), dtype=np.float32))
     ops.act_f16(dev, act.f32, act, 8, act.ld)
-    y = dev.alloc(4 * 8 * rows, "y")
+    return TimedMatrix(rows, cols, nbytes, ws, act, dev.alloc(4 * 8 * rows, "y"))
+
+
+def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q,
+                 token_counts: tuple[int, ...], with_persist: bool) -> None:
+    """One shape and type: every variant at every T, one line per T."""
+    m = timed_matrix(dev, rng, name, qtype, precise=True)
+    rows, cols, nbytes, ws, act, y, copies = m.rows, m.cols, m.nbytes, m.ws, m.act, m.y, len(m.ws)
+    lo = act.x16_lo
     for t in token_counts:
         cells = []
         variants = _matmul_variants(qtype, with_persist)
@@ -240,8 +267,7 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
         print(f"  {name:<11} {qtype.name:<5} T={t}  " + " | ".join(cells), flush=True)
     dev.pdl = False
     act.x16_lo = lo
-    for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, act.sums_lo, lo, y]:
-        dev.memory.free(buf)
+    m.free(dev)
 
 
 def raise_if_context_lost(dev: Device) -> None:

@@ -25,10 +25,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import Report, Timing, median_time
-from bench.gpu_kernels import SHAPES_27B
+from bench.gpu_kernels import timed_matrix
 from engine.cuda import instances, nvrtc, ops
 from engine.cuda.device import Device, Kernel
-from engine.cuda.repack import device_nbytes, random_blocks
 
 PROBE_SOURCE = Path(__file__).resolve().parent / "kernels" / "stream_probe.cu"
 MATRICES = [("attn_kv", Q.Q6_K), ("ssm_out", Q.Q4_K), ("attn_q", Q.Q4_K), ("ffn_up", Q.Q4_K),
@@ -74,15 +73,8 @@ def run_stream_probe(dev: Device, report: Report, rng: np.random.Generator) -> N
 
 def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream: Kernel, probes: dict[str, Kernel],
                   name: str, qtype: Q) -> None:
-    rows, cols = SHAPES_27B[name]
-    nbytes = device_nbytes(qtype, (rows, cols))
-    copies = max(1, min(8, (256 << 20) // nbytes))
-    data = random_blocks(qtype, (rows, cols), rng)
-    ws = [ops.upload_weight(dev, data, qtype, (rows, cols), f"{name}.{i}") for i in range(copies)]
-    act = ops.alloc_act(dev, 8, cols, "x", precise=False)
-    dev.upload(act.f32, rng.standard_normal((8, cols), dtype=np.float32))
-    ops.act_f16(dev, act.f32, act, 8, act.ld)
-    y = dev.alloc(4 * 8 * rows, "y")
+    m = timed_matrix(dev, rng, name, qtype, precise=False)
+    rows, cols, nbytes, ws, act, y, copies = m.rows, m.cols, m.nbytes, m.ws, m.act, m.y, len(m.ws)
     tiles = (rows + 15) // 16
     warps = ops._pipelined_warps(cols, tiles, dev.info.multiprocessors)
     stages, stage_bytes = ops.STAGE_SHAPE[qtype]
@@ -91,7 +83,8 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
     wave = WAVE_WARPS_PER_SM * dev.info.multiprocessors
     out = dev.alloc(4 * max(wave, tiles * warps), "probe.out")
     ops.set_pipelined(frozenset({qtype}), True, "cp")
-    x, s, _, s_lo = act.group(0)
+    group = act.group(0)
+    x, s, _, s_lo = group
     state = {"i": 0}
 
     def rotate():
@@ -106,8 +99,6 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
     def probe(kernel: Kernel):
         return lambda: dev.launch(kernel, tiles, 32 * warps, [rotate().buf, x, s, None, s_lo, y, None, None, rows,
                                                               cols, 1, rows], smem=smem)
-
-    group = act.group(0)
 
     def staged(tiles_a_block: int):
         return lambda: ops._mmvq_pipelined(dev, rotate(), group, y, None, None, 1, rows, False, tiles_a_block)
@@ -124,9 +115,8 @@ def _probe_matrix(dev: Device, report: Report, rng: np.random.Generator, stream:
         cells.append(f"{label} {med * 1e3:6.1f} {timing.gbps / 1e3:4.2f}")
     print(f"  {name:<11} {qtype.name:<5} {nbytes / 1e6:7.1f} MB  {tiles * warps:5d} warps  " + " | ".join(cells),
           flush=True)
-    for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, y, out]:
-        dev.memory.free(buf)
-
+    m.free(dev)
+    dev.memory.free(out)
 
 
 STAGED_TIMED = [("attn_q", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_down", Q.Q6_K)]
@@ -135,15 +125,7 @@ STAGED_TIMED = [("attn_q", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_down", Q.Q6_K
 def _time_staged(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q) -> None:
     """One matrix, precise mode, 1-4 tokens: mmvq_cp against the staged activations with one and two row tiles
     a block (v10 lost at 2-3 tokens with one)."""
-    rows, cols = SHAPES_27B[name]
-    nbytes = device_nbytes(qtype, (rows, cols))
-    copies = max(1, min(8, (256 << 20) // nbytes))
-    data = random_blocks(qtype, (rows, cols), rng)
-    ws = [ops.upload_weight(dev, data, qtype, (rows, cols), f"{name}.{i}") for i in range(copies)]
-    act = ops.alloc_act(dev, 8, cols, "x", precise=True)
-    dev.upload(act.f32, rng.standard_normal((8, cols), dtype=np.float32))
-    ops.act_f16(dev, act.f32, act, 8, act.ld)
-    y = dev.alloc(4 * 8 * rows, "y")
+    m = timed_matrix(dev, rng, name, qtype, precise=True)
     for t in (1, 2, 3, 4):
         cells = []
         for kernel in ("cp", "cpa", "cpa2"):
@@ -152,13 +134,12 @@ def _time_staged(dev: Device, report: Report, rng: np.random.Generator, name: st
 
             def run(t=t, state=state):
                 state["i"] += 1
-                ops.matmul(dev, ws[state["i"] % copies], act, y, t, rows)
+                ops.matmul(dev, m.ws[state["i"] % len(m.ws)], m.act, m.y, t, m.rows)
 
-            med, spread = median_time(dev, run, reps=20, warmup=3, inner=copies * 2)
-            timing = Timing("stream", f"{name}.{qtype.name}.T{t}.precise.{kernel}", f"{rows}x{cols}", med, spread,
-                            nbytes)
+            med, spread = median_time(dev, run, reps=20, warmup=3, inner=len(m.ws) * 2)
+            timing = Timing("stream", f"{name}.{qtype.name}.T{t}.precise.{kernel}", f"{m.rows}x{m.cols}", med, spread,
+                            m.nbytes)
             report.timings.append(timing)
             cells.append(f"{kernel} {med * 1e3:6.1f}")
         print(f"  {name:<11} {qtype.name:<5} T={t}  " + " | ".join(cells), flush=True)
-    for buf in [w.buf for w in ws] + [act.x16, act.sums, act.f32, act.sums_lo, act.x16_lo, y]:
-        dev.memory.free(buf)
+    m.free(dev)

@@ -60,8 +60,8 @@ def _build() -> dict[str, Instance]:
     for qt in STAGED_QTYPES:  # the cp.async pipeline: fast, precise packed (T <= 4), precise two-pass
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_cp{suffix}", "mmvq", f"mmvq_cp<{int(qt)}, {flags}>"))
-        for (suffix, flags), tiles in itertools.product(PIPELINE_MODES[:2], (1, 2)):  # activations staged too
-            lo = flags.split(",")[0]
+        # activations staged too: fast and precise packed, one or two row tiles a block
+        for (suffix, lo), tiles in itertools.product((("", "false"), ("_hl", "true")), (1, 2)):
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_cpa{'2' if tiles == 2 else ''}{suffix}", "mmvq",
                                 f"mmvq_cpa<{int(qt)}, {lo}, {tiles}, {ACT_STAGES}>"))
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes

@@ -217,7 +217,7 @@ mmvq_cp(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __rest
 #if defined(OPENJET_PROBE_DECODE_ONLY)  // kernels/probe.cuh
         probe_decode_only<QT>(r, c, acc);
 #elif defined(OPENJET_PROBE_MMA_ONLY)
-        probe_mma_only<QT>(cols, r, sb, acc);
+        probe_mma_chain<QT, false, false>(cols, r, sb, acc);
 #elif defined(OPENJET_PROBE_ACT_ONLY) || defined(OPENJET_PROBE_ACT_HOT)
         probe_act_only<QT>(cols, r, sb, acc);
 #elif defined(OPENJET_PROBE_MMA_NOACT)

@@ -30,21 +30,6 @@ __device__ __forceinline__ void probe_decode_only(const typename QTraits<QT>::Ro
 }
 
 template <int QT>
-__device__ __forceinline__ void probe_mma_only(const CpColumns& cols, const typename QTraits<QT>::Row (&r)[2], int sb,
-                                               float (&acc)[4]) {
-    const f16* a = cols.a ? cols.a + 2048 * sb : nullptr;
-    const u32* q0 = reinterpret_cast<const u32*>(&r[0].q[0]);
-    const u32* q1 = reinterpret_cast<const u32*>(&r[1].q[0]);
-#pragma unroll
-    for (int s = 0; s < SB_STEPS; ++s) {
-        const uint2 v = a ? ld_cached_u2(a + 128 * s) : make_uint2(0u, 0u);
-        u32 b[2] = {v.x, v.y};
-        u32 f[4] = {q0[s & 7], q1[s & 7], q0[(s + 1) & 7], q1[(s + 1) & 7]};
-        mma_f16_16816(acc, f, b);
-    }
-}
-
-template <int QT>
 __device__ __forceinline__ void probe_act_only(const CpColumns& cols, const typename QTraits<QT>::Row (&r)[2], int sb,
                                                float (&acc)[4]) {
 #ifdef OPENJET_PROBE_ACT_HOT
@@ -60,7 +45,8 @@ __device__ __forceinline__ void probe_act_only(const CpColumns& cols, const type
     acc[0] += __int_as_float(fold & 0x007FFFFFu);
 }
 
-// NOACT: b is a constant; SPLIT: four accumulators, so four mmas are in flight instead of one.
+// The mma chain on the raw quant words (MMA_ONLY); NOACT: b is a constant; SPLIT: four accumulators, so four
+// mmas are in flight instead of one.
 template <int QT, bool NOACT, bool SPLIT>
 __device__ __forceinline__ void probe_mma_chain(const CpColumns& cols, const typename QTraits<QT>::Row (&r)[2], int sb,
                                                 float (&acc)[4]) {
