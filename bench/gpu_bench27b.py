@@ -70,10 +70,10 @@ def _time_passes(backend, report: Report, copy_gbps: float, pass_bytes: int, tag
         backend._pending = None
 
 
-def _time_prefill(backend, report: Report, tag: str = "") -> None:
+def _time_prefill(backend, report: Report, tag: str = "", counts: tuple[int, ...] = PREFILL_TOKENS) -> None:
     """Wall time of reset + prefill(n) (the final logits download waits for the device), best of two."""
     rng = np.random.default_rng(2)
-    for n in PREFILL_TOKENS:
+    for n in counts:
         tokens = [int(x) for x in rng.integers(0, backend.vocab_size, size=n)]
         best = float("inf")
         for _ in range(2):
@@ -154,6 +154,7 @@ def bench_27b(report: Report, args) -> None:
         _use_variant(backend, "v7")
         backend.reset()
         _time_prefill(backend, report)
+        _recurrent_rule_against_chunked(backend, report, tokens["v7"])
         if "v7pdl" in tokens:  # prefill launched with PDL too
             _use_variant(backend, "v7pdl")
             backend.reset()
@@ -161,6 +162,25 @@ def bench_27b(report: Report, args) -> None:
     finally:
         _use_variant(backend, "v7")
         backend.close()
+
+
+def _recurrent_rule_against_chunked(backend, report: Report, chunked_tokens: list[int]) -> None:
+    """The same greedy decode and the 2,048-token prefill with every DeltaNet prefill run through the recurrent
+    kernel (the state before the chunked rule): equal tokens, and the prefill time it saves."""
+    from engine.cuda import mixers
+
+    saved = mixers.GDN_CHUNKED_MIN_TOKENS
+    mixers.GDN_CHUNKED_MIN_TOKENS = 1 << 30
+    backend.drop_graphs()
+    try:
+        tokens = _decode_sanity(backend, report, ".recurrent_rule")
+        same = sum(a == b for a, b in zip(tokens, chunked_tokens, strict=True))
+        record(report, "model27b.chunked_rule", "greedy", "16 tokens", float(len(tokens) - same), 0.5)
+        _time_prefill(backend, report, ".recurrent_rule", counts=(2048,))
+    finally:
+        mixers.GDN_CHUNKED_MIN_TOKENS = saved
+        backend.drop_graphs()
+        backend.reset()
 
 
 def _use_variant(backend, name: str) -> None:

@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
-PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream")
+PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream",
+         "mixers")
 # --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
@@ -67,8 +68,16 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
     elif name == "timings":
         from bench import gpu_kernels
 
+        from bench import gpu_mixers
+
         gpu_kernels.time_matmuls(dev, report, rng, with_persist=not args.skip_persist)
         gpu_kernels.time_gemm(dev, report, rng)
+        gpu_mixers.time_delta_rule(dev, report, rng)
+    elif name == "mixers":  # the sequence mixers alone (also inside "kernels"), and the delta rule's two forms timed
+        from bench import gpu_mixers
+
+        gpu_mixers.run_mixer_checks(dev, report, rng)
+        gpu_mixers.time_delta_rule(dev, report, rng)
     elif name == "stream":  # diagnostic, not in the default parts: mmvq vs its loads alone vs a plain read
         from bench import gpu_stream
 

@@ -1,12 +1,13 @@
 """Checks of the sequence mixers against engine/reference/ops.py at the 27B shapes: attention over the f16 KV cache
 (decode with key splits, verify, prefill), the causal conv with its state, the DeltaNet gates and the gated delta
-rule (verify-sized and chunk-sized runs, committing and not)."""
+rule (verify-sized and chunk-sized runs, committing and not; the chunked prefill form at 1, 3.1 and 8 chunks), and
+the delta rule's two forms timed side by side."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bench.gpu_common import TOL_F32, Report, compare, poison
+from bench.gpu_common import TOL_F32, Report, Timing, compare, median_time, poison
 from bench.gpu_ops import Scope, randn
 from engine.cuda import mixers
 from engine.cuda.device import Device
@@ -125,6 +126,74 @@ def check_delta_rule(dev: Device, report: Report, rng: np.random.Generator, num_
     s.close()
 
 
+def _delta_inputs(rng: np.random.Generator, num_tokens: int, hk: int, hv: int, dk: int, mild: bool):
+    """Raw inputs of one DeltaNet layer's rule as the model lays them out (conv output q | k | v per token, gate
+    inputs alpha | b), and the prepared q, k, g, beta the reference takes. mild: gates near 1 (g ~ -0.05), so the
+    state carried between chunks still counts at the chunk's end; otherwise g ~ -1 (a state mostly forgotten)."""
+    qkv = randn(rng, num_tokens, 2 * hk * dk + hv * dk)
+    gate_in = randn(rng, num_tokens, 2 * hv, scale=2.0)
+    a = -np.exp(randn(rng, hv, scale=0.5)) * F32(0.03 if mild else 1.0)
+    dt = randn(rng, hv)
+    q_raw, k_raw = qkv[:, : hk * dk].reshape(-1, hk, dk), qkv[:, hk * dk : 2 * hk * dk].reshape(-1, hk, dk)
+    q, k = ref.l2_norm(q_raw, 1e-6) * F32(dk ** -0.5), ref.l2_norm(k_raw, 1e-6)
+    v = qkv[:, 2 * hk * dk :].reshape(-1, hv, dk)
+    g, beta = a * ref.softplus(gate_in[:, :hv] + dt), ref.sigmoid(gate_in[:, hv:])
+    return qkv, gate_in, a, dt, (q, k, v, g.astype(F32), beta.astype(F32))
+
+
+def _launch_chunked(dev: Device, bufs: dict, num_tokens: int, hk: int, hv: int, dk: int) -> None:
+    width, gates = 2 * hk * dk + hv * dk, bufs["gates"]
+    mixers.gdn_chunked(dev, bufs["qkv"], bufs["qkv"].view(4 * hk * dk), bufs["qkv"].view(8 * hk * dk), bufs["state"],
+                       bufs["o"], bufs["work"], num_tokens, hk, hv, dk, width, width, hv * dk, alpha=gates,
+                       b=gates.view(4 * hv), a=bufs["a"], dt_bias=bufs["dt"], ld_gate=2 * hv)
+
+
+def check_delta_rule_chunked(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int, mild: bool,
+                             hk: int = 16, hv: int = 48, dk: int = 128) -> None:
+    """gdn_chunked (prep + scan) from raw inputs against ops.gated_delta_rule_chunked: o and the new state."""
+    s = Scope(dev)
+    qkv, gate_in, a, dt, prepared = _delta_inputs(rng, num_tokens, hk, hv, dk, mild)
+    state = randn(rng, hv, dk, dk, scale=0.1)
+    want_o, want_state = ref.gated_delta_rule_chunked(*prepared, state)
+    bufs = dict(qkv=s.put(qkv), gates=s.put(gate_in), a=s.put(a), dt=s.put(dt), state=s.put(state),
+                o=s.out(4 * num_tokens * hv * dk), work=s.out(mixers.gdn_chunk_work_bytes(num_tokens, hv, dk)))
+    _launch_chunked(dev, bufs, num_tokens, hk, hv, dk)
+    name = f"T{num_tokens}.{'mild' if mild else 'strong'}"
+    compare(report, "gdn_chunked", f"{name}.o", s.get(bufs["o"], (num_tokens, hv, dk)), want_o, TOL_F32)
+    compare(report, "gdn_chunked", f"{name}.state", s.get(bufs["state"], state.shape), want_state, TOL_F32)
+    s.close()
+
+
+def time_delta_rule(dev: Device, report: Report, rng: np.random.Generator, token_counts=(64, 128, 512),
+                    hk: int = 16, hv: int = 48, dk: int = 128) -> None:
+    """One 27B DeltaNet layer's committed rule over T tokens, recurrent kernel against the chunked pair."""
+    print("delta rule timings (one 27B layer)", flush=True)
+    for num_tokens in token_counts:
+        s = Scope(dev)
+        qkv, gate_in, a, dt, _ = _delta_inputs(rng, num_tokens, hk, hv, dk, mild=True)
+        bufs = dict(qkv=s.put(qkv), gates=s.put(gate_in), a=s.put(a), dt=s.put(dt),
+                    state=s.put(randn(rng, hv, dk, dk, scale=0.1)), o=s.out(4 * num_tokens * hv * dk),
+                    work=s.out(mixers.gdn_chunk_work_bytes(num_tokens, hv, dk)))
+        g, beta = s.out(4 * num_tokens * hv), s.out(4 * num_tokens * hv)
+        width = 2 * hk * dk + hv * dk
+
+        def recurrent() -> None:
+            mixers.gdn_recurrent(dev, bufs["qkv"], bufs["qkv"].view(4 * hk * dk), bufs["qkv"].view(8 * hk * dk),
+                                 bufs["state"], bufs["o"], num_tokens, hk, hv, dk, dk, width, width, hv * dk, True,
+                                 g=g, beta=beta, alpha=bufs["gates"], b=bufs["gates"].view(4 * hv), a=bufs["a"],
+                                 dt_bias=bufs["dt"], ld_gate=2 * hv)
+
+        times = {}
+        for form, fn in (("recurrent", recurrent),
+                         ("chunked", lambda: _launch_chunked(dev, bufs, num_tokens, hk, hv, dk))):
+            med, spread = median_time(dev, fn, reps=20, warmup=3, inner=4)
+            times[form] = med
+            report.timings.append(Timing("deltanet", f"{form}.T{num_tokens}", f"{hv}x{dk}x{dk}", med, spread))
+        print(f"  T={num_tokens:<4} recurrent {times['recurrent'] * 1e3:8.1f} us  chunked {times['chunked'] * 1e3:8.1f} us",
+              flush=True)
+        s.close()
+
+
 def check_qk_prep(dev: Device, report: Report, rng: np.random.Generator, start: int = 1234, num_tokens: int = 5,
                   gated: bool = True) -> None:
     """q/k RMSNorm per head, partial rope on q and k, q written back, k and v into the f16 caches."""
@@ -166,4 +235,6 @@ def run_mixer_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
     check_delta_rule(dev, report, rng, 1, commit=True)
     check_delta_rule(dev, report, rng, 5, commit=False)
     check_delta_rule(dev, report, rng, 200, commit=True)
+    for num_tokens, mild in ((64, True), (200, True), (200, False), (512, True)):
+        check_delta_rule_chunked(dev, report, rng, num_tokens, mild)
     check_qk_prep(dev, report, rng)

@@ -49,6 +49,8 @@ ACT_MODES = ("plain", "rmsnorm", "swiglu", "gatednorm")
 ATTN_HEAD_DIMS = {32: 16, 64: 16, 128: 16, 256: 12}
 # DeltaNet key-head sizes with an instance (multiples of 32: rows per lane = size / 32).
 GDN_KEY_DIMS = (32, 64, 128, 256)
+# DeltaNet head sizes (key = value) with the chunked prefill rule (kernels/deltanet_chunked.cu).
+GDN_CHUNK_DIMS = (32, 64, 128)
 
 
 def _build() -> dict[str, Instance]:
@@ -79,6 +81,8 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"attn_d{d}", "attention", f"attn<{d}, {qpw}>") for d, qpw in ATTN_HEAD_DIMS.items()]
     out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]
     out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}>") for d in GDN_KEY_DIMS]
+    out += [Instance(f"gdn_chunk_{step}_k{d}", "deltanet_chunked", f"gdn_chunk_{step}<{d}>")
+            for step in ("prep", "scan") for d in GDN_CHUNK_DIMS]
     out += [Instance(n, "sample", n) for n in ("argmax_partial", "argmax_final", "sample_topk_topp")]
     return {inst.name: inst for inst in out}
 

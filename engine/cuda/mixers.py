@@ -9,13 +9,28 @@ from __future__ import annotations
 import ctypes
 
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import ATTN_HEAD_DIMS, GDN_KEY_DIMS
+from engine.cuda.instances import ATTN_HEAD_DIMS, GDN_CHUNK_DIMS, GDN_KEY_DIMS
 
 ATTN_WARPS = 4
 MAX_SPLITS = 64
 # Fewest keys per active attention split (a power of two). 32 = one pass of the kernel's key loop: a decode step at a 512-token
 # context then spreads over 16 splits per KV head instead of 4 (128 keys, the v6 setting: 1.9 ms per 27B pass).
 ATTN_MIN_KEYS = 32
+# The chunked delta rule (kernels/deltanet_chunked.cu): tokens per chunk, state columns per scan block, shared
+# memory of each kernel in floats (prep_smem_floats / scan_smem_floats there), and the shortest committed run
+# that takes it (shorter runs, and every uncommitted pass, go through the recurrent kernel).
+GDN_CHUNK = 64
+GDN_SCAN_COLS = 32
+GDN_CHUNKED_MIN_TOKENS = 64
+
+
+def _gdn_prep_smem(dim: int) -> int:
+    return 4 * (2 * GDN_CHUNK * (dim + 4) + 2 * GDN_CHUNK * (GDN_CHUNK + 1) + 2 * GDN_CHUNK)
+
+
+def _gdn_scan_smem(dim: int) -> int:
+    return 4 * (dim * (GDN_SCAN_COLS + 4) + 2 * GDN_CHUNK * (dim + 4) + GDN_CHUNK * (GDN_CHUNK + 4)
+                + GDN_CHUNK * (GDN_SCAN_COLS + 4))
 
 
 class AttnArgs(ctypes.Structure):
@@ -46,6 +61,14 @@ class GdnArgs(ctypes.Structure):
         (n, ctypes.c_int32) for n in
         ("T", "num_k_heads", "num_v_heads", "Dk", "Dv", "ld_qk", "ld_v", "ld_o", "ld_gate", "commit", "prepared",
          "save")] + [("eps", ctypes.c_float), ("q_scale", ctypes.c_float)]
+
+
+class GdnChunkArgs(ctypes.Structure):
+    """Mirror of struct GdnChunkArgs in kernels/deltanet_chunked.cu."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in ("q", "k", "v", "alpha", "b", "a", "dt_bias", "work", "state", "o")] + [
+        (n, ctypes.c_int32) for n in ("T", "num_k_heads", "num_v_heads", "ld_qk", "ld_v", "ld_o", "ld_gate")] + [
+        ("eps", ctypes.c_float), ("q_scale", ctypes.c_float)]
 
 
 def _ptr(buf: Buffer | None) -> int:
@@ -177,3 +200,37 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                    float(k_dim ** -0.5))
     grid = ((v_dim + 31) // 32, num_v_heads)
     dev.launch(dev.kernel(f"gdn_k{fitting[0]}"), grid, 128, [args])
+
+
+def gdn_chunked_fits(k_dim: int, v_dim: int) -> bool:
+    """Whether heads of these sizes have the chunked rule (equal key and value sizes with an instance)."""
+    return k_dim == v_dim and k_dim in GDN_CHUNK_DIMS
+
+
+def gdn_chunk_work_bytes(num_tokens: int, num_v_heads: int, dim: int) -> int:
+    """Scratch of the chunked rule over num_tokens (ChunkWork<D>::FLOATS floats per value head and chunk)."""
+    chunks = -(-num_tokens // GDN_CHUNK)
+    return 4 * num_v_heads * chunks * (4 * GDN_CHUNK * dim + GDN_CHUNK * GDN_CHUNK + 4)
+
+
+def gdn_chunked(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o: Buffer, work: Buffer,
+                num_tokens: int, num_k_heads: int, num_v_heads: int, dim: int, ld_qk: int, ld_v: int, ld_o: int, *,
+                alpha: Buffer, b: Buffer, a: Buffer, dt_bias: Buffer, ld_gate: int, eps: float = 1e-6) -> None:
+    """The gated delta rule over a committed run of tokens, chunked: same inputs and result as gdn_recurrent with
+    raw q/k and commit (o written, state [Hv, D, D] advanced); work holds gdn_chunk_work_bytes."""
+    if not gdn_chunked_fits(dim, dim):
+        raise ValueError(f"no chunked DeltaNet kernel for heads of {dim}")
+    need = gdn_chunk_work_bytes(num_tokens, num_v_heads, dim)
+    if work.nbytes < need:
+        raise ValueError(f"chunked DeltaNet scratch of {work.nbytes} bytes, {need} needed for {num_tokens} tokens")
+    if ld_o % 4 or o.ptr % 16:
+        raise ValueError("the chunked DeltaNet output needs 16-byte aligned rows")
+    args = GdnChunkArgs(q.ptr, k.ptr, v.ptr, alpha.ptr, b.ptr, a.ptr, dt_bias.ptr, work.ptr, state.ptr, o.ptr,
+                        num_tokens, num_k_heads, num_v_heads, ld_qk, ld_v, ld_o, ld_gate, float(eps),
+                        float(dim ** -0.5))
+    chunks = -(-num_tokens // GDN_CHUNK)
+    for step, grid, smem in (("prep", (chunks, num_v_heads), _gdn_prep_smem(dim)),
+                             ("scan", (dim // GDN_SCAN_COLS, num_v_heads), _gdn_scan_smem(dim))):
+        kernel = dev.kernel(f"gdn_chunk_{step}_k{dim}")
+        dev.set_max_dynamic_smem(kernel, smem)
+        dev.launch(kernel, grid, 256, [args], smem=smem)

@@ -68,6 +68,11 @@ class Workspace:
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
         self.conv_out = dev.alloc(4 * p * self.conv_dim, "conv_out")
         self.g, self.beta = dev.alloc(4 * p * self.ssm_heads, "g"), dev.alloc(4 * p * self.ssm_heads, "beta")
+        # the chunked delta rule's per-chunk matrices (prefill runs of GDN_CHUNKED_MIN_TOKENS or more)
+        self.gdn_chunked = bool(cfg.ssm_num_v_heads) and mixers.gdn_chunked_fits(cfg.ssm_head_dim,
+                                                                                 cfg.ssm_v_head_dim)
+        self.gdn_work = dev.alloc(mixers.gdn_chunk_work_bytes(p, cfg.ssm_num_v_heads, cfg.ssm_head_dim),
+                                  "gdn_chunk_work") if self.gdn_chunked else None
         self.logits = dev.alloc(4 * VERIFY_MAX * cfg.vocab_size, "logits")
         self.argmax_scratch = dev.alloc(8 * VERIFY_MAX * (cfg.vocab_size // ops.ARGMAX_CHUNK + 1), "argmax")
         self.token_out = dev.alloc(4 * VERIFY_MAX, "token_out")
@@ -197,12 +202,16 @@ class CudaModel:
         conv_out = ws.conv_out if commit else layer.conv_out
         mixers.conv1d_silu(dev, layer.window, ws.proj.view(4 * off["attn_qkv"]), lw.vectors["ssm_conv1d"], conv_out,
                            num_tokens, c, cfg.ssm_conv_kernel, width, c, commit)
-        mixers.gdn_recurrent(
-            dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv, dk,
-            dv, c, c, inner, commit, g=ws.g if commit else layer.g, beta=ws.beta if commit else layer.beta,
-            alpha=ws.proj.view(4 * off["ssm_alpha"]), b=ws.proj.view(4 * off["ssm_beta"]), a=lw.vectors["ssm_a"],
-            dt_bias=lw.vectors["ssm_dt.bias"], ld_gate=width, qk_out=None if commit else layer.qk_norm,
-            eps=cfg.rms_eps)
+        gates = dict(alpha=ws.proj.view(4 * off["ssm_alpha"]), b=ws.proj.view(4 * off["ssm_beta"]),
+                     a=lw.vectors["ssm_a"], dt_bias=lw.vectors["ssm_dt.bias"], ld_gate=width, eps=cfg.rms_eps)
+        if commit and ws.gdn_chunked and num_tokens >= mixers.GDN_CHUNKED_MIN_TOKENS:  # a long prefill run
+            mixers.gdn_chunked(dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix,
+                               ws.gdn_work, num_tokens, hk, hv, dk, c, c, inner, **gates)
+        else:
+            mixers.gdn_recurrent(
+                dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv,
+                dk, dv, c, c, inner, commit, g=ws.g if commit else layer.g, beta=ws.beta if commit else layer.beta,
+                qk_out=None if commit else layer.qk_norm, **gates)
         ops.act_gatednorm(dev, ws.mix, ws.proj.view(4 * off["attn_gate"]), lw.vectors["ssm_norm"], ws.act_inner,
                           num_tokens, dv, inner, width, cfg.rms_eps, out32=ws.mix2)
         ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x)

@@ -82,7 +82,8 @@ def _c_struct(file: str, name: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("file, struct", [("attention.cu", mixers.AttnArgs), ("attention.cu", mixers.QkPrep),
-                                          ("deltanet.cu", mixers.GdnArgs), ("act.cu", ops.ActSrc)],
+                                          ("deltanet.cu", mixers.GdnArgs),
+                                          ("deltanet_chunked.cu", mixers.GdnChunkArgs), ("act.cu", ops.ActSrc)],
                          ids=lambda v: getattr(v, "__name__", v))
 def test_structs_passed_by_value_mirror_the_kernels(file: str, struct) -> None:
     """The ctypes struct passed by value has the C struct's fields, in order, with matching types."""

@@ -19,13 +19,6 @@ struct ActSrc {
     float eps;
 };
 
-__device__ __forceinline__ void warp_sum_n8(float (&v)[8]) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] += __shfl_xor_sync(FULL_MASK, v[j], o);
-}
-
 __device__ __forceinline__ i64 act_pos(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
 
 // Per-token 1/rms of the whole row (RMSNORM): each block reduces the rows of its group itself. The token loop
@@ -51,7 +44,7 @@ __device__ void row_inv_rms(const ActSrc& a, int grp, int T, int K, float* inv /
             for (int n = 0; n < 8; ++n)
                 if (n < tokens) ss[n] += rows[(i64)n * a.ldx + k] * rows[(i64)n * a.ldx + k];
     }
-    warp_sum_n8(ss);
+    warp_sum_n<8>(ss);
     if (lane == 0)
 #pragma unroll
         for (int n = 0; n < 8; ++n) part[warp][n] = ss[n];

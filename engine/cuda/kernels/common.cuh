@@ -104,6 +104,15 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Butterfly sums of N values at once: the N shuffle chains interleave instead of running back to back.
+template <int N>
+__device__ __forceinline__ void warp_sum_n(float (&v)[N]) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] += __shfl_xor_sync(FULL_MASK, v[j], o);
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));

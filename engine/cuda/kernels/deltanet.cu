@@ -91,15 +91,6 @@ struct GdnArgs {
 // unless `prepared` (then q, k, g, beta are read as given). `save` writes the normalised q/k and the gates for
 // a later commit. A warp keeps GDN_COLS columns of S in registers (lane holds rows lane + 32 i, i < KL), so the
 // whole chunk of tokens runs on-chip and S is read once and (if commit) written once. Grid (ceil(Dv / 32), Hv).
-// Butterfly sums of N values at once: the N shuffle chains interleave instead of running back to back.
-template <int N>
-__device__ __forceinline__ void warp_sum_n(float (&v)[N]) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int j = 0; j < N; ++j) v[j] += __shfl_xor_sync(FULL_MASK, v[j], o);
-}
-
 // One token's inputs for the lane: raw (or prepared) q/k rows, its GDN_COLS values of v, the gate inputs.
 template <int KL>
 struct GdnToken {
