@@ -89,10 +89,13 @@ def _time_prefill(backend, report: Report, tag: str = "", counts: tuple[int, ...
 def _profile(backend, report: Report, tag: str = "", full: bool = True) -> None:
     """Per-kernel device time of one eager pass (events around every launch): where a pass goes."""
     dev, rng = backend.dev, np.random.default_rng(4)
-    passes = (("verify1", 1, False, 1), ("verify5", 5, False, 5), ("prefill512", 512, True, 0))
-    for label, n, commit, rows in passes if full else passes[:1]:
+    # the last: the fourth 512-token chunk of a 2,048-token prefill (attention over 2,048 keys)
+    passes = (("verify1", 1, False, 1, None), ("verify5", 5, False, 5, None), ("prefill512", 512, True, 0, None),
+              ("prefill512at1536", 512, True, 0, 1536))
+    for label, n, commit, rows, start in passes if full else passes[:1]:
         label += tag
-        backend.model.set_tokens([int(x) for x in rng.integers(0, backend.vocab_size, size=n)], backend.num_tokens)
+        backend.model.set_tokens([int(x) for x in rng.integers(0, backend.vocab_size, size=n)],
+                                 backend.num_tokens if start is None else start)
         dev.profile = []
         backend.model.forward(n, commit, rows)
         summary = sorted(dev.profile_summary().items(), key=lambda kv: -kv[1][1])
@@ -155,6 +158,7 @@ def bench_27b(report: Report, args) -> None:
         backend.reset()
         _time_prefill(backend, report)
         _recurrent_rule_against_chunked(backend, report, tokens["v7"])
+        _prefill_plain_gemm(backend, report)
         if "v7pdl" in tokens:  # prefill launched with PDL too
             _use_variant(backend, "v7pdl")
             backend.reset()
@@ -179,6 +183,20 @@ def _recurrent_rule_against_chunked(backend, report: Report, chunked_tokens: lis
         _time_prefill(backend, report, ".recurrent_rule", counts=(2048,))
     finally:
         mixers.GDN_CHUNKED_MIN_TOKENS = saved
+        backend.drop_graphs()
+        backend.reset()
+
+
+def _prefill_plain_gemm(backend, report: Report) -> None:
+    """The 2,048-token prefill with every GEMM type through the plain gemm (before the staged gemm_cp)."""
+    from engine.cuda import ops
+
+    ops.GEMM_STAGED = False
+    backend.drop_graphs()
+    try:
+        _time_prefill(backend, report, ".gemm_plain", counts=(2048,))
+    finally:
+        ops.GEMM_STAGED = True
         backend.drop_graphs()
         backend.reset()
 

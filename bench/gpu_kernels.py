@@ -44,7 +44,7 @@ STAGED_ACT_CHECKS = [(name, qt, t, precise) for qt in instances.STAGED_QTYPES fo
     ("ffn_up", Q.Q4_K, 1, True), ("output", Q.Q6_K, 1, False)]
 # prefill-sized checks: the GEMM types through the tensor-core GEMM, the others through mmvq 8 tokens at a time
 GEMM_CHECKS = [("attn_q", Q.Q4_K, 40), ("ffn_down", Q.Q6_K, 70), ("attn_q", Q.Q8_0, 33), ("attn_q", Q.Q5_K, 16),
-               ("attn_q", Q.Q4_0, 20), ("attn_kv", Q.Q6_K, 129)]
+               ("attn_q", Q.Q4_0, 20), ("attn_kv", Q.Q6_K, 129), ("odd_rows", Q.Q4_K, 45), ("odd_rows", Q.Q6_K, 100)]
 REF_ROWS = 4096  # the reference recomputes at most this many (random) rows of a large matrix
 
 
@@ -83,9 +83,30 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
         report.checks[-1].unwritten = unwritten
     if pipelined:
         _check_against_plain(dev, report, w, act, y, res, out, num_tokens, variant)
+    if _runs_gemm_cp(qtype, num_tokens):
+        _check_against_plain_gemm(dev, report, w, act, y, res, out, num_tokens, variant)
     for buf in (w.buf, act.x16, act.sums, act.f32, y, act.x16_lo, act.sums_lo) + ((res,) if res is not None else ()):
         if buf is not None:
             dev.memory.free(buf)
+
+
+def _runs_gemm_cp(qtype: Q, num_tokens: int) -> bool:
+    """Whether ops.matmul runs the GEMM with staged operands (gemm_cp) for this call."""
+    return num_tokens >= ops.GEMM_MIN_TOKENS and ops.GEMM_STAGED and qtype in instances.GEMM_CP_QTYPES
+
+
+def _check_against_plain_gemm(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,
+                              variant: str) -> None:
+    """gemm_cp against gemm on the same inputs: the same fragments and mma in the same order, so they agree to
+    f32 rounding; a stage slot read before its copy landed, or a token group staged from the wrong place, shows."""
+    ops.GEMM_STAGED = False
+    try:
+        poison(dev, y)
+        ops.matmul(dev, w, act, y, num_tokens, w.rows, residual=res)
+    finally:
+        ops.GEMM_STAGED = True
+    plain = dev.download(y, np.float32, (num_tokens, w.rows))
+    compare(report, "matmul.same", variant + ".gemm_cp", out, plain, TOL_SAME_MATH)
 
 
 def _runs_pipeline(qtype: Q, precise: bool, num_tokens: int) -> str:
@@ -140,6 +161,13 @@ def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) ->
     check_matmul(dev, report, rng, "attn_q", Q.Q4_K, 11)  # two launches: 8 + 3 rows
     for name, qtype, num_tokens in GEMM_CHECKS:
         check_matmul(dev, report, rng, name, qtype, num_tokens)
+    ops.GEMM_STAGED = False  # the plain GEMM for the staged types too
+    try:
+        for name, qtype, num_tokens in GEMM_CHECKS:
+            if qtype in instances.GEMM_CP_QTYPES:
+                check_matmul(dev, report, rng, name, qtype, num_tokens, tag=".gemm")
+    finally:
+        ops.GEMM_STAGED = True
     for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # precise mode: exact K-quant weights, f32-level activations
         check_matmul(dev, report, rng, "attn_q", qtype, 3, precise=True)
     for name, qtype, num_tokens, precise in PIPELINE_CHECKS:
@@ -315,7 +343,7 @@ def diagnose_matmul(dev: Device, report: Report, rng: np.random.Generator, qtype
 
 
 def time_gemm(dev: Device, report: Report, rng: np.random.Generator, token_counts=(512, 2048)) -> None:
-    """Prefill GEMM throughput at the 27B shapes (TFLOP/s over 2 * rows * cols * T)."""
+    """Prefill GEMM throughput at the 27B shapes (TFLOP/s over 2 * rows * cols * T), staged (gemm_cp) and plain."""
     print("gemm timings", flush=True)
     for name, qtype in (("ffn_up", Q.Q4_K), ("ffn_down", Q.Q6_K), ("attn_q", Q.Q4_K)):
         rows, cols = SHAPES_27B[name]
@@ -326,11 +354,19 @@ def time_gemm(dev: Device, report: Report, rng: np.random.Generator, token_count
             dev.upload(act.f32, rng.standard_normal((t, cols), dtype=np.float32))
             ops.act_f16(dev, act.f32, act, t, act.ld)
             y = dev.alloc(4 * t * rows, "y")
-            med, spread = median_time(dev, lambda: ops.matmul(dev, w, act, y, t, rows), reps=10, warmup=2, inner=2)
-            tflops = 2.0 * rows * cols * t / (med * 1e-3) / 1e12
-            report.timings.append(Timing("gemm", f"{name}.{qtype.name}.T{t}", f"{rows}x{cols}", med, spread,
-                                         device_nbytes(qtype, (rows, cols)), {"tflops": round(tflops, 1)}))
-            print(f"  {name:<10} {qtype.name:<5} T={t:<5} {med:8.3f} ms  {tflops:6.1f} TFLOP/s", flush=True)
+            for staged in (True, False):
+                ops.GEMM_STAGED = staged
+                try:
+                    med, spread = median_time(dev, lambda: ops.matmul(dev, w, act, y, t, rows), reps=10, warmup=2,
+                                              inner=2)
+                finally:
+                    ops.GEMM_STAGED = True
+                tflops = 2.0 * rows * cols * t / (med * 1e-3) / 1e12
+                kind = "cp" if staged and qtype in instances.GEMM_CP_QTYPES else "plain"
+                report.timings.append(Timing("gemm", f"{name}.{qtype.name}.T{t}.{kind}", f"{rows}x{cols}", med,
+                                             spread, device_nbytes(qtype, (rows, cols)), {"tflops": round(tflops, 1)}))
+                print(f"  {name:<10} {qtype.name:<5} T={t:<5} {kind:<5} {med:8.3f} ms  {tflops:6.1f} TFLOP/s",
+                      flush=True)
             for buf in (act.x16, act.sums, act.f32, y):
                 dev.memory.free(buf)
         dev.memory.free(w.buf)

@@ -41,6 +41,8 @@ ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
 # at a time.
 GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0)
+# ... of which these also have the GEMM with cp.async-staged operands (their weights have a kernels/stage.cuh Stage).
+GEMM_CP_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # Weight types the embedding lookup reads (the matmul types plus F32).
 EMBED_QTYPES = (Q.F32,) + MATMUL_QTYPES
 # How the matmul input is produced (kernels/act.cu ACT_*), in template-argument order.
@@ -71,6 +73,7 @@ def _build() -> dict[str, Instance]:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",
                                 f"mmvq_persist<{int(qt)}, {flags}>"))
     out += [Instance(f"gemm_{qtype_tag(qt)}", "gemm", f"gemm<{int(qt)}>") for qt in GEMM_QTYPES]
+    out += [Instance(f"gemm_{qtype_tag(qt)}_cp", "gemm", f"gemm_cp<{int(qt)}>") for qt in GEMM_CP_QTYPES]
     out += [Instance("mmv_f32", "mmvq", "mmv_f32")]
     out += [Instance(f"act_{mode}", "act", f"act_from<{i}>") for i, mode in enumerate(ACT_MODES)]
     out += [Instance(n, "norm", n) for n in ("rms_norm", "head_norm", "gated_rms_norm")]

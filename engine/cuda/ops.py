@@ -13,8 +13,8 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import persist
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import (ACT_STAGES, EMBED_QTYPES, GEMM_QTYPES, MATMUL_QTYPES, PERSIST_QTYPES,
-                                   STAGED_QTYPES, qtype_tag)
+from engine.cuda.instances import (ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, MATMUL_QTYPES,
+                                   PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
 MMVQ_WARPS = 8
@@ -102,9 +102,18 @@ DISPATCH.update({("mmvq_x2", qt): _mmvq_instance(qt) + "_x2" for qt in MATMUL_QT
 DISPATCH[("mmvq", Q.F32)] = "mmv_f32"
 DISPATCH.update({("gemm", qt): f"gemm_{qtype_tag(qt)}" for qt in GEMM_QTYPES})
 DISPATCH.update({("get_rows", qt): f"get_rows_{qtype_tag(qt)}" for qt in EMBED_QTYPES})
+DISPATCH.update({("gemm_cp", qt): f"gemm_{qtype_tag(qt)}_cp" for qt in GEMM_CP_QTYPES})
 GEMM_MIN_TOKENS = 16  # from this many tokens on, a GEMM type runs the prefill GEMM instead of mmvq
 GEMM_TOKENS = 32  # tokens per GEMM block (kernels/gemm.cu: GEMM_NG groups of 8)
 GEMM_ROWS = 128  # rows per GEMM block
+GEMM_STAGES, GEMM_ACT_BYTES = 2, 16384  # gemm_cp's slots and each slot's activations (kernels/gemm.cu)
+# The staged GEMM where a type has one (off: every type through the plain gemm; the bench compares the two).
+GEMM_STAGED = True
+
+
+def _gemm_cp_smem(qtype: Q) -> int:
+    """gemm_cp's dynamic shared memory: GEMM_STAGES slots of 8 weight tiles and the activations."""
+    return GEMM_STAGES * (8 * STAGE_SHAPE[qtype][1] + GEMM_ACT_BYTES)
 
 
 class ActSrc(ctypes.Structure):
@@ -164,7 +173,13 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
     gemm = DISPATCH.get(("gemm", w.qtype))
     if gemm is not None and num_tokens >= GEMM_MIN_TOKENS:
         grid = ((num_tokens + GEMM_TOKENS - 1) // GEMM_TOKENS, (w.rows + GEMM_ROWS - 1) // GEMM_ROWS)
-        dev.launch(dev.kernel(gemm), grid, 128, [w.buf, act.x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y])
+        args = [w.buf, act.x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y]
+        if GEMM_STAGED and w.qtype in GEMM_CP_QTYPES:
+            kernel, smem = dev.kernel(DISPATCH[("gemm_cp", w.qtype)]), _gemm_cp_smem(w.qtype)
+            dev.set_max_dynamic_smem(kernel, smem)
+            dev.launch(kernel, grid, 128, args, smem=smem)
+        else:
+            dev.launch(dev.kernel(gemm), grid, 128, args)
         return
     precise = act.x16_lo is not None and w.qtype != Q.F32
     instance = DISPATCH.get(("mmvq_x2" if precise else "mmvq", w.qtype))
