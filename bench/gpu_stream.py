@@ -67,6 +67,7 @@ def run_stream_probe(dev: Device, report: Report, rng: np.random.Generator) -> N
         print("staged activations by token count, precise (us): cp | cpa (one tile a block) | cpa2 (two)", flush=True)
         for name, qtype in STAGED_TIMED:
             _time_staged(dev, report, rng, name, qtype)
+        time_staged_l1(dev, report, rng)
     finally:
         ops.set_pipelined(*saved)
 
@@ -143,3 +144,50 @@ def _time_staged(dev: Device, report: Report, rng: np.random.Generator, name: st
             cells.append(f"{kernel} {med * 1e3:6.1f}")
         print(f"  {name:<11} {qtype.name:<5} T={t}  " + " | ".join(cells), flush=True)
     m.free(dev)
+
+
+def time_staged_l1(dev: Device, report: Report, rng: np.random.Generator) -> None:
+    """mmvq_cpa / cpa2 with their activation copies through L2 only (cp.async.cg, the build in use) against the
+    OPENJET_STAGE_ACT_L1 build (cp.async.ca: allocated in L1 too, so the SM's next block may hit), 1-4 tokens,
+    both modes. The L1 builds replace the instances in the device's kernel table for their turn."""
+    print("staged activation copies, L2 only | L1 too (us)", flush=True)
+    names = [n for n in instances.INSTANCES if "_cpa" in n]
+    builds = {}
+    for n in names:
+        builds[n] = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", instances.INSTANCES[n].expr, n + ".l1",
+                          ("-DOPENJET_STAGE_ACT_L1",))
+    saved = ops.pipeline_state()
+    try:
+        for name, qtype in STAGED_TIMED:
+            for precise in (False, True):
+                m = timed_matrix(dev, rng, name, qtype, precise=precise)
+                for kernel in ("cpa", "cpa2"):
+                    ops.set_pipelined(frozenset({qtype}), True, kernel)
+                    cells = []
+                    for t in (1, 2, 3, 4):
+                        pair = []
+                        for l1 in (False, True):
+                            originals = {n: dev.kernel(n) for n in names}
+                            if l1:
+                                dev._kernels.update(builds)
+                            state = {"i": 0}
+
+                            def run(t=t, state=state):
+                                state["i"] += 1
+                                ops.matmul(dev, m.ws[state["i"] % len(m.ws)], m.act, m.y, t, m.rows)
+
+                            try:
+                                med, spread = median_time(dev, run, reps=20, warmup=3, inner=len(m.ws) * 2)
+                            finally:
+                                dev._kernels.update(originals)
+                            mode = "precise" if precise else "fast"
+                            report.timings.append(Timing("stream", f"{name}.{qtype.name}.T{t}.{mode}.{kernel}"
+                                                         f"{'.l1' if l1 else ''}", f"{m.rows}x{m.cols}", med, spread,
+                                                         m.nbytes))
+                            pair.append(f"{med * 1e3:5.1f}")
+                        cells.append(f"T{t} {' | '.join(pair)}")
+                    print(f"  {name:<11} {qtype.name:<5} {'precise' if precise else 'fast':<7} {kernel:<4} "
+                          + "   ".join(cells), flush=True)
+                m.free(dev)
+    finally:
+        ops.set_pipelined(*saved)

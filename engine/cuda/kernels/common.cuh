@@ -188,6 +188,11 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
 
+// 16 bytes, allocated in L1 as well (data that other blocks on the SM read again).
+__device__ __forceinline__ void cp_async16_ca(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
 // 16 bytes of which the first src_bytes (0 or 16) are read and the rest zero-filled.
 __device__ __forceinline__ void cp_async16z(u32 dst, const void* src, u32 src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");

@@ -105,6 +105,13 @@ __device__ __forceinline__ int staged_act_bytes(int T, bool lo, bool has_min) {
 // The copies of superblock sb's activations (act, act_lo: the group's bases) into the stage part at dst. Copy
 // q = lane + 32 m: slot q / 32 (hi tokens first, then lo), step (q / 2) % 16, half q % 2; lanes below 2T then
 // copy one sums chunk each.
+// OPENJET_STAGE_ACT_L1 (a measurement build, bench/gpu_stream.py): the copies allocate in L1 (cp.async.ca), so
+// the next block on the SM finds the activations there instead of in L2.
+#ifdef OPENJET_STAGE_ACT_L1
+#define STAGE_ACT_COPY cp_async16_ca
+#else
+#define STAGE_ACT_COPY cp_async16
+#endif
 template <bool HAS_MIN>
 __device__ __forceinline__ void staged_act_copy(u32 dst, const f16* act, const f16* act_lo, const f16* sums,
                                                 const f16* sums_lo, int sb, int T, bool lo, int lane) {
@@ -113,11 +120,11 @@ __device__ __forceinline__ void staged_act_copy(u32 dst, const f16* act, const f
     for (int j = 0; j < nslot; ++j) {  // one copy per lane and slot
         const int tok = j < T ? j : j - T;
         const u8* src = reinterpret_cast<const u8*>(j < T ? act : act_lo) + off + 32 * tok;
-        cp_async16(dst + ACT_SLOT_PITCH * j + 32 * s + 16 * h, src);
+        STAGE_ACT_COPY(dst + ACT_SLOT_PITCH * j + 32 * s + 16 * h, src);
     }
     if (HAS_MIN && lane < 2 * T) {
         const f16* src = lane < T ? sums + (u64)sb * 64 + 8 * lane : sums_lo + (u64)sb * 64 + 8 * (lane - T);
-        cp_async16(dst + ACT_SLOT_PITCH * nslot + 16 * lane, src);
+        STAGE_ACT_COPY(dst + ACT_SLOT_PITCH * nslot + 16 * lane, src);
     }
 }
 
