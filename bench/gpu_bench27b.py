@@ -157,8 +157,7 @@ def bench_27b(report: Report, args) -> None:
         _use_variant(backend, "v7")
         backend.reset()
         _time_prefill(backend, report)
-        _recurrent_rule_against_chunked(backend, report, tokens["v7"])
-        _prefill_plain_gemm(backend, report)
+        _prefill_before(backend, report, tokens["v7"])
         if "v7pdl" in tokens:  # prefill launched with PDL too
             _use_variant(backend, "v7pdl")
             backend.reset()
@@ -168,37 +167,31 @@ def bench_27b(report: Report, args) -> None:
         backend.close()
 
 
-def _recurrent_rule_against_chunked(backend, report: Report, chunked_tokens: list[int]) -> None:
-    """The same greedy decode and the 2,048-token prefill with every DeltaNet prefill run through the recurrent
-    kernel (the state before the chunked rule): equal tokens, and the prefill time it saves."""
-    from engine.cuda import mixers
+# Prefill kernels compared against what they replaced, one switch at a time: (tag, module, attribute, value).
+PREFILL_BEFORE = (("recurrent_rule", "mixers", "GDN_CHUNKED_MIN_TOKENS", 1 << 30),  # the delta rule unchunked
+                  ("gemm_plain", "ops", "GEMM_STAGED", False),  # the GEMM reading its operands from global memory
+                  ("attn_f32", "mixers", "ATTN_MMA_MIN_TOKENS", 1 << 30))  # attention on the float32 kernel
 
-    saved = mixers.GDN_CHUNKED_MIN_TOKENS
-    mixers.GDN_CHUNKED_MIN_TOKENS = 1 << 30
-    backend.drop_graphs()
-    try:
-        tokens = _decode_sanity(backend, report, ".recurrent_rule")
-        same = sum(a == b for a, b in zip(tokens, chunked_tokens, strict=True))
-        record(report, "model27b.chunked_rule", "greedy", "16 tokens", float(len(tokens) - same), 0.5)
-        _time_prefill(backend, report, ".recurrent_rule", counts=(2048,))
-    finally:
-        mixers.GDN_CHUNKED_MIN_TOKENS = saved
+
+def _prefill_before(backend, report: Report, v7_tokens: list[int]) -> None:
+    """The greedy decode after a 512-token prompt and the 2,048-token prefill with each PREFILL_BEFORE switch in
+    turn: equal tokens (a check), and the prefill time each new kernel saves."""
+    import importlib
+
+    for tag, module_name, attr, value in PREFILL_BEFORE:
+        module = importlib.import_module(f"engine.cuda.{module_name}")
+        saved = getattr(module, attr)
+        setattr(module, attr, value)
         backend.drop_graphs()
-        backend.reset()
-
-
-def _prefill_plain_gemm(backend, report: Report) -> None:
-    """The 2,048-token prefill with every GEMM type through the plain gemm (before the staged gemm_cp)."""
-    from engine.cuda import ops
-
-    ops.GEMM_STAGED = False
-    backend.drop_graphs()
-    try:
-        _time_prefill(backend, report, ".gemm_plain", counts=(2048,))
-    finally:
-        ops.GEMM_STAGED = True
-        backend.drop_graphs()
-        backend.reset()
+        try:
+            tokens = _decode_sanity(backend, report, f".{tag}")
+            same = sum(a == b for a, b in zip(tokens, v7_tokens, strict=True))
+            record(report, "model27b.prefill_before", f"{tag}.greedy", "16 tokens", float(len(tokens) - same), 0.5)
+            _time_prefill(backend, report, f".{tag}", counts=(2048,))
+        finally:
+            setattr(module, attr, saved)
+            backend.drop_graphs()
+            backend.reset()
 
 
 def _use_variant(backend, name: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.gpu_common import TOL_F32, Report, Timing, compare, median_time, poison
+from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, poison
 from bench.gpu_ops import Scope, randn
 from engine.cuda import mixers
 from engine.cuda.device import Device
@@ -46,8 +46,9 @@ def check_attention(dev: Device, report: Report, rng: np.random.Generator, start
     want = ref.attention(packed[..., :D], k16, v16, qpos, scale)
     if gated:
         want = want * ref.sigmoid(packed[..., D:])
-    name = f"{'gated.' if gated else ''}T{num_tokens}.s{n_splits}"
-    compare(report, "attention", name, s.get(out, (num_tokens, HQ, D)), want, TOL_F32)
+    mma = mixers.attn_runs_mma(num_tokens, D)  # f16 queries and probabilities on tensor cores
+    name = f"{'gated.' if gated else ''}T{num_tokens}." + ("mma" if mma else f"s{n_splits}")
+    compare(report, "attention", name, s.get(out, (num_tokens, HQ, D)), want, TOL_F16 if mma else TOL_F32)
     s.close()
 
 
@@ -230,6 +231,13 @@ def run_mixer_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
     check_attention(dev, report, rng, 40, 5, 1, gated=False)
     check_attention(dev, report, rng, 0, 300, None, gated=True)  # prefill from an empty cache: query tiles
     check_attention(dev, report, rng, 700, 77, 3, gated=False)  # prefill on top of a history, with splits
+    check_attention(dev, report, rng, 1000, 16, None, gated=True)  # the shortest run on tensor cores
+    saved = mixers.ATTN_MMA_MIN_TOKENS
+    mixers.ATTN_MMA_MIN_TOKENS = 1 << 30  # the float32 kernel on a prefill run too
+    try:
+        check_attention(dev, report, rng, 0, 300, None, gated=True)
+    finally:
+        mixers.ATTN_MMA_MIN_TOKENS = saved
     check_conv(dev, report, rng)
     check_gates(dev, report, rng)
     check_delta_rule(dev, report, rng, 1, commit=True)

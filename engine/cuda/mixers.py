@@ -9,13 +9,26 @@ from __future__ import annotations
 import ctypes
 
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import ATTN_HEAD_DIMS, GDN_CHUNK_DIMS, GDN_KEY_DIMS
+from engine.cuda.instances import ATTN_HEAD_DIMS, ATTN_MMA_DIMS, GDN_CHUNK_DIMS, GDN_KEY_DIMS
 
 ATTN_WARPS = 4
 MAX_SPLITS = 64
 # Fewest keys per active attention split (a power of two). 32 = one pass of the kernel's key loop: a decode step at a 512-token
 # context then spreads over 16 splits per KV head instead of 4 (128 keys, the v6 setting: 1.9 ms per 27B pass).
 ATTN_MIN_KEYS = 32
+# Prefill on tensor cores (kernels/attention.cu attn_mma): runs of this many tokens or more, query rows per block,
+# and the shared memory (queries, a key tile and a value tile of 64 rows, f16 at a pitch of D + 8).
+ATTN_MMA_MIN_TOKENS = 16
+ATTN_MMA_ROWS = 64
+
+
+def _attn_mma_smem(head_dim: int) -> int:
+    return 3 * 64 * (head_dim + 8) * 2
+
+
+def attn_runs_mma(num_tokens: int, head_dim: int) -> bool:
+    """Whether attention over num_tokens queries takes the tensor-core prefill kernel (no key splits)."""
+    return num_tokens >= ATTN_MMA_MIN_TOKENS and head_dim in ATTN_MMA_DIMS
 # The chunked delta rule (kernels/deltanet_chunked.cu): tokens per chunk, state columns per scan block, shared
 # memory of each kernel in floats (prep_smem_floats / scan_smem_floats there), and the shortest committed run
 # that takes it (shorter runs, and every uncommitted pass, go through the recurrent kernel).
@@ -134,6 +147,12 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
     args = AttnArgs(_ptr(q), _ptr(kcache), _ptr(vcache), _ptr(positions), _ptr(out), _ptr(part_o), _ptr(part_ml),
                     _ptr(gate), num_tokens, num_heads, num_kv_heads, capacity, ld_q, q_head_stride, ld_out, ld_gate,
                     gate_head_stride, tile, min_keys.bit_length() - 1, float(scale))
+    if attn_runs_mma(num_tokens, head_dim):  # a prefill run: the splits are not needed
+        kernel, smem = dev.kernel(f"attn_mma_d{head_dim}"), _attn_mma_smem(head_dim)
+        dev.set_max_dynamic_smem(kernel, smem)
+        rows = num_tokens * (num_heads // num_kv_heads)
+        dev.launch(kernel, (num_kv_heads, -(-rows // ATTN_MMA_ROWS)), 128, [args], smem=smem)
+        return
     smem = ATTN_WARPS * qpw * head_dim * 4
     kernel = dev.kernel(f"attn_d{head_dim}")
     if smem > 48 * 1024:

@@ -152,6 +152,18 @@ __device__ __forceinline__ void mma_f16_16816(float* d, const u32* a, const u32*
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Four 8x8 f16 matrices from shared memory: lanes 8i .. 8i + 7 give the 16-byte row addresses of matrix i, and
+// lane (g, c) receives elements (g, 2c), (g, 2c + 1) of each (with .trans: (2c, g), (2c + 1, g)).
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
 // ---- loads ----
 
 // Weights are read once per pass: stream them past L1 so activations stay cached there.
