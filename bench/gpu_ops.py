@@ -176,6 +176,9 @@ def run_op_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
 
     print("op checks (27B shapes)", flush=True)
     check_act(dev, report, rng)
+    check_act(dev, report, rng, 77, 768, head=64, precise=True)  # a partial block of superblocks, 64-wide heads
+    check_act(dev, report, rng, 200, 6144, head=256)  # a prefill-sized run; heads spanning two warps
+    check_act(dev, report, rng, 3, 5120, head=32, precise=True)
     check_norms(dev, report, rng)
     check_rope(dev, report, rng)
     check_elementwise(dev, report, rng)
@@ -187,25 +190,27 @@ def run_op_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
 def _read_act(s: Scope, act, num_tokens: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The act layout and the hi + lo sub-block sums read back as rows [T, k] and [T, k / 32]."""
     groups, nsb = (num_tokens + 7) // 8, act.num_superblocks
-    raw = s.get(act.x16, (groups, nsb, 16, 8, 16), np.float16)  # [group, sb, step, token, 4c + r]
     pos = np.arange(256)
     c, h, i, r = pos >> 6, (pos >> 5) & 1, (pos >> 2) & 7, pos & 3
-    back = raw[:, :, 2 * i + h, :, 4 * c + r]  # advanced indices split by a slice go first: [256, group, sb, token]
-    rows = back.transpose(1, 3, 2, 0).reshape(groups * 8, nsb * 256)[:num_tokens, :k]
+    rows = np.zeros((num_tokens, k), np.float64)
+    for buf in (act.x16, act.x16_lo) if act.x16_lo is not None else (act.x16,):  # hi (+ the precise residue)
+        raw = s.get(buf, (groups, nsb, 16, 8, 16), np.float16)  # [group, sb, step, token, 4c + r]
+        back = raw[:, :, 2 * i + h, :, 4 * c + r]  # advanced indices split by a slice go first: [256, group, sb, token]
+        rows += back.transpose(1, 3, 2, 0).reshape(groups * 8, nsb * 256)[:num_tokens, :k].astype(np.float64)
     sums = [s.get(b, (groups, nsb, 8, 8), np.float16).astype(np.float64).transpose(0, 2, 1, 3).reshape(groups * 8, -1)
             for b in (act.sums, act.sums_lo)]
     return rows.astype(F32), (sums[0] + sums[1])[:num_tokens, : k // 32]
 
 
-def check_act(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int = 11, k: int = H) -> None:
+def check_act(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int = 11, k: int = H,
+              head: int = 128, precise: bool = False) -> None:
     """Every act variant (plain, RMSNorm, SwiGLU, gated per-head norm) against the reference, through the inverse
     layout; the sums must be those of exactly the f16 values written (hi + lo)."""
     s = Scope(dev)
-    act = ops.alloc_act(dev, num_tokens, k, "x")
-    s.bufs += [act.x16, act.sums, act.sums_lo, act.f32]
+    act = ops.alloc_act(dev, num_tokens, k, "x", precise=precise)
+    s.bufs += [act.x16, act.sums, act.sums_lo, act.f32] + ([act.x16_lo] if precise else [])
     x, x2, w = randn(rng, num_tokens, k), randn(rng, num_tokens, k, scale=2.0), randn(rng, k)
     xb, x2b, wb = s.put(x), s.put(x2), s.put(w)
-    head = 128
     wh = randn(rng, head)
     gated = ref.gated_rms_norm(x.reshape(num_tokens, -1, head), x2.reshape(num_tokens, -1, head), wh, 1e-6)
     cases = (("plain", lambda: ops.act_f16(dev, xb, act, num_tokens, k, out32=act.f32), x),
@@ -215,12 +220,13 @@ def check_act(dev: Device, report: Report, rng: np.random.Generator, num_tokens:
              ("gatednorm", lambda: ops.act_gatednorm(dev, xb, x2b, s.put(wh), act, num_tokens, head, k, k, 1e-6,
                                                      out32=act.f32), gated.reshape(num_tokens, k)))
     for name, run, want in cases:
-        for buf in (act.x16, act.sums, act.sums_lo, act.f32):
+        for buf in (act.x16, act.sums, act.sums_lo, act.f32) + ((act.x16_lo,) if precise else ()):
             poison(dev, buf)
         run()
         rows, sums = _read_act(s, act, num_tokens, k)
-        compare(report, "act", name, rows, want, 1e-3)
-        compare(report, "act", f"{name}.f32", s.get(act.f32, (num_tokens, k)), want, TOL_F32)
+        tag = f"{name}.T{num_tokens}.k{k}" + (f".h{head}" if name == "gatednorm" else "") + (".precise" if precise else "")
+        compare(report, "act", tag, rows, want, TOL_F32 if precise else 1e-3)  # hi + lo: f32-level
+        compare(report, "act", f"{tag}.f32", s.get(act.f32, (num_tokens, k)), want, TOL_F32)
         exact = rows.astype(np.float64).reshape(num_tokens, -1, 32).sum(-1)
-        compare(report, "act", f"{name}.sums", sums.astype(F32), exact.astype(F32), 1e-6)
+        compare(report, "act", f"{tag}.sums", sums.astype(F32), exact.astype(F32), 1e-6)
     s.close()
