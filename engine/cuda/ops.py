@@ -55,7 +55,6 @@ class DeviceWeight:
 
 
 ACT_GROUP = 8  # tokens per act group (the mma's N)
-ACT_SB_PER_BLOCK = 4  # superblocks per block of the act producers (kernels/act.cu)
 SUPERBLOCK = 256
 
 
@@ -125,10 +124,10 @@ class ActSrc(ctypes.Structure):
 
 
 def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) -> None:
-    """Launch act_<mode>: one block per (ACT_SB_PER_BLOCK superblocks, group of 8 tokens)."""
+    """Launch act_<mode>: one block per (superblock, group of 8 tokens)."""
     assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
     groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
-    dev.launch(dev.kernel(f"act_{mode}"), (-(-act.num_superblocks // ACT_SB_PER_BLOCK), groups), 256,
+    dev.launch(dev.kernel(f"act_{mode}"), (act.num_superblocks, groups), 256,
                [src, act.x16, act.sums, act.x16_lo, act.sums_lo, num_tokens, act.width])
 
 
