@@ -226,8 +226,6 @@ __device__ __forceinline__ uint2 ld_cached_u2(const void* p) {
     return __ldg(reinterpret_cast<const uint2*>(p));
 }
 
-// The approximate division (2 ulp; 0 once 1 + e^-x overflows, the limit either way): an IEEE division is about ten
-// instructions, which made the element-wise producers of a prefill compute-bound.
-__device__ __forceinline__ float sigmoidf_(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
-__device__ __forceinline__ float siluf_(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
