@@ -83,16 +83,16 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
         report.checks[-1].unwritten = unwritten
     if pipelined:
         _check_against_plain(dev, report, w, act, y, res, out, num_tokens, variant)
-    if _runs_gemm_cp(qtype, num_tokens):
+    if _runs_gemm_cp(dev, qtype, num_tokens):
         _check_against_plain_gemm(dev, report, w, act, y, res, out, num_tokens, variant)
     for buf in (w.buf, act.x16, act.sums, act.f32, y, act.x16_lo, act.sums_lo) + ((res,) if res is not None else ()):
         if buf is not None:
             dev.memory.free(buf)
 
 
-def _runs_gemm_cp(qtype: Q, num_tokens: int) -> bool:
+def _runs_gemm_cp(dev: Device, qtype: Q, num_tokens: int) -> bool:
     """Whether ops.matmul runs the GEMM with staged operands (gemm_cp) for this call."""
-    return num_tokens >= ops.GEMM_MIN_TOKENS and ops.GEMM_STAGED and qtype in instances.GEMM_CP_QTYPES
+    return num_tokens >= ops.GEMM_MIN_TOKENS and ops.gemm_runs_cp(qtype, dev.info.max_smem_per_block)
 
 
 def _check_against_plain_gemm(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,

@@ -46,7 +46,7 @@ def check_attention(dev: Device, report: Report, rng: np.random.Generator, start
     want = ref.attention(packed[..., :D], k16, v16, qpos, scale)
     if gated:
         want = want * ref.sigmoid(packed[..., D:])
-    mma = mixers.attn_runs_mma(num_tokens, D)  # f16 queries and probabilities on tensor cores
+    mma = mixers.attn_runs_mma(num_tokens, D, dev.info.max_smem_per_block)  # f16 queries and probabilities
     name = f"{'gated.' if gated else ''}T{num_tokens}." + ("mma" if mma else f"s{n_splits}")
     compare(report, "attention", name, s.get(out, (num_tokens, HQ, D)), want, TOL_F16 if mma else TOL_F32)
     s.close()

@@ -26,9 +26,11 @@ def _attn_mma_smem(head_dim: int) -> int:
     return 3 * 64 * (head_dim + 8) * 2
 
 
-def attn_runs_mma(num_tokens: int, head_dim: int) -> bool:
-    """Whether attention over num_tokens queries takes the tensor-core prefill kernel (no key splits)."""
-    return num_tokens >= ATTN_MMA_MIN_TOKENS and head_dim in ATTN_MMA_DIMS
+def attn_runs_mma(num_tokens: int, head_dim: int, max_smem: int) -> bool:
+    """Whether attention over num_tokens queries takes the tensor-core prefill kernel (no key splits): a head size
+    with an instance whose shared memory fits the GPU's opt-in maximum per block (max_smem)."""
+    return (num_tokens >= ATTN_MMA_MIN_TOKENS and head_dim in ATTN_MMA_DIMS
+            and _attn_mma_smem(head_dim) <= max_smem)
 # The chunked delta rule (kernels/deltanet_chunked.cu): tokens per chunk, state columns per scan block, shared
 # memory of each kernel in floats (prep_smem_floats / scan_smem_floats there), and the shortest committed run
 # that takes it (shorter runs, and every uncommitted pass, go through the recurrent kernel).
@@ -147,7 +149,7 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
     args = AttnArgs(_ptr(q), _ptr(kcache), _ptr(vcache), _ptr(positions), _ptr(out), _ptr(part_o), _ptr(part_ml),
                     _ptr(gate), num_tokens, num_heads, num_kv_heads, capacity, ld_q, q_head_stride, ld_out, ld_gate,
                     gate_head_stride, tile, min_keys.bit_length() - 1, float(scale))
-    if attn_runs_mma(num_tokens, head_dim):  # a prefill run: the splits are not needed
+    if attn_runs_mma(num_tokens, head_dim, dev.info.max_smem_per_block):  # a prefill run: no splits needed
         kernel, smem = dev.kernel(f"attn_mma_d{head_dim}"), _attn_mma_smem(head_dim)
         dev.set_max_dynamic_smem(kernel, smem)
         rows = num_tokens * (num_heads // num_kv_heads)
@@ -221,9 +223,12 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
     dev.launch(dev.kernel(f"gdn_k{fitting[0]}"), grid, 128, [args])
 
 
-def gdn_chunked_fits(k_dim: int, v_dim: int) -> bool:
-    """Whether heads of these sizes have the chunked rule (equal key and value sizes with an instance)."""
-    return k_dim == v_dim and k_dim in GDN_CHUNK_DIMS
+def gdn_chunked_fits(k_dim: int, v_dim: int, max_smem: int) -> bool:
+    """Whether heads of these sizes have the chunked rule: equal key and value sizes with an instance, whose two
+    kernels' shared memory fits the GPU's opt-in maximum per block (max_smem; 99 KB on sm_86/89 leaves 128-wide
+    heads to the recurrent kernel)."""
+    return (k_dim == v_dim and k_dim in GDN_CHUNK_DIMS
+            and max(_gdn_prep_smem(k_dim), _gdn_scan_smem(k_dim)) <= max_smem)
 
 
 def gdn_chunk_work_bytes(num_tokens: int, num_v_heads: int, dim: int) -> int:
@@ -237,8 +242,8 @@ def gdn_chunked(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o: 
                 alpha: Buffer, b: Buffer, a: Buffer, dt_bias: Buffer, ld_gate: int, eps: float = 1e-6) -> None:
     """The gated delta rule over a committed run of tokens, chunked: same inputs and result as gdn_recurrent with
     raw q/k and commit (o written, state [Hv, D, D] advanced); work holds gdn_chunk_work_bytes."""
-    if not gdn_chunked_fits(dim, dim):
-        raise ValueError(f"no chunked DeltaNet kernel for heads of {dim}")
+    if not gdn_chunked_fits(dim, dim, dev.info.max_smem_per_block):
+        raise ValueError(f"no chunked DeltaNet kernel for heads of {dim} on this GPU")
     need = gdn_chunk_work_bytes(num_tokens, num_v_heads, dim)
     if work.nbytes < need:
         raise ValueError(f"chunked DeltaNet scratch of {work.nbytes} bytes, {need} needed for {num_tokens} tokens")

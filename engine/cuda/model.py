@@ -69,8 +69,8 @@ class Workspace:
         self.conv_out = dev.alloc(4 * p * self.conv_dim, "conv_out")
         self.g, self.beta = dev.alloc(4 * p * self.ssm_heads, "g"), dev.alloc(4 * p * self.ssm_heads, "beta")
         # the chunked delta rule's per-chunk matrices (prefill runs of GDN_CHUNKED_MIN_TOKENS or more)
-        self.gdn_chunked = bool(cfg.ssm_num_v_heads) and mixers.gdn_chunked_fits(cfg.ssm_head_dim,
-                                                                                 cfg.ssm_v_head_dim)
+        self.gdn_chunked = bool(cfg.ssm_num_v_heads) and mixers.gdn_chunked_fits(
+            cfg.ssm_head_dim, cfg.ssm_v_head_dim, dev.info.max_smem_per_block)
         self.gdn_work = dev.alloc(mixers.gdn_chunk_work_bytes(p, cfg.ssm_num_v_heads, cfg.ssm_head_dim),
                                   "gdn_chunk_work") if self.gdn_chunked else None
         self.logits = dev.alloc(4 * VERIFY_MAX * cfg.vocab_size, "logits")

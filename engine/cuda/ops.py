@@ -116,6 +116,12 @@ def _gemm_cp_smem(qtype: Q) -> int:
     return GEMM_STAGES * (8 * STAGE_SHAPE[qtype][1] + GEMM_ACT_BYTES)
 
 
+def gemm_runs_cp(qtype: Q, max_smem: int) -> bool:
+    """Whether a prefill matmul of this type takes gemm_cp: on, a type with it, and its shared memory within the
+    GPU's opt-in maximum per block."""
+    return GEMM_STAGED and qtype in GEMM_CP_QTYPES and _gemm_cp_smem(qtype) <= max_smem
+
+
 class ActSrc(ctypes.Structure):
     """Mirror of struct ActSrc in kernels/act.cu."""
 
@@ -174,7 +180,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
     if gemm is not None and num_tokens >= GEMM_MIN_TOKENS:
         grid = ((num_tokens + GEMM_TOKENS - 1) // GEMM_TOKENS, (w.rows + GEMM_ROWS - 1) // GEMM_ROWS)
         args = [w.buf, act.x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y]
-        if GEMM_STAGED and w.qtype in GEMM_CP_QTYPES:
+        if gemm_runs_cp(w.qtype, dev.info.max_smem_per_block):
             kernel, smem = dev.kernel(DISPATCH[("gemm_cp", w.qtype)]), _gemm_cp_smem(w.qtype)
             dev.set_max_dynamic_smem(kernel, smem)
             dev.launch(kernel, grid, 128, args, smem=smem)
@@ -272,10 +278,12 @@ def _staged_warp_bytes(qtype: Q, num_tokens: int, precise: bool, tiles: int = 1)
     return ACT_STAGES * stage + ACT_ZERO_BYTES
 
 
-def staged_act_fits(qtype: Q, num_tokens: int, precise: bool, warps: int, tiles: int = 1) -> bool:
-    """Whether a launch of num_tokens may stage its activations: packed columns (at most 4 tokens) and two blocks
-    of `warps` warps in one SM."""
-    return num_tokens <= 4 and warps * _staged_warp_bytes(qtype, num_tokens, precise, tiles) <= ACT_MAX_BLOCK_SMEM
+def staged_act_fits(qtype: Q, num_tokens: int, precise: bool, warps: int, tiles: int = 1,
+                    max_smem: int = ACT_MAX_BLOCK_SMEM) -> bool:
+    """Whether a launch of num_tokens may stage its activations: packed columns (at most 4 tokens), two blocks
+    of `warps` warps in one SM, and no more than the GPU's opt-in maximum per block (max_smem)."""
+    limit = min(ACT_MAX_BLOCK_SMEM, max_smem)
+    return num_tokens <= 4 and warps * _staged_warp_bytes(qtype, num_tokens, precise, tiles) <= limit
 
 
 def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buffer | None, Buffer | None],
@@ -291,7 +299,7 @@ def _mmvq_pipelined(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, B
     if staged_tiles:
         blocks = -(-tiles // staged_tiles)
         warps = _pipelined_warps(w.cols, blocks, dev.info.multiprocessors)
-        if staged_act_fits(w.qtype, t, precise, warps, staged_tiles):
+        if staged_act_fits(w.qtype, t, precise, warps, staged_tiles, dev.info.max_smem_per_block):
             name = f"cpa{'2' if staged_tiles == 2 else ''}{'_hl' if precise else ''}"
             kernel = dev.kernel(f"mmvq_{qtype_tag(w.qtype)}_{name}")
             smem = warps * _staged_warp_bytes(w.qtype, t, precise, staged_tiles)
