@@ -16,7 +16,7 @@ MAX_SPLITS = 64
 # Fewest keys per active attention split (a power of two). 32 = one pass of the kernel's key loop: a decode step at a 512-token
 # context then spreads over 16 splits per KV head instead of 4 (128 keys, the v6 setting: 1.9 ms per 27B pass).
 ATTN_MIN_KEYS = 32
-# Prefill on tensor cores (kernels/attention.cu attn_mma): runs of this many tokens or more, query rows per block,
+# Prefill on tensor cores (kernels/attention_prefill.cu attn_mma): runs of this many tokens or more, query rows per block,
 # and the shared memory (queries, a key tile and a value tile of 64 rows, f16 at a pitch of D + 8).
 ATTN_MMA_MIN_TOKENS = 16
 ATTN_MMA_ROWS = 64
@@ -49,7 +49,7 @@ def _gdn_scan_smem(dim: int) -> int:
 
 
 class AttnArgs(ctypes.Structure):
-    """Mirror of struct AttnArgs in kernels/attention.cu (same field order and types)."""
+    """Mirror of struct AttnArgs in kernels/attention.cuh (same field order and types)."""
 
     _fields_ = [(name, ctypes.c_uint64) for name in
                 ("q", "kcache", "vcache", "positions", "out", "part_o", "part_ml", "gate")] + [

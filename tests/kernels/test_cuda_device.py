@@ -81,7 +81,7 @@ def _c_struct(file: str, name: str) -> list[tuple[str, str]]:
     return fields
 
 
-@pytest.mark.parametrize("file, struct", [("attention.cu", mixers.AttnArgs), ("attention.cu", mixers.QkPrep),
+@pytest.mark.parametrize("file, struct", [("attention.cuh", mixers.AttnArgs), ("attention.cu", mixers.QkPrep),
                                           ("deltanet.cu", mixers.GdnArgs),
                                           ("deltanet_chunked.cu", mixers.GdnChunkArgs), ("act.cu", ops.ActSrc)],
                          ids=lambda v: getattr(v, "__name__", v))

@@ -22,7 +22,7 @@ def test_launchers_mirror_the_kernels_constants() -> None:
     """The launchers size grids, scratch and shared memory from their own copies: a drift under-allocates."""
     chunked = _defines("deltanet_chunked.cu")
     assert int(chunked["GDN_CHUNK"]) == mixers.GDN_CHUNK and int(chunked["GDN_SCAN_COLS"]) == mixers.GDN_SCAN_COLS
-    attention = _defines("attention.cu")
+    attention = _defines("attention_prefill.cu")
     assert int(attention["ATTN_MMA_ROWS"]) == mixers.ATTN_MMA_ROWS == int(attention["ATTN_MMA_KEYS"])
     gemm = _defines("gemm.cu")
     assert int(gemm["GEMM_STAGES"]) == ops.GEMM_STAGES
