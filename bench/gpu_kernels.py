@@ -7,6 +7,7 @@ float64/float32 numpy result by ||out - ref|| / ||ref||.
 from __future__ import annotations
 
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +91,16 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
             dev.memory.free(buf)
 
 
+@contextmanager
+def gemm_staged(on: bool):
+    """ops.GEMM_STAGED set to `on` for the block, restored after it."""
+    saved, ops.GEMM_STAGED = ops.GEMM_STAGED, on
+    try:
+        yield
+    finally:
+        ops.GEMM_STAGED = saved
+
+
 def _runs_gemm_cp(dev: Device, qtype: Q, num_tokens: int) -> bool:
     """Whether ops.matmul runs the GEMM with staged operands (gemm_cp) for this call."""
     return num_tokens >= ops.GEMM_MIN_TOKENS and ops.gemm_runs_cp(qtype, dev.info.max_smem_per_block)
@@ -99,12 +110,9 @@ def _check_against_plain_gemm(dev: Device, report: Report, w, act, y, res, out: 
                               variant: str) -> None:
     """gemm_cp against gemm on the same inputs: the same fragments and mma in the same order, so they agree to
     f32 rounding; a stage slot read before its copy landed, or a token group staged from the wrong place, shows."""
-    ops.GEMM_STAGED = False
-    try:
+    with gemm_staged(False):
         poison(dev, y)
         ops.matmul(dev, w, act, y, num_tokens, w.rows, residual=res)
-    finally:
-        ops.GEMM_STAGED = True
     plain = dev.download(y, np.float32, (num_tokens, w.rows))
     compare(report, "matmul.same", variant + ".gemm_cp", out, plain, TOL_SAME_MATH)
 
@@ -161,13 +169,10 @@ def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) ->
     check_matmul(dev, report, rng, "attn_q", Q.Q4_K, 11)  # two launches: 8 + 3 rows
     for name, qtype, num_tokens in GEMM_CHECKS:
         check_matmul(dev, report, rng, name, qtype, num_tokens)
-    ops.GEMM_STAGED = False  # the plain GEMM for the staged types too
-    try:
+    with gemm_staged(False):  # the plain GEMM for the staged types too
         for name, qtype, num_tokens in GEMM_CHECKS:
             if qtype in instances.GEMM_CP_QTYPES:
                 check_matmul(dev, report, rng, name, qtype, num_tokens, tag=".gemm")
-    finally:
-        ops.GEMM_STAGED = True
     for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # precise mode: exact K-quant weights, f32-level activations
         check_matmul(dev, report, rng, "attn_q", qtype, 3, precise=True)
     for name, qtype, num_tokens, precise in PIPELINE_CHECKS:
@@ -355,12 +360,9 @@ def time_gemm(dev: Device, report: Report, rng: np.random.Generator, token_count
             ops.act_f16(dev, act.f32, act, t, act.ld)
             y = dev.alloc(4 * t * rows, "y")
             for staged in (True, False):
-                ops.GEMM_STAGED = staged
-                try:
+                with gemm_staged(staged):
                     med, spread = median_time(dev, lambda: ops.matmul(dev, w, act, y, t, rows), reps=10, warmup=2,
                                               inner=2)
-                finally:
-                    ops.GEMM_STAGED = True
                 tflops = 2.0 * rows * cols * t / (med * 1e-3) / 1e12
                 kind = "cp" if staged and qtype in instances.GEMM_CP_QTYPES else "plain"
                 report.timings.append(Timing("gemm", f"{name}.{qtype.name}.T{t}.{kind}", f"{rows}x{cols}", med,

@@ -156,6 +156,7 @@ def time_staged_l1(dev: Device, report: Report, rng: np.random.Generator) -> Non
     for n in names:
         builds[n] = _load(dev, nvrtc.KERNEL_DIR / "mmvq.cu", instances.INSTANCES[n].expr, n + ".l1",
                           ("-DOPENJET_STAGE_ACT_L1",))
+    originals = {n: dev.kernel(n) for n in names}
     saved = ops.pipeline_state()
     try:
         for name, qtype in STAGED_TIMED:
@@ -167,7 +168,6 @@ def time_staged_l1(dev: Device, report: Report, rng: np.random.Generator) -> Non
                     for t in (1, 2, 3, 4):
                         pair = []
                         for l1 in (False, True):
-                            originals = {n: dev.kernel(n) for n in names}
                             if l1:
                                 dev._kernels.update(builds)
                             state = {"i": 0}

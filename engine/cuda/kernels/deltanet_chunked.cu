@@ -48,6 +48,14 @@ __device__ __forceinline__ void fma4(float4& acc, float s, const float4& x) {
     acc.w += s * x.w;
 }
 
+// acc += x.x s[0] + x.y s[1] + x.z s[2] + x.w s[3]: four rows s of a product, weighted by x.
+__device__ __forceinline__ void fma4x4(float4& acc, const float4& x, const float4 (&s)[4]) {
+    fma4(acc, x.x, s[0]);
+    fma4(acc, x.y, s[1]);
+    fma4(acc, x.z, s[2]);
+    fma4(acc, x.w, s[3]);
+}
+
 __device__ __forceinline__ float dot4(const float4& x, const float4& y) {
     return x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
 }
@@ -212,7 +220,8 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_chunk_prep(GdnChunkArgs p) {
     if (tid == 0) out[Out::TAIL] = expf(c_end);
 }
 
-// Copy `count` floats (a multiple of 4 apart, 16-byte aligned) from global rows into shared rows, float4 at a time.
+// Copy rows of `cols` floats (a multiple of 4, rows 16-byte aligned) between global and shared memory, float4 at a
+// time.
 __device__ __forceinline__ void copy_rows(float* dst, int dst_pitch, const float* src, i64 src_pitch, int rows,
                                           int cols) {
     const int per_row = cols / 4;
@@ -261,10 +270,8 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_chunk_scan(GdnChunkArgs p) {
 #pragma unroll
             for (int a = 0; a < RA; ++a) {
                 const float4 w4 = ld4(&sw[(gy + TY * a) * PITCH + r]), q4 = ld4(&sq[(gy + TY * a) * PITCH + r]);
-                fma4(uacc[a], w4.x, s4[0]), fma4(uacc[a], w4.y, s4[1]), fma4(uacc[a], w4.z, s4[2]);
-                fma4(uacc[a], w4.w, s4[3]);
-                fma4(oacc[a], q4.x, s4[0]), fma4(oacc[a], q4.y, s4[1]), fma4(oacc[a], q4.z, s4[2]);
-                fma4(oacc[a], q4.w, s4[3]);
+                fma4x4(uacc[a], w4, s4);
+                fma4x4(oacc[a], q4, s4);
             }
         }
 #pragma unroll
@@ -282,9 +289,7 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_chunk_scan(GdnChunkArgs p) {
             for (int m = 0; m < 4; ++m) u4[m] = ld4(&su[(i + m) * SP + 4 * gx]);
 #pragma unroll
             for (int a = 0; a < RA; ++a) {
-                const float4 p4 = ld4(&sp[(gy + TY * a) * PP + i]);
-                fma4(oacc[a], p4.x, u4[0]), fma4(oacc[a], p4.y, u4[1]), fma4(oacc[a], p4.z, u4[2]);
-                fma4(oacc[a], p4.w, u4[3]);
+                fma4x4(oacc[a], ld4(&sp[(gy + TY * a) * PP + i]), u4);
             }
         }
 #pragma unroll
@@ -312,8 +317,5 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_chunk_scan(GdnChunkArgs p) {
         }
         __syncthreads();
     }
-    for (int idx = tid; idx < D * NC / 4; idx += GDN_THREADS) {
-        const int r = idx / (NC / 4), c4 = idx % (NC / 4);
-        st4(&state[(i64)r * D + 4 * c4], ld4(&ss[r * SP + 4 * c4]));
-    }
+    copy_rows(state, D, ss, SP, D, NC);  // the state's columns back
 }

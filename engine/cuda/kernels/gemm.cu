@@ -9,6 +9,37 @@ __device__ __forceinline__ i64 act_index(int sb, int s, int n) { return ((i64)(s
 #define GEMM_MT 2   // 16-row tiles per warp
 #define GEMM_NG 4   // 8-token groups per warp (32 tokens)
 
+// The A fragments of step s for the warp's GEMM_MT 16-row tiles (rows g and g + 8 of each, already prepared).
+template <int QT>
+__device__ __forceinline__ void gemm_frags(const typename QTraits<QT>::Row (&r)[GEMM_MT][2],
+                                           const typename FullFrag<QT>::Consts (&k)[GEMM_MT][2], int c, int s,
+                                           u32 (&a)[GEMM_MT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < GEMM_MT; ++mt) {
+        FullFrag<QT>::frag(r[mt][0], k[mt][0], c, s, a[mt][0], a[mt][2]);
+        FullFrag<QT>::frag(r[mt][1], k[mt][1], c, s, a[mt][1], a[mt][3]);
+    }
+}
+
+// y[tok, row] = acc (+ bias[row]) (+ residual[tok, row]) for the warp's rows from row0 and tokens of groups grp0..
+__device__ __forceinline__ void gemm_store(const float (&acc)[GEMM_MT][GEMM_NG][4], float* y, const float* bias,
+                                           const float* residual, int row0, int grp0, int rows, int T, int ldy,
+                                           int g, int c) {
+#pragma unroll
+    for (int mt = 0; mt < GEMM_MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < GEMM_NG; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = row0 + 16 * mt + g + 8 * (e >> 1), tok = (grp0 + n) * 8 + 2 * c + (e & 1);
+                if (row >= rows || tok >= T) continue;
+                float v = acc[mt][n][e];
+                if (bias) v += bias[row];
+                if (residual) v += residual[(i64)tok * ldy + row];
+                y[(i64)tok * ldy + row] = v;
+            }
+}
+
 // Prefill: y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual) for many tokens, on tensor cores. A block computes
 // 128 rows x 32 tokens: each warp decodes its 32 rows of a superblock once (full f16 weights) and multiplies them
 // by all 32 tokens; the warps share the activations through L1. Blocks of one row tile are adjacent in the grid
@@ -29,13 +60,7 @@ gemm(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ 
     const Planes P = Q::planes(w, (u64)rows * nb);
     const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout
 
-    float acc[GEMM_MT][GEMM_NG][4];
-#pragma unroll
-    for (int mt = 0; mt < GEMM_MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < GEMM_NG; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
+    float acc[GEMM_MT][GEMM_NG][4] = {};
 
     for (int sb = 0; sb < nsb; ++sb) {
         typename Q::Row r[GEMM_MT][2];
@@ -52,11 +77,7 @@ gemm(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ 
         for (int s = 0; s < SB_STEPS; ++s) {
             asm volatile("" ::: "memory");  // keep each step's loads in its step: bounds register pressure
             u32 a[GEMM_MT][4];
-#pragma unroll
-            for (int mt = 0; mt < GEMM_MT; ++mt) {
-                F::frag(r[mt][0], k[mt][0], c, s, a[mt][0], a[mt][2]);
-                F::frag(r[mt][1], k[mt][1], c, s, a[mt][1], a[mt][3]);
-            }
+            gemm_frags<QT>(r, k, c, s, a);
 #pragma unroll
             for (int n = 0; n < GEMM_NG; ++n) {
                 const int tok = (grp0 + n) * 8 + g;
@@ -71,19 +92,7 @@ gemm(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ 
             }
         }
     }
-#pragma unroll
-    for (int mt = 0; mt < GEMM_MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < GEMM_NG; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = row0 + 16 * mt + g + 8 * (e >> 1), tok = (grp0 + n) * 8 + 2 * c + (e & 1);
-                if (row >= rows || tok >= T) continue;
-                float v = acc[mt][n][e];
-                if (bias) v += bias[row];
-                if (residual) v += residual[(i64)tok * ldy + row];
-                y[(i64)tok * ldy + row] = v;
-            }
+    gemm_store(acc, y, bias, residual, row0, grp0, rows, T, ldy, g, c);
 }
 
 
@@ -148,13 +157,7 @@ gemm_cp(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
         cp_async_commit();
     }
 
-    float acc[GEMM_MT][GEMM_NG][4];
-#pragma unroll
-    for (int mt = 0; mt < GEMM_MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < GEMM_NG; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
+    float acc[GEMM_MT][GEMM_NG][4] = {};
 
     for (int sb = 0; sb < nsb; ++sb) {
         const int ahead = sb + GEMM_STAGES - 1;
@@ -176,11 +179,7 @@ gemm_cp(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
 #pragma unroll
         for (int s = 0; s < SB_STEPS; ++s) {
             u32 a[GEMM_MT][4];
-#pragma unroll
-            for (int mt = 0; mt < GEMM_MT; ++mt) {
-                F::frag(r[mt][0], k[mt][0], c, s, a[mt][0], a[mt][2]);
-                F::frag(r[mt][1], k[mt][1], c, s, a[mt][1], a[mt][3]);
-            }
+            gemm_frags<QT>(r, k, c, s, a);
 #pragma unroll
             for (int n = 0; n < GEMM_NG; ++n) {
                 const uint2 v = *reinterpret_cast<const uint2*>(sa + n * 4096 + (s * 8 + g) * 32 + 8 * c);
@@ -192,17 +191,5 @@ gemm_cp(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
         __syncthreads();  // every warp is done with the slot the next iteration's copy refills
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int mt = 0; mt < GEMM_MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < GEMM_NG; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = row0 + 16 * mt + g + 8 * (e >> 1), tok = (grp0 + n) * 8 + 2 * c + (e & 1);
-                if (row >= rows || tok >= T) continue;
-                float v = acc[mt][n][e];
-                if (bias) v += bias[row];
-                if (residual) v += residual[(i64)tok * ldy + row];
-                y[(i64)tok * ldy + row] = v;
-            }
+    gemm_store(acc, y, bias, residual, row0, grp0, rows, T, ldy, g, c);
 }

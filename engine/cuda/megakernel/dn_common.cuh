@@ -7,14 +7,6 @@
 #pragma once
 #include "mk_common.cuh"
 
-template <int N>
-__device__ __forceinline__ void warp_sum_each(float (&v)[N]) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int j = 0; j < N; ++j) v[j] += __shfl_xor_sync(FULL_MASK, v[j], o);
-}
-
 template <int KL, int COLS>
 struct DnHead {
     static constexpr int ROWS_PER_LANE = KL, COLS_PER_WARP = COLS;
@@ -52,7 +44,7 @@ struct DnHead {
             }
             pred[j] = acc;
         }
-        warp_sum_each<COLS>(pred);
+        warp_sum_n<COLS>(pred);
 #pragma unroll
         for (int j = 0; j < COLS; ++j) {
             const float u = (v[j] - pred[j]) * beta;
@@ -68,7 +60,7 @@ struct DnHead {
             for (int i = 0; i < KL; ++i) acc += q[i] * s[i][j];
             o[j] = acc;
         }
-        warp_sum_each<COLS>(o);
+        warp_sum_n<COLS>(o);
     }
 };
 
