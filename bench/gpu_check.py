@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
 PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream",
-         "mixers")
+         "mixers", "i8")
 # --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
@@ -78,6 +78,11 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_mixers.run_mixer_checks(dev, report, rng)
         gpu_mixers.time_delta_rule(dev, report, rng)
+    elif name == "i8":  # the int8-activation Q4_K matmul alone (also inside "kernels"), timed beside the default
+        from bench import gpu_kernels
+
+        gpu_kernels.run_i8_checks(dev, report, rng)
+        gpu_kernels.time_i8(dev, report, rng)
     elif name == "stream":  # diagnostic, not in the default parts: mmvq vs its loads alone vs a plain read
         from bench import gpu_stream
 

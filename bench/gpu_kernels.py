@@ -55,6 +55,15 @@ def _reference_rows(data: np.ndarray, qtype: Q, shape: tuple[int, int], rows: np
     return dequantize(sub, qtype, (len(rows), shape[1])).astype(np.float64)
 
 
+# The int8-activation Q4_K matmul (kernels/mmvq_i8.cu) at every token count it runs: around the ring on ffn_down,
+# a partial tile and three superblocks on odd_rows, 48 rows on ssm_ab. Its activations keep 1.5e-5 of each
+# superblock's largest value, so it is held to TOL_I8 against the float64 reference (a dropped sub-block, scale
+# or level costs 1e-3 or more) and to the precise f16 kernel's result at the same tolerance.
+I8_CHECKS = [(name, t) for name in ("attn_q", "odd_rows", "ffn_down") for t in (1, 2, 3, 4)] + [
+    ("ffn_up", 1), ("ssm_ab", 1), ("attn_output", 2)]
+TOL_I8 = 1e-4
+
+
 def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q, num_tokens: int,
                  with_residual: bool = True, precise: bool = False, tag: str = "") -> None:
     """mmvq (or the f32 path) against x @ W^T on fresh random weights and activations."""
@@ -76,19 +85,36 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
         ref += dev.download(res, np.float32, (num_tokens, rows))[:, pick]
     tol = TOL_F32 if qtype == Q.F32 or precise else TOL_F16
     variant = f"{qtype.name}.T{num_tokens}" + (".precise" if precise else "") + tag
-    pipelined = _runs_pipeline(qtype, precise, num_tokens)
+    i8 = ops.i8_runs(qtype, num_tokens, act, dev.info.max_smem_per_block)
+    pipelined = "i8" if i8 else _runs_pipeline(qtype, precise, num_tokens)
     variant += f".{pipelined}" if pipelined else ""
-    compare(report, "matmul", variant, out[:, pick], ref, tol)
+    compare(report, "matmul", variant, out[:, pick], ref, TOL_I8 if i8 else tol)
     unwritten = int(np.count_nonzero(np.isnan(out)))
     if unwritten:
         report.checks[-1].unwritten = unwritten
-    if pipelined:
+    if i8:
+        _check_against_f16(dev, report, w, act, y, res, out, num_tokens, variant)
+    elif pipelined:
         _check_against_plain(dev, report, w, act, y, res, out, num_tokens, variant)
     if _runs_gemm_cp(dev, qtype, num_tokens):
         _check_against_plain_gemm(dev, report, w, act, y, res, out, num_tokens, variant)
-    for buf in (w.buf, act.x16, act.sums, act.f32, y, act.x16_lo, act.sums_lo) + ((res,) if res is not None else ()):
-        if buf is not None:
-            dev.memory.free(buf)
+    for buf in [w.buf, y, *act.buffers()] + ([res] if res is not None else []):
+        dev.memory.free(buf)
+
+
+def _check_against_f16(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,
+                       variant: str) -> None:
+    """The int8 matmul against the f16 kernels on the same inputs (the precise ones where the residue is
+    there): a whole-matrix comparison, where the reference check samples rows."""
+    saved = ops.I8_MATMUL
+    try:
+        ops.set_i8(False)
+        poison(dev, y)
+        ops.matmul(dev, w, act, y, num_tokens, w.rows, residual=res)
+    finally:
+        ops.set_i8(saved)
+    f16 = dev.download(y, np.float32, (num_tokens, w.rows))
+    compare(report, "matmul.same", variant + ".vs_f16", out, f16, TOL_I8)
 
 
 @contextmanager
@@ -192,9 +218,55 @@ def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) ->
                 check_matmul(dev, report, rng, name, qtype, num_tokens, precise=precise)
     finally:
         ops.set_pipelined(*saved)
+    run_i8_checks(dev, report, rng)
     failing = {c.variant.split(".")[0] for c in report.checks if c.op.startswith("matmul") and not c.ok}
     for name in sorted(failing):
         diagnose_matmul(dev, report, rng, Q[name])
+
+
+def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
+    """The int8-activation Q4_K matmul (I8_CHECKS), in fast and precise mode (it replaces both)."""
+    saved = ops.I8_MATMUL
+    try:
+        ops.set_i8(True)
+        for name, num_tokens in I8_CHECKS:
+            for precise in (False, True):
+                check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
+    finally:
+        ops.set_i8(saved)
+
+
+I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
+
+
+def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 3, 4)) -> None:
+    """The int8 matmul against what the default table runs (precise) at each Q4_K shape of the 27B pass."""
+    print("int8 matmul timings (us, GB/s): default precise kernel | i8", flush=True)
+    saved = ops.I8_MATMUL
+    try:
+        for name in I8_TIMED:
+            m = timed_matrix(dev, rng, name, Q.Q4_K, precise=True)
+            for t in token_counts:
+                cells = []
+                for on in (False, True):
+                    ops.set_i8(on)
+                    ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
+                    state = {"i": 0}
+
+                    def run(t=t, state=state):
+                        ops.matmul(dev, m.ws[state["i"] % len(m.ws)], m.act, m.y, t, m.rows)
+                        state["i"] += 1
+
+                    label = "i8" if on else (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise"
+                    med, spread = median_time(dev, run, reps=20, warmup=3, inner=len(m.ws) * 2)
+                    timing = Timing("matmul", f"{name}.Q4_K.T{t}.{label}", f"{m.rows}x{m.cols}", med, spread,
+                                    m.nbytes)
+                    report.timings.append(timing)
+                    cells.append(f"{label} {med * 1e3:6.1f} {timing.gbps:5.0f}")
+                print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)
+            m.free(dev)
+    finally:
+        ops.set_i8(saved)
 
 
 TIMED = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_up", Q.Q4_K), ("ssm_out", Q.Q4_K),
@@ -245,9 +317,8 @@ class TimedMatrix:
 
     def free(self, dev: Device) -> None:
         act = self.act
-        for buf in [w.buf for w in self.ws] + [act.x16, act.sums, act.f32, act.sums_lo, act.x16_lo, self.y]:
-            if buf is not None:
-                dev.memory.free(buf)
+        for buf in [w.buf for w in self.ws] + act.buffers() + [self.y]:
+            dev.memory.free(buf)
 
 
 def timed_matrix(dev: Device, rng: np.random.Generator, name: str, qtype: Q, precise: bool) -> TimedMatrix:
@@ -369,6 +440,6 @@ def time_gemm(dev: Device, report: Report, rng: np.random.Generator, token_count
                                              spread, device_nbytes(qtype, (rows, cols)), {"tflops": round(tflops, 1)}))
                 print(f"  {name:<10} {qtype.name:<5} T={t:<5} {kind:<5} {med:8.3f} ms  {tflops:6.1f} TFLOP/s",
                       flush=True)
-            for buf in (act.x16, act.sums, act.f32, y):
+            for buf in act.buffers() + [y]:
                 dev.memory.free(buf)
         dev.memory.free(w.buf)

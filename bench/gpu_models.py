@@ -67,6 +67,7 @@ def speculative_replay(backend, prompt: list[int], ref_tokens: list[int], ref_ro
 
 def check_arch(report: Report, arch: str, folder: Path, rng: np.random.Generator) -> None:
     """Reference vs CUDA (default and precise matmuls, and precise under PDL) on one generated tiny model."""
+    from engine.cuda import ops
     from engine.cuda.backend import CudaBackend
     from engine.cuda.device import PDL_MIN_ARCH
     from engine.gguf.testmodel import write_test_model
@@ -76,17 +77,21 @@ def check_arch(report: Report, arch: str, folder: Path, rng: np.random.Generator
     ref = ReferenceBackend.from_gguf(path, context_size=1024)
     prompt = [int(t) for t in rng.integers(0, ref.vocab_size, size=24)]
     ref_tokens, ref_rows = greedy(ref, prompt, NUM_GREEDY)
-    # fast, precise, and precise with programmatic dependent launch (a kernel waiting too late would race there)
-    for precise, pdl in ((False, False), (True, False), (True, True)):
+    # fast, precise, precise with programmatic dependent launch (a kernel waiting too late would race there), and
+    # precise with the int8-activation Q4_K matmul (ops.I8_MATMUL)
+    for precise, pdl, i8 in ((False, False, False), (True, False, False), (True, True, False), (True, False, True)):
         cuda = CudaBackend.from_gguf(path, context_size=1024, max_tokens=64, precise=precise)
         if pdl and cuda.dev.info.arch < PDL_MIN_ARCH:
             cuda.close()
             continue
         cuda.dev.pdl = pdl
+        saved_i8 = ops.I8_MATMUL
+        ops.set_i8(i8)
         try:
-            compare_backend(report, arch + (".precise" if precise else "") + (".pdl" if pdl else ""), ref, cuda,
-                            prompt, ref_tokens, ref_rows, rng)
+            compare_backend(report, arch + (".precise" if precise else "") + (".pdl" if pdl else "") +
+                            (".i8" if i8 else ""), ref, cuda, prompt, ref_tokens, ref_rows, rng)
         finally:
+            ops.set_i8(saved_i8)
             cuda.close()
 
 

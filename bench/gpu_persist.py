@@ -51,8 +51,7 @@ class _Inputs:
     def free(self) -> None:
         """Release every buffer."""
         self.act.x16_lo = self.lo
-        for buf in (self.w.buf, self.act.x16, self.act.sums, self.act.f32, self.act.sums_lo, self.lo, self.y,
-                    self.res, self.bias):
+        for buf in [self.w.buf, *self.act.buffers(), self.y, self.res, self.bias]:
             self.dev.memory.free(buf)
 
 

@@ -36,6 +36,8 @@ PERSIST_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # The pipelined kernels' column modes, in template-argument order (LO, TWO): fast, precise packed (T <= 4),
 # precise two-pass.
 PIPELINE_MODES = (("", "false, false"), ("_hl", "true, false"), ("_x2", "true, true"))
+# Tokens of the int8-activation Q4_K matmul (kernels/mmvq_i8.cu: 2T packed columns), an instance each.
+I8_MAX_TOKENS = 4
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
 ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
@@ -70,6 +72,8 @@ def _build() -> dict[str, Instance]:
         for (suffix, lo), tiles in itertools.product((("", "false"), ("_hl", "true")), (1, 2)):
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_cpa{'2' if tiles == 2 else ''}{suffix}", "mmvq",
                                 f"mmvq_cpa<{int(qt)}, {lo}, {tiles}, {ACT_STAGES}>"))
+    out += [Instance(f"mmvq_q4_K_i8_t{t}", "mmvq_i8", f"mmvq_i8<{t}, {ACT_STAGES}>")  # int8 activations
+            for t in range(1, I8_MAX_TOKENS + 1)]
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

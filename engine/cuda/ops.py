@@ -13,8 +13,8 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import persist
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import (ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, MATMUL_QTYPES,
-                                   PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
+from engine.cuda.instances import (ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS,
+                                   MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
 MMVQ_WARPS = 8
@@ -75,6 +75,13 @@ class Act:
     max_tokens: int
     sums_lo: Buffer | None = None  # the sums' f16 rounding residue (always allocated by alloc_act)
     x16_lo: Buffer | None = None  # precise mode: f16(x - f16(x)) in the same layout, a second pass of the mma
+    # the int8 copy for kernels/mmvq_i8.cu (q8 [groups][nsb][2][8][256], scale8, sums8, sums8_lo), written by
+    # the producers of up to I8_MAX_TOKENS tokens while I8_MATMUL is on; i8_tokens: how many the last one wrote
+    q8: Buffer | None = None
+    scale8: Buffer | None = None
+    sums8: Buffer | None = None
+    sums8_lo: Buffer | None = None
+    i8_tokens: int = 0
 
     @property
     def num_superblocks(self) -> int:
@@ -87,6 +94,18 @@ class Act:
         act_lo = self.x16_lo.view(index * nsb * 4096) if self.x16_lo else None
         return (self.x16.view(index * nsb * 4096), self.sums.view(index * nsb * 128), act_lo,
                 self.sums_lo.view(index * nsb * 128))
+
+
+    def group8(self, index: int) -> tuple[Buffer, Buffer, Buffer, Buffer]:
+        """(q8, scale8, sums8, sums8_lo) views of token group `index`."""
+        nsb = self.num_superblocks
+        return (self.q8.view(index * nsb * 4096), self.scale8.view(index * nsb * 64),
+                self.sums8.view(index * nsb * 128), self.sums8_lo.view(index * nsb * 128))
+
+    def buffers(self) -> list[Buffer]:
+        """Every buffer alloc_act made (f32 too: it may be the caller's), to free them."""
+        return [b for b in (self.x16, self.sums, self.f32, self.sums_lo, self.x16_lo, self.q8, self.scale8,
+                            self.sums8, self.sums8_lo) if b is not None]
 
 
 def _mmvq_instance(qtype: Q) -> str:
@@ -129,12 +148,22 @@ class ActSrc(ctypes.Structure):
         (n, ctypes.c_int32) for n in ("ldx", "ldx2", "ld_out32", "head")] + [("eps", ctypes.c_float)]
 
 
+class Act8(ctypes.Structure):
+    """Mirror of struct Act8 in kernels/act.cu (all zero: no int8 copy)."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in ("q", "scale", "sums", "sums_lo")]
+
+
 def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) -> None:
-    """Launch act_<mode>: one block per (superblock, group of 8 tokens)."""
+    """Launch act_<mode>: one block per (superblock, group of 8 tokens); the int8 copy too where the int8
+    matmul will read it."""
     assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
     groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
+    i8 = I8_MATMUL and act.q8 is not None and num_tokens <= I8_MAX_TOKENS
+    a8 = Act8(act.q8.ptr, act.scale8.ptr, act.sums8.ptr, act.sums8_lo.ptr) if i8 else Act8()
+    act.i8_tokens = num_tokens if i8 else 0
     dev.launch(dev.kernel(f"act_{mode}"), (act.num_superblocks, groups), 256,
-               [src, act.x16, act.sums, act.x16_lo, act.sums_lo, num_tokens, act.width])
+               [src, act.x16, act.sums, act.x16_lo, act.sums_lo, a8, num_tokens, act.width])
 
 
 def _p(buf: Buffer | None) -> int:
@@ -196,6 +225,9 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         t = min(ACT_GROUP, num_tokens - t0)
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
+        if i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block):
+            _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
+            continue
         pipelined = pipeline_kernel(w.qtype, precise, t)
         if pipelined is not None:
             group = act.group(t0 // ACT_GROUP)
@@ -329,6 +361,63 @@ def _mmvq_persist(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buf
                                           w.rows, w.cols, t, ld_y], smem=smem)
 
 
+# ---- int8 activations (kernels/mmvq_i8.cu) ----
+# OPENJET_CUDA_I8=1: Q4_K launches of up to 4 tokens multiply int8 activations (two levels, 1.5e-5 of each
+# superblock's largest value) by the unconverted nibbles; off by default until measured (bench/NOTES.md v12).
+I8_ENV = "OPENJET_CUDA_I8"
+I8_QTYPES = (Q.Q4_K,)
+I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernels/mmvq_i8.cu
+
+
+def _i8_default() -> bool:
+    import os
+
+    value = os.environ.get(I8_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{I8_ENV}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+I8_MATMUL = _i8_default()
+
+
+def set_i8(on: bool) -> None:
+    """Switch the int8 matmul on or off (captured graphs keep their kernels; producers write the int8 copy
+    only while it is on)."""
+    global I8_MATMUL
+    I8_MATMUL = bool(on)
+
+
+def i8_stage_bytes(num_tokens: int) -> int:
+    """Mirror of kernels/mmvq_i8.cu i8_stage_bytes."""
+    slots = 2 * num_tokens
+    return I8_STAGE_BASE + I8_SLOT_BYTES * slots + -(-4 * slots // 16) * 16
+
+
+def _i8_smem(num_tokens: int, warps: int) -> int:
+    return warps * (ACT_STAGES * i8_stage_bytes(num_tokens) + I8_ZERO_BYTES)
+
+
+def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
+    """Whether a matmul takes mmvq_i8: on, a Q4_K weight, at most I8_MAX_TOKENS tokens whose int8 copy the
+    last producer of `act` wrote, and its shared memory within the GPU's opt-in maximum per block."""
+    if not (I8_MATMUL and qtype in I8_QTYPES and num_tokens <= min(I8_MAX_TOKENS, act.i8_tokens)):
+        return False
+    return _i8_smem(num_tokens, MMVQ_WARPS) <= min(ACT_MAX_BLOCK_SMEM, max_smem)
+
+
+def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
+             bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int) -> None:
+    """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
+    q8, scale8, sums8, sums8_lo = group8
+    tiles = (w.rows + 15) // 16
+    warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
+    kernel, smem = dev.kernel(f"mmvq_q4_K_i8_t{t}"), _i8_smem(t, warps)
+    dev.set_max_dynamic_smem(kernel, smem)
+    dev.launch(kernel, tiles, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
+                                           ld_y], smem=smem)
+
+
 def _pipelined_warps(cols: int, tiles: int, multiprocessors: int) -> int:
     """Warps per block of the pipelined mmvq: among the counts that split the superblocks evenly (as
     _mmvq_warps), the one whose waves of about 16 resident warps per SM finish first."""
@@ -382,7 +471,13 @@ def alloc_act(dev: Device, max_tokens: int, width: int, what: str, f32: Buffer |
     f32 = f32 if f32 is not None else dev.alloc(4 * max_tokens * ld, f"{what}.f32")
     sums_lo = dev.alloc(groups * nsb * 128, f"{what}.sums_lo")
     act_lo = dev.alloc(groups * nsb * 4096, f"{what}.act_lo") if precise else None
-    return Act(x16, sums, f32, width, ld, max_tokens, sums_lo, act_lo)
+    act = Act(x16, sums, f32, width, ld, max_tokens, sums_lo, act_lo)
+    if width % SUPERBLOCK == 0:  # the int8 matmul's whole superblocks (one group: it runs up to 4 tokens)
+        act.q8 = dev.alloc(nsb * 4096, f"{what}.q8")
+        act.scale8 = dev.alloc(nsb * 64, f"{what}.scale8")
+        act.sums8 = dev.alloc(nsb * 128, f"{what}.sums8")
+        act.sums8_lo = dev.alloc(nsb * 128, f"{what}.sums8_lo")
+    return act
 
 
 # ---- norms, rope, element-wise, embedding, token choice ----

@@ -1,7 +1,8 @@
 // The matmul input ("act" layout, mmvq.cu) produced straight from the op in front of the matmul, so no separate
 // pass writes an f32 intermediate: a plain copy, RMSNorm, SwiGLU, or the DeltaNet's gated per-head RMSNorm.
 // Every variant also writes the sub-block sums (hi + lo f16 pair) of exactly the f16 values the mma will see,
-// and, in precise mode, each value's f16 rounding residue (act_lo).
+// and, in precise mode, each value's f16 rounding residue (act_lo); with an Act8 (up to 4 tokens), the same
+// values as int8 for kernels/mmvq_i8.cu (its header describes that layout).
 #include "common.cuh"
 #include "quants.cuh"
 
@@ -17,6 +18,15 @@ struct ActSrc {
     float* out32;  // optional f32 copy of v, [T, ld_out32] (read by the f32-weight path)
     int ldx, ldx2, ld_out32, head;
     float eps;
+};
+
+// The int8 copy of the activations (null q: not wanted). Per group of 8 tokens: q [nsb][2][8][256], scale
+// [nsb][2][8], sums, sums_lo [nsb][8][8].
+struct Act8 {
+    i8* q;
+    float* scale;
+    f16* sums;
+    f16* sums_lo;
 };
 
 __device__ __forceinline__ i64 act_pos(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
@@ -57,11 +67,53 @@ __device__ void row_inv_rms(const ActSrc& a, int grp, int T, int K, float* inv /
     __syncthreads();
 }
 
+// Superblock sb of the group's tokens (v: this thread's position p of each) as two int8 levels: s = max|v| / 127
+// over the superblock, q_hi = rint(v / s), q_lo = rint((v - s q_hi) / s_lo) with s_lo = s / 254.
+__device__ void act_i8(const Act8& a8, const float (&v)[8], int grp, int T, int sb, int nsb) {
+    __shared__ float wmax[8][8];  // [warp][token]
+    const int p = threadIdx.x, lane = p & 31, warp = p >> 5, tokens = min(8, T - grp * 8);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+        if (n < tokens) {
+            const float m = warp_max(fabsf(v[n]));
+            if (lane == 0) wmax[warp][n] = m;
+        }
+    __syncthreads();
+    const int off = 64 * (p >> 6) + 16 * ((p & 31) >> 3) + 8 * ((p >> 5) & 1) + (p & 7);
+    const i64 blk = (i64)grp * nsb + sb;
+    i8* q = a8.q + blk * 4096 + off;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+        if (n >= tokens) break;
+        float mx = 0.f;
+#pragma unroll
+        for (int wi = 0; wi < 8; ++wi) mx = fmaxf(mx, wmax[wi][n]);
+        const bool live = mx >= 1e-30f;  // below that (and for zeros) both levels are 0, so 254 / s cannot overflow
+        const float s = live ? mx / 127.f : 0.f, s_lo = s / 254.f;
+        const float inv = live ? 127.f / mx : 0.f, inv_lo = live ? 254.f / s : 0.f;
+        const float qh = fminf(fmaxf(rintf(v[n] * inv), -127.f), 127.f);
+        const float ql = fminf(fmaxf(rintf(fmaf(-qh, s, v[n]) * inv_lo), -127.f), 127.f);
+        q[n * 256] = (i8)(int)qh;
+        q[(8 + n) * 256] = (i8)(int)ql;
+        if (p == 0) {
+            a8.scale[blk * 16 + n] = s;
+            a8.scale[blk * 16 + 8 + n] = s_lo;
+        }
+        const float sub = warp_sum(fmaf(ql, s_lo, qh * s));  // what the int8 mma sees; a warp = one sub-block
+        if (lane == 0) {
+            const i64 si = (blk * 8 + n) * 8 + warp;
+            const f16 sh = f32_to_f16(sub);
+            a8.sums[si] = sh;
+            a8.sums_lo[si] = f32_to_f16(sub - f16_to_f32(sh));
+        }
+    }
+}
+
 // Grid (superblocks, token groups of 8), 256 threads: thread = position in the superblock.
 template <int MODE>
 __global__ void __launch_bounds__(256)
 act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restrict__ act_lo,
-         f16* __restrict__ sums_lo, int T, int K) {
+         f16* __restrict__ sums_lo, Act8 a8, int T, int K) {
     PDL_ENTER();
     __shared__ float inv[8];
     __shared__ float head_ss[8][8];  // GATEDNORM: [warp][token] partial sums of squares
@@ -98,10 +150,13 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
         }
     }
     f16* act_g = act + (i64)grp * nsb * 2048;
+    if (MODE == ACT_RMSNORM)
+#pragma unroll
+        for (int n = 0; n < 8; ++n) v[n] = (grp * 8 + n < T && k < K) ? v[n] * inv[n] * a.w[k] : 0.f;
+    if (a8.q) act_i8(a8, v, grp, T, sb, nsb);
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
         const int t = grp * 8 + n;
-        if (MODE == ACT_RMSNORM) v[n] = (t < T && k < K) ? v[n] * inv[n] * a.w[k] : 0.f;
         if (a.out32 && t < T && k < K) a.out32[(i64)t * a.ld_out32 + k] = v[n];
         const f16 hi = f32_to_f16(v[n]);
         act_g[act_pos(sb, s, n) + 4 * c + r] = hi;

@@ -152,6 +152,17 @@ __device__ __forceinline__ void mma_f16_16816(float* d, const u32* a, const u32*
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// ---- tensor cores, integers: D = A(16x32 u8, row) * B(32x8 s8, col), int32, C = 0 ----
+// Fragments: a[0] = A[g][4c..4c+3], a[1] = A[g+8][4c..], a[2] = A[g][16+4c..], a[3] = A[g+8][16+4c..]; b[0] =
+// B[4c..4c+3][g], b[1] = B[16+4c..][g]; d as mma_f16_16816's. Every product and sum is exact.
+__device__ __forceinline__ void mma_u8s8_16832(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+
 // Four 8x8 f16 matrices from shared memory: lanes 8i .. 8i + 7 give the 16-byte row addresses of matrix i, and
 // lane (g, c) receives elements (g, 2c), (g, 2c + 1) of each (with .trans: (2c, g), (2c + 1, g)).
 __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {

@@ -144,29 +144,6 @@ mmvq(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restric
 // persistent grid (kernels/mmvq_persist.cu) runs on. What this kernel wins is precise mode up to 4 tokens,
 // through the column packing of mmvq.cuh (a second mma above that).
 
-// The warps' partial sums of the block's 16 rows, reduced and stored (columns T + n folded into n when packed).
-__device__ __forceinline__ void mmvq_store(const float (&acc)[4], float* __restrict__ y, const float* __restrict__ bias,
-                                           const float* __restrict__ residual, int row0, int rows, int T, int ldy,
-                                           bool packed) {
-    __shared__ float red[MMVQ_MAX_WARPS][16][MMVQ_NCOLS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
-    const int g = lane >> 2, c = lane & 3;
-    red[warp][g][2 * c] = acc[0];
-    red[warp][g][2 * c + 1] = acc[1];
-    red[warp][g + 8][2 * c] = acc[2];
-    red[warp][g + 8][2 * c + 1] = acc[3];
-    __syncthreads();
-    for (int o = threadIdx.x; o < 16 * MMVQ_NCOLS; o += blockDim.x) {
-        const int lr = o / MMVQ_NCOLS, col = o % MMVQ_NCOLS, row = row0 + lr;
-        if (col >= T || row >= rows) continue;
-        float v = 0.f;
-        for (int wi = 0; wi < num_warps; ++wi) v += red[wi][lr][col] + (packed ? red[wi][lr][col + T] : 0.f);
-        if (bias) v += bias[row];
-        if (residual) v += residual[(i64)col * ldy + row];
-        y[(i64)col * ldy + row] = v;
-    }
-}
-
 // y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 8, K a multiple of 256. Launch: one block of W warps
 // per 16 rows, dynamic shared memory W * STAGES * Stage<QT>::BYTES. LO: precise activations (act_lo) packed into
 // columns T..2T-1 (T <= 4; launch TWO above that, or precision is lost); TWO: the residue as a second mma (any T).

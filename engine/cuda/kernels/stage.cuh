@@ -47,12 +47,13 @@ __device__ __forceinline__ void stage_words_copy(u32 dst, const u8* sc, const u8
 template <int QT> struct Stage;
 
 // ---------------------------------------------------------------- Q4_K
-// Stage: qs [16][144] | scales [16][12] | dm [16][4] = 2560 bytes.
+// Stage: qs [16][PITCH] | scales [16][12] | dm [16][4] = 2560 bytes at the 144-byte pitch of the f16 readers.
 // Copies of lane l: qs chunk (l % 8) of rows l / 8 + 4 j (j = 0..3); two of the 64 words that follow
-// (stage_words_init).
-template <> struct Stage<QT_Q4_K> {
+// (stage_words_init). The int8 reader (kernels/mmvq_i8.cu) takes 8-byte pieces of four rows per phase, which a
+// 160-byte pitch keeps in different banks.
+template <int PITCH> struct Q4KStage {
     static constexpr int STAGES = 4;  // stages per warp: 3 superblocks in flight while one is multiplied
-    static constexpr int QS = 0, QS_PITCH = 144, SC = QS + STAGE_ROWS * QS_PITCH, DM = SC + STAGE_ROWS * 12;
+    static constexpr int QS = 0, QS_PITCH = PITCH, SC = QS + STAGE_ROWS * QS_PITCH, DM = SC + STAGE_ROWS * 12;
     static constexpr int BYTES = DM + STAGE_ROWS * 4;
     struct Lane { u32 qrow[4]; StageWords w; };
     static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
@@ -80,6 +81,7 @@ template <> struct Stage<QT_Q4_K> {
         r.dm = *reinterpret_cast<const u32*>(st + DM + 4 * lr);
     }
 };
+template <> struct Stage<QT_Q4_K> : Q4KStage<144> {};
 
 // ---------------------------------------------------------------- Q5_K
 // Stage: qs [16][144] | qh [16][32] | scales [16][12] | dm [16][4] = 3072 bytes.

@@ -1,0 +1,235 @@
+// Q4_K x small batch with int8 activations: y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 4.
+//
+// The f16 mmvqs spend ~330 instructions on each 16-row superblock (bench/NOTES.md v9-v10: the decoding and mma
+// issue, not the loads, bound them). Here a nibble needs no conversion: masking a word of the Q4_K quants gives
+// four unsigned 8-bit weights (the high nibbles as 16 q), and mma.m16n8k32 multiplies them by int8 activations
+// exactly, one mma per 32-wide sub-block; the sub-block scales are applied to the int32 sums (one IMAD each).
+//
+// Activations ("act8", written by kernels/act.cu beside the f16 layout): each token's superblock as two int8
+// levels, x ~ s q_hi + s_lo q_lo with s = max|x| / 127 over the superblock and s_lo = s / 254, so each value is
+// kept to max|x| / 64516 (a relative 1.5e-5 of the largest; f16 keeps 4.9e-4 of each value). As in the packed
+// f16 mode (mmvq.cuh), column n of the mma carries token n's hi level and column T + n its lo level; the
+// epilogue scales each column by its own s and folds T + n into n. Per group of 8 tokens and superblock sb:
+//   q8   [sb][level][8 tokens][256] int8, position p at byte 64 (p / 64) + 16 (p % 32 / 8) + 8 (p / 32 % 2) + p % 8,
+//        so lane c's B fragments of sub-blocks 2c', 2c' + 1 are the 16 bytes at 64 c' + 16 c;
+//   scale8 [sb][level][8] f32;   sums8, sums8_lo [sb][8 tokens][8] f16: each sub-block's sum of s q_hi + s_lo q_lo
+//        (a hi + lo pair), for the min term exactly as the f16 kernels take it.
+#include "mmvq.cuh"
+
+#define I8_SLOT_PITCH 320  // a 256-byte column slot + 64: two slots of a quarter-warp's reads sit in other banks
+#define I8_ZERO_BYTES 256  // the zero column of lanes without one
+
+using Q4KStage8 = Q4KStage<160>;
+
+__device__ __forceinline__ constexpr int i8_slots(int T) { return 2 * T; }
+// A stage: the weights, then 2T column slots, 2T sums records (16 bytes) and 2T column scales (f32), padded to
+// 16 bytes so that every stage starts aligned for cp.async.
+__device__ __forceinline__ constexpr int i8_stage_bytes(int T) {
+    return Q4KStage8::BYTES + (I8_SLOT_PITCH + 16) * i8_slots(T) + ((4 * i8_slots(T) + 15) & ~15);
+}
+
+// Every copy a lane issues per stage. The source pointers advance by one stage's superblocks after each stage
+// (loop-carried, so the compiler keeps them in registers instead of forming each address again from the
+// thread index: ~90 instructions a stage that way against ~25 here).
+template <int T>
+struct I8Copies {
+    const u8* q[4];     // quants: rows lane / 8 + 4 j, 16-byte part lane % 8 (128 bytes per superblock)
+    const u8* word[2];  // two of the 64 scale / dm words (StageWords' assignment): 12 or 4 bytes per superblock
+    const u8* col[T];   // activation chunks lane + 32 m: slot (lane + 32 m) / 16 (hi tokens, then lo), 4 KB
+    const u8* meta[2];  // lanes below 2T: their slot's sums record (128 bytes per superblock) and scale (64)
+    u32 word_step[2];
+    u32 qdst, word_dst[2], col_dst, meta_dst[2];
+
+    // Pointers at superblock sb0; step: superblocks from one stage of this warp to its next.
+    __device__ __forceinline__ void init(const Planes& P, const i8* q8, const float* scale8, const f16* sums,
+                                         const f16* sums_lo, int row0, int rows, int nb, int lane, int sb0) {
+        using S = Q4KStage8;
+        const int part = lane & 7;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            q[j] = P.p[0] + ((u64)stage_row_base(row0, (lane >> 3) + 4 * j, rows, nb) + sb0) * 128 + 16 * part;
+        qdst = S::QS + (lane >> 3) * S::QS_PITCH + 16 * part;  // + 4 QS_PITCH j
+        StageWords W;
+        stage_words_init<S::SC, S::DM>(W, row0, rows, nb, lane);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const bool is_scale = lane + 32 * j < 48;
+            word[j] = is_scale ? P.p[1] + ((u64)W.row[j] + sb0) * 12 + W.off[j] : P.p[2] + ((u64)W.row[j] + sb0) * 4;
+            word_step[j] = is_scale ? 12 : 4;
+            word_dst[j] = W.dst[j];
+        }
+#pragma unroll
+        for (int m = 0; m < T; ++m) {
+            const int slot = (lane >> 4) + 2 * m, level = slot < T ? 0 : 1, tok = slot < T ? slot : slot - T;
+            col[m] = reinterpret_cast<const u8*>(q8) + (u64)sb0 * 4096 + (level * 8 + tok) * 256 + 16 * (lane & 15);
+        }
+        col_dst = S::BYTES + I8_SLOT_PITCH * (lane >> 4) + 16 * (lane & 15);  // + 2 I8_SLOT_PITCH m
+        const int tok = lane < T ? lane : lane - T, meta0 = S::BYTES + I8_SLOT_PITCH * i8_slots(T);
+        meta[0] = reinterpret_cast<const u8*>((lane < T ? sums : sums_lo) + (u64)sb0 * 64 + 8 * tok);
+        meta[1] = reinterpret_cast<const u8*>(scale8 + (u64)sb0 * 16 + (lane < T ? 0 : 8) + tok);
+        meta_dst[0] = meta0 + 16 * lane;
+        meta_dst[1] = meta0 + 16 * i8_slots(T) + 4 * lane;
+    }
+
+    // The copies of the current superblock into the stage at dst, then the pointers to the next one (`step`
+    // superblocks on).
+    __device__ __forceinline__ void issue(u32 dst, int step, bool with_meta) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            cp_async16(dst + qdst + 4 * Q4KStage8::QS_PITCH * j, q[j]);
+            q[j] += 128 * step;
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            cp_async4(dst + word_dst[j], word[j]);
+            word[j] += word_step[j] * step;
+        }
+#pragma unroll
+        for (int m = 0; m < T; ++m) {
+            cp_async16(dst + col_dst + 2 * I8_SLOT_PITCH * m, col[m]);
+            col[m] += 4096 * step;
+        }
+        if (with_meta) {
+            cp_async16(dst + meta_dst[0], meta[0]);
+            cp_async4(dst + meta_dst[1], meta[1]);
+        }
+        meta[0] += 128 * step;
+        meta[1] += 64 * step;
+    }
+};
+
+// The 6-bit scales of a Q4_K block's eight sub-blocks, one per word (the 12 scale bytes as three words).
+__device__ __forceinline__ void k4_scales8(u32 s0, u32 s2, u32 (&sc)[8]) {
+    const u32 lo = s0 & 0x3F3F3F3Fu, hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // byte j, zero-extended: one prmt each
+        sc[j] = prmt(lo, 0u, 0x4440u + j);
+        sc[4 + j] = prmt(hi, 0u, 0x4440u + j);
+    }
+}
+
+// m of sub-blocks 2c, 2c + 1 as exact f16x2 (k4_scale_pairs without the scales).
+__device__ __forceinline__ u32 k4_min_pair(u32 s0, u32 s1, u32 s2, int c) {
+    const u32 sh = 16u * (c & 1);
+    const u32 mn = c >= 2 ? ((s2 >> (sh + 4)) & 0x0F0Fu) | ((s1 >> (sh + 2)) & 0x3030u) : (s1 >> sh) & 0x3F3Fu;
+    return bytes01_to_h2(mn);
+}
+
+// One staged row's part of a unit: its quants (8 bytes of each 32-byte chunk), scales and d / dmin.
+struct I8Row {
+    uint2 q[4];
+    u32 sc[8];
+    u32 mins;  // m of sub-blocks 2c, 2c + 1 as exact f16x2 (the min mma's A)
+    float d, dmin;
+};
+
+__device__ __forceinline__ void i8_read_row(I8Row& r, const u8* st, int lr, int c) {
+    const u8* q = st + Q4KStage8::QS + lr * Q4KStage8::QS_PITCH + 8 * c;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r.q[j] = *reinterpret_cast<const uint2*>(q + 32 * j);
+    const u32* s = reinterpret_cast<const u32*>(st + Q4KStage8::SC + 12 * lr);
+    const u32 s0 = s[0], s1 = s[1], s2 = s[2];
+    k4_scales8(s0, s2, r.sc);
+    r.mins = k4_min_pair(s0, s1, s2, c);
+    const u32 dm = *reinterpret_cast<const u32*>(st + Q4KStage8::DM + 4 * lr);
+    r.d = f16_to_f32((f16)(dm & 0xFFFFu));
+    r.dmin = f16_to_f32((f16)(dm >> 16));
+}
+
+// One superblock of the lane's rows r0 (g), r1 (g + 8): b the lane's column (16 bytes per chunk), sum its sums
+// word, s0 / s1 the scales of columns 2c, 2c + 1 (times 1/16: the high nibbles arrive as 16 q).
+__device__ __forceinline__ void i8_superblock(const I8Row& r0, const I8Row& r1, const uint4 (&b)[4], u32 sum,
+                                              float s0, float s1, float (&acc)[4]) {
+    int even[4] = {0, 0, 0, 0}, odd[4] = {0, 0, 0, 0};  // sums over the low-nibble (even) and high sub-blocks
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        int d[4];
+        const u32 lo[4] = {r0.q[j].x & 0x0F0F0F0Fu, r1.q[j].x & 0x0F0F0F0Fu, r0.q[j].y & 0x0F0F0F0Fu,
+                           r1.q[j].y & 0x0F0F0F0Fu};
+        mma_u8s8_16832(d, lo, b[j].x, b[j].y);  // sub-block 2j
+        even[0] += (int)r0.sc[2 * j] * d[0];
+        even[1] += (int)r0.sc[2 * j] * d[1];
+        even[2] += (int)r1.sc[2 * j] * d[2];
+        even[3] += (int)r1.sc[2 * j] * d[3];
+        const u32 hi[4] = {r0.q[j].x & 0xF0F0F0F0u, r1.q[j].x & 0xF0F0F0F0u, r0.q[j].y & 0xF0F0F0F0u,
+                           r1.q[j].y & 0xF0F0F0F0u};
+        mma_u8s8_16832(d, hi, b[j].z, b[j].w);  // sub-block 2j + 1, 16 x
+        odd[0] += (int)r0.sc[2 * j + 1] * d[0];
+        odd[1] += (int)r0.sc[2 * j + 1] * d[1];
+        odd[2] += (int)r1.sc[2 * j + 1] * d[2];
+        odd[3] += (int)r1.sc[2 * j + 1] * d[3];
+    }
+    // |16 even + odd| < 2^29 (15 x 127 x 32 x 63 x 4 x 16 twice), so the sum stays exact in int32
+    acc[0] += (float)(odd[0] + 16 * even[0]) * (r0.d * s0);
+    acc[1] += (float)(odd[1] + 16 * even[1]) * (r0.d * s1);
+    acc[2] += (float)(odd[2] + 16 * even[2]) * (r1.d * s0);
+    acc[3] += (float)(odd[3] + 16 * even[3]) * (r1.d * s1);
+    float cm[4] = {0.f, 0.f, 0.f, 0.f};
+    min_mma(cm, r0.mins, r1.mins, sum);
+    acc[0] -= r0.dmin * cm[0];
+    acc[1] -= r0.dmin * cm[1];
+    acc[2] -= r1.dmin * cm[2];
+    acc[3] -= r1.dmin * cm[3];
+}
+
+// y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), W Q4_K, T <= 4 tokens, K a multiple of 256, x in act8 (this
+// group's bases). Launch: one block of W warps per 16 rows; warp w takes superblocks w, w + W, ... through a
+// ring of NS stages (weights and activation columns by cp.async); dynamic shared memory W * (NS *
+// i8_stage_bytes(T) + I8_ZERO_BYTES).
+template <int T, int NS>
+__global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
+mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
+        const f16* __restrict__ sums, const f16* __restrict__ sums_lo, float* __restrict__ y,
+        const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int ldy) {
+    using S = Q4KStage8;
+    constexpr int STAGE = i8_stage_bytes(T), NSLOT = i8_slots(T);
+    constexpr int META = S::BYTES + I8_SLOT_PITCH * NSLOT;
+    extern __shared__ __align__(16) u8 stages[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int row0 = blockIdx.x * 16, nb = K / QK_SB;
+    u8* ring = stages + warp * (NS * STAGE + I8_ZERO_BYTES);
+    const u32 ring_s = smem_u32(ring);
+    const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0;  // superblocks warp, warp + W, ...
+    const bool with_meta = lane < NSLOT;
+    I8Copies<T> cp;
+    cp.init(QTraits<QT_Q4_K>::planes(w, (u64)rows * nb), q8, scale8, sums, sums_lo, row0, rows, nb, lane, warp);
+    // The activations are the previous kernel's output: under PDL the first stages' weights could be requested
+    // before PDL_ENTER, but one stage in flight does not pay for splitting the copies.
+    PDL_ENTER();
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) {
+        if (s < n) cp.issue(ring_s + s * STAGE, num_warps, with_meta);
+        cp_async_commit();
+    }
+    u8* zero = ring + NS * STAGE;
+    for (int k = lane; k < I8_ZERO_BYTES / 16; k += 32) reinterpret_cast<uint4*>(zero)[k] = make_uint4(0u, 0u, 0u, 0u);
+    __syncwarp();
+    const bool has_col = g < NSLOT;  // the lane's column, or the zero column
+    const int col_off = has_col ? S::BYTES + I8_SLOT_PITCH * g + 16 * c : NS * STAGE + 16 * c;
+
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int i = 0; i < n; ++i) {
+        __syncwarp();  // every lane is done reading the stage the next copy overwrites
+        const int ahead = i + NS - 1;
+        if (ahead < n) cp.issue(ring_s + (ahead % NS) * STAGE, num_warps, with_meta);
+        cp_async_commit();
+        cp_async_wait<NS - 1>();  // this lane's copies of superblock i have landed
+        __syncwarp();             // and every other lane's
+        const u8* st = ring + (i % NS) * STAGE;
+        const u8* col = (has_col ? st : ring) + col_off;
+        uint4 b[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const uint4*>(col + 64 * j);
+        const u32 sum = has_col ? *reinterpret_cast<const u32*>(st + META + 16 * g + 4 * c) : 0u;
+        const float* sc = reinterpret_cast<const float*>(st + META + 16 * NSLOT);
+        const float s0 = 2 * c < NSLOT ? 0.0625f * sc[2 * c] : 0.f;
+        const float s1 = 2 * c + 1 < NSLOT ? 0.0625f * sc[2 * c + 1] : 0.f;
+        I8Row r0, r1;
+        i8_read_row(r0, st, g, c);
+        i8_read_row(r1, st, g + 8, c);
+        i8_superblock(r0, r1, b, sum, s0, s1, acc);
+    }
+    cp_async_wait<0>();  // nothing may land in shared memory after the block exits
+    mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, true);
+}

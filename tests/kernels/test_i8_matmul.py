@@ -1,0 +1,61 @@
+"""Host-side rules of the int8-activation Q4_K matmul (kernels/mmvq_i8.cu): the launcher's copies of its
+constants, the shared memory it asks for, and when a matmul takes it. The kernel and the producers' int8 copy
+are checked on the GPU (bench/gpu_kernels.py I8_CHECKS, bench/gpu_models.py mode .i8)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine.cuda import instances, nvrtc, ops
+
+SM90, GEFORCE = 232448, 101376
+
+
+def _act(i8_tokens: int) -> ops.Act:
+    return ops.Act(None, None, None, 5120, 5120, 8, i8_tokens=i8_tokens)
+
+
+def test_the_launcher_mirrors_the_kernels_constants() -> None:
+    src = (nvrtc.KERNEL_DIR / "mmvq_i8.cu").read_text()
+    defines = dict(re.findall(r"#define (\w+) (\d+)", src))
+    assert int(defines["I8_SLOT_PITCH"]) + 16 == ops.I8_SLOT_BYTES  # a slot and its sums record
+    assert int(defines["I8_ZERO_BYTES"]) == ops.I8_ZERO_BYTES
+    pitch = int(re.search(r"using Q4KStage8 = Q4KStage<(\d+)>", src).group(1))
+    assert 16 * pitch + 16 * 12 + 16 * 4 == ops.I8_STAGE_BASE  # quants, scales, dm of 16 rows
+    # every stage starts 16-byte aligned (cp.async), at each token count
+    assert all(ops.i8_stage_bytes(t) % 16 == 0 for t in range(1, instances.I8_MAX_TOKENS + 1))
+
+
+def test_one_instance_per_token_count() -> None:
+    names = {n for n in instances.INSTANCES if n.startswith("mmvq_q4_K_i8")}
+    assert names == {f"mmvq_q4_K_i8_t{t}" for t in range(1, instances.I8_MAX_TOKENS + 1)}
+
+
+def test_only_q4k_launches_of_at_most_four_tokens_whose_int8_copy_was_written(monkeypatch) -> None:
+    monkeypatch.setattr(ops, "I8_MATMUL", True)
+    assert ops.i8_runs(Q.Q4_K, 1, _act(1), SM90)
+    assert ops.i8_runs(Q.Q4_K, 3, _act(4), SM90)
+    assert not ops.i8_runs(Q.Q4_K, 2, _act(1), SM90)  # the producer wrote one token's copy only
+    assert not ops.i8_runs(Q.Q4_K, 1, _act(0), SM90)  # its last launch wrote none (more than 4 tokens)
+    assert not ops.i8_runs(Q.Q6_K, 1, _act(1), SM90)
+    assert not ops.i8_runs(Q.Q4_K, 5, _act(8), SM90)
+    monkeypatch.setattr(ops, "I8_MATMUL", False)
+    assert not ops.i8_runs(Q.Q4_K, 1, _act(1), SM90)
+
+
+def test_its_shared_memory_fits_two_blocks_of_an_h200_sm_and_a_geforce_block() -> None:
+    for t in range(1, instances.I8_MAX_TOKENS + 1):
+        smem = ops._i8_smem(t, ops.MMVQ_WARPS)
+        assert smem <= ops.ACT_MAX_BLOCK_SMEM and smem <= GEFORCE
+    # 4 tokens: 8 warps x (2 stages x (2816 + 8 x 336 + 32) + 256)
+    assert ops._i8_smem(4, 8) == 8 * (2 * (2816 + 8 * 336 + 32) + 256)
+
+
+@pytest.mark.parametrize("value", ["2", "yes", "on"])
+def test_a_bad_switch_value_is_a_clear_error(monkeypatch, value) -> None:
+    monkeypatch.setenv(ops.I8_ENV, value)
+    with pytest.raises(ValueError, match="OPENJET_CUDA_I8"):
+        ops._i8_default()
