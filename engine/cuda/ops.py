@@ -362,7 +362,7 @@ def _mmvq_persist(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buf
 
 
 # ---- int8 activations (kernels/mmvq_i8.cu) ----
-# OPENJET_CUDA_I8=1: Q4_K launches of up to 4 tokens multiply int8 activations (two levels, 1.5e-5 of each
+# OPENJET_CUDA_I8=1: Q4_K launches of up to 5 tokens multiply int8 activations (two levels, 1.5e-5 of each
 # superblock's largest value) by the unconverted nibbles; off by default until measured (bench/NOTES.md v12).
 I8_ENV = "OPENJET_CUDA_I8"
 I8_QTYPES = (Q.Q4_K,)
@@ -394,8 +394,11 @@ def i8_stage_bytes(num_tokens: int) -> int:
     return I8_STAGE_BASE + I8_SLOT_BYTES * slots + -(-4 * slots // 16) * 16
 
 
-def _i8_smem(num_tokens: int, warps: int) -> int:
-    return warps * (ACT_STAGES * i8_stage_bytes(num_tokens) + I8_ZERO_BYTES)
+I8_STAGES = 2  # ring depth (instances.I8_STAGE_COUNTS): 2, the staged f16 kernel's, until measured otherwise
+
+
+def _i8_smem(num_tokens: int, warps: int, stages: int | None = None) -> int:
+    return warps * ((stages or I8_STAGES) * i8_stage_bytes(num_tokens) + I8_ZERO_BYTES)
 
 
 def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
@@ -412,7 +415,8 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     q8, scale8, sums8, sums8_lo = group8
     tiles = (w.rows + 15) // 16
     warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
-    kernel, smem = dev.kernel(f"mmvq_q4_K_i8_t{t}"), _i8_smem(t, warps)
+    name = f"mmvq_q4_K_i8_t{t}" + ("" if I8_STAGES == ACT_STAGES else f"_s{I8_STAGES}")
+    kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, tiles, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
                                            ld_y], smem=smem)

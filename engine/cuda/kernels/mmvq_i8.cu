@@ -1,4 +1,4 @@
-// Q4_K x small batch with int8 activations: y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 4.
+// Q4_K x small batch with int8 activations: y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 5.
 //
 // The f16 mmvqs spend ~330 instructions on each 16-row superblock (bench/NOTES.md v9-v10: the decoding and mma
 // issue, not the loads, bound them). Here a nibble needs no conversion: masking a word of the Q4_K quants gives
@@ -7,9 +7,10 @@
 //
 // Activations ("act8", written by kernels/act.cu beside the f16 layout): each token's superblock as two int8
 // levels, x ~ s q_hi + s_lo q_lo with s = max|x| / 127 over the superblock and s_lo = s / 254, so each value is
-// kept to max|x| / 64516 (a relative 1.5e-5 of the largest; f16 keeps 4.9e-4 of each value). As in the packed
-// f16 mode (mmvq.cuh), column n of the mma carries token n's hi level and column T + n its lo level; the
-// epilogue scales each column by its own s and folds T + n into n. Per group of 8 tokens and superblock sb:
+// kept to max|x| / 64516 (a relative 1.5e-5 of the largest; f16 keeps 4.9e-4 of each value). Up to 4 tokens, as
+// in the packed f16 mode (mmvq.cuh), column n of the mma carries token n's hi level and column T + n its lo level;
+// the epilogue scales each column by its own s and folds T + n into n. Above 4 the lo levels take a second mma
+// on the same weight fragments. Per group of 8 tokens and superblock sb:
 //   q8   [sb][level][8 tokens][256] int8, position p at byte 64 (p / 64) + 16 (p % 32 / 8) + 8 (p / 32 % 2) + p % 8,
 //        so lane c's B fragments of sub-blocks 2c', 2c' + 1 are the 16 bytes at 64 c' + 16 c;
 //   scale8 [sb][level][8] f32;   sums8, sums8_lo [sb][8 tokens][8] f16: each sub-block's sum of s q_hi + s_lo q_lo
@@ -136,11 +137,12 @@ __device__ __forceinline__ void i8_read_row(I8Row& r, const u8* st, int lr, int 
     r.dmin = f16_to_f32((f16)(dm >> 16));
 }
 
-// One superblock of the lane's rows r0 (g), r1 (g + 8): b the lane's column (16 bytes per chunk), sum its sums
-// word, s0 / s1 the scales of columns 2c, 2c + 1 (times 1/16: the high nibbles arrive as 16 q).
-__device__ __forceinline__ void i8_superblock(const I8Row& r0, const I8Row& r1, const uint4 (&b)[4], u32 sum,
-                                              float s0, float s1, float (&acc)[4]) {
-    int even[4] = {0, 0, 0, 0}, odd[4] = {0, 0, 0, 0};  // sums over the low-nibble (even) and high sub-blocks
+// The int32 sums of one level over the superblock: per sub-block one mma on the lane's weight fragments and
+// the level's B (16 bytes per chunk), times the sub-block scale. Returned as 16 x the value (the high nibbles
+// arrive as 16 q, so the low-nibble sub-blocks are scaled up to match): |16 even + odd| < 2^29 (15 x 127 x 32
+// x 63 x 4 x 16 twice), exact in int32.
+__device__ __forceinline__ void i8_level(const I8Row& r0, const I8Row& r1, const uint4 (&b)[4], int (&tot)[4]) {
+    int even[4] = {0, 0, 0, 0}, odd[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         int d[4];
@@ -159,20 +161,32 @@ __device__ __forceinline__ void i8_superblock(const I8Row& r0, const I8Row& r1, 
         odd[2] += (int)r1.sc[2 * j + 1] * d[2];
         odd[3] += (int)r1.sc[2 * j + 1] * d[3];
     }
-    // |16 even + odd| < 2^29 (15 x 127 x 32 x 63 x 4 x 16 twice), so the sum stays exact in int32
-    acc[0] += (float)(odd[0] + 16 * even[0]) * (r0.d * s0);
-    acc[1] += (float)(odd[1] + 16 * even[1]) * (r0.d * s1);
-    acc[2] += (float)(odd[2] + 16 * even[2]) * (r1.d * s0);
-    acc[3] += (float)(odd[3] + 16 * even[3]) * (r1.d * s1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tot[i] = odd[i] + 16 * even[i];
+}
+
+// acc += the level's sums (i8_level) scaled per row (d) and column (s0: column 2c, s1: 2c + 1, times 1/16).
+__device__ __forceinline__ void i8_scale_add(const I8Row& r0, const I8Row& r1, const int (&tot)[4], float s0,
+                                             float s1, float (&acc)[4]) {
+    acc[0] += (float)tot[0] * (r0.d * s0);
+    acc[1] += (float)tot[1] * (r0.d * s1);
+    acc[2] += (float)tot[2] * (r1.d * s0);
+    acc[3] += (float)tot[3] * (r1.d * s1);
+}
+
+// The min term: acc -= dmin * sum over sub-blocks of m * (the column's sub-block sum).
+__device__ __forceinline__ void i8_min_term(const I8Row& r0, const I8Row& r1, u32 sum, u32 sum2, bool two,
+                                            float (&acc)[4]) {
     float cm[4] = {0.f, 0.f, 0.f, 0.f};
     min_mma(cm, r0.mins, r1.mins, sum);
+    if (two) min_mma(cm, r0.mins, r1.mins, sum2);
     acc[0] -= r0.dmin * cm[0];
     acc[1] -= r0.dmin * cm[1];
     acc[2] -= r1.dmin * cm[2];
     acc[3] -= r1.dmin * cm[3];
 }
 
-// y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), W Q4_K, T <= 4 tokens, K a multiple of 256, x in act8 (this
+// y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), W Q4_K, T <= 5 tokens, K a multiple of 256, x in act8 (this
 // group's bases). Launch: one block of W warps per 16 rows; warp w takes superblocks w, w + W, ... through a
 // ring of NS stages (weights and activation columns by cp.async); dynamic shared memory W * (NS *
 // i8_stage_bytes(T) + I8_ZERO_BYTES).
@@ -184,6 +198,7 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     using S = Q4KStage8;
     constexpr int STAGE = i8_stage_bytes(T), NSLOT = i8_slots(T);
     constexpr int META = S::BYTES + I8_SLOT_PITCH * NSLOT;
+    constexpr bool PACKED = T <= 4;  // both levels in one mma's 8 columns
     extern __shared__ __align__(16) u8 stages[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -205,8 +220,12 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     u8* zero = ring + NS * STAGE;
     for (int k = lane; k < I8_ZERO_BYTES / 16; k += 32) reinterpret_cast<uint4*>(zero)[k] = make_uint4(0u, 0u, 0u, 0u);
     __syncwarp();
-    const bool has_col = g < NSLOT;  // the lane's column, or the zero column
+    // The lane's columns: packed, slot g (token g's hi level, or token g - T's lo); else slot g (hi) and slot
+    // T + g (lo) of token g. A lane without one reads the zero column. Its accumulators' columns 2c, 2c + 1
+    // take the scales of those slots (the lo slots' too when unpacked).
+    const bool has_col = g < (PACKED ? NSLOT : T);
     const int col_off = has_col ? S::BYTES + I8_SLOT_PITCH * g + 16 * c : NS * STAGE + 16 * c;
+    const int col2 = PACKED ? NSLOT : T;  // columns with a scale
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int i = 0; i < n; ++i) {
@@ -218,18 +237,30 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
         __syncwarp();             // and every other lane's
         const u8* st = ring + (i % NS) * STAGE;
         const u8* col = (has_col ? st : ring) + col_off;
-        uint4 b[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const uint4*>(col + 64 * j);
-        const u32 sum = has_col ? *reinterpret_cast<const u32*>(st + META + 16 * g + 4 * c) : 0u;
         const float* sc = reinterpret_cast<const float*>(st + META + 16 * NSLOT);
-        const float s0 = 2 * c < NSLOT ? 0.0625f * sc[2 * c] : 0.f;
-        const float s1 = 2 * c + 1 < NSLOT ? 0.0625f * sc[2 * c + 1] : 0.f;
         I8Row r0, r1;
         i8_read_row(r0, st, g, c);
         i8_read_row(r1, st, g + 8, c);
-        i8_superblock(r0, r1, b, sum, s0, s1, acc);
+        uint4 b[4];
+        int tot[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const uint4*>(col + 64 * j);
+        i8_level(r0, r1, b, tot);
+        i8_scale_add(r0, r1, tot, 2 * c < col2 ? 0.0625f * sc[2 * c] : 0.f,
+                     2 * c + 1 < col2 ? 0.0625f * sc[2 * c + 1] : 0.f, acc);
+        const u32 sum = has_col ? *reinterpret_cast<const u32*>(st + META + 16 * g + 4 * c) : 0u;
+        u32 sum_lo = 0u;
+        if constexpr (!PACKED) {  // the lo levels: slots T + g
+            const u8* col_lo = has_col ? col + T * I8_SLOT_PITCH : col;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const uint4*>(col_lo + 64 * j);
+            i8_level(r0, r1, b, tot);
+            i8_scale_add(r0, r1, tot, 2 * c < T ? 0.0625f * sc[T + 2 * c] : 0.f,
+                         2 * c + 1 < T ? 0.0625f * sc[T + 2 * c + 1] : 0.f, acc);
+            sum_lo = has_col ? *reinterpret_cast<const u32*>(st + META + 16 * (T + g) + 4 * c) : 0u;
+        }
+        i8_min_term(r0, r1, sum, sum_lo, !PACKED, acc);
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
-    mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, true);
+    mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, PACKED);
 }
