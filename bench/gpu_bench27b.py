@@ -28,11 +28,10 @@ CONTEXT = 16384
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", False), "v7cp": (STAGED_QTYPES, True, 32, "cp", False),
             "v6": ((), False, 128, "cp", False), "v7pdl": (STAGED_QTYPES, False, 32, "cp", True),
             "v8": (PERSIST_QTYPES, True, 32, "persist", False), "v10": (STAGED_QTYPES, True, 32, "cpa", False),
-            "v11": (STAGED_QTYPES, True, 32, "cpa2", False), "v12": (STAGED_QTYPES, False, 32, "cp", False),
-            "v12s3": (STAGED_QTYPES, False, 32, "cp", False)}
-# Variants that also run Q4_K launches of up to 5 tokens through the int8-activation matmul (ops.I8_MATMUL): v12 is
-# v7 with it.
-I8_VARIANTS = {"v12": 2, "v12s3": 3}  # and the int8 kernel's ring depth
+            "v11": (STAGED_QTYPES, True, 32, "cpa2", False), "f16": (STAGED_QTYPES, False, 32, "cp", False)}
+# v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
+# bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
+I8_VARIANTS = frozenset({"v7", "v7pdl"})
 
 
 def _model_file(report: Report) -> Path:
@@ -204,8 +203,7 @@ def _use_variant(backend, name: str) -> None:
 
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
-    ops.set_i8(name in I8_VARIANTS)
-    ops.I8_STAGES = I8_VARIANTS.get(name, 2)
+    ops.set_i8(name in I8_VARIANTS and ops._i8_default())
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl = pdl
     backend.drop_graphs()

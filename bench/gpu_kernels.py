@@ -175,14 +175,18 @@ def _check_against_plain(dev: Device, report: Report, w, act, y, res, out: np.nd
 def run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
     """All matmul checks: every type at attn_q, the Q4_K_M mix at the other shapes, several T; the K-quants
     through the pipelined kernel in every mode (also where the default picks the plain one), each case also
-    against the plain kernel (the persistent kernel has its own part: bench/gpu_persist.py)."""
-    saved = ops.pipeline_state()
+    against the plain kernel (the persistent kernel has its own part: bench/gpu_persist.py); then the int8
+    Q4_K kernel (I8_CHECKS)."""
+    saved, saved_i8 = ops.pipeline_state(), (ops.I8_MATMUL, ops.I8_TOKENS)
     types = saved[0] if saved[2] == "cp" else frozenset(instances.STAGED_QTYPES)  # OPENJET_CUDA_MMVQ=plain: none
     try:
         ops.set_pipelined(types, everywhere=True)
+        ops.set_i8(False)  # the f16 kernels first (they still run wherever the int8 one does not)
         _run_matmul_checks(dev, report, rng)
     finally:
         ops.set_pipelined(*saved)
+        ops.set_i8(*saved_i8)
+    run_i8_checks(dev, report, rng)
 
 
 def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
@@ -218,45 +222,38 @@ def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) ->
                 check_matmul(dev, report, rng, name, qtype, num_tokens, precise=precise)
     finally:
         ops.set_pipelined(*saved)
-    run_i8_checks(dev, report, rng)
     failing = {c.variant.split(".")[0] for c in report.checks if c.op.startswith("matmul") and not c.ok}
     for name in sorted(failing):
         diagnose_matmul(dev, report, rng, Q[name])
 
 
 def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
-    """The int8-activation Q4_K matmul (I8_CHECKS), in fast and precise mode (it replaces both), at every ring
-    depth it is built with (the deeper ring on a subset)."""
-    saved = ops.I8_MATMUL, ops.I8_STAGES
+    """The int8-activation Q4_K matmul (I8_CHECKS) at every token count it is built for, in fast and precise
+    mode (it replaces both)."""
+    saved = ops.I8_MATMUL, ops.I8_TOKENS
     try:
-        ops.set_i8(True)
-        for stages in instances.I8_STAGE_COUNTS:
-            ops.I8_STAGES = stages
-            tag = "" if stages == instances.ACT_STAGES else f".s{stages}"
-            for name, num_tokens in I8_CHECKS if not tag else I8_CHECKS[::3]:
-                for precise in (False, True):
-                    check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise, tag=tag)
+        ops.set_i8(True, instances.I8_MAX_TOKENS)
+        for name, num_tokens in I8_CHECKS:
+            for precise in (False, True):
+                check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
     finally:
-        ops.set_i8(saved[0])
-        ops.I8_STAGES = saved[1]
+        ops.set_i8(*saved)
 
 
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
 
 
 def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 3, 4, 5)) -> None:
-    """The int8 matmul (each ring depth) against what the default table runs (precise) at each Q4_K shape of
-    the 27B pass."""
-    print("int8 matmul timings (us, GB/s): default precise kernel | i8 (ring depths)", flush=True)
-    saved = ops.I8_MATMUL, ops.I8_STAGES
+    """The int8 matmul against the f16 kernel the table runs (precise) at each Q4_K shape of the 27B pass."""
+    print("int8 matmul timings (us, GB/s): the f16 kernel the table picks (precise) | i8", flush=True)
+    saved = ops.I8_MATMUL, ops.I8_TOKENS
     try:
         for name in I8_TIMED:
             m = timed_matrix(dev, rng, name, Q.Q4_K, precise=True)
             for t in token_counts:
                 cells = []
-                for on, stages in ((False, 2),) + tuple((True, s) for s in instances.I8_STAGE_COUNTS):
-                    ops.set_i8(on)
-                    ops.I8_STAGES = stages
+                for on in (False, True):
+                    ops.set_i8(on, instances.I8_MAX_TOKENS)
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
                     state = {"i": 0}
 
@@ -264,8 +261,7 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
                         ops.matmul(dev, m.ws[state["i"] % len(m.ws)], m.act, m.y, t, m.rows)
                         state["i"] += 1
 
-                    label = (f"i8.s{stages}" if on else
-                             (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise")
+                    label = "i8" if on else (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise"
                     med, spread = median_time(dev, run, reps=20, warmup=3, inner=len(m.ws) * 2)
                     timing = Timing("matmul", f"{name}.Q4_K.T{t}.{label}", f"{m.rows}x{m.cols}", med, spread,
                                     m.nbytes)
@@ -274,8 +270,7 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
                 print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)
             m.free(dev)
     finally:
-        ops.set_i8(saved[0])
-        ops.I8_STAGES = saved[1]
+        ops.set_i8(*saved)
 
 
 TIMED = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_up", Q.Q4_K), ("ssm_out", Q.Q4_K),

@@ -41,6 +41,14 @@ PROMPT = [11, 201, 35, 90, 400, 17]
 PUBLISHED_ACCEPTANCE = {0: 1.0, 1: 1.90, 2: 2.68, 3: 3.28, 4: 3.79}  # Qwen3.8 MTP, tokens per cycle (REFERENCE.md)
 
 
+def _per_op_precise() -> None:
+    """The per-op path these parts compare with runs its precise f16 matmuls as the megakernel does: no int8
+    activations (ops.I8_MATMUL, on by default for 1-4 tokens). Each part runs in its own process."""
+    from engine.cuda import ops
+
+    ops.set_i8(False)
+
+
 def part_compile(dev, report: Report, args) -> None:
     """Cold compile for this GPU, 27B specialisation; ptxas' report into the notes."""
     from engine.cuda import nvrtc
@@ -105,6 +113,7 @@ def diff_sweeps(dev, report: Report, path: Path, op_name: str, detail_layers: in
 
 def part_diff27(dev, report: Report, args) -> None:
     """Every width of the 27B file: the VM diff, then greedy megakernel vs reference vs per-op (64 tokens)."""
+    _per_op_precise()
     from bench.mk_trace import compare_runs, describe, trace_host, trace_megakernel, wide_path
     from engine.cuda.backend import CudaBackend
     from engine.cuda.megakernel.runner import open_backend
@@ -147,6 +156,7 @@ def first_difference(a: list[int], b: list[int]) -> int:
 
 def part_tiny(dev, report: Report, args) -> None:
     """256 greedy tokens at every d: megakernel vs reference and per-op CUDA."""
+    _per_op_precise()
     from engine.cuda.backend import CudaBackend
     from engine.cuda.megakernel.runner import open_backend
     from engine.reference.backend import ReferenceBackend
@@ -201,6 +211,7 @@ def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
     """256 greedy tokens: the per-op path prefilled 8 at a time (its precise mmvq, as the megakernel prefills) and
     in one chunk (its f16 GEMM: weights and activations rounded to f16), then the megakernel; where each pair
     parts, both runs' top-2 logits (bench/mk_trace.py). Returns the megakernel backend and its tokens."""
+    _per_op_precise()
     from bench.mk_trace import PREFILL_PRECISE, compare_runs, describe, trace_host, trace_megakernel
     from engine.cuda.backend import CudaBackend
     from engine.cuda.megakernel.runner import open_backend

@@ -77,9 +77,9 @@ def check_arch(report: Report, arch: str, folder: Path, rng: np.random.Generator
     ref = ReferenceBackend.from_gguf(path, context_size=1024)
     prompt = [int(t) for t in rng.integers(0, ref.vocab_size, size=24)]
     ref_tokens, ref_rows = greedy(ref, prompt, NUM_GREEDY)
-    # fast, precise, precise with programmatic dependent launch (a kernel waiting too late would race there), and
-    # precise with the int8-activation Q4_K matmul (ops.I8_MATMUL)
-    for precise, pdl, i8 in ((False, False, False), (True, False, False), (True, True, False), (True, False, True)):
+    # fast, precise, precise with programmatic dependent launch (a kernel waiting too late would race there), all
+    # three with the int8-activation Q4_K matmul at up to 4 tokens (the default); and precise without it (.f16)
+    for precise, pdl, i8 in ((False, False, True), (True, False, True), (True, True, True), (True, False, False)):
         cuda = CudaBackend.from_gguf(path, context_size=1024, max_tokens=64, precise=precise)
         if pdl and cuda.dev.info.arch < PDL_MIN_ARCH:
             cuda.close()
@@ -89,7 +89,7 @@ def check_arch(report: Report, arch: str, folder: Path, rng: np.random.Generator
         ops.set_i8(i8)
         try:
             compare_backend(report, arch + (".precise" if precise else "") + (".pdl" if pdl else "") +
-                            (".i8" if i8 else ""), ref, cuda, prompt, ref_tokens, ref_rows, rng)
+                            ("" if i8 else ".f16"), ref, cuda, prompt, ref_tokens, ref_rows, rng)
         finally:
             ops.set_i8(saved_i8)
             cuda.close()

@@ -37,9 +37,8 @@ PERSIST_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # precise two-pass.
 PIPELINE_MODES = (("", "false, false"), ("_hl", "true, false"), ("_x2", "true, true"))
 # Tokens of the int8-activation Q4_K matmul (kernels/mmvq_i8.cu: 2T packed columns up to 4, a second mma for the
-# fifth), an instance each, and the ring depths it is built with (stages per warp).
+# fifth), an instance each; its ring has ACT_STAGES stages (3 measured no faster: bench/NOTES.md v12).
 I8_MAX_TOKENS = 5
-I8_STAGE_COUNTS = (2, 3)
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
 ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
@@ -74,9 +73,8 @@ def _build() -> dict[str, Instance]:
         for (suffix, lo), tiles in itertools.product((("", "false"), ("_hl", "true")), (1, 2)):
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_cpa{'2' if tiles == 2 else ''}{suffix}", "mmvq",
                                 f"mmvq_cpa<{int(qt)}, {lo}, {tiles}, {ACT_STAGES}>"))
-    out += [Instance(f"mmvq_q4_K_i8_t{t}{'' if stages == ACT_STAGES else f'_s{stages}'}", "mmvq_i8",
-                     f"mmvq_i8<{t}, {stages}>")  # int8 activations, each token count, two ring depths
-            for t in range(1, I8_MAX_TOKENS + 1) for stages in I8_STAGE_COUNTS]
+    out += [Instance(f"mmvq_q4_K_i8_t{t}", "mmvq_i8", f"mmvq_i8<{t}, {ACT_STAGES}>")  # int8 activations
+            for t in range(1, I8_MAX_TOKENS + 1)]
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

@@ -76,7 +76,7 @@ class Act:
     sums_lo: Buffer | None = None  # the sums' f16 rounding residue (always allocated by alloc_act)
     x16_lo: Buffer | None = None  # precise mode: f16(x - f16(x)) in the same layout, a second pass of the mma
     # the int8 copy for kernels/mmvq_i8.cu (q8 [groups][nsb][2][8][256], scale8, sums8, sums8_lo), written by
-    # the producers of up to I8_MAX_TOKENS tokens while I8_MATMUL is on; i8_tokens: how many the last one wrote
+    # the producers of up to I8_TOKENS tokens while I8_MATMUL is on; i8_tokens: how many the last one wrote
     q8: Buffer | None = None
     scale8: Buffer | None = None
     sums8: Buffer | None = None
@@ -159,7 +159,7 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
     matmul will read it."""
     assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
     groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
-    i8 = I8_MATMUL and act.q8 is not None and num_tokens <= I8_MAX_TOKENS
+    i8 = I8_MATMUL and act.q8 is not None and num_tokens <= I8_TOKENS
     a8 = Act8(act.q8.ptr, act.scale8.ptr, act.sums8.ptr, act.sums8_lo.ptr) if i8 else Act8()
     act.i8_tokens = num_tokens if i8 else 0
     dev.launch(dev.kernel(f"act_{mode}"), (act.num_superblocks, groups), 256,
@@ -362,17 +362,20 @@ def _mmvq_persist(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buf
 
 
 # ---- int8 activations (kernels/mmvq_i8.cu) ----
-# OPENJET_CUDA_I8=1: Q4_K launches of up to 5 tokens multiply int8 activations (two levels, 1.5e-5 of each
-# superblock's largest value) by the unconverted nibbles; off by default until measured (bench/NOTES.md v12).
+# Q4_K launches of up to I8_TOKENS tokens multiply int8 activations (two levels: 1.5e-5 of each superblock's
+# largest value) by the unconverted nibbles, in fast and precise mode: on the H200 1.0-1.5 x faster than the f16
+# kernels at 1-4 tokens, and slower than the persistent two-pass kernel at 5 (bench/NOTES.md v12), so I8_TOKENS
+# is 4 while the kernel is built up to instances.I8_MAX_TOKENS. OPENJET_CUDA_I8=0 keeps every matmul on f16.
 I8_ENV = "OPENJET_CUDA_I8"
 I8_QTYPES = (Q.Q4_K,)
+I8_TOKENS = 4
 I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernels/mmvq_i8.cu
 
 
 def _i8_default() -> bool:
     import os
 
-    value = os.environ.get(I8_ENV, "0")
+    value = os.environ.get(I8_ENV, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{I8_ENV}={value!r}: expected 0 or 1")
     return value == "1"
@@ -381,11 +384,15 @@ def _i8_default() -> bool:
 I8_MATMUL = _i8_default()
 
 
-def set_i8(on: bool) -> None:
-    """Switch the int8 matmul on or off (captured graphs keep their kernels; producers write the int8 copy
-    only while it is on)."""
-    global I8_MATMUL
+def set_i8(on: bool, tokens: int | None = None) -> None:
+    """Switch the int8 matmul on or off, and optionally the most tokens a launch sends through it (at most
+    instances.I8_MAX_TOKENS); captured graphs keep their kernels, and producers write the int8 copy only
+    while it is on."""
+    global I8_MATMUL, I8_TOKENS
+    if tokens is not None and not 1 <= tokens <= I8_MAX_TOKENS:
+        raise ValueError(f"int8 matmul for {tokens} tokens: built for 1 to {I8_MAX_TOKENS}")
     I8_MATMUL = bool(on)
+    I8_TOKENS = tokens or I8_TOKENS
 
 
 def i8_stage_bytes(num_tokens: int) -> int:
@@ -394,17 +401,14 @@ def i8_stage_bytes(num_tokens: int) -> int:
     return I8_STAGE_BASE + I8_SLOT_BYTES * slots + -(-4 * slots // 16) * 16
 
 
-I8_STAGES = 2  # ring depth (instances.I8_STAGE_COUNTS): 2, the staged f16 kernel's, until measured otherwise
-
-
-def _i8_smem(num_tokens: int, warps: int, stages: int | None = None) -> int:
-    return warps * ((stages or I8_STAGES) * i8_stage_bytes(num_tokens) + I8_ZERO_BYTES)
+def _i8_smem(num_tokens: int, warps: int) -> int:
+    return warps * (ACT_STAGES * i8_stage_bytes(num_tokens) + I8_ZERO_BYTES)
 
 
 def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
-    """Whether a matmul takes mmvq_i8: on, a Q4_K weight, at most I8_MAX_TOKENS tokens whose int8 copy the
-    last producer of `act` wrote, and its shared memory within the GPU's opt-in maximum per block."""
-    if not (I8_MATMUL and qtype in I8_QTYPES and num_tokens <= min(I8_MAX_TOKENS, act.i8_tokens)):
+    """Whether a matmul takes mmvq_i8: on, a Q4_K weight, at most I8_TOKENS tokens whose int8 copy the last
+    producer of `act` wrote, and its shared memory within the GPU's opt-in maximum per block."""
+    if not (I8_MATMUL and qtype in I8_QTYPES and num_tokens <= min(I8_TOKENS, act.i8_tokens)):
         return False
     return _i8_smem(num_tokens, MMVQ_WARPS) <= min(ACT_MAX_BLOCK_SMEM, max_smem)
 
@@ -415,8 +419,7 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     q8, scale8, sums8, sums8_lo = group8
     tiles = (w.rows + 15) // 16
     warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
-    name = f"mmvq_q4_K_i8_t{t}" + ("" if I8_STAGES == ACT_STAGES else f"_s{I8_STAGES}")
-    kernel, smem = dev.kernel(name), _i8_smem(t, warps)
+    kernel, smem = dev.kernel(f"mmvq_q4_K_i8_t{t}"), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, tiles, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
                                            ld_y], smem=smem)

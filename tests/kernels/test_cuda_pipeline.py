@@ -18,9 +18,13 @@ def _stage_constants(qtype: Q) -> dict[str, int]:
     """Evaluate the `static constexpr int` lines of Stage<QT_x> in stage.cuh (STAGE_ROWS = 16)."""
     text = (nvrtc.KERNEL_DIR / "stage.cuh").read_text()
     tag = {Q.Q4_K: "QT_Q4_K", Q.Q5_K: "QT_Q5_K", Q.Q6_K: "QT_Q6_K"}[qtype]
-    body = text[text.index(f"struct Stage<{tag}>"):]
-    body = body[: body.index("\n};")]
     values: dict[str, int] = {"STAGE_ROWS": 16}
+    base = re.search(rf"struct Stage<{tag}> : (\w+)<(\d+)>", text)  # Q4_K: a pitch of the shared Q4KStage
+    if base:
+        values["PITCH"] = int(base.group(2))
+        tag = None
+    body = text[text.index(f"struct Stage<{tag}>" if tag else f"struct {base.group(1)} {{"):]
+    body = body[: body.index("\n};")]
     for line in re.findall(r"static constexpr int ([^;]+);", body):
         for item in line.split(","):
             name, expr = (part.strip() for part in item.split("=", 1))
@@ -143,5 +147,6 @@ def test_staged_layout_constants_mirror_the_kernel_header() -> None:
     defines = dict(re.findall(r"#define (ACT_\w+) (\d+)", header))
     assert int(defines["ACT_SLOT_PITCH"]) == ops.ACT_SLOT_PITCH and int(defines["ACT_ZERO_BYTES"]) == ops.ACT_ZERO_BYTES
     stage = (nvrtc.KERNEL_DIR / "stage.cuh").read_text()
-    assert "static constexpr int STAGES = 4;" in stage.split("Stage<QT_Q4_K>")[1][:200]
+    assert "struct Stage<QT_Q4_K> : Q4KStage<144>" in stage
+    assert "static constexpr int STAGES = 4;" in stage.split("struct Q4KStage")[1][:200]
     assert ops.STAGE_SHAPE[Q.Q4_K] == (4, 2560) and ops.STAGE_SHAPE[Q.Q6_K] == (3, 3648)

@@ -195,6 +195,7 @@ __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
         const f16* __restrict__ sums, const f16* __restrict__ sums_lo, float* __restrict__ y,
         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int ldy) {
+    PDL_ENTER();  // the activations are the previous kernel's output (the first weights wait too: one stage)
     using S = Q4KStage8;
     constexpr int STAGE = i8_stage_bytes(T), NSLOT = i8_slots(T);
     constexpr int META = S::BYTES + I8_SLOT_PITCH * NSLOT;
@@ -209,9 +210,6 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     const bool with_meta = lane < NSLOT;
     I8Copies<T> cp;
     cp.init(QTraits<QT_Q4_K>::planes(w, (u64)rows * nb), q8, scale8, sums, sums_lo, row0, rows, nb, lane, warp);
-    // The activations are the previous kernel's output: under PDL the first stages' weights could be requested
-    // before PDL_ENTER, but one stage in flight does not pay for splitting the copies.
-    PDL_ENTER();
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
         if (s < n) cp.issue(ring_s + s * STAGE, num_warps, with_meta);
