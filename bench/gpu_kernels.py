@@ -240,6 +240,7 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
         ops.set_i8(*saved)
 
 
+I8_WARP_TRIALS = (2, 4)  # warps per block tried beside the launcher's choice (5 at K = 5120: 4 superblocks a warp)
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
 
 
@@ -252,8 +253,9 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
             m = timed_matrix(dev, rng, name, Q.Q4_K, precise=True)
             for t in token_counts:
                 cells = []
-                for on in (False, True):
+                for on, warps in ((False, None), (True, None)) + tuple((True, k) for k in I8_WARP_TRIALS):
                     ops.set_i8(on, instances.I8_MAX_TOKENS)
+                    ops.I8_WARPS = warps
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
                     state = {"i": 0}
 
@@ -261,7 +263,8 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
                         ops.matmul(dev, m.ws[state["i"] % len(m.ws)], m.act, m.y, t, m.rows)
                         state["i"] += 1
 
-                    label = "i8" if on else (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise"
+                    label = ((f"i8.w{warps}" if warps else "i8") if on else
+                             (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise")
                     med, spread = median_time(dev, run, reps=20, warmup=3, inner=len(m.ws) * 2)
                     timing = Timing("matmul", f"{name}.Q4_K.T{t}.{label}", f"{m.rows}x{m.cols}", med, spread,
                                     m.nbytes)
@@ -271,6 +274,7 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
             m.free(dev)
     finally:
         ops.set_i8(*saved)
+        ops.I8_WARPS = None
 
 
 TIMED = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_up", Q.Q4_K), ("ssm_out", Q.Q4_K),

@@ -370,6 +370,7 @@ I8_ENV = "OPENJET_CUDA_I8"
 I8_QTYPES = (Q.Q4_K,)
 I8_TOKENS = 4
 I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernels/mmvq_i8.cu
+I8_WARPS: int | None = None  # warps per block; None: _pipelined_warps (the benchmark compares others)
 
 
 def _i8_default() -> bool:
@@ -418,7 +419,7 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
     q8, scale8, sums8, sums8_lo = group8
     tiles = (w.rows + 15) // 16
-    warps = _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
+    warps = I8_WARPS or _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
     kernel, smem = dev.kernel(f"mmvq_q4_K_i8_t{t}"), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, tiles, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
