@@ -363,14 +363,19 @@ def _mmvq_persist(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buf
 
 # ---- int8 activations (kernels/mmvq_i8.cu) ----
 # Q4_K launches of up to I8_TOKENS tokens multiply int8 activations (two levels: 1.5e-5 of each superblock's
-# largest value) by the unconverted nibbles, in fast and precise mode: on the H200 1.0-1.5 x faster than the f16
-# kernels at 1-4 tokens, and slower than the persistent two-pass kernel at 5 (bench/NOTES.md v12), so I8_TOKENS
-# is 4 while the kernel is built up to instances.I8_MAX_TOKENS. OPENJET_CUDA_I8=0 keeps every matmul on f16.
+# largest value) by the unconverted nibbles, in fast and precise mode. On the H200 (bench/NOTES.md v12) it is 1.0
+# to 1.5 x faster than the f16 kernels at 1-4 tokens; at 5 (a second mma, 125 registers) it beats the persistent
+# two-pass kernel only on rows of more than I8_SHORT_ROW superblocks, so shorter rows stop at 4 tokens.
+# OPENJET_CUDA_I8=0 keeps every matmul on f16.
 I8_ENV = "OPENJET_CUDA_I8"
 I8_QTYPES = (Q.Q4_K,)
-I8_TOKENS = 4
+I8_TOKENS = 5
+I8_SHORT_ROW, I8_SHORT_ROW_TOKENS = 20, 4
+# Warps per block: 4 where they split the superblocks evenly (20, 24 and 68 at the 27B shapes): 1.0-1.1 x faster
+# than _pipelined_warps' 5 or 8 there, the same at 4 (v12).
+I8_BLOCK_WARPS = 4
 I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernels/mmvq_i8.cu
-I8_WARPS: int | None = None  # warps per block; None: _pipelined_warps (the benchmark compares others)
+I8_WARPS: int | None = None  # warps per block; None: the rule above (the benchmark compares others)
 
 
 def _i8_default() -> bool:
@@ -409,7 +414,8 @@ def _i8_smem(num_tokens: int, warps: int) -> int:
 def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
     """Whether a matmul takes mmvq_i8: on, a Q4_K weight, at most I8_TOKENS tokens whose int8 copy the last
     producer of `act` wrote, and its shared memory within the GPU's opt-in maximum per block."""
-    if not (I8_MATMUL and qtype in I8_QTYPES and num_tokens <= min(I8_TOKENS, act.i8_tokens)):
+    most = I8_TOKENS if act.num_superblocks > I8_SHORT_ROW else min(I8_TOKENS, I8_SHORT_ROW_TOKENS)
+    if not (I8_MATMUL and qtype in I8_QTYPES and num_tokens <= min(most, act.i8_tokens)):
         return False
     return _i8_smem(num_tokens, MMVQ_WARPS) <= min(ACT_MAX_BLOCK_SMEM, max_smem)
 
@@ -419,7 +425,9 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
     q8, scale8, sums8, sums8_lo = group8
     tiles = (w.rows + 15) // 16
-    warps = I8_WARPS or _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
+    num_sb = w.cols // SUPERBLOCK
+    warps = I8_WARPS or (I8_BLOCK_WARPS if num_sb % I8_BLOCK_WARPS == 0 else
+                         _pipelined_warps(w.cols, tiles, dev.info.multiprocessors))
     kernel, smem = dev.kernel(f"mmvq_q4_K_i8_t{t}"), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, tiles, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
