@@ -363,19 +363,18 @@ def _mmvq_persist(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buf
 
 # ---- int8 activations (kernels/mmvq_i8.cu) ----
 # Q4_K launches of up to I8_TOKENS tokens multiply int8 activations (two levels: 1.5e-5 of each superblock's
-# largest value) by the unconverted nibbles, in fast and precise mode. On the H200 (bench/NOTES.md v12) it is 1.0
-# to 1.5 x faster than the f16 kernels at 1-4 tokens; at 5 (a second mma, 125 registers) it beats the persistent
-# two-pass kernel only on rows of more than I8_SHORT_ROW superblocks, so shorter rows stop at 4 tokens.
-# OPENJET_CUDA_I8=0 keeps every matmul on f16.
+# largest value) by the unconverted nibbles, in fast and precise mode: on the H200 the 27B pass at 1 / 2 / 3
+# tokens took 9.36 / 10.30 / 10.20 ms against the f16 kernels' 9.69 / 11.17 / 11.56 (bench/NOTES.md v12). The
+# 5-token instance (a second mma) is built and checked but not used: per kernel it beat the persistent two-pass
+# kernel on rows of 24+ superblocks only, and the pass with it there (and the producers' int8 copy of 5 tokens)
+# was slower, 13.53 against 13.33 ms. OPENJET_CUDA_I8=0 keeps every matmul on f16.
 I8_ENV = "OPENJET_CUDA_I8"
 I8_QTYPES = (Q.Q4_K,)
-I8_TOKENS = 5
-I8_SHORT_ROW, I8_SHORT_ROW_TOKENS = 20, 4
-# Warps per block: 4 where they split the superblocks evenly (20, 24 and 68 at the 27B shapes): 1.0-1.1 x faster
-# than _pipelined_warps' 5 or 8 there, the same at 4 (v12).
-I8_BLOCK_WARPS = 4
+I8_TOKENS = 4
 I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernels/mmvq_i8.cu
-I8_WARPS: int | None = None  # warps per block; None: the rule above (the benchmark compares others)
+# Warps per block; None: _pipelined_warps. 4 (instead of its 5 at K = 5120) ran gate|up 1.1 x faster alone but
+# the pass no faster (9.39 against 9.36 ms), so the benchmark only compares it.
+I8_WARPS: int | None = None
 
 
 def _i8_default() -> bool:
@@ -414,8 +413,7 @@ def _i8_smem(num_tokens: int, warps: int) -> int:
 def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
     """Whether a matmul takes mmvq_i8: on, a Q4_K weight, at most I8_TOKENS tokens whose int8 copy the last
     producer of `act` wrote, and its shared memory within the GPU's opt-in maximum per block."""
-    most = I8_TOKENS if act.num_superblocks > I8_SHORT_ROW else min(I8_TOKENS, I8_SHORT_ROW_TOKENS)
-    if not (I8_MATMUL and qtype in I8_QTYPES and num_tokens <= min(most, act.i8_tokens)):
+    if not (I8_MATMUL and qtype in I8_QTYPES and num_tokens <= min(I8_TOKENS, act.i8_tokens)):
         return False
     return _i8_smem(num_tokens, MMVQ_WARPS) <= min(ACT_MAX_BLOCK_SMEM, max_smem)
 
@@ -425,9 +423,7 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
     q8, scale8, sums8, sums8_lo = group8
     tiles = (w.rows + 15) // 16
-    num_sb = w.cols // SUPERBLOCK
-    warps = I8_WARPS or (I8_BLOCK_WARPS if num_sb % I8_BLOCK_WARPS == 0 else
-                         _pipelined_warps(w.cols, tiles, dev.info.multiprocessors))
+    warps = I8_WARPS or _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
     kernel, smem = dev.kernel(f"mmvq_q4_K_i8_t{t}"), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, tiles, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
