@@ -28,10 +28,12 @@ CONTEXT = 16384
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", False), "v7cp": (STAGED_QTYPES, True, 32, "cp", False),
             "v6": ((), False, 128, "cp", False), "v7pdl": (STAGED_QTYPES, False, 32, "cp", True),
             "v8": (PERSIST_QTYPES, True, 32, "persist", False), "v10": (STAGED_QTYPES, True, 32, "cpa", False),
-            "v11": (STAGED_QTYPES, True, 32, "cpa2", False), "f16": (STAGED_QTYPES, False, 32, "cp", False)}
+            "v11": (STAGED_QTYPES, True, 32, "cpa2", False), "f16": (STAGED_QTYPES, False, 32, "cp", False),
+            "r2": (STAGED_QTYPES, False, 32, "cp", False), "r4": (STAGED_QTYPES, False, 32, "cp", False)}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
-I8_VARIANTS = frozenset({"v7", "v7pdl"})
+I8_VARIANTS = frozenset({"v7", "v7pdl", "r2", "r4"})
+I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walking 2 or 4 row tiles (ops.I8_TILES)
 
 
 def _model_file(report: Report) -> Path:
@@ -204,6 +206,7 @@ def _use_variant(backend, name: str) -> None:
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
     ops.set_i8(name in I8_VARIANTS and ops._i8_default())
+    ops.I8_TILES = I8_TILE_VARIANTS.get(name, 1)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl = pdl
     backend.drop_graphs()

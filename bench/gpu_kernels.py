@@ -62,6 +62,9 @@ def _reference_rows(data: np.ndarray, qtype: Q, shape: tuple[int, int], rows: np
 I8_CHECKS = [(name, t) for name in ("attn_q", "odd_rows", "ffn_down") for t in (1, 2, 3, 4, 5)] + [
     ("ffn_up", 1), ("ssm_ab", 1), ("attn_output", 2), ("ssm_ab", 5)]
 TOL_I8 = 1e-4
+# ... and with several row tiles a block: 63 tiles of odd_rows leave a partial last block (and tile), ssm_ab's 3
+# tiles a block of fewer than 4, ffn_down's ring runs across its tiles
+I8_TILE_CHECKS = [("odd_rows", 1), ("odd_rows", 4), ("ssm_ab", 1), ("ffn_down", 2), ("attn_q", 3)]
 
 
 def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q, num_tokens: int,
@@ -236,11 +239,19 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
         for name, num_tokens in I8_CHECKS:
             for precise in (False, True):
                 check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
+        for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
+            ops.I8_TILES = tiles
+            for name, num_tokens in I8_TILE_CHECKS:
+                check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=True, tag=f".r{tiles}")
     finally:
         ops.set_i8(*saved)
+        ops.I8_TILES = 1
 
 
-I8_WARP_TRIALS = (2, 4)  # warps per block tried beside the launcher's choice (5 at K = 5120: 4 superblocks a warp)
+# Launch shapes timed beside the launcher's: (label, warps per block or None, row tiles a block walks). 4 warps
+# (against its 5 at K = 5120) ran gate|up faster alone but not the pass (v12); 2 and 4 tiles give each warp 2-4 x
+# the superblocks through one ring (not yet timed).
+I8_SHAPE_TRIALS = (("w4", 4, 1), ("r2", None, 2), ("r4", None, 4))
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
 
 
@@ -253,9 +264,11 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
             m = timed_matrix(dev, rng, name, Q.Q4_K, precise=True)
             for t in token_counts:
                 cells = []
-                for on, warps in ((False, None), (True, None)) + tuple((True, k) for k in I8_WARP_TRIALS):
+                trials = (("f16", None, 1), ("i8", None, 1)) + I8_SHAPE_TRIALS
+                for kind, warps, tiles in trials if t <= 4 else trials[:2]:
+                    on = kind != "f16"
                     ops.set_i8(on, instances.I8_MAX_TOKENS)
-                    ops.I8_WARPS = warps
+                    ops.I8_WARPS, ops.I8_TILES = warps, tiles
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
                     state = {"i": 0}
 
@@ -263,7 +276,7 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
                         ops.matmul(dev, m.ws[state["i"] % len(m.ws)], m.act, m.y, t, m.rows)
                         state["i"] += 1
 
-                    label = ((f"i8.w{warps}" if warps else "i8") if on else
+                    label = ("i8" + (f".{kind}" if kind != "i8" else "") if on else
                              (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise")
                     med, spread = median_time(dev, run, reps=20, warmup=3, inner=len(m.ws) * 2)
                     timing = Timing("matmul", f"{name}.Q4_K.T{t}.{label}", f"{m.rows}x{m.cols}", med, spread,
@@ -274,7 +287,7 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
             m.free(dev)
     finally:
         ops.set_i8(*saved)
-        ops.I8_WARPS = None
+        ops.I8_WARPS, ops.I8_TILES = None, 1
 
 
 TIMED = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_up", Q.Q4_K), ("ssm_out", Q.Q4_K),

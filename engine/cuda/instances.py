@@ -39,6 +39,9 @@ PIPELINE_MODES = (("", "false, false"), ("_hl", "true, false"), ("_x2", "true, t
 # Tokens of the int8-activation Q4_K matmul (kernels/mmvq_i8.cu: 2T packed columns up to 4, a second mma for the
 # fifth), an instance each; its ring has ACT_STAGES stages (3 measured no faster: bench/NOTES.md v12).
 I8_MAX_TOKENS = 5
+# Row tiles a block of it walks in sequence, one ring for all (1: the measured default; 2 and 4, up to 4 tokens,
+# not yet timed: the 5-token form would spill with them).
+I8_TILE_COUNTS = (1, 2, 4)
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
 ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
@@ -73,8 +76,9 @@ def _build() -> dict[str, Instance]:
         for (suffix, lo), tiles in itertools.product((("", "false"), ("_hl", "true")), (1, 2)):
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_cpa{'2' if tiles == 2 else ''}{suffix}", "mmvq",
                                 f"mmvq_cpa<{int(qt)}, {lo}, {tiles}, {ACT_STAGES}>"))
-    out += [Instance(f"mmvq_q4_K_i8_t{t}", "mmvq_i8", f"mmvq_i8<{t}, {ACT_STAGES}>")  # int8 activations
-            for t in range(1, I8_MAX_TOKENS + 1)]
+    out += [Instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{tiles}" if tiles > 1 else ""), "mmvq_i8",
+                     f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}>")  # int8 activations, 1..TILES row tiles a block
+            for t in range(1, I8_MAX_TOKENS + 1) for tiles in I8_TILE_COUNTS if tiles == 1 or t <= 4]
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

@@ -375,6 +375,9 @@ I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernel
 # Warps per block; None: _pipelined_warps. 4 (instead of its 5 at K = 5120) ran gate|up 1.1 x faster alone but
 # the pass no faster (9.39 against 9.36 ms), so the benchmark only compares it.
 I8_WARPS: int | None = None
+# Row tiles a block walks in sequence (instances.I8_TILE_COUNTS): each warp then streams TILES x its superblocks
+# of a row through one ring (4-5 at K = 5,120 with one tile). 1 until the longer blocks are measured.
+I8_TILES = 1
 
 
 def _i8_default() -> bool:
@@ -413,7 +416,8 @@ def _i8_smem(num_tokens: int, warps: int) -> int:
 def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
     """Whether a matmul takes mmvq_i8: on, a Q4_K weight, at most I8_TOKENS tokens whose int8 copy the last
     producer of `act` wrote, and its shared memory within the GPU's opt-in maximum per block."""
-    if not (I8_MATMUL and qtype in I8_QTYPES and num_tokens <= min(I8_TOKENS, act.i8_tokens)):
+    most = I8_TOKENS if I8_TILES == 1 else min(I8_TOKENS, 4)  # instances.py: several tiles up to 4 tokens
+    if not (I8_MATMUL and qtype in I8_QTYPES and num_tokens <= min(most, act.i8_tokens)):
         return False
     return _i8_smem(num_tokens, MMVQ_WARPS) <= min(ACT_MAX_BLOCK_SMEM, max_smem)
 
@@ -422,12 +426,15 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
              bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int) -> None:
     """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
     q8, scale8, sums8, sums8_lo = group8
-    tiles = (w.rows + 15) // 16
-    warps = I8_WARPS or _pipelined_warps(w.cols, tiles, dev.info.multiprocessors)
-    kernel, smem = dev.kernel(f"mmvq_q4_K_i8_t{t}"), _i8_smem(t, warps)
+    blocks = -(-((w.rows + 15) // 16) // I8_TILES)
+    # every warp needs a superblock: with several tiles a block, a warp without one would miss their barriers
+    warps = min(I8_WARPS or _pipelined_warps(w.cols, blocks * I8_TILES, dev.info.multiprocessors),
+                w.cols // SUPERBLOCK)
+    name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "")
+    kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
-    dev.launch(kernel, tiles, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
-                                           ld_y], smem=smem)
+    dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
+                                            ld_y], smem=smem)
 
 
 def _pipelined_warps(cols: int, tiles: int, multiprocessors: int) -> int:

@@ -29,10 +29,20 @@ def test_the_launcher_mirrors_the_kernels_constants() -> None:
     assert all(ops.i8_stage_bytes(t) % 16 == 0 for t in range(1, instances.I8_MAX_TOKENS + 1))
 
 
-def test_one_instance_per_token_count() -> None:
+def test_one_instance_per_token_count_and_tiles_a_block() -> None:
     names = {n for n in instances.INSTANCES if n.startswith("mmvq_q4_K_i8")}
-    assert names == {f"mmvq_q4_K_i8_t{t}" for t in range(1, instances.I8_MAX_TOKENS + 1)}
-    assert ops.I8_TOKENS <= instances.I8_MAX_TOKENS
+    single = {f"mmvq_q4_K_i8_t{t}" for t in range(1, instances.I8_MAX_TOKENS + 1)}
+    several = {f"mmvq_q4_K_i8_t{t}_r{r}" for t in range(1, 5) for r in instances.I8_TILE_COUNTS if r > 1}
+    assert names == single | several
+    assert ops.I8_TOKENS <= instances.I8_MAX_TOKENS and ops.I8_TILES in instances.I8_TILE_COUNTS
+
+
+def test_several_tiles_a_block_only_up_to_four_tokens(monkeypatch) -> None:
+    """The 5-token form is built for one tile a block only (it would spill with more)."""
+    monkeypatch.setattr(ops, "I8_MATMUL", True)
+    monkeypatch.setattr(ops, "I8_TOKENS", 5)
+    monkeypatch.setattr(ops, "I8_TILES", 4)
+    assert ops.i8_runs(Q.Q4_K, 4, _act(5), SM90) and not ops.i8_runs(Q.Q4_K, 5, _act(5), SM90)
 
 
 def test_only_q4k_launches_of_at_most_i8_tokens_whose_int8_copy_was_written(monkeypatch) -> None:

@@ -187,10 +187,11 @@ __device__ __forceinline__ void i8_min_term(const I8Row& r0, const I8Row& r1, u3
 }
 
 // y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), W Q4_K, T <= 5 tokens, K a multiple of 256, x in act8 (this
-// group's bases). Launch: one block of W warps per 16 rows; warp w takes superblocks w, w + W, ... through a
-// ring of NS stages (weights and activation columns by cp.async); dynamic shared memory W * (NS *
-// i8_stage_bytes(T) + I8_ZERO_BYTES).
-template <int T, int NS>
+// group's bases). Launch: one block of W warps per TILES consecutive 16-row tiles (the last block may have
+// fewer); warp w takes superblocks w, w + W, ... of each tile in turn through a ring of NS stages (weights and
+// activation columns by cp.async) that runs on across the tiles, so a warp pays the ring's first wait once per
+// block, not once per tile; dynamic shared memory W * (NS * i8_stage_bytes(T) + I8_ZERO_BYTES).
+template <int T, int NS, int TILES>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
         const f16* __restrict__ sums, const f16* __restrict__ sums_lo, float* __restrict__ y,
@@ -203,16 +204,29 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     extern __shared__ __align__(16) u8 stages[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int row0 = blockIdx.x * 16, nb = K / QK_SB;
+    const int nb = K / QK_SB, tile0 = blockIdx.x * TILES, ntiles = min(TILES, (rows + 15) / 16 - tile0);
     u8* ring = stages + warp * (NS * STAGE + I8_ZERO_BYTES);
     const u32 ring_s = smem_u32(ring);
-    const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0;  // superblocks warp, warp + W, ...
+    // superblocks warp, warp + W, ... of each tile (every warp the same count: the launcher's W divides nb)
+    const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0, total = n * ntiles;
     const bool with_meta = lane < NSLOT;
+    const Planes P = QTraits<QT_Q4_K>::planes(w, (u64)rows * nb);
     I8Copies<T> cp;
-    cp.init(QTraits<QT_Q4_K>::planes(w, (u64)rows * nb), q8, scale8, sums, sums_lo, row0, rows, nb, lane, warp);
+    cp.init(P, q8, scale8, sums, sums_lo, 16 * tile0, rows, nb, lane, warp);
+    int next_tile = 1, left_in_tile = n;  // the tile the copier moves to next; units it has left in its tile
+    auto issue = [&](u32 dst) {  // the next unit's copies, moving the copier to the next tile at its start
+        if constexpr (TILES > 1) {
+            if (left_in_tile == 0) {
+                cp.init(P, q8, scale8, sums, sums_lo, 16 * (tile0 + next_tile++), rows, nb, lane, warp);
+                left_in_tile = n;
+            }
+            --left_in_tile;
+        }
+        cp.issue(dst, num_warps, with_meta);
+    };
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
-        if (s < n) cp.issue(ring_s + s * STAGE, num_warps, with_meta);
+        if (s < total) issue(ring_s + s * STAGE);
         cp_async_commit();
     }
     u8* zero = ring + NS * STAGE;
@@ -226,12 +240,13 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     const int col2 = PACKED ? NSLOT : T;  // columns with a scale
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int i = 0; i < n; ++i) {
+    int done_in_tile = 0, tile = 0;
+    for (int i = 0; i < total; ++i) {
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
         const int ahead = i + NS - 1;
-        if (ahead < n) cp.issue(ring_s + (ahead % NS) * STAGE, num_warps, with_meta);
+        if (ahead < total) issue(ring_s + (ahead % NS) * STAGE);
         cp_async_commit();
-        cp_async_wait<NS - 1>();  // this lane's copies of superblock i have landed
+        cp_async_wait<NS - 1>();  // this lane's copies of unit i have landed
         __syncwarp();             // and every other lane's
         const u8* st = ring + (i % NS) * STAGE;
         const u8* col = (has_col ? st : ring) + col_off;
@@ -258,7 +273,17 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
             sum_lo = has_col ? *reinterpret_cast<const u32*>(st + META + 16 * (T + g) + 4 * c) : 0u;
         }
         i8_min_term(r0, r1, sum, sum_lo, !PACKED, acc);
+        if constexpr (TILES > 1) {
+            if (++done_in_tile == n) {  // the tile's last unit: reduce over the warps and store (copies in flight)
+                if (tile) __syncthreads();  // every thread is done reading the last tile's sums
+                mmvq_store(acc, y, bias, residual, 16 * (tile0 + tile), rows, T, ldy, PACKED);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) acc[k] = 0.f;
+                done_in_tile = 0;
+                ++tile;
+            }
+        }
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
-    mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, PACKED);
+    if constexpr (TILES == 1) mmvq_store(acc, y, bias, residual, 16 * tile0, rows, T, ldy, PACKED);
 }
