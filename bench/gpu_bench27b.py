@@ -160,6 +160,7 @@ def bench_27b(report: Report, args) -> None:
         same = sum(1 for column in zip(*tokens.values(), strict=True) if len(set(column)) == 1)
         report.notes.append(f"27B greedy tokens, {', '.join(tokens)} kernels: {same} of {len(tokens['v7'])} equal")
         _use_variant(backend, "v7")
+        _ablation(backend, report, bw.gbps, pass_bytes)
         backend.reset()
         _time_prefill(backend, report)
         _prefill_before(backend, report, tokens["v7"])
@@ -170,6 +171,38 @@ def bench_27b(report: Report, args) -> None:
     finally:
         _use_variant(backend, "v7")
         backend.close()
+
+
+# Kernel classes left out of a graph-replayed pass in turn (bench-only: Device.skip drops their launches, so the
+# results are garbage but every other kernel streams what it streams): what each class costs inside the graph,
+# where the eager profile's events add ~8 us a launch. Classes by instance-name prefix.
+ABLATION = (("matmuls", ("mmvq", "mmv_")), ("q4k_matmuls", ("mmvq_q4_K",)), ("producers", ("act_",)),
+            ("mixers", ("attn", "qk_prep", "kv_store", "gdn", "conv")), ("everything_else", None))
+
+
+def _ablation(backend, report: Report, copy_gbps: float, pass_bytes: int) -> None:
+    """The T = 1 pass without each ABLATION class: its share of the graph time (leaves no graphs behind)."""
+    dev, rng = backend.dev, np.random.default_rng(5)
+    tokens = [int(x) for x in rng.integers(0, backend.vocab_size, size=1)]
+    named = tuple(p for _, prefixes in ABLATION if prefixes for p in prefixes)
+    full = None
+    for label, prefixes in (("full", ()),) + ABLATION:
+        if prefixes is None:  # what no class above names (norms, rope, embedding, argmax, copies)
+            dev.skip = lambda name: not name.startswith(named)
+        else:
+            dev.skip = (lambda name, p=prefixes: name.startswith(p)) if prefixes else None
+        backend.drop_graphs()
+        try:
+            backend.verify(tokens)  # eager run + capture, without the class
+            med, spread = median_time(dev, backend._graphs[(1, False, 1)].launch, reps=20, warmup=3)
+        finally:
+            dev.skip = None
+            backend.drop_graphs()
+            backend._pending = None
+        full = full or med
+        report.timings.append(Timing("forward", f"27b.T1.without_{label}" if prefixes != () else "27b.T1.ablation_full",
+                                     "graph", med, spread, pass_bytes, {"class_ms": round(full - med, 3)}))
+        print(f"  T=1 pass without {label}: {med:.3f} ms (the class: {full - med:.3f} ms)", flush=True)
 
 
 # Prefill kernels compared against what they replaced, one switch at a time: (tag, module, attribute, value).

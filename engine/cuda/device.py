@@ -11,7 +11,7 @@ UnsupportedGpuError (older than sm_80), DeviceOutOfMemoryError (with the request
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -193,6 +193,8 @@ class Device:
         self._smem_limits: dict[str, int] = {}  # kernel name -> dynamic shared memory allowed so far
         self._graphs: list[Graph] = []
         self.profile: list[tuple[str, Any, Any]] | None = None  # (kernel, start event, end event) when profiling
+        # benchmarks only: kernels (by instance name) whose launches are dropped, to time a pass without them
+        self.skip: Callable[[str], bool] | None = None
         # programmatic dependent launch: each kernel may start while the previous one finishes (every kernel of
         # kernels/*.cu waits in PDL_ENTER before touching what an earlier kernel wrote); off unless asked for
         self.pdl = self.info.arch >= PDL_MIN_ARCH and env_flag(PDL_ENV, False)
@@ -269,6 +271,8 @@ class Device:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3] if isinstance(grid, tuple) else (grid, 1, 1)
         bx, by, bz = (tuple(block) + (1, 1))[:3] if isinstance(block, tuple) else (block, 1, 1)
         assert gx > 0 and gy > 0 and gz > 0, f"{kernel.name}: empty grid {(gx, gy, gz)}"
+        if self.skip is not None and self.skip(kernel.name):
+            return
         ptrs, keep = _pack_args(args)
         drv = _driver()
         events = None
