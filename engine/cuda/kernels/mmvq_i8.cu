@@ -4,6 +4,8 @@
 // issue, not the loads, bound them). Here a nibble needs no conversion: masking a word of the Q4_K quants gives
 // four unsigned 8-bit weights (the high nibbles as 16 q), and mma.m16n8k32 multiplies them by int8 activations
 // exactly, one mma per 32-wide sub-block; the sub-block scales are applied to the int32 sums (one IMAD each).
+// ~270 instructions a unit (sm_90). Measured on the H200 (bench/NOTES.md v12): 1.15-1.25 x the f16 kernel at one
+// token on rows of 6,144 and 17,408, no faster on the 5,120-wide rows, 1.2-1.5 x at 2-4 tokens.
 //
 // Activations ("act8", written by kernels/act.cu beside the f16 layout): each token's superblock as two int8
 // levels, x ~ s q_hi + s_lo q_lo with s = max|x| / 127 over the superblock and s_lo = s / 254, so each value is
@@ -31,7 +33,7 @@ __device__ __forceinline__ constexpr int i8_stage_bytes(int T) {
 
 // Every copy a lane issues per stage. The source pointers advance by one stage's superblocks after each stage
 // (loop-carried, so the compiler keeps them in registers instead of forming each address again from the
-// thread index: ~90 instructions a stage that way against ~25 here).
+// thread index: ~90 instructions of copies a stage that way, ~70 like this).
 template <int T>
 struct I8Copies {
     const u8* q[4];     // quants: rows lane / 8 + 4 j, 16-byte part lane % 8 (128 bytes per superblock)
@@ -41,7 +43,7 @@ struct I8Copies {
     u32 word_step[2];
     u32 qdst, word_dst[2], col_dst, meta_dst[2];
 
-    // Pointers at superblock sb0; step: superblocks from one stage of this warp to its next.
+    // Pointers at superblock sb0 of the tile whose first row is row0.
     __device__ __forceinline__ void init(const Planes& P, const i8* q8, const float* scale8, const f16* sums,
                                          const f16* sums_lo, int row0, int rows, int nb, int lane, int sb0) {
         using S = Q4KStage8;
