@@ -47,7 +47,8 @@ class CudaBackend(Backend):
 
         precise (default: on, unless OPENJET_CUDA_PRECISE=0) multiplies with f32-level activations (each as two
         f16 terms) at some extra arithmetic in the matmuls: it keeps the logits within KL 1e-4 of the float32
-        reference instead of about 1e-3.
+        reference instead of about 1e-3. In either mode the Q4_K matmuls of 1-4 tokens take int8 activations in
+        two levels (1.5e-5 of each 256-value block's largest; ops.I8_MATMUL, OPENJET_CUDA_I8=0 to keep f16).
         """
         from engine.cuda.weights import upload_weights
         from engine.gguf.reader import GGUFFile

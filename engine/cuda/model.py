@@ -94,7 +94,7 @@ class CudaModel:
                  precise: bool = False):
         self.dev, self.cfg, self.weights, self.capacity = dev, cfg, weights, capacity
         self.ws = Workspace(dev, cfg, weights, max_tokens, precise)
-        self.precise = precise  # activations as f16 hi + lo pairs in the matmuls (f32-level precision)
+        self.precise = precise  # activations as f16 hi + lo pairs in the f16 matmuls (f32-level precision)
         self.kv: dict[int, KVBuffers] = {}
         self.deltanet: dict[int, DeltaNetBuffers] = {}
         for i, kind in enumerate(cfg.layer_kinds):

@@ -103,7 +103,8 @@ class Act:
                 self.sums8.view(index * nsb * 128), self.sums8_lo.view(index * nsb * 128))
 
     def buffers(self) -> list[Buffer]:
-        """Every buffer alloc_act made (f32 too: it may be the caller's), to free them."""
+        """Every buffer of these activations, to free them (f32 included: leave it out where the caller
+        passed its own to alloc_act)."""
         return [b for b in (self.x16, self.sums, self.f32, self.sums_lo, self.x16_lo, self.q8, self.scale8,
                             self.sums8, self.sums8_lo) if b is not None]
 
