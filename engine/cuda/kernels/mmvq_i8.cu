@@ -5,7 +5,7 @@
 // four unsigned 8-bit weights (the high nibbles as 16 q), and mma.m16n8k32 multiplies them by int8 activations
 // exactly, one mma per 32-wide sub-block; the sub-block scales are applied to the int32 sums (one IMAD each).
 // ~270 instructions a unit (sm_90). Measured on the H200 (bench/NOTES.md v12): 1.15-1.25 x the f16 kernel at one
-// token on rows of 6,144 and 17,408, no faster on the 5,120-wide rows, 1.2-1.5 x at 2-4 tokens.
+// token on rows of 6,144 and 17,408, no faster on the 5,120-wide rows, 1.1-1.6 x at 2-4 tokens.
 //
 // Activations ("act8", written by kernels/act.cu beside the f16 layout): each token's superblock as two int8
 // levels, x ~ s q_hi + s_lo q_lo with s = max|x| / 127 over the superblock and s_lo = s / 254, so each value is
