@@ -105,18 +105,30 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
         dev.memory.free(buf)
 
 
+def _rerun(dev: Device, w, act, y, res, num_tokens: int) -> np.ndarray:
+    """The same matmul again (under whatever switch the caller set), its output poisoned first."""
+    poison(dev, y)
+    ops.matmul(dev, w, act, y, num_tokens, w.rows, residual=res)
+    return dev.download(y, np.float32, (num_tokens, w.rows))
+
+
+@contextmanager
+def i8_matmul(on: bool, tokens: int | None = None):
+    """The int8 matmul switched (ops.set_i8) for the block, its setting restored after it."""
+    saved = ops.I8_MATMUL, ops.I8_TOKENS
+    try:
+        ops.set_i8(on, tokens)
+        yield
+    finally:
+        ops.set_i8(*saved)
+
+
 def _check_against_f16(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,
                        variant: str) -> None:
     """The int8 matmul against the f16 kernels on the same inputs (the precise ones where the residue is
     there): a whole-matrix comparison, where the reference check samples rows."""
-    saved = ops.I8_MATMUL
-    try:
-        ops.set_i8(False)
-        poison(dev, y)
-        ops.matmul(dev, w, act, y, num_tokens, w.rows, residual=res)
-    finally:
-        ops.set_i8(saved)
-    f16 = dev.download(y, np.float32, (num_tokens, w.rows))
+    with i8_matmul(False):
+        f16 = _rerun(dev, w, act, y, res, num_tokens)
     compare(report, "matmul.same", variant + ".vs_f16", out, f16, TOL_I8)
 
 
@@ -140,9 +152,7 @@ def _check_against_plain_gemm(dev: Device, report: Report, w, act, y, res, out: 
     """gemm_cp against gemm on the same inputs: the same fragments and mma in the same order, so they agree to
     f32 rounding; a stage slot read before its copy landed, or a token group staged from the wrong place, shows."""
     with gemm_staged(False):
-        poison(dev, y)
-        ops.matmul(dev, w, act, y, num_tokens, w.rows, residual=res)
-    plain = dev.download(y, np.float32, (num_tokens, w.rows))
+        plain = _rerun(dev, w, act, y, res, num_tokens)
     compare(report, "matmul.same", variant + ".gemm_cp", out, plain, TOL_SAME_MATH)
 
 
@@ -167,11 +177,9 @@ def _check_against_plain(dev: Device, report: Report, w, act, y, res, out: np.nd
     saved = ops.pipeline_state()
     try:
         ops.set_pipelined(frozenset())
-        poison(dev, y)
-        ops.matmul(dev, w, act, y, num_tokens, w.rows, residual=res)
+        plain = _rerun(dev, w, act, y, res, num_tokens)
     finally:
         ops.set_pipelined(*saved)
-    plain = dev.download(y, np.float32, (num_tokens, w.rows))
     compare(report, "matmul.same", variant, out, plain, TOL_SAME_MATH)
 
 
@@ -180,15 +188,14 @@ def run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) -> 
     through the pipelined kernel in every mode (also where the default picks the plain one), each case also
     against the plain kernel (the persistent kernel has its own part: bench/gpu_persist.py); then the int8
     Q4_K kernel (I8_CHECKS)."""
-    saved, saved_i8 = ops.pipeline_state(), (ops.I8_MATMUL, ops.I8_TOKENS)
+    saved = ops.pipeline_state()
     types = saved[0] if saved[2] == "cp" else frozenset(instances.STAGED_QTYPES)  # OPENJET_CUDA_MMVQ=plain: none
     try:
         ops.set_pipelined(types, everywhere=True)
-        ops.set_i8(False)  # the f16 kernels first (they still run wherever the int8 one does not)
-        _run_matmul_checks(dev, report, rng)
+        with i8_matmul(False):  # the f16 kernels first (they still run wherever the int8 one does not)
+            _run_matmul_checks(dev, report, rng)
     finally:
         ops.set_pipelined(*saved)
-        ops.set_i8(*saved_i8)
     run_i8_checks(dev, report, rng)
 
 
@@ -233,19 +240,17 @@ def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) ->
 def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
     """The int8-activation Q4_K matmul (I8_CHECKS) at every token count it is built for, in fast and precise
     mode (it replaces both)."""
-    saved = ops.I8_MATMUL, ops.I8_TOKENS
-    try:
-        ops.set_i8(True, instances.I8_MAX_TOKENS)
+    with i8_matmul(True, instances.I8_MAX_TOKENS):
         for name, num_tokens in I8_CHECKS:
             for precise in (False, True):
                 check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
-        for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
-            ops.I8_TILES = tiles
-            for name, num_tokens in I8_TILE_CHECKS:
-                check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=True, tag=f".r{tiles}")
-    finally:
-        ops.set_i8(*saved)
-        ops.I8_TILES = 1
+        try:
+            for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
+                ops.I8_TILES = tiles
+                for name, num_tokens in I8_TILE_CHECKS:
+                    check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=True, tag=f".r{tiles}")
+        finally:
+            ops.I8_TILES = 1
 
 
 # Launch shapes timed beside the launcher's: (label, warps per block or None, row tiles a block walks). 4 warps
@@ -270,15 +275,9 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
                     ops.set_i8(on, instances.I8_MAX_TOKENS)
                     ops.I8_WARPS, ops.I8_TILES = warps, tiles
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
-                    state = {"i": 0}
-
-                    def run(t=t, state=state):
-                        ops.matmul(dev, m.ws[state["i"] % len(m.ws)], m.act, m.y, t, m.rows)
-                        state["i"] += 1
-
                     label = ("i8" + (f".{kind}" if kind != "i8" else "") if on else
                              (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise")
-                    med, spread = median_time(dev, run, reps=20, warmup=3, inner=len(m.ws) * 2)
+                    med, spread = m.time(dev, t)
                     timing = Timing("matmul", f"{name}.Q4_K.T{t}.{label}", f"{m.rows}x{m.cols}", med, spread,
                                     m.nbytes)
                     report.timings.append(timing)
@@ -336,6 +335,16 @@ class TimedMatrix:
     act: ops.Act
     y: Buffer
 
+    def time(self, dev: Device, num_tokens: int) -> tuple[float, float]:
+        """Median and spread (ms) of one matmul of num_tokens rows, rotating over the weight copies."""
+        count = {"i": 0}
+
+        def run():
+            ops.matmul(dev, self.ws[count["i"] % len(self.ws)], self.act, self.y, num_tokens, self.rows)
+            count["i"] += 1
+
+        return median_time(dev, run, reps=20, warmup=3, inner=len(self.ws) * 2)
+
     def free(self, dev: Device) -> None:
         act = self.act
         for buf in [w.buf for w in self.ws] + act.buffers() + [self.y]:
@@ -360,7 +369,7 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
                  token_counts: tuple[int, ...], with_persist: bool) -> None:
     """One shape and type: every variant at every T, one line per T."""
     m = timed_matrix(dev, rng, name, qtype, precise=True)
-    rows, cols, nbytes, ws, act, y, copies = m.rows, m.cols, m.nbytes, m.ws, m.act, m.y, len(m.ws)
+    rows, cols, nbytes, act = m.rows, m.cols, m.nbytes, m.act
     lo = act.x16_lo
     for t in token_counts:
         cells = []
@@ -372,15 +381,8 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
             ops.set_pipelined(*state)
             dev.pdl = label.endswith(".pdl")
             act.x16_lo = lo if precise else None  # precise mode is the presence of the residue
-            state = {"i": 0}
-
-            def run(t=t, state=state):
-                """One matmul, rotating over the weight copies."""
-                ops.matmul(dev, ws[state["i"] % copies], act, y, t, rows)
-                state["i"] += 1
-
             try:
-                med, spread = median_time(dev, run, reps=20, warmup=3, inner=copies * 2)
+                med, spread = m.time(dev, t)
             except Exception:  # one variant's failure (the new kernel's, most likely) must not end the timings
                 report.notes.append(f"timing {name}.{qtype.name}.T{t}.{label} raised: {traceback.format_exc(limit=4)}")
                 cells.append(f"{label} raised")

@@ -131,13 +131,7 @@ def _time_staged(dev: Device, report: Report, rng: np.random.Generator, name: st
         cells = []
         for kernel in ("cp", "cpa", "cpa2"):
             ops.set_pipelined(frozenset({qtype}), True, kernel)
-            state = {"i": 0}
-
-            def run(t=t, state=state):
-                state["i"] += 1
-                ops.matmul(dev, m.ws[state["i"] % len(m.ws)], m.act, m.y, t, m.rows)
-
-            med, spread = median_time(dev, run, reps=20, warmup=3, inner=len(m.ws) * 2)
+            med, spread = m.time(dev, t)
             timing = Timing("stream", f"{name}.{qtype.name}.T{t}.precise.{kernel}", f"{m.rows}x{m.cols}", med, spread,
                             m.nbytes)
             report.timings.append(timing)
@@ -170,14 +164,8 @@ def time_staged_l1(dev: Device, report: Report, rng: np.random.Generator) -> Non
                         for l1 in (False, True):
                             if l1:
                                 dev._kernels.update(builds)
-                            state = {"i": 0}
-
-                            def run(t=t, state=state):
-                                state["i"] += 1
-                                ops.matmul(dev, m.ws[state["i"] % len(m.ws)], m.act, m.y, t, m.rows)
-
                             try:
-                                med, spread = median_time(dev, run, reps=20, warmup=3, inner=len(m.ws) * 2)
+                                med, spread = m.time(dev, t)
                             finally:
                                 dev._kernels.update(originals)
                             mode = "precise" if precise else "fast"

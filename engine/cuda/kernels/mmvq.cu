@@ -118,21 +118,7 @@ mmvq(const u8* __restrict__ w, const f16* __restrict__ act, const f16* __restric
         sb += num_warps;
     }
 
-    __shared__ float red[MMVQ_MAX_WARPS][16][MMVQ_NCOLS];
-    red[warp][g][2 * c] = acc[0];
-    red[warp][g][2 * c + 1] = acc[1];
-    red[warp][g + 8][2 * c] = acc[2];
-    red[warp][g + 8][2 * c + 1] = acc[3];
-    __syncthreads();
-    for (int o = threadIdx.x; o < 16 * MMVQ_NCOLS; o += blockDim.x) {
-        const int lr = o / MMVQ_NCOLS, col = o % MMVQ_NCOLS, row = row0 + lr;
-        if (col >= T || row >= rows) continue;
-        float v = 0.f;
-        for (int wi = 0; wi < num_warps; ++wi) v += red[wi][lr][col];
-        if (bias) v += bias[row];
-        if (residual) v += residual[(i64)col * ldy + row];
-        y[(i64)col * ldy + row] = v;
-    }
+    mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, false);
 }
 
 // ---- the pipelined variant (K-quants): weights staged through shared memory by cp.async ----

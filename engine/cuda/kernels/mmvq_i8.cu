@@ -111,13 +111,6 @@ __device__ __forceinline__ void k4_scales8(u32 s0, u32 s2, u32 (&sc)[8]) {
     }
 }
 
-// m of sub-blocks 2c, 2c + 1 as exact f16x2 (k4_scale_pairs without the scales).
-__device__ __forceinline__ u32 k4_min_pair(u32 s0, u32 s1, u32 s2, int c) {
-    const u32 sh = 16u * (c & 1);
-    const u32 mn = c >= 2 ? ((s2 >> (sh + 4)) & 0x0F0Fu) | ((s1 >> (sh + 2)) & 0x3030u) : (s1 >> sh) & 0x3F3Fu;
-    return bytes01_to_h2(mn);
-}
-
 // One staged row's part of a unit: its quants (8 bytes of each 32-byte chunk), scales and d / dmin.
 struct I8Row {
     uint2 q[4];
@@ -133,7 +126,9 @@ __device__ __forceinline__ void i8_read_row(I8Row& r, const u8* st, int lr, int 
     const u32* s = reinterpret_cast<const u32*>(st + Q4KStage8::SC + 12 * lr);
     const u32 s0 = s[0], s1 = s[1], s2 = s[2];
     k4_scales8(s0, s2, r.sc);
-    r.mins = k4_min_pair(s0, s1, s2, c);
+    u32 sc_pair, mn_pair;  // the scales of the pair go unused (the compiler drops them): this kernel has all 8
+    k4_scale_pairs(s0, s1, s2, c, sc_pair, mn_pair);
+    r.mins = bytes01_to_h2(mn_pair);
     const u32 dm = *reinterpret_cast<const u32*>(st + Q4KStage8::DM + 4 * lr);
     r.d = f16_to_f32((f16)(dm & 0xFFFFu));
     r.dmin = f16_to_f32((f16)(dm >> 16));
