@@ -29,11 +29,15 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", False), "v7cp": (STAGED_QTYPE
             "v6": ((), False, 128, "cp", False), "v7pdl": (STAGED_QTYPES, False, 32, "cp", True),
             "v8": (PERSIST_QTYPES, True, 32, "persist", False), "v10": (STAGED_QTYPES, True, 32, "cpa", False),
             "v11": (STAGED_QTYPES, True, 32, "cpa2", False), "f16": (STAGED_QTYPES, False, 32, "cp", False),
-            "r2": (STAGED_QTYPES, False, 32, "cp", False), "r4": (STAGED_QTYPES, False, 32, "cp", False)}
+            "r2": (STAGED_QTYPES, False, 32, "cp", False), "r4": (STAGED_QTYPES, False, 32, "cp", False),
+            "serial": (STAGED_QTYPES, False, 32, "cp", False)}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
-I8_VARIANTS = frozenset({"v7", "v7pdl", "r2", "r4"})
+I8_VARIANTS = frozenset({"v7", "v7pdl", "r2", "r4", "serial"})
 I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walking 2 or 4 row tiles (ops.I8_TILES)
+# v7 with every launch in one stream (ops.BESIDE off: a projection's small parts follow its large one); every
+# other variant runs them beside it (engine/cuda/weights.py Projection.run) unless OPENJET_CUDA_BESIDE=0.
+SERIAL_VARIANTS = frozenset({"serial"})
 
 
 def _model_file(report: Report) -> Path:
@@ -176,8 +180,11 @@ def bench_27b(report: Report, args) -> None:
 # Kernel classes left out of a graph-replayed pass in turn (bench-only: Device.skip drops their launches, so the
 # results are garbage but every other kernel streams what it streams): what each class costs inside the graph,
 # where the eager profile's events add ~8 us a launch. Classes by instance-name prefix.
-ABLATION = (("matmuls", ("mmvq", "mmv_")), ("q4k_matmuls", ("mmvq_q4_K",)), ("producers", ("act_",)),
-            ("mixers", ("attn", "qk_prep", "kv_store", "gdn", "conv")), ("everything_else", None))
+ABLATION = (("matmuls", ("mmvq", "mmv_")), ("q4k_matmuls", ("mmvq_q4_K",)), ("q6k_matmuls", ("mmvq_q6_K",)),
+            ("q8_0_matmuls", ("mmvq_q8_0",)), ("producers", ("act_",)), ("rmsnorm", ("act_rmsnorm",)),
+            ("swiglu", ("act_swiglu",)), ("gatednorm", ("act_gatednorm",)),
+            ("mixers", ("attn", "qk_prep", "kv_store", "gdn", "conv")), ("attention", ("attn", "qk_prep", "kv_store")),
+            ("deltanet", ("gdn", "conv")), ("everything_else", None))
 
 
 def _ablation(backend, report: Report, copy_gbps: float, pass_bytes: int) -> None:
@@ -234,12 +241,13 @@ def _prefill_before(backend, report: Report, v7_tokens: list[int]) -> None:
 
 def _use_variant(backend, name: str) -> None:
     """Switch the matmul and attention kernels to a generation of VARIANTS (captured passes are dropped)."""
-    from engine.cuda import mixers, ops
+    from engine.cuda import env_flag, mixers, ops
 
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
     ops.set_i8(name in I8_VARIANTS and ops._i8_default())
     ops.I8_TILES = I8_TILE_VARIANTS.get(name, 1)
+    ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl = pdl
     backend.drop_graphs()

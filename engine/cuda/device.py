@@ -187,6 +187,14 @@ class Device:
         self._ctx = check(drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
         check(drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
         self.stream = check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        # a second stream for launches that may run beside the main stream's (beside(), join()); the events
+        # order it after the main stream's work so far and the main stream after it
+        self._side = check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        no_timing = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self._fork_event = check(drv.cuEventCreate(no_timing), "cuEventCreate")
+        self._join_event = check(drv.cuEventCreate(no_timing), "cuEventCreate")
+        self._launch_stream = self.stream  # where launch() queues: the side stream inside beside()
+        self._unjoined = False
         self.memory = DeviceMemory(self)
         self._modules: list[Any] = []
         self._kernels: dict[str, Kernel] = {}
@@ -267,7 +275,7 @@ class Device:
 
     def launch(self, kernel: Kernel, grid: int | tuple[int, ...], block: int | tuple[int, ...],
                args: Sequence[Any], smem: int = 0) -> None:
-        """Launch on the device's stream (asynchronous)."""
+        """Launch on the device's stream, or on the side stream inside beside() (asynchronous)."""
         gx, gy, gz = (tuple(grid) + (1, 1))[:3] if isinstance(grid, tuple) else (grid, 1, 1)
         bx, by, bz = (tuple(block) + (1, 1))[:3] if isinstance(block, tuple) else (block, 1, 1)
         assert gx > 0 and gy > 0 and gz > 0, f"{kernel.name}: empty grid {(gx, gy, gz)}"
@@ -278,15 +286,15 @@ class Device:
         events = None
         if self.profile is not None:
             events = (check(drv.cuEventCreate(0), "cuEventCreate"), check(drv.cuEventCreate(0), "cuEventCreate"))
-            check(drv.cuEventRecord(events[0], self.stream), "cuEventRecord")
+            check(drv.cuEventRecord(events[0], self._launch_stream), "cuEventRecord")
         if self.pdl:
             check(drv.cuLaunchKernelEx(self._pdl_config(gx, gy, gz, bx, by, bz, smem), kernel.handle,
                                        ctypes.addressof(ptrs), 0), f"launch {kernel.name}")
         else:
-            check(drv.cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, smem, self.stream,
+            check(drv.cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, smem, self._launch_stream,
                                      ctypes.addressof(ptrs), 0), f"launch {kernel.name}")
         if events is not None:
-            check(drv.cuEventRecord(events[1], self.stream), "cuEventRecord")
+            check(drv.cuEventRecord(events[1], self._launch_stream), "cuEventRecord")
             self.profile.append((kernel.name, *events))
         del keep
 
@@ -300,10 +308,39 @@ class Device:
         config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
         config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
         config.sharedMemBytes = smem
-        config.hStream = self.stream
+        config.hStream = self._launch_stream
         config.attrs = [attr]
         config.numAttrs = 1
         return config
+
+    @contextmanager
+    def beside(self) -> Iterator[None]:
+        """Launches in the with-block go to the side stream: they start after everything queued so far and run
+        beside what the main stream gets next, until join(). So a small kernel (a 96-row matmul) overlaps a
+        large one instead of queueing behind it; in a graph capture the two become parallel branches. Whatever
+        runs beside must not write what the main stream's launches until the join read or write."""
+        assert not self.side_active, "beside() does not nest"
+        drv = _driver()
+        check(drv.cuEventRecord(self._fork_event, self.stream), "cuEventRecord")
+        check(drv.cuStreamWaitEvent(self._side, self._fork_event, 0), "cuStreamWaitEvent")
+        self._launch_stream = self._side
+        try:
+            yield
+        finally:
+            self._launch_stream = self.stream
+            check(drv.cuEventRecord(self._join_event, self._side), "cuEventRecord")
+            self._unjoined = True
+
+    @property
+    def side_active(self) -> bool:
+        """Whether launches go to the side stream now (inside beside())."""
+        return self._launch_stream is not self.stream
+
+    def join(self) -> None:
+        """Make the main stream wait for what was launched beside it (nothing if all of it was joined)."""
+        if self._unjoined:
+            check(_driver().cuStreamWaitEvent(self.stream, self._join_event, 0), "cuStreamWaitEvent")
+            self._unjoined = False
 
     # ---- memory ----
 
@@ -348,7 +385,8 @@ class Device:
         check(_driver().cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, self.stream), f"copy {src.what}")
 
     def synchronize(self) -> None:
-        """Wait for all work on the stream; a kernel fault surfaces here as a CudaError."""
+        """Wait for all work on the stream (and beside it); a kernel fault surfaces here as a CudaError."""
+        self.join()
         check(_driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
     # ---- graphs and timing ----
@@ -363,6 +401,7 @@ class Device:
         try:
             yield holder
         finally:
+            self.join()  # a capture must end with every side branch joined
             graph = check(drv.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
         exec_ = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         holder.append(Graph(self, graph, exec_))
@@ -411,6 +450,9 @@ class Device:
         self.memory.free_all()
         for module in self._modules:
             check(drv.cuModuleUnload(module), "cuModuleUnload")
+        for event in (self._fork_event, self._join_event):
+            check(drv.cuEventDestroy(event), "cuEventDestroy")
+        check(drv.cuStreamDestroy(self._side), "cuStreamDestroy")
         check(drv.cuStreamDestroy(self.stream), "cuStreamDestroy")
         check(drv.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
         self._modules, self._kernels, self._graphs, self.closed = [], {}, [], True

@@ -164,7 +164,8 @@ class CudaModel:
         h, f = cfg.hidden_size, cfg.ffn_size
         norm = lw.vectors["post_attention_norm" if cfg.arch == "qwen35" else "ffn_norm"]
         ops.act_rmsnorm(dev, ws.x, norm, ws.act_h, num_tokens, h, cfg.rms_eps, out32=ws.xn)
-        lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width)
+        lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE)
+        dev.join()
         gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
         up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
         ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=ws.ffn)
@@ -174,7 +175,8 @@ class CudaModel:
         """x += attn_output(attention(q, k, v)) with q/k norm, rope, the KV write and qwen35's output gate."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         d, hq, hkv, width = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, ws.proj_width
-        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width)
+        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE)
+        dev.join()
         q_stride = 2 * d if cfg.has_attn_gate else d  # qwen35 packs [Q | gate] per head
         q = ws.proj.view(4 * lw.mix_in.offsets["attn_q"])
         k = ws.proj.view(4 * lw.mix_in.offsets["attn_k"])
@@ -197,11 +199,12 @@ class CudaModel:
         cfg, ws, dev = self.cfg, self.ws, self.dev
         width, c, hk, hv = ws.proj_width, cfg.ssm_conv_dim, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads
         dk, dv, inner, key = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size, hk * cfg.ssm_head_dim
-        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width)
+        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE)  # alpha | beta beside qkv
         layer, off = self.deltanet[i], lw.mix_in.offsets
         conv_out = ws.conv_out if commit else layer.conv_out
         mixers.conv1d_silu(dev, layer.window, ws.proj.view(4 * off["attn_qkv"]), lw.vectors["ssm_conv1d"], conv_out,
                            num_tokens, c, cfg.ssm_conv_kernel, width, c, commit)
+        dev.join()  # the gates (alpha | beta) are the delta rule's input
         gates = dict(alpha=ws.proj.view(4 * off["ssm_alpha"]), b=ws.proj.view(4 * off["ssm_beta"]),
                      a=lw.vectors["ssm_a"], dt_bias=lw.vectors["ssm_dt.bias"], ld_gate=width, eps=cfg.rms_eps)
         if commit and ws.gdn_chunked and num_tokens >= mixers.GDN_CHUNKED_MIN_TOKENS:  # a long prefill run

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import persist
+from engine.cuda import env_flag, persist
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS,
                                    MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
@@ -124,6 +124,10 @@ DISPATCH.update({("gemm", qt): f"gemm_{qtype_tag(qt)}" for qt in GEMM_QTYPES})
 DISPATCH.update({("get_rows", qt): f"get_rows_{qtype_tag(qt)}" for qt in EMBED_QTYPES})
 DISPATCH.update({("gemm_cp", qt): f"gemm_{qtype_tag(qt)}_cp" for qt in GEMM_CP_QTYPES})
 GEMM_MIN_TOKENS = 16  # from this many tokens on, a GEMM type runs the prefill GEMM instead of mmvq
+# The small parts of a projection (DeltaNet's alpha | beta: 96 rows, 6 blocks) on a second stream beside the large
+# one (weights.Projection.run); OPENJET_CUDA_BESIDE=0: every launch in one stream.
+BESIDE_ENV = "OPENJET_CUDA_BESIDE"
+BESIDE = env_flag(BESIDE_ENV, True)
 GEMM_TOKENS = 32  # tokens per GEMM block (kernels/gemm.cu: GEMM_NG groups of 8)
 GEMM_ROWS = 128  # rows per GEMM block
 GEMM_STAGES, GEMM_ACT_BYTES = 2, 16384  # gemm_cp's slots and each slot's activations (kernels/gemm.cu)
@@ -245,6 +249,20 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         grid = (w.rows + 15) // 16
         dev.launch(kernel, grid, 32 * _mmvq_warps(w.cols),
                    [w.buf, x_t, s_t, xlo_t, slo_t, y_t, bias, res_t, w.rows, w.cols, t, ld_y])
+
+
+def runs_persist(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
+    """Whether matmul(w, act, num_tokens) launches the persistent mmvq, whose partials and counts (persist.scratch)
+    are one per device: such a launch must not run beside another one (Device.beside)."""
+    if DISPATCH.get(("gemm", w.qtype)) is not None and num_tokens >= GEMM_MIN_TOKENS:
+        return False
+    precise = act.x16_lo is not None and w.qtype != Q.F32
+    for t0 in range(0, num_tokens, ACT_GROUP):
+        t = min(ACT_GROUP, num_tokens - t0)
+        if not i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block) and \
+                pipeline_kernel(w.qtype, precise, t) == "persist":
+            return True
+    return False
 
 
 def _default_pipelined() -> tuple[frozenset[Q], bool, str]:

@@ -45,10 +45,27 @@ class Projection:
     width: int
     offsets: dict[str, int] = field(default_factory=dict)  # member key -> first output column
 
-    def run(self, dev: Device, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int) -> None:
-        """y[:, offset:offset + rows] = act @ W^T (+ bias) for every part."""
+    def run(self, dev: Device, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int, beside: bool = False) -> None:
+        """y[:, offset:offset + rows] = act @ W^T (+ bias) for every part.
+
+        beside: the parts other than the largest run on the device's side stream (Device.beside), so that a small
+        one (DeltaNet's 96-row alpha | beta) overlaps the large one instead of following it; the caller joins
+        (dev.join()) before reading their outputs. Parts that launch the persistent mmvq stay on the main
+        stream (its scratch is one per device)."""
+        main = max(self.parts, key=lambda part: part.weight.buf.nbytes)
+        side = [part for part in self.parts if part is not main and beside and
+                not ops.runs_persist(dev, part.weight, act, num_tokens)]
+        if side:
+            with dev.beside():
+                for part in side:
+                    self._launch(dev, part, act, y, num_tokens, ld_y)
         for part in self.parts:
-            ops.matmul(dev, part.weight, act, y.view(4 * part.offset), num_tokens, ld_y, bias=part.bias)
+            if not any(part is s for s in side):
+                self._launch(dev, part, act, y, num_tokens, ld_y)
+
+    @staticmethod
+    def _launch(dev: Device, part: Part, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int) -> None:
+        ops.matmul(dev, part.weight, act, y.view(4 * part.offset), num_tokens, ld_y, bias=part.bias)
 
 
 def vector(dev: Device, info: TensorInfo, what: str) -> Buffer:
