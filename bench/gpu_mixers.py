@@ -226,8 +226,10 @@ def check_qk_prep(dev: Device, report: Report, rng: np.random.Generator, start: 
 def run_mixer_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
     """All mixer checks."""
     sms = dev.info.multiprocessors
-    check_attention(dev, report, rng, 999, 1, mixers.attn_splits(1, HKV, 8, sms), gated=True)
-    check_attention(dev, report, rng, 1500, 5, mixers.attn_splits(5, HKV, 8, sms), gated=True)
+    # decode and verify runs take the narrow instances (mixers.attn_qpw), longer ones the wide
+    for start, tokens in ((999, 1), (1500, 5), (600, 8)):
+        tile = mixers.attn_tile_tokens(HQ, HKV, D, tokens)
+        check_attention(dev, report, rng, start, tokens, mixers.attn_splits(tokens, HKV, tile, sms), gated=True)
     check_attention(dev, report, rng, 40, 5, 1, gated=False)
     check_attention(dev, report, rng, 0, 300, None, gated=True)  # prefill from an empty cache: query tiles
     check_attention(dev, report, rng, 700, 77, 3, gated=False)  # prefill on top of a history, with splits

@@ -55,6 +55,8 @@ EMBED_QTYPES = (Q.F32,) + MATMUL_QTYPES
 ACT_MODES = ("plain", "rmsnorm", "swiglu", "gatednorm")
 # Attention head sizes with an instance, and the queries each warp keeps in registers for them.
 ATTN_HEAD_DIMS = {32: 16, 64: 16, 128: 16, 256: 12}
+# The narrower instances (queries per warp) of decode and verify, attn_d{D}_q{n} (engine/cuda/mixers.py attn_qpw).
+ATTN_DECODE_QPW = (1, 2, 4)
 # Head sizes with the tensor-core prefill attention (kernels/attention_prefill.cu attn_mma).
 ATTN_MMA_DIMS = (64, 128, 256)
 # DeltaNet key-head sizes with an instance (multiples of 32: rows per lane = size / 32).
@@ -93,6 +95,8 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"get_rows_{qtype_tag(qt)}", "elementwise", f"get_rows<{int(qt)}>") for qt in EMBED_QTYPES]
     out += [Instance(n, "attention", n) for n in ("kv_store", "qk_prep", "attn_combine")]
     out += [Instance(f"attn_d{d}", "attention", f"attn<{d}, {qpw}>") for d, qpw in ATTN_HEAD_DIMS.items()]
+    out += [Instance(f"attn_d{d}_q{n}", "attention", f"attn<{d}, {n}>") for d in ATTN_HEAD_DIMS
+            for n in ATTN_DECODE_QPW]
     out += [Instance(f"attn_mma_d{d}", "attention_prefill", f"attn_mma<{d}>") for d in ATTN_MMA_DIMS]
     out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]
     out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}>") for d in GDN_KEY_DIMS]

@@ -9,9 +9,10 @@ from __future__ import annotations
 import ctypes
 
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import ATTN_HEAD_DIMS, ATTN_MMA_DIMS, GDN_CHUNK_DIMS, GDN_KEY_DIMS
+from engine.cuda.instances import ATTN_DECODE_QPW, ATTN_HEAD_DIMS, ATTN_MMA_DIMS, GDN_CHUNK_DIMS, GDN_KEY_DIMS
 
 ATTN_WARPS = 4
+ATTN_DECODE_MAX_TOKENS = 8  # runs up to this long take a narrow instance (attn_qpw)
 MAX_SPLITS = 64
 # Fewest keys per active attention split (a power of two). 32 = one pass of the kernel's key loop: a decode step at a 512-token
 # context then spreads over 16 splits per KV head instead of 4 (128 keys, the v6 setting: 1.9 ms per 27B pass).
@@ -104,14 +105,29 @@ def qk_prep(dev: Device, q: Buffer, k: Buffer, v: Buffer, q_norm: Buffer | None,
     dev.launch(dev.kernel("qk_prep"), (rows + 7) // 8, 256, [args])
 
 
-def attn_tile_tokens(num_heads: int, num_kv_heads: int, head_dim: int) -> int:
-    """Query tokens per block: the block's 4 warps hold QPW queries each, G = Hq / Hkv per token."""
+def attn_qpw(num_heads: int, num_kv_heads: int, head_dim: int, num_tokens: int | None = None) -> int:
+    """Queries per warp of the attention launch over num_tokens (None: a long run). Runs of up to
+    ATTN_DECODE_MAX_TOKENS take the narrowest instance whose 4 warps hold one token's G = Hq / Hkv query heads,
+    so that those spread over the warps: with the wide one (12 a warp at D = 256) one warp held all 6 of a 27B
+    decode step's queries, looped over its keys for 12, and the other three idled. Longer runs keep the wide
+    instance, which loads each key once for more queries."""
     if head_dim not in ATTN_HEAD_DIMS:
         raise ValueError(f"no attention kernel for head size {head_dim} (have {sorted(ATTN_HEAD_DIMS)})")
+    if num_tokens is not None and num_tokens <= ATTN_DECODE_MAX_TOKENS:
+        group = num_heads // num_kv_heads
+        narrow = [n for n in ATTN_DECODE_QPW if ATTN_WARPS * n >= group and n < ATTN_HEAD_DIMS[head_dim]]
+        if narrow:
+            return narrow[0]
+    return ATTN_HEAD_DIMS[head_dim]
+
+
+def attn_tile_tokens(num_heads: int, num_kv_heads: int, head_dim: int, num_tokens: int | None = None) -> int:
+    """Query tokens per block: the block's 4 warps hold QPW queries each (attn_qpw), G = Hq / Hkv per token."""
+    qpw = attn_qpw(num_heads, num_kv_heads, head_dim, num_tokens)
     group = num_heads // num_kv_heads
-    tile = ATTN_WARPS * ATTN_HEAD_DIMS[head_dim] // group
+    tile = ATTN_WARPS * qpw // group
     if tile < 1:
-        raise ValueError(f"{group} query heads per KV head exceed the attention kernel's {ATTN_WARPS * ATTN_HEAD_DIMS[head_dim]}")
+        raise ValueError(f"{group} query heads per KV head exceed the attention kernel's {ATTN_WARPS * qpw}")
     return tile
 
 
@@ -140,8 +156,8 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
     min_keys = ATTN_MIN_KEYS if min_keys is None else min_keys
     if min_keys < 1 or min_keys & (min_keys - 1):
         raise ValueError(f"min_keys (the fewest keys per attention split) must be a power of two, not {min_keys}")
-    tile = attn_tile_tokens(num_heads, num_kv_heads, head_dim)
-    qpw = ATTN_HEAD_DIMS[head_dim]
+    tile = attn_tile_tokens(num_heads, num_kv_heads, head_dim, num_tokens)
+    qpw = attn_qpw(num_heads, num_kv_heads, head_dim, num_tokens)
     if splits > 1:
         assert scratch is not None and scratch.nbytes >= attn_scratch_bytes(splits, num_tokens, num_heads, head_dim)
     part_o = scratch
@@ -156,7 +172,7 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
         dev.launch(kernel, (num_kv_heads, -(-rows // ATTN_MMA_ROWS)), 128, [args], smem=smem)
         return
     smem = ATTN_WARPS * qpw * head_dim * 4
-    kernel = dev.kernel(f"attn_d{head_dim}")
+    kernel = dev.kernel(f"attn_d{head_dim}" if qpw == ATTN_HEAD_DIMS[head_dim] else f"attn_d{head_dim}_q{qpw}")
     if smem > 48 * 1024:
         dev.set_max_dynamic_smem(kernel, smem)
     grid = (num_kv_heads, (num_tokens + tile - 1) // tile, splits)

@@ -185,7 +185,7 @@ class CudaModel:
         mixers.qk_prep(dev, q, k, v, lw.vectors.get("attn_q_norm"), lw.vectors.get("attn_k_norm"), cache.k, cache.v,
                        ws.pos, num_tokens, hq, hkv, d, width, q_stride, self.capacity, cfg.rope_dim, cfg.rope_theta,
                        cfg.rope_neox, cfg.rms_eps)
-        tile = mixers.attn_tile_tokens(hq, hkv, d)
+        tile = mixers.attn_tile_tokens(hq, hkv, d, num_tokens)
         splits = mixers.attn_splits(num_tokens, hkv, tile, dev.info.multiprocessors)
         splits = max(1, min(splits, (mixers.MAX_SPLITS * VERIFY_MAX) // num_tokens))  # what the scratch holds
         mixers.attention(dev, q, cache.k, cache.v, ws.pos, ws.mix2, num_tokens, hq, hkv, d, self.capacity, width,

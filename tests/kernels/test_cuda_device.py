@@ -109,6 +109,19 @@ def test_attention_tiles_and_splits() -> None:
     assert mixers.attn_splits(2048, 4, 8, 132) == 1
 
 
+def test_decode_attention_spreads_a_tokens_queries_over_the_warps() -> None:
+    """Up to 8 tokens: the narrowest instance whose 4 warps hold one token's query heads (27B: 6 in 3 warps)."""
+    assert mixers.attn_qpw(24, 4, 256, 1) == 2 and mixers.attn_tile_tokens(24, 4, 256, 1) == 1
+    assert mixers.attn_qpw(24, 4, 256, 8) == 2
+    assert mixers.attn_qpw(24, 4, 256, 9) == 12 and mixers.attn_qpw(24, 4, 256) == 12  # longer: the wide one
+    assert mixers.attn_qpw(8, 8, 128, 1) == 1 and mixers.attn_tile_tokens(8, 8, 128, 5) == 4
+    assert mixers.attn_qpw(32, 2, 64, 1) == 4  # 16 query heads a KV head
+    assert mixers.attn_qpw(64, 2, 64, 1) == 16  # 32: no narrow instance holds them, the wide one does
+    for head_dim in instances.ATTN_HEAD_DIMS:
+        for qpw in instances.ATTN_DECODE_QPW:
+            assert f"attn_d{head_dim}_q{qpw}" in instances.INSTANCES
+
+
 def test_mmvq_warps_divide_the_superblocks() -> None:
     assert ops._mmvq_warps(5120) == 5  # 20 superblocks: 5 warps of 4
     assert ops._mmvq_warps(17408) == 4  # 68 = 4 x 17

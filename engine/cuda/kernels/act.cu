@@ -121,8 +121,7 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
     const int k = sb * QK_SB + k_local, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = k_local >> 6, h = (k_local >> 5) & 1, i = (k_local >> 2) & 7, r = k_local & 3;
     const int s = 2 * i + h;
-    if (MODE == ACT_RMSNORM) row_inv_rms(a, grp, T, K, inv);
-    float v[8];
+    float v[8];  // loaded before RMSNORM's row reduction, so the two round trips to memory overlap
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
         const int t = grp * 8 + n;
@@ -131,6 +130,8 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
         if (MODE == ACT_SWIGLU) x = ok ? siluf_(x) * a.x2[(i64)t * a.ldx2 + k] : 0.f;
         v[n] = x;
     }
+    const float w_k = MODE == ACT_RMSNORM && k < K ? a.w[k] : 0.f;
+    if (MODE == ACT_RMSNORM) row_inv_rms(a, grp, T, K, inv);
     if (MODE == ACT_GATEDNORM) {  // heads of a.head positions (a divisor of 256): warps, then whole heads
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
@@ -152,7 +153,7 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
     f16* act_g = act + (i64)grp * nsb * 2048;
     if (MODE == ACT_RMSNORM)
 #pragma unroll
-        for (int n = 0; n < 8; ++n) v[n] = (grp * 8 + n < T && k < K) ? v[n] * inv[n] * a.w[k] : 0.f;
+        for (int n = 0; n < 8; ++n) v[n] = (grp * 8 + n < T && k < K) ? v[n] * inv[n] * w_k : 0.f;
     if (a8.q) act_i8(a8, v, grp, T, sb, nsb);
 #pragma unroll
     for (int n = 0; n < 8; ++n) {

@@ -117,10 +117,18 @@ __device__ __forceinline__ void load_row_f16(const f16* p, float (&x)[D / 32 > 0
     }
 }
 
+// Value rows a lane loads before using any (a power of two dividing 32): 64 floats of them beside the
+// accumulators of few queries, 32 beside many.
+__device__ __forceinline__ constexpr int attn_pv_rows(int D, int QPW) {
+    return (QPW <= 4 ? 64 : 32) / (D / 32) > 32 ? 32 : (QPW <= 4 ? 64 : 32) / (D / 32) < 1 ? 1
+           : (QPW <= 4 ? 64 : 32) / (D / 32);
+}
+
 template <int D, int QPW>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
     PDL_ENTER();
     constexpr int DL = D / 32;
+    constexpr int ATTN_PV_ROWS = attn_pv_rows(D, QPW);
     extern __shared__ float qs[];  // [ATTN_WARPS * QPW][D] queries of the block, pre-scaled
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = blockIdx.x, t0 = blockIdx.y * a.tile_tokens, split = blockIdx.z, splits = gridDim.z;
@@ -154,6 +162,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
         qs[i] = v;
     }
     __syncthreads();
+    if (warp * QPW >= num_q) return;  // a warp without queries (no block barrier follows)
     int qpos[QPW];
 #pragma unroll
     for (int j = 0; j < QPW; ++j) {
@@ -180,6 +189,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
         for (int j = 0; j < QPW; ++j) s[j] = 0.f;
         if (key < k_end) {
             const f16* kr = kc + (i64)key * D;
+#pragma unroll 8
             for (int d0 = 0; d0 < D; d0 += 8) {
                 const uint4 raw = *reinterpret_cast<const uint4*>(kr + d0);
                 float kv[8];
@@ -212,17 +222,28 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
 #pragma unroll
             for (int e = 0; e < DL; ++e) o[j][e] *= corr;
         }
-        // o += p v: lane owns dims lane * DL ..
+        // o += p v: lane owns dims lane * DL ..; U value rows loaded before any is used, so a chunk of 32 keys
+        // waits for the memory 32 / U times, not 32 (a key past the split has p = 0 and its row reads as 0)
         const int num_keys = min(32, k_end - k0);
-        for (int kk = 0; kk < num_keys; ++kk) {
-            float v[DL];
-            load_row_f16<D>(vc + (i64)(k0 + kk) * D, v, lane);
+        for (int kk0 = 0; kk0 < num_keys; kk0 += ATTN_PV_ROWS) {
+            float v[ATTN_PV_ROWS][DL];
 #pragma unroll
-            for (int j = 0; j < QPW; ++j) {
-                const float pj = __shfl_sync(FULL_MASK, p[j], kk);
+            for (int u = 0; u < ATTN_PV_ROWS; ++u) {
+                if (kk0 + u < num_keys) {
+                    load_row_f16<D>(vc + (i64)(k0 + kk0 + u) * D, v[u], lane);
+                } else {
 #pragma unroll
-                for (int e = 0; e < DL; ++e) o[j][e] += pj * v[e];
+                    for (int e = 0; e < DL; ++e) v[u][e] = 0.f;
+                }
             }
+#pragma unroll
+            for (int u = 0; u < ATTN_PV_ROWS; ++u)
+#pragma unroll
+                for (int j = 0; j < QPW; ++j) {
+                    const float pj = __shfl_sync(FULL_MASK, p[j], kk0 + u);
+#pragma unroll
+                    for (int e = 0; e < DL; ++e) o[j][e] += pj * v[u][e];
+                }
         }
     }
 
@@ -268,11 +289,15 @@ __global__ void __launch_bounds__(256) attn_combine(AttnArgs a, int splits, int 
     const float denom = block_sum(s < splits ? wt * a.part_ml[row * 2 + 1] : 0.f, scratch);
     weight[s] = wt;
     __syncthreads();
+    // the splits that saw keys come first (attn: split < active), the idle ones after them wrote no o: merge
+    // the first `used` without a branch per split, so that their loads are in flight together
+    const int used = (int)block_max(wt != 0.f ? (float)(s + 1) : 0.f, scratch);
     const float inv = denom > 0.f ? 1.f / denom : 0.f;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float acc = 0.f;
-        for (int si = 0; si < splits; ++si)
-            if (weight[si] != 0.f) acc += weight[si] * a.part_o[(((i64)si * a.T + t) * a.num_heads + h) * D + d];
+#pragma unroll 8
+        for (int si = 0; si < used; ++si)
+            acc += weight[si] * a.part_o[(((i64)si * a.T + t) * a.num_heads + h) * D + d];
         float val = acc * inv;
         if (a.gate) val *= sigmoidf_(a.gate[(i64)t * a.ld_gate + (i64)h * a.gate_head_stride + d]);
         a.out[(i64)t * a.ld_out + (i64)h * D + d] = val;
