@@ -27,13 +27,6 @@ PDL_ENV = "OPENJET_CUDA_PDL"  # "1": launch kernels with programmatic dependent 
 PDL_MIN_ARCH = 90  # griddepcontrol (kernels/common.cuh PDL_ENTER) exists from sm_90 on
 
 
-@dataclass(eq=False, slots=True)
-class Branch:
-    """Launches queued on the side stream by one Device.beside() block; event: recorded after them."""
-
-    event: Any
-
-
 class CudaError(EngineError):
     """A CUDA driver call failed."""
 
@@ -197,11 +190,11 @@ class Device:
         # a second stream for launches that may run beside the main stream's (beside(), join()); the events
         # order it after the main stream's work so far and the main stream after it
         self._side = check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-        self._events: list[Any] = []  # every event of beside() / join(), destroyed by close()
-        self._fork_event = self._new_event()
-        self._free_events: list[Any] = []  # join events of branches already joined
-        self._branches: list[Branch] = []  # launched beside, not yet joined (oldest first)
+        no_timing = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self._fork_event = check(drv.cuEventCreate(no_timing), "cuEventCreate")
+        self._join_event = check(drv.cuEventCreate(no_timing), "cuEventCreate")
         self._launch_stream = self.stream  # where launch() queues: the side stream inside beside()
+        self._unjoined = False
         self.memory = DeviceMemory(self)
         self._modules: list[Any] = []
         self._kernels: dict[str, Kernel] = {}
@@ -321,46 +314,33 @@ class Device:
         return config
 
     @contextmanager
-    def beside(self) -> Iterator[Branch]:
+    def beside(self) -> Iterator[None]:
         """Launches in the with-block go to the side stream: they start after everything queued so far and run
         beside what the main stream gets next, until join(). So a small kernel (a 96-row matmul) overlaps a
         large one instead of queueing behind it; in a graph capture the two become parallel branches. Whatever
-        runs beside must not write what the main stream's launches until the join read or write. Branches run
-        in order on the one side stream; the Branch yielded can be joined on its own (join(branch))."""
+        runs beside must not write what the main stream's launches until the join read or write."""
         assert not self.side_active, "beside() does not nest"
         drv = _driver()
         check(drv.cuEventRecord(self._fork_event, self.stream), "cuEventRecord")
         check(drv.cuStreamWaitEvent(self._side, self._fork_event, 0), "cuStreamWaitEvent")
-        branch = Branch(self._free_events.pop() if self._free_events else self._new_event())
         self._launch_stream = self._side
         try:
-            yield branch
+            yield
         finally:
             self._launch_stream = self.stream
-            check(drv.cuEventRecord(branch.event, self._side), "cuEventRecord")
-            self._branches.append(branch)
+            check(drv.cuEventRecord(self._join_event, self._side), "cuEventRecord")
+            self._unjoined = True
 
     @property
     def side_active(self) -> bool:
         """Whether launches go to the side stream now (inside beside())."""
         return self._launch_stream is not self.stream
 
-    def join(self, branch: Branch | None = None) -> None:
-        """Make the main stream wait for `branch` and the branches before it (None: all of them); a branch
-        already joined costs nothing."""
-        if branch is not None and branch not in self._branches:
-            return
-        upto = len(self._branches) if branch is None else self._branches.index(branch) + 1
-        if upto:  # the side stream runs its branches in order: waiting for the last of them is enough
-            check(_driver().cuStreamWaitEvent(self.stream, self._branches[upto - 1].event, 0), "cuStreamWaitEvent")
-        self._free_events += [b.event for b in self._branches[:upto]]
-        del self._branches[:upto]
-
-    def _new_event(self) -> Any:
-        drv = _driver()
-        event = check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-        self._events.append(event)
-        return event
+    def join(self) -> None:
+        """Make the main stream wait for what was launched beside it (nothing if all of it was joined)."""
+        if self._unjoined:
+            check(_driver().cuStreamWaitEvent(self.stream, self._join_event, 0), "cuStreamWaitEvent")
+            self._unjoined = False
 
     # ---- memory ----
 
@@ -470,7 +450,7 @@ class Device:
         self.memory.free_all()
         for module in self._modules:
             check(drv.cuModuleUnload(module), "cuModuleUnload")
-        for event in self._events:
+        for event in (self._fork_event, self._join_event):
             check(drv.cuEventDestroy(event), "cuEventDestroy")
         check(drv.cuStreamDestroy(self._side), "cuStreamDestroy")
         check(drv.cuStreamDestroy(self.stream), "cuStreamDestroy")

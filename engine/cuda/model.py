@@ -199,14 +199,12 @@ class CudaModel:
         cfg, ws, dev = self.cfg, self.ws, self.dev
         width, c, hk, hv = ws.proj_width, cfg.ssm_conv_dim, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads
         dk, dv, inner, key = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size, hk * cfg.ssm_head_dim
-        # alpha | beta, then the gate z, beside qkv and the conv; the rule waits for the first, the norm for z
-        branches = lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE)
+        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE)  # alpha | beta beside qkv
         layer, off = self.deltanet[i], lw.mix_in.offsets
         conv_out = ws.conv_out if commit else layer.conv_out
         mixers.conv1d_silu(dev, layer.window, ws.proj.view(4 * off["attn_qkv"]), lw.vectors["ssm_conv1d"], conv_out,
                            num_tokens, c, cfg.ssm_conv_kernel, width, c, commit)
-        if "ssm_alpha" in branches:
-            dev.join(branches["ssm_alpha"])
+        dev.join()  # the gates (alpha | beta) are the delta rule's input
         gates = dict(alpha=ws.proj.view(4 * off["ssm_alpha"]), b=ws.proj.view(4 * off["ssm_beta"]),
                      a=lw.vectors["ssm_a"], dt_bias=lw.vectors["ssm_dt.bias"], ld_gate=width, eps=cfg.rms_eps)
         if commit and ws.gdn_chunked and num_tokens >= mixers.GDN_CHUNKED_MIN_TOKENS:  # a long prefill run
@@ -217,7 +215,6 @@ class CudaModel:
                 dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv,
                 dk, dv, c, c, inner, commit, g=ws.g if commit else layer.g, beta=ws.beta if commit else layer.beta,
                 qk_out=None if commit else layer.qk_norm, **gates)
-        dev.join()  # the gate z
         ops.act_gatednorm(dev, ws.mix, ws.proj.view(4 * off["attn_gate"]), lw.vectors["ssm_norm"], ws.act_inner,
                           num_tokens, dv, inner, width, cfg.rms_eps, out32=ws.mix2)
         ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x)

@@ -14,7 +14,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import ops
-from engine.cuda.device import Branch, Buffer, Device
+from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import MATMUL_QTYPES
 from engine.cuda.repack import planes
 from engine.errors import UnsupportedModelError
@@ -35,7 +35,6 @@ class Part:
     weight: ops.DeviceWeight
     bias: Buffer | None
     offset: int
-    keys: tuple[str, ...] = ()  # the members it holds
 
 
 @dataclass(slots=True)
@@ -46,28 +45,23 @@ class Projection:
     width: int
     offsets: dict[str, int] = field(default_factory=dict)  # member key -> first output column
 
-    def run(self, dev: Device, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int,
-            beside: bool = False) -> dict[str, Branch]:
+    def run(self, dev: Device, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int, beside: bool = False) -> None:
         """y[:, offset:offset + rows] = act @ W^T (+ bias) for every part.
 
-        beside: the parts other than the largest run on the device's side stream (Device.beside), smallest
-        first, so that a small one (DeltaNet's 96-row alpha | beta) overlaps the large one instead of following
-        it. Returns the branch of each member that went beside; the caller joins it (dev.join(branch)) before
-        reading its outputs. Parts that launch the persistent mmvq stay on the main stream (its scratch is one
-        per device)."""
+        beside: the parts other than the largest run on the device's side stream (Device.beside), so that a small
+        one (DeltaNet's 96-row alpha | beta) overlaps the large one instead of following it; the caller joins
+        (dev.join()) before reading their outputs. Parts that launch the persistent mmvq stay on the main
+        stream (its scratch is one per device)."""
         main = max(self.parts, key=lambda part: part.weight.buf.nbytes)
-        side = sorted((part for part in self.parts if part is not main and beside and
-                       not ops.runs_persist(dev, part.weight, act, num_tokens)),
-                      key=lambda part: part.weight.buf.nbytes)
-        branches: dict[str, Branch] = {}
-        for part in side:
-            with dev.beside() as branch:
-                self._launch(dev, part, act, y, num_tokens, ld_y)
-            branches.update(dict.fromkeys(part.keys, branch))
+        side = [part for part in self.parts if part is not main and beside and
+                not ops.runs_persist(dev, part.weight, act, num_tokens)]
+        if side:
+            with dev.beside():
+                for part in side:
+                    self._launch(dev, part, act, y, num_tokens, ld_y)
         for part in self.parts:
             if not any(part is s for s in side):
                 self._launch(dev, part, act, y, num_tokens, ld_y)
-        return branches
 
     @staticmethod
     def _launch(dev: Device, part: Part, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int) -> None:
@@ -108,16 +102,14 @@ def _fused(dev: Device, infos: list[TensorInfo], name: str) -> ops.DeviceWeight:
 
 
 def projection(dev: Device, members: list[tuple[str, TensorInfo, TensorInfo | None]], name: str,
-               fuse: bool = True, apart: frozenset[str] = frozenset()) -> Projection:
-    """Upload (key, matrix, bias-or-None) members as one Projection, fusing runs of equal type and width; a
-    member named in `apart` starts a part of its own."""
+               fuse: bool = True) -> Projection:
+    """Upload (key, matrix, bias-or-None) members as one Projection, fusing runs of equal type and width."""
     for _, info, _ in members:
         _check_type(info)
     runs: list[list[tuple[str, TensorInfo, TensorInfo | None]]] = []
     for member in members:
         last = runs[-1][-1][1] if runs else None
-        same = last is not None and last.qtype == member[1].qtype and last.shape[1] == member[1].shape[1] \
-            and member[0] not in apart
+        same = last is not None and last.qtype == member[1].qtype and last.shape[1] == member[1].shape[1]
         if fuse and same and last.qtype != Q.F32:
             runs[-1].append(member)
         else:
@@ -131,7 +123,7 @@ def projection(dev: Device, members: list[tuple[str, TensorInfo, TensorInfo | No
             values = [np.zeros(i.shape[0], np.float32) if b is None else dequantize(b.data, b.qtype, b.shape)
                       for _, i, b in run]
             bias = dev.to_device(np.concatenate(values).astype(np.float32), f"{name}.bias")
-        parts.append(Part(weight, bias, offset, tuple(k for k, _, _ in run)))
+        parts.append(Part(weight, bias, offset))
         for key, info, _ in run:
             offsets[key] = offset
             offset += info.shape[0]
@@ -169,10 +161,8 @@ def _layer(dev: Device, infos: dict[str, TensorInfo], kind: str, name: str) -> L
         out = matrix(dev, infos["attn_output"])
         vec_keys = ("attn_q_norm", "attn_k_norm")
     else:
-        # with launches beside each other, the gate z (read only by the gated norm) is a part of its own: it
-        # streams beside the conv and the delta rule instead of in front of them
         mix = projection(dev, [(k, infos[k], None) for k in ("attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta")],
-                         f"{name}.ssm_in", apart=frozenset({"attn_gate"} if ops.BESIDE else ()))
+                         f"{name}.ssm_in")
         out = matrix(dev, infos["ssm_out"])
         vec_keys = ("ssm_conv1d", "ssm_a", "ssm_dt.bias", "ssm_norm")
     ffn = projection(dev, [(k, infos[k], None) for k in ("ffn_gate", "ffn_up")], f"{name}.ffn")
