@@ -18,6 +18,7 @@ import bashlex
 SAFE_PATHS = frozenset({"/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr"})
 PRINTERS = frozenset({"echo", "printf"})  # they print their arguments and never open them
 MAY_ESCAPE = "may reach outside the workspace"
+_EMPTY_SUBSTITUTION = re.compile(r"`\s*`|\$\(\s*\)")
 MAX_ALTERNATIVES = 256  # brace lists multiply; past this the word is treated as reaching anywhere
 _NO_FILE_REDIRECTS = frozenset({"<<", "<<-", "<<<"})  # here-documents and here-strings name no file
 _SPECIAL_PARAMETERS = re.compile(r"^[?#$!0-9-]$")  # exit status, counts, pids, flags: never a path
@@ -56,6 +57,9 @@ def expansions(word: bashlex.ast.node, source: str) -> list[str]:
                 part.kind == "parameter" and not _SPECIAL_PARAMETERS.match(getattr(part, "value", ""))):
             shown = text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS - 3] + "..."
             found.append(f"expands {shown}: {MAY_ESCAPE}")
+    # bashlex leaves empty substitutions out of a word's parts, but bash drops them, so `*/x``` is the glob */x
+    unquoted = re.sub(r"'[^']*'", "", source[word.pos[0]:word.pos[1]])
+    found += [f"expands {empty}: {MAY_ESCAPE}" for empty in dict.fromkeys(_EMPTY_SUBSTITUTION.findall(unquoted))]
     return found
 
 

@@ -9,7 +9,7 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from openjet_tui.agent.approver import PathDecision, PolicyApprover, ScriptedApprover
@@ -166,6 +166,8 @@ def fresh_home(base: Path) -> Path:
 
 @settings(PROPERTY, max_examples=150)
 @given(st.lists(shell_call, min_size=1, max_size=3), st.sampled_from(list(Mode)))
+# found by this test: bashlex keeps the empty `` in the word, bash drops it and globs */secret.txt through link_out
+@example(calls=[("run_shell", {"command": "echo `echo `touch t1 ; cat */secret.txt``"})], mode=Mode.READ_ONLY)
 def test_no_command_reads_or_writes_outside_the_workspace_unasked(isolated_user_dirs, calls, mode):
     with tempfile.TemporaryDirectory() as base:
         ws, out = make_layout(Path(base).resolve())
