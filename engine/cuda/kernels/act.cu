@@ -33,13 +33,19 @@ __device__ __forceinline__ i64 act_pos(int sb, int s, int n) { return ((i64)(sb 
 
 // Per-token 1/rms of the whole row (RMSNORM): each block reduces the rows of its group itself. The token loop
 // is innermost so the loads of all the group's rows are independent and in flight together.
-__device__ void row_inv_rms(const ActSrc& a, int grp, int T, int K, float* inv /* [8] shared */) {
+__device__ __forceinline__ void row_inv_rms(const ActSrc& a, int grp, int T, int K, float* inv /* [8] shared */) {
     __shared__ float part[8][8];  // [warp][token]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int tokens = min(8, T - grp * 8);
     const float* rows = a.x + (i64)grp * 8 * a.ldx;
     float ss[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if ((K & 3) == 0 && (a.ldx & 3) == 0) {
+    if ((K & 3) == 0 && (a.ldx & 3) == 0 && tokens == 1) {  // decode: the row's loads unrolled, in flight together
+#pragma unroll 5
+        for (int k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
+            const float4 v = *reinterpret_cast<const float4*>(rows + k);
+            ss[0] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    } else if ((K & 3) == 0 && (a.ldx & 3) == 0) {
         for (int k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
 #pragma unroll
             for (int n = 0; n < 8; ++n)
@@ -69,7 +75,7 @@ __device__ void row_inv_rms(const ActSrc& a, int grp, int T, int K, float* inv /
 
 // Superblock sb of the group's tokens (v: this thread's position p of each) as two int8 levels: s = max|v| / 127
 // over the superblock, q_hi = rint(v / s), q_lo = rint((v - s q_hi) / s_lo) with s_lo = s / 254.
-__device__ void act_i8(const Act8& a8, const float (&v)[8], int grp, int T, int sb, int nsb) {
+__device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int grp, int T, int sb, int nsb) {
     __shared__ float wmax[8][8];  // [warp][token]
     const int p = threadIdx.x, lane = p & 31, warp = p >> 5, tokens = min(8, T - grp * 8);
 #pragma unroll
