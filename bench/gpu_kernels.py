@@ -277,11 +277,8 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
                     label = ("i8" + (f".{kind}" if kind != "i8" else "") if on else
                              (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise")
-                    med, spread = m.time(dev, t)
-                    timing = Timing("matmul", f"{name}.Q4_K.T{t}.{label}", f"{m.rows}x{m.cols}", med, spread,
-                                    m.nbytes)
-                    report.timings.append(timing)
-                    cells.append(f"{label} {med * 1e3:6.1f} {timing.gbps:5.0f}")
+                    timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
+                    cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
                 print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)
             m.free(dev)
     finally:
@@ -345,6 +342,13 @@ class TimedMatrix:
 
         return median_time(dev, run, reps=20, warmup=3, inner=len(self.ws) * 2)
 
+    def record(self, dev: Device, report: Report, num_tokens: int, category: str, name: str) -> Timing:
+        """time() as a Timing of this matrix's shape and bytes, added to the report."""
+        med, spread = self.time(dev, num_tokens)
+        timing = Timing(category, name, f"{self.rows}x{self.cols}", med, spread, self.nbytes)
+        report.timings.append(timing)
+        return timing
+
     def free(self, dev: Device) -> None:
         act = self.act
         for buf in [w.buf for w in self.ws] + act.buffers() + [self.y]:
@@ -369,7 +373,7 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
                  token_counts: tuple[int, ...], with_persist: bool) -> None:
     """One shape and type: every variant at every T, one line per T."""
     m = timed_matrix(dev, rng, name, qtype, precise=True)
-    rows, cols, nbytes, act = m.rows, m.cols, m.nbytes, m.act
+    act = m.act
     lo = act.x16_lo
     for t in token_counts:
         cells = []
@@ -382,15 +386,13 @@ def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
             dev.pdl = label.endswith(".pdl")
             act.x16_lo = lo if precise else None  # precise mode is the presence of the residue
             try:
-                med, spread = m.time(dev, t)
+                timing = m.record(dev, report, t, "matmul", f"{name}.{qtype.name}.T{t}.{label}")
             except Exception:  # one variant's failure (the new kernel's, most likely) must not end the timings
                 report.notes.append(f"timing {name}.{qtype.name}.T{t}.{label} raised: {traceback.format_exc(limit=4)}")
                 cells.append(f"{label} raised")
                 raise_if_context_lost(dev)
                 continue
-            timing = Timing("matmul", f"{name}.{qtype.name}.T{t}.{label}", f"{rows}x{cols}", med, spread, nbytes)
-            report.timings.append(timing)
-            cells.append(f"{label} {med * 1e3:6.1f} {timing.gbps:5.0f}")
+            cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
         print(f"  {name:<11} {qtype.name:<5} T={t}  " + " | ".join(cells), flush=True)
     dev.pdl = False
     act.x16_lo = lo

@@ -131,11 +131,8 @@ def _time_staged(dev: Device, report: Report, rng: np.random.Generator, name: st
         cells = []
         for kernel in ("cp", "cpa", "cpa2"):
             ops.set_pipelined(frozenset({qtype}), True, kernel)
-            med, spread = m.time(dev, t)
-            timing = Timing("stream", f"{name}.{qtype.name}.T{t}.precise.{kernel}", f"{m.rows}x{m.cols}", med, spread,
-                            m.nbytes)
-            report.timings.append(timing)
-            cells.append(f"{kernel} {med * 1e3:6.1f}")
+            timing = m.record(dev, report, t, "stream", f"{name}.{qtype.name}.T{t}.precise.{kernel}")
+            cells.append(f"{kernel} {timing.median_ms * 1e3:6.1f}")
         print(f"  {name:<11} {qtype.name:<5} T={t}  " + " | ".join(cells), flush=True)
     m.free(dev)
 
@@ -164,15 +161,13 @@ def time_staged_l1(dev: Device, report: Report, rng: np.random.Generator) -> Non
                         for l1 in (False, True):
                             if l1:
                                 dev._kernels.update(builds)
+                            mode = "precise" if precise else "fast"
                             try:
-                                med, spread = m.time(dev, t)
+                                timing = m.record(dev, report, t, "stream", f"{name}.{qtype.name}.T{t}.{mode}.{kernel}"
+                                                  f"{'.l1' if l1 else ''}")
                             finally:
                                 dev._kernels.update(originals)
-                            mode = "precise" if precise else "fast"
-                            report.timings.append(Timing("stream", f"{name}.{qtype.name}.T{t}.{mode}.{kernel}"
-                                                         f"{'.l1' if l1 else ''}", f"{m.rows}x{m.cols}", med, spread,
-                                                         m.nbytes))
-                            pair.append(f"{med * 1e3:5.1f}")
+                            pair.append(f"{timing.median_ms * 1e3:5.1f}")
                         cells.append(f"T{t} {' | '.join(pair)}")
                     print(f"  {name:<11} {qtype.name:<5} {'precise' if precise else 'fast':<7} {kernel:<4} "
                           + "   ".join(cells), flush=True)

@@ -230,10 +230,10 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         t = min(ACT_GROUP, num_tokens - t0)
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
-        if i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block):
+        pipelined = _group_kernel(dev, w, act, num_tokens, t)
+        if pipelined == "i8":
             _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
             continue
-        pipelined = pipeline_kernel(w.qtype, precise, t)
         if pipelined is not None:
             group = act.group(t0 // ACT_GROUP)
             if pipelined == "persist":
@@ -251,18 +251,21 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
                    [w.buf, x_t, s_t, xlo_t, slo_t, y_t, bias, res_t, w.rows, w.cols, t, ld_y])
 
 
+def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: int) -> str | None:
+    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8", a pipelined one (PIPELINE_KERNELS),
+    or None for the plain one."""
+    if i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block):
+        return "i8"
+    return pipeline_kernel(w.qtype, act.x16_lo is not None and w.qtype != Q.F32, t)
+
+
 def runs_persist(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
     """Whether matmul(w, act, num_tokens) launches the persistent mmvq, whose partials and counts (persist.scratch)
     are one per device: such a launch must not run beside another one (Device.beside)."""
     if DISPATCH.get(("gemm", w.qtype)) is not None and num_tokens >= GEMM_MIN_TOKENS:
         return False
-    precise = act.x16_lo is not None and w.qtype != Q.F32
-    for t0 in range(0, num_tokens, ACT_GROUP):
-        t = min(ACT_GROUP, num_tokens - t0)
-        if not i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block) and \
-                pipeline_kernel(w.qtype, precise, t) == "persist":
-            return True
-    return False
+    return any(_group_kernel(dev, w, act, num_tokens, min(ACT_GROUP, num_tokens - t0)) == "persist"
+               for t0 in range(0, num_tokens, ACT_GROUP))
 
 
 def _default_pipelined() -> tuple[frozenset[Q], bool, str]:

@@ -31,6 +31,13 @@ struct Act8 {
 
 __device__ __forceinline__ i64 act_pos(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
 
+// v as an f16 and its rounding residue (the sub-block sums' hi + lo pair).
+__device__ __forceinline__ void store_f16_pair(f16* hi, f16* lo, i64 i, float v) {
+    const f16 h = f32_to_f16(v);
+    hi[i] = h;
+    lo[i] = f32_to_f16(v - f16_to_f32(h));
+}
+
 // Per-token 1/rms of the whole row (RMSNORM): each block reduces the rows of its group itself. The token loop
 // is innermost so the loads of all the group's rows are independent and in flight together.
 __device__ __forceinline__ void row_inv_rms(const ActSrc& a, int grp, int T, int K, float* inv /* [8] shared */) {
@@ -106,12 +113,7 @@ __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int 
             a8.scale[blk * 16 + 8 + n] = s_lo;
         }
         const float sub = warp_sum(fmaf(ql, s_lo, qh * s));  // what the int8 mma sees; a warp = one sub-block
-        if (lane == 0) {
-            const i64 si = (blk * 8 + n) * 8 + warp;
-            const f16 sh = f32_to_f16(sub);
-            a8.sums[si] = sh;
-            a8.sums_lo[si] = f32_to_f16(sub - f16_to_f32(sh));
-        }
+        if (lane == 0) store_f16_pair(a8.sums, a8.sums_lo, (blk * 8 + n) * 8 + warp, sub);
     }
 }
 
@@ -174,11 +176,6 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
             seen += f16_to_f32(lo);
         }
         const float sub = warp_sum(seen);  // a warp covers one 32-wide sub-block
-        if (lane == 0) {
-            const i64 si = (i64)grp * nsb * 64 + ((i64)sb * 8 + n) * 8 + (k_local >> 5);
-            const f16 sh = f32_to_f16(sub);
-            sums[si] = sh;
-            sums_lo[si] = f32_to_f16(sub - f16_to_f32(sh));
-        }
+        if (lane == 0) store_f16_pair(sums, sums_lo, (i64)grp * nsb * 64 + ((i64)sb * 8 + n) * 8 + (k_local >> 5), sub);
     }
 }

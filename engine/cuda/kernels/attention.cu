@@ -120,8 +120,8 @@ __device__ __forceinline__ void load_row_f16(const f16* p, float (&x)[D / 32 > 0
 // Value rows a lane loads before using any (a power of two dividing 32): 64 floats of them beside the
 // accumulators of few queries, 32 beside many.
 __device__ __forceinline__ constexpr int attn_pv_rows(int D, int QPW) {
-    return (QPW <= 4 ? 64 : 32) / (D / 32) > 32 ? 32 : (QPW <= 4 ? 64 : 32) / (D / 32) < 1 ? 1
-           : (QPW <= 4 ? 64 : 32) / (D / 32);
+    const int rows = (QPW <= 4 ? 64 : 32) / (D / 32);
+    return rows > 32 ? 32 : rows < 1 ? 1 : rows;
 }
 
 template <int D, int QPW>
