@@ -1,0 +1,48 @@
+"""One 27B-shape matmul launched over and over, for a hardware profiler to attach to (Nsight Compute on the GPU
+machine): the stall reasons, occupancy and DRAM throughput that CUDA-event timings cannot show.
+
+  ncu --kernel-name regex:mmvq --launch-skip 20 --launch-count 1 --section SpeedOfLight \\
+      python bench/gpu_profile.py --shape ffn_gate_up --tokens 1
+
+The launches rotate over weight copies larger than the L2 (bench.gpu_kernels.timed_matrix), as the timings do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Set up the matrix, run the matmul --reps times, print its median time."""
+    from bench.gpu_kernels import SHAPES_27B, timed_matrix
+    from engine.cuda import ops
+    from engine.cuda.device import Device
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="ffn_gate_up", choices=sorted(SHAPES_27B))
+    parser.add_argument("--qtype", default="Q4_K", choices=[q.name for q in ops.MATMUL_QTYPES])
+    parser.add_argument("--tokens", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=40)
+    parser.add_argument("--fast", action="store_true", help="fast mode (no f16 residue) for the f16 kernels")
+    args = parser.parse_args(argv)
+    with Device() as dev:
+        m = timed_matrix(dev, np.random.default_rng(0), args.shape, Q[args.qtype], precise=not args.fast)
+        ops.act_f16(dev, m.act.f32, m.act, args.tokens, m.act.ld)  # the int8 copy for this many tokens
+        for i in range(args.reps):
+            ops.matmul(dev, m.ws[i % len(m.ws)], m.act, m.y, args.tokens, m.rows)
+        dev.synchronize()
+        med, _ = m.time(dev, args.tokens)
+        print(f"{args.shape} {args.qtype} T={args.tokens}: {med * 1e3:.1f} us, {m.nbytes / med / 1e6:.0f} GB/s")
+        m.free(dev)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
