@@ -65,9 +65,6 @@ TOL_I8 = 1e-4
 # ... and with several row tiles a block: 63 tiles of odd_rows leave a partial last block (and tile), ssm_ab's 3
 # tiles a block of fewer than 4, ffn_down's ring runs across its tiles
 I8_TILE_CHECKS = [("odd_rows", 1), ("odd_rows", 4), ("ssm_ab", 1), ("ffn_down", 2), ("attn_q", 3)]
-# ... and on the persistent grid at its other ring depths (odd_rows: 3 superblocks a tile, so most tiles are cut
-# between warps; ssm_ab: 3 tiles over a few warps; ffn_down: 68 a tile, several warps a tile)
-I8P_STAGE_CHECKS = [("odd_rows", 1), ("odd_rows", 4), ("ssm_ab", 5), ("ffn_down", 2), ("attn_q", 3)]
 
 
 def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q, num_tokens: int,
@@ -92,16 +89,13 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     tol = TOL_F32 if qtype == Q.F32 or precise else TOL_F16
     variant = f"{qtype.name}.T{num_tokens}" + (".precise" if precise else "") + tag
     i8 = ops.i8_runs(qtype, num_tokens, act, dev.info.max_smem_per_block)
-    i8p = i8 and ops.i8p_runs(num_tokens, dev.info.max_smem_per_block)
-    pipelined = f"i8p.s{ops.I8P_STAGES}" if i8p else "i8" if i8 else _runs_pipeline(qtype, precise, num_tokens)
+    pipelined = "i8" if i8 else _runs_pipeline(qtype, precise, num_tokens)
     variant += f".{pipelined}" if pipelined else ""
     compare(report, "matmul", variant, out[:, pick], ref, TOL_I8 if i8 else tol)
     unwritten = int(np.count_nonzero(np.isnan(out)))
     if unwritten:
         report.checks[-1].unwritten = unwritten
-    if i8p:  # the same units as the block-per-tile int8 kernel, summed in another order
-        _check_against_i8_blocks(dev, report, w, act, y, res, out, num_tokens, variant)
-    elif i8 and precise:  # against the fast f16 kernel the difference is that kernel's own error (~2e-4)
+    if i8 and precise:  # against the fast f16 kernel the difference is that kernel's own error (~2e-4)
         _check_against_f16(dev, report, w, act, y, res, out, num_tokens, variant)
     elif pipelined and not i8:
         _check_against_plain(dev, report, w, act, y, res, out, num_tokens, variant)
@@ -136,26 +130,6 @@ def _check_against_f16(dev: Device, report: Report, w, act, y, res, out: np.ndar
     with i8_matmul(False):
         f16 = _rerun(dev, w, act, y, res, num_tokens)
     compare(report, "matmul.same", variant + ".vs_f16", out, f16, TOL_I8)
-
-
-@contextmanager
-def i8_persist(on: bool, stages: int | None = None):
-    """The int8 matmul's persistent grid switched (ops.I8_PERSIST, ops.I8P_STAGES) for the block, restored after."""
-    saved = ops.I8_PERSIST, ops.I8P_STAGES
-    try:
-        ops.I8_PERSIST, ops.I8P_STAGES = on, stages or ops.I8P_STAGES
-        yield
-    finally:
-        ops.I8_PERSIST, ops.I8P_STAGES = saved
-
-
-def _check_against_i8_blocks(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,
-                             variant: str) -> None:
-    """The persistent int8 matmul against mmvq_i8 on the same inputs: the same unit products, so they agree to
-    f32 rounding; a tile summed twice or not at all, or a share read before it was written, shows."""
-    with i8_persist(False):
-        blocks = _rerun(dev, w, act, y, res, num_tokens)
-    compare(report, "matmul.same", variant + ".vs_i8", out, blocks, TOL_SAME_MATH)
 
 
 @contextmanager
@@ -265,15 +239,11 @@ def _run_matmul_checks(dev: Device, report: Report, rng: np.random.Generator) ->
 
 def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
     """The int8-activation Q4_K matmul (I8_CHECKS) at every token count it is built for, in fast and precise
-    mode (it replaces both); then on its persistent grid, and with several row tiles a block."""
-    with i8_matmul(True, instances.I8_MAX_TOKENS), i8_persist(False):
+    mode (it replaces both)."""
+    with i8_matmul(True, instances.I8_MAX_TOKENS):
         for name, num_tokens in I8_CHECKS:
             for precise in (False, True):
                 check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
-        for stages in instances.I8P_STAGE_COUNTS:  # the persistent grid: every check at its default ring depth
-            with i8_persist(True, stages):
-                for name, num_tokens in I8_CHECKS if stages == ops.I8P_DEFAULT_STAGES else I8P_STAGE_CHECKS:
-                    check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=True)
         try:
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
                 ops.I8_TILES = tiles
@@ -307,14 +277,8 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
                     label = ("i8" + (f".{kind}" if kind != "i8" else "") if on else
                              (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise")
-                    with i8_persist(False):
-                        timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
+                    timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
                     cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
-                ops.I8_WARPS, ops.I8_TILES = None, 1
-                for stages in instances.I8P_STAGE_COUNTS:  # the persistent grid
-                    with i8_persist(True, stages):
-                        timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.i8p.s{stages}")
-                    cells.append(f"i8p.s{stages} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
                 print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)
             m.free(dev)
     finally:

@@ -78,25 +78,20 @@ def check_arch(report: Report, arch: str, folder: Path, rng: np.random.Generator
     prompt = [int(t) for t in rng.integers(0, ref.vocab_size, size=24)]
     ref_tokens, ref_rows = greedy(ref, prompt, NUM_GREEDY)
     # fast, precise, precise with programmatic dependent launch (a kernel waiting too late would race there), all
-    # three with the int8-activation Q4_K matmul at up to 4 tokens (the default); precise without it (.f16); and
-    # the int8 matmul on its persistent grid (.i8p), also under PDL
-    for precise, pdl, i8, i8p in ((False, False, True, False), (True, False, True, False), (True, True, True, False),
-                                  (True, False, False, False), (True, False, True, True), (True, True, True, True)):
+    # three with the int8-activation Q4_K matmul at up to 4 tokens (the default); and precise without it (.f16)
+    for precise, pdl, i8 in ((False, False, True), (True, False, True), (True, True, True), (True, False, False)):
         cuda = CudaBackend.from_gguf(path, context_size=1024, max_tokens=64, precise=precise)
         if pdl and cuda.dev.info.arch < PDL_MIN_ARCH:
             cuda.close()
             continue
         cuda.dev.pdl = pdl
-        saved = ops.I8_MATMUL, ops.I8_PERSIST
+        saved_i8 = ops.I8_MATMUL
         ops.set_i8(i8)
-        ops.I8_PERSIST = i8p
         try:
-            compare_backend(report, arch + (".precise" if precise else "") + (".i8p" if i8p else "") +
-                            (".pdl" if pdl else "") + ("" if i8 else ".f16"), ref, cuda, prompt, ref_tokens,
-                            ref_rows, rng)
+            compare_backend(report, arch + (".precise" if precise else "") + (".pdl" if pdl else "") +
+                            ("" if i8 else ".f16"), ref, cuda, prompt, ref_tokens, ref_rows, rng)
         finally:
-            ops.set_i8(saved[0])
-            ops.I8_PERSIST = saved[1]
+            ops.set_i8(saved_i8)
             cuda.close()
 
 

@@ -177,9 +177,7 @@ def schedule_notes(dev: Device, report: Report) -> None:
         rows, cols = SHAPES_27B[name]
         tiles, nb = (rows + 15) // 16, cols // 256
         kernel = dev.kernel(f"mmvq_{instances.qtype_tag(qtype)}_persist")
-        stages, stage_bytes = ops.STAGE_SHAPE[qtype]
-        per_warp = persist.warp_bytes(stages, stage_bytes)
-        blocks, warps, smem = persist.plan(dev, kernel, per_warp, stages - 1, rows, cols)
+        blocks, warps, smem = persist.plan(dev, kernel, *ops.STAGE_SHAPE[qtype], rows, cols)
         num_warps = blocks * warps
         widest = max(len(persist.share_slots(t, tiles, nb, num_warps)) for t in range(0, tiles, max(1, tiles // 64)))
         line = (f"persist {name} {qtype.name}: {blocks} blocks x {warps} warps ({smem} B shared each), "

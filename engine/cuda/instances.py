@@ -42,9 +42,6 @@ I8_MAX_TOKENS = 5
 # Row tiles a block of it walks in sequence, one ring for all (1: the measured default; 2 and 4, up to 4 tokens,
 # not yet timed: the 5-token form would spill with them).
 I8_TILE_COUNTS = (1, 2, 4)
-# Ring stages per warp of the persistent int8 matmul (kernels/mmvq_i8_persist.cu), an instance each (5 tokens
-# from 3 on: at 2 the compiler spilled).
-I8P_STAGE_COUNTS = (2, 3, 4)
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
 ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
@@ -84,9 +81,6 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{tiles}" if tiles > 1 else ""), "mmvq_i8",
                      f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}>")  # int8 activations, 1..TILES row tiles a block
             for t in range(1, I8_MAX_TOKENS + 1) for tiles in I8_TILE_COUNTS if tiles == 1 or t <= 4]
-    out += [Instance(f"mmvq_q4_K_i8p_t{t}_s{ns}", "mmvq_i8_persist", f"mmvq_i8_persist<{t}, {ns}>")
-            for t in range(1, I8_MAX_TOKENS + 1) for ns in I8P_STAGE_COUNTS
-            if t <= 4 or ns >= 3]  # int8 on the persistent grid
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

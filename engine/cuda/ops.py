@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_flag, persist
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import (ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS, INSTANCES,
+from engine.cuda.instances import (ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS,
                                    MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
@@ -231,9 +231,8 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
         pipelined = _group_kernel(dev, w, act, num_tokens, t)
-        if pipelined in ("i8", "i8p"):
-            launch = _mmvq_i8_persist if pipelined == "i8p" else _mmvq_i8
-            launch(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
+        if pipelined == "i8":
+            _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
             continue
         if pipelined is not None:
             group = act.group(t0 // ACT_GROUP)
@@ -253,19 +252,19 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
 
 
 def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: int) -> str | None:
-    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8" or "i8p" (its persistent grid), a
-    pipelined one (PIPELINE_KERNELS), or None for the plain one."""
+    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8", a pipelined one (PIPELINE_KERNELS),
+    or None for the plain one."""
     if i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block):
-        return "i8p" if i8p_runs(num_tokens, dev.info.max_smem_per_block) else "i8"
+        return "i8"
     return pipeline_kernel(w.qtype, act.x16_lo is not None and w.qtype != Q.F32, t)
 
 
 def runs_persist(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
-    """Whether matmul(w, act, num_tokens) launches a persistent mmvq, whose partials and counts (persist.scratch)
+    """Whether matmul(w, act, num_tokens) launches the persistent mmvq, whose partials and counts (persist.scratch)
     are one per device: such a launch must not run beside another one (Device.beside)."""
     if DISPATCH.get(("gemm", w.qtype)) is not None and num_tokens >= GEMM_MIN_TOKENS:
         return False
-    return any(_group_kernel(dev, w, act, num_tokens, min(ACT_GROUP, num_tokens - t0)) in ("persist", "i8p")
+    return any(_group_kernel(dev, w, act, num_tokens, min(ACT_GROUP, num_tokens - t0)) == "persist"
                for t0 in range(0, num_tokens, ACT_GROUP))
 
 
@@ -377,9 +376,7 @@ def _mmvq_persist(dev: Device, w: DeviceWeight, group: tuple[Buffer, Buffer, Buf
     act, sums, act_lo, sums_lo = group  # act: [nsb][16 steps][8 tokens][16] f16
     variant = "persist" if not precise else "persist_hl" if t <= 4 else "persist_x2"
     kernel = dev.kernel(f"mmvq_{qtype_tag(w.qtype)}_{variant}")
-    stages, stage_bytes = STAGE_SHAPE[w.qtype]
-    per_warp = persist.warp_bytes(stages, stage_bytes)
-    grid, warps, smem = persist.plan(dev, kernel, per_warp, stages - 1, w.rows, w.cols)
+    grid, warps, smem = persist.plan(dev, kernel, *STAGE_SHAPE[w.qtype], w.rows, w.cols)
     partials, counts = persist.scratch(dev, (w.rows + 15) // 16)
     assert 2 * grid * warps * persist.TILE_BYTES <= partials.nbytes, "more warps than share slots"
     dev.launch(kernel, grid, 32 * warps, [w.buf, act, sums, act_lo, sums_lo, y, bias, residual, partials, counts,
@@ -460,44 +457,6 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
                                             ld_y], smem=smem)
-
-
-# The int8 matmul on the persistent stream-K grid (kernels/mmvq_i8_persist.cu): one wave of warps over the whole
-# matrix instead of a block per 16-row tile, for the 27B matrices that fill less than a wave of mmvq_i8's blocks
-# or end in a partial one (bench/NOTES.md v14). OPENJET_CUDA_I8P=1: on (off until measured); I8P_STAGES: its
-# ring depth (instances.I8P_STAGE_COUNTS).
-I8P_ENV = "OPENJET_CUDA_I8P"
-I8_PERSIST = env_flag(I8P_ENV, False)
-I8P_DEFAULT_STAGES = 3
-I8P_STAGES = I8P_DEFAULT_STAGES
-
-
-def i8p_warp_bytes(num_tokens: int, stages: int) -> int:
-    """Mirror of kernels/mmvq_i8_persist.cu WARP_BYTES: the ring, the zero column and the tile buffer."""
-    return stages * i8_stage_bytes(num_tokens) + I8_ZERO_BYTES + persist.TILE_BYTES
-
-
-def _i8p_instance(num_tokens: int) -> str:
-    return f"mmvq_q4_K_i8p_t{num_tokens}_s{I8P_STAGES}"
-
-
-def i8p_runs(num_tokens: int, max_smem: int) -> bool:
-    """Whether an int8 matmul of num_tokens takes the persistent grid: on, built for this ring depth, and a block
-    of its warps within the GPU's opt-in shared memory per block."""
-    return (I8_PERSIST and _i8p_instance(num_tokens) in INSTANCES
-            and persist.PERSIST_WARPS * i8p_warp_bytes(num_tokens, I8P_STAGES) <= max_smem)
-
-
-def _mmvq_i8_persist(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-                     bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int) -> None:
-    """One launch of mmvq_i8_persist: one wave of warps, each streaming an equal share of the superblocks."""
-    q8, scale8, sums8, sums8_lo = group8
-    kernel = dev.kernel(_i8p_instance(t))
-    grid, warps, smem = persist.plan(dev, kernel, i8p_warp_bytes(t, I8P_STAGES), I8P_STAGES - 1, w.rows, w.cols)
-    partials, counts = persist.scratch(dev, (w.rows + 15) // 16)
-    assert 2 * grid * warps * persist.TILE_BYTES <= partials.nbytes, "more warps than share slots"
-    dev.launch(kernel, grid, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, partials, counts,
-                                          w.rows, w.cols, ld_y], smem=smem)
 
 
 def _pipelined_warps(cols: int, tiles: int, multiprocessors: int) -> int:

@@ -1,5 +1,4 @@
-"""Host side of the persistent stream-K mmvqs (kernels/persist.cuh: mmvq_persist, mmvq_i8_persist): their grid,
-their work split, their scratch.
+"""Host side of the persistent stream-K mmvq (kernels/mmvq_persist.cu): its grid, its work split, its scratch.
 
 A unit is one superblock of one 16-row tile (unit = tile * nb + sb); warp w of the P launched takes the units
 [w U / P, (w + 1) U / P). The functions below mirror the kernel's arithmetic so that tests can check the split
@@ -15,10 +14,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device, Kernel
 
-PERSIST_WARPS = 4  # warps per block: kernels/mmvq_persist.cu PERSIST_WARPS, mmvq_i8_persist.cu I8P_WARPS
-# kernels/persist.cuh PERSIST_TILE_FLOATS x 4: one tile's f32 sums [16 rows][8 columns], a warp's shared tile
-# buffer and each share slot
-TILE_BYTES = 512
+PERSIST_WARPS = 4  # kernels/mmvq_persist.cu PERSIST_WARPS: warps per block
+TILE_BYTES = 512  # one tile's f32 sums [16 rows][8 columns]: a warp's shared tile buffer and each share slot
 MAX_WARPS_PER_SM = 64  # the most resident warps of any supported GPU (sm_80, sm_90): bounds the share slots
 MIN_COUNTS = 1 << 16  # tiles the first count buffer covers (1M rows); a larger matrix reallocates it
 
@@ -42,15 +39,15 @@ def launch_shape(units: int, multiprocessors: int, blocks_per_sm: int, min_units
     return blocks, warps
 
 
-def plan(dev: Device, kernel: Kernel, per_warp: int, min_units: int, rows: int, cols: int) -> tuple[int, int, int]:
-    """(blocks, warps per block, dynamic shared memory) of one launch of a persistent instance on dev whose warps
-    take per_warp bytes of shared memory each (warp_bytes for mmvq_persist) and need min_units units to fill
-    their ring."""
+def plan(dev: Device, kernel: Kernel, stages: int, stage_bytes: int, rows: int, cols: int) -> tuple[int, int, int]:
+    """(blocks, warps per block, dynamic shared memory) of one launch of a persistent instance on dev, whose
+    stages are `stages` x `stage_bytes` per warp (ops.STAGE_SHAPE)."""
+    per_warp = warp_bytes(stages, stage_bytes)
     dev.set_max_dynamic_smem(kernel, PERSIST_WARPS * per_warp)  # before the occupancy query, which honours it
     resident = blocks_per_sm(dev, kernel, 32 * PERSIST_WARPS, PERSIST_WARPS * per_warp)
     units = (rows + 15) // 16 * (cols // 256)
     # a warp gets at least a ring's worth of units, so all of them are in flight from its first step
-    blocks, warps = launch_shape(units, dev.info.multiprocessors, resident, min_units)
+    blocks, warps = launch_shape(units, dev.info.multiprocessors, resident, stages - 1)
     return blocks, warps, warps * per_warp
 
 

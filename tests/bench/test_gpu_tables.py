@@ -12,12 +12,10 @@ def test_int8_variants_and_tiles_are_variants_and_built_tile_counts() -> None:
     assert set(gpu_bench27b.I8_TILE_VARIANTS) <= gpu_bench27b.I8_VARIANTS
     assert set(gpu_bench27b.I8_TILE_VARIANTS.values()) <= set(instances.I8_TILE_COUNTS)
     assert "f16" in gpu_bench27b.VARIANTS and "f16" not in gpu_bench27b.I8_VARIANTS  # the same run without it
-    assert set(gpu_bench27b.I8P_VARIANTS) <= gpu_bench27b.I8_VARIANTS
-    assert set(gpu_bench27b.I8P_VARIANTS.values()) <= set(instances.I8P_STAGE_COUNTS)
 
 
 def test_int8_checks_and_timings_use_known_shapes_token_counts_and_launch_shapes() -> None:
-    for name, tokens in gpu_kernels.I8_CHECKS + gpu_kernels.I8_TILE_CHECKS + gpu_kernels.I8P_STAGE_CHECKS:
+    for name, tokens in gpu_kernels.I8_CHECKS + gpu_kernels.I8_TILE_CHECKS:
         assert name in gpu_kernels.SHAPES_27B and 1 <= tokens <= instances.I8_MAX_TOKENS
         assert gpu_kernels.SHAPES_27B[name][1] % ops.SUPERBLOCK == 0  # Q4_K rows of whole superblocks
     assert all(tokens <= 4 for _, tokens in gpu_kernels.I8_TILE_CHECKS)  # several tiles: up to 4 tokens

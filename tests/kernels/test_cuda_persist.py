@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import instances, nvrtc, ops, persist
 
-SOURCE = nvrtc.KERNEL_DIR / "persist.cuh"  # the split and the share sums (both persistent kernels)
+SOURCE = nvrtc.KERNEL_DIR / "mmvq_persist.cu"
 H200_SMS = 132
 # (tiles, superblocks per tile) of the 27B model's matrices (rows / 16, K / 256), and small edge cases
 SHAPES = {"attn_q": (768, 20), "ffn_gate_up": (2176, 20), "ffn_up": (1088, 20), "ffn_down": (320, 68),
@@ -112,7 +112,7 @@ def test_launch_shape_is_one_wave_and_never_starves_a_warp() -> None:
 
 def test_host_constants_mirror_the_kernel() -> None:
     text = SOURCE.read_text()
-    assert re.search(rf"#define PERSIST_WARPS {persist.PERSIST_WARPS}\b", (nvrtc.KERNEL_DIR / "mmvq_persist.cu").read_text())
+    assert re.search(rf"#define PERSIST_WARPS {persist.PERSIST_WARPS}\b", text)
     floats = int(re.search(r"#define PERSIST_TILE_FLOATS (\d+)", text).group(1))
     assert floats * 4 == persist.TILE_BYTES
     for qtype in instances.PERSIST_QTYPES:
@@ -148,12 +148,10 @@ def test_the_switch_selects_the_persistent_kernel(monkeypatch: pytest.MonkeyPatc
     assert ops.pipeline_state() == saved
 
 
-@pytest.mark.parametrize("file", ["mmvq_persist", "mmvq_i8_persist"])
-def test_persistent_kernels_fit_sixteen_warps_without_spilling(file: str) -> None:
+def test_persistent_kernels_fit_sixteen_warps_without_spilling() -> None:
     """sm_90: no local memory, and at most 128 registers a thread, so 4 blocks of 128 threads are resident."""
-    insts = instances.files()[file]
-    compiled = nvrtc.compile_file(nvrtc.KERNEL_DIR / f"{file}.cu", 90, tuple(i.expr for i in insts),
-                                  options=("-Xptxas=-v",))
+    insts = instances.files()["mmvq_persist"]
+    compiled = nvrtc.compile_file(SOURCE, 90, tuple(i.expr for i in insts), options=("-Xptxas=-v",))
     names = {compiled.symbols[i.expr]: i.name for i in insts}
     found: dict[str, tuple[int, int]] = {}
     current = None

@@ -1,17 +1,15 @@
-"""Host-side rules of the int8-activation Q4_K matmul (kernels/mmvq_i8.cu, and on the persistent grid
-kernels/mmvq_i8_persist.cu): the launchers' copies of its constants, the shared memory they ask for, and when a
-matmul takes which. The kernels and the producers' int8 copy are checked on the GPU (bench/gpu_kernels.py
-I8_CHECKS, bench/gpu_models.py modes .f16 and .i8p)."""
+"""Host-side rules of the int8-activation Q4_K matmul (kernels/mmvq_i8.cu): the launcher's copies of its
+constants, the shared memory it asks for, and when a matmul takes it. The kernel and the producers' int8 copy
+are checked on the GPU (bench/gpu_kernels.py I8_CHECKS, bench/gpu_models.py mode .i8)."""
 
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import instances, nvrtc, ops, persist
+from engine.cuda import instances, nvrtc, ops
 
 SM90, GEFORCE = 232448, 101376
 
@@ -21,7 +19,7 @@ def _act(i8_tokens: int, width: int = 6144) -> ops.Act:
 
 
 def test_the_launcher_mirrors_the_kernels_constants() -> None:
-    src = (nvrtc.KERNEL_DIR / "mmvq_i8.cuh").read_text()
+    src = (nvrtc.KERNEL_DIR / "mmvq_i8.cu").read_text()
     defines = dict(re.findall(r"#define (\w+) (\d+)", src))
     assert int(defines["I8_SLOT_PITCH"]) + 16 == ops.I8_SLOT_BYTES  # a slot and its sums record
     assert int(defines["I8_ZERO_BYTES"]) == ops.I8_ZERO_BYTES
@@ -32,7 +30,7 @@ def test_the_launcher_mirrors_the_kernels_constants() -> None:
 
 
 def test_one_instance_per_token_count_and_tiles_a_block() -> None:
-    names = {n for n in instances.INSTANCES if n.startswith("mmvq_q4_K_i8_")}
+    names = {n for n in instances.INSTANCES if n.startswith("mmvq_q4_K_i8")}
     single = {f"mmvq_q4_K_i8_t{t}" for t in range(1, instances.I8_MAX_TOKENS + 1)}
     several = {f"mmvq_q4_K_i8_t{t}_r{r}" for t in range(1, 5) for r in instances.I8_TILE_COUNTS if r > 1}
     assert names == single | several
@@ -89,41 +87,3 @@ def test_a_bad_switch_value_is_a_clear_error(monkeypatch, value) -> None:
     monkeypatch.setenv(ops.I8_ENV, value)
     with pytest.raises(ValueError, match="OPENJET_CUDA_I8"):
         ops._i8_default()
-
-
-def test_the_persistent_grid_has_an_instance_per_token_count_and_ring_depth() -> None:
-    names = {n for n in instances.INSTANCES if n.startswith("mmvq_q4_K_i8p")}
-    assert names == {f"mmvq_q4_K_i8p_t{t}_s{s}" for t in range(1, instances.I8_MAX_TOKENS + 1)
-                     for s in instances.I8P_STAGE_COUNTS if t <= 4 or s >= 3}  # 5 tokens, 2 stages: spilled
-    assert ops.I8P_DEFAULT_STAGES in instances.I8P_STAGE_COUNTS and ops.I8P_STAGES == ops.I8P_DEFAULT_STAGES
-    src = (nvrtc.KERNEL_DIR / "mmvq_i8_persist.cu").read_text()
-    assert int(re.search(r"#define I8P_WARPS (\d+)", src).group(1)) == persist.PERSIST_WARPS
-    assert "NS * STAGE + I8_ZERO_BYTES + PERSIST_TILE_FLOATS * 4" in src  # what i8p_warp_bytes mirrors
-    for t in range(1, instances.I8_MAX_TOKENS + 1):
-        for stages in instances.I8P_STAGE_COUNTS:  # every warp's ring and tile buffer start 16-byte aligned
-            assert ops.i8p_warp_bytes(t, stages) % 16 == 0
-    # 1 token, 3 stages: 3 x (2816 + 2 x 336 + 16) + 256 + 512 bytes a warp
-    assert ops.i8p_warp_bytes(1, 3) == 3 * 3504 + 768
-
-
-def test_the_persistent_grid_runs_only_when_switched_on_and_its_block_fits(monkeypatch) -> None:
-    monkeypatch.setattr(ops, "I8_PERSIST", False)
-    assert not ops.i8p_runs(1, SM90)
-    monkeypatch.setattr(ops, "I8_PERSIST", True)
-    assert all(ops.i8p_runs(t, SM90) for t in range(1, instances.I8_MAX_TOKENS + 1))
-    monkeypatch.setattr(ops, "I8P_STAGES", 4)  # 5 tokens: 4 warps x (4 x 6224 + 768) = 102,656 bytes
-    assert ops.i8p_runs(4, GEFORCE) and not ops.i8p_runs(5, GEFORCE)
-    monkeypatch.setattr(ops, "I8P_STAGES", 2)  # not built for 5 tokens (it spilled): mmvq_i8 runs them
-    assert ops.i8p_runs(4, SM90) and not ops.i8p_runs(5, SM90)
-
-
-def test_a_persistent_int8_launch_never_runs_beside_another(monkeypatch) -> None:
-    """Its share slots and counts are the persistent mmvq's (persist.scratch, one per device)."""
-    monkeypatch.setattr(ops, "I8_MATMUL", True)
-    monkeypatch.setattr(ops, "I8_TOKENS", 4)
-    dev = SimpleNamespace(info=SimpleNamespace(max_smem_per_block=SM90))
-    w = ops.DeviceWeight(None, Q.Q4_K, 5120, 6144, "ssm_out")
-    monkeypatch.setattr(ops, "I8_PERSIST", True)
-    assert ops._group_kernel(dev, w, _act(2), 2, 2) == "i8p" and ops.runs_persist(dev, w, _act(2), 2)
-    monkeypatch.setattr(ops, "I8_PERSIST", False)
-    assert ops._group_kernel(dev, w, _act(2), 2, 2) == "i8" and not ops.runs_persist(dev, w, _act(2), 2)

@@ -1,5 +1,4 @@
-// Q4_K x small batch with int8 activations: y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 5, a block
-// of warps per 16-row tile (the unit, its stage and the act8 layout: kernels/mmvq_i8.cuh).
+// Q4_K x small batch with int8 activations: y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), T <= 5.
 //
 // The f16 mmvqs spend ~330 instructions on each 16-row superblock (bench/NOTES.md v9-v10: the decoding and mma
 // issue, not the loads, bound them). Here a nibble needs no conversion: masking a word of the Q4_K quants gives
@@ -7,7 +6,182 @@
 // exactly, one mma per 32-wide sub-block; the sub-block scales are applied to the int32 sums (one IMAD each).
 // ~270 instructions a unit (sm_90). Measured on the H200 (bench/NOTES.md v12): 1.15-1.25 x the f16 kernel at one
 // token on rows of 6,144 and 17,408, no faster on the 5,120-wide rows, 1.1-1.6 x at 2-4 tokens.
-#include "mmvq_i8.cuh"
+//
+// Activations ("act8", written by kernels/act.cu beside the f16 layout): each token's superblock as two int8
+// levels, x ~ s q_hi + s_lo q_lo with s = max|x| / 127 over the superblock and s_lo = s / 254, so each value is
+// kept to max|x| / 64516 (a relative 1.5e-5 of the largest; f16 keeps 4.9e-4 of each value). Up to 4 tokens, as
+// in the packed f16 mode (mmvq.cuh), column n of the mma carries token n's hi level and column T + n its lo level;
+// the epilogue scales each column by its own s and folds T + n into n. Above 4 the lo levels take a second mma
+// on the same weight fragments. Per group of 8 tokens and superblock sb:
+//   q8   [sb][level][8 tokens][256] int8, position p at byte 64 (p / 64) + 16 (p % 32 / 8) + 8 (p / 32 % 2) + p % 8,
+//        so lane c's B fragments of sub-blocks 2c', 2c' + 1 are the 16 bytes at 64 c' + 16 c;
+//   scale8 [sb][level][8] f32;   sums8, sums8_lo [sb][8 tokens][8] f16: each sub-block's sum of s q_hi + s_lo q_lo
+//        (a hi + lo pair), for the min term exactly as the f16 kernels take it.
+#include "mmvq.cuh"
+
+#define I8_SLOT_PITCH 320  // a 256-byte column slot + 64: two slots of a quarter-warp's reads sit in other banks
+#define I8_ZERO_BYTES 256  // the zero column of lanes without one
+
+using Q4KStage8 = Q4KStage<160>;
+
+__device__ __forceinline__ constexpr int i8_slots(int T) { return 2 * T; }
+// A stage: the weights, then 2T column slots, 2T sums records (16 bytes) and 2T column scales (f32), padded to
+// 16 bytes so that every stage starts aligned for cp.async.
+__device__ __forceinline__ constexpr int i8_stage_bytes(int T) {
+    return Q4KStage8::BYTES + (I8_SLOT_PITCH + 16) * i8_slots(T) + ((4 * i8_slots(T) + 15) & ~15);
+}
+
+// Every copy a lane issues per stage. The source pointers advance by one stage's superblocks after each stage
+// (loop-carried, so the compiler keeps them in registers instead of forming each address again from the
+// thread index: ~90 instructions of copies a stage that way, ~70 like this).
+template <int T>
+struct I8Copies {
+    const u8* q[4];     // quants: rows lane / 8 + 4 j, 16-byte part lane % 8 (128 bytes per superblock)
+    const u8* word[2];  // two of the 64 scale / dm words (StageWords' assignment): 12 or 4 bytes per superblock
+    const u8* col[T];   // activation chunks lane + 32 m: slot (lane + 32 m) / 16 (hi tokens, then lo), 4 KB
+    const u8* meta[2];  // lanes below 2T: their slot's sums record (128 bytes per superblock) and scale (64)
+    u32 word_step[2];
+    u32 qdst, word_dst[2], col_dst, meta_dst[2];
+
+    // Pointers at superblock sb0 of the tile whose first row is row0.
+    __device__ __forceinline__ void init(const Planes& P, const i8* q8, const float* scale8, const f16* sums,
+                                         const f16* sums_lo, int row0, int rows, int nb, int lane, int sb0) {
+        using S = Q4KStage8;
+        const int part = lane & 7;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            q[j] = P.p[0] + ((u64)stage_row_base(row0, (lane >> 3) + 4 * j, rows, nb) + sb0) * 128 + 16 * part;
+        qdst = S::QS + (lane >> 3) * S::QS_PITCH + 16 * part;  // + 4 QS_PITCH j
+        StageWords W;
+        stage_words_init<S::SC, S::DM>(W, row0, rows, nb, lane);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const bool is_scale = lane + 32 * j < 48;
+            word[j] = is_scale ? P.p[1] + ((u64)W.row[j] + sb0) * 12 + W.off[j] : P.p[2] + ((u64)W.row[j] + sb0) * 4;
+            word_step[j] = is_scale ? 12 : 4;
+            word_dst[j] = W.dst[j];
+        }
+#pragma unroll
+        for (int m = 0; m < T; ++m) {
+            const int slot = (lane >> 4) + 2 * m, level = slot < T ? 0 : 1, tok = slot < T ? slot : slot - T;
+            col[m] = reinterpret_cast<const u8*>(q8) + (u64)sb0 * 4096 + (level * 8 + tok) * 256 + 16 * (lane & 15);
+        }
+        col_dst = S::BYTES + I8_SLOT_PITCH * (lane >> 4) + 16 * (lane & 15);  // + 2 I8_SLOT_PITCH m
+        const int tok = lane < T ? lane : lane - T, meta0 = S::BYTES + I8_SLOT_PITCH * i8_slots(T);
+        meta[0] = reinterpret_cast<const u8*>((lane < T ? sums : sums_lo) + (u64)sb0 * 64 + 8 * tok);
+        meta[1] = reinterpret_cast<const u8*>(scale8 + (u64)sb0 * 16 + (lane < T ? 0 : 8) + tok);
+        meta_dst[0] = meta0 + 16 * lane;
+        meta_dst[1] = meta0 + 16 * i8_slots(T) + 4 * lane;
+    }
+
+    // The copies of the current superblock into the stage at dst, then the pointers to the next one (`step`
+    // superblocks on).
+    __device__ __forceinline__ void issue(u32 dst, int step, bool with_meta) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            cp_async16(dst + qdst + 4 * Q4KStage8::QS_PITCH * j, q[j]);
+            q[j] += 128 * step;
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            cp_async4(dst + word_dst[j], word[j]);
+            word[j] += word_step[j] * step;
+        }
+#pragma unroll
+        for (int m = 0; m < T; ++m) {
+            cp_async16(dst + col_dst + 2 * I8_SLOT_PITCH * m, col[m]);
+            col[m] += 4096 * step;
+        }
+        if (with_meta) {
+            cp_async16(dst + meta_dst[0], meta[0]);
+            cp_async4(dst + meta_dst[1], meta[1]);
+        }
+        meta[0] += 128 * step;
+        meta[1] += 64 * step;
+    }
+};
+
+// The 6-bit scales of a Q4_K block's eight sub-blocks, one per word (the 12 scale bytes as three words).
+__device__ __forceinline__ void k4_scales8(u32 s0, u32 s2, u32 (&sc)[8]) {
+    const u32 lo = s0 & 0x3F3F3F3Fu, hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // byte j, zero-extended: one prmt each
+        sc[j] = prmt(lo, 0u, 0x4440u + j);
+        sc[4 + j] = prmt(hi, 0u, 0x4440u + j);
+    }
+}
+
+// One staged row's part of a unit: its quants (8 bytes of each 32-byte chunk), scales and d / dmin.
+struct I8Row {
+    uint2 q[4];
+    u32 sc[8];
+    u32 mins;  // m of sub-blocks 2c, 2c + 1 as exact f16x2 (the min mma's A)
+    float d, dmin;
+};
+
+__device__ __forceinline__ void i8_read_row(I8Row& r, const u8* st, int lr, int c) {
+    const u8* q = st + Q4KStage8::QS + lr * Q4KStage8::QS_PITCH + 8 * c;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r.q[j] = *reinterpret_cast<const uint2*>(q + 32 * j);
+    const u32* s = reinterpret_cast<const u32*>(st + Q4KStage8::SC + 12 * lr);
+    const u32 s0 = s[0], s1 = s[1], s2 = s[2];
+    k4_scales8(s0, s2, r.sc);
+    u32 sc_pair, mn_pair;  // the scales of the pair go unused (the compiler drops them): this kernel has all 8
+    k4_scale_pairs(s0, s1, s2, c, sc_pair, mn_pair);
+    r.mins = bytes01_to_h2(mn_pair);
+    const u32 dm = *reinterpret_cast<const u32*>(st + Q4KStage8::DM + 4 * lr);
+    r.d = f16_to_f32((f16)(dm & 0xFFFFu));
+    r.dmin = f16_to_f32((f16)(dm >> 16));
+}
+
+// The int32 sums of one level over the superblock: per sub-block one mma on the lane's weight fragments and
+// the level's B (16 bytes per chunk), times the sub-block scale. Returned as 16 x the value (the high nibbles
+// arrive as 16 q, so the low-nibble sub-blocks are scaled up to match): |16 even + odd| < 2^29 (15 x 127 x 32
+// x 63 x 4 x 16 twice), exact in int32.
+__device__ __forceinline__ void i8_level(const I8Row& r0, const I8Row& r1, const uint4 (&b)[4], int (&tot)[4]) {
+    int even[4] = {0, 0, 0, 0}, odd[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        int d[4];
+        const u32 lo[4] = {r0.q[j].x & 0x0F0F0F0Fu, r1.q[j].x & 0x0F0F0F0Fu, r0.q[j].y & 0x0F0F0F0Fu,
+                           r1.q[j].y & 0x0F0F0F0Fu};
+        mma_u8s8_16832(d, lo, b[j].x, b[j].y);  // sub-block 2j
+        even[0] += (int)r0.sc[2 * j] * d[0];
+        even[1] += (int)r0.sc[2 * j] * d[1];
+        even[2] += (int)r1.sc[2 * j] * d[2];
+        even[3] += (int)r1.sc[2 * j] * d[3];
+        const u32 hi[4] = {r0.q[j].x & 0xF0F0F0F0u, r1.q[j].x & 0xF0F0F0F0u, r0.q[j].y & 0xF0F0F0F0u,
+                           r1.q[j].y & 0xF0F0F0F0u};
+        mma_u8s8_16832(d, hi, b[j].z, b[j].w);  // sub-block 2j + 1, 16 x
+        odd[0] += (int)r0.sc[2 * j + 1] * d[0];
+        odd[1] += (int)r0.sc[2 * j + 1] * d[1];
+        odd[2] += (int)r1.sc[2 * j + 1] * d[2];
+        odd[3] += (int)r1.sc[2 * j + 1] * d[3];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tot[i] = odd[i] + 16 * even[i];
+}
+
+// acc += the level's sums (i8_level) scaled per row (d) and column (s0: column 2c, s1: 2c + 1, times 1/16).
+__device__ __forceinline__ void i8_scale_add(const I8Row& r0, const I8Row& r1, const int (&tot)[4], float s0,
+                                             float s1, float (&acc)[4]) {
+    acc[0] += (float)tot[0] * (r0.d * s0);
+    acc[1] += (float)tot[1] * (r0.d * s1);
+    acc[2] += (float)tot[2] * (r1.d * s0);
+    acc[3] += (float)tot[3] * (r1.d * s1);
+}
+
+// The min term: acc -= dmin * sum over sub-blocks of m * (the column's sub-block sum).
+__device__ __forceinline__ void i8_min_term(const I8Row& r0, const I8Row& r1, u32 sum, u32 sum2, bool two,
+                                            float (&acc)[4]) {
+    float cm[4] = {0.f, 0.f, 0.f, 0.f};
+    min_mma(cm, r0.mins, r1.mins, sum);
+    if (two) min_mma(cm, r0.mins, r1.mins, sum2);
+    acc[0] -= r0.dmin * cm[0];
+    acc[1] -= r0.dmin * cm[1];
+    acc[2] -= r1.dmin * cm[2];
+    acc[3] -= r1.dmin * cm[3];
+}
 
 // y[T, rows] = x[T, K] @ W^T (+ bias) (+ residual), W Q4_K, T <= 5 tokens, K a multiple of 256, x in act8 (this
 // group's bases). Launch: one block of W warps per TILES consecutive 16-row tiles (the last block may have
@@ -22,6 +196,7 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     PDL_ENTER();  // the activations are the previous kernel's output (the first weights wait too: one stage)
     using S = Q4KStage8;
     constexpr int STAGE = i8_stage_bytes(T), NSLOT = i8_slots(T);
+    constexpr int META = S::BYTES + I8_SLOT_PITCH * NSLOT;
     constexpr bool PACKED = T <= 4;  // both levels in one mma's 8 columns
     extern __shared__ __align__(16) u8 stages[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
@@ -54,8 +229,12 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     u8* zero = ring + NS * STAGE;
     for (int k = lane; k < I8_ZERO_BYTES / 16; k += 32) reinterpret_cast<uint4*>(zero)[k] = make_uint4(0u, 0u, 0u, 0u);
     __syncwarp();
-    const bool has_col = i8_has_col<T>(g);
+    // The lane's columns: packed, slot g (token g's hi level, or token g - T's lo); else slot g (hi) and slot
+    // T + g (lo) of token g. A lane without one reads the zero column. Its accumulators' columns 2c, 2c + 1
+    // take the scales of those slots (the lo slots' too when unpacked).
+    const bool has_col = g < (PACKED ? NSLOT : T);
     const int col_off = has_col ? S::BYTES + I8_SLOT_PITCH * g + 16 * c : NS * STAGE + 16 * c;
+    const int col2 = PACKED ? NSLOT : T;  // columns with a scale
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     int done_in_tile = 0, tile = 0;
@@ -67,7 +246,30 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
         cp_async_wait<NS - 1>();  // this lane's copies of unit i have landed
         __syncwarp();             // and every other lane's
         const u8* st = ring + (i % NS) * STAGE;
-        i8_unit<T>(st, (has_col ? st : ring) + col_off, has_col, g, c, acc);
+        const u8* col = (has_col ? st : ring) + col_off;
+        const float* sc = reinterpret_cast<const float*>(st + META + 16 * NSLOT);
+        I8Row r0, r1;
+        i8_read_row(r0, st, g, c);
+        i8_read_row(r1, st, g + 8, c);
+        uint4 b[4];
+        int tot[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const uint4*>(col + 64 * j);
+        i8_level(r0, r1, b, tot);
+        i8_scale_add(r0, r1, tot, 2 * c < col2 ? 0.0625f * sc[2 * c] : 0.f,
+                     2 * c + 1 < col2 ? 0.0625f * sc[2 * c + 1] : 0.f, acc);
+        const u32 sum = has_col ? *reinterpret_cast<const u32*>(st + META + 16 * g + 4 * c) : 0u;
+        u32 sum_lo = 0u;
+        if constexpr (!PACKED) {  // the lo levels: slots T + g
+            const u8* col_lo = has_col ? col + T * I8_SLOT_PITCH : col;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const uint4*>(col_lo + 64 * j);
+            i8_level(r0, r1, b, tot);
+            i8_scale_add(r0, r1, tot, 2 * c < T ? 0.0625f * sc[T + 2 * c] : 0.f,
+                         2 * c + 1 < T ? 0.0625f * sc[T + 2 * c + 1] : 0.f, acc);
+            sum_lo = has_col ? *reinterpret_cast<const u32*>(st + META + 16 * (T + g) + 4 * c) : 0u;
+        }
+        i8_min_term(r0, r1, sum, sum_lo, !PACKED, acc);
         if constexpr (TILES > 1) {
             if (++done_in_tile == n) {  // the tile's last unit: reduce over the warps and store (copies in flight)
                 if (tile) __syncthreads();  // every thread is done reading the last tile's sums
