@@ -67,7 +67,10 @@ __device__ __forceinline__ void row_inv_rms(const ActSrc& a, int grp, int T, int
             for (int n = 0; n < 8; ++n)
                 if (n < tokens) ss[n] += rows[(i64)n * a.ldx + k] * rows[(i64)n * a.ldx + k];
     }
-    warp_sum_n<8>(ss);
+    if (tokens == 1)
+        ss[0] = warp_sum(ss[0]);  // the others are zero
+    else
+        warp_sum_n<8>(ss);
     if (lane == 0)
 #pragma unroll
         for (int n = 0; n < 8; ++n) part[warp][n] = ss[n];
@@ -175,7 +178,8 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
             act_lo[(i64)grp * nsb * 2048 + act_pos(sb, s, n) + 4 * c + r] = lo;
             seen += f16_to_f32(lo);
         }
-        const float sub = warp_sum(seen);  // a warp covers one 32-wide sub-block
+        // a warp covers one 32-wide sub-block; a token past T has only zeros (sum 0, no shuffles to wait on)
+        const float sub = grp * 8 + n < T ? warp_sum(seen) : 0.f;
         if (lane == 0) store_f16_pair(sums, sums_lo, (i64)grp * nsb * 64 + ((i64)sb * 8 + n) * 8 + (k_local >> 5), sub);
     }
 }
