@@ -455,9 +455,8 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "")
     kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
-    prefetch = -(-w.cols // SUPERBLOCK // warps) if dev.pdl else 0  # all of a warp's first tile (kernel comment)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
-                                            ld_y, prefetch], smem=smem)
+                                            ld_y], smem=smem)
 
 
 def _pipelined_warps(cols: int, tiles: int, multiprocessors: int) -> int:

@@ -197,10 +197,6 @@ __device__ __forceinline__ u32 ld_stream_u16(const void* p) {
     return v;
 }
 
-// Ask L2 for the 128-byte line holding p (no register, no wait): weights a kernel will copy once the previous
-// kernel is done (PDL_ENTER), fetched while it still runs.
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
 // ---- asynchronous global -> shared copies (cp.async, sm_80+): bytes in flight without registers ----
 
 // The shared-memory address (32-bit, .shared window) of a generic pointer into shared memory.

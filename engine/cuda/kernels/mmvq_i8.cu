@@ -192,8 +192,8 @@ template <int T, int NS, int TILES>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
         const f16* __restrict__ sums, const f16* __restrict__ sums_lo, float* __restrict__ y,
-        const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int ldy,
-        int prefetch) {
+        const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int ldy) {
+    PDL_ENTER();  // the activations are the previous kernel's output (the first weights wait too: one stage)
     using S = Q4KStage8;
     constexpr int STAGE = i8_stage_bytes(T), NSLOT = i8_slots(T);
     constexpr int META = S::BYTES + I8_SLOT_PITCH * NSLOT;
@@ -202,17 +202,12 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     const int nb = K / QK_SB, tile0 = blockIdx.x * TILES, ntiles = min(TILES, (rows + 15) / 16 - tile0);
-    // superblocks warp, warp + W, ... of each tile (every warp the same count: the launcher's W divides nb)
-    const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0, total = n * ntiles;
-    const Planes P = QTraits<QT_Q4_K>::planes(w, (u64)rows * nb);
-    // Under PDL this block may start while the kernel before it still runs: the quants of its first tile (lane
-    // l: row l % 16 of every other unit) go to L2 meanwhile. prefetch = 0 without PDL.
-    for (int i = lane >> 4; i < min(n, prefetch); i += 2)
-        prefetch_l2(P.p[0] + ((u64)stage_row_base(16 * tile0, lane & 15, rows, nb) + warp + num_warps * i) * 128);
-    PDL_ENTER();  // the activations are the previous kernel's output (the first weights wait too: one stage)
     u8* ring = stages + warp * (NS * STAGE + I8_ZERO_BYTES);
     const u32 ring_s = smem_u32(ring);
+    // superblocks warp, warp + W, ... of each tile (every warp the same count: the launcher's W divides nb)
+    const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0, total = n * ntiles;
     const bool with_meta = lane < NSLOT;
+    const Planes P = QTraits<QT_Q4_K>::planes(w, (u64)rows * nb);
     I8Copies<T> cp;
     cp.init(P, q8, scale8, sums, sums_lo, 16 * tile0, rows, nb, lane, warp);
     int next_tile = 1, left_in_tile = n;  // the tile the copier moves to next; units it has left in its tile
