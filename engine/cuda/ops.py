@@ -400,6 +400,9 @@ I8_WARPS: int | None = None
 # Row tiles a block walks in sequence (instances.I8_TILE_COUNTS): each warp then streams TILES x its superblocks
 # of a row through one ring (4-5 at K = 5,120 with one tile). 1 until the longer blocks are measured.
 I8_TILES = 1
+# One token on the "dense" instance (80 registers: 5 blocks of 5 warps an SM instead of 4; bench variant
+# "dense", not the default until measured).
+I8_DENSE = False
 
 
 def _i8_default() -> bool:
@@ -452,7 +455,7 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     # every warp needs a superblock: with several tiles a block, a warp without one would miss their barriers
     warps = min(I8_WARPS or _pipelined_warps(w.cols, blocks * I8_TILES, dev.info.multiprocessors),
                 w.cols // SUPERBLOCK)
-    name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "")
+    name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "_dense" if I8_DENSE and t == 1 else "")
     kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
