@@ -31,7 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--fast", action="store_true", help="fast mode (no f16 residue) for the f16 kernels")
+    parser.add_argument("--ops", action="append", default=[], metavar="NAME=INT",
+                        help="set a switch of engine/cuda/ops.py first (I8_DENSE=1, I8_WARPS=4, ...)")
     args = parser.parse_args(argv)
+    for item in args.ops:
+        name, value = item.split("=")
+        setattr(ops, name, type(getattr(ops, name) or 0)(int(value)))
     with Device() as dev:
         m = timed_matrix(dev, np.random.default_rng(0), args.shape, Q[args.qtype], precise=not args.fast)
         ops.act_f16(dev, m.act.f32, m.act, args.tokens, m.act.ld)  # the int8 copy for this many tokens
