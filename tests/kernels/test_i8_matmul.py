@@ -91,10 +91,11 @@ def test_a_bad_switch_value_is_a_clear_error(monkeypatch, value) -> None:
 
 
 def test_the_dense_instance_serves_one_token_on_one_tile_a_block(monkeypatch) -> None:
-    """mmvq_q4_K_i8_t1_dense (80 registers) only where a launch would take mmvq_q4_K_i8_t1."""
+    """mmvq_q4_K_i8_t1_dense (80 registers, blocks of 4 warps) only where a launch would take mmvq_q4_K_i8_t1."""
     launched = []
     dev = SimpleNamespace(info=SimpleNamespace(multiprocessors=132), kernel=lambda name: name,
-                          set_max_dynamic_smem=lambda k, s: None, launch=lambda k, *a, **kw: launched.append(k))
+                          set_max_dynamic_smem=lambda k, s: None,
+                          launch=lambda k, grid, threads, *a, **kw: launched.append((k, threads // 32)))
     w = ops.DeviceWeight(None, Q.Q4_K, 5120, 6144, "ssm_out")
     group8 = (None, None, None, None)
     monkeypatch.setattr(ops, "I8_DENSE", True)
@@ -105,4 +106,6 @@ def test_the_dense_instance_serves_one_token_on_one_tile_a_block(monkeypatch) ->
     monkeypatch.setattr(ops, "I8_TILES", 1)
     monkeypatch.setattr(ops, "I8_DENSE", False)
     ops._mmvq_i8(dev, w, group8, None, None, None, 1, 5120)
-    assert launched == ["mmvq_q4_K_i8_t1_dense", "mmvq_q4_K_i8_t2", "mmvq_q4_K_i8_t1_r2", "mmvq_q4_K_i8_t1"]
+    assert [k for k, _ in launched] == ["mmvq_q4_K_i8_t1_dense", "mmvq_q4_K_i8_t2", "mmvq_q4_K_i8_t1_r2",
+                                        "mmvq_q4_K_i8_t1"]
+    assert launched[0][1] == 4 and launched[1][1] != 4  # K = 6,144: the launcher's 6 or 8 warps otherwise
