@@ -30,13 +30,10 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", False), "v7cp": (STAGED_QTYPE
             "v8": (PERSIST_QTYPES, True, 32, "persist", False), "v10": (STAGED_QTYPES, True, 32, "cpa", False),
             "v11": (STAGED_QTYPES, True, 32, "cpa2", False), "f16": (STAGED_QTYPES, False, 32, "cp", False),
             "r2": (STAGED_QTYPES, False, 32, "cp", False), "r4": (STAGED_QTYPES, False, 32, "cp", False),
-            "serial": (STAGED_QTYPES, False, 32, "cp", False), "k64": (STAGED_QTYPES, False, 64, "cp", False),
-            "dense": (STAGED_QTYPES, False, 32, "cp", False), "w4": (STAGED_QTYPES, False, 32, "cp", False)}
+            "serial": (STAGED_QTYPES, False, 32, "cp", False), "k64": (STAGED_QTYPES, False, 64, "cp", False)}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
-I8_VARIANTS = frozenset({"v7", "v7pdl", "r2", "r4", "serial", "k64", "dense", "w4"})
-# k64: v7 with attention splits of 64+ keys; dense: v7 with the one-token int8 matmul in blocks of 4 warps capped
-# at 80 registers (ops.I8_DENSE); w4: every int8 matmul in blocks of 4 warps (ops.I8_WARPS)
+I8_VARIANTS = frozenset({"v7", "v7pdl", "r2", "r4", "serial", "k64"})  # k64: v7 with attention splits of 64+ keys
 I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walking 2 or 4 row tiles (ops.I8_TILES)
 # v7 with every launch in one stream (ops.BESIDE off: a projection's small parts follow its large one); every
 # other variant runs them beside it (engine/cuda/weights.py Projection.run) unless OPENJET_CUDA_BESIDE=0.
@@ -250,8 +247,6 @@ def _use_variant(backend, name: str) -> None:
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
     ops.set_i8(name in I8_VARIANTS and ops._i8_default())
     ops.I8_TILES = I8_TILE_VARIANTS.get(name, 1)
-    ops.I8_DENSE = name == "dense"
-    ops.I8_WARPS = 4 if name == "w4" else None
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl = pdl

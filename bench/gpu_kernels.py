@@ -249,18 +249,14 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
                 ops.I8_TILES = tiles
                 for name, num_tokens in I8_TILE_CHECKS:
                     check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=True, tag=f".r{tiles}")
-            ops.I8_TILES, ops.I8_DENSE = 1, True  # the 80-register one-token instance
-            for name, num_tokens in I8_CHECKS:
-                if num_tokens == 1:
-                    check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=True, tag=".dense")
         finally:
-            ops.I8_TILES, ops.I8_DENSE = 1, False
+            ops.I8_TILES = 1
 
 
 # Launch shapes timed beside the launcher's: (label, warps per block or None, row tiles a block walks). 4 warps
 # (against its 5 at K = 5120) ran gate|up faster alone but not the pass (v12); 2 and 4 tiles give each warp 2-4 x
 # the superblocks through one ring (not yet timed).
-I8_SHAPE_TRIALS = (("w4", 4, 1), ("r2", None, 2), ("r4", None, 4), ("dense", None, 1))
+I8_SHAPE_TRIALS = (("w4", 4, 1), ("r2", None, 2), ("r4", None, 4))
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
 
 
@@ -275,11 +271,9 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
                 cells = []
                 trials = (("f16", None, 1), ("i8", None, 1)) + I8_SHAPE_TRIALS
                 for kind, warps, tiles in trials if t <= 4 else trials[:2]:
-                    if kind == "dense" and t > 1:  # built for one token only
-                        continue
                     on = kind != "f16"
                     ops.set_i8(on, instances.I8_MAX_TOKENS)
-                    ops.I8_WARPS, ops.I8_TILES, ops.I8_DENSE = warps, tiles, kind == "dense"
+                    ops.I8_WARPS, ops.I8_TILES = warps, tiles
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
                     label = ("i8" + (f".{kind}" if kind != "i8" else "") if on else
                              (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise")
@@ -289,7 +283,7 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
             m.free(dev)
     finally:
         ops.set_i8(*saved)
-        ops.I8_WARPS, ops.I8_TILES, ops.I8_DENSE = None, 1, False
+        ops.I8_WARPS, ops.I8_TILES = None, 1
 
 
 TIMED = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_up", Q.Q4_K), ("ssm_out", Q.Q4_K),

@@ -400,10 +400,6 @@ I8_WARPS: int | None = None
 # Row tiles a block walks in sequence (instances.I8_TILE_COUNTS): each warp then streams TILES x its superblocks
 # of a row through one ring (4-5 at K = 5,120 with one tile). 1 until the longer blocks are measured.
 I8_TILES = 1
-# One token on the "dense" instance in blocks of 4 warps: 80 registers, so each SM sub-partition's 16,384 holds 6
-# of its warps (24 an SM, 6 blocks) where the default's 88 allowed 5 (20 an SM; Nsight Compute, H200, v14). Bench
-# variant "dense"; not the default until measured.
-I8_DENSE = False
 
 
 def _i8_default() -> bool:
@@ -454,10 +450,9 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     q8, scale8, sums8, sums8_lo = group8
     blocks = -(-((w.rows + 15) // 16) // I8_TILES)
     # every warp needs a superblock: with several tiles a block, a warp without one would miss their barriers
-    dense = I8_DENSE and t == 1 and I8_TILES == 1
-    warps = min(4 if dense else I8_WARPS or _pipelined_warps(w.cols, blocks * I8_TILES, dev.info.multiprocessors),
+    warps = min(I8_WARPS or _pipelined_warps(w.cols, blocks * I8_TILES, dev.info.multiprocessors),
                 w.cols // SUPERBLOCK)
-    name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "_dense" if dense else "")
+    name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "")
     kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,

@@ -5,7 +5,6 @@ are checked on the GPU (bench/gpu_kernels.py I8_CHECKS, bench/gpu_models.py mode
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -34,7 +33,7 @@ def test_one_instance_per_token_count_and_tiles_a_block() -> None:
     names = {n for n in instances.INSTANCES if n.startswith("mmvq_q4_K_i8")}
     single = {f"mmvq_q4_K_i8_t{t}" for t in range(1, instances.I8_MAX_TOKENS + 1)}
     several = {f"mmvq_q4_K_i8_t{t}_r{r}" for t in range(1, 5) for r in instances.I8_TILE_COUNTS if r > 1}
-    assert names == single | several | {"mmvq_q4_K_i8_t1_dense"}
+    assert names == single | several
     assert ops.I8_TOKENS <= instances.I8_MAX_TOKENS and ops.I8_TILES in instances.I8_TILE_COUNTS
 
 
@@ -88,24 +87,3 @@ def test_a_bad_switch_value_is_a_clear_error(monkeypatch, value) -> None:
     monkeypatch.setenv(ops.I8_ENV, value)
     with pytest.raises(ValueError, match="OPENJET_CUDA_I8"):
         ops._i8_default()
-
-
-def test_the_dense_instance_serves_one_token_on_one_tile_a_block(monkeypatch) -> None:
-    """mmvq_q4_K_i8_t1_dense (80 registers, blocks of 4 warps) only where a launch would take mmvq_q4_K_i8_t1."""
-    launched = []
-    dev = SimpleNamespace(info=SimpleNamespace(multiprocessors=132), kernel=lambda name: name,
-                          set_max_dynamic_smem=lambda k, s: None,
-                          launch=lambda k, grid, threads, *a, **kw: launched.append((k, threads // 32)))
-    w = ops.DeviceWeight(None, Q.Q4_K, 5120, 6144, "ssm_out")
-    group8 = (None, None, None, None)
-    monkeypatch.setattr(ops, "I8_DENSE", True)
-    for t in (1, 2):
-        ops._mmvq_i8(dev, w, group8, None, None, None, t, 5120)
-    monkeypatch.setattr(ops, "I8_TILES", 2)
-    ops._mmvq_i8(dev, w, group8, None, None, None, 1, 5120)
-    monkeypatch.setattr(ops, "I8_TILES", 1)
-    monkeypatch.setattr(ops, "I8_DENSE", False)
-    ops._mmvq_i8(dev, w, group8, None, None, None, 1, 5120)
-    assert [k for k, _ in launched] == ["mmvq_q4_K_i8_t1_dense", "mmvq_q4_K_i8_t2", "mmvq_q4_K_i8_t1_r2",
-                                        "mmvq_q4_K_i8_t1"]
-    assert launched[0][1] == 4 and launched[1][1] != 4  # K = 6,144: the launcher's 6 or 8 warps otherwise

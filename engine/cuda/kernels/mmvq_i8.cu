@@ -188,12 +188,8 @@ __device__ __forceinline__ void i8_min_term(const I8Row& r0, const I8Row& r1, u3
 // fewer); warp w takes superblocks w, w + W, ... of each tile in turn through a ring of NS stages (weights and
 // activation columns by cp.async) that runs on across the tiles, so a warp pays the ring's first wait once per
 // block, not once per tile; dynamic shared memory W * (NS * i8_stage_bytes(T) + I8_ZERO_BYTES).
-// MINB: blocks of MMVQ_MAX_WARPS warps an SM must hold (the register cap): 2 (128 registers) by default; 3 caps
-// the one-token "dense" instance at 80, which the launcher runs in blocks of 4 warps: 6 of its warps fit each
-// sub-partition's registers (24 an SM) where the default's 88 left room for 5; Nsight Compute saw this kernel
-// latency-bound at 18-20 resident warps (bench/NOTES.md v14).
-template <int T, int NS, int TILES, int MINB = 2>
-__global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, MINB)
+template <int T, int NS, int TILES>
+__global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
         const f16* __restrict__ sums, const f16* __restrict__ sums_lo, float* __restrict__ y,
         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int ldy) {
