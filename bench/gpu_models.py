@@ -35,7 +35,8 @@ def near_tie(ref_row: np.ndarray, cuda_row: np.ndarray, noise_before: float) -> 
     the largest |dlogit| on the tokens before (noise_before) and, at this position, on every logit but the two
     that swapped: a flip where the reference's margin is under twice that is two correct float implementations
     ordering a near-tie differently, not a fault (a fault shows in the KL too). The position's own noise matters
-    at token 0, where nothing comes before (the prompt's f16 prefill moved logits there by ~5e-3, H200, 2026-12-02)."""
+    at token 0, where nothing comes before: there a 1.08e-2 gap flipped in two modes whose KL at that position was
+    2e-5 (H200, 2026-12-02)."""
     top2 = np.sort(ref_row)[-2:]
     gap = float(top2[1] - top2[0])
     others = np.delete(np.abs(ref_row - cuda_row), [int(np.argmax(ref_row)), int(np.argmax(cuda_row))])

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--fast", action="store_true", help="fast mode (no f16 residue) for the f16 kernels")
     parser.add_argument("--ops", action="append", default=[], metavar="NAME=INT",
-                        help="set a switch of engine/cuda/ops.py first (I8_DENSE=1, I8_WARPS=4, ...)")
+                        help="set a switch of engine/cuda/ops.py first (I8_WARPS=4, I8_TILES=2, ...)")
     args = parser.parse_args(argv)
     for item in args.ops:
         name, value = item.split("=")
