@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for item in args.ops:
         name, value = item.split("=")
-        setattr(ops, name, type(getattr(ops, name) or 0)(int(value)))
+        setattr(ops, name, int(value))
     with Device() as dev:
         m = timed_matrix(dev, np.random.default_rng(0), args.shape, Q[args.qtype], precise=not args.fast)
         ops.act_f16(dev, m.act.f32, m.act, args.tokens, m.act.ld)  # the int8 copy for this many tokens

@@ -179,7 +179,7 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
             seen += f16_to_f32(lo);
         }
         // a warp covers one 32-wide sub-block; a token past T has only zeros (sum 0, no shuffles to wait on)
-        const float sub = grp * 8 + n < T ? warp_sum(seen) : 0.f;
+        const float sub = t < T ? warp_sum(seen) : 0.f;
         if (lane == 0) store_f16_pair(sums, sums_lo, (i64)grp * nsb * 64 + ((i64)sb * 8 + n) * 8 + (k_local >> 5), sub);
     }
 }
