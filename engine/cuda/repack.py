@@ -4,6 +4,12 @@ A ggml block interleaves fields of different sizes (Q6_K: 128 + 64 + 16 + 2 = 21
 16-byte boundaries. Splitting field f of every block into plane f keeps each field aligned to its own size and lets
 a kernel load 16 bytes at a time. Q6_K's quants are also regrouped so that byte l of 32-byte chunk c holds the
 positions 64c + l and 64c + 32 + l, as in Q4_K: every type then gives lane c of a warp the same 64 positions.
+Q4_K and Q5_K keep their small per-block fields (the 12 sub-block scale bytes, the f16 d and dmin) in one last
+plane gathered by tiles of 16 rows (TILE_WORDS), because the matmuls stage 16 rows of a superblock at a time: the
+16 rows' words are then 256 contiguous bytes, 16 sixteen-byte copies, where the row-major planes needed 64
+four-byte copies from 32 cache lines (bench/NOTES.md v15: those copies were 44 % of the L2 sectors of the
+one-token matmul).
+
 The repack is lossless (bit permutations only), done on the host with numpy while uploading; unpack_planes
 inverts it for tests.
 """
@@ -14,16 +20,22 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf.constants import GGML_QUANT_SIZES
 
-# qtype -> fields in plane order, each (byte offset inside the ggml block, size). Big fields first, so every plane
-# starts aligned to 16 bytes, then 4, then 2.
+# qtype -> the row-major planes' fields in plane order, each (byte offset inside the ggml block, size). Big fields
+# first, so every plane starts aligned to 16 bytes, then 4, then 2.
 PLANES: dict[Q, tuple[tuple[int, int], ...]] = {
     Q.Q4_0: ((2, 16), (0, 2)),
     Q.Q5_0: ((6, 16), (2, 4), (0, 2)),
     Q.Q8_0: ((2, 32), (0, 2)),
-    Q.Q4_K: ((16, 128), (4, 12), (0, 4)),
-    Q.Q5_K: ((48, 128), (16, 32), (4, 12), (0, 4)),
+    Q.Q4_K: ((16, 128),),
+    Q.Q5_K: ((48, 128), (16, 32)),
     Q.Q6_K: ((0, 128), (128, 64), (192, 16), (208, 2)),
 }
+# qtype -> the fields of its tiled plane, after the row-major ones: for tile t (rows 16t .. 16t + 15, the rows
+# padded with zero words to whole tiles) and superblock sb, unit t * nb + sb of TILE_UNIT bytes holds the 16 rows'
+# first field (12 bytes each), then their second (4): kernels/quants.cuh tile_unit reads it.
+TILE_ROWS = 16
+TILE_WORDS: dict[Q, tuple[tuple[int, int], ...]] = {Q.Q4_K: ((4, 12), (0, 4)), Q.Q5_K: ((4, 12), (0, 4))}
+TILE_UNIT = 256
 PLAIN = (Q.F32, Q.F16)
 
 
@@ -33,10 +45,17 @@ def block_layout(qtype: Q) -> tuple[int, int]:
 
 
 def device_nbytes(qtype: Q, shape: tuple[int, int]) -> int:
-    """Bytes of a [rows, cols] tensor in the device layout (the same as in the file)."""
+    """Bytes of a [rows, cols] tensor in the device layout (as in the file, plus the tiled plane's padding)."""
     rows, cols = shape
     block, size = block_layout(qtype)
-    return rows * (cols // block) * size
+    if qtype not in TILE_WORDS:
+        return rows * (cols // block) * size
+    nb = cols // block
+    return rows * nb * sum(f for _, f in PLANES[qtype]) + _tiles(rows) * nb * TILE_UNIT
+
+
+def _tiles(rows: int) -> int:
+    return -(-rows // TILE_ROWS)
 
 
 def _blocks(data: np.ndarray, qtype: Q, shape: tuple[int, int]) -> np.ndarray:
@@ -110,7 +129,22 @@ def planes(data: np.ndarray, qtype: Q, shape: tuple[int, int]) -> list[np.ndarra
     blocks = _blocks(data, qtype, shape)
     if qtype == Q.Q6_K:
         blocks = q6k_regroup(blocks)
-    return [np.ascontiguousarray(blocks[:, off : off + size]).reshape(-1) for off, size in PLANES[qtype]]
+    out = [np.ascontiguousarray(blocks[:, off : off + size]).reshape(-1) for off, size in PLANES[qtype]]
+    if qtype in TILE_WORDS:
+        out.append(_tile_words(blocks, qtype, shape))
+    return out
+
+
+def _tile_words(blocks: np.ndarray, qtype: Q, shape: tuple[int, int]) -> np.ndarray:
+    """The tiled plane (TILE_WORDS) of blocks [rows * nb, size]: [tiles][nb][field f of 16 rows, for each f]."""
+    rows, cols = shape
+    nb, tiles = cols // block_layout(qtype)[0], _tiles(rows)
+    fields = []
+    for off, size in TILE_WORDS[qtype]:
+        f = np.zeros((tiles * TILE_ROWS, nb, size), np.uint8)
+        f[:rows] = blocks[:, off : off + size].reshape(rows, nb, size)
+        fields.append(f.reshape(tiles, TILE_ROWS, nb, size).transpose(0, 2, 1, 3).reshape(tiles, nb, TILE_ROWS * size))
+    return np.ascontiguousarray(np.concatenate(fields, axis=2)).reshape(-1)
 
 
 def repack(data: np.ndarray, qtype: Q, shape: tuple[int, int]) -> np.ndarray:
@@ -124,12 +158,21 @@ def unpack_planes(packed: np.ndarray, qtype: Q, shape: tuple[int, int]) -> np.nd
     if qtype in PLAIN:
         return packed.reshape(rows, -1)
     block, size = block_layout(qtype)
-    num_blocks = rows * (cols // block)
+    nb = cols // block
+    num_blocks = rows * nb
     out = np.empty((num_blocks, size), np.uint8)
     pos = 0
     for off, field in PLANES[qtype]:
         out[:, off : off + field] = packed[pos : pos + num_blocks * field].reshape(num_blocks, field)
         pos += num_blocks * field
+    if qtype in TILE_WORDS:
+        units = packed[pos:].reshape(_tiles(rows), nb, TILE_UNIT)
+        at = 0
+        for off, field in TILE_WORDS[qtype]:
+            part = units[:, :, at : at + TILE_ROWS * field].reshape(-1, nb, TILE_ROWS, field)
+            out[:, off : off + field] = part.transpose(0, 2, 1, 3).reshape(-1, nb * field)[:rows].reshape(-1, field)
+            at += TILE_ROWS * field
+        pos += units.size
     assert pos == packed.size, "packed size does not match the layout"
     if qtype == Q.Q6_K:
         out = q6k_ungroup(out)

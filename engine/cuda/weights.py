@@ -2,7 +2,7 @@
 
 Matrices that read the same input are grouped into one Projection whose outputs are adjacent column ranges of
 one buffer (q | k | v; qkv | gate | alpha | beta; ffn gate | up). Consecutive members with the same type and width
-are fused into a single matrix (their planes concatenated), so one launch streams all of them.
+are fused into a single matrix (their rows repacked together), so one launch streams all of them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from gguf import GGMLQuantizationType as Q
 from engine.cuda import ops
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import MATMUL_QTYPES
-from engine.cuda.repack import planes
 from engine.errors import UnsupportedModelError
 from engine.gguf.quants import dequantize
 
@@ -87,18 +86,12 @@ def matrix(dev: Device, info: TensorInfo) -> ops.DeviceWeight:
 
 
 def _fused(dev: Device, infos: list[TensorInfo], name: str) -> ops.DeviceWeight:
-    """Several matrices of one type and width as one: plane p of the result is plane p of each, in order."""
+    """Several matrices of one type and width as one: their rows in order, repacked as one matrix (so the tiled
+    words of Q4_K/Q5_K, repack.TILE_WORDS, run across the joins as the kernels index them)."""
     qtype, cols = infos[0].qtype, infos[0].shape[1]
     rows = sum(i.shape[0] for i in infos)
-    per_tensor = [planes(i.data, qtype, (i.shape[0], cols)) for i in infos]
-    total = sum(p.nbytes for ps in per_tensor for p in ps)
-    buf = dev.alloc(total, name)
-    offset = 0
-    for p in range(len(per_tensor[0])):
-        for ps in per_tensor:
-            dev.upload(buf, ps[p], offset)
-            offset += ps[p].nbytes
-    return ops.DeviceWeight(buf, qtype, rows, cols, name)
+    data = np.concatenate([np.ascontiguousarray(i.data).view(np.uint8).reshape(i.shape[0], -1) for i in infos])
+    return ops.upload_weight(dev, data, qtype, (rows, cols), name)
 
 
 def projection(dev: Device, members: list[tuple[str, TensorInfo, TensorInfo | None]], name: str,

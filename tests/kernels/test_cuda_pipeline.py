@@ -42,12 +42,13 @@ def test_stage_shape_mirrors_the_header(qtype: Q) -> None:
 @pytest.mark.parametrize("qtype", list(ops.STAGE_SHAPE), ids=lambda q: q.name)
 def test_stage_holds_every_plane_of_16_rows(qtype: Q) -> None:
     """Each region is at least 16 rows of its plane's bytes per superblock, and regions do not overlap."""
-    from engine.cuda.repack import PLANES
+    from engine.cuda.repack import PLANES, TILE_WORDS
 
     consts = _stage_constants(qtype)
     names = {Q.Q4_K: ("QS", "SC", "DM"), Q.Q5_K: ("QS", "QH", "SC", "DM"), Q.Q6_K: ("QL", "QH", "SC", "D")}[qtype]
     starts = [consts[n] for n in names] + [consts["BYTES"]]
-    for (_, field), lo, hi in zip(PLANES[qtype], starts[:-1], starts[1:], strict=True):
+    fields = PLANES[qtype] + TILE_WORDS.get(qtype, ())
+    for (_, field), lo, hi in zip(fields, starts[:-1], starts[1:], strict=True):
         word = 4 if field == 2 else field  # Q6_K's 2-byte d travels as the aligned word around it
         assert hi - lo >= 16 * word
 

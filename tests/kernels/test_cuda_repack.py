@@ -15,10 +15,12 @@ TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0, Q.F16, Q.F32)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_repack_is_lossless(qtype: Q) -> None:
     rng = np.random.default_rng(int(qtype))
-    shape = (24, 768)
+    shape = (24, 768)  # 1.5 tiles of 16 rows
     data = repack.random_blocks(qtype, shape, rng)
     packed = repack.repack(data, qtype, shape)
-    assert packed.dtype == np.uint8 and packed.nbytes == np.ascontiguousarray(data).nbytes
+    assert packed.dtype == np.uint8 and packed.nbytes == repack.device_nbytes(qtype, shape)
+    if qtype not in repack.TILE_WORDS:
+        assert packed.nbytes == np.ascontiguousarray(data).nbytes
     back = repack.unpack_planes(packed, qtype, shape)
     np.testing.assert_array_equal(back.view(np.uint8).reshape(-1), np.ascontiguousarray(data).view(np.uint8).reshape(-1))
     assert np.isfinite(dequantize(data, qtype, shape)).all()
@@ -27,7 +29,7 @@ def test_repack_is_lossless(qtype: Q) -> None:
 @pytest.mark.parametrize("qtype", [q for q in TYPES if q in repack.PLANES], ids=lambda q: q.name)
 def test_planes_start_aligned_to_their_fields(qtype: Q) -> None:
     """Plane p starts at rows * nb * (sizes before it): a multiple of 16 for 16-byte fields, 4 for words."""
-    fields = repack.PLANES[qtype]
+    fields = repack.PLANES[qtype] + repack.TILE_WORDS.get(qtype, ())
     block, size = repack.block_layout(qtype)
     assert sum(f for _, f in fields) == size
     assert sorted(o for o, _ in fields) == sorted({o for o, _ in fields})  # no field twice
@@ -38,6 +40,29 @@ def test_planes_start_aligned_to_their_fields(qtype: Q) -> None:
         need = 16 if width % 16 == 0 else 4 if width % 4 == 0 else 2
         assert start % need == 0, f"{qtype.name}: plane of {width}-byte fields starts at {start} per block"
         start += width
+
+
+@pytest.mark.parametrize("qtype", list(repack.TILE_WORDS), ids=lambda q: q.name)
+def test_tiled_words_sit_where_the_kernels_read_them(qtype: Q) -> None:
+    """kernels/quants.cuh tile_scales / tile_dm: row r's 12 scale bytes of superblock sb at byte 12 (r % 16) of unit
+    (r / 16) nb + sb, its d and dmin at 192 + 4 (r % 16); the rows that pad the last tile are zeros."""
+    rng = np.random.default_rng(3)
+    rows, nb = 21, 3
+    _, size = repack.block_layout(qtype)
+    blocks = np.ascontiguousarray(repack.random_blocks(qtype, (rows, 256 * nb), rng)).reshape(rows, nb, size)
+    packed = repack.repack(blocks.reshape(rows, -1), qtype, (rows, 256 * nb))
+    row_major = rows * nb * sum(f for _, f in repack.PLANES[qtype])
+    units = packed[row_major:].reshape(-1, nb, repack.TILE_UNIT)
+    assert units.shape[0] == 2
+    for r in range(32):
+        for sb in range(nb):
+            unit, lr = units[r // 16, sb], r % 16
+            scales, dm = unit[12 * lr : 12 * lr + 12], unit[192 + 4 * lr : 196 + 4 * lr]
+            if r < rows:
+                np.testing.assert_array_equal(scales, blocks[r, sb, 4:16])
+                np.testing.assert_array_equal(dm, blocks[r, sb, 0:4])
+            else:
+                assert not scales.any() and not dm.any()
 
 
 def test_q6k_regroup_puts_positions_where_the_kernel_reads_them() -> None:

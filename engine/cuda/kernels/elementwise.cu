@@ -66,8 +66,8 @@ template <> __device__ float dequant_one<QT_Q4_K>(const u8* w, i64 ntot, int nb,
     const int p = k % 256, chunk = p / 64, l = p % 32, high = (p / 32) & 1;
     const int q = (w[idx * 128 + 32 * chunk + l] >> (4 * high)) & 0xF;
     int sc, m;
-    k4_scale_min(w + ntot * 128 + idx * 12, p / 32, sc, m);
-    const f16* dm = reinterpret_cast<const f16*>(w + ntot * 140 + idx * 4);
+    k4_scale_min(tile_scales(w + ntot * 128, nb, row, k / 256), p / 32, sc, m);
+    const f16* dm = reinterpret_cast<const f16*>(tile_dm(w + ntot * 128, nb, row, k / 256));
     return f16_to_f32(dm[0]) * sc * q - f16_to_f32(dm[1]) * m;
 }
 template <> __device__ float dequant_one<QT_Q5_K>(const u8* w, i64 ntot, int nb, int row, int k) {
@@ -76,8 +76,8 @@ template <> __device__ float dequant_one<QT_Q5_K>(const u8* w, i64 ntot, int nb,
     const int hbit = (w[ntot * 128 + idx * 32 + l] >> (2 * chunk + high)) & 1;
     const int q = ((w[idx * 128 + 32 * chunk + l] >> (4 * high)) & 0xF) | (hbit << 4);
     int sc, m;
-    k4_scale_min(w + ntot * 160 + idx * 12, p / 32, sc, m);
-    const f16* dm = reinterpret_cast<const f16*>(w + ntot * 172 + idx * 4);
+    k4_scale_min(tile_scales(w + ntot * 160, nb, row, k / 256), p / 32, sc, m);
+    const f16* dm = reinterpret_cast<const f16*>(tile_dm(w + ntot * 160, nb, row, k / 256));
     return f16_to_f32(dm[0]) * sc * q - f16_to_f32(dm[1]) * m;
 }
 template <> __device__ float dequant_one<QT_Q6_K>(const u8* w, i64 ntot, int nb, int row, int k) {

@@ -33,17 +33,17 @@ template <> struct QTraits<QT_Q4_K> {
     static constexpr bool BLOCK_SCALE = true, HAS_MIN = true;
     struct Row { uint4 q[2]; u32 s[3]; u32 dm; };
     struct Consts { u32 lo_s, lo_b, hi_s, hi_b, mins; };
-    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 128, 140, 0); }
+    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 128, 0, 0); }
     static __device__ __forceinline__ void load(Row& r, const Planes& P, int nb, int row, int sb, int c) {
         const u32 idx = (u32)row * nb + sb;
         const u8* qs = P.p[0] + (u64)idx * 128 + 32 * c;
         r.q[0] = ld_stream_u4(qs);
         r.q[1] = ld_stream_u4(qs + 16);
-        const u8* sc = P.p[1] + (u64)idx * 12;
+        const u8* sc = tile_scales(P.p[1], nb, row, sb);
         r.s[0] = ld_stream_u32(sc);
         r.s[1] = ld_stream_u32(sc + 4);
         r.s[2] = ld_stream_u32(sc + 8);
-        r.dm = ld_stream_u32(P.p[2] + (u64)idx * 4);
+        r.dm = ld_stream_u32(tile_dm(P.p[1], nb, row, sb));
     }
     static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
         u32 sc, mn;
@@ -98,7 +98,7 @@ template <> struct QTraits<QT_Q5_K> {
     static constexpr bool BLOCK_SCALE = true, HAS_MIN = true;
     struct Row { uint4 q[2]; uint4 qh[2]; u32 s[3]; u32 dm; };
     struct Consts { u32 lo_s, lo_b, hi_s, hi_b, mins; };
-    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 128, 160, 172); }
+    static __device__ __forceinline__ Planes planes(const u8* w, u64 ntot) { return make_planes(w, ntot, 128, 160, 0); }
     static __device__ __forceinline__ void load(Row& r, const Planes& P, int nb, int row, int sb, int c) {
         const u32 idx = (u32)row * nb + sb;
         const u8* qs = P.p[0] + (u64)idx * 128 + 32 * c;
@@ -107,11 +107,11 @@ template <> struct QTraits<QT_Q5_K> {
         const u8* qh = P.p[1] + (u64)idx * 32;
         r.qh[0] = ld_stream_u4(qh);
         r.qh[1] = ld_stream_u4(qh + 16);
-        const u8* sc = P.p[2] + (u64)idx * 12;
+        const u8* sc = tile_scales(P.p[2], nb, row, sb);
         r.s[0] = ld_stream_u32(sc);
         r.s[1] = ld_stream_u32(sc + 4);
         r.s[2] = ld_stream_u32(sc + 8);
-        r.dm = ld_stream_u32(P.p[3] + (u64)idx * 4);
+        r.dm = ld_stream_u32(tile_dm(P.p[2], nb, row, sb));
     }
     static __device__ __forceinline__ void prepare(const Row& r, int c, Consts& k) {
         u32 sc, mn;

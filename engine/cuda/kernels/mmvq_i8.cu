@@ -37,11 +37,11 @@ __device__ __forceinline__ constexpr int i8_stage_bytes(int T) {
 template <int T>
 struct I8Copies {
     const u8* q[4];     // quants: rows lane / 8 + 4 j, 16-byte part lane % 8 (128 bytes per superblock)
-    const u8* word[2];  // two of the 64 scale / dm words (StageWords' assignment): 12 or 4 bytes per superblock
+    const u8* words;    // lanes 0-15: 16 bytes of the tile's words (stage_words_copy), 256 bytes per superblock
     const u8* col[T];   // activation chunks lane + 32 m: slot (lane + 32 m) / 16 (hi tokens, then lo), 4 KB
     const u8* meta[2];  // lanes below 2T: their slot's sums record (128 bytes per superblock) and scale (64)
-    u32 word_step[2];
-    u32 qdst, word_dst[2], col_dst, meta_dst[2];
+    u32 qdst, col_dst, meta_dst[2], words_dst;
+    bool words_on;
 
     // Pointers at superblock sb0 of the tile whose first row is row0.
     __device__ __forceinline__ void init(const Planes& P, const i8* q8, const float* scale8, const f16* sums,
@@ -52,15 +52,9 @@ struct I8Copies {
         for (int j = 0; j < 4; ++j)
             q[j] = P.p[0] + ((u64)stage_row_base(row0, (lane >> 3) + 4 * j, rows, nb) + sb0) * 128 + 16 * part;
         qdst = S::QS + (lane >> 3) * S::QS_PITCH + 16 * part;  // + 4 QS_PITCH j
-        StageWords W;
-        stage_words_init<S::SC, S::DM>(W, row0, rows, nb, lane);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const bool is_scale = lane + 32 * j < 48;
-            word[j] = is_scale ? P.p[1] + ((u64)W.row[j] + sb0) * 12 + W.off[j] : P.p[2] + ((u64)W.row[j] + sb0) * 4;
-            word_step[j] = is_scale ? 12 : 4;
-            word_dst[j] = W.dst[j];
-        }
+        words = P.p[1] + ((u64)stage_unit0(row0, nb) + sb0) * TILE_UNIT + 16 * lane;
+        words_dst = S::SC + 16 * lane;
+        words_on = lane < 16;
 #pragma unroll
         for (int m = 0; m < T; ++m) {
             const int slot = (lane >> 4) + 2 * m, level = slot < T ? 0 : 1, tok = slot < T ? slot : slot - T;
@@ -82,11 +76,8 @@ struct I8Copies {
             cp_async16(dst + qdst + 4 * Q4KStage8::QS_PITCH * j, q[j]);
             q[j] += 128 * step;
         }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            cp_async4(dst + word_dst[j], word[j]);
-            word[j] += word_step[j] * step;
-        }
+        if (words_on) cp_async16(dst + words_dst, words);
+        words += TILE_UNIT * step;
 #pragma unroll
         for (int m = 0; m < T; ++m) {
             cp_async16(dst + col_dst + 2 * I8_SLOT_PITCH * m, col[m]);

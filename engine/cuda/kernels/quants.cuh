@@ -1,12 +1,16 @@
 // Weight formats on the device: ggml block types repacked into planes, and their decoding into mma fragments.
 //
-// Repacked layout (engine/cuda/repack.py writes it; its PLANES table mirrors the offsets used here): the fields
-// of every block are split into planes, plane p holding field p of all rows * nb blocks, row-major (row, block):
-//   Q4_K: qs[128] | scales[12] | dm(f16 d, f16 dmin)      Q5_K: qs[128] | qh[32] | scales[12] | dm
+// Repacked layout (engine/cuda/repack.py writes it; its PLANES and TILE_WORDS tables mirror the offsets used
+// here): the fields of every block are split into planes, plane p holding field p of all rows * nb blocks,
+// row-major (row, block):
+//   Q4_K: qs[128] | words                                 Q5_K: qs[128] | qh[32] | words
 //   Q6_K: ql'[128] | qh'[64] | scales[16] | d             Q8_0: qs[32] | d      Q5_0: qs[16] | qh[4] | d
 //   Q4_0: qs[16] | d                                      F16:  the plain [rows, K] matrix
 // so every field is aligned to its own size whatever the block size (Q6_K's 210-byte blocks are not). Q6_K's
-// quants are also regrouped (ql', qh', see repack.py) into the nibble order of Q4_K.
+// quants are also regrouped (ql', qh', see repack.py) into the nibble order of Q4_K. The "words" of Q4_K and Q5_K
+// (each block's 12 scale bytes and its dm = f16 d, f16 dmin) are tiled by 16 rows instead: unit (row / 16) * nb +
+// sb of 256 bytes holds the scales of the tile's 16 rows at that superblock, then their dm words (rows padded to
+// whole tiles with zeros), so a kernel staging a tile copies them as 256 contiguous bytes.
 //
 // Fragments: a warp computes 16 rows x 8 columns with mma.m16n8k16. Lane (g, c) = (lane / 4, lane % 4) supplies
 // rows g and g + 8 at four k-slots. All types share one canonical assignment: in a superblock of 256 positions,
@@ -62,6 +66,20 @@ struct Planes {
 };
 __device__ __forceinline__ Planes make_planes(const u8* w, u64 ntot, int f1, int f2, int f3) {
     return Planes{{w, w + ntot * f1, w + ntot * f2, w + ntot * f3}};
+}
+
+// The tiled words of Q4_K / Q5_K (the layout above): the 256-byte unit of row's tile at superblock sb, and row's
+// scales and dm inside it.
+#define TILE_UNIT 256
+#define TILE_DM 192
+__device__ __forceinline__ const u8* tile_unit(const u8* words, int nb, int row, int sb) {
+    return words + ((u64)(u32)(row >> 4) * (u32)nb + (u32)sb) * TILE_UNIT;
+}
+__device__ __forceinline__ const u8* tile_scales(const u8* words, int nb, int row, int sb) {
+    return tile_unit(words, nb, row, sb) + 12 * (row & 15);
+}
+__device__ __forceinline__ const u8* tile_dm(const u8* words, int nb, int row, int sb) {
+    return tile_unit(words, nb, row, sb) + TILE_DM + 4 * (row & 15);
 }
 
 // Full dequantization for the prefill GEMM (no per-superblock epilogue there): A = the weight itself in f16,

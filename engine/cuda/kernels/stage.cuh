@@ -17,49 +17,31 @@ __device__ __forceinline__ u32 stage_row_base(int row0, int lr, int rows, int nb
     return (u32)min(row0 + lr, rows - 1) * (u32)nb;
 }
 
-// The 64 small words of a Q4_K/Q5_K stage: 16 rows of 3 scale words (region SC, 12 bytes a row) and 16 dm words
-// (region DM). Lane l copies words q = l + 32 j (j = 0, 1): q < 48 is scale word q % 3 of row q / 3, else the dm
-// word of row q - 48. Rows and destinations are fixed per lane (computed once by stage_words_init).
-struct StageWords { u32 row[2], dst[2], off[2]; };
-
-template <int SC, int DM>
-__device__ __forceinline__ void stage_words_init(StageWords& W, int row0, int rows, int nb, int lane) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const int q = lane + 32 * j, r = q < 48 ? q / 3 : q - 48;
-        W.row[j] = stage_row_base(row0, r, rows, nb);
-        W.dst[j] = q < 48 ? SC + 12 * r + 4 * (q % 3) : DM + 4 * r;
-        W.off[j] = q < 48 ? 4 * (q % 3) : 0;
-    }
-}
-
-// The copies of stage_words_init's words of superblock sb: scales from plane sc (12 bytes a block), dm from dm.
-__device__ __forceinline__ void stage_words_copy(u32 dst, const u8* sc, const u8* dm, const StageWords& W, int sb,
-                                                 int lane) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const u64 idx = W.row[j] + sb;
-        const bool is_scale = lane + 32 * j < 48;
-        cp_async4(dst + W.dst[j], is_scale ? sc + idx * 12 + W.off[j] : dm + idx * 4);
-    }
+// The words of a Q4_K/Q5_K stage (16 rows' scales, then their dm words: regions SC and DM = SC + 192): the
+// tile's 256-byte unit of the tiled plane (quants.cuh), copied by lanes 0-15, 16 bytes each. unit0: the unit of
+// the tile's superblock 0 (tile_unit of its first row, a multiple of 16).
+__device__ __forceinline__ u32 stage_unit0(int row0, int nb) { return (u32)(row0 >> 4) * (u32)nb; }
+__device__ __forceinline__ void stage_words_copy(u32 dst_sc, const u8* words, u32 unit0, int sb, int lane) {
+    if (lane < 16) cp_async16(dst_sc + 16 * lane, words + ((u64)unit0 + sb) * TILE_UNIT + 16 * lane);
 }
 
 template <int QT> struct Stage;
 
 // ---------------------------------------------------------------- Q4_K
 // Stage: qs [16][PITCH] | scales [16][12] | dm [16][4] = 2560 bytes at the 144-byte pitch of the f16 readers.
-// Copies of lane l: qs chunk (l % 8) of rows l / 8 + 4 j (j = 0..3); two of the 64 words that follow
-// (stage_words_init). The int8 reader (kernels/mmvq_i8.cu) takes 8-byte pieces of four rows per phase, which a
+// Copies of lane l: qs chunk (l % 8) of rows l / 8 + 4 j (j = 0..3); lanes 0-15 a 16-byte part of the words
+// (stage_words_copy). The int8 reader (kernels/mmvq_i8.cu) takes 8-byte pieces of four rows per phase, which a
 // 160-byte pitch keeps in different banks.
 template <int PITCH> struct Q4KStage {
     static constexpr int STAGES = 4;  // stages per warp: 3 superblocks in flight while one is multiplied
     static constexpr int QS = 0, QS_PITCH = PITCH, SC = QS + STAGE_ROWS * QS_PITCH, DM = SC + STAGE_ROWS * 12;
     static constexpr int BYTES = DM + STAGE_ROWS * 4;
-    struct Lane { u32 qrow[4]; StageWords w; };
+    static_assert(DM == SC + TILE_DM && SC % 16 == 0, "the words arrive as one 256-byte unit at SC");
+    struct Lane { u32 qrow[4], unit0; };
     static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) L.qrow[j] = stage_row_base(row0, (lane >> 3) + 4 * j, rows, nb);
-        stage_words_init<SC, DM>(L.w, row0, rows, nb, lane);
+        L.unit0 = stage_unit0(row0, nb);
     }
     static __device__ __forceinline__ void copy(u32 dst, const Planes& P, const Lane& L, int sb, int lane, u64 ntot) {
         const int part = lane & 7;
@@ -67,7 +49,7 @@ template <int PITCH> struct Q4KStage {
         for (int j = 0; j < 4; ++j)
             cp_async16(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
                        P.p[0] + (u64)(L.qrow[j] + sb) * 128 + 16 * part);
-        stage_words_copy(dst, P.p[1], P.p[2], L.w, sb, lane);
+        stage_words_copy(dst + SC, P.p[1], L.unit0, sb, lane);
     }
     // Row lr of the stage at st, as QTraits<QT_Q4_K>::load would read it (idx: its block index, unused here).
     static __device__ __forceinline__ void read(QTraits<QT_Q4_K>::Row& r, const u8* st, int lr, int c, u32 idx) {
@@ -85,19 +67,21 @@ template <> struct Stage<QT_Q4_K> : Q4KStage<144> {};
 
 // ---------------------------------------------------------------- Q5_K
 // Stage: qs [16][144] | qh [16][32] | scales [16][12] | dm [16][4] = 3072 bytes.
-// Copies of lane l: qs as Q4_K; qh half (l % 2) of row l / 2; the words as Q4_K. Every lane of a row reads that
-// row's whole 32-byte qh (QTraits<QT_Q5_K>::load does too): the four lanes of a quad read one address, and the
-// two rows of a quarter-warp sit 32 bytes apart, so the 16-byte reads are conflict-free at a 32-byte pitch.
+// Copies of lane l: qs as Q4_K; qh half (l % 2) of row l / 2; the words as Q4_K (lanes 0-15). Every lane of a
+// row reads that row's whole 32-byte qh (QTraits<QT_Q5_K>::load does too): the four lanes of a quad read one
+// address, and the two rows of a quarter-warp sit 32 bytes apart, so the 16-byte reads are conflict-free at a
+// 32-byte pitch.
 template <> struct Stage<QT_Q5_K> {
     static constexpr int STAGES = 4;
     static constexpr int QS = 0, QS_PITCH = 144, QH = QS + STAGE_ROWS * QS_PITCH, SC = QH + STAGE_ROWS * 32;
     static constexpr int DM = SC + STAGE_ROWS * 12, BYTES = DM + STAGE_ROWS * 4;
-    struct Lane { u32 qrow[4], hrow; StageWords w; };
+    static_assert(DM == SC + TILE_DM && SC % 16 == 0, "the words arrive as one 256-byte unit at SC");
+    struct Lane { u32 qrow[4], hrow, unit0; };
     static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) L.qrow[j] = stage_row_base(row0, (lane >> 3) + 4 * j, rows, nb);
         L.hrow = stage_row_base(row0, lane >> 1, rows, nb);
-        stage_words_init<SC, DM>(L.w, row0, rows, nb, lane);
+        L.unit0 = stage_unit0(row0, nb);
     }
     static __device__ __forceinline__ void copy(u32 dst, const Planes& P, const Lane& L, int sb, int lane, u64 ntot) {
         const int part = lane & 7, half = lane & 1;
@@ -106,7 +90,7 @@ template <> struct Stage<QT_Q5_K> {
             cp_async16(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
                        P.p[0] + (u64)(L.qrow[j] + sb) * 128 + 16 * part);
         cp_async16(dst + QH + (lane >> 1) * 32 + 16 * half, P.p[1] + (u64)(L.hrow + sb) * 32 + 16 * half);
-        stage_words_copy(dst, P.p[2], P.p[3], L.w, sb, lane);
+        stage_words_copy(dst + SC, P.p[2], L.unit0, sb, lane);
     }
     static __device__ __forceinline__ void read(QTraits<QT_Q5_K>::Row& r, const u8* st, int lr, int c, u32 idx) {
         const uint4* q = reinterpret_cast<const uint4*>(st + QS + lr * QS_PITCH + 32 * c);

@@ -1,5 +1,6 @@
 // Single weights of the device layout as f32 (embedding rows: EMBED and MTP_IN), for every weight type.
-// The formats are those of engine/cuda/repack.py (planes; Q6_K regrouped), read through a WeightRef.
+// The formats are those of engine/cuda/repack.py (planes; Q6_K regrouped; the K-quant words tiled), read through
+// a WeightRef.
 #pragma once
 #include "mk_common.cuh"
 
@@ -44,8 +45,9 @@ template <> __device__ float weight_at<QT_Q4_K>(const WeightRef& w, int row, int
     const i64 nb = w.cols / 256, ntot = (i64)w.rows_total * nb, idx = (w.row_offset + row) * nb + k / 256;
     const int p = k % 256, q = (w.ptr[idx * 128 + 32 * (p / 64) + p % 32] >> (4 * ((p / 32) & 1))) & 0xF;
     int sc, m;
-    k4_scale_min_at(w.ptr + ntot * 128 + idx * 12, p / 32, sc, m);
-    const u8* dm = w.ptr + ntot * 140 + idx * 4;
+    const int r = w.row_offset + row;
+    k4_scale_min_at(tile_scales(w.ptr + ntot * 128, (int)nb, r, k / 256), p / 32, sc, m);
+    const u8* dm = tile_dm(w.ptr + ntot * 128, (int)nb, r, k / 256);
     return h2f(dm) * sc * q - h2f(dm + 2) * m;
 }
 template <> __device__ float weight_at<QT_Q5_K>(const WeightRef& w, int row, int k) {
@@ -54,8 +56,9 @@ template <> __device__ float weight_at<QT_Q5_K>(const WeightRef& w, int row, int
     const int hbit = (w.ptr[ntot * 128 + idx * 32 + l] >> (2 * chunk + high)) & 1;
     const int q = ((w.ptr[idx * 128 + 32 * chunk + l] >> (4 * high)) & 0xF) | (hbit << 4);
     int sc, m;
-    k4_scale_min_at(w.ptr + ntot * 160 + idx * 12, p / 32, sc, m);
-    const u8* dm = w.ptr + ntot * 172 + idx * 4;
+    const int r = w.row_offset + row;
+    k4_scale_min_at(tile_scales(w.ptr + ntot * 160, (int)nb, r, k / 256), p / 32, sc, m);
+    const u8* dm = tile_dm(w.ptr + ntot * 160, (int)nb, r, k / 256);
     return h2f(dm) * sc * q - h2f(dm + 2) * m;
 }
 template <> __device__ float weight_at<QT_Q6_K>(const WeightRef& w, int row, int k) {
