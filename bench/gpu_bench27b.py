@@ -23,17 +23,19 @@ CONTEXT = 16384
 # pipelined kernel everywhere (what the first v7 run measured as "v7"); v6 the state of commit ddd02e1.
 # v8 the persistent stream-K mmvq everywhere (bench/NOTES.md v8), last so that a fault of the new kernel loses
 # nothing but the prefill timings, and left out when its checks failed. The last field: the pipelined kernel.
-# v7pdl: v7 launched with programmatic dependent launch (engine/cuda/device.py; each kernel's launch and first
-# weight loads overlap the previous kernel's tail). The field after the kernel: PDL on.
-VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", False), "v7cp": (STAGED_QTYPES, True, 32, "cp", False),
-            "v6": ((), False, 128, "cp", False), "v7pdl": (STAGED_QTYPES, False, 32, "cp", True),
-            "v8": (PERSIST_QTYPES, True, 32, "persist", False), "v10": (STAGED_QTYPES, True, 32, "cpa", False),
-            "v11": (STAGED_QTYPES, True, 32, "cpa2", False), "f16": (STAGED_QTYPES, False, 32, "cp", False),
-            "r2": (STAGED_QTYPES, False, 32, "cp", False), "r4": (STAGED_QTYPES, False, 32, "cp", False),
-            "serial": (STAGED_QTYPES, False, 32, "cp", False), "k64": (STAGED_QTYPES, False, 64, "cp", False)}
+# The field after the kernel: which passes launch with programmatic dependent launch (engine/cuda/device.py
+# PDL_POLICIES: each kernel's launch overlaps the previous kernel's tail): v7, the default, the verify passes of 5+
+# tokens; v7pdl every pass; v7off none; the others none, as they were measured.
+VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
+            "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
+            "v7off": (STAGED_QTYPES, False, 32, "cp", "off"),
+            "v8": (PERSIST_QTYPES, True, 32, "persist", "off"), "v10": (STAGED_QTYPES, True, 32, "cpa", "off"),
+            "v11": (STAGED_QTYPES, True, 32, "cpa2", "off"), "f16": (STAGED_QTYPES, False, 32, "cp", "off"),
+            "r2": (STAGED_QTYPES, False, 32, "cp", "off"), "r4": (STAGED_QTYPES, False, 32, "cp", "off"),
+            "serial": (STAGED_QTYPES, False, 32, "cp", "off"), "k64": (STAGED_QTYPES, False, 64, "cp", "off")}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
-I8_VARIANTS = frozenset({"v7", "v7pdl", "r2", "r4", "serial", "k64"})  # k64: v7 with attention splits of 64+ keys
+I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "r2", "r4", "serial", "k64"})  # k64: v7 with attention splits of 64+ keys
 I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walking 2 or 4 row tiles (ops.I8_TILES)
 # v7 with every launch in one stream (ops.BESIDE off: a projection's small parts follow its large one); every
 # other variant runs them beside it (engine/cuda/weights.py Projection.run) unless OPENJET_CUDA_BESIDE=0.
@@ -249,7 +251,8 @@ def _use_variant(backend, name: str) -> None:
     ops.I8_TILES = I8_TILE_VARIANTS.get(name, 1)
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
     mixers.ATTN_MIN_KEYS = min_keys
-    backend.dev.pdl = pdl
+    backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
+    backend.dev.pdl = pdl == "on"
     backend.drop_graphs()
 
 

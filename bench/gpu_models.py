@@ -91,14 +91,16 @@ def check_arch(report: Report, arch: str, folder: Path, rng: np.random.Generator
     ref = ReferenceBackend.from_gguf(path, context_size=1024)
     prompt = [int(t) for t in rng.integers(0, ref.vocab_size, size=24)]
     ref_tokens, ref_rows = greedy(ref, prompt, NUM_GREEDY)
-    # fast, precise, precise with programmatic dependent launch (a kernel waiting too late would race there), all
-    # three with the int8-activation Q4_K matmul at up to 4 tokens (the default); and precise without it (.f16)
+    # fast, precise, precise with programmatic dependent launch on every pass (a kernel waiting too late would race
+    # there; the others run the default, PDL on the verify passes of 5+ tokens), all three with the int8-activation
+    # Q4_K matmul at up to 4 tokens (the default); and precise without it (.f16)
     for precise, pdl, i8 in ((False, False, True), (True, False, True), (True, True, True), (True, False, False)):
         cuda = CudaBackend.from_gguf(path, context_size=1024, max_tokens=64, precise=precise)
         if pdl and cuda.dev.info.arch < PDL_MIN_ARCH:
             cuda.close()
             continue
-        cuda.dev.pdl = pdl
+        if pdl:
+            cuda.dev.pdl_policy = "on"
         saved_i8 = ops.I8_MATMUL
         ops.set_i8(i8)
         try:

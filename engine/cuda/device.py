@@ -11,6 +11,7 @@ UnsupportedGpuError (older than sm_80), DeviceOutOfMemoryError (with the request
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,8 +24,28 @@ from engine.cuda.memory import Buffer, DeviceMemory
 from engine.errors import EngineError
 
 MIN_COMPUTE_CAPABILITY = (8, 0)
-PDL_ENV = "OPENJET_CUDA_PDL"  # "1": launch kernels with programmatic dependent launch (sm_90+)
+PDL_ENV = "OPENJET_CUDA_PDL"  # "1": every pass with programmatic dependent launch, "0": none (default: "verify")
 PDL_MIN_ARCH = 90  # griddepcontrol (kernels/common.cuh PDL_ENTER) exists from sm_90 on
+# Which passes launch with PDL (Device.pdl_policy; engine/cuda/model.py applies it per pass): "off", "on", or
+# "verify", the verify passes of PDL_VERIFY_TOKENS and more tokens. Measured on the H200 (bench/NOTES.md v15):
+# faster at 5 tokens (12.37 against 12.87 ms), slower at 1 (9.01 against 8.39) and 3, no gain in prefill.
+PDL_POLICIES = ("off", "verify", "on")
+PDL_VERIFY_TOKENS = 5
+
+
+def _pdl_policy(arch: int) -> str:
+    """PDL_POLICIES entry from OPENJET_CUDA_PDL; always "off" before sm_90."""
+    if arch < PDL_MIN_ARCH:
+        return "off"
+    if os.environ.get(PDL_ENV) is None:
+        return "verify"
+    return "on" if env_flag(PDL_ENV, False) else "off"
+
+
+def pdl_for(policy: str, num_tokens: int, verify_max: int) -> bool:
+    """Whether a pass of num_tokens launches with PDL under policy (verify_max: the longest verify pass)."""
+    assert policy in PDL_POLICIES, policy
+    return policy == "on" or (policy == "verify" and PDL_VERIFY_TOKENS <= num_tokens <= verify_max)
 
 
 class CudaError(EngineError):
@@ -204,8 +225,10 @@ class Device:
         # benchmarks only: kernels (by instance name) whose launches are dropped, to time a pass without them
         self.skip: Callable[[str], bool] | None = None
         # programmatic dependent launch: each kernel may start while the previous one finishes (every kernel of
-        # kernels/*.cu waits in PDL_ENTER before touching what an earlier kernel wrote); off unless asked for
-        self.pdl = self.info.arch >= PDL_MIN_ARCH and env_flag(PDL_ENV, False)
+        # kernels/*.cu waits in PDL_ENTER before touching what an earlier kernel wrote). pdl: the next launches
+        # use it; pdl_policy: which passes set it (pdl_for)
+        self.pdl_policy = _pdl_policy(self.info.arch)
+        self.pdl = self.pdl_policy == "on"
         self.closed = False
 
     def __enter__(self) -> Device:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.cuda import mixers, ops
-from engine.cuda.device import Buffer, Device
+from engine.cuda.device import Buffer, Device, pdl_for
 from engine.cuda.weights import CudaWeights, LayerWeights
 from engine.model.config import ModelConfig
 
@@ -137,6 +137,7 @@ class CudaModel:
         assert commit or num_tokens <= VERIFY_MAX, "a non-committing pass holds at most VERIFY_MAX tokens"
         cfg, ws, dev = self.cfg, self.ws, self.dev
         h = cfg.hidden_size
+        dev.pdl = pdl_for(dev.pdl_policy, num_tokens, VERIFY_MAX)
         ops.get_rows(dev, self.weights.token_embd, ws.ids, ws.x, num_tokens, h)
         for i, lw in enumerate(self.weights.layers):
             ops.act_rmsnorm(dev, ws.x, lw.vectors["attn_norm"], ws.act_h, num_tokens, h, cfg.rms_eps, out32=ws.xn)

@@ -1,5 +1,5 @@
-"""Programmatic dependent launch: with OPENJET_CUDA_PDL=1 every per-op kernel may start before its predecessor
-has finished, so each must wait (PDL_ENTER) before it touches anything an earlier kernel wrote. These checks
+"""Programmatic dependent launch: under it (by default the verify passes of 5+ tokens on sm_90+, every pass with
+OPENJET_CUDA_PDL=1) every per-op kernel may start before its predecessor has finished, so each must wait (PDL_ENTER) before it touches anything an earlier kernel wrote. These checks
 run without a GPU: a kernel added without the wait would race under PDL and is caught here."""
 
 from __future__ import annotations
@@ -60,3 +60,21 @@ def test_the_wait_is_compiled_only_where_the_hardware_has_it() -> None:
     ptx80 = nvrtc.compile_file(source, 80, ("rms_norm",), ptx=True).image.decode()
     assert "griddepcontrol.wait" in ptx90 and "griddepcontrol.launch_dependents" in ptx90
     assert "griddepcontrol" not in ptx80
+
+
+def test_the_default_policy_launches_only_long_verify_passes_with_pdl(monkeypatch) -> None:
+    """Unset: PDL on the verify passes of PDL_VERIFY_TOKENS..VERIFY_MAX tokens (where it measured faster), never on a
+    decode step or a prefill chunk; "1" and "0" force it on and off; before sm_90 it is always off."""
+    from engine.cuda.device import PDL_ENV, PDL_VERIFY_TOKENS, _pdl_policy, pdl_for
+    from engine.cuda.model import VERIFY_MAX
+
+    monkeypatch.delenv(PDL_ENV, raising=False)
+    policy = _pdl_policy(90)
+    assert policy == "verify"
+    assert [n for n in range(1, 65) if pdl_for(policy, n, VERIFY_MAX)] == list(range(PDL_VERIFY_TOKENS, VERIFY_MAX + 1))
+    assert _pdl_policy(89) == "off" and _pdl_policy(80) == "off"
+    monkeypatch.setenv(PDL_ENV, "1")
+    assert _pdl_policy(90) == "on" and pdl_for("on", 1, VERIFY_MAX) and pdl_for("on", 512, VERIFY_MAX)
+    assert _pdl_policy(86) == "off"
+    monkeypatch.setenv(PDL_ENV, "0")
+    assert _pdl_policy(90) == "off" and not any(pdl_for("off", n, VERIFY_MAX) for n in range(1, 65))

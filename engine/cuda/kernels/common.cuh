@@ -14,9 +14,10 @@ typedef long long i64;
 typedef u16 f16;
 
 // ---- programmatic dependent launch (sm_90+) ----
-// With OPENJET_CUDA_PDL=1 (engine/cuda/device.py) every kernel here is launched so that it may start while its
-// predecessor is still finishing: the launch latency and the first loads of constant data (weights) then overlap
-// the previous kernel's tail. pdl_wait() returns once the predecessor has completed and its writes are visible,
+// Under PDL (engine/cuda/device.py PDL_POLICIES: by default the verify passes of 5+ tokens on sm_90+, every pass
+// with OPENJET_CUDA_PDL=1) every kernel here is launched so that it may start while its predecessor is still
+// finishing: the launch latency and the first loads of constant data (weights) then overlap the previous kernel's
+// tail. pdl_wait() returns once the predecessor has completed and its writes are visible,
 // so every kernel runs PDL_ENTER() before it reads anything an earlier kernel wrote or writes anything an earlier
 // kernel reads; only loads of weights may come before it. pdl_launch_dependents() lets the next kernel's blocks
 // be scheduled into whatever this one leaves free (they wait in their own PDL_ENTER). Without PDL, or before
