@@ -189,29 +189,33 @@ ABLATION = (("matmuls", ("mmvq", "mmv_")), ("q4k_matmuls", ("mmvq_q4_K",)), ("q6
             ("deltanet", ("gdn", "conv")), ("everything_else", None))
 
 
-def _ablation(backend, report: Report, copy_gbps: float, pass_bytes: int) -> None:
-    """The T = 1 pass without each ABLATION class: its share of the graph time (leaves no graphs behind)."""
+def _ablation(backend, report: Report, copy_gbps: float, pass_bytes: int, token_counts=(1, 5)) -> None:
+    """The T = 1 and T = 5 passes without each ABLATION class: its share of the graph time (leaves no graphs
+    behind)."""
     dev, rng = backend.dev, np.random.default_rng(5)
-    tokens = [int(x) for x in rng.integers(0, backend.vocab_size, size=1)]
     named = tuple(p for _, prefixes in ABLATION if prefixes for p in prefixes)
-    full = None
-    for label, prefixes in (("full", ()),) + ABLATION:
-        if prefixes is None:  # what no class above names (norms, rope, embedding, argmax, copies)
-            dev.skip = lambda name: not name.startswith(named)
-        else:
-            dev.skip = (lambda name, p=prefixes: name.startswith(p)) if prefixes else None
-        backend.drop_graphs()
-        try:
-            backend.verify(tokens)  # eager run + capture, without the class
-            med, spread = median_time(dev, backend._graphs[(1, False, 1)].launch, reps=20, warmup=3)
-        finally:
-            dev.skip = None
+    for t in token_counts:
+        tokens = [int(x) for x in rng.integers(0, backend.vocab_size, size=t)]
+        full = None
+        for label, prefixes in (("full", ()),) + ABLATION:
+            if prefixes is None:  # what no class above names (norms, rope, embedding, argmax, copies)
+                dev.skip = lambda name: not name.startswith(named)
+            else:
+                dev.skip = (lambda name, p=prefixes: name.startswith(p)) if prefixes else None
             backend.drop_graphs()
-            backend._pending = None
-        full = full or med
-        report.timings.append(Timing("forward", f"27b.T1.without_{label}" if prefixes != () else "27b.T1.ablation_full",
-                                     "graph", med, spread, pass_bytes, {"class_ms": round(full - med, 3)}))
-        print(f"  T=1 pass without {label}: {med:.3f} ms (the class: {full - med:.3f} ms)", flush=True)
+            try:
+                backend.verify(tokens)  # eager run + capture, without the class
+                (graph,) = backend._graphs.values()
+                med, spread = median_time(dev, graph.launch, reps=20, warmup=3)
+            finally:
+                dev.skip = None
+                backend.drop_graphs()
+                backend._pending = None
+            full = full or med
+            name = f"27b.T{t}.without_{label}" if prefixes != () else f"27b.T{t}.ablation_full"
+            report.timings.append(Timing("forward", name, "graph", med, spread, pass_bytes,
+                                         {"class_ms": round(full - med, 3)}))
+            print(f"  T={t} pass without {label}: {med:.3f} ms (the class: {full - med:.3f} ms)", flush=True)
 
 
 # Prefill kernels compared against what they replaced, one switch at a time: (tag, module, attribute, value).

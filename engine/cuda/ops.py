@@ -167,7 +167,8 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
     i8 = I8_MATMUL and act.q8 is not None and num_tokens <= I8_TOKENS
     a8 = Act8(act.q8.ptr, act.scale8.ptr, act.sums8.ptr, act.sums8_lo.ptr) if i8 else Act8()
     act.i8_tokens = num_tokens if i8 else 0
-    dev.launch(dev.kernel(f"act_{mode}"), (act.num_superblocks, groups), 256,
+    name = "act_rmsnorm_g1" if mode == "rmsnorm" and groups == 1 else f"act_{mode}"
+    dev.launch(dev.kernel(name), (act.num_superblocks, groups), 256,
                [src, act.x16, act.sums, act.x16_lo, act.sums_lo, a8, num_tokens, act.width])
 
 

@@ -38,39 +38,76 @@ __device__ __forceinline__ void store_f16_pair(f16* hi, f16* lo, i64 i, float v)
     lo[i] = f32_to_f16(v - f16_to_f32(h));
 }
 
-// Per-token 1/rms of the whole row (RMSNORM): each block reduces the rows of its group itself. The token loop
-// is innermost so the loads of all the group's rows are independent and in flight together.
+// Warp sums (or maxima) of the group's tokens' values at once: one chain for a single token, else interleaved
+// butterflies over the first 4 or all 8 (the tokens past T hold zeros), so T tokens wait ~5 shuffles, not 5 T.
+template <bool MAX>
+__device__ __forceinline__ void warp_reduce_tokens(float (&v)[8], int tokens) {
+    if (tokens == 1) {
+        v[0] = MAX ? warp_max(v[0]) : warp_sum(v[0]);
+        return;
+    }
+    const int n = tokens <= 4 ? 4 : 8;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (j < n) {
+                const float other = __shfl_xor_sync(FULL_MASK, v[j], o);
+                v[j] = MAX ? fmaxf(v[j], other) : v[j] + other;
+            }
+}
+
+// This thread's sums of squares of the group's rows (float4 columns 4 tid, 4 (tid + blockDim), ...), NT rows at
+// most: KU columns of every row loaded before any is summed, so NT x KU loads are in flight together. The loads
+// are unconditional (rows past `tokens` and columns past K read a valid element again and are not summed): with
+// predicated loads ptxas consumed each load before issuing the next.
+template <int NT, int KU>
+__device__ __forceinline__ void row_squares(const float* rows, i64 ldx, int K, int tokens, float (&ss)[8]) {
+    for (int k0 = 4 * threadIdx.x; k0 < K; k0 += 4 * KU * blockDim.x) {
+        float4 v[KU][NT];
+#pragma unroll
+        for (int u = 0; u < KU; ++u)
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const int k = min(k0 + 4 * u * (int)blockDim.x, K - 4);
+                v[u][n] = *reinterpret_cast<const float4*>(rows + min(n, tokens - 1) * ldx + k);
+            }
+#pragma unroll
+        for (int u = 0; u < KU; ++u)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+                if (n < tokens && k0 + 4 * u * (int)blockDim.x < K)
+                    ss[n] += v[u][n].x * v[u][n].x + v[u][n].y * v[u][n].y + v[u][n].z * v[u][n].z +
+                             v[u][n].w * v[u][n].w;
+    }
+}
+
+// Per-token 1/rms of the whole row (RMSNORM): each block reduces the rows of its group itself. WIDE (the
+// one-group instance, whose registers are not needed for occupancy): all loads of a 5,120-wide row in flight
+// together (5 float4 a thread; one round trip for 1-4 tokens, two for 5-8); else a few at a time.
+template <bool WIDE>
 __device__ __forceinline__ void row_inv_rms(const ActSrc& a, int grp, int T, int K, float* inv /* [8] shared */) {
     __shared__ float part[8][8];  // [warp][token]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int tokens = min(8, T - grp * 8);
     const float* rows = a.x + (i64)grp * 8 * a.ldx;
     float ss[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if ((K & 3) == 0 && (a.ldx & 3) == 0 && tokens == 1) {  // decode: the row's loads unrolled, in flight together
-#pragma unroll 5
-        for (int k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
-            const float4 v = *reinterpret_cast<const float4*>(rows + k);
-            ss[0] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-    } else if ((K & 3) == 0 && (a.ldx & 3) == 0) {
-        for (int k = 4 * threadIdx.x; k < K; k += 4 * blockDim.x) {
-#pragma unroll
-            for (int n = 0; n < 8; ++n)
-                if (n < tokens) {
-                    const float4 v = *reinterpret_cast<const float4*>(rows + (i64)n * a.ldx + k);
-                    ss[n] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-                }
-        }
+    if ((K & 3) == 0 && (a.ldx & 3) == 0) {
+        if (!WIDE)
+            row_squares<8, 1>(rows, a.ldx, K, tokens, ss);
+        else if (tokens == 1)
+            row_squares<1, 5>(rows, a.ldx, K, tokens, ss);
+        else if (tokens <= 4)
+            row_squares<4, 5>(rows, a.ldx, K, tokens, ss);
+        else
+            row_squares<8, 3>(rows, a.ldx, K, tokens, ss);
     } else {
         for (int k = threadIdx.x; k < K; k += blockDim.x)
 #pragma unroll
             for (int n = 0; n < 8; ++n)
                 if (n < tokens) ss[n] += rows[(i64)n * a.ldx + k] * rows[(i64)n * a.ldx + k];
     }
-    if (tokens == 1)
-        ss[0] = warp_sum(ss[0]);  // the others are zero
-    else
-        warp_sum_n<8>(ss);
+    warp_reduce_tokens<false>(ss, tokens);
     if (lane == 0)
 #pragma unroll
         for (int n = 0; n < 8; ++n) part[warp][n] = ss[n];
@@ -88,19 +125,23 @@ __device__ __forceinline__ void row_inv_rms(const ActSrc& a, int grp, int T, int
 __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int grp, int T, int sb, int nsb) {
     __shared__ float wmax[8][8];  // [warp][token]
     const int p = threadIdx.x, lane = p & 31, warp = p >> 5, tokens = min(8, T - grp * 8);
+    float m[8];
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
-        if (n < tokens) {
-            const float m = warp_max(fabsf(v[n]));
-            if (lane == 0) wmax[warp][n] = m;
-        }
+    for (int n = 0; n < 8; ++n) m[n] = fabsf(v[n]);
+    warp_reduce_tokens<true>(m, tokens);
+    if (lane == 0)
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+            if (n < tokens) wmax[warp][n] = m[n];
     __syncthreads();
     const int off = 64 * (p >> 6) + 16 * ((p & 31) >> 3) + 8 * ((p >> 5) & 1) + (p & 7);
     const i64 blk = (i64)grp * nsb + sb;
     i8* q = a8.q + blk * 4096 + off;
+    float sub[8];  // per token: what the int8 mma sees, summed over the warp's sub-block below
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-        if (n >= tokens) break;
+        sub[n] = 0.f;
+        if (n >= tokens) continue;
         float mx = 0.f;
 #pragma unroll
         for (int wi = 0; wi < 8; ++wi) mx = fmaxf(mx, wmax[wi][n]);
@@ -115,14 +156,19 @@ __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int 
             a8.scale[blk * 16 + n] = s;
             a8.scale[blk * 16 + 8 + n] = s_lo;
         }
-        const float sub = warp_sum(fmaf(ql, s_lo, qh * s));  // what the int8 mma sees; a warp = one sub-block
-        if (lane == 0) store_f16_pair(a8.sums, a8.sums_lo, (blk * 8 + n) * 8 + warp, sub);
+        sub[n] = fmaf(ql, s_lo, qh * s);
     }
+    warp_reduce_tokens<false>(sub, tokens);  // a warp = one sub-block
+    if (lane == 0)
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+            if (n < tokens) store_f16_pair(a8.sums, a8.sums_lo, (blk * 8 + n) * 8 + warp, sub[n]);
 }
 
-// Grid (superblocks, token groups of 8), 256 threads: thread = position in the superblock.
-template <int MODE>
-__global__ void __launch_bounds__(256)
+// Grid (superblocks, token groups of 8), 256 threads: thread = position in the superblock. MIN_BLOCKS: 1 for the
+// one-group (decode and verify) instance of RMSNORM, which spends registers on loads in flight (row_inv_rms).
+template <int MODE, int MIN_BLOCKS>
+__global__ void __launch_bounds__(256, MIN_BLOCKS)
 act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restrict__ act_lo,
          f16* __restrict__ sums_lo, Act8 a8, int T, int K) {
     PDL_ENTER();
@@ -131,7 +177,7 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
     const int sb = blockIdx.x, grp = blockIdx.y, nsb = gridDim.x, k_local = threadIdx.x;
     const int k = sb * QK_SB + k_local, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = k_local >> 6, h = (k_local >> 5) & 1, i = (k_local >> 2) & 7, r = k_local & 3;
-    const int s = 2 * i + h;
+    const int s = 2 * i + h, tokens = min(8, T - grp * 8);
     float v[8];  // loaded before RMSNORM's row reduction, so the two round trips to memory overlap
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
@@ -142,13 +188,15 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
         v[n] = x;
     }
     const float w_k = MODE == ACT_RMSNORM && k < K ? a.w[k] : 0.f;
-    if (MODE == ACT_RMSNORM) row_inv_rms(a, grp, T, K, inv);
+    if (MODE == ACT_RMSNORM) row_inv_rms<MIN_BLOCKS == 1>(a, grp, T, K, inv);
     if (MODE == ACT_GATEDNORM) {  // heads of a.head positions (a divisor of 256): warps, then whole heads
+        float sq[8];
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
-            const float ss = warp_sum(v[n] * v[n]);
-            if (lane == 0) head_ss[warp][n] = ss;
-        }
+        for (int n = 0; n < 8; ++n) sq[n] = v[n] * v[n];
+        warp_reduce_tokens<false>(sq, tokens);
+        if (lane == 0)
+#pragma unroll
+            for (int n = 0; n < 8; ++n) head_ss[warp][n] = sq[n];  // past the tokens: lane 0's own zeros
         __syncthreads();
         const int warps_per_head = a.head / 32, first = (warp / warps_per_head) * warps_per_head;
 #pragma unroll
@@ -166,20 +214,25 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
 #pragma unroll
         for (int n = 0; n < 8; ++n) v[n] = (grp * 8 + n < T && k < K) ? v[n] * inv[n] * w_k : 0.f;
     if (a8.q) act_i8(a8, v, grp, T, sb, nsb);
+    float seen[8];  // per token: what the mma multiplies (hi + lo), summed over the warp's sub-block below
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
         const int t = grp * 8 + n;
         if (a.out32 && t < T && k < K) a.out32[(i64)t * a.ld_out32 + k] = v[n];
         const f16 hi = f32_to_f16(v[n]);
         act_g[act_pos(sb, s, n) + 4 * c + r] = hi;
-        float seen = f16_to_f32(hi);  // what the mma multiplies
+        seen[n] = f16_to_f32(hi);
         if (act_lo) {
-            const f16 lo = f32_to_f16(v[n] - seen);
+            const f16 lo = f32_to_f16(v[n] - seen[n]);
             act_lo[(i64)grp * nsb * 2048 + act_pos(sb, s, n) + 4 * c + r] = lo;
-            seen += f16_to_f32(lo);
+            seen[n] += f16_to_f32(lo);
         }
-        // a warp covers one 32-wide sub-block; a token past T has only zeros (sum 0, no shuffles to wait on)
-        const float sub = t < T ? warp_sum(seen) : 0.f;
-        if (lane == 0) store_f16_pair(sums, sums_lo, (i64)grp * nsb * 64 + ((i64)sb * 8 + n) * 8 + (k_local >> 5), sub);
     }
+    warp_reduce_tokens<false>(seen, tokens);  // a warp covers one 32-wide sub-block; tokens past T sum zeros
+    if (lane == 0)
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float sub = n < tokens ? seen[n] : 0.f;
+            store_f16_pair(sums, sums_lo, (i64)grp * nsb * 64 + ((i64)sb * 8 + n) * 8 + (k_local >> 5), sub);
+        }
 }
