@@ -178,16 +178,18 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
     const int k = sb * QK_SB + k_local, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = k_local >> 6, h = (k_local >> 5) & 1, i = (k_local >> 2) & 7, r = k_local & 3;
     const int s = 2 * i + h, tokens = min(8, T - grp * 8);
-    float v[8];  // loaded before RMSNORM's row reduction, so the two round trips to memory overlap
+    // every global input loaded up front (before the norms' reductions), so their round trips overlap
+    float v[8], gate[8];  // gate: GATEDNORM's silu(x2)
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
         const int t = grp * 8 + n;
         const bool ok = t < T && k < K;
         float x = ok ? a.x[(i64)t * a.ldx + k] : 0.f;
         if (MODE == ACT_SWIGLU) x = ok ? siluf_(x) * a.x2[(i64)t * a.ldx2 + k] : 0.f;
+        gate[n] = MODE == ACT_GATEDNORM && ok ? siluf_(a.x2[(i64)t * a.ldx2 + k]) : 0.f;
         v[n] = x;
     }
-    const float w_k = MODE == ACT_RMSNORM && k < K ? a.w[k] : 0.f;
+    const float w_k = k >= K ? 0.f : MODE == ACT_RMSNORM ? a.w[k] : MODE == ACT_GATEDNORM ? a.w[k % a.head] : 0.f;
     if (MODE == ACT_RMSNORM) row_inv_rms<MIN_BLOCKS == 1>(a, grp, T, K, inv);
     if (MODE == ACT_GATEDNORM) {  // heads of a.head positions (a divisor of 256): warps, then whole heads
         float sq[8];
@@ -205,8 +207,7 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
             for (int wi = first; wi < first + warps_per_head; ++wi) total += head_ss[wi][n];
             const int t = grp * 8 + n;
             const bool ok = t < T && k < K;
-            v[n] = ok ? v[n] * rsqrtf(total / a.head + a.eps) * a.w[k % a.head] *
-                            siluf_(a.x2[(i64)t * a.ldx2 + k]) : 0.f;
+            v[n] = ok ? v[n] * rsqrtf(total / a.head + a.eps) * w_k * gate[n] : 0.f;
         }
     }
     f16* act_g = act + (i64)grp * nsb * 2048;
