@@ -13,7 +13,7 @@ import numpy as np
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
-from engine.cuda.instances import PERSIST_QTYPES, STAGED_QTYPES
+from engine.cuda.instances import ACT_MODES, PERSIST_QTYPES, STAGED_QTYPES
 
 PASS_TOKENS = (1, 2, 3, 5)
 PREFILL_TOKENS = (512, 2048, 8192)
@@ -28,14 +28,17 @@ CONTEXT = 16384
 # tokens; v7pdl every pass; v7off none; the others none, as they were measured.
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
-            "v7off": (STAGED_QTYPES, False, 32, "cp", "off"),
+            "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1all": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "v8": (PERSIST_QTYPES, True, 32, "persist", "off"), "v10": (STAGED_QTYPES, True, 32, "cpa", "off"),
             "v11": (STAGED_QTYPES, True, 32, "cpa2", "off"), "f16": (STAGED_QTYPES, False, 32, "cp", "off"),
             "r2": (STAGED_QTYPES, False, 32, "cp", "off"), "r4": (STAGED_QTYPES, False, 32, "cp", "off"),
             "serial": (STAGED_QTYPES, False, 32, "cp", "off"), "k64": (STAGED_QTYPES, False, 64, "cp", "off")}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
-I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "r2", "r4", "serial", "k64"})  # k64: v7 with attention splits of 64+ keys
+I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1all", "r2", "r4", "serial", "k64"})
+# v7 with every producer mode's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7:
+# RMSNorm's only), to find whether the others' ACT_MIN_BLOCKS bound cost the one-token pass ~0.1 ms (NOTES v15)
+ONE_GROUP_VARIANTS = {"g1all": frozenset(ACT_MODES)}  # k64: v7 with attention splits of 64+ keys
 I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walking 2 or 4 row tiles (ops.I8_TILES)
 # v7 with every launch in one stream (ops.BESIDE off: a projection's small parts follow its large one); every
 # other variant runs them beside it (engine/cuda/weights.py Projection.run) unless OPENJET_CUDA_BESIDE=0.
@@ -253,6 +256,7 @@ def _use_variant(backend, name: str) -> None:
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
     ops.set_i8(name in I8_VARIANTS and ops._i8_default())
     ops.I8_TILES = I8_TILE_VARIANTS.get(name, 1)
+    ops.ACT_ONE_GROUP_MODES = ONE_GROUP_VARIANTS.get(name, ops.ACT_ONE_GROUP_DEFAULT)
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"

@@ -53,8 +53,9 @@ GEMM_CP_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 EMBED_QTYPES = (Q.F32,) + MATMUL_QTYPES
 # How the matmul input is produced (kernels/act.cu ACT_*), in template-argument order.
 ACT_MODES = ("plain", "rmsnorm", "swiglu", "gatednorm")
-# Blocks per SM the producers' registers must allow (prefill grids have thousands of blocks); the one-group RMSNorm
-# instance (act_rmsnorm_g1: decode and verify passes, 20 blocks) allows 1, so its row loads all fly at once.
+# Blocks per SM the producers' registers must allow (prefill grids have thousands of blocks); the one-group
+# instances (act_<mode>_g1: decode and verify passes, 20-68 blocks; ops.ACT_ONE_GROUP_MODES) allow 1, so RMSNorm's
+# row loads all fly at once.
 ACT_MIN_BLOCKS = 4
 # Attention head sizes with an instance, and the queries each warp keeps in registers for them.
 ATTN_HEAD_DIMS = {32: 16, 64: 16, 128: 16, 256: 12}
@@ -92,7 +93,7 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"gemm_{qtype_tag(qt)}_cp", "gemm", f"gemm_cp<{int(qt)}>") for qt in GEMM_CP_QTYPES]
     out += [Instance("mmv_f32", "mmvq", "mmv_f32")]
     out += [Instance(f"act_{mode}", "act", f"act_from<{i}, {ACT_MIN_BLOCKS}>") for i, mode in enumerate(ACT_MODES)]
-    out.append(Instance("act_rmsnorm_g1", "act", f"act_from<{ACT_MODES.index('rmsnorm')}, 1>"))  # one token group
+    out += [Instance(f"act_{mode}_g1", "act", f"act_from<{i}, 1>") for i, mode in enumerate(ACT_MODES)]  # one group
     out += [Instance(n, "norm", n) for n in ("rms_norm", "head_norm", "gated_rms_norm")]
     out += [Instance("rope_neox", "rope", "rope<true>"), Instance("rope_norm", "rope", "rope<false>")]
     out += [Instance(n, "elementwise", n) for n in ("swiglu", "sigmoid_mul")]

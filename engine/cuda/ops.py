@@ -159,6 +159,13 @@ class Act8(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("q", "scale", "sums", "sums_lo")]
 
 
+# Producer modes whose launches of one token group (up to 8 tokens) take the act_<mode>_g1 instance
+# (__launch_bounds__(256, 1)): RMSNorm's, whose row loads then fly together (bench/NOTES.md v15: T = 5 12.32 ->
+# 11.38 ms). The others keep the ACT_MIN_BLOCKS instance until measured (bench variant g1all: every mode).
+ACT_ONE_GROUP_DEFAULT = frozenset({"rmsnorm"})
+ACT_ONE_GROUP_MODES = ACT_ONE_GROUP_DEFAULT
+
+
 def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) -> None:
     """Launch act_<mode>: one block per (superblock, group of 8 tokens); the int8 copy too where the int8
     matmul will read it."""
@@ -167,7 +174,7 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
     i8 = I8_MATMUL and act.q8 is not None and num_tokens <= I8_TOKENS
     a8 = Act8(act.q8.ptr, act.scale8.ptr, act.sums8.ptr, act.sums8_lo.ptr) if i8 else Act8()
     act.i8_tokens = num_tokens if i8 else 0
-    name = "act_rmsnorm_g1" if mode == "rmsnorm" and groups == 1 else f"act_{mode}"
+    name = f"act_{mode}_g1" if groups == 1 and mode in ACT_ONE_GROUP_MODES else f"act_{mode}"
     dev.launch(dev.kernel(name), (act.num_superblocks, groups), 256,
                [src, act.x16, act.sums, act.x16_lo, act.sums_lo, a8, num_tokens, act.width])
 

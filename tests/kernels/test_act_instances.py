@@ -1,0 +1,59 @@
+"""Which instance of the activation producers (kernels/act.cu act_from) a launch takes: launches of one token group
+(decode and verify, up to 8 tokens) of the modes in ops.ACT_ONE_GROUP_MODES take act_<mode>_g1, compiled for one
+block an SM so that RMSNorm's row loads all fly at once; every other launch the ACT_MIN_BLOCKS instance that
+prefill's thousands of blocks need. The kernels themselves are checked on the GPU (bench/gpu_ops.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from engine.cuda import instances, nvrtc, ops
+
+
+class RecordingDevice:
+    """Stands in for engine.cuda.device.Device where only the kernel names and grids launched matter."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[str, tuple[int, int]]] = []
+
+    def kernel(self, name: str) -> str:
+        assert name in instances.INSTANCES, f"no instance {name}"
+        return name
+
+    def launch(self, kernel: str, grid, block, args) -> None:
+        self.launches.append((kernel, grid))
+
+
+def _launch(mode: str, tokens: int) -> tuple[str, tuple[int, int]]:
+    dev = RecordingDevice()
+    act = ops.Act(None, None, None, 5120, 5120, 64)
+    ops._act_from(dev, mode, ops.ActSrc(), act, tokens)
+    (launch,) = dev.launches
+    return launch
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 8])
+def test_one_group_rmsnorm_takes_its_wide_instance(tokens: int) -> None:
+    assert _launch("rmsnorm", tokens) == ("act_rmsnorm_g1", (20, 1))
+
+
+@pytest.mark.parametrize("tokens", [9, 64])
+def test_several_groups_take_the_occupancy_instance(tokens: int) -> None:
+    assert _launch("rmsnorm", tokens) == ("act_rmsnorm", (20, -(-tokens // 8)))
+
+
+@pytest.mark.parametrize("mode", [m for m in instances.ACT_MODES if m != "rmsnorm"])
+def test_the_other_modes_follow_the_switch(mode: str, monkeypatch) -> None:
+    assert _launch(mode, 1)[0] == f"act_{mode}"
+    monkeypatch.setattr(ops, "ACT_ONE_GROUP_MODES", frozenset(instances.ACT_MODES))
+    assert _launch(mode, 1)[0] == f"act_{mode}_g1"
+    assert _launch(mode, 9)[0] == f"act_{mode}"
+
+
+def test_instances_carry_their_launch_bound() -> None:
+    for i, mode in enumerate(instances.ACT_MODES):
+        assert instances.INSTANCES[f"act_{mode}"].expr == f"act_from<{i}, {instances.ACT_MIN_BLOCKS}>"
+        assert instances.INSTANCES[f"act_{mode}_g1"].expr == f"act_from<{i}, 1>"
+    assert re.search(r"__launch_bounds__\(256, MIN_BLOCKS\)\s*act_from", (nvrtc.KERNEL_DIR / "act.cu").read_text())
