@@ -166,7 +166,8 @@ __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int 
 }
 
 // Grid (superblocks, token groups of 8), 256 threads: thread = position in the superblock. MIN_BLOCKS: 1 for the
-// one-group (decode and verify) instance of RMSNORM, which spends registers on loads in flight (row_inv_rms).
+// one-group instances (act_<mode>_g1: decode and verify, where RMSNORM spends registers on loads in flight,
+// row_inv_rms), instances.ACT_MIN_BLOCKS for the others.
 template <int MODE, int MIN_BLOCKS>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
 act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restrict__ act_lo,
