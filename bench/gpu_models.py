@@ -109,6 +109,49 @@ def check_arch(report: Report, arch: str, folder: Path, rng: np.random.Generator
         finally:
             ops.set_i8(saved_i8)
             cuda.close()
+    if ref.can_draft:
+        cuda = CudaBackend.from_gguf(path, context_size=1024, max_tokens=64, precise=True, mtp=True)
+        try:
+            check_mtp(report, arch, ref, cuda, prompt, ref_tokens)
+        finally:
+            cuda.close()
+
+
+MTP_DRAFT = 4  # drafts a step in check_mtp
+
+
+def check_mtp(report: Report, arch: str, ref, cuda, prompt: list[int], ref_tokens: list[int]) -> None:
+    """The per-op MTP head (engine/cuda/model.py): along the reference's greedy run, at each of 32 positions both
+    backends draft MTP_DRAFT tokens from the same committed state (every draft equal, or the check fails), after a
+    rollback too; then greedy decoding with MTP_DRAFT drafts a cycle gives the reference's greedy tokens."""
+    from bench.gpu_megakernel import first_difference, greedy_run
+
+    steps = 32
+    for backend in (ref, cuda):
+        backend.reset()
+        backend.prefill(prompt[:-1])
+    pending, mismatched, first = prompt[-1], 0, None
+    for step in range(steps):
+        want, got = ref.draft(pending, MTP_DRAFT).tokens, cuda.draft(pending, MTP_DRAFT).tokens
+        if step == steps // 2:  # a rollback must restore the head's cache and starting hidden too
+            mark = cuda.checkpoint()
+            cuda.prefill([pending, ref_tokens[step]])
+            cuda.rollback(mark)
+            got = cuda.draft(pending, MTP_DRAFT).tokens
+        wrong = sum(a != b for a, b in zip(want, got, strict=True))
+        mismatched += wrong
+        if wrong and first is None:
+            first = step
+            report.notes.append(f"{arch}.mtp: drafts differ first at step {step}: reference {want}, cuda {got}")
+        for backend in (ref, cuda):  # commit the pending token through a verify pass, as decoding does
+            backend.verify([pending])
+            backend.accept(1)
+        pending = ref_tokens[step]
+    record(report, "model.mtp", f"{arch}.drafts", f"{steps} x {MTP_DRAFT} drafts", mismatched, 0.5)
+    cuda.reset()
+    tokens, _ = greedy_run(cuda, MTP_DRAFT, 64, prompt)
+    record(report, "model.mtp", f"{arch}.spec_greedy", "64 tokens", 64 - first_difference(tokens, ref_tokens[:64]),
+           0.5)
 
 
 def compare_backend(report: Report, name: str, ref, cuda, prompt: list[int], ref_tokens: list[int],

@@ -20,6 +20,8 @@ from engine.cuda.device import Buffer, Device, Graph
 from engine.cuda.model import VERIFY_MAX, CudaModel
 from engine.errors import ContextOverflowError
 
+MTP_ENV = "OPENJET_CUDA_MTP"  # "1": load the MTP head and draft with it (off until checked on a GPU)
+
 
 @dataclass(slots=True, weakref_slot=True)
 class CudaCheckpoint(Checkpoint):
@@ -41,7 +43,8 @@ class CudaBackend(Backend):
 
     @classmethod
     def from_gguf(cls, path: str | Path, context_size: int | None = None, device: Device | None = None,
-                  max_tokens: int = 512, use_graphs: bool = True, precise: bool | None = None) -> CudaBackend:
+                  max_tokens: int = 512, use_graphs: bool = True, precise: bool | None = None,
+                  mtp: bool | None = None) -> CudaBackend:
         """Open and validate a GGUF file, upload its weights and compile the kernels (NoGpuError,
         UnsupportedGpuError, DeviceOutOfMemoryError, UnsupportedModelError say why it cannot).
 
@@ -49,6 +52,9 @@ class CudaBackend(Backend):
         f16 terms) at some extra arithmetic in the matmuls: it keeps the logits within KL 1e-4 of the float32
         reference instead of about 1e-3. In either mode the Q4_K matmuls of 1-4 tokens take int8 activations in
         two levels (1.5e-5 of each 256-value block's largest; ops.I8_MATMUL, OPENJET_CUDA_I8=0 to keep f16).
+
+        mtp (default: OPENJET_CUDA_MTP, off until checked on a GPU) uploads the file's MTP head, if it has one,
+        and feeds it every pass, so that draft() works (can_draft).
         """
         from engine.cuda.weights import upload_weights
         from engine.gguf.reader import GGUFFile
@@ -64,7 +70,9 @@ class CudaBackend(Backend):
         dev = device or Device()
         try:
             dev.load_all()
-            weights = upload_weights(dev, cfg, tensors)
+            if mtp is None:
+                mtp = env_flag(MTP_ENV, False)
+            weights = upload_weights(dev, cfg, tensors, mtp=mtp)
             if precise is None:
                 precise = env_flag("OPENJET_CUDA_PRECISE", True)
             model = CudaModel(dev, cfg, weights, capacity=context + VERIFY_MAX, max_tokens=max_tokens,
@@ -94,8 +102,8 @@ class CudaBackend(Backend):
 
     @property
     def can_draft(self) -> bool:
-        """The per-op backend runs no MTP head yet."""
-        return False
+        """Whether the MTP head was uploaded (from_gguf's mtp, and a file that has one)."""
+        return self.model.weights.mtp is not None
 
     def reset(self) -> None:
         """Forget the sequence."""
@@ -143,8 +151,20 @@ class CudaBackend(Backend):
         self._pending = None
 
     def draft(self, token: int, num_draft: int) -> Draft:
-        """No MTP head on this backend yet."""
-        raise ValueError("the CUDA per-op backend has no MTP drafting; use n-gram drafts or the reference")
+        """num_draft greedy MTP drafts after `token`, the pending token at position num_tokens (no logits: the
+        drafts are proposals, accepted as n-gram ones are); the committed state is unchanged."""
+        if not self.can_draft:
+            raise ValueError("no MTP head on this backend (the file has none, or it was not loaded: "
+                             f"{MTP_ENV}=1); use n-gram drafts")
+        if not 0 <= int(token) < self.vocab_size:
+            raise ValueError(f"token id {token} is outside the vocabulary of {self.vocab_size}")
+        if not 0 <= num_draft <= VERIFY_MAX - 1:
+            raise ValueError(f"drafts 0..{VERIFY_MAX - 1} tokens (a verify pass holds {VERIFY_MAX}), not {num_draft}")
+        if num_draft == 0:
+            return Draft([])
+        if self._num_tokens + num_draft > self.model.capacity:
+            raise ContextOverflowError(self._num_tokens + num_draft, self.model.capacity)
+        return Draft(self.model.draft(int(token), num_draft, self._num_tokens))
 
     def set_precise(self, on: bool) -> None:
         """Switch the precise matmuls on or off (captured graphs are dropped: they hold the old launches)."""
@@ -187,6 +207,10 @@ class CudaBackend(Backend):
         for i, dn in self.model.deltanet.items():
             out[f"{i}.window"] = (dn.window, 4 * (cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_dim)
             out[f"{i}.ssm"] = (dn.ssm, dn.ssm.nbytes)
+        if self.model.mtp_kv is not None:
+            out["mtp.k"], out["mtp.v"] = (self.model.mtp_kv.k, self.model.mtp_kv.k.nbytes), \
+                (self.model.mtp_kv.v, self.model.mtp_kv.v.nbytes)
+            out["mtp.last_hidden"] = (self.model.last_hidden, self.model.last_hidden.nbytes)
         return out
 
     def checkpoint(self) -> CudaCheckpoint:
@@ -210,13 +234,13 @@ class CudaBackend(Backend):
 
     @property
     def can_truncate(self) -> bool:
-        """Attention-only models: the state is KV rows indexed by position."""
-        return not self.model.deltanet
+        """Attention-only models without an MTP head: the state is KV rows indexed by position."""
+        return not self.model.deltanet and self.model.mtp_kv is None
 
     def truncate(self, num_tokens: int) -> None:
         """Forget positions >= num_tokens (attention-only models)."""
         if not self.can_truncate:
-            raise NotImplementedError("this model has DeltaNet state: roll back to a checkpoint instead")
+            raise NotImplementedError("this model has DeltaNet or MTP state: roll back to a checkpoint instead")
         if not 0 <= num_tokens <= self._num_tokens:
             raise ValueError(f"cannot truncate {self._num_tokens} tokens to {num_tokens}")
         self._num_tokens, self._pending = num_tokens, None

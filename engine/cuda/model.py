@@ -6,6 +6,10 @@ pass (prefill, plain decode) updates every state in place. A non-committing pass
 K/V past the committed length and keeps each DeltaNet layer's conv inputs, q/k/v and gates; accept(n) then shifts
 the conv windows and re-runs the delta rule over the first n tokens, leaving the state exactly as if only those
 n tokens had been fed.
+
+With an MTP head (qwen35's nextn layer, uploaded when asked for), every pass also feeds it, as the reference does
+(engine/reference/model.py): the pairs (token p, the trunk's output-normed hidden of p - 1) through eh_proj and its
+decoder layer, whose only lasting effect is the head's own KV rows; draft() then runs it on its own outputs.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ class Workspace:
     def __init__(self, dev: Device, cfg: ModelConfig, weights: CudaWeights, max_tokens: int, precise: bool):
         p, h = max_tokens, cfg.hidden_size
         mix_width = max(cfg.q_size, cfg.ssm_inner_size)  # attention output / DeltaNet inner width
-        proj_width = max(max(lw.mix_in.width, lw.ffn_in.width) for lw in weights.layers)
+        layers = weights.layers + ([weights.mtp.layer] if weights.mtp is not None else [])
+        proj_width = max(max(lw.mix_in.width, lw.ffn_in.width) for lw in layers)
         self.max_tokens, self.proj_width, self.mix_width = p, proj_width, mix_width
         self.ids, self.pos = dev.alloc(4 * p, "ids"), dev.alloc(4 * p, "positions")
         self.x, self.xn = dev.alloc(4 * p * h, "x"), dev.alloc(4 * p * h, "xn")
@@ -63,8 +68,6 @@ class Workspace:
         self.ffn = dev.alloc(4 * p * cfg.ffn_size, "ffn_h")
         self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn, precise=True)
         acts = [self.act_h, self.act_q, self.act_ffn] + ([self.act_inner] if self.act_inner else [])
-        self._lo = [(act, act.x16_lo) for act in acts]  # kept allocated: precision is a switch
-        self.set_precise(precise)
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
         self.conv_out = dev.alloc(4 * p * self.conv_dim, "conv_out")
         self.g, self.beta = dev.alloc(4 * p * self.ssm_heads, "g"), dev.alloc(4 * p * self.ssm_heads, "beta")
@@ -79,7 +82,24 @@ class Workspace:
         self.attn_splits_max = mixers.MAX_SPLITS
         self.attn_scratch = dev.alloc(
             mixers.attn_scratch_bytes(mixers.MAX_SPLITS, VERIFY_MAX, cfg.num_heads, cfg.head_dim), "attn_scratch")
+        if weights.mtp is not None:
+            self._mtp_buffers(dev, p, h)
+            acts.append(self.act_cat)
+        self._lo = [(act, act.x16_lo) for act in acts]  # kept allocated: precision is a switch
+        self.set_precise(precise)
 
+    def _mtp_buffers(self, dev: Device, p: int, h: int) -> None:
+        """The MTP head's: each pass token's output-normed trunk hidden and the one before it, the [enorm(e) |
+        hnorm(h)] rows eh_proj reads (written by two producers' f32 copies, then one act of width 2H), the draft
+        chain's hidden, and the drafted ids (id 0: the pending token) and positions."""
+        self.hidden, self.prev = dev.alloc(4 * p * h, "mtp.hidden"), dev.alloc(4 * p * h, "mtp.prev")
+        self.cat = dev.alloc(8 * p * h, "mtp.cat")
+        self.act_e = ops.alloc_act(dev, p, h, "mtp.e", f32=self.cat, ld=2 * h)
+        self.act_hh = ops.alloc_act(dev, p, h, "mtp.h", f32=self.cat.view(4 * h), ld=2 * h)
+        self.act_cat = ops.alloc_act(dev, p, 2 * h, "mtp.cat", f32=self.cat, precise=True)
+        self.mtp_hidden = dev.alloc(4 * h, "mtp.draft_hidden")
+        self.draft_ids = dev.alloc(4 * (VERIFY_MAX + 1), "mtp.draft_ids")
+        self.draft_pos = dev.alloc(4 * VERIFY_MAX, "mtp.draft_pos")
 
     def set_precise(self, on: bool) -> None:
         """Precise matmuls (activations as f16 hi + lo) on or off; the buffers stay allocated either way."""
@@ -99,11 +119,17 @@ class CudaModel:
         self.deltanet: dict[int, DeltaNetBuffers] = {}
         for i, kind in enumerate(cfg.layer_kinds):
             if kind == "attention":
-                size = 2 * cfg.num_kv_heads * capacity * cfg.head_dim
-                self.kv[i] = KVBuffers(dev.alloc(size, f"blk.{i}.k"), dev.alloc(size, f"blk.{i}.v"))
+                self.kv[i] = self._kv_buffers(f"blk.{i}")
             else:
                 self.deltanet[i] = self._deltanet_buffers(i)
+        # the MTP head's cache and the committed trunk hidden it starts drafting from (the reference's last_hidden)
+        self.mtp_kv = self._kv_buffers("mtp") if weights.mtp is not None else None
+        self.last_hidden = dev.alloc(4 * cfg.hidden_size, "mtp.last_hidden") if weights.mtp is not None else None
         self.reset_state()
+
+    def _kv_buffers(self, name: str) -> KVBuffers:
+        size = 2 * self.cfg.num_kv_heads * self.capacity * self.cfg.head_dim
+        return KVBuffers(self.dev.alloc(size, f"{name}.k"), self.dev.alloc(size, f"{name}.v"))
 
     def _deltanet_buffers(self, i: int) -> DeltaNetBuffers:
         cfg, dev = self.cfg, self.dev
@@ -120,6 +146,8 @@ class CudaModel:
         for buf in self.deltanet.values():
             self.dev.fill_u32(buf.window, 0)
             self.dev.fill_u32(buf.ssm, 0)
+        if self.last_hidden is not None:
+            self.dev.fill_u32(self.last_hidden, 0)
 
     def set_tokens(self, tokens: list[int], start: int) -> None:
         """Upload the ids and positions of the next pass."""
@@ -142,14 +170,18 @@ class CudaModel:
         for i, lw in enumerate(self.weights.layers):
             ops.act_rmsnorm(dev, ws.x, lw.vectors["attn_norm"], ws.act_h, num_tokens, h, cfg.rms_eps, out32=ws.xn)
             if lw.kind == "attention":
-                self._attention(i, lw, num_tokens)
+                self._attention(lw, self.kv[i], num_tokens, ws.pos)
             else:
                 self._deltanet(i, lw, num_tokens, commit)
             self._ffn(lw, num_tokens)
             if trace is not None:
                 trace.append(dev.download(ws.x, np.float32, (num_tokens, h)))
+        if self.weights.mtp is not None:  # every token's output-normed hidden, for the MTP head
+            ops.act_rmsnorm(dev, ws.x, self.weights.output_norm, ws.act_h, num_tokens, h, cfg.rms_eps, out32=ws.hidden)
         if logits_rows:
             self.head(num_tokens - logits_rows, logits_rows)
+        if self.weights.mtp is not None:
+            self._mtp_catch_up(num_tokens, commit)
 
     def head(self, first_row: int, rows: int) -> None:
         """logits[0:rows] = output(RMSNorm(x[first_row:first_row + rows]))."""
@@ -158,6 +190,54 @@ class CudaModel:
         ops.act_rmsnorm(dev, ws.x.view(4 * first_row * h), self.weights.output_norm, ws.act_h, rows, h, cfg.rms_eps,
                         out32=ws.xn)
         ops.matmul(dev, self.weights.output, ws.act_h, ws.logits, rows, cfg.vocab_size)
+
+    # ---- the MTP head ----
+
+    def _mtp_block(self, ids: Buffer, prev: Buffer, pos: Buffer, num_tokens: int) -> None:
+        """ws.x = the MTP decoder layer's output (before shared_head_norm) for the tokens `ids` at positions `pos`,
+        each beside the hidden state that predicted it (prev, [T, H]); writes the head's KV rows at pos."""
+        cfg, ws, dev, mtp = self.cfg, self.ws, self.dev, self.weights.mtp
+        h, eps, vec = cfg.hidden_size, cfg.rms_eps, mtp.layer.vectors
+        ops.get_rows(dev, mtp.embed, ids, ws.x, num_tokens, h)
+        ops.act_rmsnorm(dev, ws.x, vec["nextn.enorm"], ws.act_e, num_tokens, h, eps, out32=ws.cat)  # cat[:, :H]
+        ops.act_rmsnorm(dev, prev, vec["nextn.hnorm"], ws.act_hh, num_tokens, h, eps, out32=ws.cat.view(4 * h))
+        ops.act_f16(dev, ws.cat, ws.act_cat, num_tokens, 2 * h)
+        ops.matmul(dev, mtp.eh_proj, ws.act_cat, ws.x, num_tokens, h)
+        ops.act_rmsnorm(dev, ws.x, vec["attn_norm"], ws.act_h, num_tokens, h, eps, out32=ws.xn)
+        self._attention(mtp.layer, self.mtp_kv, num_tokens, pos)
+        self._ffn(mtp.layer, num_tokens)
+
+    def _mtp_catch_up(self, num_tokens: int, commit: bool) -> None:
+        """Feed the head this pass's pairs (token p, trunk hidden of p - 1), as the reference's _mtp_catch_up; a
+        committing pass then makes its last hidden the one drafting starts from."""
+        ws, dev, row = self.ws, self.dev, 4 * self.cfg.hidden_size
+        dev.copy(ws.prev, self.last_hidden, row)
+        if num_tokens > 1:
+            dev.copy(ws.prev.view(row), ws.hidden, row * (num_tokens - 1))
+        self._mtp_block(ws.ids, ws.prev, ws.pos, num_tokens)
+        if commit:
+            dev.copy(self.last_hidden, ws.hidden.view(row * (num_tokens - 1)), row)
+
+    def draft(self, token: int, num_draft: int, start: int) -> list[int]:
+        """num_draft greedy tokens from the MTP head after `token`, the pending token at position start: step i
+        runs the head on (token_i, hidden_i) at start + i (hidden_0 the committed trunk hidden, then the head's own
+        shared_head_norm output), its argmax staying on the device as the next step's id. The head's KV rows past
+        start are overwritten by the next pass's catch-up, so the committed state is unchanged."""
+        cfg, ws, dev, mtp = self.cfg, self.ws, self.dev, self.weights.mtp
+        assert mtp is not None and 1 <= num_draft <= VERIFY_MAX
+        h, vocab = cfg.hidden_size, cfg.vocab_size
+        dev.pdl = pdl_for(dev.pdl_policy, 1, VERIFY_MAX)
+        dev.upload(ws.draft_ids, np.asarray([token], np.int32))
+        dev.upload(ws.draft_pos, np.arange(start, start + num_draft, dtype=np.int32))
+        hidden = self.last_hidden
+        for i in range(num_draft):
+            self._mtp_block(ws.draft_ids.view(4 * i), hidden, ws.draft_pos.view(4 * i), 1)
+            ops.act_rmsnorm(dev, ws.x, mtp.layer.vectors["nextn.shared_head_norm"], ws.act_h, 1, h, cfg.rms_eps,
+                            out32=ws.mtp_hidden)
+            ops.matmul(dev, mtp.output, ws.act_h, ws.logits, 1, vocab)
+            ops.argmax(dev, ws.logits, ws.draft_ids.view(4 * (i + 1)), ws.argmax_scratch, 1, vocab, vocab)
+            hidden = ws.mtp_hidden
+        return [int(t) for t in dev.download(ws.draft_ids, np.int32, (num_draft + 1,))[1:]]
 
     def _ffn(self, lw: LayerWeights, num_tokens: int) -> None:
         """x += ffn_down(silu(gate) * up) of RMSNorm(x)."""
@@ -172,8 +252,9 @@ class CudaModel:
         ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=ws.ffn)
         ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x)
 
-    def _attention(self, i: int, lw: LayerWeights, num_tokens: int) -> None:
-        """x += attn_output(attention(q, k, v)) with q/k norm, rope, the KV write and qwen35's output gate."""
+    def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer) -> None:
+        """x += attn_output(attention(q, k, v)) with q/k norm, rope, the KV write at positions pos and qwen35's
+        output gate."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         d, hq, hkv, width = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, ws.proj_width
         lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE)
@@ -182,14 +263,13 @@ class CudaModel:
         q = ws.proj.view(4 * lw.mix_in.offsets["attn_q"])
         k = ws.proj.view(4 * lw.mix_in.offsets["attn_k"])
         v = ws.proj.view(4 * lw.mix_in.offsets["attn_v"])
-        cache = self.kv[i]
         mixers.qk_prep(dev, q, k, v, lw.vectors.get("attn_q_norm"), lw.vectors.get("attn_k_norm"), cache.k, cache.v,
-                       ws.pos, num_tokens, hq, hkv, d, width, q_stride, self.capacity, cfg.rope_dim, cfg.rope_theta,
+                       pos, num_tokens, hq, hkv, d, width, q_stride, self.capacity, cfg.rope_dim, cfg.rope_theta,
                        cfg.rope_neox, cfg.rms_eps)
         tile = mixers.attn_tile_tokens(hq, hkv, d, num_tokens)
         splits = mixers.attn_splits(num_tokens, hkv, tile, dev.info.multiprocessors)
         splits = max(1, min(splits, (mixers.MAX_SPLITS * VERIFY_MAX) // num_tokens))  # what the scratch holds
-        mixers.attention(dev, q, cache.k, cache.v, ws.pos, ws.mix2, num_tokens, hq, hkv, d, self.capacity, width,
+        mixers.attention(dev, q, cache.k, cache.v, pos, ws.mix2, num_tokens, hq, hkv, d, self.capacity, width,
                          q_stride, cfg.q_size, d ** -0.5, gate=q.view(4 * d) if cfg.has_attn_gate else None,
                          ld_gate=width, gate_head_stride=q_stride, scratch=ws.attn_scratch, splits=splits)
         ops.act_f16(dev, ws.mix2, ws.act_q, num_tokens, cfg.q_size)
@@ -221,9 +301,13 @@ class CudaModel:
         ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x)
 
     def accept(self, num_pass_tokens: int, n: int) -> None:
-        """Commit the first n tokens of the last non-committing pass (DeltaNet layers; KV needs nothing)."""
+        """Commit the first n tokens of the last non-committing pass (DeltaNet layers and the MTP head's starting
+        hidden; KV needs nothing)."""
         assert 1 <= n <= num_pass_tokens <= VERIFY_MAX
         cfg, dev = self.cfg, self.dev
+        if self.last_hidden is not None:
+            row = 4 * cfg.hidden_size
+            dev.copy(self.last_hidden, self.ws.hidden.view(row * (n - 1)), row)
         c, key = cfg.ssm_conv_dim, cfg.ssm_num_k_heads * cfg.ssm_head_dim
         for layer in self.deltanet.values():
             mixers.conv_commit(dev, layer.window, n, c, cfg.ssm_conv_kernel)

@@ -136,6 +136,18 @@ class LayerWeights:
 
 
 @dataclass(slots=True)
+class MtpWeights:
+    """The MTP head (qwen35's nextn layer, engine/reference/qwen35.py mtp_block): eh_proj over [enorm(embedding) |
+    hnorm(hidden)], a gated-attention decoder layer (whose vectors hold the nextn norms), and the embedding and
+    output tables it drafts with (its own where the file has them, else the trunk's)."""
+
+    eh_proj: ops.DeviceWeight  # [H, 2H]
+    layer: LayerWeights
+    embed: ops.DeviceWeight
+    output: ops.DeviceWeight
+
+
+@dataclass(slots=True)
 class CudaWeights:
     """Every weight of a model on the device."""
 
@@ -144,6 +156,7 @@ class CudaWeights:
     output_norm: Buffer
     layers: list[LayerWeights]
     nbytes: int
+    mtp: MtpWeights | None = None
 
 
 def _layer(dev: Device, infos: dict[str, TensorInfo], kind: str, name: str) -> LayerWeights:
@@ -165,8 +178,9 @@ def _layer(dev: Device, infos: dict[str, TensorInfo], kind: str, name: str) -> L
     return LayerWeights(kind, mix, out, ffn, matrix(dev, infos["ffn_down"]), vectors)
 
 
-def upload_weights(dev: Device, cfg: ModelConfig, tensors: ModelTensors) -> CudaWeights:
-    """Upload a bound model; UnsupportedModelError names a tensor of a type without kernels."""
+def upload_weights(dev: Device, cfg: ModelConfig, tensors: ModelTensors, mtp: bool = False) -> CudaWeights:
+    """Upload a bound model (and its MTP head, if asked for and the file has one); UnsupportedModelError names a
+    tensor of a type without kernels."""
     before = dev.memory.allocated
     g = tensors.global_tensors
     token_embd = matrix(dev, g["token_embd"])
@@ -175,5 +189,12 @@ def upload_weights(dev: Device, cfg: ModelConfig, tensors: ModelTensors) -> Cuda
     layers = [_layer(dev, infos, kind, f"blk.{i}") for i, (kind, infos) in
               enumerate(zip(cfg.layer_kinds, tensors.layers, strict=True))]
     weights = CudaWeights(token_embd, output, vector(dev, g["output_norm"], "output_norm"), layers, 0)
+    if mtp and tensors.nextn:
+        infos = tensors.nextn[0]
+        name = f"blk.{cfg.num_layers}"
+        weights.mtp = MtpWeights(
+            matrix(dev, infos["nextn.eh_proj"]), _layer(dev, infos, "attention", name),
+            matrix(dev, infos["nextn.embed_tokens"]) if "nextn.embed_tokens" in infos else token_embd,
+            matrix(dev, infos["nextn.shared_head_head"]) if "nextn.shared_head_head" in infos else output)
     weights.nbytes = dev.memory.allocated - before
     return weights
