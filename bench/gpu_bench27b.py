@@ -35,10 +35,11 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "serial": (STAGED_QTYPES, False, 32, "cp", "off"), "k64": (STAGED_QTYPES, False, 64, "cp", "off")}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
+# k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1all", "r2", "r4", "serial", "k64"})
 # v7 with every producer mode's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7:
 # RMSNorm's only), to find whether the others' ACT_MIN_BLOCKS bound cost the one-token pass ~0.1 ms (NOTES v15)
-ONE_GROUP_VARIANTS = {"g1all": frozenset(ACT_MODES)}  # k64: v7 with attention splits of 64+ keys
+ONE_GROUP_VARIANTS = {"g1all": frozenset(ACT_MODES)}
 I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walking 2 or 4 row tiles (ops.I8_TILES)
 # v7 with every launch in one stream (ops.BESIDE off: a projection's small parts follow its large one); every
 # other variant runs them beside it (engine/cuda/weights.py Projection.run) unless OPENJET_CUDA_BESIDE=0.
