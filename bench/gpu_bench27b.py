@@ -29,6 +29,7 @@ CONTEXT = 16384
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1all": (STAGED_QTYPES, False, 32, "cp", "verify"),
+            "w4t1": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "v8": (PERSIST_QTYPES, True, 32, "persist", "off"), "v10": (STAGED_QTYPES, True, 32, "cpa", "off"),
             "v11": (STAGED_QTYPES, True, 32, "cpa2", "off"), "f16": (STAGED_QTYPES, False, 32, "cp", "off"),
             "r2": (STAGED_QTYPES, False, 32, "cp", "off"), "r4": (STAGED_QTYPES, False, 32, "cp", "off"),
@@ -36,7 +37,8 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
-I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1all", "r2", "r4", "serial", "k64"})
+I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1all", "w4t1", "r2", "r4", "serial", "k64"})
+I8_WARPS_VARIANTS = {"w4t1": {1: 4}}  # v7 with 4-warp int8 matmul blocks at one token (ops.I8_WARPS_AT)
 # v7 with every producer mode's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7:
 # RMSNorm's only), to find whether the others' ACT_MIN_BLOCKS bound cost the one-token pass ~0.1 ms (NOTES v15)
 ONE_GROUP_VARIANTS = {"g1all": frozenset(ACT_MODES)}
@@ -258,6 +260,7 @@ def _use_variant(backend, name: str) -> None:
     ops.set_i8(name in I8_VARIANTS and ops._i8_default())
     ops.I8_TILES = I8_TILE_VARIANTS.get(name, 1)
     ops.ACT_ONE_GROUP_MODES = ONE_GROUP_VARIANTS.get(name, ops.ACT_ONE_GROUP_DEFAULT)
+    ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, {})
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"

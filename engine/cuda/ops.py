@@ -402,9 +402,13 @@ I8_ENV = "OPENJET_CUDA_I8"
 I8_QTYPES = (Q.Q4_K,)
 I8_TOKENS = 4
 I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernels/mmvq_i8.cu
-# Warps per block; None: _pipelined_warps. 4 (instead of its 5 at K = 5120) ran gate|up 1.1 x faster alone but
-# the pass no faster (9.39 against 9.36 ms), so the benchmark only compares it.
+# Warps per block; None: I8_WARPS_AT, else _pipelined_warps. 4 (instead of its 5 at K = 5120) ran gate|up 1.1 x
+# faster alone but the pass no faster (9.39 against 9.36 ms), so the benchmark only compares it.
 I8_WARPS: int | None = None
+# Warps per block by token count, where a launch of that many tokens should not take _pipelined_warps' choice.
+# Empty by default; the bench variant w4t1 tries {1: 4}: 4-warp blocks beat 5 alone at one token on every 27B
+# shape (bench/NOTES.md v15), and 4 everywhere made the 1-token pass 0.05 ms faster but the 2-token one slower (v14).
+I8_WARPS_AT: dict[int, int] = {}
 # Row tiles a block walks in sequence (instances.I8_TILE_COUNTS): each warp then streams TILES x its superblocks
 # of a row through one ring (4-5 at K = 5,120 with one tile). 1 until the longer blocks are measured.
 I8_TILES = 1
@@ -457,14 +461,19 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
     q8, scale8, sums8, sums8_lo = group8
     blocks = -(-((w.rows + 15) // 16) // I8_TILES)
-    # every warp needs a superblock: with several tiles a block, a warp without one would miss their barriers
-    warps = min(I8_WARPS or _pipelined_warps(w.cols, blocks * I8_TILES, dev.info.multiprocessors),
-                w.cols // SUPERBLOCK)
+    warps = i8_warps(w.cols, blocks * I8_TILES, t, dev.info.multiprocessors)
     name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "")
     kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
                                             ld_y], smem=smem)
+
+
+def i8_warps(cols: int, tiles: int, num_tokens: int, multiprocessors: int) -> int:
+    """Warps per block of an mmvq_i8 launch: I8_WARPS, else I8_WARPS_AT's for num_tokens, else _pipelined_warps;
+    never more than the superblocks (with several tiles a block, a warp without one would miss their barriers)."""
+    warps = I8_WARPS or I8_WARPS_AT.get(num_tokens) or _pipelined_warps(cols, tiles, multiprocessors)
+    return min(warps, cols // SUPERBLOCK)
 
 
 def _pipelined_warps(cols: int, tiles: int, multiprocessors: int) -> int:

@@ -87,3 +87,16 @@ def test_a_bad_switch_value_is_a_clear_error(monkeypatch, value) -> None:
     monkeypatch.setenv(ops.I8_ENV, value)
     with pytest.raises(ValueError, match="OPENJET_CUDA_I8"):
         ops._i8_default()
+
+
+def test_warps_per_block_follow_the_switches_in_order(monkeypatch) -> None:
+    """I8_WARPS overrides all; I8_WARPS_AT sets a token count's own; else _pipelined_warps; never more warps than
+    the row's superblocks."""
+    sms, cols, tiles = 132, 5120, 2176
+    default = ops._pipelined_warps(cols, tiles, sms)
+    assert ops.i8_warps(cols, tiles, 1, sms) == default
+    monkeypatch.setattr(ops, "I8_WARPS_AT", {1: 4})
+    assert ops.i8_warps(cols, tiles, 1, sms) == 4 and ops.i8_warps(cols, tiles, 2, sms) == default
+    monkeypatch.setattr(ops, "I8_WARPS", 8)
+    assert ops.i8_warps(cols, tiles, 1, sms) == 8
+    assert ops.i8_warps(512, tiles, 1, sms) == 2  # two superblocks, two warps
