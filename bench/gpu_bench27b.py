@@ -13,7 +13,7 @@ import numpy as np
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
-from engine.cuda.instances import ACT_MODES, PERSIST_QTYPES, STAGED_QTYPES
+from engine.cuda.instances import PERSIST_QTYPES, STAGED_QTYPES
 
 PASS_TOKENS = (1, 2, 3, 5)
 PREFILL_TOKENS = (512, 2048, 8192)
@@ -28,7 +28,7 @@ CONTEXT = 16384
 # tokens; v7pdl every pass; v7off none; the others none, as they were measured.
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
-            "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1all": (STAGED_QTYPES, False, 32, "cp", "verify"),
+            "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "w4t1": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "v8": (PERSIST_QTYPES, True, 32, "persist", "off"), "v10": (STAGED_QTYPES, True, 32, "cpa", "off"),
             "v11": (STAGED_QTYPES, True, 32, "cpa2", "off"), "f16": (STAGED_QTYPES, False, 32, "cp", "off"),
@@ -37,11 +37,11 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
-I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1all", "w4t1", "r2", "r4", "serial", "k64"})
+I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "r2", "r4", "serial", "k64"})
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}}  # v7 with 4-warp int8 matmul blocks at one token (ops.I8_WARPS_AT)
-# v7 with every producer mode's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7:
-# RMSNorm's only), to find whether the others' ACT_MIN_BLOCKS bound cost the one-token pass ~0.1 ms (NOTES v15)
-ONE_GROUP_VARIANTS = {"g1all": frozenset(ACT_MODES)}
+# v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
+# mode's since v16, 0.03-0.05 ms a pass faster), the others on their ACT_MIN_BLOCKS instance as in v15
+ONE_GROUP_VARIANTS = {"g1rms": frozenset({"rmsnorm"})}
 I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walking 2 or 4 row tiles (ops.I8_TILES)
 # v7 with every launch in one stream (ops.BESIDE off: a projection's small parts follow its large one); every
 # other variant runs them beside it (engine/cuda/weights.py Projection.run) unless OPENJET_CUDA_BESIDE=0.

@@ -150,9 +150,10 @@ class CudaBackend(Backend):
         self._num_tokens += n
         self._pending = None
 
-    def draft(self, token: int, num_draft: int) -> Draft:
-        """num_draft greedy MTP drafts after `token`, the pending token at position num_tokens (no logits: the
-        drafts are proposals, accepted as n-gram ones are); the committed state is unchanged."""
+    def draft(self, token: int, num_draft: int, with_logits: bool = False) -> Draft:
+        """num_draft greedy MTP drafts after `token`, the pending token at position num_tokens; the committed state
+        is unchanged. Without with_logits the drafts come without their logits (proposals, accepted as n-gram ones
+        are: no download of num_draft x V floats); with it, each step's logits too (the GPU check compares them)."""
         if not self.can_draft:
             raise ValueError("no MTP head on this backend (the file has none, or it was not loaded: "
                              f"{MTP_ENV}=1); use n-gram drafts")
@@ -164,7 +165,7 @@ class CudaBackend(Backend):
             return Draft([])
         if self._num_tokens + num_draft > self.model.capacity:
             raise ContextOverflowError(self._num_tokens + num_draft, self.model.capacity)
-        return Draft(self.model.draft(int(token), num_draft, self._num_tokens))
+        return Draft(*self.model.draft(int(token), num_draft, self._num_tokens, with_logits))
 
     def set_precise(self, on: bool) -> None:
         """Switch the precise matmuls on or off (captured graphs are dropped: they hold the old launches)."""

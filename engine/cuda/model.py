@@ -218,11 +218,13 @@ class CudaModel:
         if commit:
             dev.copy(self.last_hidden, ws.hidden.view(row * (num_tokens - 1)), row)
 
-    def draft(self, token: int, num_draft: int, start: int) -> list[int]:
+    def draft(self, token: int, num_draft: int, start: int, with_logits: bool = False
+              ) -> tuple[list[int], np.ndarray | None]:
         """num_draft greedy tokens from the MTP head after `token`, the pending token at position start: step i
         runs the head on (token_i, hidden_i) at start + i (hidden_0 the committed trunk hidden, then the head's own
-        shared_head_norm output), its argmax staying on the device as the next step's id. The head's KV rows past
-        start are overwritten by the next pass's catch-up, so the committed state is unchanged."""
+        shared_head_norm output), its argmax staying on the device as the next step's id; step i's logits are
+        row i of ws.logits (with_logits: returned too, [num_draft, V]). The head's KV rows past start are
+        overwritten by the next pass's catch-up, so the committed state is unchanged."""
         cfg, ws, dev, mtp = self.cfg, self.ws, self.dev, self.weights.mtp
         assert mtp is not None and 1 <= num_draft <= VERIFY_MAX
         h, vocab = cfg.hidden_size, cfg.vocab_size
@@ -234,10 +236,12 @@ class CudaModel:
             self._mtp_block(ws.draft_ids.view(4 * i), hidden, ws.draft_pos.view(4 * i), 1)
             ops.act_rmsnorm(dev, ws.x, mtp.layer.vectors["nextn.shared_head_norm"], ws.act_h, 1, h, cfg.rms_eps,
                             out32=ws.mtp_hidden)
-            ops.matmul(dev, mtp.output, ws.act_h, ws.logits, 1, vocab)
-            ops.argmax(dev, ws.logits, ws.draft_ids.view(4 * (i + 1)), ws.argmax_scratch, 1, vocab, vocab)
+            logits = ws.logits.view(4 * i * vocab)
+            ops.matmul(dev, mtp.output, ws.act_h, logits, 1, vocab)
+            ops.argmax(dev, logits, ws.draft_ids.view(4 * (i + 1)), ws.argmax_scratch, 1, vocab, vocab)
             hidden = ws.mtp_hidden
-        return [int(t) for t in dev.download(ws.draft_ids, np.int32, (num_draft + 1,))[1:]]
+        tokens = [int(t) for t in dev.download(ws.draft_ids, np.int32, (num_draft + 1,))[1:]]
+        return tokens, dev.download(ws.logits, np.float32, (num_draft, vocab)) if with_logits else None
 
     def _ffn(self, lw: LayerWeights, num_tokens: int) -> None:
         """x += ffn_down(silu(gate) * up) of RMSNorm(x)."""

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_flag, persist
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import (ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS,
+from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS,
                                    MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
@@ -160,9 +160,10 @@ class Act8(ctypes.Structure):
 
 
 # Producer modes whose launches of one token group (up to 8 tokens) take the act_<mode>_g1 instance
-# (__launch_bounds__(256, 1)): RMSNorm's, whose row loads then fly together (bench/NOTES.md v15: T = 5 12.32 ->
-# 11.38 ms). The others keep the ACT_MIN_BLOCKS instance until measured (bench variant g1all: every mode).
-ACT_ONE_GROUP_DEFAULT = frozenset({"rmsnorm"})
+# (__launch_bounds__(256, 1)): all of them. RMSNorm's row loads then fly together (bench/NOTES.md v15: T = 5
+# 12.32 -> 11.38 ms); the others measured 0.03-0.05 ms a pass faster so than with their ACT_MIN_BLOCKS bound (v16,
+# bench variant g1rms: RMSNorm's only, the v15 default).
+ACT_ONE_GROUP_DEFAULT = frozenset(ACT_MODES)
 ACT_ONE_GROUP_MODES = ACT_ONE_GROUP_DEFAULT
 
 

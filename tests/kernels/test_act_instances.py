@@ -34,9 +34,10 @@ def _launch(mode: str, tokens: int) -> tuple[str, tuple[int, int]]:
     return launch
 
 
+@pytest.mark.parametrize("mode", instances.ACT_MODES)
 @pytest.mark.parametrize("tokens", [1, 5, 8])
-def test_one_group_rmsnorm_takes_its_wide_instance(tokens: int) -> None:
-    assert _launch("rmsnorm", tokens) == ("act_rmsnorm_g1", (20, 1))
+def test_one_group_launches_take_the_wide_instance(mode: str, tokens: int) -> None:
+    assert _launch(mode, tokens) == (f"act_{mode}_g1", (20, 1))
 
 
 @pytest.mark.parametrize("tokens", [9, 64])
@@ -45,10 +46,10 @@ def test_several_groups_take_the_occupancy_instance(tokens: int) -> None:
 
 
 @pytest.mark.parametrize("mode", [m for m in instances.ACT_MODES if m != "rmsnorm"])
-def test_the_other_modes_follow_the_switch(mode: str, monkeypatch) -> None:
+def test_modes_left_out_of_the_switch_take_the_occupancy_instance(mode: str, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "ACT_ONE_GROUP_MODES", frozenset({"rmsnorm"}))  # the v15 default, bench variant g1rms
     assert _launch(mode, 1)[0] == f"act_{mode}"
-    monkeypatch.setattr(ops, "ACT_ONE_GROUP_MODES", frozenset(instances.ACT_MODES))
-    assert _launch(mode, 1)[0] == f"act_{mode}_g1"
+    assert _launch("rmsnorm", 1)[0] == "act_rmsnorm_g1"
     assert _launch(mode, 9)[0] == f"act_{mode}"
 
 
