@@ -29,7 +29,7 @@ CONTEXT = 16384
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "w4t1": (STAGED_QTYPES, False, 32, "cp", "verify"),
+            "w4t1": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8b": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "v8": (PERSIST_QTYPES, True, 32, "persist", "off"), "v10": (STAGED_QTYPES, True, 32, "cpa", "off"),
             "v11": (STAGED_QTYPES, True, 32, "cpa2", "off"), "f16": (STAGED_QTYPES, False, 32, "cp", "off"),
             "r2": (STAGED_QTYPES, False, 32, "cp", "off"), "r4": (STAGED_QTYPES, False, 32, "cp", "off"),
@@ -37,7 +37,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
-I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "r2", "r4", "serial", "k64"})
+I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "r2", "r4", "serial", "k64"})
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}}  # v7 with 4-warp int8 matmul blocks at one token (ops.I8_WARPS_AT)
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
 # mode's since v16, 0.03-0.05 ms a pass faster), the others on their ACT_MIN_BLOCKS instance as in v15
@@ -46,6 +46,8 @@ I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walkin
 # v7 with every launch in one stream (ops.BESIDE off: a projection's small parts follow its large one); every
 # other variant runs them beside it (engine/cuda/weights.py Projection.run) unless OPENJET_CUDA_BESIDE=0.
 SERIAL_VARIANTS = frozenset({"serial"})
+# v7 with the one-token Q4_K matmuls on the tensor-copy form (engine/cuda/i8b.py; its launcher's default shape)
+BULK_I8_VARIANTS = frozenset({"i8b"})
 
 
 def _model_file(report: Report) -> Path:
@@ -253,7 +255,7 @@ def _prefill_before(backend, report: Report, v7_tokens: list[int]) -> None:
 
 def _use_variant(backend, name: str) -> None:
     """Switch the matmul and attention kernels to a generation of VARIANTS (captured passes are dropped)."""
-    from engine.cuda import env_flag, mixers, ops
+    from engine.cuda import env_flag, i8b, mixers, ops
 
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
@@ -262,6 +264,7 @@ def _use_variant(backend, name: str) -> None:
     ops.ACT_ONE_GROUP_MODES = ONE_GROUP_VARIANTS.get(name, ops.ACT_ONE_GROUP_DEFAULT)
     ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, {})
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
+    i8b.ON = name in BULK_I8_VARIANTS or i8b._default()
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
     backend.dev.pdl = pdl == "on"

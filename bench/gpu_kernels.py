@@ -14,7 +14,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, poison
-from engine.cuda import instances, ops
+from engine.cuda import i8b, instances, ops
 from engine.cuda.device import PDL_MIN_ARCH, Buffer, CudaError, Device
 from engine.cuda.repack import device_nbytes, random_blocks
 from engine.gguf.quants import dequantize
@@ -62,6 +62,12 @@ def _reference_rows(data: np.ndarray, qtype: Q, shape: tuple[int, int], rows: np
 I8_CHECKS = [(name, t) for name in ("attn_q", "odd_rows", "ffn_down") for t in (1, 2, 3, 4, 5)] + [
     ("ffn_up", 1), ("ssm_ab", 1), ("attn_output", 2), ("ssm_ab", 5)]
 TOL_I8 = 1e-4
+# The tensor-copy form at one token (kernels/mmvq_i8b.cu): every instance shape on a partial tile (odd_rows), a
+# warp's share round the ring several times (ffn_down: 17 superblocks a warp), more warps than a row's superblocks
+# would fill (odd_rows' 3), and the other 27B widths with the launcher's shape.
+I8B_CHECKS = [(name, shape) for shape in instances.I8B_SHAPES for name in ("odd_rows", "ffn_down")] + [
+    (name, None) for name in ("attn_q", "ffn_up", "attn_output", "ssm_ab")]
+TOL_I8B_SAME = 1e-5
 # ... and with several row tiles a block: 63 tiles of odd_rows leave a partial last block (and tile), ssm_ab's 3
 # tiles a block of fewer than 4, ffn_down's ring runs across its tiles
 I8_TILE_CHECKS = [("odd_rows", 1), ("odd_rows", 4), ("ssm_ab", 1), ("ffn_down", 2), ("attn_q", 3)]
@@ -89,12 +95,15 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     tol = TOL_F32 if qtype == Q.F32 or precise else TOL_F16
     variant = f"{qtype.name}.T{num_tokens}" + (".precise" if precise else "") + tag
     i8 = ops.i8_runs(qtype, num_tokens, act, dev.info.max_smem_per_block)
-    pipelined = "i8" if i8 else _runs_pipeline(qtype, precise, num_tokens)
+    bulk = i8 and i8b.runs(dev, w, num_tokens, act)
+    pipelined = ("i8b" if bulk else "i8") if i8 else _runs_pipeline(qtype, precise, num_tokens)
     variant += f".{pipelined}" if pipelined else ""
     compare(report, "matmul", variant, out[:, pick], ref, TOL_I8 if i8 else tol)
     unwritten = int(np.count_nonzero(np.isnan(out)))
     if unwritten:
         report.checks[-1].unwritten = unwritten
+    if bulk:  # the same arithmetic as mmvq_i8 in another order: float rounding apart
+        _check_against_i8(dev, report, w, act, y, res, out, num_tokens, variant)
     if i8 and precise:  # against the fast f16 kernel the difference is that kernel's own error (~2e-4)
         _check_against_f16(dev, report, w, act, y, res, out, num_tokens, variant)
     elif pipelined and not i8:
@@ -130,6 +139,26 @@ def _check_against_f16(dev: Device, report: Report, w, act, y, res, out: np.ndar
     with i8_matmul(False):
         f16 = _rerun(dev, w, act, y, res, num_tokens)
     compare(report, "matmul.same", variant + ".vs_f16", out, f16, TOL_I8)
+
+
+@contextmanager
+def bulk_i8(on: bool, shape: tuple[int, int] | None = None, warps: int | None = None):
+    """The tensor-copy int8 matmul (engine/cuda/i8b.py) switched for the block, its settings restored after it."""
+    saved = i8b.ON, i8b.SHAPE, i8b.WARPS
+    try:
+        i8b.ON, i8b.SHAPE, i8b.WARPS = on, shape or saved[1], warps
+        yield
+    finally:
+        i8b.ON, i8b.SHAPE, i8b.WARPS = saved
+
+
+def _check_against_i8(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,
+                      variant: str) -> None:
+    """mmvq_i8b against mmvq_i8 on the same inputs: both sum the same exact int32 products, so only the order of
+    their float sums differs (~1e-7); a dropped superblock, row or min term is 1e-3 or more."""
+    with bulk_i8(False):
+        plain = _rerun(dev, w, act, y, res, num_tokens)
+    compare(report, "matmul.same", variant + ".vs_i8", out, plain, TOL_I8B_SAME)
 
 
 @contextmanager
@@ -244,6 +273,12 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
         for name, num_tokens in I8_CHECKS:
             for precise in (False, True):
                 check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
+        if dev.info.arch >= i8b.MIN_ARCH:
+            for name, shape in I8B_CHECKS:
+                for precise in (False, True):
+                    with bulk_i8(True, shape):
+                        tag = f".s{i8b.SHAPE[0]}n{i8b.SHAPE[1]}"
+                        check_matmul(dev, report, rng, name, Q.Q4_K, 1, precise=precise, tag=tag)
         try:
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
                 ops.I8_TILES = tiles
@@ -257,6 +292,8 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
 # (against its 5 at K = 5120) ran gate|up faster alone but not the pass (v12); 2 and 4 tiles give each warp 2-4 x
 # the superblocks through one ring (not yet timed).
 I8_SHAPE_TRIALS = (("w4", 4, 1), ("r2", None, 2), ("r4", None, 4))
+# The tensor-copy form at one token: (label, warps or None, instance shape) for each shape, and 4 warps.
+I8B_TRIALS = tuple((f"i8b.s{s}n{n}", None, (s, n)) for s, n in instances.I8B_SHAPES) + (("i8b.s2n3.w4", 4, (2, 3)),)
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
 
 
@@ -270,14 +307,16 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
             for t in token_counts:
                 cells = []
                 trials = (("f16", None, 1), ("i8", None, 1)) + I8_SHAPE_TRIALS
-                for kind, warps, tiles in trials if t <= 4 else trials[:2]:
+                bulk = I8B_TRIALS if t == 1 and dev.info.arch >= i8b.MIN_ARCH else ()
+                for kind, warps, tiles in (trials if t <= 4 else trials[:2]) + bulk:
                     on = kind != "f16"
                     ops.set_i8(on, instances.I8_MAX_TOKENS)
-                    ops.I8_WARPS, ops.I8_TILES = warps, tiles
+                    ops.I8_WARPS, ops.I8_TILES = (None, 1) if kind.startswith("i8b") else (warps, tiles)
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
-                    label = ("i8" + (f".{kind}" if kind != "i8" else "") if on else
-                             (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise")
-                    timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
+                    label = (kind if kind.startswith("i8") else f"i8.{kind}") if on else \
+                        (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise"
+                    with bulk_i8(kind.startswith("i8b"), tiles if kind.startswith("i8b") else None, warps):
+                        timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
                     cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
                 print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)
             m.free(dev)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import env_flag, persist
+from engine.cuda import env_flag, i8b, persist
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS,
                                    MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
@@ -240,6 +240,9 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
         pipelined = _group_kernel(dev, w, act, num_tokens, t)
+        if pipelined == "i8b":
+            i8b.launch(dev, w, act.group8(0), y_t, bias, res_t)
+            continue
         if pipelined == "i8":
             _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
             continue
@@ -261,10 +264,10 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
 
 
 def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: int) -> str | None:
-    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8", a pipelined one (PIPELINE_KERNELS),
-    or None for the plain one."""
+    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8b" or "i8" (int8 activations), a
+    pipelined one (PIPELINE_KERNELS), or None for the plain one."""
     if i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block):
-        return "i8"
+        return "i8b" if i8b.runs(dev, w, num_tokens, act) else "i8"
     return pipeline_kernel(w.qtype, act.x16_lo is not None and w.qtype != Q.F32, t)
 
 

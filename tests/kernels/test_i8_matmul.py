@@ -30,7 +30,7 @@ def test_the_launcher_mirrors_the_kernels_constants() -> None:
 
 
 def test_one_instance_per_token_count_and_tiles_a_block() -> None:
-    names = {n for n in instances.INSTANCES if n.startswith("mmvq_q4_K_i8")}
+    names = {n for n in instances.INSTANCES if n.startswith("mmvq_q4_K_i8_")}
     single = {f"mmvq_q4_K_i8_t{t}" for t in range(1, instances.I8_MAX_TOKENS + 1)}
     several = {f"mmvq_q4_K_i8_t{t}_r{r}" for t in range(1, 5) for r in instances.I8_TILE_COUNTS if r > 1}
     assert names == single | several

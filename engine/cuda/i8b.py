@@ -1,0 +1,101 @@
+"""The tensor-copy int8 Q4_K matmul of one token (kernels/mmvq_i8b.cu, sm_90+): its switch, shape, tensor maps
+and launcher. ops.matmul takes it in place of mmvq_i8 where runs() says so.
+
+Off by default until measured (OPENJET_CUDA_I8B=1 turns it on); bench/NOTES.md v16 has what ran.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import TYPE_CHECKING
+
+from gguf import GGMLQuantizationType as Q
+
+from engine.cuda.instances import I8B_SHAPES
+
+if TYPE_CHECKING:
+    from engine.cuda.device import Buffer, Device
+    from engine.cuda.ops import Act, DeviceWeight
+
+ENV = "OPENJET_CUDA_I8B"
+MIN_ARCH = 90  # tensor copies (cp.async.bulk.tensor) and mbarrier transaction counts
+QUANT_BYTES, WORD_BYTES = 2048, 256  # a unit's quant box and word unit (mirror of the kernel's)
+ALIGN_SLACK = 1024  # the kernel aligns its regions to 1024 bytes (the 128-byte swizzle) at run time
+
+
+def _default() -> bool:
+    value = os.environ.get(ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+ON = _default()
+SHAPE = (2, 3)  # (superblocks a stage, stages a warp): one of instances.I8B_SHAPES
+WARPS: int | None = None  # warps per block; None: ops.i8_warps' choice for mmvq_i8
+
+
+def x_bytes(nb: int) -> int:
+    """Mirror of kernels/mmvq_i8b.cu i8b_x_bytes: the block's staged activations of nb superblocks."""
+    return (256 * nb + 64 + 256 * nb + 16 * nb + 32 * nb + 1023) // 1024 * 1024
+
+
+def smem_bytes(nb: int, warps: int, shape: tuple[int, int]) -> int:
+    """Dynamic shared memory of a launch: the staged activations and every warp's ring."""
+    s, ns = shape
+    return ALIGN_SLACK + x_bytes(nb) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
+
+
+def runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
+    """Whether a matmul takes mmvq_i8b: on, sm_90+, a Q4_K weight, one token whose int8 copy the last producer
+    of act wrote, and its shared memory within the GPU's opt-in maximum."""
+    from engine.cuda import ops
+
+    if not (ON and dev.info.arch >= MIN_ARCH and w.qtype == Q.Q4_K and num_tokens == 1 and act.i8_tokens >= 1):
+        return False
+    return smem_bytes(w.cols // ops.SUPERBLOCK, ops.MMVQ_WARPS, SHAPE) <= dev.info.max_smem_per_block
+
+
+class TensorMap(ctypes.Structure):
+    """Mirror of struct TensorMap (a CUtensorMap's 128 bytes, passed by value)."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
+_MAPS: dict[tuple[int, int, int], TensorMap] = {}
+
+
+def quant_map(w: DeviceWeight) -> TensorMap:
+    """The tensor map of w's quant plane (repack: [rows][nb x 128] bytes first in the buffer): boxes of 16 rows x
+    128 bytes, 128-byte swizzle, rows past the end read as zeros. Encoded once per buffer and shape."""
+    key = (w.buf.ptr, w.rows, w.cols)
+    if key not in _MAPS:
+        from cuda.bindings import driver as drv
+
+        from engine.cuda.device import check
+
+        row_bytes = w.cols // 256 * 128
+        tmap = check(drv.cuTensorMapEncodeTiled(
+            drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w.buf.ptr, [row_bytes, w.rows], [row_bytes],
+            [128, 16], [1, 1], drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
+        _MAPS[key] = TensorMap((ctypes.c_uint64 * 16)(*[int(v) for v in tmap.opaque]))
+    return _MAPS[key]
+
+
+def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
+           bias: Buffer | None, residual: Buffer | None) -> None:
+    """One launch of mmvq_i8b: a block of warps per 16-row tile, each warp a contiguous share of the row."""
+    from engine.cuda import ops
+
+    assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
+    q8, scale8, sums8, sums8_lo = group8
+    tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
+    warps = min(WARPS or ops.i8_warps(w.cols, tiles, 1, dev.info.multiprocessors), nb, 8)
+    kernel, smem = dev.kernel(f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}"), smem_bytes(nb, warps, SHAPE)
+    dev.set_max_dynamic_smem(kernel, smem)
+    dev.launch(kernel, tiles, 32 * warps, [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual,
+                                           w.rows, w.cols], smem=smem)

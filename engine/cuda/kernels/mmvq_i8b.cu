@@ -1,0 +1,267 @@
+// Q4_K x one token with int8 activations, the weights streamed by the tensor-copy engine (sm_90+):
+// y[rows] = W x (+ bias) (+ residual). Same inputs and arithmetic as kernels/mmvq_i8.cu at T = 1 (the act8 copy
+// of x in two int8 levels, exact int32 products, the min term from exact sub-block sums); three things differ.
+//
+// Copies. mmvq_i8 spends ~70 of its ~280 instructions a unit (16 rows x one superblock) forming and issuing 16-byte
+// cp.async copies. Here lane 0 of a warp issues a stage: one tensor copy (TMA) per superblock for the tile's 16
+// quant rows (a 16 x 128-byte box of the row-major plane) and one bulk copy for its S word units (contiguous in
+// the tiled plane); the stage's mbarrier counts the bytes in. The activations are staged once per block for the
+// whole row (every warp of a block takes a share of the same row), by cp.async from all threads.
+//
+// Rows. The box lands with the 128-byte swizzle; lane (g, c) takes tile rows 2g and 2g + 1 (mma rows g and g + 8),
+// whose swizzles are even and odd values: the four rows a half-warp reads then fall in four different pairs of
+// 16-byte chunks, so its 8-byte quant reads are conflict-free.
+//
+// Sub-block scales. mmvq_i8 runs one mma per sub-block into fresh int32 sums and scales each by its sub-block
+// scale (4 IMADs a mma, 32 a unit). Here the B operand of a mma carries the activations in the two columns of one
+// sub-block only (column 2a + level for the a-th sub-block of a group of four: token 0's hi level, then its lo),
+// so four mmas accumulate four sub-blocks into one set of sums, each in its own columns; a lane's four sums then
+// belong to one sub-block and two rows, and one IMAD each applies its scale. Lane (g, c) supplies column g's B:
+// sub-block g / 2 of the group at level g % 2 (zero in the other three mmas); it ends with the sums of
+// sub-blocks c and c + 4 of its two rows, so it also takes their min terms, and the quad's four lanes together
+// hold a row's whole superblock.
+//
+// Not built before sm_90 (no tensor copies): the launcher (engine/cuda/i8b.py) takes it on sm_90+ only, and the
+// body compiles to a trap elsewhere so that every architecture still builds the file.
+#include "mmvq.cuh"
+
+#define I8B_MAX_WARPS 8
+#define I8B_MAX_SPINS (1u << 24)  // failed waits on a stage (each try_wait sleeps up to a few us) before a trap
+#define I8B_QUANT_BYTES 2048  // a unit's quants: 16 rows x 128 bytes, as the tensor copy lands them (swizzled)
+
+// The block's activations, staged once for the whole row (every warp of the block reads its share of them): the
+// hi level [nb][256], the lo level 64 bytes further (a half-warp's hi and lo readers fall in different banks),
+// each superblock's two scales (hi, lo: 16 bytes a superblock, 8 used), its sums and lo sums (16 bytes each).
+// Mirrored by engine/cuda/i8b.py x_bytes.
+__device__ __forceinline__ int i8b_xlo(int nb) { return 256 * nb + 64; }
+__device__ __forceinline__ int i8b_xsc(int nb) { return i8b_xlo(nb) + 256 * nb; }
+__device__ __forceinline__ int i8b_sums(int nb) { return i8b_xsc(nb) + 16 * nb; }
+__device__ __forceinline__ int i8b_x_bytes(int nb) { return (i8b_sums(nb) + 32 * nb + 1023) & ~1023; }
+
+// A tensor map (cuTensorMapEncodeTiled) passed by value: the quant plane as [rows][nb x 128] bytes, boxes of 16
+// rows x 128 bytes, 128-byte swizzle (16-byte chunk k of box row t lands at chunk k ^ (t % 8)).
+struct __align__(64) TensorMap {
+    u64 opaque[16];
+};
+
+// ---- the copy engines and their barriers (sm_90+) ----
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+
+// The barrier's phase expects `bytes` more and this thread's arrival (the only one it counts).
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
+    u32 done = 1;
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#endif
+    return done;
+}
+
+// bytes (a multiple of 16) from global src to shared dst, both 16-byte aligned, counted in at bar.
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+
+// The box of map at (x, y) (bytes, rows) to shared dst (1024-byte aligned for the swizzle), counted in at bar.
+__device__ __forceinline__ void tensor_copy_2d(u32 dst, const TensorMap& map, int x, int y, u32 bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
+#endif
+}
+
+// D += A(16x32 u8, row) * B(32x8 s8, col) in int32 (mma_u8s8_16832's fragments).
+__device__ __forceinline__ void mma_u8s8_16832_acc(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One stage: superblocks sb .. sb + n - 1 of the tile at row0, the quants to qdst (n boxes of 2 KB) and the word
+// units to wdst, counted in at bar. Issued by one lane.
+__device__ __forceinline__ void i8b_issue(const TensorMap& map, const u8* words, u32 qdst, u32 wdst, u32 bar,
+                                          int row0, int nb, int sb, int n) {
+    mbar_expect_tx(bar, (u32)n * (I8B_QUANT_BYTES + TILE_UNIT));
+    for (int s = 0; s < n; ++s) tensor_copy_2d(qdst + I8B_QUANT_BYTES * s, map, 128 * (sb + s), row0, bar);
+    bulk_copy(wdst, words + ((u64)stage_unit0(row0, nb) + sb) * TILE_UNIT, (u32)n * TILE_UNIT, bar);
+}
+
+// The block's activations (i8b_x_bytes) into xs, by all its threads; waited for before the caller returns.
+__device__ __forceinline__ void i8b_stage_x(u32 xs, const i8* q8, const float* scale8, const f16* sums,
+                                            const f16* sums_lo, int nb) {
+    const u8* q = reinterpret_cast<const u8*>(q8);
+    for (int i = threadIdx.x; i < 32 * nb; i += blockDim.x) {  // 16 chunks of each level a superblock
+        const int sb = i >> 5, part = i & 15, level = (i >> 4) & 1;
+        cp_async16(xs + (level ? i8b_xlo(nb) : 0) + 256 * sb + 16 * part, q + 4096 * sb + 2048 * level + 16 * part);
+    }
+    for (int i = threadIdx.x; i < 4 * nb; i += blockDim.x) {
+        const int sb = i >> 2, kind = i & 3;
+        if (kind < 2)  // scale8 [sb][level][8]: token 0's hi (kind 0) and lo (kind 1) scales
+            cp_async4(xs + i8b_xsc(nb) + 16 * sb + 4 * kind, scale8 + 16 * sb + 8 * kind);
+        else  // sums8 / sums8_lo [sb][8 tokens][8]: token 0's record
+            cp_async16(xs + i8b_sums(nb) + 16 * (2 * sb + kind - 2), (kind == 2 ? sums : sums_lo) + 64 * sb);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
+// A row's scale and min of sub-blocks c and c + 4, from its 12 scale bytes s (the Q4_K packing).
+__device__ __forceinline__ void i8b_scales(const u8* s, int c, int& sc, int& mn, int& sc4, int& mn4) {
+    const int b0 = s[c], b1 = s[c + 4], b2 = s[c + 8];
+    sc = b0 & 63;
+    mn = b1 & 63;
+    sc4 = (b2 & 15) | ((b0 >> 2) & 48);
+    mn4 = (b2 >> 4) | ((b1 >> 2) & 48);
+}
+
+// One superblock (the quant box at qst, the word unit at words, the row's superblock sb of the staged x) into
+// the lane's sums acc of tile rows 2g, 2g + 1. qoff[r][j]: the swizzled offset of the lane's 8 bytes of chunk j
+// of row 2g + r.
+__device__ __forceinline__ void i8b_superblock(const u8* qst, const u8* words, const u8* x, int nb, int sb,
+                                               const int (&qoff)[2][4], int g, int c, float kf, float (&acc)[2]) {
+    uint2 q[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[r][j] = *reinterpret_cast<const uint2*>(qst + qoff[r][j]);
+    const int a = g >> 1;  // the sub-block of a group of four this lane's B column carries
+    const u8* xv = x + ((g & 1) ? i8b_xlo(nb) : 0) + 256 * sb + 64 * (a >> 1) + 16 * c + 8 * (a & 1);
+    const uint2 xa = *reinterpret_cast<const uint2*>(xv), xb = *reinterpret_cast<const uint2*>(xv + 128);
+    int sc[2], mn[2], sc4[2], mn4[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) i8b_scales(words + 12 * (2 * g + r), c, sc[r], mn[r], sc4[r], mn4[r]);
+    int tot[4] = {0, 0, 0, 0};  // (row 2g, hi), (row 2g, lo), (row 2g + 1, hi), (row 2g + 1, lo), x the scales
+#pragma unroll
+    for (int f = 0; f < 2; ++f) {  // sub-blocks 4f .. 4f + 3
+        int sums[4] = {0, 0, 0, 0};
+        const uint2 b = f ? xb : xa;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // sub-block 4f + i: the low (i even) or high nibbles of chunk 2f + i / 2
+            const int j = 2 * f + (i >> 1);
+            const u32 m = (i & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+            const u32 w[4] = {q[0][j].x & m, q[1][j].x & m, q[0][j].y & m, q[1][j].y & m};
+            const bool mine = a == i;
+            mma_u8s8_16832_acc(sums, w, mine ? b.x : 0u, mine ? b.y : 0u);
+        }
+        const int s0 = f ? sc4[0] : sc[0], s1 = f ? sc4[1] : sc[1];
+        tot[0] += sums[0] * s0;
+        tot[1] += sums[1] * s0;
+        tot[2] += sums[2] * s1;
+        tot[3] += sums[3] * s1;
+    }
+    const float2 lv = *reinterpret_cast<const float2*>(x + i8b_xsc(nb) + 16 * sb);
+    const float hi = kf * lv.x, lo = kf * lv.y;  // token 0's levels, / 16 on lanes of high-nibble sums
+    const f16* su = reinterpret_cast<const f16*>(x + i8b_sums(nb) + 32 * sb);  // then the lo sums, 16 bytes on
+    const float xs = f16_to_f32(su[c]) + f16_to_f32(su[8 + c]);
+    const float xs4 = f16_to_f32(su[c + 4]) + f16_to_f32(su[12 + c]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u32 dm = *reinterpret_cast<const u32*>(words + TILE_DM + 4 * (2 * g + r));
+        const float d = f16_to_f32((f16)(dm & 0xFFFFu)), dmin = f16_to_f32((f16)(dm >> 16));
+        acc[r] += d * ((float)tot[2 * r] * hi + (float)tot[2 * r + 1] * lo);
+        acc[r] -= dmin * ((float)mn[r] * xs + (float)mn4[r] * xs4);
+    }
+}
+
+// y[rows] = x @ W^T (+ bias) (+ residual), W Q4_K (qmap: its quant plane, engine/cuda/i8b.py), one token, K a
+// multiple of 256, x in act8 (group 0's bases). Launch: one block of W <= I8B_MAX_WARPS warps per 16-row tile;
+// warp w takes the w-th contiguous share of the superblocks (ceil(nb / W) each, the last ones fewer) through its
+// own ring of NS stages of S superblocks; dynamic shared memory 1024 (alignment) + i8b_x_bytes(nb) +
+// W NS S (2048 + 256).
+template <int S, int NS>
+__global__ void __launch_bounds__(I8B_MAX_WARPS * 32)
+mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
+         const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
+         float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K) {
+#if __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(1024) u8 smem[];
+    __shared__ __align__(8) u64 bars[I8B_MAX_WARPS][NS];
+    __shared__ float red[I8B_MAX_WARPS][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3, nb = K / QK_SB, row0 = 16 * blockIdx.x;
+    const int share = (nb + num_warps - 1) / num_warps, sb0 = warp * share;
+    const int n = max(0, min(share, nb - sb0)), num_stages = (n + S - 1) / S;
+    // the regions: x, then every warp's quant ring (1024-byte aligned boxes), then every warp's word ring
+    const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
+    const u8* x = smem + (base - smem_u32(smem));
+    const u32 qring = base + i8b_x_bytes(nb) + warp * NS * S * I8B_QUANT_BYTES;
+    const u32 wring = base + i8b_x_bytes(nb) + num_warps * NS * S * I8B_QUANT_BYTES + warp * NS * S * TILE_UNIT;
+    const u32 bar_s = smem_u32(&bars[warp][0]);
+    const u8* words = QTraits<QT_Q4_K>::planes(w, (u64)rows * nb).p[1];
+    if (lane == 0) {  // the weights do not depend on the previous kernel: their first stages go out before the wait
+        for (int k = 0; k < NS; ++k) mbar_init(bar_s + 8 * k, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int k = 0; k < NS - 1 && k < num_stages; ++k)
+            i8b_issue(qmap, words, qring + k * S * I8B_QUANT_BYTES, wring + k * S * TILE_UNIT, bar_s + 8 * k, row0,
+                      nb, sb0 + k * S, min(S, n - k * S));
+    }
+    PDL_ENTER();  // the activations are the previous kernel's output
+    i8b_stage_x(base, q8, scale8, sums, sums_lo, nb);
+    int qoff[2][4];  // the lane's 8 bytes of chunk j of tile row 2g + r in a swizzled box
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int t = 2 * g + r;
+            qoff[r][j] = 128 * t + 16 * ((2 * j + (c >> 1)) ^ (t & 7)) + 8 * (c & 1);
+        }
+    const float kf = (c & 1) ? 0.0625f : 1.f;  // lanes c odd hold the high-nibble sub-blocks' sums: 16 q
+    float acc[2] = {0.f, 0.f};
+    for (int i = 0; i < num_stages; ++i) {
+        const int ahead = i + NS - 1, slot = i % NS;
+        __syncwarp();  // every lane is done reading the stage the next copies overwrite (read in iteration i - 1)
+        if (lane == 0 && ahead < num_stages)
+            i8b_issue(qmap, words, qring + (ahead % NS) * S * I8B_QUANT_BYTES, wring + (ahead % NS) * S * TILE_UNIT,
+                      bar_s + 8 * (ahead % NS), row0, nb, sb0 + ahead * S, min(S, n - ahead * S));
+        for (u32 spins = 0; !mbar_try_wait(bar_s + 8 * slot, (i / NS) & 1);)
+            if (++spins == I8B_MAX_SPINS) __trap();  // bytes that never land: a launch error, not a hang
+        const u8* qst = x + (qring - base) + slot * S * I8B_QUANT_BYTES;
+        const u8* wst = x + (wring - base) + slot * S * TILE_UNIT;
+        const int here = min(S, n - i * S);
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+            if (s < here)
+                i8b_superblock(qst + I8B_QUANT_BYTES * s, wst + TILE_UNIT * s, x, nb, sb0 + i * S + s, qoff, g, c,
+                               kf, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // the quad's columns: sub-blocks c and c + 4 of each lane
+        acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 1);
+        acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 2);
+    }
+    if (c == 0) {
+        red[warp][2 * g] = acc[0];
+        red[warp][2 * g + 1] = acc[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        const int row = row0 + threadIdx.x;
+        if (row < rows) {
+            float v = 0.f;
+            for (int wi = 0; wi < num_warps; ++wi) v += red[wi][threadIdx.x];
+            if (bias) v += bias[row];
+            if (residual) v += residual[row];
+            y[row] = v;
+        }
+    }
+#else
+    __trap();  // the launcher takes this kernel on sm_90+ only
+#endif
+}
