@@ -76,10 +76,11 @@ def quant_map(w: DeviceWeight) -> TensorMap:
         from engine.cuda.device import check
 
         row_bytes = w.cols // 256 * 128
+        u64, u32 = drv.cuuint64_t, drv.cuuint32_t  # the binding takes its own integer types in these lists
         tmap = check(drv.cuTensorMapEncodeTiled(
-            drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w.buf.ptr, [row_bytes, w.rows], [row_bytes],
-            [128, 16], [1, 1], drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w.buf.ptr, [u64(row_bytes), u64(w.rows)],
+            [u64(row_bytes)], [u32(128), u32(16)], [u32(1), u32(1)],
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
             drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
         _MAPS[key] = TensorMap((ctypes.c_uint64 * 16)(*[int(v) for v in tmap.opaque]))
