@@ -65,8 +65,9 @@ TOL_I8 = 1e-4
 # The tensor-copy form at one token (kernels/mmvq_i8b.cu): every instance shape on a partial tile (odd_rows), a
 # warp's share round the ring several times (ffn_down: 17 superblocks a warp), more warps than a row's superblocks
 # would fill (odd_rows' 3), and the other 27B widths with the launcher's shape.
-I8B_CHECKS = [(name, shape) for shape in instances.I8B_SHAPES for name in ("odd_rows", "ffn_down")] + [
-    (name, None) for name in ("attn_q", "ffn_up", "attn_output", "ssm_ab")]
+I8B_CHECKS = [(name, shape, True) for shape in instances.I8B_SHAPES for name in ("odd_rows", "ffn_down")] + [
+    (name, None, persist) for name in ("attn_q", "ffn_up", "attn_output", "ssm_ab", "odd_rows")
+    for persist in (False, True)]  # persistent: several tiles a block (a partial last one on odd_rows) or one
 TOL_I8B_SAME = 1e-5
 # ... and with several row tiles a block: 63 tiles of odd_rows leave a partial last block (and tile), ssm_ab's 3
 # tiles a block of fewer than 4, ffn_down's ring runs across its tiles
@@ -142,14 +143,15 @@ def _check_against_f16(dev: Device, report: Report, w, act, y, res, out: np.ndar
 
 
 @contextmanager
-def bulk_i8(on: bool, shape: tuple[int, int] | None = None, warps: int | None = None):
+def bulk_i8(on: bool, shape: tuple[int, int] | None = None, warps: int | None = None, persist: bool | None = None):
     """The tensor-copy int8 matmul (engine/cuda/i8b.py) switched for the block, its settings restored after it."""
-    saved = i8b.ON, i8b.SHAPE, i8b.WARPS
+    saved = i8b.ON, i8b.SHAPE, i8b.WARPS, i8b.PERSIST
     try:
         i8b.ON, i8b.SHAPE, i8b.WARPS = on, shape or saved[1], warps
+        i8b.PERSIST = saved[3] if persist is None else persist
         yield
     finally:
-        i8b.ON, i8b.SHAPE, i8b.WARPS = saved
+        i8b.ON, i8b.SHAPE, i8b.WARPS, i8b.PERSIST = saved
 
 
 def _check_against_i8(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,
@@ -274,10 +276,10 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
             for precise in (False, True):
                 check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
         if dev.info.arch >= i8b.MIN_ARCH:
-            for name, shape in I8B_CHECKS:
+            for name, shape, persist in I8B_CHECKS:
                 for precise in (False, True):
-                    with bulk_i8(True, shape):
-                        tag = f".s{i8b.SHAPE[0]}n{i8b.SHAPE[1]}"
+                    with bulk_i8(True, shape, persist=persist):
+                        tag = f".s{i8b.SHAPE[0]}n{i8b.SHAPE[1]}" + (".p" if persist else "")
                         check_matmul(dev, report, rng, name, Q.Q4_K, 1, precise=precise, tag=tag)
         try:
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
@@ -292,8 +294,10 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
 # (against its 5 at K = 5120) ran gate|up faster alone but not the pass (v12); 2 and 4 tiles give each warp 2-4 x
 # the superblocks through one ring (not yet timed).
 I8_SHAPE_TRIALS = (("w4", 4, 1), ("r2", None, 2), ("r4", None, 4))
-# The tensor-copy form at one token: (label, warps or None, instance shape) for each shape, and 4 warps.
-I8B_TRIALS = tuple((f"i8b.s{s}n{n}", None, (s, n)) for s, n in instances.I8B_SHAPES) + (("i8b.s2n3.w4", 4, (2, 3)),)
+# The tensor-copy form at one token: (label, warps or None, (instance shape, persistent grid)).
+I8B_TRIALS = (("i8b.s2n2", None, ((2, 2), False)), ("i8b.s2n2.p", None, ((2, 2), True)),
+              ("i8b.s1n4.p", None, ((1, 4), True)), ("i8b.s2n2.w4.p", 4, ((2, 2), True)),
+              ("i8b.s2n2.w8.p", 8, ((2, 2), True)))
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
 
 
@@ -315,7 +319,8 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
                     label = (kind if kind.startswith("i8") else f"i8.{kind}") if on else \
                         (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise"
-                    with bulk_i8(kind.startswith("i8b"), tiles if kind.startswith("i8b") else None, warps):
+                    shape, persist = tiles if kind.startswith("i8b") else (None, None)
+                    with bulk_i8(kind.startswith("i8b"), shape, warps, persist):
                         timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
                     cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
                 print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)

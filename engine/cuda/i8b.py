@@ -32,8 +32,17 @@ def _default() -> bool:
 
 
 ON = _default()
-SHAPE = (2, 3)  # (superblocks a stage, stages a warp): one of instances.I8B_SHAPES
+# (superblocks a stage, stages a warp): one of instances.I8B_SHAPES. (2, 2) measured fastest: 3 stages a warp or
+# 3 superblocks a stage leave fewer blocks an SM (gate|up 44.2 / 40.7 against 32.6 us, bench/NOTES.md v16).
+SHAPE = (2, 2)
 WARPS: int | None = None  # warps per block; None: ops.i8_warps' choice for mmvq_i8
+# True: a grid of as many blocks as fit at once (or fewer, each the same number of tiles), each walking its tiles
+# with the activations staged once; False: a block a tile.
+PERSIST = True
+# The widest rows (superblocks) it takes; None: every width. ffn_down's 68 superblocks stage 38 KB of activations
+# a block, which left fewer blocks an SM (24.9 against mmvq_i8's 19.0 us, one tile a block).
+MAX_SUPERBLOCKS: int | None = None
+STATIC_SMEM = 2048 + 1024  # the kernel's static shared memory and the driver's reserve, per block
 
 
 def x_bytes(nb: int) -> int:
@@ -47,12 +56,24 @@ def smem_bytes(nb: int, warps: int, shape: tuple[int, int]) -> int:
     return ALIGN_SLACK + x_bytes(nb) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
 
 
+def grid(dev: Device, tiles: int, warps: int, smem: int) -> int:
+    """Blocks of a launch: one a tile, or (PERSIST) as many as are resident at once, fewer where that leaves
+    every block the same number of tiles."""
+    if not PERSIST:
+        return tiles
+    per_sm = max(1, min(64 // warps, (dev.info.max_smem_per_block + 1024) // (smem + STATIC_SMEM)))
+    per_block = -(-tiles // (per_sm * dev.info.multiprocessors))
+    return -(-tiles // per_block)
+
+
 def runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
     """Whether a matmul takes mmvq_i8b: on, sm_90+, a Q4_K weight, one token whose int8 copy the last producer
     of act wrote, and its shared memory within the GPU's opt-in maximum."""
     from engine.cuda import ops
 
     if not (ON and dev.info.arch >= MIN_ARCH and w.qtype == Q.Q4_K and num_tokens == 1 and act.i8_tokens >= 1):
+        return False
+    if MAX_SUPERBLOCKS is not None and w.cols // ops.SUPERBLOCK > MAX_SUPERBLOCKS:
         return False
     return smem_bytes(w.cols // ops.SUPERBLOCK, ops.MMVQ_WARPS, SHAPE) <= dev.info.max_smem_per_block
 
@@ -89,7 +110,8 @@ def quant_map(w: DeviceWeight) -> TensorMap:
 
 def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
            bias: Buffer | None, residual: Buffer | None) -> None:
-    """One launch of mmvq_i8b: a block of warps per 16-row tile, each warp a contiguous share of the row."""
+    """One launch of mmvq_i8b: blocks of warps walking 16-row tiles (grid), each warp a contiguous share of the
+    row."""
     from engine.cuda import ops
 
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
@@ -98,5 +120,5 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     warps = min(WARPS or ops.i8_warps(w.cols, tiles, 1, dev.info.multiprocessors), nb, 8)
     kernel, smem = dev.kernel(f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}"), smem_bytes(nb, warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
-    dev.launch(kernel, tiles, 32 * warps, [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual,
+    dev.launch(kernel, grid(dev, tiles, warps, smem), 32 * warps, [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual,
                                            w.rows, w.cols], smem=smem)

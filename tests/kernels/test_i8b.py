@@ -60,3 +60,20 @@ def test_every_shape_has_an_instance() -> None:
     for s, n in instances.I8B_SHAPES:
         assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}"].expr == f"mmvq_i8b<{s}, {n}>"
     assert i8b.SHAPE in instances.I8B_SHAPES
+
+
+def test_grid_one_block_a_tile_or_equal_tiles_a_resident_block(monkeypatch) -> None:
+    dev, smem = _dev(90), i8b.smem_bytes(20, 5, (2, 2))  # 59 KB: 3 blocks of 5 warps an SM
+    monkeypatch.setattr(i8b, "PERSIST", False)
+    assert i8b.grid(dev, 2176, 5, smem) == 2176
+    monkeypatch.setattr(i8b, "PERSIST", True)
+    assert i8b.grid(dev, 2176, 5, smem) == 363  # 6 tiles each (396 resident would leave some 5, some 6)
+    assert i8b.grid(dev, 320, 5, smem) == 320  # fewer tiles than resident blocks: one each
+    assert i8b.grid(dev, 641, 5, smem) == 321  # two each, the last block one
+
+
+def test_rows_wider_than_the_limit_keep_mmvq_i8(monkeypatch) -> None:
+    monkeypatch.setattr(i8b, "ON", True)
+    monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", 24)
+    assert i8b.runs(_dev(90), _weight(cols=6144), 1, _act(1))
+    assert not i8b.runs(_dev(90), _weight(cols=17408), 1, _act(1))

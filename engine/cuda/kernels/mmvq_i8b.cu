@@ -180,11 +180,20 @@ __device__ __forceinline__ void i8b_superblock(const u8* qst, const u8* words, c
     }
 }
 
+// Where a warp's copies stand: stage j of its share of tile k of the block's tiles (blockIdx.x + k gridDim.x).
+struct I8bCursor {
+    int k = 0, j = 0;
+    __device__ __forceinline__ void next(int stages_a_tile) {
+        if (++j == stages_a_tile) j = 0, ++k;
+    }
+};
+
 // y[rows] = x @ W^T (+ bias) (+ residual), W Q4_K (qmap: its quant plane, engine/cuda/i8b.py), one token, K a
-// multiple of 256, x in act8 (group 0's bases). Launch: one block of W <= I8B_MAX_WARPS warps per 16-row tile;
-// warp w takes the w-th contiguous share of the superblocks (ceil(nb / W) each, the last ones fewer) through its
-// own ring of NS stages of S superblocks; dynamic shared memory 1024 (alignment) + i8b_x_bytes(nb) +
-// W NS S (2048 + 256).
+// multiple of 256, x in act8 (group 0's bases). Launch: blocks of W <= I8B_MAX_WARPS warps; block b takes the
+// 16-row tiles b, b + gridDim.x, ... (one each when the grid is the tile count), staging the row's activations
+// once; warp w takes the w-th contiguous share of each tile's superblocks (ceil(nb / W), the last ones fewer)
+// through its own ring of NS stages of S superblocks, which runs on from one tile into the next; dynamic shared
+// memory 1024 (alignment) + i8b_x_bytes(nb) + W NS S (2048 + 256).
 template <int S, int NS>
 __global__ void __launch_bounds__(I8B_MAX_WARPS * 32)
 mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
@@ -193,11 +202,12 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(1024) u8 smem[];
     __shared__ __align__(8) u64 bars[I8B_MAX_WARPS][NS];
-    __shared__ float red[I8B_MAX_WARPS][16];
+    __shared__ float red[2][I8B_MAX_WARPS][16];  // by tile parity: one __syncthreads a tile
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
-    const int g = lane >> 2, c = lane & 3, nb = K / QK_SB, row0 = 16 * blockIdx.x;
+    const int g = lane >> 2, c = lane & 3, nb = K / QK_SB, ntiles = (rows + 15) / 16;
     const int share = (nb + num_warps - 1) / num_warps, sb0 = warp * share;
-    const int n = max(0, min(share, nb - sb0)), num_stages = (n + S - 1) / S;
+    const int n = max(0, min(share, nb - sb0)), spt = (n + S - 1) / S;  // superblocks, stages a tile
+    const int my_tiles = (ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
     // the regions: x, then every warp's quant ring (1024-byte aligned boxes), then every warp's word ring
     const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
     const u8* x = smem + (base - smem_u32(smem));
@@ -205,12 +215,17 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
     const u32 wring = base + i8b_x_bytes(nb) + num_warps * NS * S * I8B_QUANT_BYTES + warp * NS * S * TILE_UNIT;
     const u32 bar_s = smem_u32(&bars[warp][0]);
     const u8* words = QTraits<QT_Q4_K>::planes(w, (u64)rows * nb).p[1];
+    I8bCursor out;  // the next stage to issue
+    auto issue = [&](int slot) {  // lane 0: the copies of stage `out` into ring slot `slot`
+        i8b_issue(qmap, words, qring + slot * S * I8B_QUANT_BYTES, wring + slot * S * TILE_UNIT, bar_s + 8 * slot,
+                  16 * ((int)blockIdx.x + out.k * (int)gridDim.x), nb, sb0 + out.j * S, min(S, n - out.j * S));
+        out.next(spt);
+    };
+    const int num_stages = my_tiles * spt;
     if (lane == 0) {  // the weights do not depend on the previous kernel: their first stages go out before the wait
         for (int k = 0; k < NS; ++k) mbar_init(bar_s + 8 * k, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (int k = 0; k < NS - 1 && k < num_stages; ++k)
-            i8b_issue(qmap, words, qring + k * S * I8B_QUANT_BYTES, wring + k * S * TILE_UNIT, bar_s + 8 * k, row0,
-                      nb, sb0 + k * S, min(S, n - k * S));
+        for (int k = 0; k < NS - 1 && k < num_stages; ++k) issue(k);
     }
     PDL_ENTER();  // the activations are the previous kernel's output
     i8b_stage_x(base, q8, scale8, sums, sums_lo, nb);
@@ -223,39 +238,38 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
             qoff[r][j] = 128 * t + 16 * ((2 * j + (c >> 1)) ^ (t & 7)) + 8 * (c & 1);
         }
     const float kf = (c & 1) ? 0.0625f : 1.f;  // lanes c odd hold the high-nibble sub-blocks' sums: 16 q
-    float acc[2] = {0.f, 0.f};
-    for (int i = 0; i < num_stages; ++i) {
-        const int ahead = i + NS - 1, slot = i % NS;
-        __syncwarp();  // every lane is done reading the stage the next copies overwrite (read in iteration i - 1)
-        if (lane == 0 && ahead < num_stages)
-            i8b_issue(qmap, words, qring + (ahead % NS) * S * I8B_QUANT_BYTES, wring + (ahead % NS) * S * TILE_UNIT,
-                      bar_s + 8 * (ahead % NS), row0, nb, sb0 + ahead * S, min(S, n - ahead * S));
-        for (u32 spins = 0; !mbar_try_wait(bar_s + 8 * slot, (i / NS) & 1);)
-            if (++spins == I8B_MAX_SPINS) __trap();  // bytes that never land: a launch error, not a hang
-        const u8* qst = x + (qring - base) + slot * S * I8B_QUANT_BYTES;
-        const u8* wst = x + (wring - base) + slot * S * TILE_UNIT;
-        const int here = min(S, n - i * S);
+    int i = 0;  // the stage consumed next (all tiles counted)
+    for (int k = 0; k < my_tiles; ++k) {
+        float acc[2] = {0.f, 0.f};
+        for (int j = 0; j < spt; ++j, ++i) {
+            const int slot = i % NS;
+            __syncwarp();  // every lane is done reading the slot the next copies overwrite (read in stage i - 1)
+            if (lane == 0 && i + NS - 1 < num_stages) issue((i + NS - 1) % NS);
+            for (u32 spins = 0; !mbar_try_wait(bar_s + 8 * slot, (i / NS) & 1);)
+                if (++spins == I8B_MAX_SPINS) __trap();  // bytes that never land: a launch error, not a hang
+            const u8* qst = x + (qring - base) + slot * S * I8B_QUANT_BYTES;
+            const u8* wst = x + (wring - base) + slot * S * TILE_UNIT;
+            const int here = min(S, n - j * S);
 #pragma unroll
-        for (int s = 0; s < S; ++s)
-            if (s < here)
-                i8b_superblock(qst + I8B_QUANT_BYTES * s, wst + TILE_UNIT * s, x, nb, sb0 + i * S + s, qoff, g, c,
-                               kf, acc);
-    }
+            for (int s = 0; s < S; ++s)
+                if (s < here)
+                    i8b_superblock(qst + I8B_QUANT_BYTES * s, wst + TILE_UNIT * s, x, nb, sb0 + j * S + s, qoff, g,
+                                   c, kf, acc);
+        }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {  // the quad's columns: sub-blocks c and c + 4 of each lane
-        acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 1);
-        acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 2);
-    }
-    if (c == 0) {
-        red[warp][2 * g] = acc[0];
-        red[warp][2 * g + 1] = acc[1];
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        const int row = row0 + threadIdx.x;
-        if (row < rows) {
+        for (int r = 0; r < 2; ++r) {  // the quad's columns: sub-blocks c and c + 4 of each lane
+            acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 1);
+            acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 2);
+        }
+        if (c == 0) {
+            red[k & 1][warp][2 * g] = acc[0];
+            red[k & 1][warp][2 * g + 1] = acc[1];
+        }
+        __syncthreads();  // (the other parity's sums, read after the last one, are rewritten only after the next)
+        const int row = 16 * ((int)blockIdx.x + k * (int)gridDim.x) + threadIdx.x;
+        if (threadIdx.x < 16 && row < rows) {
             float v = 0.f;
-            for (int wi = 0; wi < num_warps; ++wi) v += red[wi][threadIdx.x];
+            for (int wi = 0; wi < num_warps; ++wi) v += red[k & 1][wi][threadIdx.x];
             if (bias) v += bias[row];
             if (residual) v += residual[row];
             y[row] = v;
