@@ -1,7 +1,9 @@
 """The tensor-copy int8 Q4_K matmul of one token (kernels/mmvq_i8b.cu, sm_90+): its switch, shape, tensor maps
 and launcher. ops.matmul takes it in place of mmvq_i8 where runs() says so.
 
-Off by default until measured (OPENJET_CUDA_I8B=1 turns it on); bench/NOTES.md v16 has what ran.
+On by default where it runs (OPENJET_CUDA_I8B=0 keeps mmvq_i8): on the H200 the 27B pass at one token took 8.27 /
+8.30 ms with it (every width / up to 24 superblocks) against 8.41 without, 8.00 against 8.24 in fast mode
+(bench/NOTES.md v16).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ ALIGN_SLACK = 1024  # the kernel aligns its regions to 1024 bytes (the 128-byte 
 
 
 def _default() -> bool:
-    value = os.environ.get(ENV, "0")
+    value = os.environ.get(ENV, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{ENV}={value!r}: expected 0 or 1")
     return value == "1"
@@ -40,8 +42,10 @@ WARPS: int | None = None  # warps per block; None: ops.i8_warps' choice for mmvq
 # with the activations staged once; False: a block a tile.
 PERSIST = True
 # The widest rows (superblocks) it takes; None: every width. ffn_down's 68 superblocks stage 38 KB of activations
-# a block, which left fewer blocks an SM (24.9 against mmvq_i8's 19.0 us, one tile a block).
-MAX_SUPERBLOCKS: int | None = None
+# a block, which leaves fewer blocks an SM: 21.3 us against mmvq_i8's 18.8 alone (the pass with it there was
+# 0.03 ms faster, within a run's spread), so rows of up to 24 (K <= 6,144) take it.
+DEFAULT_MAX_SUPERBLOCKS = 24
+MAX_SUPERBLOCKS: int | None = DEFAULT_MAX_SUPERBLOCKS
 STATIC_SMEM = 2048 + 1024  # the kernel's static shared memory and the driver's reserve, per block
 
 

@@ -27,6 +27,7 @@ def _act(i8_tokens: int) -> ops.Act:
 
 def test_taken_only_when_on_for_one_q4k_token_on_sm90(monkeypatch) -> None:
     monkeypatch.setattr(i8b, "ON", True)
+    monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", None)
     assert i8b.runs(_dev(90), _weight(), 1, _act(1))
     assert not i8b.runs(_dev(89), _weight(), 1, _act(1))  # no tensor copies before Hopper
     assert not i8b.runs(_dev(90), _weight(), 2, _act(2))  # the one-token form only
@@ -37,8 +38,10 @@ def test_taken_only_when_on_for_one_q4k_token_on_sm90(monkeypatch) -> None:
     assert not i8b.runs(_dev(90), _weight(), 1, _act(1))
 
 
-def test_off_by_default_and_the_switch_is_checked(monkeypatch) -> None:
+def test_on_by_default_and_the_switch_is_checked(monkeypatch) -> None:
     monkeypatch.delenv(i8b.ENV, raising=False)
+    assert i8b._default() is True
+    monkeypatch.setenv(i8b.ENV, "0")
     assert i8b._default() is False
     monkeypatch.setenv(i8b.ENV, "yes")
     with pytest.raises(ValueError, match=i8b.ENV):
