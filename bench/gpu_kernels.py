@@ -144,14 +144,15 @@ def _check_against_f16(dev: Device, report: Report, w, act, y, res, out: np.ndar
 
 @contextmanager
 def bulk_i8(on: bool, shape: tuple[int, int] | None = None, warps: int | None = None, persist: bool | None = None):
-    """The tensor-copy int8 matmul (engine/cuda/i8b.py) switched for the block, its settings restored after it."""
-    saved = i8b.ON, i8b.SHAPE, i8b.WARPS, i8b.PERSIST
+    """The tensor-copy int8 matmul (engine/cuda/i8b.py) switched for the block at every row width, its settings
+    restored after it."""
+    saved = i8b.ON, i8b.SHAPE, i8b.WARPS, i8b.PERSIST, i8b.MAX_SUPERBLOCKS
     try:
-        i8b.ON, i8b.SHAPE, i8b.WARPS = on, shape or saved[1], warps
+        i8b.ON, i8b.SHAPE, i8b.WARPS, i8b.MAX_SUPERBLOCKS = on, shape or saved[1], warps, None
         i8b.PERSIST = saved[3] if persist is None else persist
         yield
     finally:
-        i8b.ON, i8b.SHAPE, i8b.WARPS, i8b.PERSIST = saved
+        i8b.ON, i8b.SHAPE, i8b.WARPS, i8b.PERSIST, i8b.MAX_SUPERBLOCKS = saved
 
 
 def _check_against_i8(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,
@@ -272,9 +273,10 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
     """The int8-activation Q4_K matmul (I8_CHECKS) at every token count it is built for, in fast and precise
     mode (it replaces both)."""
     with i8_matmul(True, instances.I8_MAX_TOKENS):
-        for name, num_tokens in I8_CHECKS:
-            for precise in (False, True):
-                check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
+        with bulk_i8(False):  # mmvq_i8 itself at one token too (the default takes mmvq_i8b there on sm_90+)
+            for name, num_tokens in I8_CHECKS:
+                for precise in (False, True):
+                    check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
         if dev.info.arch >= i8b.MIN_ARCH:
             for name, shape, persist in I8B_CHECKS:
                 for precise in (False, True):
@@ -285,7 +287,8 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
                 ops.I8_TILES = tiles
                 for name, num_tokens in I8_TILE_CHECKS:
-                    check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=True, tag=f".r{tiles}")
+                    with bulk_i8(False):
+                        check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=True, tag=f".r{tiles}")
         finally:
             ops.I8_TILES = 1
 
