@@ -9,11 +9,11 @@ On by default where it runs (OPENJET_CUDA_I8B=0 keeps mmvq_i8): on the H200 the 
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
+from engine.cuda import env_switch
 from engine.cuda.instances import I8B_SHAPES
 
 if TYPE_CHECKING:
@@ -27,10 +27,7 @@ ALIGN_SLACK = 1024  # the kernel aligns its regions to 1024 bytes (the 128-byte 
 
 
 def _default() -> bool:
-    value = os.environ.get(ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV}={value!r}: expected 0 or 1")
-    return value == "1"
+    return env_switch(ENV, True)
 
 
 ON = _default()

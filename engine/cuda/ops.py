@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import env_flag, i8b, persist
+from engine.cuda import env_flag, env_switch, i8b, persist
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS,
                                    MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
@@ -419,12 +419,7 @@ I8_TILES = 1
 
 
 def _i8_default() -> bool:
-    import os
-
-    value = os.environ.get(I8_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{I8_ENV}={value!r}: expected 0 or 1")
-    return value == "1"
+    return env_switch(I8_ENV, True)
 
 
 I8_MATMUL = _i8_default()
