@@ -26,7 +26,7 @@
 #include "mmvq.cuh"
 
 #define I8B_MAX_WARPS 8
-#define I8B_MAX_SPINS (1u << 24)  // failed waits on a stage (each try_wait sleeps up to a few us) before a trap
+#define I8B_MAX_SPINS (1u << 24)  // failed waits on a stage before a trap (each try_wait may suspend: seconds)
 #define I8B_QUANT_BYTES 2048  // a unit's quants: 16 rows x 128 bytes, as the tensor copy lands them (swizzled)
 
 // The block's activations, staged once for the whole row (every warp of the block reads its share of them): the
@@ -79,8 +79,9 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
 // The box of map at (x, y) (bytes, rows) to shared dst (1024-byte aligned for the swizzle), counted in at bar.
 __device__ __forceinline__ void tensor_copy_2d(u32 dst, const TensorMap& map, int x, int y, u32 bar) {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                 ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+        ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
 #endif
 }
 
