@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 ENV = "OPENJET_CUDA_I8B"
 MIN_ARCH = 90  # tensor copies (cp.async.bulk.tensor) and mbarrier transaction counts
 QUANT_BYTES, WORD_BYTES = 2048, 256  # a unit's quant box and word unit (mirror of the kernel's)
+MAX_WARPS = 8  # the kernel's I8B_MAX_WARPS
 ALIGN_SLACK = 1024  # the kernel aligns its regions to 1024 bytes (the 128-byte swizzle) at run time
 
 
@@ -118,8 +119,8 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
     q8, scale8, sums8, sums8_lo = group8
     tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
-    warps = min(WARPS or ops.i8_warps(w.cols, tiles, 1, dev.info.multiprocessors), nb, 8)
+    warps = min(WARPS or ops.i8_warps(w.cols, tiles, 1, dev.info.multiprocessors), nb, MAX_WARPS)
     kernel, smem = dev.kernel(f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}"), smem_bytes(nb, warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
-    dev.launch(kernel, grid(dev, tiles, warps, smem), 32 * warps, [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual,
-                                           w.rows, w.cols], smem=smem)
+    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols]
+    dev.launch(kernel, grid(dev, tiles, warps, smem), 32 * warps, args, smem=smem)

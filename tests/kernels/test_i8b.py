@@ -52,7 +52,7 @@ def test_the_launcher_mirrors_the_kernels_layout() -> None:
     src = (nvrtc.KERNEL_DIR / "mmvq_i8b.cu").read_text()
     defines = dict(re.findall(r"#define (\w+) (\d+)", src))
     assert int(defines["I8B_QUANT_BYTES"]) == i8b.QUANT_BYTES
-    assert int(defines["I8B_MAX_WARPS"]) >= ops.MMVQ_WARPS
+    assert int(defines["I8B_MAX_WARPS"]) == i8b.MAX_WARPS >= ops.MMVQ_WARPS
     # hi level, lo level 64 bytes on, 16-byte scale pairs and two 16-byte sums records a superblock, in KB
     for nb in (1, 20, 24, 68):
         assert i8b.x_bytes(nb) % 1024 == 0 and i8b.x_bytes(nb) >= 560 * nb + 64 > i8b.x_bytes(nb) - 1024
