@@ -315,15 +315,15 @@ def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=
                 cells = []
                 trials = (("f16", None, 1), ("i8", None, 1)) + I8_SHAPE_TRIALS
                 bulk = I8B_TRIALS if t == 1 and dev.info.arch >= i8b.MIN_ARCH else ()
-                for kind, warps, tiles in (trials if t <= 4 else trials[:2]) + bulk:
-                    on = kind != "f16"
+                for kind, warps, extra in (trials if t <= 4 else trials[:2]) + bulk:  # extra: tiles, or i8b's
+                    on, is_bulk = kind != "f16", kind.startswith("i8b")
                     ops.set_i8(on, instances.I8_MAX_TOKENS)
-                    ops.I8_WARPS, ops.I8_TILES = (None, 1) if kind.startswith("i8b") else (warps, tiles)
+                    ops.I8_WARPS, ops.I8_TILES = (None, 1) if is_bulk else (warps, extra)
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
                     label = (kind if kind.startswith("i8") else f"i8.{kind}") if on else \
                         (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise"
-                    shape, persist = tiles if kind.startswith("i8b") else (None, None)
-                    with bulk_i8(kind.startswith("i8b"), shape, warps, persist):
+                    shape, persist = extra if is_bulk else (None, None)
+                    with bulk_i8(is_bulk, shape, warps, persist):
                         timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
                     cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
                 print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)

@@ -161,7 +161,7 @@ class Act8(ctypes.Structure):
 
 # Producer modes whose launches of one token group (up to 8 tokens) take the act_<mode>_g1 instance
 # (__launch_bounds__(256, 1)): all of them. RMSNorm's row loads then fly together (bench/NOTES.md v15: T = 5
-# 12.32 -> 11.38 ms); the others measured 0.03-0.05 ms a pass faster so than with their ACT_MIN_BLOCKS bound (v16,
+# 12.32 -> 11.38 ms); the others made the pass 0.03-0.05 ms faster than with their ACT_MIN_BLOCKS bound (v16,
 # bench variant g1rms: RMSNorm's only, the v15 default).
 ACT_ONE_GROUP_DEFAULT = frozenset(ACT_MODES)
 ACT_ONE_GROUP_MODES = ACT_ONE_GROUP_DEFAULT

@@ -85,15 +85,6 @@ __device__ __forceinline__ void tensor_copy_2d(u32 dst, const TensorMap& map, in
 #endif
 }
 
-// D += A(16x32 u8, row) * B(32x8 s8, col) in int32 (mma_u8s8_16832's fragments).
-__device__ __forceinline__ void mma_u8s8_16832_acc(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // One stage: superblocks sb .. sb + n - 1 of the tile at row0, the quants to qdst (n boxes of 2 KB) and the word
 // units to wdst, counted in at bar. Issued by one lane.
 __device__ __forceinline__ void i8b_issue(const TensorMap& map, const u8* words, u32 qdst, u32 wdst, u32 bar,
