@@ -34,11 +34,14 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "v8": (PERSIST_QTYPES, True, 32, "persist", "off"), "v10": (STAGED_QTYPES, True, 32, "cpa", "off"),
             "v11": (STAGED_QTYPES, True, 32, "cpa2", "off"), "f16": (STAGED_QTYPES, False, 32, "cp", "off"),
             "r2": (STAGED_QTYPES, False, 32, "cp", "off"), "r4": (STAGED_QTYPES, False, 32, "cp", "off"),
-            "serial": (STAGED_QTYPES, False, 32, "cp", "off"), "k64": (STAGED_QTYPES, False, 64, "cp", "off")}
+            "serial": (STAGED_QTYPES, False, 32, "cp", "off"), "k64": (STAGED_QTYPES, False, 64, "cp", "off"),
+            "apart": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare": (STAGED_QTYPES, False, 32, "cp", "verify"),
+            "serial8": (STAGED_QTYPES, False, 32, "cp", "verify")}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
-I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64"})
+I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
+                         "apart", "spare", "serial8"})
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}}  # v7 with 4-warp int8 matmul blocks at one token (ops.I8_WARPS_AT)
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
 # mode's since v16, 0.03-0.05 ms a pass faster), the others on their ACT_MIN_BLOCKS instance as in v15
@@ -46,10 +49,17 @@ ONE_GROUP_VARIANTS = {"g1rms": frozenset({"rmsnorm"})}
 I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walking 2 or 4 row tiles (ops.I8_TILES)
 # v7 with every launch in one stream (ops.BESIDE off: a projection's small parts follow its large one); every
 # other variant runs them beside it (engine/cuda/weights.py Projection.run) unless OPENJET_CUDA_BESIDE=0.
-SERIAL_VARIANTS = frozenset({"serial"})
+SERIAL_VARIANTS = frozenset({"serial", "serial8"})
 # The one-token Q4_K matmuls on the tensor-copy form (engine/cuda/i8b.py), v7's default since v16 for rows up to
 # 24 superblocks (K <= 6,144): i8b at every width, i8bs that default; i8 (v7 with OPENJET_CUDA_I8B=0) none
 BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24}
+# v7 with every producer launched on its own (engine/cuda/i8b.py FUSE off: v7 fuses RMSNorm, the gated norm and
+# the plain copy into the one-token int8 matmul after them)
+APART_VARIANTS = frozenset({"apart"})
+# v7 with mmvq_i8b's walking grid leaving a block an SM free (i8b.SPARE_PER_SM) for what runs beside it;
+# serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
+SPARE_VARIANTS = {"spare": 1}
+NO_BULK_VARIANTS = frozenset({"i8", "serial8"})
 
 
 def _model_file(report: Report) -> Path:
@@ -266,8 +276,10 @@ def _use_variant(backend, name: str) -> None:
     ops.ACT_ONE_GROUP_MODES = ONE_GROUP_VARIANTS.get(name, ops.ACT_ONE_GROUP_DEFAULT)
     ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, {})
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
-    i8b.ON = name in BULK_I8_VARIANTS or (name in I8_VARIANTS and name != "i8" and i8b._default())
+    i8b.ON = name in BULK_I8_VARIANTS or (name in I8_VARIANTS and name not in NO_BULK_VARIANTS and i8b._default())
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)
+    i8b.FUSE = name not in APART_VARIANTS and i8b._fuse_default()
+    i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, 0)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
     backend.dev.pdl = pdl == "on"

@@ -379,19 +379,22 @@ class TimedMatrix:
     act: ops.Act
     y: Buffer
 
-    def time(self, dev: Device, num_tokens: int) -> tuple[float, float]:
-        """Median and spread (ms) of one matmul of num_tokens rows, rotating over the weight copies."""
+    def time(self, dev: Device, num_tokens: int, producer: ops.Producer | None = None) -> tuple[float, float]:
+        """Median and spread (ms) of one matmul of num_tokens rows (with its producer, where given), rotating
+        over the weight copies."""
         count = {"i": 0}
 
         def run():
-            ops.matmul(dev, self.ws[count["i"] % len(self.ws)], self.act, self.y, num_tokens, self.rows)
+            ops.matmul(dev, self.ws[count["i"] % len(self.ws)], self.act, self.y, num_tokens, self.rows,
+                       producer=producer)
             count["i"] += 1
 
         return median_time(dev, run, reps=20, warmup=3, inner=len(self.ws) * 2)
 
-    def record(self, dev: Device, report: Report, num_tokens: int, category: str, name: str) -> Timing:
+    def record(self, dev: Device, report: Report, num_tokens: int, category: str, name: str,
+               producer: ops.Producer | None = None) -> Timing:
         """time() as a Timing of this matrix's shape and bytes, added to the report."""
-        med, spread = self.time(dev, num_tokens)
+        med, spread = self.time(dev, num_tokens, producer)
         timing = Timing(category, name, f"{self.rows}x{self.cols}", med, spread, self.nbytes)
         report.timings.append(timing)
         return timing

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch
-from engine.cuda.instances import I8B_SHAPES
+from engine.cuda.instances import I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
-    from engine.cuda.ops import Act, DeviceWeight
+    from engine.cuda.ops import Act, DeviceWeight, Producer
 
 ENV = "OPENJET_CUDA_I8B"
 MIN_ARCH = 90  # tensor copies (cp.async.bulk.tensor) and mbarrier transaction counts
@@ -31,6 +31,16 @@ def _default() -> bool:
 
 
 ON = _default()
+# The producer in front of a one-token matmul (ops.Producer: RMSNorm, the gated norm, a plain copy) computed by
+# its blocks instead of launched (kernels/mmvq_i8b.cu, "Producers fused in front"). OPENJET_CUDA_FUSE=0: launched.
+FUSE_ENV = "OPENJET_CUDA_FUSE"
+
+
+def _fuse_default() -> bool:
+    return env_switch(FUSE_ENV, True)
+
+
+FUSE = _fuse_default()
 # (superblocks a stage, stages a warp): one of instances.I8B_SHAPES. (2, 2) measured fastest: 3 stages a warp or
 # 3 superblocks a stage leave fewer blocks an SM (gate|up 44.2 / 40.7 against 32.6 us, bench/NOTES.md v16).
 SHAPE = (2, 2)
@@ -38,6 +48,8 @@ WARPS: int | None = None  # warps per block; None: ops.i8_warps' choice for mmvq
 # True: a grid of as many blocks as fit at once (or fewer, each the same number of tiles), each walking its tiles
 # with the activations staged once; False: a block a tile.
 PERSIST = True
+# Blocks an SM the walking grid leaves free (0: all it holds): room for what runs beside it (Device.beside).
+SPARE_PER_SM = 0
 # The widest rows (superblocks) it takes; None: every width. ffn_down's 68 superblocks stage 38 KB of activations
 # a block, which leaves fewer blocks an SM: 21.3 us against mmvq_i8's 18.8 alone (the pass with it there was
 # 0.03 ms faster, within a run's spread), so rows of up to 24 (K <= 6,144) take it.
@@ -62,7 +74,7 @@ def grid(dev: Device, tiles: int, warps: int, smem: int) -> int:
     every block the same number of tiles."""
     if not PERSIST:
         return tiles
-    per_sm = max(1, min(64 // warps, (dev.info.max_smem_per_block + 1024) // (smem + STATIC_SMEM)))
+    per_sm = max(1, min(64 // warps, (dev.info.max_smem_per_block + 1024) // (smem + STATIC_SMEM)) - SPARE_PER_SM)
     per_block = -(-tiles // (per_sm * dev.info.multiprocessors))
     return -(-tiles // per_block)
 
@@ -70,13 +82,35 @@ def grid(dev: Device, tiles: int, warps: int, smem: int) -> int:
 def runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
     """Whether a matmul takes mmvq_i8b: on, sm_90+, a Q4_K weight, one token whose int8 copy the last producer
     of act wrote, and its shared memory within the GPU's opt-in maximum."""
+    return act.i8_tokens >= 1 and _takes(dev, w, num_tokens)
+
+
+def fuses(dev: Device, w: DeviceWeight, num_tokens: int, producer: Producer) -> bool:
+    """Whether a matmul computes its producer itself: FUSE, the int8 matmul on, mmvq_i8b's conditions (but for
+    the int8 copy, which is then not needed), an instance of the producer's mode at SHAPE, and the producer's
+    inputs 16-byte aligned (its lanes load 8 floats at a time)."""
     from engine.cuda import ops
 
-    if not (ON and dev.info.arch >= MIN_ARCH and w.qtype == Q.Q4_K and num_tokens == 1 and act.i8_tokens >= 1):
+    src = producer.src
+    if not (FUSE and ops.I8_MATMUL and producer.mode in I8B_FUSED_MODES and SHAPE in I8B_FUSED_SHAPES):
+        return False
+    return all(p % 16 == 0 for p in (src.x, src.x2, src.w)) and _takes(dev, w, num_tokens)
+
+
+def _takes(dev: Device, w: DeviceWeight, num_tokens: int) -> bool:
+    from engine.cuda import ops
+
+    if not (ON and dev.info.arch >= MIN_ARCH and w.qtype == Q.Q4_K and num_tokens == 1):
         return False
     if MAX_SUPERBLOCKS is not None and w.cols // ops.SUPERBLOCK > MAX_SUPERBLOCKS:
         return False
     return smem_bytes(w.cols // ops.SUPERBLOCK, ops.MMVQ_WARPS, SHAPE) <= dev.info.max_smem_per_block
+
+
+class I8bSrc(ctypes.Structure):
+    """Mirror of struct I8bSrc in kernels/mmvq_i8b.cu: what a fused producer reads."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in ("x", "x2", "w")] + [("head", ctypes.c_int32), ("eps", ctypes.c_float)]
 
 
 class TensorMap(ctypes.Structure):
@@ -109,17 +143,23 @@ def quant_map(w: DeviceWeight) -> TensorMap:
     return _MAPS[key]
 
 
-def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-           bias: Buffer | None, residual: Buffer | None) -> None:
+def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer] | None, y: Buffer,
+           bias: Buffer | None, residual: Buffer | None, producer: Producer | None = None) -> None:
     """One launch of mmvq_i8b: blocks of warps walking 16-row tiles (grid), each warp a contiguous share of the
-    row."""
+    row; its activations the int8 copy group8, or computed from producer (fuses() said so; group8 None)."""
     from engine.cuda import ops
 
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
-    q8, scale8, sums8, sums8_lo = group8
     tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
     warps = min(WARPS or ops.i8_warps(w.cols, tiles, 1, dev.info.multiprocessors), nb, MAX_WARPS)
-    kernel, smem = dev.kernel(f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}"), smem_bytes(nb, warps, SHAPE)
+    name = f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}"
+    if producer is None:
+        src, (q8, scale8, sums8, sums8_lo) = I8bSrc(), group8
+    else:
+        a = producer.src
+        src, (q8, scale8, sums8, sums8_lo) = I8bSrc(a.x, a.x2, a.w, a.head, a.eps), (None,) * 4
+        name += f"_{producer.mode}"
+    kernel, smem = dev.kernel(name), smem_bytes(nb, warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
-    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols]
+    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols]
     dev.launch(kernel, grid(dev, tiles, warps, smem), 32 * warps, args, smem=smem)

@@ -45,6 +45,10 @@ I8_TILE_COUNTS = (1, 2, 4)
 # (superblocks a stage, stages a warp) of the bulk-copy int8 Q4_K matmul of one token (kernels/mmvq_i8b.cu,
 # sm_90+), an instance each: mmvq_q4_K_i8b_s{S}n{NS}.
 I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2))
+# Producers (ACT_MODES) it can compute itself in front of the matmul, and the shapes built with them:
+# mmvq_q4_K_i8b_s{S}n{NS}_{mode}.
+I8B_FUSED_MODES = ("plain", "rmsnorm", "gatednorm")
+I8B_FUSED_SHAPES = ((2, 2),)
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
 ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
@@ -88,7 +92,9 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{tiles}" if tiles > 1 else ""), "mmvq_i8",
                      f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}>")  # int8 activations, 1..TILES row tiles a block
             for t in range(1, I8_MAX_TOKENS + 1) for tiles in I8_TILE_COUNTS if tiles == 1 or t <= 4]
-    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}>") for s, n in I8B_SHAPES]
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1>") for s, n in I8B_SHAPES]
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_{mode}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, {ACT_MODES.index(mode)}>")
+            for s, n in I8B_FUSED_SHAPES for mode in I8B_FUSED_MODES]  # a producer fused in front
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

@@ -168,11 +168,11 @@ class CudaModel:
         dev.pdl = pdl_for(dev.pdl_policy, num_tokens, VERIFY_MAX)
         ops.get_rows(dev, self.weights.token_embd, ws.ids, ws.x, num_tokens, h)
         for i, lw in enumerate(self.weights.layers):
-            ops.act_rmsnorm(dev, ws.x, lw.vectors["attn_norm"], ws.act_h, num_tokens, h, cfg.rms_eps, out32=ws.xn)
+            normed = ops.rmsnorm_of(ws.x, lw.vectors["attn_norm"], h, cfg.rms_eps, out32=ws.xn)
             if lw.kind == "attention":
-                self._attention(lw, self.kv[i], num_tokens, ws.pos)
+                self._attention(lw, self.kv[i], num_tokens, ws.pos, normed)
             else:
-                self._deltanet(i, lw, num_tokens, commit)
+                self._deltanet(i, lw, num_tokens, commit, normed)
             self._ffn(lw, num_tokens)
             if trace is not None:
                 trace.append(dev.download(ws.x, np.float32, (num_tokens, h)))
@@ -203,8 +203,8 @@ class CudaModel:
         ops.act_rmsnorm(dev, prev, vec["nextn.hnorm"], ws.act_hh, num_tokens, h, eps, out32=ws.cat.view(4 * h))
         ops.act_f16(dev, ws.cat, ws.act_cat, num_tokens, 2 * h)
         ops.matmul(dev, mtp.eh_proj, ws.act_cat, ws.x, num_tokens, h)
-        ops.act_rmsnorm(dev, ws.x, vec["attn_norm"], ws.act_h, num_tokens, h, eps, out32=ws.xn)
-        self._attention(mtp.layer, self.mtp_kv, num_tokens, pos)
+        self._attention(mtp.layer, self.mtp_kv, num_tokens, pos, ops.rmsnorm_of(ws.x, vec["attn_norm"], h, eps,
+                                                                                out32=ws.xn))
         self._ffn(mtp.layer, num_tokens)
 
     def _mtp_catch_up(self, num_tokens: int, commit: bool) -> None:
@@ -248,20 +248,21 @@ class CudaModel:
         cfg, ws, dev = self.cfg, self.ws, self.dev
         h, f = cfg.hidden_size, cfg.ffn_size
         norm = lw.vectors["post_attention_norm" if cfg.arch == "qwen35" else "ffn_norm"]
-        ops.act_rmsnorm(dev, ws.x, norm, ws.act_h, num_tokens, h, cfg.rms_eps, out32=ws.xn)
-        lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE)
+        normed = ops.rmsnorm_of(ws.x, norm, h, cfg.rms_eps, out32=ws.xn)
+        lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE, producer=normed)
         dev.join()
         gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
         up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
         ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=ws.ffn)
         ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x)
 
-    def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer) -> None:
-        """x += attn_output(attention(q, k, v)) with q/k norm, rope, the KV write at positions pos and qwen35's
-        output gate."""
+    def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer,
+                   normed: ops.Producer) -> None:
+        """x += attn_output(attention(q, k, v)) of normed (the input norm of x) with q/k norm, rope, the KV write
+        at positions pos and qwen35's output gate."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         d, hq, hkv, width = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, ws.proj_width
-        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE)
+        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE, producer=normed)
         dev.join()
         q_stride = 2 * d if cfg.has_attn_gate else d  # qwen35 packs [Q | gate] per head
         q = ws.proj.view(4 * lw.mix_in.offsets["attn_q"])
@@ -276,15 +277,17 @@ class CudaModel:
         mixers.attention(dev, q, cache.k, cache.v, pos, ws.mix2, num_tokens, hq, hkv, d, self.capacity, width,
                          q_stride, cfg.q_size, d ** -0.5, gate=q.view(4 * d) if cfg.has_attn_gate else None,
                          ld_gate=width, gate_head_stride=q_stride, scratch=ws.attn_scratch, splits=splits)
-        ops.act_f16(dev, ws.mix2, ws.act_q, num_tokens, cfg.q_size)
-        ops.matmul(dev, lw.mix_out, ws.act_q, ws.x, num_tokens, cfg.hidden_size, residual=ws.x)
+        ops.matmul(dev, lw.mix_out, ws.act_q, ws.x, num_tokens, cfg.hidden_size, residual=ws.x,
+                   producer=ops.plain_of(ws.mix2, cfg.q_size))
 
-    def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool) -> None:
-        """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)); a verify pass keeps its inputs in the layer."""
+    def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer) -> None:
+        """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)) of normed (the input norm of x); a verify pass keeps
+        its inputs in the layer."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         width, c, hk, hv = ws.proj_width, cfg.ssm_conv_dim, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads
         dk, dv, inner, key = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size, hk * cfg.ssm_head_dim
-        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE)  # alpha | beta beside qkv
+        lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE,  # alpha | beta beside qkv
+                      producer=normed)
         layer, off = self.deltanet[i], lw.mix_in.offsets
         conv_out = ws.conv_out if commit else layer.conv_out
         mixers.conv1d_silu(dev, layer.window, ws.proj.view(4 * off["attn_qkv"]), lw.vectors["ssm_conv1d"], conv_out,
@@ -300,9 +303,9 @@ class CudaModel:
                 dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv,
                 dk, dv, c, c, inner, commit, g=ws.g if commit else layer.g, beta=ws.beta if commit else layer.beta,
                 qk_out=None if commit else layer.qk_norm, **gates)
-        ops.act_gatednorm(dev, ws.mix, ws.proj.view(4 * off["attn_gate"]), lw.vectors["ssm_norm"], ws.act_inner,
-                          num_tokens, dv, inner, width, cfg.rms_eps, out32=ws.mix2)
-        ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x)
+        normed = ops.gatednorm_of(ws.mix, ws.proj.view(4 * off["attn_gate"]), lw.vectors["ssm_norm"], dv, inner,
+                                  width, cfg.rms_eps, out32=ws.mix2)
+        ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x, producer=normed)
 
     def accept(self, num_pass_tokens: int, n: int) -> None:
         """Commit the first n tokens of the last non-committing pass (DeltaNet layers and the MTP head's starting

@@ -167,6 +167,43 @@ ACT_ONE_GROUP_DEFAULT = frozenset(ACT_MODES)
 ACT_ONE_GROUP_MODES = ACT_ONE_GROUP_DEFAULT
 
 
+@dataclass(frozen=True, slots=True)
+class Producer:
+    """The op that makes a matmul's input (kernels/act.cu ACT_MODES), not yet launched: produce() launches it
+    into an Act; matmul(producer=...) fuses it into the matmul's own launch where it can (i8b.fuses). out32 (the
+    f32 rows, for the f32-weight path of the matmul it feeds) is written only when it runs on its own."""
+
+    mode: str
+    src: ActSrc
+
+
+def rmsnorm_of(x: Buffer, w: Buffer, ld_in: int, eps: float, out32: Buffer | None = None, ld_out32: int = 0
+               ) -> Producer:
+    """RMSNorm(x) * w over rows of the act's width (see act_rmsnorm)."""
+    return Producer("rmsnorm", ActSrc(x.ptr, 0, w.ptr, _p(out32), ld_in, 0, ld_out32, 0, eps))
+
+
+def gatednorm_of(o: Buffer, z: Buffer, w: Buffer, head: int, ld_o: int, ld_z: int, eps: float,
+                 out32: Buffer | None = None, ld_out32: int = 0) -> Producer:
+    """RMSNorm(o per head of `head` values) * w[head] * silu(z) (see act_gatednorm)."""
+    if head % 32 or SUPERBLOCK % head:
+        raise ValueError(f"gated norm heads of {head} values: need a multiple of 32 dividing {SUPERBLOCK}")
+    return Producer("gatednorm", ActSrc(o.ptr, z.ptr, w.ptr, _p(out32), ld_o, ld_z, ld_out32, head, eps))
+
+
+def plain_of(x: Buffer, ld_in: int, out32: Buffer | None = None, ld_out32: int = 0) -> Producer:
+    """x itself (see act_f16)."""
+    return Producer("plain", ActSrc(x.ptr, 0, 0, _p(out32), ld_in, 0, ld_out32, 0, 0.0))
+
+
+def produce(dev: Device, producer: Producer, act: Act, num_tokens: int) -> None:
+    """Launch the producer into act (its out32 rows at act.ld where the caller gave no stride)."""
+    src = producer.src
+    if src.out32 and not src.ld_out32:
+        src = ActSrc(src.x, src.x2, src.w, src.out32, src.ldx, src.ldx2, act.ld, src.head, src.eps)
+    _act_from(dev, producer.mode, src, act, num_tokens)
+
+
 def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) -> None:
     """Launch act_<mode>: one block per (superblock, group of 8 tokens); the int8 copy too where the int8
     matmul will read it."""
@@ -186,13 +223,13 @@ def _p(buf: Buffer | None) -> int:
 
 def act_f16(dev: Device, x: Buffer, act: Act, num_tokens: int, ld_in: int, out32: Buffer | None = None) -> None:
     """act = x [T, width] (row stride ld_in), rounded into the act layout; out32 optionally gets a copy."""
-    _act_from(dev, "plain", ActSrc(x.ptr, 0, 0, _p(out32), ld_in, 0, act.ld, 0, 0.0), act, num_tokens)
+    produce(dev, plain_of(x, ld_in, out32, act.ld), act, num_tokens)
 
 
 def act_rmsnorm(dev: Device, x: Buffer, w: Buffer, act: Act, num_tokens: int, ld_in: int, eps: float,
                 out32: Buffer | None = None) -> None:
     """act = RMSNorm(x) * w over rows of `width`; out32 ([T, act.ld] f32) optionally gets the normed rows."""
-    _act_from(dev, "rmsnorm", ActSrc(x.ptr, 0, w.ptr, _p(out32), ld_in, 0, act.ld, 0, eps), act, num_tokens)
+    produce(dev, rmsnorm_of(x, w, ld_in, eps, out32, act.ld), act, num_tokens)
 
 
 def act_swiglu(dev: Device, gate: Buffer, up: Buffer, act: Act, num_tokens: int, ld_in: int,
@@ -204,21 +241,27 @@ def act_swiglu(dev: Device, gate: Buffer, up: Buffer, act: Act, num_tokens: int,
 def act_gatednorm(dev: Device, o: Buffer, z: Buffer, w: Buffer, act: Act, num_tokens: int, head: int, ld_o: int,
                   ld_z: int, eps: float, out32: Buffer | None = None) -> None:
     """act = RMSNorm(o per head of `head` values) * w[head] * silu(z) (the DeltaNet output norm)."""
-    if head % 32 or SUPERBLOCK % head:
-        raise ValueError(f"gated norm heads of {head} values: need a multiple of 32 dividing {SUPERBLOCK}")
-    _act_from(dev, "gatednorm", ActSrc(o.ptr, z.ptr, w.ptr, _p(out32), ld_o, ld_z, act.ld, head, eps), act,
-              num_tokens)
+    produce(dev, gatednorm_of(o, z, w, head, ld_o, ld_z, eps, out32, act.ld), act, num_tokens)
 
 
 def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, ld_y: int,
-           bias: Buffer | None = None, residual: Buffer | None = None) -> None:
+           bias: Buffer | None = None, residual: Buffer | None = None, producer: Producer | None = None) -> None:
     """y[T, rows] = act[T, cols] @ w^T (+ bias[rows]) (+ residual[T, rows]); 8 tokens per launch.
 
     y and residual are f32 [T, ld_y]; residual may be y itself (each element is read once before it is written).
+    producer: the op that makes act, launched first, or computed by the matmul's own blocks where i8b.fuses says
+    it can (act is then left unwritten: its i8_tokens 0); it must not read y.
     """
     assert 1 <= num_tokens <= act.max_tokens, f"{w.name}: {num_tokens} tokens for {act.max_tokens}"
     if w.cols != act.width:
         raise ValueError(f"{w.name}: {w.cols} columns but activations of width {act.width}")
+    if producer is not None:
+        assert y.ptr not in (producer.src.x, producer.src.x2), f"{w.name}: the producer reads the matmul's output"
+        if i8b.fuses(dev, w, num_tokens, producer):
+            act.i8_tokens = 0
+            i8b.launch(dev, w, None, y, bias, residual, producer)
+            return
+        produce(dev, producer, act, num_tokens)
     gemm = DISPATCH.get(("gemm", w.qtype))
     if gemm is not None and num_tokens >= GEMM_MIN_TOKENS:
         grid = ((num_tokens + GEMM_TOKENS - 1) // GEMM_TOKENS, (w.rows + GEMM_ROWS - 1) // GEMM_ROWS)

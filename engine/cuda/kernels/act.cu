@@ -3,13 +3,9 @@
 // Every variant also writes the sub-block sums (hi + lo f16 pair) of exactly the f16 values the mma will see,
 // and, in precise mode, each value's f16 rounding residue (act_lo); with an Act8 (up to 4 tokens), the same
 // values as int8 for kernels/mmvq_i8.cu (its header describes that layout).
+#include "act8.cuh"
 #include "common.cuh"
 #include "quants.cuh"
-
-#define ACT_PLAIN 0     // v = x
-#define ACT_RMSNORM 1   // v = x / rms(x row) * w
-#define ACT_SWIGLU 2    // v = silu(x) * x2
-#define ACT_GATEDNORM 3 // v = x / rms(x head) * w[d] * silu(x2), heads of `head` values
 
 struct ActSrc {
     const float* x;
@@ -120,8 +116,8 @@ __device__ __forceinline__ void row_inv_rms(const ActSrc& a, int grp, int T, int
     __syncthreads();
 }
 
-// Superblock sb of the group's tokens (v: this thread's position p of each) as two int8 levels: s = max|v| / 127
-// over the superblock, q_hi = rint(v / s), q_lo = rint((v - s q_hi) / s_lo) with s_lo = s / 254.
+// Superblock sb of the group's tokens (v: this thread's position p of each) as two int8 levels (Act8Levels, over
+// the superblock's largest |v| of each token).
 __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int grp, int T, int sb, int nsb) {
     __shared__ float wmax[8][8];  // [warp][token]
     const int p = threadIdx.x, lane = p & 31, warp = p >> 5, tokens = min(8, T - grp * 8);
@@ -145,18 +141,15 @@ __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int 
         float mx = 0.f;
 #pragma unroll
         for (int wi = 0; wi < 8; ++wi) mx = fmaxf(mx, wmax[wi][n]);
-        const bool live = mx >= 1e-30f;  // below that (and for zeros) both levels are 0, so 254 / s cannot overflow
-        const float s = live ? mx / 127.f : 0.f, s_lo = s / 254.f;
-        const float inv = live ? 127.f / mx : 0.f, inv_lo = live ? 254.f / s : 0.f;
-        const float qh = fminf(fmaxf(rintf(v[n] * inv), -127.f), 127.f);
-        const float ql = fminf(fmaxf(rintf(fmaf(-qh, s, v[n]) * inv_lo), -127.f), 127.f);
+        const Act8Levels lv(mx);
+        float qh, ql;
+        sub[n] = lv.quantize(v[n], qh, ql);
         q[n * 256] = (i8)(int)qh;
         q[(8 + n) * 256] = (i8)(int)ql;
         if (p == 0) {
-            a8.scale[blk * 16 + n] = s;
-            a8.scale[blk * 16 + 8 + n] = s_lo;
+            a8.scale[blk * 16 + n] = lv.s;
+            a8.scale[blk * 16 + 8 + n] = lv.s_lo;
         }
-        sub[n] = fmaf(ql, s_lo, qh * s);
     }
     warp_reduce_tokens<false>(sub, tokens);  // a warp = one sub-block
     if (lane == 0)

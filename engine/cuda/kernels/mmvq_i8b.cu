@@ -21,8 +21,14 @@
 // sub-blocks c and c + 4 of its two rows, so it also takes their min terms, and the quad's four lanes together
 // hold a row's whole superblock.
 //
+// Producers fused in front. With MODE != I8B_STAGED the block computes its activations itself from the op in front
+// of the matmul (an RMSNorm of the residual row, the DeltaNet's gated norm, a plain copy) instead of staging the
+// act8 copy a producer launch wrote (kernels/act.cu): that launch and its gap go. Each warp computes only the
+// superblocks it reads (its share), with the producer's arithmetic (act8.cuh); an RMSNorm adds one block-wide sum.
+//
 // Not built before sm_90 (no tensor copies): the launcher (engine/cuda/i8b.py) takes it on sm_90+ only, and the
 // body compiles to a trap elsewhere so that every architecture still builds the file.
+#include "act8.cuh"
 #include "mmvq.cuh"
 
 #define I8B_MAX_WARPS 8
@@ -114,6 +120,100 @@ __device__ __forceinline__ void i8b_stage_x(u32 xs, const i8* q8, const float* s
     __syncthreads();
 }
 
+#define I8B_STAGED -1  // MODE: the act8 copy staged from global memory; else the ACT_* producer fused in front
+
+// What a fused producer reads (mirror of engine/cuda/i8b.py I8bSrc): the row x (RMSNorm: the residual; gated norm:
+// the delta rule's output; plain: the values), x2 (gated norm: the gate z), w (the norm's weight: a row's, or a
+// head's `head` values); all 16-byte aligned.
+struct I8bSrc {
+    const float* x;
+    const float* x2;
+    const float* w;
+    int head;
+    float eps;
+};
+
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// The warp's share (superblocks sb0 .. sb0 + n - 1) of the block's activations into xs, as i8b_stage_x leaves
+// them, computed from src by the producer MODE. Lane l takes positions 8l .. 8l + 7 of a superblock: 8 contiguous
+// bytes of each level in the act8 order (64-position chunk l / 8; sub-block l / 4, its low or high nibbles by
+// (l / 4) % 2), so a quad holds a sub-block. Every thread of the block calls it (RMSNorm: one __syncthreads).
+template <int MODE>
+__device__ __forceinline__ void i8b_produce_x(u8* xs, const I8bSrc& src, int nb, int sb0, int n) {
+    __shared__ float part[I8B_MAX_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float inv_rms = 1.f;
+    if (MODE == ACT_RMSNORM) {  // the row's sum of squares: the warps' shares cover it
+        float ss = 0.f;
+#pragma unroll 4
+        for (int s = 0; s < n; ++s) {
+            float v[8];
+            load8(src.x + QK_SB * (sb0 + s) + 8 * lane, v);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ss = fmaf(v[e], v[e], ss);
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        float total = 0.f;
+        for (int wi = 0; wi < (int)(blockDim.x >> 5); ++wi) total += part[wi];
+        inv_rms = rsqrtf(total / (float)(QK_SB * nb) + src.eps);
+    }
+    const int off = 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
+#pragma unroll 2
+    for (int s = 0; s < n; ++s) {
+        const int sb = sb0 + s, k = QK_SB * sb + 8 * lane;
+        float v[8];
+        load8(src.x + k, v);
+        if (MODE == ACT_RMSNORM) {
+            float w[8];
+            load8(src.w + k, w);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = v[e] * inv_rms * w[e];
+        } else if (MODE == ACT_GATEDNORM) {  // heads of src.head (a multiple of 32 dividing 256): lanes head / 8
+            float z[8], w[8];
+            load8(src.x2 + k, z);
+            load8(src.w + (8 * lane) % src.head, w);
+            float sq = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sq = fmaf(v[e], v[e], sq);
+            for (int o = 1; o < src.head / 8; o <<= 1) sq += __shfl_xor_sync(FULL_MASK, sq, o);
+            const float r = rsqrtf(sq / (float)src.head + src.eps);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = v[e] * r * w[e] * siluf_(z[e]);
+        }
+        float mx = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(v[e]));
+        const Act8Levels lv(warp_max(mx));
+        u32 hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
+        float sub = 0.f;  // what the mma sees, summed over the lane's 8 positions, then the quad's sub-block
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float qh, ql;
+            sub += lv.quantize(v[e], qh, ql);
+            hi[e >> 2] |= (u32)(u8)(i8)(int)qh << (8 * (e & 3));
+            lo[e >> 2] |= (u32)(u8)(i8)(int)ql << (8 * (e & 3));
+        }
+        *reinterpret_cast<uint2*>(xs + 256 * sb + off) = make_uint2(hi[0], hi[1]);
+        *reinterpret_cast<uint2*>(xs + i8b_xlo(nb) + 256 * sb + off) = make_uint2(lo[0], lo[1]);
+        sub += __shfl_xor_sync(FULL_MASK, sub, 1);
+        sub += __shfl_xor_sync(FULL_MASK, sub, 2);
+        f16* sums = reinterpret_cast<f16*>(xs + i8b_sums(nb) + 32 * sb);  // 8 hi sums, then 8 lo sums
+        if ((lane & 3) == 0) {
+            const f16 h = f32_to_f16(sub);
+            sums[lane >> 2] = h;
+            sums[8 + (lane >> 2)] = f32_to_f16(sub - f16_to_f32(h));
+        }
+        if (lane == 0) *reinterpret_cast<float2*>(xs + i8b_xsc(nb) + 16 * sb) = make_float2(lv.s, lv.s_lo);
+    }
+    __syncwarp();  // a warp reads only its own share: its lanes' writes are what it waits for
+}
+
 // A row's scale and min of sub-blocks c and c + 4, from its 12 scale bytes s (the Q4_K packing).
 __device__ __forceinline__ void i8b_scales(const u8* s, int c, int& sc, int& mn, int& sc4, int& mn4) {
     const int b0 = s[c], b1 = s[c + 4], b2 = s[c + 8];
@@ -181,16 +281,17 @@ struct I8bCursor {
 };
 
 // y[rows] = x @ W^T (+ bias) (+ residual), W Q4_K (qmap: its quant plane, engine/cuda/i8b.py), one token, K a
-// multiple of 256, x in act8 (group 0's bases). Launch: blocks of W <= I8B_MAX_WARPS warps; block b takes the
+// multiple of 256, x in act8 (group 0's bases; MODE I8B_STAGED) or produced from src by the ACT_* MODE. Launch: blocks of W <= I8B_MAX_WARPS warps; block b takes the
 // 16-row tiles b, b + gridDim.x, ... (one each when the grid is the tile count), staging the row's activations
 // once; warp w takes the w-th contiguous share of each tile's superblocks (ceil(nb / W), the last ones fewer)
 // through its own ring of NS stages of S superblocks, which runs on from one tile into the next; dynamic shared
 // memory 1024 (alignment) + i8b_x_bytes(nb) + W NS S (2048 + 256).
-template <int S, int NS>
+template <int S, int NS, int MODE>
 __global__ void __launch_bounds__(I8B_MAX_WARPS * 32)
 mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
-         float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K) {
+         const I8bSrc src, float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual,
+         int rows, int K) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(1024) u8 smem[];
     __shared__ __align__(8) u64 bars[I8B_MAX_WARPS][NS];
@@ -219,8 +320,11 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         for (int k = 0; k < NS - 1 && k < num_stages; ++k) issue(k);
     }
-    PDL_ENTER();  // the activations are the previous kernel's output
-    i8b_stage_x(base, q8, scale8, sums, sums_lo, nb);
+    PDL_ENTER();  // the activations (or what they are computed from) are the previous kernel's output
+    if (MODE == I8B_STAGED)
+        i8b_stage_x(base, q8, scale8, sums, sums_lo, nb);
+    else
+        i8b_produce_x<MODE>(smem + (base - smem_u32(smem)), src, nb, sb0, n);
     int qoff[2][4];  // the lane's 8 bytes of chunk j of tile row 2g + r in a swizzled box
 #pragma unroll
     for (int r = 0; r < 2; ++r)
