@@ -36,12 +36,15 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "r2": (STAGED_QTYPES, False, 32, "cp", "off"), "r4": (STAGED_QTYPES, False, 32, "cp", "off"),
             "serial": (STAGED_QTYPES, False, 32, "cp", "off"), "k64": (STAGED_QTYPES, False, 64, "cp", "off"),
             "apart": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "serial8": (STAGED_QTYPES, False, 32, "cp", "verify")}
+            "full": (STAGED_QTYPES, False, 32, "cp", "verify"), "serial8": (STAGED_QTYPES, False, 32, "cp", "verify"),
+            "i8t5": (STAGED_QTYPES, False, 32, "cp", "verify")}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
-                         "apart", "spare", "serial8"})
+                         "apart", "spare", "full", "serial8", "i8t5"})
+# v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
+I8_TOKEN_VARIANTS = {"i8t5": 5}
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}}  # v7 with 4-warp int8 matmul blocks at one token (ops.I8_WARPS_AT)
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
 # mode's since v16, 0.03-0.05 ms a pass faster), the others on their ACT_MIN_BLOCKS instance as in v15
@@ -56,9 +59,9 @@ BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24}
 # v7 with every producer launched on its own (engine/cuda/i8b.py FUSE off: v7 fuses RMSNorm, the gated norm and
 # the plain copy into the one-token int8 matmul after them)
 APART_VARIANTS = frozenset({"apart"})
-# v7 with mmvq_i8b's walking grid leaving a block an SM free (i8b.SPARE_PER_SM) for what runs beside it;
-# serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
-SPARE_VARIANTS = {"spare": 1}
+# v7 with mmvq_i8b's walking grid filling every SM (v7 leaves a block an SM free for what runs beside it since
+# v17: i8b.SPARE_PER_SM); serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
+SPARE_VARIANTS = {"full": 0, "spare": 1}
 NO_BULK_VARIANTS = frozenset({"i8", "serial8"})
 
 
@@ -271,7 +274,7 @@ def _use_variant(backend, name: str) -> None:
 
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
-    ops.set_i8(name in I8_VARIANTS and ops._i8_default())
+    ops.set_i8(name in I8_VARIANTS and ops._i8_default(), I8_TOKEN_VARIANTS.get(name, ops.DEFAULT_I8_TOKENS))
     ops.I8_TILES = I8_TILE_VARIANTS.get(name, 1)
     ops.ACT_ONE_GROUP_MODES = ONE_GROUP_VARIANTS.get(name, ops.ACT_ONE_GROUP_DEFAULT)
     ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, {})
@@ -279,7 +282,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.ON = name in BULK_I8_VARIANTS or (name in I8_VARIANTS and name not in NO_BULK_VARIANTS and i8b._default())
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)
     i8b.FUSE = name not in APART_VARIANTS and i8b._fuse_default()
-    i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, 0)
+    i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
     backend.dev.pdl = pdl == "on"

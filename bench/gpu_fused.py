@@ -123,22 +123,26 @@ def run_fused_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
 
 
 def time_fused(dev: Device, report: Report, rng: np.random.Generator) -> None:
-    """Producer then matmul (two launches) against the fused launch, at the pass's 27B pairs (us)."""
+    """Producer then matmul (two launches) against the fused launch, and the fused launch with every SM's blocks
+    (i8b.SPARE_PER_SM 0), at the pass's 27B pairs (us)."""
     if dev.info.arch < i8b.MIN_ARCH:
         return
-    print("fused producer timings (us): producer + mmvq_i8b | fused", flush=True)
+    print("fused producer timings (us): producer + mmvq_i8b | fused | fused, no SM's block spared", flush=True)
     for name, mode in FUSED_TIMED:
         m: TimedMatrix = timed_matrix(dev, rng, name, Q.Q4_K, precise=True)
         inputs = producer_inputs(dev, rng, mode, m.cols)
         cells = []
+        saved = i8b.SPARE_PER_SM
         try:
-            for on in (False, True):
+            for on, spare in ((False, saved), (True, saved), (True, 0)):
+                i8b.SPARE_PER_SM = spare
                 with fusing(on):
-                    label = "fused" if on else "apart"
+                    label = ("fused" if on else "apart") + ("" if spare == saved else f".spare{spare}")
                     timing = m.record(dev, report, 1, "matmul", f"{name}.Q4_K.T1.{mode}.{label}",
                                       producer=inputs.producer)
                 cells.append(f"{label} {timing.median_ms * 1e3:6.1f}")
         finally:
+            i8b.SPARE_PER_SM = saved
             m.free(dev)
             for buf in inputs.buffers:
                 dev.memory.free(buf)

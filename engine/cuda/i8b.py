@@ -23,6 +23,7 @@ ENV = "OPENJET_CUDA_I8B"
 MIN_ARCH = 90  # tensor copies (cp.async.bulk.tensor) and mbarrier transaction counts
 QUANT_BYTES, WORD_BYTES = 2048, 256  # a unit's quant box and word unit (mirror of the kernel's)
 MAX_WARPS = 8  # the kernel's I8B_MAX_WARPS
+PRODUCE_MAX = 4  # the kernel's I8B_PRODUCE_MAX: the most superblocks a warp's share may hold with a fused producer
 ALIGN_SLACK = 1024  # the kernel aligns its regions to 1024 bytes (the 128-byte swizzle) at run time
 
 
@@ -48,8 +49,11 @@ WARPS: int | None = None  # warps per block; None: ops.i8_warps' choice for mmvq
 # True: a grid of as many blocks as fit at once (or fewer, each the same number of tiles), each walking its tiles
 # with the activations staged once; False: a block a tile.
 PERSIST = True
-# Blocks an SM the walking grid leaves free (0: all it holds): room for what runs beside it (Device.beside).
-SPARE_PER_SM = 0
+# Blocks an SM the walking grid leaves free (0: all it holds): room for what runs beside it (Device.beside: a
+# projection's small parts, DeltaNet's Q8_0 alpha | beta and attention's Q6_K attn_v). 1 made the 27B pass at
+# one token 8.07 ms against 8.26 with every SM full (bench/NOTES.md v17).
+DEFAULT_SPARE_PER_SM = 1
+SPARE_PER_SM = DEFAULT_SPARE_PER_SM
 # The widest rows (superblocks) it takes; None: every width. ffn_down's 68 superblocks stage 38 KB of activations
 # a block, which leaves fewer blocks an SM: 21.3 us against mmvq_i8's 18.8 alone (the pass with it there was
 # 0.03 ms faster, within a run's spread), so rows of up to 24 (K <= 6,144) take it.
@@ -94,7 +98,18 @@ def fuses(dev: Device, w: DeviceWeight, num_tokens: int, producer: Producer) -> 
     src = producer.src
     if not (FUSE and ops.I8_MATMUL and producer.mode in I8B_FUSED_MODES and SHAPE in I8B_FUSED_SHAPES):
         return False
-    return all(p % 16 == 0 for p in (src.x, src.x2, src.w)) and _takes(dev, w, num_tokens)
+    if not (all(p % 16 == 0 for p in (src.x, src.x2, src.w)) and _takes(dev, w, num_tokens)):
+        return False
+    nb = w.cols // ops.SUPERBLOCK
+    return -(-nb // warps(dev, w)) <= PRODUCE_MAX
+
+
+def warps(dev: Device, w: DeviceWeight) -> int:
+    """Warps per block of a launch on w: WARPS, else mmvq_i8's choice; never more than the superblocks."""
+    from engine.cuda import ops
+
+    tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
+    return min(WARPS or ops.i8_warps(w.cols, tiles, 1, dev.info.multiprocessors), nb, MAX_WARPS)
 
 
 def _takes(dev: Device, w: DeviceWeight, num_tokens: int) -> bool:
@@ -150,8 +165,7 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     from engine.cuda import ops
 
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
-    tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
-    warps = min(WARPS or ops.i8_warps(w.cols, tiles, 1, dev.info.multiprocessors), nb, MAX_WARPS)
+    tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, warps(dev, w)
     name = f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}"
     if producer is None:
         src, (q8, scale8, sums8, sums8_lo) = I8bSrc(), group8
@@ -159,7 +173,7 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
         a = producer.src
         src, (q8, scale8, sums8, sums8_lo) = I8bSrc(a.x, a.x2, a.w, a.head, a.eps), (None,) * 4
         name += f"_{producer.mode}"
-    kernel, smem = dev.kernel(name), smem_bytes(nb, warps, SHAPE)
+    kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols]
-    dev.launch(kernel, grid(dev, tiles, warps, smem), 32 * warps, args, smem=smem)
+    dev.launch(kernel, grid(dev, tiles, num_warps, smem), 32 * num_warps, args, smem=smem)

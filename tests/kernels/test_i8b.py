@@ -52,6 +52,7 @@ def test_the_launcher_mirrors_the_kernels_layout() -> None:
     src = (nvrtc.KERNEL_DIR / "mmvq_i8b.cu").read_text()
     defines = dict(re.findall(r"#define (\w+) (\d+)", src))
     assert int(defines["I8B_QUANT_BYTES"]) == i8b.QUANT_BYTES
+    assert int(defines["I8B_PRODUCE_MAX"]) == i8b.PRODUCE_MAX
     assert int(defines["I8B_MAX_WARPS"]) == i8b.MAX_WARPS >= ops.MMVQ_WARPS
     # hi level, lo level 64 bytes on, 16-byte scale pairs and two 16-byte sums records a superblock, in KB
     for nb in (1, 20, 24, 68):
@@ -99,6 +100,9 @@ def test_fused_only_where_the_int8_matmul_takes_the_launch_and_the_inputs_align(
     assert not i8b.fuses(_dev(90), _weight(Q.Q6_K), 1, norm)
     assert not i8b.fuses(_dev(90), _weight(cols=17408), 1, norm)  # wider than MAX_SUPERBLOCKS: mmvq_i8
     assert not i8b.fuses(_dev(90), _weight(), 1, ops.rmsnorm_of(_Buf((1 << 20) + 8), w, 5120, 1e-6))  # float4 loads
+    monkeypatch.setattr(i8b, "WARPS", 4)  # 5 superblocks a warp: more than its loads in flight hold
+    assert not i8b.fuses(_dev(90), _weight(), 1, norm)
+    monkeypatch.setattr(i8b, "WARPS", None)
     monkeypatch.setattr(i8b, "SHAPE", (1, 4))  # a shape built without the fused modes
     assert not i8b.fuses(_dev(90), _weight(), 1, norm)
     monkeypatch.setattr(i8b, "SHAPE", (2, 2))
@@ -128,6 +132,7 @@ def test_a_spare_block_an_sm_shrinks_the_walking_grid(monkeypatch) -> None:
 
 def test_grid_one_block_a_tile_or_equal_tiles_a_resident_block(monkeypatch) -> None:
     dev, smem = _dev(90), i8b.smem_bytes(20, 5, (2, 2))  # 59 KB: 3 blocks of 5 warps an SM
+    monkeypatch.setattr(i8b, "SPARE_PER_SM", 0)
     monkeypatch.setattr(i8b, "PERSIST", False)
     assert i8b.grid(dev, 2176, 5, smem) == 2176
     monkeypatch.setattr(i8b, "PERSIST", True)

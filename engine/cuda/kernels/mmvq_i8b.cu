@@ -138,79 +138,107 @@ __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-// The warp's share (superblocks sb0 .. sb0 + n - 1) of the block's activations into xs, as i8b_stage_x leaves
-// them, computed from src by the producer MODE. Lane l takes positions 8l .. 8l + 7 of a superblock: 8 contiguous
-// bytes of each level in the act8 order (64-position chunk l / 8; sub-block l / 4, its low or high nibbles by
-// (l / 4) % 2), so a quad holds a sub-block. Every thread of the block calls it (RMSNorm: one __syncthreads).
+#define I8B_PRODUCE_MAX 4  // superblocks in a warp's share with a fused producer: all their loads fly at once
+
+// The warp's share (superblocks sb0 .. sb0 + n - 1, n <= I8B_PRODUCE_MAX) of the block's activations into xs, as
+// i8b_stage_x leaves them, computed from src by the producer MODE. Lane l takes positions 8l .. 8l + 7 of each
+// superblock: 8 contiguous bytes of each level in the act8 order (64-position chunk l / 8; sub-block l / 4, its
+// low or high nibbles by (l / 4) % 2), so a quad holds a sub-block. Every load is issued before any is used
+// (one round trip; a loop of dependent loads measured ~3 us a block), the reductions of the superblocks
+// interleaved. Every thread of the block calls it (RMSNorm: one __syncthreads for the row's sum).
 template <int MODE>
 __device__ __forceinline__ void i8b_produce_x(u8* xs, const I8bSrc& src, int nb, int sb0, int n) {
+    constexpr int M = I8B_PRODUCE_MAX;
     __shared__ float part[I8B_MAX_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float inv_rms = 1.f;
+    float v[M][8], u[M][8], hw[8];  // u: RMSNorm's weights or the gated norm's gate; hw: the head's weights
+#pragma unroll
+    for (int s = 0; s < M; ++s) {  // past the share: a valid superblock again (never summed or stored)
+        const int k = QK_SB * min(sb0 + min(s, n - 1), nb - 1) + 8 * lane;
+        load8(src.x + k, v[s]);
+        if (MODE == ACT_RMSNORM) load8(src.w + k, u[s]);
+        if (MODE == ACT_GATEDNORM) load8(src.x2 + k, u[s]);
+    }
+    if (MODE == ACT_GATEDNORM) load8(src.w + (8 * lane) % src.head, hw);
     if (MODE == ACT_RMSNORM) {  // the row's sum of squares: the warps' shares cover it
         float ss = 0.f;
-#pragma unroll 4
-        for (int s = 0; s < n; ++s) {
-            float v[8];
-            load8(src.x + QK_SB * (sb0 + s) + 8 * lane, v);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) ss = fmaf(v[e], v[e], ss);
-        }
+        for (int s = 0; s < M; ++s)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ss = s < n ? fmaf(v[s][e], v[s][e], ss) : ss;
         ss = warp_sum(ss);
         if (lane == 0) part[warp] = ss;
         __syncthreads();
         float total = 0.f;
         for (int wi = 0; wi < (int)(blockDim.x >> 5); ++wi) total += part[wi];
-        inv_rms = rsqrtf(total / (float)(QK_SB * nb) + src.eps);
+        const float inv_rms = rsqrtf(total / (float)(QK_SB * nb) + src.eps);
+#pragma unroll
+        for (int s = 0; s < M; ++s)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[s][e] = v[s][e] * inv_rms * u[s][e];
     }
-    const int off = 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
-#pragma unroll 2
-    for (int s = 0; s < n; ++s) {
-        const int sb = sb0 + s, k = QK_SB * sb + 8 * lane;
-        float v[8];
-        load8(src.x + k, v);
-        if (MODE == ACT_RMSNORM) {
-            float w[8];
-            load8(src.w + k, w);
+    if (MODE == ACT_GATEDNORM) {  // heads of src.head (a multiple of 32 dividing 256): src.head / 8 lanes
+        float sq[M];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = v[e] * inv_rms * w[e];
-        } else if (MODE == ACT_GATEDNORM) {  // heads of src.head (a multiple of 32 dividing 256): lanes head / 8
-            float z[8], w[8];
-            load8(src.x2 + k, z);
-            load8(src.w + (8 * lane) % src.head, w);
-            float sq = 0.f;
+        for (int s = 0; s < M; ++s) {
+            sq[s] = 0.f;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sq = fmaf(v[e], v[e], sq);
-            for (int o = 1; o < src.head / 8; o <<= 1) sq += __shfl_xor_sync(FULL_MASK, sq, o);
-            const float r = rsqrtf(sq / (float)src.head + src.eps);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = v[e] * r * w[e] * siluf_(z[e]);
+            for (int e = 0; e < 8; ++e) sq[s] = fmaf(v[s][e], v[s][e], sq[s]);
         }
-        float mx = 0.f;
+        for (int o = 1; o < src.head / 8; o <<= 1)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(v[e]));
-        const Act8Levels lv(warp_max(mx));
+            for (int s = 0; s < M; ++s) sq[s] += __shfl_xor_sync(FULL_MASK, sq[s], o);
+#pragma unroll
+        for (int s = 0; s < M; ++s) {
+            const float r = rsqrtf(sq[s] / (float)src.head + src.eps);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[s][e] = v[s][e] * r * hw[e] * siluf_(u[s][e]);
+        }
+    }
+    float mx[M];
+#pragma unroll
+    for (int s = 0; s < M; ++s) {
+        mx[s] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) mx[s] = fmaxf(mx[s], fabsf(v[s][e]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int s = 0; s < M; ++s) mx[s] = fmaxf(mx[s], __shfl_xor_sync(FULL_MASK, mx[s], o));
+    const int off = 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
+    float sub[M];  // what the mma sees, summed over the lane's 8 positions, then over the quad's sub-block
+#pragma unroll
+    for (int s = 0; s < M; ++s) {
+        const int sb = sb0 + s;
+        const Act8Levels lv(mx[s]);
         u32 hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
-        float sub = 0.f;  // what the mma sees, summed over the lane's 8 positions, then the quad's sub-block
+        sub[s] = 0.f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             float qh, ql;
-            sub += lv.quantize(v[e], qh, ql);
+            sub[s] += lv.quantize(v[s][e], qh, ql);
             hi[e >> 2] |= (u32)(u8)(i8)(int)qh << (8 * (e & 3));
             lo[e >> 2] |= (u32)(u8)(i8)(int)ql << (8 * (e & 3));
         }
-        *reinterpret_cast<uint2*>(xs + 256 * sb + off) = make_uint2(hi[0], hi[1]);
-        *reinterpret_cast<uint2*>(xs + i8b_xlo(nb) + 256 * sb + off) = make_uint2(lo[0], lo[1]);
-        sub += __shfl_xor_sync(FULL_MASK, sub, 1);
-        sub += __shfl_xor_sync(FULL_MASK, sub, 2);
-        f16* sums = reinterpret_cast<f16*>(xs + i8b_sums(nb) + 32 * sb);  // 8 hi sums, then 8 lo sums
-        if ((lane & 3) == 0) {
-            const f16 h = f32_to_f16(sub);
-            sums[lane >> 2] = h;
-            sums[8 + (lane >> 2)] = f32_to_f16(sub - f16_to_f32(h));
+        if (s < n) {
+            *reinterpret_cast<uint2*>(xs + 256 * sb + off) = make_uint2(hi[0], hi[1]);
+            *reinterpret_cast<uint2*>(xs + i8b_xlo(nb) + 256 * sb + off) = make_uint2(lo[0], lo[1]);
+            if (lane == 0) *reinterpret_cast<float2*>(xs + i8b_xsc(nb) + 16 * sb) = make_float2(lv.s, lv.s_lo);
         }
-        if (lane == 0) *reinterpret_cast<float2*>(xs + i8b_xsc(nb) + 16 * sb) = make_float2(lv.s, lv.s_lo);
     }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1)
+#pragma unroll
+        for (int s = 0; s < M; ++s) sub[s] += __shfl_xor_sync(FULL_MASK, sub[s], o);
+#pragma unroll
+    for (int s = 0; s < M; ++s)
+        if (s < n && (lane & 3) == 0) {
+            f16* sums = reinterpret_cast<f16*>(xs + i8b_sums(nb) + 32 * (sb0 + s));  // 8 hi sums, then 8 lo
+            const f16 h = f32_to_f16(sub[s]);
+            sums[lane >> 2] = h;
+            sums[8 + (lane >> 2)] = f32_to_f16(sub[s] - f16_to_f32(h));
+        }
     __syncwarp();  // a warp reads only its own share: its lanes' writes are what it waits for
 }
 
