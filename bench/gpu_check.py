@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
 PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream",
-         "mixers", "i8", "fused")
+         "mixers", "i8", "fused", "mtp27b")
 # --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
@@ -101,6 +101,10 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         from bench import gpu_models
 
         gpu_models.run_27b(dev, report, args)
+    elif name == "mtp27b":  # the per-op MTP head on the same file: its catch-up in every pass, drafts of 1..4
+        from bench import gpu_mtp27b
+
+        gpu_mtp27b.run_mtp27b(report, args)
     elif name == "mk27b":  # the megakernel's cycle at d = 0..4 on the same file
         from bench import gpu_megakernel
 
