@@ -20,7 +20,10 @@ from engine.cuda.device import Buffer, Device, Graph
 from engine.cuda.model import VERIFY_MAX, CudaModel
 from engine.errors import ContextOverflowError
 
-MTP_ENV = "OPENJET_CUDA_MTP"  # "1": load the MTP head and draft with it (off until checked on a GPU)
+# "0": leave the file's MTP head out (no draft(); the server drafts n-grams). On by default: checked on the H200
+# (tiny qwen35: drafts and speculative greedy decoding equal to the reference's) and timed at the 27B shape (its
+# catch-up adds 0.18 ms to an 8.0 ms pass, a draft of 4 takes 2.8 ms; bench/NOTES.md v17).
+MTP_ENV = "OPENJET_CUDA_MTP"
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -53,8 +56,8 @@ class CudaBackend(Backend):
         reference instead of about 1e-3. In either mode the Q4_K matmuls of 1-4 tokens take int8 activations in
         two levels (1.5e-5 of each 256-value block's largest; ops.I8_MATMUL, OPENJET_CUDA_I8=0 to keep f16).
 
-        mtp (default: OPENJET_CUDA_MTP, off until checked on a GPU) uploads the file's MTP head, if it has one,
-        and feeds it every pass, so that draft() works (can_draft).
+        mtp (default: on, unless OPENJET_CUDA_MTP=0) uploads the file's MTP head, if it has one, and feeds it
+        every pass, so that draft() works (can_draft).
         """
         from engine.cuda.weights import upload_weights
         from engine.gguf.reader import GGUFFile
@@ -71,7 +74,7 @@ class CudaBackend(Backend):
         try:
             dev.load_all()
             if mtp is None:
-                mtp = env_flag(MTP_ENV, False)
+                mtp = env_flag(MTP_ENV, True)
             weights = upload_weights(dev, cfg, tensors, mtp=mtp)
             if precise is None:
                 precise = env_flag("OPENJET_CUDA_PRECISE", True)
@@ -156,7 +159,7 @@ class CudaBackend(Backend):
         are: no download of num_draft x V floats); with it, each step's logits too (the GPU check compares them)."""
         if not self.can_draft:
             raise ValueError("no MTP head on this backend (the file has none, or it was not loaded: "
-                             f"{MTP_ENV}=1); use n-gram drafts")
+                             f"{MTP_ENV}=0); use n-gram drafts")
         if not 0 <= int(token) < self.vocab_size:
             raise ValueError(f"token id {token} is outside the vocabulary of {self.vocab_size}")
         if not 0 <= num_draft <= VERIFY_MAX - 1:
