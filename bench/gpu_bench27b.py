@@ -37,12 +37,12 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "serial": (STAGED_QTYPES, False, 32, "cp", "off"), "k64": (STAGED_QTYPES, False, 64, "cp", "off"),
             "apart": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "full": (STAGED_QTYPES, False, 32, "cp", "verify"), "serial8": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "i8t5": (STAGED_QTYPES, False, 32, "cp", "verify"), "prodmain": (STAGED_QTYPES, False, 32, "cp", "verify")}
+            "i8t5": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare2": (STAGED_QTYPES, False, 32, "cp", "verify")}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
-                         "apart", "spare", "full", "serial8", "i8t5", "prodmain"})
+                         "apart", "spare", "full", "serial8", "i8t5", "spare2"})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}}  # v7 with 4-warp int8 matmul blocks at one token (ops.I8_WARPS_AT)
@@ -61,11 +61,8 @@ BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24}
 APART_VARIANTS = frozenset({"apart"})
 # v7 with mmvq_i8b's walking grid filling every SM (v7 leaves a block an SM free for what runs beside it since
 # v17: i8b.SPARE_PER_SM); serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
-SPARE_VARIANTS = {"full": 0, "spare": 1}
+SPARE_VARIANTS = {"full": 0, "spare": 1, "spare2": 2}
 NO_BULK_VARIANTS = frozenset({"i8", "serial8"})
-# v7 with a projection's producer on the main stream before all its parts even where the largest part computes it
-# itself (engine/cuda/weights.py PRODUCE_BESIDE: v7 launches it beside, with the other parts)
-PRODUCE_MAIN_VARIANTS = frozenset({"prodmain"})
 
 
 def _model_file(report: Report) -> Path:
@@ -274,7 +271,7 @@ def _prefill_before(backend, report: Report, v7_tokens: list[int]) -> None:
 
 def _use_variant(backend, name: str) -> None:
     """Switch the matmul and attention kernels to a generation of VARIANTS (captured passes are dropped)."""
-    from engine.cuda import env_flag, i8b, mixers, ops, weights
+    from engine.cuda import env_flag, i8b, mixers, ops
 
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
@@ -287,7 +284,6 @@ def _use_variant(backend, name: str) -> None:
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)
     i8b.FUSE = name not in APART_VARIANTS and i8b._fuse_default()
     i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
-    weights.PRODUCE_BESIDE = name not in PRODUCE_MAIN_VARIANTS
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
     backend.dev.pdl = pdl == "on"

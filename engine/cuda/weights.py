@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import i8b, ops
+from engine.cuda import ops
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import MATMUL_QTYPES
 from engine.errors import UnsupportedModelError
@@ -25,11 +25,6 @@ if TYPE_CHECKING:
     from engine.model.weights import ModelTensors
 
 DEVICE_QTYPES = (Q.F32,) + MATMUL_QTYPES
-
-
-# A projection of several parts whose largest computes its producer itself (i8b.fuses) launches that producer,
-# for the other parts, on the side stream with them (Projection.run); off: the producer first, on the main stream.
-PRODUCE_BESIDE = True
 
 
 @dataclass(slots=True)
@@ -53,31 +48,21 @@ class Projection:
             producer: ops.Producer | None = None) -> None:
         """y[:, offset:offset + rows] = act @ W^T (+ bias) for every part.
 
-        producer: the op that makes act. ops.matmul fuses it into a lone part's launch where it can (i8b.fuses);
-        with several parts, where the largest fuses it and beside is on, it still does, while the producer (for the
-        others) and the other parts run beside it; else the producer is launched first.
+        producer: the op that makes act (ops.matmul fuses it into a lone part's launch where it can; with several
+        parts it is launched first).
 
         beside: the parts other than the largest run on the device's side stream (Device.beside), so that a small
         one (DeltaNet's 96-row alpha | beta) overlaps the large one instead of following it; the caller joins
         (dev.join()) before reading their outputs. Parts that launch the persistent mmvq stay on the main
         stream (its scratch is one per device)."""
-        main = max(self.parts, key=lambda part: part.weight.buf.nbytes)
         if producer is not None and len(self.parts) == 1:
-            ops.matmul(dev, main.weight, act, y.view(4 * main.offset), num_tokens, ld_y, bias=main.bias,
-                       producer=producer)
-            return
-        if producer is not None and beside and PRODUCE_BESIDE and i8b.fuses(dev, main.weight, num_tokens, producer):
-            with dev.beside():
-                ops.produce(dev, producer, act, num_tokens)
-                for part in self.parts:
-                    if part is not main:
-                        assert not ops.runs_persist(dev, part.weight, act, num_tokens), "persistent mmvq beside"
-                        self._launch(dev, part, act, y, num_tokens, ld_y)
-            ops.matmul(dev, main.weight, act, y.view(4 * main.offset), num_tokens, ld_y, bias=main.bias,
+            part = self.parts[0]
+            ops.matmul(dev, part.weight, act, y.view(4 * part.offset), num_tokens, ld_y, bias=part.bias,
                        producer=producer)
             return
         if producer is not None:
             ops.produce(dev, producer, act, num_tokens)
+        main = max(self.parts, key=lambda part: part.weight.buf.nbytes)
         side = [part for part in self.parts if part is not main and beside and
                 not ops.runs_persist(dev, part.weight, act, num_tokens)]
         if side:

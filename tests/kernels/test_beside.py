@@ -96,37 +96,3 @@ def test_runs_persist_follows_the_kernel_choice(monkeypatch) -> None:
     assert not ops.runs_persist(dev, q4, _act(True), ops.GEMM_MIN_TOKENS)  # prefill: the GEMM
     assert ops.runs_persist(dev, q4, _act(True), 5)  # precise, no int8 copy written: the two-pass persist
     assert not ops.runs_persist(dev, q4, _act(True), 4)  # precise up to 4 tokens: mmvq_cp
-
-
-def _producer_launches(monkeypatch, proj: Projection, tokens: int, beside: bool, fuses: bool
-                       ) -> list[tuple[str, str, bool]]:
-    """(what, weight or producer mode, on the side stream) of each launch Projection.run makes with a producer."""
-    from engine.cuda import i8b
-
-    dev, seen = _Streams(), []
-    monkeypatch.setattr(i8b, "fuses", lambda d, w, t, p: fuses and w is proj.parts[0].weight and t == 1)
-    monkeypatch.setattr(ops, "matmul", lambda d, w, *a, producer=None, **k: seen.append(
-        ("fused" if producer is not None else "matmul", w.name, d.side_active)))
-    monkeypatch.setattr(ops, "produce", lambda d, p, *a: seen.append(("produce", p.mode, d.side_active)))
-    norm = ops.rmsnorm_of(Buffer(0x4000, 4 * 5120, "x"), Buffer(0x5000, 4 * 5120, "w"), 5120, 1e-6)
-    proj.run(dev, _act(True), Buffer(0x3000, 1 << 20, "y"), tokens, proj.width, beside=beside, producer=norm)
-    return seen
-
-
-def test_a_fused_largest_part_leaves_the_producer_to_the_side_stream_with_the_others(monkeypatch) -> None:
-    seen = _producer_launches(monkeypatch, _deltanet_in(), 1, beside=True, fuses=True)
-    assert seen == [("produce", "rmsnorm", True), ("matmul", "alpha|beta", True), ("fused", "qkv|gate", False)]
-
-
-def test_the_producer_goes_first_on_the_main_stream_where_the_largest_part_cannot_fuse_it(monkeypatch) -> None:
-    seen = _producer_launches(monkeypatch, _deltanet_in(), 2, beside=True, fuses=True)  # two tokens: no fusing
-    assert seen[0] == ("produce", "rmsnorm", False)
-    assert sorted(seen[1:]) == [("matmul", "alpha|beta", True), ("matmul", "qkv|gate", False)]
-    seen = _producer_launches(monkeypatch, _deltanet_in(), 1, beside=False, fuses=True)  # one stream: no fork
-    assert seen[0] == ("produce", "rmsnorm", False) and all(not side for _, _, side in seen)
-    assert ("fused", "qkv|gate", False) not in seen
-
-
-def test_a_lone_part_gets_the_producer_to_fuse_or_launch_itself(monkeypatch) -> None:
-    proj = Projection([Part(_weight("gate|up", Q.Q4_K, 34816), None, 0)], 34816)
-    assert _producer_launches(monkeypatch, proj, 1, beside=True, fuses=True) == [("fused", "gate|up", False)]
