@@ -1,8 +1,10 @@
 """The tensor-copy int8 Q4_K matmul of one token (kernels/mmvq_i8b.cu, sm_90+): its switch, shape, tensor maps
-and launcher. ops.matmul takes it in place of mmvq_i8 where runs() says so.
+and launcher. ops.matmul takes it in place of mmvq_i8 where runs() says so, and with the producer in front of it
+computed by its own blocks where fuses() says so.
 
 On by default where it runs (OPENJET_CUDA_I8B=0 keeps mmvq_i8): on the H200 the 27B pass at one token took 8.32 ms
-with it against 8.44 without in the same run, 8.04 against 8.26 in fast mode (bench/NOTES.md v16).
+with it against 8.44 without in the same run, 8.04 against 8.26 in fast mode (bench/NOTES.md v16); with its grid
+leaving a block an SM free and the producers fused, 7.99 ms (v17).
 """
 
 from __future__ import annotations
