@@ -13,7 +13,8 @@ import numpy as np
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
-from engine.cuda.instances import PERSIST_QTYPES, STAGED_QTYPES
+from engine.cuda import env_flag
+from engine.cuda.instances import I8B_SHAPES, PERSIST_QTYPES, STAGED_QTYPES
 
 PASS_TOKENS = (1, 2, 3, 5)
 PREFILL_TOKENS = (512, 2048, 8192)
@@ -37,12 +38,14 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "serial": (STAGED_QTYPES, False, 32, "cp", "off"), "k64": (STAGED_QTYPES, False, 64, "cp", "off"),
             "apart": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "full": (STAGED_QTYPES, False, 32, "cp", "verify"), "serial8": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "i8t5": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare2": (STAGED_QTYPES, False, 32, "cp", "verify")}
+            "i8t5": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare2": (STAGED_QTYPES, False, 32, "cp", "verify"),
+            **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "verify") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
-                         "apart", "spare", "full", "serial8", "i8t5", "spare2"})
+                         "apart", "spare", "full", "serial8", "i8t5", "spare2"} |
+                        {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}}  # v7 with 4-warp int8 matmul blocks at one token (ops.I8_WARPS_AT)
@@ -63,6 +66,10 @@ APART_VARIANTS = frozenset({"apart"})
 # v17: i8b.SPARE_PER_SM); serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
 SPARE_VARIANTS = {"full": 0, "spare": 1, "spare2": 2}
 NO_BULK_VARIANTS = frozenset({"i8", "serial8"})
+# v7 with mmvq_i8b in another instance shape (S superblocks a stage, NS stages a warp; v7: i8b.SHAPE)
+SHAPE_VARIANTS = {f"s{s}n{n}": (s, n) for s, n in I8B_SHAPES}
+# OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
+PASSES_ONLY_ENV = "OPENJET_BENCH_PASSES_ONLY"
 
 
 def _model_file(report: Report) -> Path:
@@ -162,7 +169,7 @@ def bench_27b(report: Report, args) -> None:
         report.info["copy_gbps_27b_run"] = round(bw.gbps, 1)
         report.info["model27b_variants"] = {k: [[q.name for q in types], everywhere, keys, kernel, pdl]
                                              for k, (types, everywhere, keys, kernel, pdl) in VARIANTS.items()}
-        tokens = {}
+        tokens, passes_only = {}, env_flag(PASSES_ONLY_ENV, False)
         chosen = [v for v in os.environ.get("OPENJET_BENCH_VARIANTS", "").split(",") if v] or list(VARIANTS)
         for name in chosen:
             if name == "v7pdl" and backend.dev.info.arch < PDL_MIN_ARCH:
@@ -179,7 +186,8 @@ def bench_27b(report: Report, args) -> None:
                 backend.set_precise(False)
                 _time_passes(backend, report, bw.gbps, pass_bytes, f"{tag}.fast")
                 backend.set_precise(True)
-                _profile(backend, report, tag, full=name == "v7")
+                if not passes_only:
+                    _profile(backend, report, tag, full=name == "v7")
             except CudaError:  # a newer variant's failure must not cost the others (a lost context still does)
                 if name == "v7":
                     raise
@@ -190,6 +198,8 @@ def bench_27b(report: Report, args) -> None:
         same = sum(1 for column in zip(*tokens.values(), strict=True) if len(set(column)) == 1)
         report.notes.append(f"27B greedy tokens, {', '.join(tokens)} kernels: {same} of {len(tokens['v7'])} equal")
         _use_variant(backend, "v7")
+        if passes_only:
+            return
         _ablation(backend, report, bw.gbps, pass_bytes)
         backend.reset()
         _time_prefill(backend, report)
@@ -271,7 +281,7 @@ def _prefill_before(backend, report: Report, v7_tokens: list[int]) -> None:
 
 def _use_variant(backend, name: str) -> None:
     """Switch the matmul and attention kernels to a generation of VARIANTS (captured passes are dropped)."""
-    from engine.cuda import env_flag, i8b, mixers, ops
+    from engine.cuda import i8b, mixers, ops
 
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
@@ -284,6 +294,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)
     i8b.FUSE = name not in APART_VARIANTS and i8b._fuse_default()
     i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
+    i8b.SHAPE = SHAPE_VARIANTS.get(name, i8b.DEFAULT_SHAPE)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
     backend.dev.pdl = pdl == "on"

@@ -31,6 +31,10 @@ FUSED_CHECKS = [("ffn_gate_up", "rmsnorm"), ("attn_qkv", "rmsnorm"), ("ssm_out",
 # rounding edge may move one low-level step (~1e-6 of a row); a lost sub-block sum or scale is 1e-3 or more.
 TOL_APART = 1e-5
 FUSED_TIMED = FUSED_CHECKS[:4]
+# the other instance shapes (S superblocks a stage, NS stages a warp) on a partial tile and on ring turns of the
+# two modes with reductions
+FUSED_SHAPE_CHECKS = [(name, mode, shape) for shape in instances.I8B_FUSED_SHAPES if shape != i8b.SHAPE
+                      for name, mode in (("odd_rows", "gatednorm"), ("ffn_gate_up", "rmsnorm"))]
 
 
 @dataclass(slots=True)
@@ -78,8 +82,19 @@ def fusing(on: bool):
         i8b.FUSE = saved
 
 
-def check_fused(dev: Device, report: Report, rng: np.random.Generator, name: str, mode: str) -> None:
-    """One fused launch against the float64 reference, then against producer and matmul launched apart."""
+def check_fused(dev: Device, report: Report, rng: np.random.Generator, name: str, mode: str,
+                shape: tuple[int, int] | None = None) -> None:
+    """One fused launch (in instance shape `shape`, default i8b.SHAPE) against the float64 reference, then against
+    producer and matmul launched apart."""
+    saved = i8b.SHAPE
+    try:
+        i8b.SHAPE = shape or saved
+        _check_fused(dev, report, rng, name, mode, "" if shape is None else f".s{shape[0]}n{shape[1]}")
+    finally:
+        i8b.SHAPE = saved
+
+
+def _check_fused(dev: Device, report: Report, rng: np.random.Generator, name: str, mode: str, tag: str) -> None:
     rows, cols = SHAPES_27B[name]
     data = random_blocks(Q.Q4_K, (rows, cols), rng)
     w = ops.upload_weight(dev, data, Q.Q4_K, (rows, cols), name)
@@ -87,7 +102,7 @@ def check_fused(dev: Device, report: Report, rng: np.random.Generator, name: str
     inputs = producer_inputs(dev, rng, mode, cols)
     res = dev.to_device(rng.standard_normal(rows).astype(np.float32), "res")
     y = dev.alloc(4 * rows, "y")
-    variant = f"{name}.{mode}"
+    variant = f"{name}.{mode}{tag}"
 
     def run(on: bool) -> np.ndarray:
         poison(dev, y)
@@ -120,29 +135,35 @@ def run_fused_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
     print("fused producer checks", flush=True)
     for name, mode in FUSED_CHECKS:
         check_fused(dev, report, rng, name, mode)
+    for name, mode, shape in FUSED_SHAPE_CHECKS:
+        check_fused(dev, report, rng, name, mode, shape)
 
 
 def time_fused(dev: Device, report: Report, rng: np.random.Generator) -> None:
-    """Producer then matmul (two launches) against the fused launch, and the fused launch with every SM's blocks
-    (i8b.SPARE_PER_SM 0), at the pass's 27B pairs (us)."""
+    """Producer then matmul (two launches) against the fused launch in every instance shape (S superblocks a
+    stage, NS stages a warp), with the default spare blocks and with every SM's blocks (i8b.SPARE_PER_SM 0), at
+    the pass's 27B pairs (us)."""
     if dev.info.arch < i8b.MIN_ARCH:
         return
-    print("fused producer timings (us): producer + mmvq_i8b | fused | fused, no SM's block spared", flush=True)
+    print("fused producer timings (us): producer + mmvq_i8b | fused sSnNS (spare default / none)", flush=True)
+    saved_spare, saved_shape = i8b.SPARE_PER_SM, i8b.SHAPE
     for name, mode in FUSED_TIMED:
         m: TimedMatrix = timed_matrix(dev, rng, name, Q.Q4_K, precise=True)
         inputs = producer_inputs(dev, rng, mode, m.cols)
         cells = []
-        saved = i8b.SPARE_PER_SM
+        trials = [(False, saved_shape, saved_spare)] + [(True, shape, spare) for shape in instances.I8B_FUSED_SHAPES
+                                                        for spare in (saved_spare, 0)]
         try:
-            for on, spare in ((False, saved), (True, saved), (True, 0)):
-                i8b.SPARE_PER_SM = spare
+            for on, shape, spare in trials:
+                i8b.SPARE_PER_SM, i8b.SHAPE = spare, shape
                 with fusing(on):
-                    label = ("fused" if on else "apart") + ("" if spare == saved else f".spare{spare}")
+                    label = f"fused.s{shape[0]}n{shape[1]}" if on else "apart"
+                    label += "" if spare == saved_spare else f".spare{spare}"
                     timing = m.record(dev, report, 1, "matmul", f"{name}.Q4_K.T1.{mode}.{label}",
                                       producer=inputs.producer)
-                cells.append(f"{label} {timing.median_ms * 1e3:6.1f}")
+                cells.append(f"{label} {timing.median_ms * 1e3:5.1f}")
         finally:
-            i8b.SPARE_PER_SM = saved
+            i8b.SPARE_PER_SM, i8b.SHAPE = saved_spare, saved_shape
             m.free(dev)
             for buf in inputs.buffers:
                 dev.memory.free(buf)

@@ -46,7 +46,8 @@ def _fuse_default() -> bool:
 FUSE = _fuse_default()
 # (superblocks a stage, stages a warp): one of instances.I8B_SHAPES. (2, 2) measured fastest: 3 stages a warp or
 # 3 superblocks a stage leave fewer blocks an SM (gate|up 44.2 / 40.7 against 32.6 us, bench/NOTES.md v16).
-SHAPE = (2, 2)
+DEFAULT_SHAPE = (2, 2)
+SHAPE = DEFAULT_SHAPE
 WARPS: int | None = None  # warps per block; None: ops.i8_warps' choice for mmvq_i8
 # True: a grid of as many blocks as fit at once (or fewer, each the same number of tiles), each walking its tiles
 # with the activations staged once; False: a block a tile.
