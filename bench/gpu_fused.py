@@ -30,8 +30,10 @@ FUSED_CHECKS = [("ffn_gate_up", "rmsnorm"), ("attn_qkv", "rmsnorm"), ("ssm_out",
 # rounds to a step of its superblock's largest / (127 x 254): the gated norm's heavier tails, silu(z) x w, give
 # ~1e-4 where gaussian rows give ~3e-5). A lost low level is ~250 x that, a lost sub-block ~1e-2.
 LEVEL_ERROR_MARGIN = 4.0
-# Fused and launched apart, both from the same inputs: the producer's whole-row sum is summed in another order, so a
-# rounding edge may move one low-level step (~1e-6 of a row); a lost sub-block sum or scale is 1e-3 or more.
+# Fused and launched apart, both from the same inputs: the norms' sums are summed in another order, so values at a
+# rounding edge (~1e-3 of them) move one low-level step: ~0.1 x level_error (7e-6 seen on odd_rows' gated norm,
+# 006b145); the bound is TOL_APART or half the level error, whichever is larger. A lost sub-block sum or scale
+# is 1e-3 or more.
 TOL_APART = 1e-5
 FUSED_TIMED = FUSED_CHECKS[:4]
 # the other instance shapes (S superblocks a stage, NS stages a warp) on a partial tile and on ring turns of the
@@ -132,7 +134,8 @@ def _check_fused(dev: Device, report: Report, rng: np.random.Generator, name: st
         unwritten = int(np.count_nonzero(np.isnan(fused)))
         if unwritten:
             report.checks[-1].unwritten = unwritten
-        compare(report, "matmul.fused", variant + ".vs_apart", fused, run(False), TOL_APART)
+        compare(report, "matmul.fused", variant + ".vs_apart", fused, run(False),
+                max(TOL_APART, 0.5 * level_error(inputs.values)))
     finally:
         for buf in [w.buf, y, res, *act.buffers(), *inputs.buffers]:
             dev.memory.free(buf)
