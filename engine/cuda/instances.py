@@ -46,9 +46,10 @@ I8_TILE_COUNTS = (1, 2, 4)
 # sm_90+), an instance each: mmvq_q4_K_i8b_s{S}n{NS}.
 I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2))
 # Producers (ACT_MODES) it can compute itself in front of the matmul, and the shapes built with them:
-# mmvq_q4_K_i8b_s{S}n{NS}_{mode}.
+# mmvq_q4_K_i8b_s{S}n{NS}_{mode}. (2, 2) only: with fused producers the others made the 27B pass 0.29-0.82 ms
+# slower (bench/NOTES.md v17, dad12b5).
 I8B_FUSED_MODES = ("plain", "rmsnorm", "gatednorm")
-I8B_FUSED_SHAPES = I8B_SHAPES
+I8B_FUSED_SHAPES = ((2, 2),)
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
 ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens

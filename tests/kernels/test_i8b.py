@@ -38,14 +38,15 @@ def test_taken_only_when_on_for_one_q4k_token_on_sm90(monkeypatch) -> None:
     assert not i8b.runs(_dev(90), _weight(), 1, _act(1))
 
 
-def test_on_by_default_and_the_switch_is_checked(monkeypatch) -> None:
-    monkeypatch.delenv(i8b.ENV, raising=False)
-    assert i8b._default() is True
-    monkeypatch.setenv(i8b.ENV, "0")
-    assert i8b._default() is False
-    monkeypatch.setenv(i8b.ENV, "yes")
-    with pytest.raises(ValueError, match=i8b.ENV):
-        i8b._default()
+@pytest.mark.parametrize("env, default", [(i8b.ENV, i8b._default), (i8b.FUSE_ENV, i8b._fuse_default)])
+def test_on_by_default_and_the_switch_is_checked(monkeypatch, env: str, default) -> None:
+    monkeypatch.delenv(env, raising=False)
+    assert default() is True
+    monkeypatch.setenv(env, "0")
+    assert default() is False
+    monkeypatch.setenv(env, "yes please")
+    with pytest.raises(ValueError, match=env):
+        default()
 
 
 def test_the_launcher_mirrors_the_kernels_layout() -> None:
@@ -112,16 +113,6 @@ def test_fused_only_where_the_int8_matmul_takes_the_launch_and_the_inputs_align(
     monkeypatch.setattr(ops, "I8_MATMUL", True)
     monkeypatch.setattr(i8b, "FUSE", False)
     assert not i8b.fuses(_dev(90), _weight(), 1, norm)
-
-
-def test_fusing_is_on_by_default_and_the_switch_is_checked(monkeypatch) -> None:
-    monkeypatch.delenv(i8b.FUSE_ENV, raising=False)
-    assert i8b._fuse_default() is True
-    monkeypatch.setenv(i8b.FUSE_ENV, "0")
-    assert i8b._fuse_default() is False
-    monkeypatch.setenv(i8b.FUSE_ENV, "no way")
-    with pytest.raises(ValueError, match=i8b.FUSE_ENV):
-        i8b._fuse_default()
 
 
 def test_a_spare_block_an_sm_shrinks_the_walking_grid(monkeypatch) -> None:
