@@ -27,13 +27,6 @@ struct Act8 {
 
 __device__ __forceinline__ i64 act_pos(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
 
-// v as an f16 and its rounding residue (the sub-block sums' hi + lo pair).
-__device__ __forceinline__ void store_f16_pair(f16* hi, f16* lo, i64 i, float v) {
-    const f16 h = f32_to_f16(v);
-    hi[i] = h;
-    lo[i] = f32_to_f16(v - f16_to_f32(h));
-}
-
 // Warp sums (or maxima) of the group's tokens' values at once: one chain for a single token, else interleaved
 // butterflies over the first 4 or all 8 (the tokens past T hold zeros), so T tokens wait ~5 shuffles, not 5 T.
 template <bool MAX>

@@ -1,6 +1,6 @@
-// The producers' modes and the two-level int8 form of a superblock of activations, shared by the producers
-// (kernels/act.cu) and the matmul that computes its own activations (kernels/mmvq_i8b.cu), so both turn the same
-// value into the same bytes.
+// The producers' modes, the two-level int8 form of a superblock of activations and the f16 pair of its sums,
+// shared by the producers (kernels/act.cu) and the matmul that computes its own activations (kernels/mmvq_i8b.cu),
+// so both turn the same value into the same bytes.
 #pragma once
 #include "common.cuh"
 
@@ -27,3 +27,10 @@ struct Act8Levels {
         return fmaf(ql, s_lo, qh * s);
     }
 };
+
+// v as an f16 and its rounding residue (the sub-block sums' hi + lo pair).
+__device__ __forceinline__ void store_f16_pair(f16* hi, f16* lo, i64 i, float v) {
+    const f16 h = f32_to_f16(v);
+    hi[i] = h;
+    lo[i] = f32_to_f16(v - f16_to_f32(h));
+}

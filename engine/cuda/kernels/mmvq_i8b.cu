@@ -235,9 +235,7 @@ __device__ __forceinline__ void i8b_produce_x(u8* xs, const I8bSrc& src, int nb,
     for (int s = 0; s < M; ++s)
         if (s < n && (lane & 3) == 0) {
             f16* sums = reinterpret_cast<f16*>(xs + i8b_sums(nb) + 32 * (sb0 + s));  // 8 hi sums, then 8 lo
-            const f16 h = f32_to_f16(sub[s]);
-            sums[lane >> 2] = h;
-            sums[8 + (lane >> 2)] = f32_to_f16(sub[s] - f16_to_f32(h));
+            store_f16_pair(sums, sums + 8, lane >> 2, sub[s]);
         }
     __syncwarp();  // a warp reads only its own share: its lanes' writes are what it waits for
 }
