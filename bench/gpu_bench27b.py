@@ -39,12 +39,13 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "apart": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "full": (STAGED_QTYPES, False, 32, "cp", "verify"), "serial8": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "i8t5": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare2": (STAGED_QTYPES, False, 32, "cp", "verify"),
+            "i8v": (STAGED_QTYPES, False, 32, "cp", "verify"), "noi8v": (STAGED_QTYPES, False, 32, "cp", "verify"),
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "verify") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
-                         "apart", "spare", "full", "serial8", "i8t5", "spare2"} |
+                         "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
@@ -68,6 +69,9 @@ SPARE_VARIANTS = {"full": 0, "spare": 1, "spare2": 2}
 NO_BULK_VARIANTS = frozenset({"i8", "serial8"})
 # v7 with mmvq_i8b in another instance shape (S superblocks a stage, NS stages a warp; v7: i8b.SHAPE)
 SHAPE_VARIANTS = {f"s{s}n{n}": (s, n) for s, n in I8B_SHAPES}
+# v7 with the tensor-copy int8 matmul of 2-8 tokens on (i8v) or off (noi8v): engine/cuda/i8b.py verify_runs
+# (OPENJET_CUDA_I8V; v7 follows it)
+VERIFY_VARIANTS = {"i8v": True, "noi8v": False}
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
 PASSES_ONLY_ENV = "OPENJET_BENCH_PASSES_ONLY"
 
@@ -295,6 +299,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.FUSE = name not in APART_VARIANTS and i8b._fuse_default()
     i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
     i8b.SHAPE = SHAPE_VARIANTS.get(name, i8b.DEFAULT_SHAPE)
+    i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
     backend.dev.pdl = pdl == "on"

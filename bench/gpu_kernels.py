@@ -69,6 +69,13 @@ I8B_CHECKS = [(name, shape, True) for shape in instances.I8B_SHAPES for name in 
     (name, None, persist) for name in ("attn_q", "ffn_up", "attn_output", "ssm_ab", "odd_rows")
     for persist in (False, True)]  # persistent: several tiles a block (a partial last one on odd_rows) or one
 TOL_I8B_SAME = 1e-5
+# The tensor-copy form of 2-8 tokens (kernels/mmvq_i8v.cu): every token count on a partial tile and three
+# superblocks a row (odd_rows) and at K = 5,120 (attn_q), 48 rows (ssm_ab), the widest rows it takes (attn_output's
+# 24 superblocks); precise and fast mode alike (it replaces both). Held to TOL_I8 against the float64 reference,
+# to mmvq_i8 (up to its 5 tokens) at TOL_I8B_SAME and, precise, to the f16 kernels at TOL_I8.
+I8V_CHECKS = [(name, t, precise) for name in ("odd_rows", "attn_q") for t in instances.I8V_TOKENS
+              for precise in (False, True)] + [("ssm_ab", 5, True), ("attn_output", 8, True), ("attn_output", 3, False),
+                                               ("ffn_up", 5, True)]
 # ... and with several row tiles a block: 63 tiles of odd_rows leave a partial last block (and tile), ssm_ab's 3
 # tiles a block of fewer than 4, ffn_down's ring runs across its tiles
 I8_TILE_CHECKS = [("odd_rows", 1), ("odd_rows", 4), ("ssm_ab", 1), ("ffn_down", 2), ("attn_q", 3)]
@@ -95,15 +102,16 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
         ref += dev.download(res, np.float32, (num_tokens, rows))[:, pick]
     tol = TOL_F32 if qtype == Q.F32 or precise else TOL_F16
     variant = f"{qtype.name}.T{num_tokens}" + (".precise" if precise else "") + tag
-    i8 = ops.i8_runs(qtype, num_tokens, act, dev.info.max_smem_per_block)
-    bulk = i8 and i8b.runs(dev, w, num_tokens, act)
-    pipelined = ("i8b" if bulk else "i8") if i8 else _runs_pipeline(qtype, precise, num_tokens)
+    verify = ops.I8_MATMUL and i8b.verify_runs(dev, w, num_tokens, act)
+    i8 = verify or ops.i8_runs(qtype, num_tokens, act, dev.info.max_smem_per_block)
+    bulk = i8 and not verify and i8b.runs(dev, w, num_tokens, act)
+    pipelined = ("i8v" if verify else "i8b" if bulk else "i8") if i8 else _runs_pipeline(qtype, precise, num_tokens)
     variant += f".{pipelined}" if pipelined else ""
     compare(report, "matmul", variant, out[:, pick], ref, TOL_I8 if i8 else tol)
     unwritten = int(np.count_nonzero(np.isnan(out)))
     if unwritten:
         report.checks[-1].unwritten = unwritten
-    if bulk:  # the same arithmetic as mmvq_i8 in another order: float rounding apart
+    if bulk or (verify and num_tokens <= instances.I8_MAX_TOKENS):  # mmvq_i8's arithmetic in another order
         _check_against_i8(dev, report, w, act, y, res, out, num_tokens, variant)
     if i8 and precise:  # against the fast f16 kernel the difference is that kernel's own error (~2e-4)
         _check_against_f16(dev, report, w, act, y, res, out, num_tokens, variant)
@@ -157,11 +165,25 @@ def bulk_i8(on: bool, shape: tuple[int, int] | None = None, warps: int | None = 
 
 def _check_against_i8(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,
                       variant: str) -> None:
-    """mmvq_i8b against mmvq_i8 on the same inputs: both sum the same exact int32 products, so only the order of
-    their float sums differs (~1e-7); a dropped superblock, row or min term is 1e-3 or more."""
-    with bulk_i8(False):
+    """mmvq_i8b (or mmvq_i8v) against mmvq_i8 on the same inputs: both sum the same exact int32 products, so only
+    the order of their float sums differs (~1e-7); a dropped superblock, row, token or min term is 1e-3 or more."""
+    with bulk_i8(False), verify_i8(False), i8_matmul(True, max(num_tokens, ops.I8_TOKENS)):
         plain = _rerun(dev, w, act, y, res, num_tokens)
     compare(report, "matmul.same", variant + ".vs_i8", out, plain, TOL_I8B_SAME)
+
+
+@contextmanager
+def verify_i8(on: bool, warps: int | None = None, spare: int | None = None):
+    """The tensor-copy int8 matmul of 2-8 tokens (engine/cuda/i8b.py verify_runs) switched for the block, with
+    optionally its warps a block and blocks an SM left free; the settings restored after it."""
+    saved = i8b.VERIFY_ON, i8b.WARPS, i8b.SPARE_PER_SM
+    try:
+        i8b.VERIFY_ON = on
+        i8b.WARPS = warps if warps is not None else saved[1]
+        i8b.SPARE_PER_SM = spare if spare is not None else saved[2]
+        yield
+    finally:
+        i8b.VERIFY_ON, i8b.WARPS, i8b.SPARE_PER_SM = saved
 
 
 @contextmanager
@@ -283,6 +305,9 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
                     with bulk_i8(True, shape, persist=persist):
                         tag = f".s{i8b.SHAPE[0]}n{i8b.SHAPE[1]}" + (".p" if persist else "")
                         check_matmul(dev, report, rng, name, Q.Q4_K, 1, precise=precise, tag=tag)
+            with verify_i8(True):
+                for name, num_tokens, precise in I8V_CHECKS:
+                    check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
         try:
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
                 ops.I8_TILES = tiles
@@ -301,36 +326,53 @@ I8_SHAPE_TRIALS = (("w4", 4, 1), ("r2", None, 2), ("r4", None, 4))
 I8B_TRIALS = (("i8b.s2n2", None, ((2, 2), False)), ("i8b.s2n2.p", None, ((2, 2), True)),
               ("i8b.s1n4.p", None, ((1, 4), True)), ("i8b.s2n2.w4.p", 4, ((2, 2), True)),
               ("i8b.s2n2.w8.p", 8, ((2, 2), True)))
+# The tensor-copy form of 2-8 tokens: (label, warps or None, blocks an SM left free or None: the launcher's).
+I8V_TRIALS = (("i8v", None, None), ("i8v.w8", 8, None), ("i8v.spare0", None, 0))
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
 
 
-def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 3, 4, 5)) -> None:
-    """The int8 matmul against the f16 kernel the table runs (precise) at each Q4_K shape of the 27B pass."""
-    print("int8 matmul timings (us, GB/s): the f16 kernel the table picks (precise) | i8", flush=True)
+def time_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 3, 4, 5, 8)) -> None:
+    """The int8 matmuls against the f16 kernel the table runs (precise) at each Q4_K shape of the 27B pass."""
+    print("int8 matmul timings (us, GB/s): the f16 kernel the table picks (precise) | i8 ...", flush=True)
     saved = ops.I8_MATMUL, ops.I8_TOKENS
     try:
         for name in I8_TIMED:
             m = timed_matrix(dev, rng, name, Q.Q4_K, precise=True)
             for t in token_counts:
-                cells = []
-                trials = (("f16", None, 1), ("i8", None, 1)) + I8_SHAPE_TRIALS
-                bulk = I8B_TRIALS if t == 1 and dev.info.arch >= i8b.MIN_ARCH else ()
-                for kind, warps, extra in (trials if t <= 4 else trials[:2]) + bulk:  # extra: tiles, or i8b's
-                    on, is_bulk = kind != "f16", kind.startswith("i8b")
-                    ops.set_i8(on, instances.I8_MAX_TOKENS)
-                    ops.I8_WARPS, ops.I8_TILES = (None, 1) if is_bulk else (warps, extra)
-                    ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
-                    label = (kind if kind.startswith("i8") else f"i8.{kind}") if on else \
-                        (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise"
-                    shape, persist = extra if is_bulk else (None, None)
-                    with bulk_i8(is_bulk, shape, warps, persist):
-                        timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
-                    cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
-                print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)
+                cells = [_time_i8_trial(dev, report, m, name, t, *trial) for trial in _i8_trials(dev, t)]
+                print(f"  {name:<11} T={t}  " + " | ".join(c for c in cells if c), flush=True)
             m.free(dev)
     finally:
         ops.set_i8(*saved)
         ops.I8_WARPS, ops.I8_TILES = None, 1
+
+
+def _i8_trials(dev: Device, t: int) -> list[tuple[str, int | None, object]]:
+    """What time_i8 runs at t tokens: (kind, warps, extra: row tiles, or the tensor-copy forms' settings)."""
+    trials = [("f16", None, 1)]
+    if t <= instances.I8_MAX_TOKENS:
+        trials += [("i8", None, 1)] + (list(I8_SHAPE_TRIALS) if t <= 4 else [])
+    if dev.info.arch >= i8b.MIN_ARCH:
+        trials += list(I8B_TRIALS) if t == 1 else [(k, w, spare) for k, w, spare in I8V_TRIALS]
+    return trials
+
+
+def _time_i8_trial(dev: Device, report: Report, m: TimedMatrix, name: str, t: int, kind: str, warps: int | None,
+                   extra) -> str:
+    """One timed launch shape of time_i8; its table cell ("" where the launch would not take that kernel)."""
+    on, is_bulk, is_verify = kind != "f16", kind.startswith("i8b"), kind.startswith("i8v")
+    ops.set_i8(on, min(t, instances.I8_MAX_TOKENS) if on else None)
+    ops.I8_WARPS, ops.I8_TILES = (None, 1) if is_bulk or is_verify else (warps, extra)
+    label = (kind if kind.startswith("i8") else f"i8.{kind}") if on else \
+        (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise"
+    shape, persist = extra if is_bulk else (None, None)
+    with bulk_i8(is_bulk, shape, warps if is_bulk else None, persist), \
+            verify_i8(is_verify, warps if is_verify else None, extra if is_verify else None):
+        ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
+        if is_verify and not i8b.verify_runs(dev, m.ws[0], t, m.act):
+            return ""
+        timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
+    return f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}"
 
 
 TIMED = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_up", Q.Q4_K), ("ssm_out", Q.Q4_K),

@@ -1,6 +1,7 @@
-"""The tensor-copy int8 Q4_K matmul of one token (kernels/mmvq_i8b.cu, sm_90+): its switch, shape, tensor maps
-and launcher. ops.matmul takes it in place of mmvq_i8 where runs() says so, and with the producer in front of it
-computed by its own blocks where fuses() says so.
+"""The tensor-copy int8 Q4_K matmuls (sm_90+): of one token (kernels/mmvq_i8b.cu) and of a verify pass's 2-8 tokens
+(kernels/mmvq_i8v.cu): their switches, shapes, tensor maps and launchers. ops.matmul takes the first in place of
+mmvq_i8 where runs() says so, with the producer in front of it computed by its own blocks where fuses() says so,
+and the second where verify_runs() says so (in place of mmvq_i8 at 2-4 tokens, of the f16 kernels at 5-8).
 
 On by default where it runs (OPENJET_CUDA_I8B=0 keeps mmvq_i8): on the H200 the 27B pass at one token took 8.32 ms
 with it against 8.44 without in the same run, 8.04 against 8.26 in fast mode (bench/NOTES.md v16); with its grid
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch
-from engine.cuda.instances import I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES
+from engine.cuda.instances import I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES, I8V_SHAPE, I8V_TOKENS
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
@@ -76,12 +77,12 @@ def smem_bytes(nb: int, warps: int, shape: tuple[int, int]) -> int:
     return ALIGN_SLACK + x_bytes(nb) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
 
 
-def grid(dev: Device, tiles: int, warps: int, smem: int) -> int:
-    """Blocks of a launch: one a tile, or (PERSIST) as many as are resident at once, fewer where that leaves
-    every block the same number of tiles."""
+def grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SMEM) -> int:
+    """Blocks of a launch: one a tile, or (PERSIST) as many as are resident at once (smem dynamic and `static`
+    bytes of shared memory a block), fewer where that leaves every block the same number of tiles."""
     if not PERSIST:
         return tiles
-    per_sm = max(1, min(64 // warps, (dev.info.max_smem_per_block + 1024) // (smem + STATIC_SMEM)) - SPARE_PER_SM)
+    per_sm = max(1, min(64 // warps, (dev.info.max_smem_per_block + 1024) // (smem + static)) - SPARE_PER_SM)
     per_block = -(-tiles // (per_sm * dev.info.multiprocessors))
     return -(-tiles // per_block)
 
@@ -180,3 +181,69 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     dev.set_max_dynamic_smem(kernel, smem)
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols]
     dev.launch(kernel, grid(dev, tiles, num_warps, smem), 32 * num_warps, args, smem=smem)
+
+
+# ---- 2 to 8 tokens (kernels/mmvq_i8v.cu) ----
+# Off until measured on a GPU (OPENJET_CUDA_I8V=1 turns it on): every token of a verify pass multiplied on the
+# nibbles of one decoded weight box, where the f16 kernels of 5-8 tokens run a second pass for the residue.
+VERIFY_ENV = "OPENJET_CUDA_I8V"
+
+
+def _verify_default() -> bool:
+    return env_switch(VERIFY_ENV, False)
+
+
+VERIFY_ON = _verify_default()
+# The widest rows it takes, as MAX_SUPERBLOCKS for one token: its staged activations grow with T (56 KB at 5
+# tokens and 20 superblocks), ffn_down's 68 superblocks would leave one small block an SM.
+VERIFY_MAX_SUPERBLOCKS = 24
+VERIFY_STATIC_SMEM = 2048  # the kernel's barriers and the driver's reserve, per block; its sums add 1 KB a token
+
+
+def verify_x_bytes(nb: int, num_tokens: int) -> int:
+    """Mirror of kernels/mmvq_i8v.cu i8v_x_bytes: both levels of every token ([nb][256] at a pitch of 256 nb +
+    64), a 32-byte sums record and 8 bytes of level scales a superblock and token, in whole KB."""
+    return (2 * num_tokens * (256 * nb + 64) + 40 * num_tokens * nb + 1023) // 1024 * 1024
+
+
+def verify_smem_bytes(nb: int, num_tokens: int, warps: int) -> int:
+    """Dynamic shared memory of a launch of num_tokens tokens: the staged activations and every warp's ring."""
+    s, ns = I8V_SHAPE
+    return ALIGN_SLACK + verify_x_bytes(nb, num_tokens) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
+
+
+def verify_tokens(dev: Device) -> int:
+    """The most tokens whose int8 copy the producers must write for it: the largest it is built for, or 0 where it
+    does not run (off, or before sm_90)."""
+    return max(I8V_TOKENS) if VERIFY_ON and dev.info.arch >= MIN_ARCH else 0
+
+
+def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
+    """Whether a matmul takes mmvq_i8v: on, sm_90+, a Q4_K weight of rows up to VERIFY_MAX_SUPERBLOCKS, 2-8 tokens
+    whose int8 copy the last producer of act wrote, and its shared memory within the GPU's opt-in maximum."""
+    from engine.cuda import ops
+
+    if not (verify_tokens(dev) and w.qtype == Q.Q4_K and num_tokens in I8V_TOKENS and act.i8_tokens == num_tokens):
+        return False
+    nb = w.cols // ops.SUPERBLOCK
+    smem = verify_smem_bytes(nb, num_tokens, verify_warps(dev, w))
+    return nb <= VERIFY_MAX_SUPERBLOCKS and smem + VERIFY_STATIC_SMEM + 1024 * num_tokens <= dev.info.max_smem_per_block
+
+
+def verify_warps(dev: Device, w: DeviceWeight) -> int:
+    """Warps per block: the one-token form's choice (warps())."""
+    return warps(dev, w)
+
+
+def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
+                  bias: Buffer | None, residual: Buffer | None, num_tokens: int, ld_y: int) -> None:
+    """One launch of mmvq_i8v for num_tokens (2-8) tokens: mmvq_i8b's walking grid, y and residual [T, ld_y]."""
+    from engine.cuda import ops
+
+    tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w)
+    kernel, smem = dev.kernel(f"mmvq_q4_K_i8v_t{num_tokens}"), verify_smem_bytes(nb, num_tokens, num_warps)
+    dev.set_max_dynamic_smem(kernel, smem)
+    q8, scale8, sums8, sums8_lo = group8
+    static = VERIFY_STATIC_SMEM + 1024 * num_tokens
+    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y]
+    dev.launch(kernel, grid(dev, tiles, num_warps, smem, static), 32 * num_warps, args, smem=smem)

@@ -50,6 +50,10 @@ I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2))
 # slower (bench/NOTES.md v17, dad12b5).
 I8B_FUSED_MODES = ("plain", "rmsnorm", "gatednorm")
 I8B_FUSED_SHAPES = ((2, 2),)
+# Tokens of its form for the verify passes (kernels/mmvq_i8v.cu: whole tokens in the mma columns, a second mma past
+# 4), an instance each in mmvq_i8b's default shape: mmvq_q4_K_i8v_t{T}.
+I8V_TOKENS = tuple(range(2, 9))
+I8V_SHAPE = (2, 2)
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
 ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
@@ -96,6 +100,8 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1>") for s, n in I8B_SHAPES]
     out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_{mode}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, {ACT_MODES.index(mode)}>")
             for s, n in I8B_FUSED_SHAPES for mode in I8B_FUSED_MODES]  # a producer fused in front
+    out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}>")
+            for t in I8V_TOKENS]
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

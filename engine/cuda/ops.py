@@ -209,7 +209,7 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
     matmul will read it."""
     assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
     groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
-    i8 = I8_MATMUL and act.q8 is not None and num_tokens <= I8_TOKENS
+    i8 = I8_MATMUL and act.q8 is not None and num_tokens <= max(I8_TOKENS, i8b.verify_tokens(dev))
     a8 = Act8(act.q8.ptr, act.scale8.ptr, act.sums8.ptr, act.sums8_lo.ptr) if i8 else Act8()
     act.i8_tokens = num_tokens if i8 else 0
     name = f"act_{mode}_g1" if groups == 1 and mode in ACT_ONE_GROUP_MODES else f"act_{mode}"
@@ -286,6 +286,9 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         if pipelined == "i8b":
             i8b.launch(dev, w, act.group8(0), y_t, bias, res_t)
             continue
+        if pipelined == "i8v":
+            i8b.launch_verify(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
+            continue
         if pipelined == "i8":
             _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
             continue
@@ -307,8 +310,10 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
 
 
 def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: int) -> str | None:
-    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8b" or "i8" (int8 activations), a
+    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8b", "i8v" or "i8" (int8 activations), a
     pipelined one (PIPELINE_KERNELS), or None for the plain one."""
+    if I8_MATMUL and t == num_tokens and i8b.verify_runs(dev, w, num_tokens, act):
+        return "i8v"
     if i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block):
         return "i8b" if i8b.runs(dev, w, num_tokens, act) else "i8"
     return pipeline_kernel(w.qtype, act.x16_lo is not None and w.qtype != Q.F32, t)

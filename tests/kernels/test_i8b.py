@@ -1,6 +1,7 @@
-"""Host-side rules of the tensor-copy int8 Q4_K matmul (kernels/mmvq_i8b.cu, engine/cuda/i8b.py): when a matmul
-takes it, the shared memory its launcher asks for against the kernel's layout, and its instances. The kernel is
-checked on the GPU (bench/gpu_kernels.py I8B_CHECKS: against the float64 reference and mmvq_i8)."""
+"""Host-side rules of the tensor-copy int8 Q4_K matmuls (kernels/mmvq_i8b.cu one token, mmvq_i8v.cu 2-8 tokens,
+engine/cuda/i8b.py): when a matmul takes them, the shared memory their launchers ask for against the kernels'
+layouts, and their instances. The kernels are checked on the GPU (bench/gpu_kernels.py I8B_CHECKS and I8V_CHECKS:
+against the float64 reference and the kernels they replace)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_on_by_default_and_the_switch_is_checked(monkeypatch, env: str, default)
 
 
 def test_the_launcher_mirrors_the_kernels_layout() -> None:
-    src = (nvrtc.KERNEL_DIR / "mmvq_i8b.cu").read_text()
+    src = (nvrtc.KERNEL_DIR / "mmvq_i8b.cu").read_text() + (nvrtc.KERNEL_DIR / "tma.cuh").read_text()
     defines = dict(re.findall(r"#define (\w+) (\d+)", src))
     assert int(defines["I8B_QUANT_BYTES"]) == i8b.QUANT_BYTES
     assert int(defines["I8B_PRODUCE_MAX"]) == i8b.PRODUCE_MAX
@@ -138,3 +139,63 @@ def test_rows_wider_than_the_limit_keep_mmvq_i8(monkeypatch) -> None:
     monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", 24)
     assert i8b.runs(_dev(90), _weight(cols=6144), 1, _act(1))
     assert not i8b.runs(_dev(90), _weight(cols=17408), 1, _act(1))
+
+
+def test_the_verify_form_takes_2_to_8_q4k_tokens_of_an_int8_copy_on_sm90(monkeypatch) -> None:
+    monkeypatch.setattr(i8b, "VERIFY_ON", True)
+    for t in instances.I8V_TOKENS:
+        assert i8b.verify_runs(_dev(90), _weight(), t, _act(t))
+    assert not i8b.verify_runs(_dev(90), _weight(), 1, _act(1))  # one token: mmvq_i8b
+    assert not i8b.verify_runs(_dev(90), _weight(), 9, _act(9))
+    assert not i8b.verify_runs(_dev(90), _weight(), 5, _act(4))  # the copy holds other tokens than the launch
+    assert not i8b.verify_runs(_dev(89), _weight(), 5, _act(5))
+    assert not i8b.verify_runs(_dev(90), _weight(Q.Q6_K), 5, _act(5))
+    assert not i8b.verify_runs(_dev(90), _weight(cols=17408), 5, _act(5))  # wider than VERIFY_MAX_SUPERBLOCKS
+    assert not i8b.verify_runs(_dev(90, smem=99 * 1024), _weight(cols=6144), 8, _act(8))  # a GeForce's 99 KB
+    monkeypatch.setattr(i8b, "VERIFY_ON", False)
+    assert not i8b.verify_runs(_dev(90), _weight(), 5, _act(5))
+
+
+def test_the_verify_form_is_off_by_default_and_its_switch_is_checked(monkeypatch) -> None:
+    monkeypatch.delenv(i8b.VERIFY_ENV, raising=False)
+    assert i8b._verify_default() is False
+    monkeypatch.setenv(i8b.VERIFY_ENV, "1")
+    assert i8b._verify_default() is True
+    monkeypatch.setenv(i8b.VERIFY_ENV, "2")
+    with pytest.raises(ValueError, match=i8b.VERIFY_ENV):
+        i8b._verify_default()
+
+
+def test_the_producers_write_the_int8_copy_of_every_token_the_verify_form_takes(monkeypatch) -> None:
+    """ops._act_from writes the int8 copy (act.i8_tokens) up to 4 tokens for mmvq_i8, up to 8 with mmvq_i8v."""
+    dev = SimpleNamespace(info=_dev(90).info, kernel=lambda name: name, launch=lambda *a, **k: None)
+    act = ops.Act(_Buf(1), _Buf(2), _Buf(3), 5120, 5120, 8, _Buf(4), q8=_Buf(5), scale8=_Buf(6), sums8=_Buf(7),
+                  sums8_lo=_Buf(8))
+    monkeypatch.setattr(ops, "I8_MATMUL", True)
+    for on, tokens, written in ((False, 4, 4), (False, 5, 0), (True, 5, 5), (True, 8, 8)):
+        monkeypatch.setattr(i8b, "VERIFY_ON", on)
+        ops.act_f16(dev, _Buf(9), act, tokens, 5120)
+        assert act.i8_tokens == written, (on, tokens)
+
+
+def test_the_verify_layout_mirrors_the_kernel() -> None:
+    # both levels of T tokens at a pitch of 256 nb + 64, 32 + 8 bytes of sums and scales a superblock and token
+    for nb, t in ((1, 2), (20, 5), (24, 8), (3, 7)):
+        need = 2 * t * (256 * nb + 64) + 40 * t * nb
+        assert i8b.verify_x_bytes(nb, t) % 1024 == 0 and need <= i8b.verify_x_bytes(nb, t) < need + 1024
+    assert i8b.verify_smem_bytes(20, 5, 5) == 1024 + i8b.verify_x_bytes(20, 5) + 5 * 2 * 2 * (2048 + 256)
+    src = (nvrtc.KERNEL_DIR / "mmvq_i8v.cu").read_text()
+    assert int(re.search(r"#define I8V_MAX_WARPS (\d+)", src).group(1)) >= i8b.MAX_WARPS
+    for t in instances.I8V_TOKENS:
+        s, n = instances.I8V_SHAPE
+        assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}"].expr == f"mmvq_i8v<{t}, {s}, {n}>"
+
+
+def test_a_verify_launch_of_q4k_takes_the_verify_form_before_mmvq_i8(monkeypatch) -> None:
+    monkeypatch.setattr(i8b, "VERIFY_ON", True)
+    monkeypatch.setattr(ops, "I8_MATMUL", True)
+    dev = _dev(90)
+    assert ops._group_kernel(dev, _weight(), _act(3), 3, 3) == "i8v"
+    assert ops._group_kernel(dev, _weight(cols=17408), _act(3), 3, 3) == "i8"  # too wide: mmvq_i8
+    monkeypatch.setattr(ops, "I8_MATMUL", False)  # OPENJET_CUDA_I8=0: every int8 form off
+    assert ops._group_kernel(dev, _weight(), _act(3), 3, 3) != "i8v"

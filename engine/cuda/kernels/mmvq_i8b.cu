@@ -30,10 +30,9 @@
 // body compiles to a trap elsewhere so that every architecture still builds the file.
 #include "act8.cuh"
 #include "mmvq.cuh"
+#include "tma.cuh"
 
 #define I8B_MAX_WARPS 8
-#define I8B_MAX_SPINS (1u << 24)  // failed waits on a stage before a trap (each try_wait may suspend: seconds)
-#define I8B_QUANT_BYTES 2048  // a unit's quants: 16 rows x 128 bytes, as the tensor copy lands them (swizzled)
 
 // The block's activations, staged once for the whole row (every warp of the block reads its share of them): the
 // hi level [nb][256], the lo level 64 bytes further (a half-warp's hi and lo readers fall in different banks),
@@ -43,62 +42,6 @@ __device__ __forceinline__ int i8b_xlo(int nb) { return 256 * nb + 64; }
 __device__ __forceinline__ int i8b_xsc(int nb) { return i8b_xlo(nb) + 256 * nb; }
 __device__ __forceinline__ int i8b_sums(int nb) { return i8b_xsc(nb) + 16 * nb; }
 __device__ __forceinline__ int i8b_x_bytes(int nb) { return (i8b_sums(nb) + 32 * nb + 1023) & ~1023; }
-
-// A tensor map (cuTensorMapEncodeTiled) passed by value: the quant plane as [rows][nb x 128] bytes, boxes of 16
-// rows x 128 bytes, 128-byte swizzle (16-byte chunk k of box row t lands at chunk k ^ (t % 8)).
-struct __align__(64) TensorMap {
-    u64 opaque[16];
-};
-
-// ---- the copy engines and their barriers (sm_90+) ----
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-
-// The barrier's phase expects `bytes` more and this thread's arrival (the only one it counts).
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-
-__device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
-    u32 done = 1;
-#if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-#endif
-    return done;
-}
-
-// bytes (a multiple of 16) from global src to shared dst, both 16-byte aligned, counted in at bar.
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-#endif
-}
-
-// The box of map at (x, y) (bytes, rows) to shared dst (1024-byte aligned for the swizzle), counted in at bar.
-__device__ __forceinline__ void tensor_copy_2d(u32 dst, const TensorMap& map, int x, int y, u32 bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-        ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
-#endif
-}
-
-// One stage: superblocks sb .. sb + n - 1 of the tile at row0, the quants to qdst (n boxes of 2 KB) and the word
-// units to wdst, counted in at bar. Issued by one lane.
-__device__ __forceinline__ void i8b_issue(const TensorMap& map, const u8* words, u32 qdst, u32 wdst, u32 bar,
-                                          int row0, int nb, int sb, int n) {
-    mbar_expect_tx(bar, (u32)n * (I8B_QUANT_BYTES + TILE_UNIT));
-    for (int s = 0; s < n; ++s) tensor_copy_2d(qdst + I8B_QUANT_BYTES * s, map, 128 * (sb + s), row0, bar);
-    bulk_copy(wdst, words + ((u64)stage_unit0(row0, nb) + sb) * TILE_UNIT, (u32)n * TILE_UNIT, bar);
-}
 
 // The block's activations (i8b_x_bytes) into xs, by all its threads; waited for before the caller returns.
 __device__ __forceinline__ void i8b_stage_x(u32 xs, const i8* q8, const float* scale8, const f16* sums,
@@ -298,14 +241,6 @@ __device__ __forceinline__ void i8b_superblock(const u8* qst, const u8* words, c
     }
 }
 
-// Where a warp's copies stand: stage j of its share of tile k of the block's tiles (blockIdx.x + k gridDim.x).
-struct I8bCursor {
-    int k = 0, j = 0;
-    __device__ __forceinline__ void next(int stages_a_tile) {
-        if (++j == stages_a_tile) j = 0, ++k;
-    }
-};
-
 // y[rows] = x @ W^T (+ bias) (+ residual), W Q4_K (qmap: its quant plane, engine/cuda/i8b.py), one token, K a
 // multiple of 256, x in act8 (group 0's bases; MODE I8B_STAGED) or produced from src by the ACT_* MODE. Launch: blocks of W <= I8B_MAX_WARPS warps; block b takes the
 // 16-row tiles b, b + gridDim.x, ... (one each when the grid is the tile count), staging the row's activations
@@ -325,52 +260,31 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3, nb = K / QK_SB, ntiles = (rows + 15) / 16;
     const int share = (nb + num_warps - 1) / num_warps, sb0 = warp * share;
-    const int n = max(0, min(share, nb - sb0)), spt = (n + S - 1) / S;  // superblocks, stages a tile
+    const int n = max(0, min(share, nb - sb0));  // the warp's superblocks of a tile
     const int my_tiles = (ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
     // the regions: x, then every warp's quant ring (1024-byte aligned boxes), then every warp's word ring
     const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
     const u8* x = smem + (base - smem_u32(smem));
     const u32 qring = base + i8b_x_bytes(nb) + warp * NS * S * I8B_QUANT_BYTES;
     const u32 wring = base + i8b_x_bytes(nb) + num_warps * NS * S * I8B_QUANT_BYTES + warp * NS * S * TILE_UNIT;
-    const u32 bar_s = smem_u32(&bars[warp][0]);
-    const u8* words = QTraits<QT_Q4_K>::planes(w, (u64)rows * nb).p[1];
-    I8bCursor out;  // the next stage to issue
-    auto issue = [&](int slot) {  // lane 0: the copies of stage `out` into ring slot `slot`
-        i8b_issue(qmap, words, qring + slot * S * I8B_QUANT_BYTES, wring + slot * S * TILE_UNIT, bar_s + 8 * slot,
-                  16 * ((int)blockIdx.x + out.k * (int)gridDim.x), nb, sb0 + out.j * S, min(S, n - out.j * S));
-        out.next(spt);
-    };
-    const int num_stages = my_tiles * spt;
-    if (lane == 0) {  // the weights do not depend on the previous kernel: their first stages go out before the wait
-        for (int k = 0; k < NS; ++k) mbar_init(bar_s + 8 * k, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (int k = 0; k < NS - 1 && k < num_stages; ++k) issue(k);
-    }
+    I8bRing<S, NS> ring(qmap, QTraits<QT_Q4_K>::planes(w, (u64)rows * nb).p[1], qring, wring,
+                        smem_u32(&bars[warp][0]), nb, sb0, n, my_tiles);
+    ring.start(lane);
     PDL_ENTER();  // the activations (or what they are computed from) are the previous kernel's output
     if (MODE == I8B_STAGED)
         i8b_stage_x(base, q8, scale8, sums, sums_lo, nb);
     else
         i8b_produce_x<MODE>(smem + (base - smem_u32(smem)), src, nb, sb0, n);
     int qoff[2][4];  // the lane's 8 bytes of chunk j of tile row 2g + r in a swizzled box
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int t = 2 * g + r;
-            qoff[r][j] = 128 * t + 16 * ((2 * j + (c >> 1)) ^ (t & 7)) + 8 * (c & 1);
-        }
+    i8b_quant_offsets(g, c, qoff);
     const float kf = (c & 1) ? 0.0625f : 1.f;  // lanes c odd hold the high-nibble sub-blocks' sums: 16 q
     int i = 0;  // the stage consumed next (all tiles counted)
     for (int k = 0; k < my_tiles; ++k) {
         float acc[2] = {0.f, 0.f};
-        for (int j = 0; j < spt; ++j, ++i) {
-            const int slot = i % NS;
-            __syncwarp();  // every lane is done reading the slot the next copies overwrite (read in stage i - 1)
-            if (lane == 0 && i + NS - 1 < num_stages) issue((i + NS - 1) % NS);
-            for (u32 spins = 0; !mbar_try_wait(bar_s + 8 * slot, (i / NS) & 1);)
-                if (++spins == I8B_MAX_SPINS) __trap();  // bytes that never land: a launch error, not a hang
-            const u8* qst = x + (qring - base) + slot * S * I8B_QUANT_BYTES;
-            const u8* wst = x + (wring - base) + slot * S * TILE_UNIT;
+        for (int j = 0; j < ring.spt; ++j, ++i) {
+            const int slot = ring.acquire(i, lane);
+            const u8* qst = x + (ring.quants(slot) - base);
+            const u8* wst = x + (ring.units(slot) - base);
             const int here = min(S, n - j * S);
 #pragma unroll
             for (int s = 0; s < S; ++s)

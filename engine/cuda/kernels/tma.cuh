@@ -1,0 +1,138 @@
+// The Hopper copy engines as the tensor-copy int8 matmuls use them (kernels/mmvq_i8b.cu one token, mmvq_i8v.cu
+// 2-8 tokens): a tensor map passed by value, mbarriers counting the bytes in, the 2D tensor copy of a 16-row quant
+// box and the bulk copy of a tile's word units, each issued by one lane; a warp's ring of such stages walks the
+// tiles of its block. Everything compiles to nothing before sm_90 (the launchers take the kernels on sm_90+ only).
+#pragma once
+#include "stage.cuh"
+
+#define I8B_MAX_SPINS (1u << 24)  // failed waits on a stage before a trap (each try_wait may suspend: seconds)
+#define I8B_QUANT_BYTES 2048  // a unit's quants: 16 rows x 128 bytes, as the tensor copy lands them (swizzled)
+
+// A tensor map (cuTensorMapEncodeTiled) passed by value: the quant plane as [rows][nb x 128] bytes, boxes of 16
+// rows x 128 bytes, 128-byte swizzle (16-byte chunk k of box row t lands at chunk k ^ (t % 8)).
+struct __align__(64) TensorMap {
+    u64 opaque[16];
+};
+
+// ---- the copy engines and their barriers (sm_90+) ----
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+
+// The barrier's phase expects `bytes` more and this thread's arrival (the only one it counts).
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
+    u32 done = 1;
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#endif
+    return done;
+}
+
+// bytes (a multiple of 16) from global src to shared dst, both 16-byte aligned, counted in at bar.
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+
+// The box of map at (x, y) (bytes, rows) to shared dst (1024-byte aligned for the swizzle), counted in at bar.
+__device__ __forceinline__ void tensor_copy_2d(u32 dst, const TensorMap& map, int x, int y, u32 bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+        ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
+#endif
+}
+
+// One stage: superblocks sb .. sb + n - 1 of the tile at row0, the quants to qdst (n boxes of 2 KB) and the word
+// units to wdst, counted in at bar. Issued by one lane.
+__device__ __forceinline__ void i8b_issue(const TensorMap& map, const u8* words, u32 qdst, u32 wdst, u32 bar,
+                                          int row0, int nb, int sb, int n) {
+    mbar_expect_tx(bar, (u32)n * (I8B_QUANT_BYTES + TILE_UNIT));
+    for (int s = 0; s < n; ++s) tensor_copy_2d(qdst + I8B_QUANT_BYTES * s, map, 128 * (sb + s), row0, bar);
+    bulk_copy(wdst, words + ((u64)stage_unit0(row0, nb) + sb) * TILE_UNIT, (u32)n * TILE_UNIT, bar);
+}
+
+// Where a warp's copies stand: stage j of its share of tile k of the block's tiles (blockIdx.x + k gridDim.x).
+struct I8bCursor {
+    int k = 0, j = 0;
+    __device__ __forceinline__ void next(int stages_a_tile) {
+        if (++j == stages_a_tile) j = 0, ++k;
+    }
+};
+
+// Wait for ring slot `slot`'s copies of round `round` (the mbarrier's phase parity); bytes that never land are a
+// launch error (a trap), not a hang.
+__device__ __forceinline__ void i8b_wait(u32 bar, int round) {
+    for (u32 spins = 0; !mbar_try_wait(bar, round & 1);)
+        if (++spins == I8B_MAX_SPINS) __trap();
+}
+
+// A warp's ring of NS stages of S superblocks over its share (superblocks sb0 .. sb0 + n - 1) of each tile its
+// block walks (blockIdx.x + k gridDim.x): quant boxes at qring, word units at wring (shared addresses), one
+// mbarrier a slot at bars. Lane 0 issues the copies; every lane waits for them.
+template <int S, int NS>
+struct I8bRing {
+    const TensorMap* map;
+    const u8* words;
+    u32 qring, wring, bars;
+    int nb, sb0, n, spt, num_stages;  // spt: stages a tile
+    I8bCursor out;                    // the next stage to issue
+
+    __device__ __forceinline__ I8bRing(const TensorMap& m, const u8* w, u32 q, u32 wr, u32 b, int nb_, int sb0_,
+                                       int n_, int my_tiles)
+        : map(&m), words(w), qring(q), wring(wr), bars(b), nb(nb_), sb0(sb0_), n(n_), spt((n_ + S - 1) / S),
+          num_stages(my_tiles * ((n_ + S - 1) / S)) {}
+
+    __device__ __forceinline__ u32 quants(int slot) const { return qring + slot * S * I8B_QUANT_BYTES; }
+    __device__ __forceinline__ u32 units(int slot) const { return wring + slot * S * TILE_UNIT; }
+
+    // Lane 0: the copies of stage `out` into ring slot `slot`.
+    __device__ __forceinline__ void issue(int slot) {
+        i8b_issue(*map, words, quants(slot), units(slot), bars + 8 * slot,
+                  16 * ((int)blockIdx.x + out.k * (int)gridDim.x), nb, sb0 + out.j * S, min(S, n - out.j * S));
+        out.next(spt);
+    }
+
+    // Lane 0: the barriers, then the first NS - 1 stages. The weights do not depend on the previous kernel, so
+    // this goes before PDL_ENTER.
+    __device__ __forceinline__ void start(int lane) {
+        if (lane != 0) return;
+        for (int k = 0; k < NS; ++k) mbar_init(bars + 8 * k, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int k = 0; k < NS - 1 && k < num_stages; ++k) issue(k);
+    }
+
+    // Stage i's slot (all tiles counted), once its bytes are in; first lane 0 refills the slot that stage i - 1
+    // read, with stage i + NS - 1, after every lane is done reading it.
+    __device__ __forceinline__ int acquire(int i, int lane) {
+        const int slot = i % NS;
+        __syncwarp();
+        if (lane == 0 && i + NS - 1 < num_stages) issue((i + NS - 1) % NS);
+        i8b_wait(bars + 8 * slot, i / NS);
+        return slot;
+    }
+};
+
+// The lane's 8 bytes of chunk j (0-3) of tile row 2g + r in a swizzled quant box, as byte offsets: rows 2g and
+// 2g + 1 have even and odd swizzles, so a half-warp's four rows fall in four different pairs of 16-byte chunks.
+__device__ __forceinline__ void i8b_quant_offsets(int g, int c, int (&qoff)[2][4]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int t = 2 * g + r;
+            qoff[r][j] = 128 * t + 16 * ((2 * j + (c >> 1)) ^ (t & 7)) + 8 * (c & 1);
+        }
+}
