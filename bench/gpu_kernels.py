@@ -6,6 +6,7 @@ float64/float32 numpy result by ||out - ref|| / ||ref||.
 
 from __future__ import annotations
 
+import os
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -326,6 +327,9 @@ I8_SHAPE_TRIALS = (("w4", 4, 1), ("r2", None, 2), ("r4", None, 4))
 I8B_TRIALS = (("i8b.s2n2", None, ((2, 2), False)), ("i8b.s2n2.p", None, ((2, 2), True)),
               ("i8b.s1n4.p", None, ((1, 4), True)), ("i8b.s2n2.w4.p", 4, ((2, 2), True)),
               ("i8b.s2n2.w8.p", 8, ((2, 2), True)))
+# OPENJET_BENCH_I8_SHAPES=1: time_i8 also times the other launch shapes of mmvq_i8 and mmvq_i8b (I8_SHAPE_TRIALS,
+# I8B_TRIALS: measured in v12-v16); else each kernel in the launcher's shape.
+I8_SHAPES_TIMED = os.environ.get("OPENJET_BENCH_I8_SHAPES") == "1"
 # The tensor-copy form of 2-8 tokens: (label, warps or None, blocks an SM left free or None: the launcher's).
 I8V_TRIALS = (("i8v", None, None), ("i8v.w8", 8, None), ("i8v.spare0", None, 0))
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
@@ -351,9 +355,9 @@ def _i8_trials(dev: Device, t: int) -> list[tuple[str, int | None, object]]:
     """What time_i8 runs at t tokens: (kind, warps, extra: row tiles, or the tensor-copy forms' settings)."""
     trials = [("f16", None, 1)]
     if t <= instances.I8_MAX_TOKENS:
-        trials += [("i8", None, 1)] + (list(I8_SHAPE_TRIALS) if t <= 4 else [])
+        trials += [("i8", None, 1)] + (list(I8_SHAPE_TRIALS) if t <= 4 and I8_SHAPES_TIMED else [])
     if dev.info.arch >= i8b.MIN_ARCH:
-        trials += list(I8B_TRIALS) if t == 1 else [(k, w, spare) for k, w, spare in I8V_TRIALS]
+        trials += (list(I8B_TRIALS) if I8_SHAPES_TIMED else [I8B_TRIALS[1]]) if t == 1 else list(I8V_TRIALS)
     return trials
 
 
