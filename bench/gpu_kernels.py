@@ -177,14 +177,14 @@ def _check_against_i8(dev: Device, report: Report, w, act, y, res, out: np.ndarr
 def verify_i8(on: bool, warps: int | None = None, spare: int | None = None):
     """The tensor-copy int8 matmul of 2-8 tokens (engine/cuda/i8b.py verify_runs) switched for the block, with
     optionally its warps a block and blocks an SM left free; the settings restored after it."""
-    saved = i8b.VERIFY_ON, i8b.WARPS, i8b.SPARE_PER_SM
+    saved = i8b.VERIFY_ON, i8b.VERIFY_WARPS, i8b.VERIFY_SPARE_PER_SM
     try:
         i8b.VERIFY_ON = on
-        i8b.WARPS = warps if warps is not None else saved[1]
-        i8b.SPARE_PER_SM = spare if spare is not None else saved[2]
+        i8b.VERIFY_WARPS = warps if warps is not None else saved[1]
+        i8b.VERIFY_SPARE_PER_SM = spare if spare is not None else saved[2]
         yield
     finally:
-        i8b.VERIFY_ON, i8b.WARPS, i8b.SPARE_PER_SM = saved
+        i8b.VERIFY_ON, i8b.VERIFY_WARPS, i8b.VERIFY_SPARE_PER_SM = saved
 
 
 @contextmanager
@@ -331,7 +331,7 @@ I8B_TRIALS = (("i8b.s2n2", None, ((2, 2), False)), ("i8b.s2n2.p", None, ((2, 2),
 # I8B_TRIALS: measured in v12-v16); else each kernel in the launcher's shape.
 I8_SHAPES_TIMED = os.environ.get("OPENJET_BENCH_I8_SHAPES") == "1"
 # The tensor-copy form of 2-8 tokens: (label, warps or None, blocks an SM left free or None: the launcher's).
-I8V_TRIALS = (("i8v", None, None), ("i8v.w8", 8, None), ("i8v.spare0", None, 0))
+I8V_TRIALS = (("i8v", None, None), ("i8v.s1", None, 1), ("i8v.w8", 8, None), ("i8v.w4", 4, None))
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
 
 

@@ -77,12 +77,14 @@ def smem_bytes(nb: int, warps: int, shape: tuple[int, int]) -> int:
     return ALIGN_SLACK + x_bytes(nb) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
 
 
-def grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SMEM) -> int:
+def grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SMEM, spare: int | None = None) -> int:
     """Blocks of a launch: one a tile, or (PERSIST) as many as are resident at once (smem dynamic and `static`
-    bytes of shared memory a block), fewer where that leaves every block the same number of tiles."""
+    bytes of shared memory a block) less `spare` an SM (SPARE_PER_SM), fewer where that leaves every block the
+    same number of tiles."""
     if not PERSIST:
         return tiles
-    per_sm = max(1, min(64 // warps, (dev.info.max_smem_per_block + 1024) // (smem + static)) - SPARE_PER_SM)
+    spare = SPARE_PER_SM if spare is None else spare
+    per_sm = max(1, min(64 // warps, (dev.info.max_smem_per_block + 1024) // (smem + static)) - spare)
     per_block = -(-tiles // (per_sm * dev.info.multiprocessors))
     return -(-tiles // per_block)
 
@@ -196,8 +198,15 @@ def _verify_default() -> bool:
 VERIFY_ON = _verify_default()
 # The widest rows it takes, as MAX_SUPERBLOCKS for one token: its staged activations grow with T (56 KB at 5
 # tokens and 20 superblocks), ffn_down's 68 superblocks would leave one small block an SM.
-VERIFY_MAX_SUPERBLOCKS = 24
+DEFAULT_VERIFY_MAX_SUPERBLOCKS = 24
+VERIFY_MAX_SUPERBLOCKS = DEFAULT_VERIFY_MAX_SUPERBLOCKS
 VERIFY_STATIC_SMEM = 2048  # the kernel's barriers and the driver's reserve, per block; its sums add 1 KB a token
+# Warps a block (None: the one-token form's choice) and blocks an SM its walking grid leaves free. Its blocks are
+# large (the staged activations of every token), so one spared block is half an SM: alone, at 5 tokens, gate|up
+# took 63.8 us with one spared against 45.3 without (bench/NOTES.md v18).
+VERIFY_WARPS: int | None = None
+DEFAULT_VERIFY_SPARE_PER_SM = 0
+VERIFY_SPARE_PER_SM = DEFAULT_VERIFY_SPARE_PER_SM
 
 
 def verify_x_bytes(nb: int, num_tokens: int) -> int:
@@ -231,8 +240,10 @@ def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool
 
 
 def verify_warps(dev: Device, w: DeviceWeight) -> int:
-    """Warps per block: the one-token form's choice (warps())."""
-    return warps(dev, w)
+    """Warps per block: VERIFY_WARPS, else the one-token form's choice (warps()); never more than the superblocks."""
+    from engine.cuda import ops
+
+    return min(VERIFY_WARPS, w.cols // ops.SUPERBLOCK, MAX_WARPS) if VERIFY_WARPS else warps(dev, w)
 
 
 def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
@@ -246,4 +257,5 @@ def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Bu
     q8, scale8, sums8, sums8_lo = group8
     static = VERIFY_STATIC_SMEM + 1024 * num_tokens
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y]
-    dev.launch(kernel, grid(dev, tiles, num_warps, smem, static), 32 * num_warps, args, smem=smem)
+    dev.launch(kernel, grid(dev, tiles, num_warps, smem, static, VERIFY_SPARE_PER_SM), 32 * num_warps, args,
+               smem=smem)

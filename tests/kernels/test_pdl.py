@@ -12,7 +12,7 @@ from engine.cuda import nvrtc
 
 # Kernels whose PDL_ENTER comes after their first weight copies (weights are never written during a pass);
 # every other kernel waits before its first statement.
-WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_cpa", "mmvq_persist", "mmvq_i8b"}
+WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_cpa", "mmvq_persist", "mmvq_i8b", "mmvq_i8v"}
 
 
 def kernel_bodies() -> dict[str, str]:

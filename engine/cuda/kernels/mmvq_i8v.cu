@@ -9,6 +9,8 @@
 // IMAD each scales by the sub-block's scale into the lane's running integer sums (16 x the true ones: the low
 // nibbles' scales are taken x 16, the high nibbles come masked in place, as 16 q). Lane (g, c) ends a superblock
 // with token 4m + c of tile rows 2g and 2g + 1 at both levels (the C columns 2c, 2c + 1), so no lanes share a sum.
+// Columns past the last token repeat it (the lanes' token index clamped, no branches in the loop: with them, 3, 5,
+// 6 and 7 tokens took ~25 % more instructions a superblock than 4 and 8); their sums are never stored.
 //
 // Min term. One f16 mma a superblock: A holds the rows' sub-block mins (exact small integers; column k and k + 8
 // both sub-block k), B the tokens' sub-block sums (the hi f16 half at k < 8, the lo half at k >= 8), column n
@@ -94,10 +96,8 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
         uint4 b[NM];  // the lane's B column g of both sub-blocks: token 4m + g / 2, level g % 2
 #pragma unroll
         for (int m = 0; m < NM; ++m) {
-            const int t = 4 * m + (g >> 1);
-            b[m] = t < T ? *reinterpret_cast<const uint4*>(x + (2 * t + (g & 1)) * i8v_xpitch(nb) + 256 * sb +
-                                                           64 * p + 16 * c)
-                         : make_uint4(0u, 0u, 0u, 0u);
+            const int t = min(4 * m + (g >> 1), T - 1);
+            b[m] = *reinterpret_cast<const uint4*>(x + (2 * t + (g & 1)) * i8v_xpitch(nb) + 256 * sb + 64 * p + 16 * c);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -116,11 +116,10 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
         }
     }
     // the min term: rows' mins x tokens' sub-block sums, one f16 mma (B column g: token g / 2 + 4 (g % 2))
-    const int tb = (g >> 1) + 4 * (g & 1);
+    const int tb = min((g >> 1) + 4 * (g & 1), T - 1);
     const u8* rec = x + i8v_sums<T>(nb) + 32 * (T * sb + tb);
-    const u32 b0 = tb < T ? *reinterpret_cast<const u32*>(rec + 4 * c) : 0u;
-    const u32 b1 = tb < T ? *reinterpret_cast<const u32*>(rec + 16 + 4 * c) : 0u;
-    const u32 a[4] = {mins[0], mins[1], mins[0], mins[1]}, bm[2] = {b0, b1};
+    const u32 a[4] = {mins[0], mins[1], mins[0], mins[1]};
+    const u32 bm[2] = {*reinterpret_cast<const u32*>(rec + 4 * c), *reinterpret_cast<const u32*>(rec + 16 + 4 * c)};
     float mt[4] = {0.f, 0.f, 0.f, 0.f};  // (row 2g, token c), (row 2g, c + 4), (row 2g + 1, c), (row 2g + 1, c + 4)
     mma_f16_16816(mt, a, bm);
     float d[2], dmin[2];  // d / 16: the integer sums are 16 x the true ones
@@ -132,12 +131,12 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
     }
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
-        const int t = 4 * m + c;
-        if (t >= T) continue;
+        const int t = min(4 * m + c, T - 1);
         const float2 lv = *reinterpret_cast<const float2*>(x + i8v_scales<T>(nb) + 8 * (T * sb + t));  // hi, lo
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            acc[m][r] += d[r] * ((float)tot[m][2 * r] * lv.x + (float)tot[m][2 * r + 1] * lv.y) - dmin[r] * mt[2 * r + m];
+            acc[m][r] += d[r] * ((float)tot[m][2 * r] * lv.x + (float)tot[m][2 * r + 1] * lv.y) -
+                         dmin[r] * mt[2 * r + m];
     }
 }
 
