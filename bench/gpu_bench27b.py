@@ -16,7 +16,7 @@ from engine.cuda.device import PDL_MIN_ARCH, CudaError
 from engine.cuda import env_flag
 from engine.cuda.instances import I8B_SHAPES, PERSIST_QTYPES, STAGED_QTYPES
 
-PASS_TOKENS = (1, 2, 3, 5)
+PASS_TOKENS = (1, 2, 3, 4, 5)
 PREFILL_TOKENS = (512, 2048, 8192)
 CONTEXT = 16384
 # Kernel generations compared in one run: (types that may run the cp.async-pipelined mmvq, whether at every T
@@ -42,13 +42,14 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "i8v": (STAGED_QTYPES, False, 32, "cp", "verify"), "noi8v": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "i8vs1": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8vw8": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
+            "i8vall": (STAGED_QTYPES, False, 32, "cp", "verify"),
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "verify") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
-                         "i8vcopy", "i8voff"} |
+                         "i8vcopy", "i8voff", "i8vall"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
@@ -74,12 +75,14 @@ NO_BULK_VARIANTS = frozenset({"i8", "serial8"})
 SHAPE_VARIANTS = {f"s{s}n{n}": (s, n) for s, n in I8B_SHAPES}
 # v7 with the tensor-copy int8 matmul of 2-8 tokens on (i8v) or off (noi8v): engine/cuda/i8b.py verify_runs
 # (OPENJET_CUDA_I8V; v7 follows it)
-VERIFY_VARIANTS = {"i8v": True, "noi8v": False, "i8vs1": True, "i8vw8": True, "i8vcopy": True, "i8voff": True}
+VERIFY_VARIANTS = {"i8v": True, "noi8v": False, "i8vs1": True, "i8vw8": True, "i8vcopy": True, "i8voff": True,
+                   "i8vall": True}
 # ... with a block an SM spared (i8vs1) or 8-warp blocks (i8vw8); i8vcopy: the producers write the int8 copy of
 # 5-8 tokens but no matmul takes it (what that copy costs the pass); i8voff: without PDL on 5-token passes
 VERIFY_SPARE_VARIANTS = {"i8vs1": 1}
 VERIFY_WARPS_VARIANTS = {"i8vw8": 8}
 VERIFY_WIDTH_VARIANTS = {"i8vcopy": 0}
+VERIFY_TOKEN_VARIANTS = {"i8vall": frozenset(range(2, 9))}  # i8vall: 3 tokens on it too
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
 PASSES_ONLY_ENV = "OPENJET_BENCH_PASSES_ONLY"
 
@@ -310,6 +313,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())
     i8b.VERIFY_SPARE_PER_SM = VERIFY_SPARE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_SPARE_PER_SM)
     i8b.VERIFY_WARPS = VERIFY_WARPS_VARIANTS.get(name)
+    i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS)
     i8b.VERIFY_MAX_SUPERBLOCKS = VERIFY_WIDTH_VARIANTS.get(name, i8b.DEFAULT_VERIFY_MAX_SUPERBLOCKS)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
 PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream",
-         "mixers", "i8", "fused", "mtp27b")
+         "mixers", "i8", "fused", "mtp27b", "producers")
 # --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
@@ -89,6 +89,10 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_fused.run_fused_checks(dev, report, rng)
         gpu_fused.time_fused(dev, report, rng)
+    elif name == "producers":  # each producer at 1-8 tokens, with and without the int8 copy
+        from bench import gpu_ops
+
+        gpu_ops.time_producers(dev, report, rng)
     elif name == "stream":  # diagnostic, not in the default parts: mmvq vs its loads alone vs a plain read
         from bench import gpu_stream
 

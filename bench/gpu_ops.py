@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from bench.gpu_common import TOL_F32, Report, compare, poison, record
-from engine.cuda import ops
+from bench.gpu_common import TOL_F32, Report, Timing, compare, poison, record
+from engine.cuda import instances, ops
 from engine.cuda.device import Buffer, Device
 from engine.cuda.repack import random_blocks
 from engine.gguf.quants import dequantize
@@ -230,3 +230,40 @@ def check_act(dev: Device, report: Report, rng: np.random.Generator, num_tokens:
         exact = rows.astype(np.float64).reshape(num_tokens, -1, 32).sum(-1)
         compare(report, "act", f"{tag}.sums", sums.astype(F32), exact.astype(F32), 1e-6)
     s.close()
+
+
+# The producers of the 27B pass (kernels/act.cu: mode, row width), timed at each verify width with and without the
+# int8 copy for the int8 matmuls (what writing it costs a launch: every producer of a verify pass writes it while
+# a matmul of that width takes it).
+PRODUCERS_TIMED = (("rmsnorm", H), ("swiglu", 17408), ("gatednorm", 6144), ("plain", 6144))
+
+
+def time_producers(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 4, 5, 8)) -> None:
+    """Each PRODUCERS_TIMED launch at each token count, its int8 copy off | on (us)."""
+    from bench.gpu_common import median_time
+    from bench.gpu_kernels import i8_matmul, verify_i8
+
+    print("producer timings (us): without | with the int8 copy", flush=True)
+    for mode, k in PRODUCERS_TIMED:
+        act = ops.alloc_act(dev, 8, k, "x", precise=True)
+        x = dev.to_device(randn(rng, 8, k), "x")
+        x2 = dev.to_device(randn(rng, 8, k), "x2")
+        w = dev.to_device(randn(rng, k), "w")
+        src = {"rmsnorm": ops.rmsnorm_of(x, w, k, 1e-6), "gatednorm": ops.gatednorm_of(x, x2, w, 128, k, k, 1e-6),
+               "plain": ops.plain_of(x, k), "swiglu": ops.Producer("swiglu", ops.ActSrc(x.ptr, x2.ptr, 0, 0, k, k,
+                                                                                           k, 0, 0.0))}[mode]
+        cells = []
+        for t in token_counts:
+            times = []
+            for copy in (False, True):
+                with i8_matmul(copy, min(t, instances.I8_MAX_TOKENS) if copy else None), verify_i8(copy):
+                    med, spread = median_time(dev, lambda: ops.produce(dev, src, act, t), reps=30, warmup=5,
+                                              inner=20)
+                    assert act.i8_tokens == (t if copy else 0), (mode, t, copy, act.i8_tokens)
+                report.timings.append(Timing("producer", f"{mode}.k{k}.T{t}" + (".i8copy" if copy else ""),
+                                             f"{t}x{k}", med, spread))
+                times.append(med * 1e3)
+            cells.append(f"T={t} {times[0]:5.1f} | {times[1]:5.1f}")
+        print(f"  {mode:<9} k={k:<6} " + "   ".join(cells), flush=True)
+        for buf in act.buffers() + [x, x2, w]:
+            dev.memory.free(buf)

@@ -207,6 +207,13 @@ VERIFY_STATIC_SMEM = 2048  # the kernel's barriers and the driver's reserve, per
 VERIFY_WARPS: int | None = None
 DEFAULT_VERIFY_SPARE_PER_SM = 0
 VERIFY_SPARE_PER_SM = DEFAULT_VERIFY_SPARE_PER_SM
+# Warps a block by token count where VERIFY_WARPS is None (others: the one-token form's choice): 8 from 5 tokens,
+# one block an SM with room beside it (27B pass at 5 tokens 11.05 ms against 11.38 with 2 blocks of 5 warps, 36e18fb).
+DEFAULT_VERIFY_WARPS_AT = {5: 8, 6: 8, 7: 8, 8: 8}
+VERIFY_WARPS_AT = dict(DEFAULT_VERIFY_WARPS_AT)
+# The token counts it takes (of instances.I8V_TOKENS): 3 stays on mmvq_i8 (27B pass 8.88 ms against 9.36, 36e18fb).
+DEFAULT_VERIFY_TOKENS = frozenset({2, 4, 5, 6, 7, 8})
+VERIFY_TOKENS = DEFAULT_VERIFY_TOKENS
 
 
 def verify_x_bytes(nb: int, num_tokens: int) -> int:
@@ -224,7 +231,7 @@ def verify_smem_bytes(nb: int, num_tokens: int, warps: int) -> int:
 def verify_tokens(dev: Device) -> int:
     """The most tokens whose int8 copy the producers must write for it: the largest it is built for, or 0 where it
     does not run (off, or before sm_90)."""
-    return max(I8V_TOKENS) if VERIFY_ON and dev.info.arch >= MIN_ARCH else 0
+    return max(VERIFY_TOKENS, default=0) if VERIFY_ON and dev.info.arch >= MIN_ARCH else 0
 
 
 def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
@@ -232,18 +239,22 @@ def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool
     whose int8 copy the last producer of act wrote, and its shared memory within the GPU's opt-in maximum."""
     from engine.cuda import ops
 
-    if not (verify_tokens(dev) and w.qtype == Q.Q4_K and num_tokens in I8V_TOKENS and act.i8_tokens == num_tokens):
+    if not (verify_tokens(dev) and w.qtype == Q.Q4_K and act.i8_tokens == num_tokens):
+        return False
+    if num_tokens not in I8V_TOKENS or num_tokens not in VERIFY_TOKENS:
         return False
     nb = w.cols // ops.SUPERBLOCK
-    smem = verify_smem_bytes(nb, num_tokens, verify_warps(dev, w))
+    smem = verify_smem_bytes(nb, num_tokens, verify_warps(dev, w, num_tokens))
     return nb <= VERIFY_MAX_SUPERBLOCKS and smem + VERIFY_STATIC_SMEM + 1024 * num_tokens <= dev.info.max_smem_per_block
 
 
-def verify_warps(dev: Device, w: DeviceWeight) -> int:
-    """Warps per block: VERIFY_WARPS, else the one-token form's choice (warps()); never more than the superblocks."""
+def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int) -> int:
+    """Warps per block: VERIFY_WARPS, else VERIFY_WARPS_AT's for num_tokens, else the one-token form's choice
+    (warps()); never more than the superblocks."""
     from engine.cuda import ops
 
-    return min(VERIFY_WARPS, w.cols // ops.SUPERBLOCK, MAX_WARPS) if VERIFY_WARPS else warps(dev, w)
+    chosen = VERIFY_WARPS or VERIFY_WARPS_AT.get(num_tokens)
+    return min(chosen, w.cols // ops.SUPERBLOCK, MAX_WARPS) if chosen else warps(dev, w)
 
 
 def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
@@ -251,7 +262,7 @@ def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Bu
     """One launch of mmvq_i8v for num_tokens (2-8) tokens: mmvq_i8b's walking grid, y and residual [T, ld_y]."""
     from engine.cuda import ops
 
-    tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w)
+    tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w, num_tokens)
     kernel, smem = dev.kernel(f"mmvq_q4_K_i8v_t{num_tokens}"), verify_smem_bytes(nb, num_tokens, num_warps)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8

@@ -143,6 +143,7 @@ def test_rows_wider_than_the_limit_keep_mmvq_i8(monkeypatch) -> None:
 
 def test_the_verify_form_takes_2_to_8_q4k_tokens_of_an_int8_copy_on_sm90(monkeypatch) -> None:
     monkeypatch.setattr(i8b, "VERIFY_ON", True)
+    monkeypatch.setattr(i8b, "VERIFY_TOKENS", frozenset(instances.I8V_TOKENS))
     for t in instances.I8V_TOKENS:
         assert i8b.verify_runs(_dev(90), _weight(), t, _act(t))
     assert not i8b.verify_runs(_dev(90), _weight(), 1, _act(1))  # one token: mmvq_i8b
@@ -195,7 +196,19 @@ def test_a_verify_launch_of_q4k_takes_the_verify_form_before_mmvq_i8(monkeypatch
     monkeypatch.setattr(i8b, "VERIFY_ON", True)
     monkeypatch.setattr(ops, "I8_MATMUL", True)
     dev = _dev(90)
-    assert ops._group_kernel(dev, _weight(), _act(3), 3, 3) == "i8v"
-    assert ops._group_kernel(dev, _weight(cols=17408), _act(3), 3, 3) == "i8"  # too wide: mmvq_i8
+    assert ops._group_kernel(dev, _weight(), _act(4), 4, 4) == "i8v"
+    assert ops._group_kernel(dev, _weight(), _act(3), 3, 3) == "i8"  # not a count it takes (VERIFY_TOKENS)
+    assert ops._group_kernel(dev, _weight(cols=17408), _act(4), 4, 4) == "i8"  # too wide: mmvq_i8
     monkeypatch.setattr(ops, "I8_MATMUL", False)  # OPENJET_CUDA_I8=0: every int8 form off
-    assert ops._group_kernel(dev, _weight(), _act(3), 3, 3) != "i8v"
+    assert ops._group_kernel(dev, _weight(), _act(4), 4, 4) != "i8v"
+
+
+def test_the_verify_forms_token_counts_and_warps_by_default(monkeypatch) -> None:
+    assert i8b.DEFAULT_VERIFY_TOKENS <= set(instances.I8V_TOKENS) and 3 not in i8b.DEFAULT_VERIFY_TOKENS
+    monkeypatch.setattr(i8b, "VERIFY_ON", True)
+    assert i8b.verify_tokens(_dev(90)) == 8 and i8b.verify_tokens(_dev(89)) == 0
+    monkeypatch.setattr(i8b, "VERIFY_WARPS", None)
+    monkeypatch.setattr(i8b, "WARPS", None)
+    assert i8b.verify_warps(_dev(90), _weight(), 5) == 8
+    assert i8b.verify_warps(_dev(90), _weight(), 2) == i8b.warps(_dev(90), _weight())
+    assert i8b.verify_warps(_dev(90), _weight(cols=768), 8) == 3  # never more warps than superblocks
