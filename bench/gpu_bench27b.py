@@ -83,6 +83,8 @@ VERIFY_SPARE_VARIANTS = {"i8vs1": 1}
 VERIFY_WARPS_VARIANTS = {"i8vw8": 8}
 VERIFY_WIDTH_VARIANTS = {"i8vcopy": 0}
 VERIFY_TOKEN_VARIANTS = {"i8vall": frozenset(range(2, 9))}  # i8vall: 3 tokens on it too
+# Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
+PROFILED_VARIANTS = frozenset({"v7"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
 PASSES_ONLY_ENV = "OPENJET_BENCH_PASSES_ONLY"
 
@@ -142,13 +144,15 @@ def _time_prefill(backend, report: Report, tag: str = "", counts: tuple[int, ...
         print(f"  prefill{tag} {n}: {best * 1e3:.1f} ms = {n / best:.0f} tok/s", flush=True)
 
 
-def _profile(backend, report: Report, tag: str = "", full: bool = True) -> None:
-    """Per-kernel device time of one eager pass (events around every launch): where a pass goes."""
+def _profile(backend, report: Report, tag: str = "", full: bool = True, labels: tuple[str, ...] = ()) -> None:
+    """Per-kernel device time of one eager pass (events around every launch): where a pass goes. full: every pass
+    below, else verify1 (or the passes `labels` names)."""
     dev, rng = backend.dev, np.random.default_rng(4)
     # the last: the fourth 512-token chunk of a 2,048-token prefill (attention over 2,048 keys)
     passes = (("verify1", 1, False, 1, None), ("verify5", 5, False, 5, None), ("prefill512", 512, True, 0, None),
-              ("prefill512at1536", 512, True, 0, 1536))
-    for label, n, commit, rows, start in passes if full else passes[:1]:
+              ("prefill512at1536", 512, True, 0, 1536), ("verify2", 2, False, 2, None), ("verify4", 4, False, 4, None))
+    chosen = passes[:4] if full else [p for p in passes if p[0] in labels] if labels else passes[:1]
+    for label, n, commit, rows, start in chosen:
         label += tag
         backend.model.set_tokens([int(x) for x in rng.integers(0, backend.vocab_size, size=n)],
                                  backend.num_tokens if start is None else start)
@@ -203,6 +207,8 @@ def bench_27b(report: Report, args) -> None:
                 backend.set_precise(True)
                 if not passes_only:
                     _profile(backend, report, tag, full=name == "v7")
+                elif name in PROFILED_VARIANTS:  # which kernels its verify passes launch, and their device time
+                    _profile(backend, report, tag, full=False, labels=("verify2", "verify4", "verify5"))
             except CudaError:  # a newer variant's failure must not cost the others (a lost context still does)
                 if name == "v7":
                     raise
@@ -314,6 +320,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_SPARE_PER_SM = VERIFY_SPARE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_SPARE_PER_SM)
     i8b.VERIFY_WARPS = VERIFY_WARPS_VARIANTS.get(name)
     i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS)
+    i8b.VERIFY_FAST_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, i8b.DEFAULT_VERIFY_FAST_TOKENS)
     i8b.VERIFY_MAX_SUPERBLOCKS = VERIFY_WIDTH_VARIANTS.get(name, i8b.DEFAULT_VERIFY_MAX_SUPERBLOCKS)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"

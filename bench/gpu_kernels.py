@@ -178,15 +178,16 @@ def verify_i8(on: bool, warps: int | None = None, spare: int | None = None):
     """The tensor-copy int8 matmul of 2-8 tokens (engine/cuda/i8b.py verify_runs) switched for the block at every
     token count it is built for, with optionally its warps a block and blocks an SM left free; the settings
     restored after it."""
-    saved = i8b.VERIFY_ON, i8b.VERIFY_WARPS, i8b.VERIFY_SPARE_PER_SM, i8b.VERIFY_TOKENS
+    saved = i8b.VERIFY_ON, i8b.VERIFY_WARPS, i8b.VERIFY_SPARE_PER_SM, i8b.VERIFY_TOKENS, i8b.VERIFY_FAST_TOKENS
     try:
         i8b.VERIFY_ON = on
         i8b.VERIFY_WARPS = warps if warps is not None else saved[1]
         i8b.VERIFY_SPARE_PER_SM = spare if spare is not None else saved[2]
-        i8b.VERIFY_TOKENS = frozenset(instances.I8V_TOKENS)  # every token count it is built for
+        i8b.VERIFY_TOKENS = i8b.VERIFY_FAST_TOKENS = frozenset(instances.I8V_TOKENS)  # every count it is built for
         yield
     finally:
-        i8b.VERIFY_ON, i8b.VERIFY_WARPS, i8b.VERIFY_SPARE_PER_SM, i8b.VERIFY_TOKENS = saved
+        (i8b.VERIFY_ON, i8b.VERIFY_WARPS, i8b.VERIFY_SPARE_PER_SM, i8b.VERIFY_TOKENS,
+         i8b.VERIFY_FAST_TOKENS) = saved
 
 
 @contextmanager

@@ -186,13 +186,14 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
 
 
 # ---- 2 to 8 tokens (kernels/mmvq_i8v.cu) ----
-# Off until measured on a GPU (OPENJET_CUDA_I8V=1 turns it on): every token of a verify pass multiplied on the
-# nibbles of one decoded weight box, where the f16 kernels of 5-8 tokens run a second pass for the residue.
+# Every token of a verify pass multiplied on the nibbles of one decoded weight box, where the f16 kernels of 5-8
+# tokens run a second pass for the residue. On by default (OPENJET_CUDA_I8V=0: off): the 27B pass at 2 / 5 tokens
+# 8.68 / 10.97 ms against 9.19 / 11.37 without it (H200, b689f66; bench/NOTES.md v18).
 VERIFY_ENV = "OPENJET_CUDA_I8V"
 
 
 def _verify_default() -> bool:
-    return env_switch(VERIFY_ENV, False)
+    return env_switch(VERIFY_ENV, True)
 
 
 VERIFY_ON = _verify_default()
@@ -211,9 +212,14 @@ VERIFY_SPARE_PER_SM = DEFAULT_VERIFY_SPARE_PER_SM
 # one block an SM with room beside it (27B pass at 5 tokens 11.05 ms against 11.38 with 2 blocks of 5 warps, 36e18fb).
 DEFAULT_VERIFY_WARPS_AT = {5: 8, 6: 8, 7: 8, 8: 8}
 VERIFY_WARPS_AT = dict(DEFAULT_VERIFY_WARPS_AT)
-# The token counts it takes (of instances.I8V_TOKENS): 3 stays on mmvq_i8 (27B pass 8.88 ms against 9.36, 36e18fb).
+# The token counts it takes (of instances.I8V_TOKENS), in precise mode: 3 stays on mmvq_i8 (27B pass 8.88 ms
+# against 9.36, 36e18fb). In fast mode (OPENJET_CUDA_PRECISE=0) 5-8 tokens stay on the f16 kernels, which need no
+# residue pass there and no int8 copy from the producers (~2 us a producer launch at 5 tokens): the 27B pass at 5
+# tokens 9.59 ms against 10.32 with it (b689f66).
 DEFAULT_VERIFY_TOKENS = frozenset({2, 4, 5, 6, 7, 8})
 VERIFY_TOKENS = DEFAULT_VERIFY_TOKENS
+DEFAULT_VERIFY_FAST_TOKENS = frozenset({2, 4})
+VERIFY_FAST_TOKENS = DEFAULT_VERIFY_FAST_TOKENS
 
 
 def verify_x_bytes(nb: int, num_tokens: int) -> int:
@@ -228,20 +234,27 @@ def verify_smem_bytes(nb: int, num_tokens: int, warps: int) -> int:
     return ALIGN_SLACK + verify_x_bytes(nb, num_tokens) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
 
 
-def verify_tokens(dev: Device) -> int:
-    """The most tokens whose int8 copy the producers must write for it: the largest it is built for, or 0 where it
+def verify_token_counts(precise: bool) -> frozenset[int]:
+    """The token counts it takes in precise or fast mode."""
+    return VERIFY_TOKENS if precise else VERIFY_FAST_TOKENS
+
+
+def verify_tokens(dev: Device, precise: bool = True) -> int:
+    """The most tokens whose int8 copy the producers must write for it (in precise or fast mode), or 0 where it
     does not run (off, or before sm_90)."""
-    return max(VERIFY_TOKENS, default=0) if VERIFY_ON and dev.info.arch >= MIN_ARCH else 0
+    return max(verify_token_counts(precise), default=0) if VERIFY_ON and dev.info.arch >= MIN_ARCH else 0
 
 
 def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
-    """Whether a matmul takes mmvq_i8v: on, sm_90+, a Q4_K weight of rows up to VERIFY_MAX_SUPERBLOCKS, 2-8 tokens
-    whose int8 copy the last producer of act wrote, and its shared memory within the GPU's opt-in maximum."""
+    """Whether a matmul takes mmvq_i8v: on, sm_90+, a Q4_K weight of rows up to VERIFY_MAX_SUPERBLOCKS, a token
+    count it takes in the act's mode (precise: act has the f16 residue) whose int8 copy the last producer of act
+    wrote, and its shared memory within the GPU's opt-in maximum."""
     from engine.cuda import ops
 
+    counts = verify_token_counts(act.x16_lo is not None)
     if not (verify_tokens(dev) and w.qtype == Q.Q4_K and act.i8_tokens == num_tokens):
         return False
-    if num_tokens not in I8V_TOKENS or num_tokens not in VERIFY_TOKENS:
+    if num_tokens not in I8V_TOKENS or num_tokens not in counts:
         return False
     nb = w.cols // ops.SUPERBLOCK
     smem = verify_smem_bytes(nb, num_tokens, verify_warps(dev, w, num_tokens))

@@ -209,7 +209,8 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
     matmul will read it."""
     assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
     groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
-    i8 = I8_MATMUL and act.q8 is not None and num_tokens <= max(I8_TOKENS, i8b.verify_tokens(dev))
+    most = max(I8_TOKENS, i8b.verify_tokens(dev, act.x16_lo is not None))  # the int8 matmuls' widest launch
+    i8 = I8_MATMUL and act.q8 is not None and num_tokens <= most
     a8 = Act8(act.q8.ptr, act.scale8.ptr, act.sums8.ptr, act.sums8_lo.ptr) if i8 else Act8()
     act.i8_tokens = num_tokens if i8 else 0
     name = f"act_{mode}_g1" if groups == 1 and mode in ACT_ONE_GROUP_MODES else f"act_{mode}"

@@ -144,6 +144,7 @@ def test_rows_wider_than_the_limit_keep_mmvq_i8(monkeypatch) -> None:
 def test_the_verify_form_takes_2_to_8_q4k_tokens_of_an_int8_copy_on_sm90(monkeypatch) -> None:
     monkeypatch.setattr(i8b, "VERIFY_ON", True)
     monkeypatch.setattr(i8b, "VERIFY_TOKENS", frozenset(instances.I8V_TOKENS))
+    monkeypatch.setattr(i8b, "VERIFY_FAST_TOKENS", frozenset(instances.I8V_TOKENS))
     for t in instances.I8V_TOKENS:
         assert i8b.verify_runs(_dev(90), _weight(), t, _act(t))
     assert not i8b.verify_runs(_dev(90), _weight(), 1, _act(1))  # one token: mmvq_i8b
@@ -157,11 +158,11 @@ def test_the_verify_form_takes_2_to_8_q4k_tokens_of_an_int8_copy_on_sm90(monkeyp
     assert not i8b.verify_runs(_dev(90), _weight(), 5, _act(5))
 
 
-def test_the_verify_form_is_off_by_default_and_its_switch_is_checked(monkeypatch) -> None:
+def test_the_verify_form_is_on_by_default_and_its_switch_is_checked(monkeypatch) -> None:
     monkeypatch.delenv(i8b.VERIFY_ENV, raising=False)
-    assert i8b._verify_default() is False
-    monkeypatch.setenv(i8b.VERIFY_ENV, "1")
     assert i8b._verify_default() is True
+    monkeypatch.setenv(i8b.VERIFY_ENV, "0")
+    assert i8b._verify_default() is False
     monkeypatch.setenv(i8b.VERIFY_ENV, "2")
     with pytest.raises(ValueError, match=i8b.VERIFY_ENV):
         i8b._verify_default()
@@ -170,13 +171,23 @@ def test_the_verify_form_is_off_by_default_and_its_switch_is_checked(monkeypatch
 def test_the_producers_write_the_int8_copy_of_every_token_the_verify_form_takes(monkeypatch) -> None:
     """ops._act_from writes the int8 copy (act.i8_tokens) up to 4 tokens for mmvq_i8, up to 8 with mmvq_i8v."""
     dev = SimpleNamespace(info=_dev(90).info, kernel=lambda name: name, launch=lambda *a, **k: None)
-    act = ops.Act(_Buf(1), _Buf(2), _Buf(3), 5120, 5120, 8, _Buf(4), q8=_Buf(5), scale8=_Buf(6), sums8=_Buf(7),
-                  sums8_lo=_Buf(8))
     monkeypatch.setattr(ops, "I8_MATMUL", True)
-    for on, tokens, written in ((False, 4, 4), (False, 5, 0), (True, 5, 5), (True, 8, 8)):
-        monkeypatch.setattr(i8b, "VERIFY_ON", on)
-        ops.act_f16(dev, _Buf(9), act, tokens, 5120)
-        assert act.i8_tokens == written, (on, tokens)
+    for precise in (True, False):
+        act = ops.Act(_Buf(1), _Buf(2), _Buf(3), 5120, 5120, 8, _Buf(4), _Buf(10) if precise else None,
+                      q8=_Buf(5), scale8=_Buf(6), sums8=_Buf(7), sums8_lo=_Buf(8))
+        for on, tokens, written in ((False, 4, 4), (False, 5, 0), (True, 4, 4), (True, 5, 5 if precise else 0),
+                                    (True, 8, 8 if precise else 0)):
+            monkeypatch.setattr(i8b, "VERIFY_ON", on)
+            ops.act_f16(dev, _Buf(9), act, tokens, 5120)
+            assert act.i8_tokens == written, (precise, on, tokens)
+
+
+def test_fast_mode_keeps_5_to_8_tokens_on_the_f16_kernels(monkeypatch) -> None:
+    monkeypatch.setattr(i8b, "VERIFY_ON", True)
+    precise = ops.Act(None, None, None, 5120, 5120, 8, x16_lo=_Buf(1), i8_tokens=5)
+    assert i8b.verify_runs(_dev(90), _weight(), 5, precise)
+    assert not i8b.verify_runs(_dev(90), _weight(), 5, _act(5))  # no residue: fast mode
+    assert i8b.verify_runs(_dev(90), _weight(), 2, _act(2))
 
 
 def test_the_verify_layout_mirrors_the_kernel() -> None:
