@@ -77,7 +77,8 @@ def smem_bytes(nb: int, warps: int, shape: tuple[int, int]) -> int:
     return ALIGN_SLACK + x_bytes(nb) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
 
 
-def grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SMEM, spare: int | None = None) -> int:
+def grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SMEM,
+         spare: int | None = None) -> int:
     """Blocks of a launch: one a tile, or (PERSIST) as many as are resident at once (smem dynamic and `static`
     bytes of shared memory a block) less `spare` an SM (SPARE_PER_SM), fewer where that leaves every block the
     same number of tiles."""
@@ -201,10 +202,9 @@ VERIFY_ON = _verify_default()
 # tokens and 20 superblocks), ffn_down's 68 superblocks would leave one small block an SM.
 DEFAULT_VERIFY_MAX_SUPERBLOCKS = 24
 VERIFY_MAX_SUPERBLOCKS = DEFAULT_VERIFY_MAX_SUPERBLOCKS
-VERIFY_STATIC_SMEM = 2048  # the kernel's barriers and the driver's reserve, per block; its sums add 1 KB a token
 # Warps a block (None: the one-token form's choice) and blocks an SM its walking grid leaves free. Its blocks are
-# large (the staged activations of every token), so one spared block is half an SM: alone, at 5 tokens, gate|up
-# took 63.8 us with one spared against 45.3 without (bench/NOTES.md v18).
+# large (the staged activations of every token), so one spared block is half an SM: alone, at 5 tokens, its first
+# form's gate|up took 63.8 us with one spared against 45.3 without (29ff206, bench/NOTES.md v18).
 VERIFY_WARPS: int | None = None
 DEFAULT_VERIFY_SPARE_PER_SM = 0
 VERIFY_SPARE_PER_SM = DEFAULT_VERIFY_SPARE_PER_SM
@@ -226,6 +226,11 @@ def verify_x_bytes(nb: int, num_tokens: int) -> int:
     """Mirror of kernels/mmvq_i8v.cu i8v_x_bytes: both levels of every token ([nb][256] at a pitch of 256 nb +
     64), a 32-byte sums record and 8 bytes of level scales a superblock and token, in whole KB."""
     return (2 * num_tokens * (256 * nb + 64) + 40 * num_tokens * nb + 1023) // 1024 * 1024
+
+
+def verify_static_smem(num_tokens: int) -> int:
+    """A block's static shared memory (its per-tile sums, 1 KB a token, and barriers) and the driver's reserve."""
+    return 2048 + 1024 * num_tokens
 
 
 def verify_smem_bytes(nb: int, num_tokens: int, warps: int) -> int:
@@ -251,14 +256,13 @@ def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool
     wrote, and its shared memory within the GPU's opt-in maximum."""
     from engine.cuda import ops
 
-    counts = verify_token_counts(act.x16_lo is not None)
-    if not (verify_tokens(dev) and w.qtype == Q.Q4_K and act.i8_tokens == num_tokens):
+    if not (VERIFY_ON and dev.info.arch >= MIN_ARCH and w.qtype == Q.Q4_K and act.i8_tokens == num_tokens):
         return False
-    if num_tokens not in I8V_TOKENS or num_tokens not in counts:
+    if num_tokens not in I8V_TOKENS or num_tokens not in verify_token_counts(act.x16_lo is not None):
         return False
     nb = w.cols // ops.SUPERBLOCK
-    smem = verify_smem_bytes(nb, num_tokens, verify_warps(dev, w, num_tokens))
-    return nb <= VERIFY_MAX_SUPERBLOCKS and smem + VERIFY_STATIC_SMEM + 1024 * num_tokens <= dev.info.max_smem_per_block
+    smem = verify_smem_bytes(nb, num_tokens, verify_warps(dev, w, num_tokens)) + verify_static_smem(num_tokens)
+    return nb <= VERIFY_MAX_SUPERBLOCKS and smem <= dev.info.max_smem_per_block
 
 
 def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int) -> int:
@@ -279,7 +283,6 @@ def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Bu
     kernel, smem = dev.kernel(f"mmvq_q4_K_i8v_t{num_tokens}"), verify_smem_bytes(nb, num_tokens, num_warps)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8
-    static = VERIFY_STATIC_SMEM + 1024 * num_tokens
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y]
-    dev.launch(kernel, grid(dev, tiles, num_warps, smem, static, VERIFY_SPARE_PER_SM), 32 * num_warps, args,
-               smem=smem)
+    blocks = grid(dev, tiles, num_warps, smem, verify_static_smem(num_tokens), VERIFY_SPARE_PER_SM)
+    dev.launch(kernel, blocks, 32 * num_warps, args, smem=smem)
