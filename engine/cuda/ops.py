@@ -209,13 +209,18 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
     matmul will read it."""
     assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
     groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
-    most = max(I8_TOKENS, i8b.verify_tokens(dev, act.x16_lo is not None))  # the int8 matmuls' widest launch
-    i8 = I8_MATMUL and act.q8 is not None and num_tokens <= most
+    i8 = I8_MATMUL and act.q8 is not None and num_tokens <= _i8_copy_tokens(dev, act)
     a8 = Act8(act.q8.ptr, act.scale8.ptr, act.sums8.ptr, act.sums8_lo.ptr) if i8 else Act8()
     act.i8_tokens = num_tokens if i8 else 0
     name = f"act_{mode}_g1" if groups == 1 and mode in ACT_ONE_GROUP_MODES else f"act_{mode}"
     dev.launch(dev.kernel(name), (act.num_superblocks, groups), 256,
                [src, act.x16, act.sums, act.x16_lo, act.sums_lo, a8, num_tokens, act.width])
+
+
+def _i8_copy_tokens(dev: Device, act: Act) -> int:
+    """The most tokens of act's mode an int8 matmul takes (mmvq_i8 up to I8_TOKENS, mmvq_i8v where it runs): up to
+    that many, the producers write the int8 copy too."""
+    return max(I8_TOKENS, i8b.verify_tokens(dev, act.x16_lo is not None))
 
 
 def _p(buf: Buffer | None) -> int:
