@@ -103,7 +103,7 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
         ref += dev.download(res, np.float32, (num_tokens, rows))[:, pick]
     tol = TOL_F32 if qtype == Q.F32 or precise else TOL_F16
     variant = f"{qtype.name}.T{num_tokens}" + (".precise" if precise else "") + tag
-    verify = ops.I8_MATMUL and i8b.verify_runs(dev, w, num_tokens, act)
+    verify = i8b.verify_runs(dev, w, num_tokens, act)
     i8 = verify or ops.i8_runs(qtype, num_tokens, act, dev.info.max_smem_per_block)
     bulk = i8 and not verify and i8b.runs(dev, w, num_tokens, act)
     pipelined = ("i8v" if verify else "i8b" if bulk else "i8") if i8 else _runs_pipeline(qtype, precise, num_tokens)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from bench.gpu_common import TOL_F32, Report, Timing, compare, poison, record
+from bench.gpu_common import TOL_F32, Report, Timing, compare, median_time, poison, record
 from engine.cuda import instances, ops
 from engine.cuda.device import Buffer, Device
 from engine.cuda.repack import random_blocks
@@ -240,7 +240,6 @@ PRODUCERS_TIMED = (("rmsnorm", H), ("swiglu", 17408), ("gatednorm", 6144), ("pla
 
 def time_producers(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 4, 5, 8)) -> None:
     """Each PRODUCERS_TIMED launch at each token count, its int8 copy off | on (us)."""
-    from bench.gpu_common import median_time
     from bench.gpu_kernels import i8_matmul, verify_i8
 
     print("producer timings (us): without | with the int8 copy", flush=True)

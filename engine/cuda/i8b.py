@@ -251,14 +251,16 @@ def verify_tokens(dev: Device, precise: bool = True) -> int:
 
 
 def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
-    """Whether a matmul takes mmvq_i8v: on, sm_90+, a Q4_K weight of rows up to VERIFY_MAX_SUPERBLOCKS, a token
-    count it takes in the act's mode (precise: act has the f16 residue) whose int8 copy the last producer of act
-    wrote, and its shared memory within the GPU's opt-in maximum."""
+    """Whether a matmul takes mmvq_i8v: it and the int8 matmuls on, sm_90+, a Q4_K weight of rows up to
+    VERIFY_MAX_SUPERBLOCKS, a token count it takes in the act's mode (precise: act has the f16 residue; at most 8,
+    so one token group) whose int8 copy the last producer of act wrote, and its shared memory within the GPU's
+    opt-in maximum."""
     from engine.cuda import ops
 
-    if not (VERIFY_ON and dev.info.arch >= MIN_ARCH and w.qtype == Q.Q4_K and act.i8_tokens == num_tokens):
+    if not (VERIFY_ON and ops.I8_MATMUL and dev.info.arch >= MIN_ARCH and w.qtype == Q.Q4_K):
         return False
-    if num_tokens not in I8V_TOKENS or num_tokens not in verify_token_counts(act.x16_lo is not None):
+    counts = verify_token_counts(act.x16_lo is not None)
+    if act.i8_tokens != num_tokens or num_tokens not in I8V_TOKENS or num_tokens not in counts:
         return False
     nb = w.cols // ops.SUPERBLOCK
     smem = verify_smem_bytes(nb, num_tokens, verify_warps(dev, w, num_tokens)) + verify_static_smem(num_tokens)

@@ -318,7 +318,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
 def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: int) -> str | None:
     """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8b", "i8v" or "i8" (int8 activations), a
     pipelined one (PIPELINE_KERNELS), or None for the plain one."""
-    if I8_MATMUL and t == num_tokens and i8b.verify_runs(dev, w, num_tokens, act):
+    if i8b.verify_runs(dev, w, num_tokens, act):  # (2-8 tokens: one group, t == num_tokens)
         return "i8v"
     if i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block):
         return "i8b" if i8b.runs(dev, w, num_tokens, act) else "i8"
