@@ -89,9 +89,10 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_fused.run_fused_checks(dev, report, rng)
         gpu_fused.time_fused(dev, report, rng)
-    elif name == "producers":  # each producer at 1-8 tokens, with and without the int8 copy
+    elif name == "producers":  # the producers' checks (also inside "kernels"), each timed at 1-8 tokens
         from bench import gpu_ops
 
+        gpu_ops.run_act_checks(dev, report, rng)
         gpu_ops.time_producers(dev, report, rng)
     elif name == "stream":  # diagnostic, not in the default parts: mmvq vs its loads alone vs a plain read
         from bench import gpu_stream

@@ -3,10 +3,13 @@ NaN-poisoned outputs, never zeros as inputs)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import TOL_F32, Report, Timing, compare, median_time, poison, record
+from bench.gpu_kernels import TOL_I8, i8_matmul, verify_i8
 from engine.cuda import instances, ops
 from engine.cuda.device import Buffer, Device
 from engine.cuda.repack import random_blocks
@@ -175,16 +178,24 @@ def run_op_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
     from bench import gpu_mixers
 
     print("op checks (27B shapes)", flush=True)
-    check_act(dev, report, rng)
-    check_act(dev, report, rng, 77, 768, head=64, precise=True)  # a partial block of superblocks, 64-wide heads
-    check_act(dev, report, rng, 200, 6144, head=256)  # a prefill-sized run; heads spanning two warps
-    check_act(dev, report, rng, 3, 5120, head=32, precise=True)
+    run_act_checks(dev, report, rng)
     check_norms(dev, report, rng)
     check_rope(dev, report, rng)
     check_elementwise(dev, report, rng)
     check_embedding(dev, report, rng)
     check_argmax_sampling(dev, report, rng)
     gpu_mixers.run_mixer_checks(dev, report, rng)
+
+
+def run_act_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
+    """The producers (kernels/act.cu) at decode, verify and prefill widths."""
+    check_act(dev, report, rng)
+    check_act(dev, report, rng, 77, 768, head=64, precise=True)  # a partial block of superblocks, 64-wide heads
+    check_act(dev, report, rng, 200, 6144, head=256)  # a prefill-sized run; heads spanning two warps
+    check_act(dev, report, rng, 3, 5120, head=32, precise=True)
+    check_act(dev, report, rng, 5, 6144, head=128, precise=True)  # a verify pass: each token on blocks of its own
+    check_act(dev, report, rng, 8, 5120, head=64)
+    check_act(dev, report, rng, 1, 5120, head=128, precise=True)
 
 
 def _read_act(s: Scope, act, num_tokens: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -202,13 +213,29 @@ def _read_act(s: Scope, act, num_tokens: int, k: int) -> tuple[np.ndarray, np.nd
     return rows.astype(F32), (sums[0] + sums[1])[:num_tokens, : k // 32]
 
 
+def _read_act8(s: Scope, act, num_tokens: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 copy (kernels/mmvq_i8.cu's act8 layout, one group) read back as the values its two levels stand
+    for, [T, k], and its hi + lo sub-block sums, [T, k / 32]."""
+    nsb, pos = act.num_superblocks, np.arange(256)
+    where = 64 * (pos >> 6) + 16 * ((pos & 31) >> 3) + 8 * ((pos >> 5) & 1) + (pos & 7)  # act.cu act_i8
+    q = s.get(act.q8, (nsb, 2, 8, 256), np.int8)[..., where].astype(np.float64)
+    scale = s.get(act.scale8, (nsb, 2, 8)).astype(np.float64)
+    values = (q * scale[..., None]).sum(1)  # [sb, token, 256]
+    rows = values.transpose(1, 0, 2).reshape(8, nsb * 256)[:num_tokens, :k]
+    sums = sum(s.get(b, (nsb, 8, 8), np.float16).astype(np.float64) for b in (act.sums8, act.sums8_lo))
+    return rows, sums.transpose(1, 0, 2).reshape(8, -1)[:num_tokens, : k // 32]
+
+
 def check_act(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int = 11, k: int = H,
               head: int = 128, precise: bool = False) -> None:
     """Every act variant (plain, RMSNorm, SwiGLU, gated per-head norm) against the reference, through the inverse
-    layout; the sums must be those of exactly the f16 values written (hi + lo)."""
+    layout; the sums must be those of exactly the f16 values written (hi + lo). Where the launch writes the int8
+    copy too (up to the int8 matmuls' widest), its two levels against the reference and its sums against them."""
     s = Scope(dev)
     act = ops.alloc_act(dev, num_tokens, k, "x", precise=precise)
     s.bufs += [act.x16, act.sums, act.sums_lo, act.f32] + ([act.x16_lo] if precise else [])
+    act8 = [b for b in (act.q8, act.scale8, act.sums8, act.sums8_lo) if b is not None]
+    s.bufs += act8
     x, x2, w = randn(rng, num_tokens, k), randn(rng, num_tokens, k, scale=2.0), randn(rng, k)
     xb, x2b, wb = s.put(x), s.put(x2), s.put(w)
     wh = randn(rng, head)
@@ -220,7 +247,7 @@ def check_act(dev: Device, report: Report, rng: np.random.Generator, num_tokens:
              ("gatednorm", lambda: ops.act_gatednorm(dev, xb, x2b, s.put(wh), act, num_tokens, head, k, k, 1e-6,
                                                      out32=act.f32), gated.reshape(num_tokens, k)))
     for name, run, want in cases:
-        for buf in (act.x16, act.sums, act.sums_lo, act.f32) + ((act.x16_lo,) if precise else ()):
+        for buf in [act.x16, act.sums, act.sums_lo, act.f32] + ([act.x16_lo] if precise else []) + act8:
             poison(dev, buf)
         run()
         rows, sums = _read_act(s, act, num_tokens, k)
@@ -229,20 +256,33 @@ def check_act(dev: Device, report: Report, rng: np.random.Generator, num_tokens:
         compare(report, "act", f"{tag}.f32", s.get(act.f32, (num_tokens, k)), want, TOL_F32)
         exact = rows.astype(np.float64).reshape(num_tokens, -1, 32).sum(-1)
         compare(report, "act", f"{tag}.sums", sums.astype(F32), exact.astype(F32), 1e-6)
+        if act.i8_tokens:
+            rows8, sums8 = _read_act8(s, act, num_tokens, k)
+            compare(report, "act", f"{tag}.i8", rows8, want, TOL_I8)
+            compare(report, "act", f"{tag}.i8.sums", sums8, rows8.reshape(num_tokens, -1, 32).sum(-1), 1e-6)
     s.close()
 
 
 # The producers of the 27B pass (kernels/act.cu: mode, row width), timed at each verify width with and without the
 # int8 copy for the int8 matmuls (what writing it costs a launch: every producer of a verify pass writes it while
-# a matmul of that width takes it).
+# a matmul of that width takes it), and with the copy on the group's blocks (act_<mode>_g1) instead of a block
+# per token (act_<mode>_t1, ops.ACT_SPLIT_TOKENS).
 PRODUCERS_TIMED = (("rmsnorm", H), ("swiglu", 17408), ("gatednorm", 6144), ("plain", 6144))
 
 
-def time_producers(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 4, 5, 8)) -> None:
-    """Each PRODUCERS_TIMED launch at each token count, its int8 copy off | on (us)."""
-    from bench.gpu_kernels import i8_matmul, verify_i8
+@contextmanager
+def split_tokens(counts: frozenset[int]):
+    """ops.ACT_SPLIT_TOKENS set to counts for the duration."""
+    saved, ops.ACT_SPLIT_TOKENS = ops.ACT_SPLIT_TOKENS, counts
+    try:
+        yield
+    finally:
+        ops.ACT_SPLIT_TOKENS = saved
 
-    print("producer timings (us): without | with the int8 copy", flush=True)
+
+def time_producers(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 4, 5, 8)) -> None:
+    """Each PRODUCERS_TIMED launch at each token count: its int8 copy off | on | on, one group's blocks (us)."""
+    print("producer timings (us): without | with the int8 copy | with it, on the group's blocks", flush=True)
     for mode, k in PRODUCERS_TIMED:
         act = ops.alloc_act(dev, 8, k, "x", precise=True)
         x = dev.to_device(randn(rng, 8, k), "x")
@@ -254,15 +294,16 @@ def time_producers(dev: Device, report: Report, rng: np.random.Generator, token_
         cells = []
         for t in token_counts:
             times = []
-            for copy in (False, True):
-                with i8_matmul(copy, min(t, instances.I8_MAX_TOKENS) if copy else None), verify_i8(copy):
+            for copy, split in ((False, ops.ACT_SPLIT_TOKENS), (True, ops.ACT_SPLIT_TOKENS), (True, frozenset())):
+                with i8_matmul(copy, min(t, instances.I8_MAX_TOKENS) if copy else None), verify_i8(copy), \
+                        split_tokens(split):
                     med, spread = median_time(dev, lambda: ops.produce(dev, src, act, t), reps=30, warmup=5,
                                               inner=20)
                     assert act.i8_tokens == (t if copy else 0), (mode, t, copy, act.i8_tokens)
-                report.timings.append(Timing("producer", f"{mode}.k{k}.T{t}" + (".i8copy" if copy else ""),
-                                             f"{t}x{k}", med, spread))
+                tag = f"{mode}.k{k}.T{t}" + (".i8copy" if copy else "") + (".group" if not split else "")
+                report.timings.append(Timing("producer", tag, f"{t}x{k}", med, spread))
                 times.append(med * 1e3)
-            cells.append(f"T={t} {times[0]:5.1f} | {times[1]:5.1f}")
+            cells.append(f"T={t} {times[0]:5.1f} | {times[1]:5.1f} | {times[2]:5.1f}")
         print(f"  {mode:<9} k={k:<6} " + "   ".join(cells), flush=True)
         for buf in act.buffers() + [x, x2, w]:
             dev.memory.free(buf)

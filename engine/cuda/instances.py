@@ -67,7 +67,8 @@ EMBED_QTYPES = (Q.F32,) + MATMUL_QTYPES
 ACT_MODES = ("plain", "rmsnorm", "swiglu", "gatednorm")
 # Blocks per SM the producers' registers must allow (prefill grids have thousands of blocks); the one-group
 # instances (act_<mode>_g1: decode and verify passes, 20-68 blocks; ops.ACT_ONE_GROUP_MODES) allow 1, so RMSNorm's
-# row loads all fly at once.
+# row loads all fly at once; so do the one-token instances (act_<mode>_t1: a verify pass's tokens on blocks of
+# their own, ops.ACT_SPLIT_TOKENS).
 ACT_MIN_BLOCKS = 4
 # Attention head sizes with an instance, and the queries each warp keeps in registers for them.
 ATTN_HEAD_DIMS = {32: 16, 64: 16, 128: 16, 256: 12}
@@ -109,8 +110,9 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"gemm_{qtype_tag(qt)}", "gemm", f"gemm<{int(qt)}>") for qt in GEMM_QTYPES]
     out += [Instance(f"gemm_{qtype_tag(qt)}_cp", "gemm", f"gemm_cp<{int(qt)}>") for qt in GEMM_CP_QTYPES]
     out += [Instance("mmv_f32", "mmvq", "mmv_f32")]
-    out += [Instance(f"act_{mode}", "act", f"act_from<{i}, {ACT_MIN_BLOCKS}>") for i, mode in enumerate(ACT_MODES)]
-    out += [Instance(f"act_{mode}_g1", "act", f"act_from<{i}, 1>") for i, mode in enumerate(ACT_MODES)]  # one group
+    out += [Instance(f"act_{mode}", "act", f"act_from<{i}, {ACT_MIN_BLOCKS}, 8>") for i, mode in enumerate(ACT_MODES)]
+    out += [Instance(f"act_{mode}_g1", "act", f"act_from<{i}, 1, 8>") for i, mode in enumerate(ACT_MODES)]  # one group
+    out += [Instance(f"act_{mode}_t1", "act", f"act_from<{i}, 1, 1>") for i, mode in enumerate(ACT_MODES)]  # a token
     out += [Instance(n, "norm", n) for n in ("rms_norm", "head_norm", "gated_rms_norm")]
     out += [Instance("rope_neox", "rope", "rope<true>"), Instance("rope_norm", "rope", "rope<false>")]
     out += [Instance(n, "elementwise", n) for n in ("swiglu", "sigmoid_mul")]

@@ -165,6 +165,11 @@ class Act8(ctypes.Structure):
 # bench variant g1rms: RMSNorm's only, the v15 default).
 ACT_ONE_GROUP_DEFAULT = frozenset(ACT_MODES)
 ACT_ONE_GROUP_MODES = ACT_ONE_GROUP_DEFAULT
+# Token counts (of one group) whose producers run each token on blocks of its own (act_<mode>_t1): a block of a
+# 5-token RMSNorm reduces five rows and forms five tokens' levels one after another, where T blocks of one
+# token each work side by side as in the one-token pass.
+ACT_SPLIT_DEFAULT = frozenset(range(2, ACT_GROUP + 1))
+ACT_SPLIT_TOKENS = ACT_SPLIT_DEFAULT
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,15 +210,18 @@ def produce(dev: Device, producer: Producer, act: Act, num_tokens: int) -> None:
 
 
 def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) -> None:
-    """Launch act_<mode>: one block per (superblock, group of 8 tokens); the int8 copy too where the int8
-    matmul will read it."""
+    """Launch act_<mode>: one block per (superblock, group of 8 tokens), or per (superblock, token) where
+    ACT_SPLIT_TOKENS has the count; the int8 copy too where the int8 matmul will read it."""
     assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
     groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
     i8 = I8_MATMUL and act.q8 is not None and num_tokens <= _i8_copy_tokens(dev, act)
     a8 = Act8(act.q8.ptr, act.scale8.ptr, act.sums8.ptr, act.sums8_lo.ptr) if i8 else Act8()
     act.i8_tokens = num_tokens if i8 else 0
-    name = f"act_{mode}_g1" if groups == 1 and mode in ACT_ONE_GROUP_MODES else f"act_{mode}"
-    dev.launch(dev.kernel(name), (act.num_superblocks, groups), 256,
+    if num_tokens in ACT_SPLIT_TOKENS:
+        name, slices = f"act_{mode}_t1", num_tokens
+    else:
+        name, slices = (f"act_{mode}_g1" if groups == 1 and mode in ACT_ONE_GROUP_MODES else f"act_{mode}"), groups
+    dev.launch(dev.kernel(name), (act.num_superblocks, slices), 256,
                [src, act.x16, act.sums, act.x16_lo, act.sums_lo, a8, num_tokens, act.width])
 
 

@@ -1,7 +1,8 @@
-"""Which instance of the activation producers (kernels/act.cu act_from) a launch takes: launches of one token group
-(decode and verify, up to 8 tokens) of the modes in ops.ACT_ONE_GROUP_MODES take act_<mode>_g1, compiled for one
-block an SM so that RMSNorm's row loads all fly at once; every other launch the ACT_MIN_BLOCKS instance that
-prefill's thousands of blocks need. The kernels themselves are checked on the GPU (bench/gpu_ops.py)."""
+"""Which instance of the activation producers (kernels/act.cu act_from) a launch takes: verify launches of 2-8 tokens
+(ops.ACT_SPLIT_TOKENS) take act_<mode>_t1, a block per (superblock, token); other launches of one token group
+(decode) of the modes in ops.ACT_ONE_GROUP_MODES take act_<mode>_g1, compiled for one block an SM so that
+RMSNorm's row loads all fly at once; every other launch the ACT_MIN_BLOCKS instance that prefill's thousands of
+blocks need. The kernels themselves are checked on the GPU (bench/gpu_ops.py check_act)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,21 @@ def _launch(mode: str, tokens: int) -> tuple[str, tuple[int, int]]:
 
 
 @pytest.mark.parametrize("mode", instances.ACT_MODES)
-@pytest.mark.parametrize("tokens", [1, 5, 8])
-def test_one_group_launches_take_the_wide_instance(mode: str, tokens: int) -> None:
-    assert _launch(mode, tokens) == (f"act_{mode}_g1", (20, 1))
+def test_one_token_launches_take_the_wide_instance(mode: str) -> None:
+    assert _launch(mode, 1) == (f"act_{mode}_g1", (20, 1))
+
+
+@pytest.mark.parametrize("mode", instances.ACT_MODES)
+@pytest.mark.parametrize("tokens", [2, 5, 8])
+def test_verify_launches_put_each_token_on_blocks_of_its_own(mode: str, tokens: int) -> None:
+    assert _launch(mode, tokens) == (f"act_{mode}_t1", (20, tokens))
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_the_split_follows_its_switch(tokens: int, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "ACT_SPLIT_TOKENS", frozenset({1}))
+    want = ("act_swiglu_t1", (20, 1)) if tokens == 1 else ("act_swiglu_g1", (20, 1))
+    assert _launch("swiglu", tokens) == want
 
 
 @pytest.mark.parametrize("tokens", [9, 64])
@@ -51,10 +64,12 @@ def test_modes_left_out_of_the_switch_take_the_occupancy_instance(mode: str, mon
     assert _launch(mode, 1)[0] == f"act_{mode}"
     assert _launch("rmsnorm", 1)[0] == "act_rmsnorm_g1"
     assert _launch(mode, 9)[0] == f"act_{mode}"
+    assert _launch(mode, 5)[0] == f"act_{mode}_t1"  # the split does not depend on the one-group switch
 
 
 def test_instances_carry_their_launch_bound() -> None:
     for i, mode in enumerate(instances.ACT_MODES):
-        assert instances.INSTANCES[f"act_{mode}"].expr == f"act_from<{i}, {instances.ACT_MIN_BLOCKS}>"
-        assert instances.INSTANCES[f"act_{mode}_g1"].expr == f"act_from<{i}, 1>"
+        assert instances.INSTANCES[f"act_{mode}"].expr == f"act_from<{i}, {instances.ACT_MIN_BLOCKS}, 8>"
+        assert instances.INSTANCES[f"act_{mode}_g1"].expr == f"act_from<{i}, 1, 8>"
+        assert instances.INSTANCES[f"act_{mode}_t1"].expr == f"act_from<{i}, 1, 1>"
     assert re.search(r"__launch_bounds__\(256, MIN_BLOCKS\)\s*act_from", (nvrtc.KERNEL_DIR / "act.cu").read_text())

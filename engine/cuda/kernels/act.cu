@@ -71,15 +71,15 @@ __device__ __forceinline__ void row_squares(const float* rows, i64 ldx, int K, i
     }
 }
 
-// Per-token 1/rms of the whole row (RMSNORM): each block reduces the rows of its group itself. WIDE (the
+// Per-token 1/rms of the whole row (RMSNORM) of the block's tokens t0 .. t0 + tokens - 1: each block reduces
+// them itself. WIDE (the
 // one-group instance, whose registers are not needed for occupancy): all loads of a 5,120-wide row in flight
 // together (5 float4 a thread; one round trip for 1-4 tokens, two for 5-8); else a few at a time.
 template <bool WIDE>
-__device__ __forceinline__ void row_inv_rms(const ActSrc& a, int grp, int T, int K, float* inv /* [8] shared */) {
+__device__ __forceinline__ void row_inv_rms(const ActSrc& a, int t0, int tokens, int K, float* inv /* [8] shared */) {
     __shared__ float part[8][8];  // [warp][token]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int tokens = min(8, T - grp * 8);
-    const float* rows = a.x + (i64)grp * 8 * a.ldx;
+    const float* rows = a.x + (i64)t0 * a.ldx;
     float ss[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if ((K & 3) == 0 && (a.ldx & 3) == 0) {
         if (!WIDE)
@@ -109,11 +109,12 @@ __device__ __forceinline__ void row_inv_rms(const ActSrc& a, int grp, int T, int
     __syncthreads();
 }
 
-// Superblock sb of the group's tokens (v: this thread's position p of each) as two int8 levels (Act8Levels, over
-// the superblock's largest |v| of each token).
-__device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int grp, int T, int sb, int nsb) {
+// Superblock sb of the block's tokens (slots n0 .. n0 + tokens - 1 of group grp; v: this thread's position p of
+// each) as two int8 levels (Act8Levels, over the superblock's largest |v| of each token).
+__device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int grp, int n0, int tokens, int sb,
+                                       int nsb) {
     __shared__ float wmax[8][8];  // [warp][token]
-    const int p = threadIdx.x, lane = p & 31, warp = p >> 5, tokens = min(8, T - grp * 8);
+    const int p = threadIdx.x, lane = p & 31, warp = p >> 5;
     float m[8];
 #pragma unroll
     for (int n = 0; n < 8; ++n) m[n] = fabsf(v[n]);
@@ -125,7 +126,7 @@ __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int 
     __syncthreads();
     const int off = 64 * (p >> 6) + 16 * ((p & 31) >> 3) + 8 * ((p >> 5) & 1) + (p & 7);
     const i64 blk = (i64)grp * nsb + sb;
-    i8* q = a8.q + blk * 4096 + off;
+    i8* q = a8.q + blk * 4096 + off + 256 * n0;
     float sub[8];  // per token: what the int8 mma sees, summed over the warp's sub-block below
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
@@ -140,36 +141,38 @@ __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int 
         q[n * 256] = (i8)(int)qh;
         q[(8 + n) * 256] = (i8)(int)ql;
         if (p == 0) {
-            a8.scale[blk * 16 + n] = lv.s;
-            a8.scale[blk * 16 + 8 + n] = lv.s_lo;
+            a8.scale[blk * 16 + n0 + n] = lv.s;
+            a8.scale[blk * 16 + 8 + n0 + n] = lv.s_lo;
         }
     }
     warp_reduce_tokens<false>(sub, tokens);  // a warp = one sub-block
     if (lane == 0)
 #pragma unroll
         for (int n = 0; n < 8; ++n)
-            if (n < tokens) store_f16_pair(a8.sums, a8.sums_lo, (blk * 8 + n) * 8 + warp, sub[n]);
+            if (n < tokens) store_f16_pair(a8.sums, a8.sums_lo, (blk * 8 + n0 + n) * 8 + warp, sub[n]);
 }
 
-// Grid (superblocks, token groups of 8), 256 threads: thread = position in the superblock. MIN_BLOCKS: 1 for the
-// one-group instances (act_<mode>_g1: decode and verify, where RMSNORM spends registers on loads in flight,
-// row_inv_rms), instances.ACT_MIN_BLOCKS for the others.
-template <int MODE, int MIN_BLOCKS>
+// Grid (superblocks, token slices), 256 threads: thread = position in the superblock. PER: the tokens of a block,
+// 8 (a slice is a group: the block also writes zeros into the slots past T of its group) or 1 (act_<mode>_t1: a
+// verify pass's tokens on blocks of their own, ops.ACT_SPLIT_TOKENS; slots past T are not written, the matmuls
+// take only T columns). MIN_BLOCKS: 1 for the instances of one token group (act_<mode>_g1 and _t1: decode and
+// verify, where RMSNORM spends registers on loads in flight, row_inv_rms), instances.ACT_MIN_BLOCKS for the others.
+template <int MODE, int MIN_BLOCKS, int PER>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
 act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restrict__ act_lo,
          f16* __restrict__ sums_lo, Act8 a8, int T, int K) {
     PDL_ENTER();
     __shared__ float inv[8];
     __shared__ float head_ss[8][8];  // GATEDNORM: [warp][token] partial sums of squares
-    const int sb = blockIdx.x, grp = blockIdx.y, nsb = gridDim.x, k_local = threadIdx.x;
-    const int k = sb * QK_SB + k_local, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sb = blockIdx.x, t0 = PER * blockIdx.y, grp = t0 / 8, n0 = t0 % 8, nsb = gridDim.x;
+    const int k_local = threadIdx.x, k = sb * QK_SB + k_local, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = k_local >> 6, h = (k_local >> 5) & 1, i = (k_local >> 2) & 7, r = k_local & 3;
-    const int s = 2 * i + h, tokens = min(8, T - grp * 8);
+    const int s = 2 * i + h, tokens = PER == 1 ? 1 : min(PER, T - t0);
     // every global input loaded up front (before the norms' reductions), so their round trips overlap
-    float v[8], gate[8];  // gate: GATEDNORM's silu(x2)
+    float v[8] = {}, gate[8] = {};  // the block's tokens; gate: GATEDNORM's silu(x2)
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-        const int t = grp * 8 + n;
+    for (int n = 0; n < PER; ++n) {
+        const int t = t0 + n;
         const bool ok = t < T && k < K;
         float x = ok ? a.x[(i64)t * a.ldx + k] : 0.f;
         if (MODE == ACT_SWIGLU) x = ok ? siluf_(x) * a.x2[(i64)t * a.ldx2 + k] : 0.f;
@@ -177,7 +180,7 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
         v[n] = x;
     }
     const float w_k = k >= K ? 0.f : MODE == ACT_RMSNORM ? a.w[k] : MODE == ACT_GATEDNORM ? a.w[k % a.head] : 0.f;
-    if (MODE == ACT_RMSNORM) row_inv_rms<MIN_BLOCKS == 1>(a, grp, T, K, inv);
+    if (MODE == ACT_RMSNORM) row_inv_rms<MIN_BLOCKS == 1>(a, t0, tokens, K, inv);
     if (MODE == ACT_GATEDNORM) {  // heads of a.head positions (a divisor of 256): warps, then whole heads
         float sq[8];
 #pragma unroll
@@ -185,42 +188,41 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
         warp_reduce_tokens<false>(sq, tokens);
         if (lane == 0)
 #pragma unroll
-            for (int n = 0; n < 8; ++n) head_ss[warp][n] = sq[n];  // past the tokens: lane 0's own zeros
+            for (int n = 0; n < PER; ++n) head_ss[warp][n] = sq[n];  // past the tokens: lane 0's own zeros
         __syncthreads();
         const int warps_per_head = a.head / 32, first = (warp / warps_per_head) * warps_per_head;
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
+        for (int n = 0; n < PER; ++n) {
             float total = 0.f;
             for (int wi = first; wi < first + warps_per_head; ++wi) total += head_ss[wi][n];
-            const int t = grp * 8 + n;
-            const bool ok = t < T && k < K;
+            const bool ok = t0 + n < T && k < K;
             v[n] = ok ? v[n] * rsqrtf(total / a.head + a.eps) * w_k * gate[n] : 0.f;
         }
     }
     f16* act_g = act + (i64)grp * nsb * 2048;
     if (MODE == ACT_RMSNORM)
 #pragma unroll
-        for (int n = 0; n < 8; ++n) v[n] = (grp * 8 + n < T && k < K) ? v[n] * inv[n] * w_k : 0.f;
-    if (a8.q) act_i8(a8, v, grp, T, sb, nsb);
-    float seen[8];  // per token: what the mma multiplies (hi + lo), summed over the warp's sub-block below
+        for (int n = 0; n < PER; ++n) v[n] = (t0 + n < T && k < K) ? v[n] * inv[n] * w_k : 0.f;
+    if (a8.q) act_i8(a8, v, grp, n0, tokens, sb, nsb);
+    float seen[8] = {};  // per token: what the mma multiplies (hi + lo), summed over the warp's sub-block below
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-        const int t = grp * 8 + n;
+    for (int n = 0; n < PER; ++n) {  // PER 8: every slot of the group, those past T zeros
+        const int t = t0 + n;
         if (a.out32 && t < T && k < K) a.out32[(i64)t * a.ld_out32 + k] = v[n];
         const f16 hi = f32_to_f16(v[n]);
-        act_g[act_pos(sb, s, n) + 4 * c + r] = hi;
+        act_g[act_pos(sb, s, n0 + n) + 4 * c + r] = hi;
         seen[n] = f16_to_f32(hi);
         if (act_lo) {
             const f16 lo = f32_to_f16(v[n] - seen[n]);
-            act_lo[(i64)grp * nsb * 2048 + act_pos(sb, s, n) + 4 * c + r] = lo;
+            act_lo[(i64)grp * nsb * 2048 + act_pos(sb, s, n0 + n) + 4 * c + r] = lo;
             seen[n] += f16_to_f32(lo);
         }
     }
     warp_reduce_tokens<false>(seen, tokens);  // a warp covers one 32-wide sub-block; tokens past T sum zeros
     if (lane == 0)
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
+        for (int n = 0; n < PER; ++n) {
             const float sub = n < tokens ? seen[n] : 0.f;
-            store_f16_pair(sums, sums_lo, (i64)grp * nsb * 64 + ((i64)sb * 8 + n) * 8 + (k_local >> 5), sub);
+            store_f16_pair(sums, sums_lo, (i64)grp * nsb * 64 + ((i64)sb * 8 + n0 + n) * 8 + (k_local >> 5), sub);
         }
 }
