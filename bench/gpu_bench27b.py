@@ -43,14 +43,14 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "i8vs1": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8vw8": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "verify"), "group": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "split1": (STAGED_QTYPES, False, 32, "cp", "verify"),
+            "split2": (STAGED_QTYPES, False, 32, "cp", "verify"),
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "verify") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
-                         "i8vcopy", "i8voff", "i8vall", "group", "split1"} |
+                         "i8vcopy", "i8voff", "i8vall", "group", "split2"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
@@ -58,9 +58,9 @@ I8_WARPS_VARIANTS = {"w4t1": {1: 4}}  # v7 with 4-warp int8 matmul blocks at one
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
 # mode's since v16, 0.03-0.05 ms a pass faster), the others on their ACT_MIN_BLOCKS instance as in v15
 ONE_GROUP_VARIANTS = {"g1rms": frozenset({"rmsnorm"})}
-# v7 with the producers of 2-8 tokens on their group's blocks (group: as before v19) or of 1-8 tokens on a block
-# per token (split1; v7: 2-8, ops.ACT_SPLIT_TOKENS)
-SPLIT_VARIANTS = {"group": frozenset(), "split1": frozenset(range(1, 9))}
+# v7 with the producers of one token group on the group's blocks (group: as before v19) or of 2-8 tokens only on
+# a block per token (split2; v7: 1-8, ops.ACT_SPLIT_TOKENS)
+SPLIT_VARIANTS = {"group": frozenset(), "split2": frozenset(range(2, 9))}
 I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walking 2 or 4 row tiles (ops.I8_TILES)
 # v7 with every launch in one stream (ops.BESIDE off: a projection's small parts follow its large one); every
 # other variant runs them beside it (engine/cuda/weights.py Projection.run) unless OPENJET_CUDA_BESIDE=0.

@@ -166,9 +166,10 @@ class Act8(ctypes.Structure):
 ACT_ONE_GROUP_DEFAULT = frozenset(ACT_MODES)
 ACT_ONE_GROUP_MODES = ACT_ONE_GROUP_DEFAULT
 # Token counts (of one group) whose producers run each token on blocks of its own (act_<mode>_t1): a block of a
-# 5-token RMSNorm reduces five rows and forms five tokens' levels one after another, where T blocks of one
-# token each work side by side as in the one-token pass.
-ACT_SPLIT_DEFAULT = frozenset(range(2, ACT_GROUP + 1))
+# 5-token RMSNorm reduced five rows and formed five tokens' levels one after another (7.0 us a launch with the
+# int8 copy), T blocks of one token each take 2.8; and the one-token instance (PER = 1: no 8-wide arrays, no
+# zeros for the group's other slots) 2.6 against act_<mode>_g1's 4.2 (bench/NOTES.md v19).
+ACT_SPLIT_DEFAULT = frozenset(range(1, ACT_GROUP + 1))
 ACT_SPLIT_TOKENS = ACT_SPLIT_DEFAULT
 
 

@@ -1,8 +1,8 @@
-"""Which instance of the activation producers (kernels/act.cu act_from) a launch takes: verify launches of 2-8 tokens
-(ops.ACT_SPLIT_TOKENS) take act_<mode>_t1, a block per (superblock, token); other launches of one token group
-(decode) of the modes in ops.ACT_ONE_GROUP_MODES take act_<mode>_g1, compiled for one block an SM so that
-RMSNorm's row loads all fly at once; every other launch the ACT_MIN_BLOCKS instance that prefill's thousands of
-blocks need. The kernels themselves are checked on the GPU (bench/gpu_ops.py check_act)."""
+"""Which instance of the activation producers (kernels/act.cu act_from) a launch takes: launches of 1-8 tokens
+(decode and verify, ops.ACT_SPLIT_TOKENS) take act_<mode>_t1, a block per (superblock, token); other launches of
+one token group (the bench variants) of the modes in ops.ACT_ONE_GROUP_MODES take act_<mode>_g1, compiled for one
+block an SM so that RMSNorm's row loads all fly at once; every other launch the ACT_MIN_BLOCKS instance that
+prefill's thousands of blocks need. The kernels themselves are checked on the GPU (bench/gpu_ops.py check_act)."""
 
 from __future__ import annotations
 
@@ -36,20 +36,15 @@ def _launch(mode: str, tokens: int) -> tuple[str, tuple[int, int]]:
 
 
 @pytest.mark.parametrize("mode", instances.ACT_MODES)
-def test_one_token_launches_take_the_wide_instance(mode: str) -> None:
-    assert _launch(mode, 1) == (f"act_{mode}_g1", (20, 1))
-
-
-@pytest.mark.parametrize("mode", instances.ACT_MODES)
-@pytest.mark.parametrize("tokens", [2, 5, 8])
-def test_verify_launches_put_each_token_on_blocks_of_its_own(mode: str, tokens: int) -> None:
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8])
+def test_one_group_launches_put_each_token_on_blocks_of_its_own(mode: str, tokens: int) -> None:
     assert _launch(mode, tokens) == (f"act_{mode}_t1", (20, tokens))
 
 
 @pytest.mark.parametrize("tokens", [1, 5])
-def test_the_split_follows_its_switch(tokens: int, monkeypatch) -> None:
-    monkeypatch.setattr(ops, "ACT_SPLIT_TOKENS", frozenset({1}))
-    want = ("act_swiglu_t1", (20, 1)) if tokens == 1 else ("act_swiglu_g1", (20, 1))
+def test_counts_left_out_of_the_split_take_the_wide_instance(tokens: int, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "ACT_SPLIT_TOKENS", frozenset({5}))
+    want = ("act_swiglu_t1", (20, 5)) if tokens == 5 else ("act_swiglu_g1", (20, 1))
     assert _launch("swiglu", tokens) == want
 
 
@@ -60,6 +55,7 @@ def test_several_groups_take_the_occupancy_instance(tokens: int) -> None:
 
 @pytest.mark.parametrize("mode", [m for m in instances.ACT_MODES if m != "rmsnorm"])
 def test_modes_left_out_of_the_switch_take_the_occupancy_instance(mode: str, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "ACT_SPLIT_TOKENS", frozenset(range(2, 9)))  # bench variant split2
     monkeypatch.setattr(ops, "ACT_ONE_GROUP_MODES", frozenset({"rmsnorm"}))  # the v15 default, bench variant g1rms
     assert _launch(mode, 1)[0] == f"act_{mode}"
     assert _launch("rmsnorm", 1)[0] == "act_rmsnorm_g1"
