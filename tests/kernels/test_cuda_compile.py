@@ -9,14 +9,17 @@ from pathlib import Path
 import pytest
 
 from engine.cuda import instances, nvrtc
+from tests.kernels.compiled_cache import copy_full_sm90_cache
 
 ARCHS = (80, 86, 89, 90, 120)  # A100/RTX 30, RTX 30 laptop/A10, RTX 40/L4, H100/H200, RTX 50
 
 
 @pytest.fixture(scope="session")
 def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[str, int, float, bool]]]:
-    """All files x all architectures compiled once per session (two processes) into a fresh cache."""
-    directory = tmp_path_factory.mktemp("kernel_cache")
+    """All files x all architectures compiled once per session (two processes) into a fresh cache. sm_90 comes
+    from the process's `openjet-engine compile --arch 90` run (compiled_cache: the CLI's and setup's tests share
+    it), whose entries are the ones nvrtc.compile_cached looks for; the other architectures are compiled here."""
+    directory = copy_full_sm90_cache(tmp_path_factory.mktemp("kernel_cache") / "cache")
     return directory, nvrtc.compile_all(list(ARCHS), workers=2, directory=directory)
 
 
