@@ -43,18 +43,20 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "i8vs1": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8vw8": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "verify"), "group": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "split2": (STAGED_QTYPES, False, 32, "cp", "verify"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
+            "split2": (STAGED_QTYPES, False, 32, "cp", "verify"), "fused": (STAGED_QTYPES, False, 32, "cp", "verify"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "verify") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
-                         "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl"} |
+                         "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
-I8_WARPS_VARIANTS = {"w4t1": {1: 4}}  # v7 with 4-warp int8 matmul blocks at one token (ops.I8_WARPS_AT)
+# v7 with the int8 matmuls' warps a block by token count (ops.I8_WARPS_AT; v7: 4 at one token since v19): w4t1 that
+# default, named as it was measured; apart and fused mmvq_i8's own choice (5 at K = 5,120)
+I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
 # mode's since v16, 0.03-0.05 ms a pass faster), the others on their ACT_MIN_BLOCKS instance as in v15
 ONE_GROUP_VARIANTS = {"g1rms": frozenset({"rmsnorm"})}
@@ -68,9 +70,9 @@ SERIAL_VARIANTS = frozenset({"serial", "serial8", "serialpdl"})  # serialpdl: on
 # The one-token Q4_K matmuls on the tensor-copy form (engine/cuda/i8b.py), v7's default since v16 for rows up to
 # 24 superblocks (K <= 6,144): i8b at every width, i8bs that default; i8 (v7 with OPENJET_CUDA_I8B=0) none
 BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24}
-# v7 with every producer launched on its own (engine/cuda/i8b.py FUSE off: v7 fuses RMSNorm, the gated norm and
-# the plain copy into the one-token int8 matmul after them)
-APART_VARIANTS = frozenset({"apart"})
+# v7 with the producers fused into the one-token int8 matmul after them (engine/cuda/i8b.py FUSE: RMSNorm, the gated
+# norm and the plain copy; v7 until v19, now off: v7 launches every producer on its own, as apart does)
+FUSED_VARIANTS = frozenset({"fused"})
 # v7 with mmvq_i8b's walking grid filling every SM (v7 leaves a block an SM free for what runs beside it since
 # v17: i8b.SPARE_PER_SM); serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
 SPARE_VARIANTS = {"full": 0, "spare": 1, "spare2": 2}
@@ -314,11 +316,11 @@ def _use_variant(backend, name: str) -> None:
     ops.I8_TILES = I8_TILE_VARIANTS.get(name, 1)
     ops.ACT_ONE_GROUP_MODES = ONE_GROUP_VARIANTS.get(name, ops.ACT_ONE_GROUP_DEFAULT)
     ops.ACT_SPLIT_TOKENS = SPLIT_VARIANTS.get(name, ops.ACT_SPLIT_DEFAULT)
-    ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, {})
+    ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, ops.DEFAULT_I8_WARPS_AT)
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
     i8b.ON = name in BULK_I8_VARIANTS or (name in I8_VARIANTS and name not in NO_BULK_VARIANTS and i8b._default())
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)
-    i8b.FUSE = name not in APART_VARIANTS and i8b._fuse_default()
+    i8b.FUSE = name in FUSED_VARIANTS or i8b._fuse_default()
     i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
     i8b.SHAPE = SHAPE_VARIANTS.get(name, i8b.DEFAULT_SHAPE)
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())

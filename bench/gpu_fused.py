@@ -85,14 +85,15 @@ def level_error(values: np.ndarray) -> float:
 
 @contextmanager
 def fusing(on: bool):
-    """i8b.FUSE set for the block (the one-token int8 matmul on at every width), restored after it."""
-    saved = i8b.FUSE
+    """i8b.FUSE set for the block (the one-token int8 matmul on at every width, in blocks of mmvq_i8's own warp
+    count, which leaves a warp few enough superblocks to fuse), restored after it."""
+    saved, saved_warps = i8b.FUSE, ops.I8_WARPS_AT
     try:
-        i8b.FUSE = on
+        i8b.FUSE, ops.I8_WARPS_AT = on, {}
         with i8_matmul(True), bulk_i8(True):
             yield
     finally:
-        i8b.FUSE = saved
+        i8b.FUSE, ops.I8_WARPS_AT = saved, saved_warps
 
 
 def check_fused(dev: Device, report: Report, rng: np.random.Generator, name: str, mode: str,

@@ -5,7 +5,8 @@ and the second where verify_runs() says so (in place of mmvq_i8 at 2-4 tokens, o
 
 On by default where it runs (OPENJET_CUDA_I8B=0 keeps mmvq_i8): on the H200 the 27B pass at one token took 8.32 ms
 with it against 8.44 without in the same run, 8.04 against 8.26 in fast mode (bench/NOTES.md v16); with its grid
-leaving a block an SM free and the producers fused, 7.99 ms (v17).
+leaving a block an SM free and the producers fused, 7.99 ms (v17); in blocks of 4 warps, with the producers
+launched apart on a block per token, 7.19 ms (v19).
 """
 
 from __future__ import annotations
@@ -36,12 +37,15 @@ def _default() -> bool:
 
 ON = _default()
 # The producer in front of a one-token matmul (ops.Producer: RMSNorm, the gated norm, a plain copy) computed by
-# its blocks instead of launched (kernels/mmvq_i8b.cu, "Producers fused in front"). OPENJET_CUDA_FUSE=0: launched.
+# its blocks instead of launched (kernels/mmvq_i8b.cu, "Producers fused in front"). Off unless OPENJET_CUDA_FUSE=1:
+# it paid 0.08 ms a pass against producers of ~4.2 us a launch (bench/NOTES.md v17), and lost 0.40 ms (7.77
+# against 7.37) once a launch took ~2.6 (v19); the 4-warp blocks of ops.I8_WARPS_AT leave a warp too many
+# superblocks to fuse anyway (PRODUCE_MAX).
 FUSE_ENV = "OPENJET_CUDA_FUSE"
 
 
 def _fuse_default() -> bool:
-    return env_switch(FUSE_ENV, True)
+    return env_switch(FUSE_ENV, False)
 
 
 FUSE = _fuse_default()
@@ -268,12 +272,14 @@ def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool
 
 
 def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int) -> int:
-    """Warps per block: VERIFY_WARPS, else VERIFY_WARPS_AT's for num_tokens, else the one-token form's choice
-    (warps()); never more than the superblocks."""
+    """Warps per block: VERIFY_WARPS, else VERIFY_WARPS_AT's for num_tokens, else mmvq_i8's choice for
+    num_tokens (ops.i8_warps); never more than the superblocks."""
     from engine.cuda import ops
 
-    chosen = VERIFY_WARPS or VERIFY_WARPS_AT.get(num_tokens)
-    return min(chosen, w.cols // ops.SUPERBLOCK, MAX_WARPS) if chosen else warps(dev, w)
+    tiles = (w.rows + 15) // 16
+    chosen = VERIFY_WARPS or VERIFY_WARPS_AT.get(num_tokens) or ops.i8_warps(w.cols, tiles, num_tokens,
+                                                                             dev.info.multiprocessors)
+    return min(chosen, w.cols // ops.SUPERBLOCK, MAX_WARPS)
 
 
 def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,

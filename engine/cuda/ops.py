@@ -473,10 +473,12 @@ I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernel
 # Warps per block; None: I8_WARPS_AT, else _pipelined_warps. 4 (instead of its 5 at K = 5120) ran gate|up 1.1 x
 # faster alone but the pass no faster (9.39 against 9.36 ms), so the benchmark only compares it.
 I8_WARPS: int | None = None
-# Warps per block by token count, where a launch of that many tokens should not take _pipelined_warps' choice.
-# Empty by default; the bench variant w4t1 tries {1: 4}: 4-warp blocks beat 5 alone at one token on every 27B
-# shape (bench/NOTES.md v15), and 4 everywhere made the 1-token pass 0.05 ms faster but the 2-token one slower (v14).
-I8_WARPS_AT: dict[int, int] = {}
+# Warps per block by token count, where a launch of that many tokens should not take _pipelined_warps' choice
+# (mmvq_i8, and mmvq_i8b at one token). 4-warp blocks beat 5 alone at one token on every 27B shape (bench/NOTES.md
+# v15); with the producers launched apart, {1: 4} made the 1-token pass 7.37 -> 7.19 ms (v19, bench variant w5:
+# none). 4 everywhere made the 2-token pass slower (v14).
+DEFAULT_I8_WARPS_AT = {1: 4}
+I8_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WARPS_AT)
 # Row tiles a block walks in sequence (instances.I8_TILE_COUNTS): each warp then streams TILES x its superblocks
 # of a row through one ring (4-5 at K = 5,120 with one tile). 1 until the longer blocks are measured.
 I8_TILES = 1

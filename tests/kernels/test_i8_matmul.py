@@ -94,9 +94,10 @@ def test_warps_per_block_follow_the_switches_in_order(monkeypatch) -> None:
     the row's superblocks."""
     sms, cols, tiles = 132, 5120, 2176
     default = ops._pipelined_warps(cols, tiles, sms)
-    assert ops.i8_warps(cols, tiles, 1, sms) == default
-    monkeypatch.setattr(ops, "I8_WARPS_AT", {1: 4})
+    assert default == 5 and ops.DEFAULT_I8_WARPS_AT == {1: 4}  # one token: 4-warp blocks (bench/NOTES.md v19)
     assert ops.i8_warps(cols, tiles, 1, sms) == 4 and ops.i8_warps(cols, tiles, 2, sms) == default
+    monkeypatch.setattr(ops, "I8_WARPS_AT", {})
+    assert ops.i8_warps(cols, tiles, 1, sms) == default
     monkeypatch.setattr(ops, "I8_WARPS", 8)
     assert ops.i8_warps(cols, tiles, 1, sms) == 8
     assert ops.i8_warps(512, tiles, 1, sms) == 2  # two superblocks, two warps

@@ -39,12 +39,14 @@ def test_taken_only_when_on_for_one_q4k_token_on_sm90(monkeypatch) -> None:
     assert not i8b.runs(_dev(90), _weight(), 1, _act(1))
 
 
-@pytest.mark.parametrize("env, default", [(i8b.ENV, i8b._default), (i8b.FUSE_ENV, i8b._fuse_default)])
-def test_on_by_default_and_the_switch_is_checked(monkeypatch, env: str, default) -> None:
+@pytest.mark.parametrize("env, default, on", [(i8b.ENV, i8b._default, True), (i8b.FUSE_ENV, i8b._fuse_default, False)])
+def test_defaults_and_the_switch_is_checked(monkeypatch, env: str, default, on: bool) -> None:
     monkeypatch.delenv(env, raising=False)
-    assert default() is True
+    assert default() is on
     monkeypatch.setenv(env, "0")
     assert default() is False
+    monkeypatch.setenv(env, "1")
+    assert default() is True
     monkeypatch.setenv(env, "yes please")
     with pytest.raises(ValueError, match=env):
         default()
@@ -91,6 +93,7 @@ def test_fused_only_where_the_int8_matmul_takes_the_launch_and_the_inputs_align(
     monkeypatch.setattr(i8b, "FUSE", True)
     monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", 24)
     monkeypatch.setattr(ops, "I8_MATMUL", True)
+    monkeypatch.setattr(ops, "I8_WARPS_AT", {})  # 5 warps at K = 5,120: 4 superblocks a warp
     x, w, z = _Buf(1 << 20), _Buf(2 << 20), _Buf(3 << 20)
     norm = ops.rmsnorm_of(x, w, 5120, 1e-6)
     assert i8b.fuses(_dev(90), _weight(), 1, norm)
@@ -221,5 +224,7 @@ def test_the_verify_forms_token_counts_and_warps_by_default(monkeypatch) -> None
     monkeypatch.setattr(i8b, "VERIFY_WARPS", None)
     monkeypatch.setattr(i8b, "WARPS", None)
     assert i8b.verify_warps(_dev(90), _weight(), 5) == 8
-    assert i8b.verify_warps(_dev(90), _weight(), 2) == i8b.warps(_dev(90), _weight())
+    # below 5 tokens mmvq_i8's choice for that many tokens, not the one-token form's 4 (ops.I8_WARPS_AT)
+    assert i8b.warps(_dev(90), _weight()) == 4
+    assert i8b.verify_warps(_dev(90), _weight(), 2) == ops.i8_warps(5120, 640, 2, 132) == 5
     assert i8b.verify_warps(_dev(90), _weight(cols=768), 8) == 3  # never more warps than superblocks
