@@ -27,10 +27,13 @@ MIN_COMPUTE_CAPABILITY = (8, 0)
 PDL_ENV = "OPENJET_CUDA_PDL"  # "1": every pass with programmatic dependent launch, "0": none (default: "verify")
 PDL_MIN_ARCH = 90  # griddepcontrol (kernels/common.cuh PDL_ENTER) exists from sm_90 on
 # Which passes launch with PDL (Device.pdl_policy; engine/cuda/model.py applies it per pass): "off", "on", or
-# "verify", the verify passes of PDL_VERIFY_TOKENS and more tokens. Measured on the H200 (bench/NOTES.md v15):
-# faster at 5 tokens (12.37 against 12.87 ms), slower at 1 (9.01 against 8.39) and 3, no gain in prefill.
+# "verify", the verify passes of PDL_VERIFY_TOKENS and more tokens and those of PDL_VERIFY_COUNTS. Measured on the
+# H200: faster at 5 tokens (bench/NOTES.md v15: 12.37 against 12.87 ms), slower at 1 (9.01 against 8.39) and 3, no
+# gain in prefill; since the producers' block per token (v19, run 1890cfd) faster at 2 and 4 tokens too (7.29 / 8.25
+# against 7.74 / 8.70 ms), still slower at 1 (7.92 / 7.77) and 3 (8.40 / 7.91).
 PDL_POLICIES = ("off", "verify", "on")
 PDL_VERIFY_TOKENS = 5
+PDL_VERIFY_COUNTS = frozenset({2, 4})
 
 
 def _pdl_policy(arch: int) -> str:
@@ -45,7 +48,8 @@ def _pdl_policy(arch: int) -> str:
 def pdl_for(policy: str, num_tokens: int, verify_max: int) -> bool:
     """Whether a pass of num_tokens launches with PDL under policy (verify_max: the longest verify pass)."""
     assert policy in PDL_POLICIES, policy
-    return policy == "on" or (policy == "verify" and PDL_VERIFY_TOKENS <= num_tokens <= verify_max)
+    verify = num_tokens <= verify_max and (num_tokens >= PDL_VERIFY_TOKENS or num_tokens in PDL_VERIFY_COUNTS)
+    return policy == "on" or (policy == "verify" and verify)
 
 
 class CudaError(EngineError):
