@@ -43,14 +43,16 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "i8vs1": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8vw8": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "verify"), "group": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "split2": (STAGED_QTYPES, False, 32, "cp", "verify"), "fused": (STAGED_QTYPES, False, 32, "cp", "verify"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
+            "split2": (STAGED_QTYPES, False, 32, "cp", "verify"), "fused": (STAGED_QTYPES, False, 32, "cp", "verify"),
+            **{v: (STAGED_QTYPES, False, 32, "cp", "verify") for v in ("i8v3", "pdl3", "i8v3pdl")}, "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "verify") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
-                         "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused"} |
+                         "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
+                         "i8v3", "pdl3", "i8v3pdl"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
@@ -89,6 +91,10 @@ VERIFY_SPARE_VARIANTS = {"i8vs1": 1}
 VERIFY_WARPS_VARIANTS = {"i8vw8": 8}
 VERIFY_WIDTH_VARIANTS = {"i8vcopy": 0}
 VERIFY_TOKEN_VARIANTS = {"i8vall": frozenset(range(2, 9))}  # i8vall: 3 tokens on it too
+# v7 with the precise 3-token pass on mmvq_i8v (i8v3: v7 keeps mmvq_i8 there), with PDL on it (pdl3: v7 has PDL at
+# 2, 4 and 5+ tokens, engine/cuda/device.py PDL_VERIFY_COUNTS), or both (i8v3pdl)
+VERIFY_PRECISE_VARIANTS = {"i8v3": frozenset({2, 3, 4, 5, 6, 7, 8}), "i8v3pdl": frozenset({2, 3, 4, 5, 6, 7, 8})}
+PDL_COUNT_VARIANTS = {"pdl3": frozenset({2, 3, 4}), "i8v3pdl": frozenset({2, 3, 4})}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
@@ -308,7 +314,7 @@ def _prefill_before(backend, report: Report, v7_tokens: list[int]) -> None:
 
 def _use_variant(backend, name: str) -> None:
     """Switch the matmul and attention kernels to a generation of VARIANTS (captured passes are dropped)."""
-    from engine.cuda import i8b, mixers, ops
+    from engine.cuda import device, i8b, mixers, ops
 
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
@@ -326,7 +332,8 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())
     i8b.VERIFY_SPARE_PER_SM = VERIFY_SPARE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_SPARE_PER_SM)
     i8b.VERIFY_WARPS = VERIFY_WARPS_VARIANTS.get(name)
-    i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS)
+    i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, VERIFY_PRECISE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS))
+    device.PDL_VERIFY_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_VERIFY_COUNTS)
     i8b.VERIFY_FAST_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, i8b.DEFAULT_VERIFY_FAST_TOKENS)
     i8b.VERIFY_MAX_SUPERBLOCKS = VERIFY_WIDTH_VARIANTS.get(name, i8b.DEFAULT_VERIFY_MAX_SUPERBLOCKS)
     mixers.ATTN_MIN_KEYS = min_keys

@@ -33,7 +33,8 @@ PDL_MIN_ARCH = 90  # griddepcontrol (kernels/common.cuh PDL_ENTER) exists from s
 # against 7.74 / 8.70 ms), still slower at 1 (7.92 / 7.77) and 3 (8.40 / 7.91).
 PDL_POLICIES = ("off", "verify", "on")
 PDL_VERIFY_TOKENS = 5
-PDL_VERIFY_COUNTS = frozenset({2, 4})
+DEFAULT_PDL_VERIFY_COUNTS = frozenset({2, 4})
+PDL_VERIFY_COUNTS = DEFAULT_PDL_VERIFY_COUNTS
 
 
 def _pdl_policy(arch: int) -> str:
