@@ -67,8 +67,8 @@ EMBED_QTYPES = (Q.F32,) + MATMUL_QTYPES
 ACT_MODES = ("plain", "rmsnorm", "swiglu", "gatednorm")
 # Blocks per SM the producers' registers must allow (prefill grids have thousands of blocks); the one-group
 # instances (act_<mode>_g1: decode and verify passes, 20-68 blocks; ops.ACT_ONE_GROUP_MODES) allow 1, so RMSNorm's
-# row loads all fly at once; so do the one-token instances (act_<mode>_t1: a verify pass's tokens on blocks of
-# their own, ops.ACT_SPLIT_TOKENS).
+# row loads all fly at once; so do the one-token instances (act_<mode>_t1: a decode or verify pass's tokens on
+# blocks of their own, ops.ACT_SPLIT_TOKENS, the default for 1-8 tokens since v19).
 ACT_MIN_BLOCKS = 4
 # Attention head sizes with an instance, and the queries each warp keeps in registers for them.
 ATTN_HEAD_DIMS = {32: 16, 64: 16, 128: 16, 256: 12}

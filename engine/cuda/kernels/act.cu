@@ -72,9 +72,9 @@ __device__ __forceinline__ void row_squares(const float* rows, i64 ldx, int K, i
 }
 
 // Per-token 1/rms of the whole row (RMSNORM) of the block's tokens t0 .. t0 + tokens - 1: each block reduces
-// them itself. WIDE (the
-// one-group instance, whose registers are not needed for occupancy): all loads of a 5,120-wide row in flight
-// together (5 float4 a thread; one round trip for 1-4 tokens, two for 5-8); else a few at a time.
+// them itself. WIDE (the one-group instances, whose registers are not needed for occupancy): all loads of a
+// 5,120-wide row in flight together (5 float4 a thread; one round trip for 1-4 tokens, two for 5-8); else a few
+// at a time.
 template <bool WIDE>
 __device__ __forceinline__ void row_inv_rms(const ActSrc& a, int t0, int tokens, int K, float* inv /* [8] shared */) {
     __shared__ float part[8][8];  // [warp][token]
@@ -154,8 +154,8 @@ __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int 
 
 // Grid (superblocks, token slices), 256 threads: thread = position in the superblock. PER: the tokens of a block,
 // 8 (a slice is a group: the block also writes zeros into the slots past T of its group) or 1 (act_<mode>_t1: a
-// verify pass's tokens on blocks of their own, ops.ACT_SPLIT_TOKENS; slots past T are not written, the matmuls
-// take only T columns). MIN_BLOCKS: 1 for the instances of one token group (act_<mode>_g1 and _t1: decode and
+// decode or verify pass's tokens on blocks of their own, ops.ACT_SPLIT_TOKENS; slots past T are not written, the
+// matmuls take only T columns). MIN_BLOCKS: 1 for the instances of one token group (act_<mode>_g1 and _t1: decode and
 // verify, where RMSNORM spends registers on loads in flight, row_inv_rms), instances.ACT_MIN_BLOCKS for the others.
 template <int MODE, int MIN_BLOCKS, int PER>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
