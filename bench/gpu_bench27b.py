@@ -42,9 +42,9 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "i8v": (STAGED_QTYPES, False, 32, "cp", "verify"), "noi8v": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "i8vs1": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8vw8": (STAGED_QTYPES, False, 32, "cp", "verify"),
             "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
-            "i8vall": (STAGED_QTYPES, False, 32, "cp", "verify"), "group": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "split2": (STAGED_QTYPES, False, 32, "cp", "verify"), "fused": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            **{v: (STAGED_QTYPES, False, 32, "cp", "verify") for v in ("i8v3", "pdl3", "i8v3pdl")}, "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
+            "i8vall": (STAGED_QTYPES, False, 32, "cp", "verify"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
+            **{v: (STAGED_QTYPES, False, 32, "cp", "verify")
+               for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "verify") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -90,11 +90,12 @@ VERIFY_VARIANTS = {"i8v": True, "noi8v": False, "i8vs1": True, "i8vw8": True, "i
 VERIFY_SPARE_VARIANTS = {"i8vs1": 1}
 VERIFY_WARPS_VARIANTS = {"i8vw8": 8}
 VERIFY_WIDTH_VARIANTS = {"i8vcopy": 0}
-VERIFY_TOKEN_VARIANTS = {"i8vall": frozenset(range(2, 9))}  # i8vall: 3 tokens on it too
+EVERY_VERIFY_COUNT = frozenset(range(2, 9))
+VERIFY_TOKEN_VARIANTS = {"i8vall": EVERY_VERIFY_COUNT}  # i8vall: 3 tokens on it too
 # v7 with the precise 3-token pass on mmvq_i8v (i8v3: v7 keeps mmvq_i8 there), with PDL on it (pdl3: v7 has PDL at
 # 2, 4 and 5+ tokens, engine/cuda/device.py PDL_VERIFY_COUNTS), or both (i8v3pdl)
-VERIFY_PRECISE_VARIANTS = {"i8v3": frozenset({2, 3, 4, 5, 6, 7, 8}), "i8v3pdl": frozenset({2, 3, 4, 5, 6, 7, 8})}
-PDL_COUNT_VARIANTS = {"pdl3": frozenset({2, 3, 4}), "i8v3pdl": frozenset({2, 3, 4})}
+VERIFY_PRECISE_VARIANTS = dict.fromkeys(("i8v3", "i8v3pdl"), EVERY_VERIFY_COUNT)
+PDL_COUNT_VARIANTS = dict.fromkeys(("pdl3", "i8v3pdl"), frozenset({2, 3, 4}))
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)

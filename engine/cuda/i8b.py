@@ -206,13 +206,13 @@ VERIFY_ON = _verify_default()
 # tokens and 20 superblocks), ffn_down's 68 superblocks would leave one small block an SM.
 DEFAULT_VERIFY_MAX_SUPERBLOCKS = 24
 VERIFY_MAX_SUPERBLOCKS = DEFAULT_VERIFY_MAX_SUPERBLOCKS
-# Warps a block (None: the one-token form's choice) and blocks an SM its walking grid leaves free. Its blocks are
+# Warps a block (None: by token count, VERIFY_WARPS_AT) and blocks an SM its walking grid leaves free. Its blocks are
 # large (the staged activations of every token), so one spared block is half an SM: alone, at 5 tokens, its first
 # form's gate|up took 63.8 us with one spared against 45.3 without (29ff206, bench/NOTES.md v18).
 VERIFY_WARPS: int | None = None
 DEFAULT_VERIFY_SPARE_PER_SM = 0
 VERIFY_SPARE_PER_SM = DEFAULT_VERIFY_SPARE_PER_SM
-# Warps a block by token count where VERIFY_WARPS is None (others: the one-token form's choice): 8 from 5 tokens,
+# Warps a block by token count where VERIFY_WARPS is None (others: mmvq_i8's choice, ops.i8_warps): 8 from 5 tokens,
 # one block an SM with room beside it (27B pass at 5 tokens 11.05 ms against 11.38 with 2 blocks of 5 warps, 36e18fb).
 DEFAULT_VERIFY_WARPS_AT = {5: 8, 6: 8, 7: 8, 8: 8}
 VERIFY_WARPS_AT = dict(DEFAULT_VERIFY_WARPS_AT)

@@ -475,7 +475,7 @@ I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernel
 I8_WARPS: int | None = None
 # Warps per block by token count, where a launch of that many tokens should not take _pipelined_warps' choice
 # (mmvq_i8, and mmvq_i8b at one token). 4-warp blocks beat 5 alone at one token on every 27B shape (bench/NOTES.md
-# v15); with the producers launched apart, {1: 4} made the 1-token pass 7.37 -> 7.19 ms (v19, bench variant w5:
+# v15); with the producers launched apart, {1: 4} made the 1-token pass 7.37 -> 7.19 ms (v19; bench variant apart:
 # none). 4 everywhere made the 2-token pass slower (v14).
 DEFAULT_I8_WARPS_AT = {1: 4}
 I8_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WARPS_AT)
