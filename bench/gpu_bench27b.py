@@ -44,7 +44,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "verify"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             **{v: (STAGED_QTYPES, False, 32, "cp", "verify")
-               for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "l2p16", "l2p32", "l2p48")},
+               for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "sm32", "sm23")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "verify") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -52,7 +52,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
-                         "i8v3", "pdl3", "i8v3pdl", "l2p16", "l2p32", "l2p48"} |
+                         "i8v3", "pdl3", "i8v3pdl", "sm32", "sm23"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
@@ -96,9 +96,10 @@ VERIFY_TOKEN_VARIANTS = {"i8vall": EVERY_VERIFY_COUNT}  # i8vall: 3 tokens on it
 # 2, 4 and 5+ tokens, engine/cuda/device.py PDL_VERIFY_COUNTS), or both (i8v3pdl)
 VERIFY_PRECISE_VARIANTS = dict.fromkeys(("i8v3", "i8v3pdl"), EVERY_VERIFY_COUNT)
 PDL_COUNT_VARIANTS = dict.fromkeys(("pdl3", "i8v3pdl"), frozenset({2, 3, 4}))
-# v7 with the next matmuls' first 16 / 32 / 48 MiB prefetched into L2 beside the launches between them
-# (engine/cuda/prefetch.py BYTES; v7: OPENJET_CUDA_L2_PREFETCH, off unless set)
-L2_PREFETCH_VARIANTS = {"l2p16": 16 << 20, "l2p32": 32 << 20, "l2p48": 48 << 20}
+# v7 with the one-token launches whose tiles fit one wave (ssm_out, attn_output: a block a tile) in another
+# mmvq_i8b shape, no block an SM spared (engine/cuda/i8b.py SMALL_SHAPE; v7: SHAPE, (2, 2)): a warp's whole share
+# of the row (6 superblocks at K = 6,144) in flight at once, where (2, 2) asks for 4
+SMALL_VARIANTS = {"sm32": (3, 2), "sm23": (2, 3)}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
@@ -144,10 +145,10 @@ def _time_passes(backend, report: Report, copy_gbps: float, pass_bytes: int, tag
         backend._pending = None
 
 
-def _time_l2(backend, report: Report) -> None:
-    """Layer 0's one-token matmuls (a DeltaNet layer) with their weights in L2 (the launch replayed: the second
-    finds what the first read, where it fits) and from DRAM (each launch after a copy of 4 x L2 that evicts it):
-    the most an L2 prefetch (engine/cuda/prefetch.py) can take off each."""
+def _time_alone(backend, report: Report, tag: str) -> None:
+    """Layer 0's one-token matmuls (a DeltaNet layer) and the first attention layer's output alone, with their weights in L2 (the launch replayed: the
+    second finds what the first read, where it fits) and from DRAM (each launch after a copy of 4 x L2 that evicts
+    it): what the kernel costs apart from DRAM."""
     from engine.cuda import ops
 
     dev, model = backend.dev, backend.model
@@ -158,8 +159,10 @@ def _time_l2(backend, report: Report) -> None:
     src, dst = dev.alloc(flush, "l2.flush.src"), dev.alloc(flush, "l2.flush.dst")
     try:
         copy = median_time(dev, lambda: dev.copy(dst, src, flush), reps=20, warmup=3, inner=10)[0]
-        cases = (("ssm_out", lw.mix_out, ws.act_inner), ("ffn_in", lw.ffn_in.weights_by_size()[0], ws.act_h),
-                 ("ffn_down", lw.ffn_down, ws.act_ffn))
+        gate_up = max((part.weight for part in lw.ffn_in.parts), key=lambda w: w.buf.nbytes)
+        attn = model.weights.layers[model.cfg.layer_kinds.index("attention")]
+        cases = (("ssm_out", lw.mix_out, ws.act_inner), ("attn_output", attn.mix_out, ws.act_q),
+                 ("ffn_in", gate_up, ws.act_h), ("ffn_down", lw.ffn_down, ws.act_ffn))
         for label, w, act in cases:
             def run(w=w, act=act):
                 ops.matmul(dev, w, act, ws.proj, 1, w.rows)
@@ -170,9 +173,10 @@ def _time_l2(backend, report: Report) -> None:
 
             hot, hot_spread = median_time(dev, run, reps=20, warmup=3, inner=20)
             both, spread = median_time(dev, cold, reps=20, warmup=3, inner=10)
-            for tag, ms, sp in (("hot", hot, hot_spread), ("cold", both - copy, spread)):
-                report.timings.append(Timing("l2", f"27b.{label}.{tag}", f"{w.rows}x{w.cols}", ms, sp, w.buf.nbytes))
-            print(f"  {label} ({w.buf.nbytes / 1e6:.1f} MB) alone: from L2 {hot * 1e3:.1f} us, from DRAM "
+            for where, ms, sp in (("l2", hot, hot_spread), ("dram", both - copy, spread)):
+                report.timings.append(Timing("alone", f"27b{tag}.{label}.{where}", f"{w.rows}x{w.cols}", ms, sp,
+                                             w.buf.nbytes))
+            print(f"  {label}{tag} ({w.buf.nbytes / 1e6:.1f} MB) alone: from L2 {hot * 1e3:.1f} us, from DRAM "
                   f"{(both - copy) * 1e3:.1f} us", flush=True)
     finally:
         dev.memory.free(src)
@@ -253,8 +257,7 @@ def bench_27b(report: Report, args) -> None:
                 tokens[name] = _decode_sanity(backend, report, tag)
                 backend.set_precise(True)
                 _time_passes(backend, report, bw.gbps, pass_bytes, tag)
-                if name == "v7" and any(v in L2_PREFETCH_VARIANTS for v in chosen):
-                    _time_l2(backend, report)
+                _time_alone(backend, report, tag)
                 backend.set_precise(False)
                 _time_passes(backend, report, bw.gbps, pass_bytes, f"{tag}.fast")
                 backend.set_precise(True)
@@ -355,7 +358,7 @@ def _prefill_before(backend, report: Report, v7_tokens: list[int]) -> None:
 
 def _use_variant(backend, name: str) -> None:
     """Switch the matmul and attention kernels to a generation of VARIANTS (captured passes are dropped)."""
-    from engine.cuda import device, i8b, mixers, ops, prefetch
+    from engine.cuda import device, i8b, mixers, ops
 
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
@@ -377,7 +380,7 @@ def _use_variant(backend, name: str) -> None:
     device.PDL_VERIFY_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_VERIFY_COUNTS)
     i8b.VERIFY_FAST_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, i8b.DEFAULT_VERIFY_FAST_TOKENS)
     i8b.VERIFY_MAX_SUPERBLOCKS = VERIFY_WIDTH_VARIANTS.get(name, i8b.DEFAULT_VERIFY_MAX_SUPERBLOCKS)
-    prefetch.BYTES = L2_PREFETCH_VARIANTS.get(name, prefetch._default_bytes())
+    i8b.SMALL_SHAPE = SMALL_VARIANTS.get(name, i8b.DEFAULT_SMALL_SHAPE)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
     backend.dev.pdl = pdl == "on"

@@ -114,7 +114,6 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"act_{mode}_g1", "act", f"act_from<{i}, 1, 8>") for i, mode in enumerate(ACT_MODES)]  # one group
     out += [Instance(f"act_{mode}_t1", "act", f"act_from<{i}, 1, 1>") for i, mode in enumerate(ACT_MODES)]  # a token
     out += [Instance(n, "norm", n) for n in ("rms_norm", "head_norm", "gated_rms_norm")]
-    out += [Instance("l2_prefetch", "prefetch", "l2_prefetch")]
     out += [Instance("rope_neox", "rope", "rope<true>"), Instance("rope_norm", "rope", "rope<false>")]
     out += [Instance(n, "elementwise", n) for n in ("swiglu", "sigmoid_mul")]
     out += [Instance(f"get_rows_{qtype_tag(qt)}", "elementwise", f"get_rows<{int(qt)}>") for qt in EMBED_QTYPES]

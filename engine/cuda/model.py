@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.cuda import mixers, ops, prefetch
+from engine.cuda import mixers, ops
 from engine.cuda.device import Buffer, Device, pdl_for
 from engine.cuda.weights import CudaWeights, LayerWeights
 from engine.model.config import ModelConfig
@@ -174,10 +174,6 @@ class CudaModel:
             else:
                 self._deltanet(i, lw, num_tokens, commit, normed)
             self._ffn(lw, num_tokens)
-            if i + 1 < len(self.weights.layers):  # the next layer's input projection, read after its RMSNorm
-                self._prefetch(num_tokens, *self.weights.layers[i + 1].mix_in.weights_by_size())
-            elif logits_rows:
-                self._prefetch(num_tokens, self.weights.output)
             if trace is not None:
                 trace.append(dev.download(ws.x, np.float32, (num_tokens, h)))
         if self.weights.mtp is not None:  # every token's output-normed hidden, for the MTP head
@@ -186,13 +182,6 @@ class CudaModel:
             self.head(num_tokens - logits_rows, logits_rows)
         if self.weights.mtp is not None:
             self._mtp_catch_up(num_tokens, commit)
-        dev.join()  # the last prefetch launched beside
-
-    def _prefetch(self, num_tokens: int, *weights: ops.DeviceWeight) -> None:
-        """Launched right after a matmul: the first prefetch.BYTES of the weights read next into L2, beside the
-        launches that read little (decode and verify passes; prefill's GEMMs are not waiting on memory)."""
-        if prefetch.BYTES and num_tokens <= VERIFY_MAX:
-            prefetch.ahead(self.dev, list(weights))
 
     def head(self, first_row: int, rows: int) -> None:
         """logits[0:rows] = output(RMSNorm(x[first_row:first_row + rows]))."""
@@ -262,7 +251,6 @@ class CudaModel:
         normed = ops.rmsnorm_of(ws.x, norm, h, cfg.rms_eps, out32=ws.xn)
         lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE, producer=normed)
         dev.join()
-        self._prefetch(num_tokens, lw.ffn_down)  # beside SwiGLU
         gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
         up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
         ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=ws.ffn)
@@ -276,7 +264,6 @@ class CudaModel:
         d, hq, hkv, width = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, ws.proj_width
         lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE, producer=normed)
         dev.join()
-        self._prefetch(num_tokens, lw.mix_out, *lw.ffn_in.weights_by_size())  # beside rope and attention
         q_stride = 2 * d if cfg.has_attn_gate else d  # qwen35 packs [Q | gate] per head
         q = ws.proj.view(4 * lw.mix_in.offsets["attn_q"])
         k = ws.proj.view(4 * lw.mix_in.offsets["attn_k"])
@@ -301,7 +288,6 @@ class CudaModel:
         dk, dv, inner, key = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size, hk * cfg.ssm_head_dim
         lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE,  # alpha | beta beside qkv
                       producer=normed)
-        self._prefetch(num_tokens, lw.mix_out, *lw.ffn_in.weights_by_size())  # beside the conv and delta rule
         layer, off = self.deltanet[i], lw.mix_in.offsets
         conv_out = ws.conv_out if commit else layer.conv_out
         mixers.conv1d_silu(dev, layer.window, ws.proj.view(4 * off["attn_qkv"]), lw.vectors["ssm_conv1d"], conv_out,

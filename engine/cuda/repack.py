@@ -54,22 +54,6 @@ def device_nbytes(qtype: Q, shape: tuple[int, int]) -> int:
     return rows * nb * sum(f for _, f in PLANES[qtype]) + _tiles(rows) * nb * TILE_UNIT
 
 
-def plane_spans(qtype: Q, shape: tuple[int, int]) -> list[tuple[int, int]]:
-    """(byte offset, bytes) of each plane of a [rows, cols] tensor in the device layout, in memory order: each
-    plane holds its field for the rows in order (the tiled plane by tiles of TILE_ROWS), so the first fraction of
-    every plane is what the first rows need."""
-    rows, cols = shape
-    block, size = block_layout(qtype)
-    if qtype in PLAIN or qtype not in PLANES:
-        return [(0, rows * (cols // block) * size)]
-    nb = cols // block
-    sizes = [rows * nb * field for _, field in PLANES[qtype]]
-    if qtype in TILE_WORDS:
-        sizes.append(_tiles(rows) * nb * TILE_UNIT)
-    offsets = np.cumsum([0] + sizes[:-1])
-    return [(int(o), s) for o, s in zip(offsets, sizes, strict=True)]
-
-
 def _tiles(rows: int) -> int:
     return -(-rows // TILE_ROWS)
 

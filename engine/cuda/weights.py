@@ -73,10 +73,6 @@ class Projection:
             if not any(part is s for s in side):
                 self._launch(dev, part, act, y, num_tokens, ld_y)
 
-    def weights_by_size(self) -> list[ops.DeviceWeight]:
-        """The parts' weights, the largest first (the one Projection.run keeps on the main stream)."""
-        return [part.weight for part in sorted(self.parts, key=lambda part: -part.weight.buf.nbytes)]
-
     @staticmethod
     def _launch(dev: Device, part: Part, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int) -> None:
         ops.matmul(dev, part.weight, act, y.view(4 * part.offset), num_tokens, ld_y, bias=part.bias)
