@@ -44,7 +44,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
             "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "verify"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             **{v: (STAGED_QTYPES, False, 32, "cp", "verify")
-               for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "sm32", "sm23")},
+               for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "pdl1", "fusedpdl")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "verify") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -52,13 +52,13 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QT
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
-                         "i8v3", "pdl3", "i8v3pdl", "sm32", "sm23"} |
+                         "i8v3", "pdl3", "i8v3pdl", "pdl1", "fusedpdl"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
 # v7 with the int8 matmuls' warps a block by token count (ops.I8_WARPS_AT; v7: 4 at one token since v19): w4t1 that
 # default, named as it was measured; apart and fused mmvq_i8's own choice (5 at K = 5,120)
-I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
+I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}, "fusedpdl": {}}
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
 # mode's since v16, 0.03-0.05 ms a pass faster), the others on their ACT_MIN_BLOCKS instance as in v15
 ONE_GROUP_VARIANTS = {"g1rms": frozenset({"rmsnorm"})}
@@ -74,7 +74,7 @@ SERIAL_VARIANTS = frozenset({"serial", "serial8", "serialpdl"})  # serialpdl: on
 BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24}
 # v7 with the producers fused into the one-token int8 matmul after them (engine/cuda/i8b.py FUSE: RMSNorm, the gated
 # norm and the plain copy; v7 until v19, now off: v7 launches every producer on its own, as apart does)
-FUSED_VARIANTS = frozenset({"fused"})
+FUSED_VARIANTS = frozenset({"fused", "fusedpdl"})
 # v7 with mmvq_i8b's walking grid filling every SM (v7 leaves a block an SM free for what runs beside it since
 # v17: i8b.SPARE_PER_SM); serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
 SPARE_VARIANTS = {"full": 0, "spare": 1, "spare2": 2}
@@ -95,11 +95,9 @@ VERIFY_TOKEN_VARIANTS = {"i8vall": EVERY_VERIFY_COUNT}  # i8vall: 3 tokens on it
 # v7 with the precise 3-token pass on mmvq_i8v (i8v3: v7 keeps mmvq_i8 there), with PDL on it (pdl3: v7 has PDL at
 # 2, 4 and 5+ tokens, engine/cuda/device.py PDL_VERIFY_COUNTS), or both (i8v3pdl)
 VERIFY_PRECISE_VARIANTS = dict.fromkeys(("i8v3", "i8v3pdl"), EVERY_VERIFY_COUNT)
-PDL_COUNT_VARIANTS = dict.fromkeys(("pdl3", "i8v3pdl"), frozenset({2, 3, 4}))
-# v7 with the one-token launches whose tiles fit one wave (ssm_out, attn_output: a block a tile) in another
-# mmvq_i8b shape, no block an SM spared (engine/cuda/i8b.py SMALL_SHAPE; v7: SHAPE, (2, 2)): a warp's whole share
-# of the row (6 superblocks at K = 6,144) in flight at once, where (2, 2) asks for 4
-SMALL_VARIANTS = {"sm32": (3, 2), "sm23": (2, 3)}
+# pdl1: PDL at one token too (decode passes included); fusedpdl the same with fused's producers
+PDL_COUNT_VARIANTS = dict.fromkeys(("pdl3", "i8v3pdl"), frozenset({2, 3, 4})) | dict.fromkeys(("pdl1", "fusedpdl"),
+                                                                                            frozenset({1, 2, 4}))
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
@@ -146,9 +144,9 @@ def _time_passes(backend, report: Report, copy_gbps: float, pass_bytes: int, tag
 
 
 def _time_alone(backend, report: Report, tag: str) -> None:
-    """Layer 0's one-token matmuls (a DeltaNet layer) and the first attention layer's output alone, with their weights in L2 (the launch replayed: the
-    second finds what the first read, where it fits) and from DRAM (each launch after a copy of 4 x L2 that evicts
-    it): what the kernel costs apart from DRAM."""
+    """Layer 0's one-token matmuls (a DeltaNet layer) and the first attention layer's output, each alone: with its
+    weights in L2 (the launch replayed: the second finds what the first read, where it fits) and from DRAM (each
+    launch after a copy of 4 x L2 that evicts it), what the kernel costs apart from DRAM."""
     from engine.cuda import ops
 
     dev, model = backend.dev, backend.model
@@ -380,7 +378,6 @@ def _use_variant(backend, name: str) -> None:
     device.PDL_VERIFY_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_VERIFY_COUNTS)
     i8b.VERIFY_FAST_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, i8b.DEFAULT_VERIFY_FAST_TOKENS)
     i8b.VERIFY_MAX_SUPERBLOCKS = VERIFY_WIDTH_VARIANTS.get(name, i8b.DEFAULT_VERIFY_MAX_SUPERBLOCKS)
-    i8b.SMALL_SHAPE = SMALL_VARIANTS.get(name, i8b.DEFAULT_SMALL_SHAPE)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
     backend.dev.pdl = pdl == "on"

@@ -53,11 +53,6 @@ FUSE = _fuse_default()
 # 3 superblocks a stage leave fewer blocks an SM (gate|up 44.2 / 40.7 against 32.6 us, bench/NOTES.md v16).
 DEFAULT_SHAPE = (2, 2)
 SHAPE = DEFAULT_SHAPE
-# The shape of a launch whose tiles all fit in one wave of it with no block an SM spared (a block a tile: ssm_out
-# and attn_output, 320 tiles), and that spares none; None: SHAPE. Such a launch is a chain of memory latencies, one
-# a ring turn: a deeper ring asks for more of a warp's share at once.
-DEFAULT_SMALL_SHAPE: tuple[int, int] | None = None
-SMALL_SHAPE = DEFAULT_SMALL_SHAPE
 WARPS: int | None = None  # warps per block; None: ops.i8_warps' choice for mmvq_i8
 # True: a grid of as many blocks as fit at once (or fewer, each the same number of tiles), each walking its tiles
 # with the activations staged once; False: a block a tile.
@@ -93,16 +88,10 @@ def grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SM
     same number of tiles."""
     if not PERSIST:
         return tiles
-    per_block = -(-tiles // resident(dev, warps, smem, static, spare))
-    return -(-tiles // per_block)
-
-
-def resident(dev: Device, warps: int, smem: int, static: int = STATIC_SMEM, spare: int | None = None) -> int:
-    """Blocks of `warps` warps and smem + static bytes of shared memory resident at once on the GPU, less `spare`
-    an SM (SPARE_PER_SM)."""
     spare = SPARE_PER_SM if spare is None else spare
     per_sm = max(1, min(64 // warps, (dev.info.max_smem_per_block + 1024) // (smem + static)) - spare)
-    return per_sm * dev.info.multiprocessors
+    per_block = -(-tiles // (per_sm * dev.info.multiprocessors))
+    return -(-tiles // per_block)
 
 
 def runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
@@ -186,28 +175,19 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     row; its activations the int8 copy group8, or computed from producer (fuses() said so; group8 None)."""
     from engine.cuda import ops
 
+    assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, warps(dev, w)
-    shape, spare = (SMALL_SHAPE, 0) if producer is None and _small(dev, tiles, nb, num_warps) else (SHAPE, SPARE_PER_SM)
-    assert shape in I8B_SHAPES, f"no mmvq_i8b instance for {shape}"
-    name = f"mmvq_q4_K_i8b_s{shape[0]}n{shape[1]}"
+    name = f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}"
     if producer is None:
         src, (q8, scale8, sums8, sums8_lo) = I8bSrc(), group8
     else:
         a = producer.src
         src, (q8, scale8, sums8, sums8_lo) = I8bSrc(a.x, a.x2, a.w, a.head, a.eps), (None,) * 4
         name += f"_{producer.mode}"
-    kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, shape)
+    kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols]
-    dev.launch(kernel, grid(dev, tiles, num_warps, smem, spare=spare), 32 * num_warps, args, smem=smem)
-
-
-def _small(dev: Device, tiles: int, nb: int, warps: int) -> bool:
-    """Whether a launch takes SMALL_SHAPE: set, and a block a tile in it with no block an SM spared."""
-    if SMALL_SHAPE is None:
-        return False
-    smem = smem_bytes(nb, warps, SMALL_SHAPE)
-    return smem + STATIC_SMEM <= dev.info.max_smem_per_block and tiles <= resident(dev, warps, smem, spare=0)
+    dev.launch(kernel, grid(dev, tiles, num_warps, smem), 32 * num_warps, args, smem=smem)
 
 
 # ---- 2 to 8 tokens (kernels/mmvq_i8v.cu) ----

@@ -229,15 +229,3 @@ def test_the_verify_forms_token_counts_and_warps_by_default(monkeypatch) -> None
     assert i8b.verify_warps(_dev(90), _weight(), 2) == ops.i8_warps(5120, 640, 2, 132) == 5
     assert i8b.verify_warps(_dev(90), _weight(cols=768), 8) == 3  # never more warps than superblocks
 
-
-def test_small_shape_only_where_a_block_a_tile_fits_one_wave(monkeypatch) -> None:
-    dev = _dev(90)
-    monkeypatch.setattr(i8b, "SMALL_SHAPE", None)
-    assert not i8b._small(dev, 320, 24, 4)  # off unless set
-    monkeypatch.setattr(i8b, "SMALL_SHAPE", (3, 2))
-    per_sm = (232448 + 1024) // (i8b.smem_bytes(24, 4, (3, 2)) + i8b.STATIC_SMEM)
-    assert per_sm == 3
-    assert i8b._small(dev, 320, 24, 4)  # ssm_out: 320 tiles of 6,144 columns, 396 blocks resident
-    assert i8b._small(dev, 3 * 132, 24, 4) and not i8b._small(dev, 3 * 132 + 1, 24, 4)
-    assert not i8b._small(dev, 2176, 20, 4)  # gate|up: several waves
-    assert not i8b._small(_dev(90, smem=64 * 1024), 100, 24, 4)  # the shape's rings do not fit a block
