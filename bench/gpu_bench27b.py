@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
@@ -25,40 +26,40 @@ CONTEXT = 16384
 # v8 the persistent stream-K mmvq everywhere (bench/NOTES.md v8), last so that a fault of the new kernel loses
 # nothing but the prefill timings, and left out when its checks failed. The last field: the pipelined kernel.
 # The field after the kernel: which passes launch with programmatic dependent launch (engine/cuda/device.py
-# PDL_POLICIES: each kernel's launch overlaps the previous kernel's tail): v7, the default, the verify passes of 5+
-# tokens; v7pdl every pass; v7off none; the others none, as they were measured.
-VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "verify"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
+# PDL_POLICIES: each kernel's launch overlaps the previous kernel's tail): "auto" (v7, the default) the passes of 1,
+# 2, 4 and 5+ tokens; v7pdl every pass; v7off none; the others none, as they were measured.
+VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
-            "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "w4t1": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8b": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "i8bs": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8": (STAGED_QTYPES, False, 32, "cp", "verify"),
+            "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
+            "w4t1": (STAGED_QTYPES, False, 32, "cp", "auto"), "i8b": (STAGED_QTYPES, False, 32, "cp", "auto"),
+            "i8bs": (STAGED_QTYPES, False, 32, "cp", "auto"), "i8": (STAGED_QTYPES, False, 32, "cp", "auto"),
             "v8": (PERSIST_QTYPES, True, 32, "persist", "off"), "v10": (STAGED_QTYPES, True, 32, "cpa", "off"),
             "v11": (STAGED_QTYPES, True, 32, "cpa2", "off"), "f16": (STAGED_QTYPES, False, 32, "cp", "off"),
             "r2": (STAGED_QTYPES, False, 32, "cp", "off"), "r4": (STAGED_QTYPES, False, 32, "cp", "off"),
             "serial": (STAGED_QTYPES, False, 32, "cp", "off"), "k64": (STAGED_QTYPES, False, 64, "cp", "off"),
-            "apart": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "full": (STAGED_QTYPES, False, 32, "cp", "verify"), "serial8": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "i8t5": (STAGED_QTYPES, False, 32, "cp", "verify"), "spare2": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "i8v": (STAGED_QTYPES, False, 32, "cp", "verify"), "noi8v": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "i8vs1": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8vw8": (STAGED_QTYPES, False, 32, "cp", "verify"),
-            "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "verify"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
-            "i8vall": (STAGED_QTYPES, False, 32, "cp", "verify"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
-            **{v: (STAGED_QTYPES, False, 32, "cp", "verify")
-               for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "pdl1", "fusedpdl")},
-            **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "verify") for s, n in I8B_SHAPES}}
+            "apart": (STAGED_QTYPES, False, 32, "cp", "auto"), "spare": (STAGED_QTYPES, False, 32, "cp", "auto"),
+            "full": (STAGED_QTYPES, False, 32, "cp", "auto"), "serial8": (STAGED_QTYPES, False, 32, "cp", "auto"),
+            "i8t5": (STAGED_QTYPES, False, 32, "cp", "auto"), "spare2": (STAGED_QTYPES, False, 32, "cp", "auto"),
+            "i8v": (STAGED_QTYPES, False, 32, "cp", "auto"), "noi8v": (STAGED_QTYPES, False, 32, "cp", "auto"),
+            "i8vs1": (STAGED_QTYPES, False, 32, "cp", "auto"), "i8vw8": (STAGED_QTYPES, False, 32, "cp", "auto"),
+            "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "auto"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
+            "i8vall": (STAGED_QTYPES, False, 32, "cp", "auto"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
+            **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
+               for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5")},
+            **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
-                         "i8v3", "pdl3", "i8v3pdl", "pdl1", "fusedpdl"} |
+                         "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
 # v7 with the int8 matmuls' warps a block by token count (ops.I8_WARPS_AT; v7: 4 at one token since v19): w4t1 that
 # default, named as it was measured; apart and fused mmvq_i8's own choice (5 at K = 5,120)
-I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}, "fusedpdl": {}}
+I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
 # mode's since v16, 0.03-0.05 ms a pass faster), the others on their ACT_MIN_BLOCKS instance as in v15
 ONE_GROUP_VARIANTS = {"g1rms": frozenset({"rmsnorm"})}
@@ -74,7 +75,7 @@ SERIAL_VARIANTS = frozenset({"serial", "serial8", "serialpdl"})  # serialpdl: on
 BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24}
 # v7 with the producers fused into the one-token int8 matmul after them (engine/cuda/i8b.py FUSE: RMSNorm, the gated
 # norm and the plain copy; v7 until v19, now off: v7 launches every producer on its own, as apart does)
-FUSED_VARIANTS = frozenset({"fused", "fusedpdl"})
+FUSED_VARIANTS = frozenset({"fused"})
 # v7 with mmvq_i8b's walking grid filling every SM (v7 leaves a block an SM free for what runs beside it since
 # v17: i8b.SPARE_PER_SM); serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
 SPARE_VARIANTS = {"full": 0, "spare": 1, "spare2": 2}
@@ -93,11 +94,17 @@ VERIFY_WIDTH_VARIANTS = {"i8vcopy": 0}
 EVERY_VERIFY_COUNT = frozenset(range(2, 9))
 VERIFY_TOKEN_VARIANTS = {"i8vall": EVERY_VERIFY_COUNT}  # i8vall: 3 tokens on it too
 # v7 with the precise 3-token pass on mmvq_i8v (i8v3: v7 keeps mmvq_i8 there), with PDL on it (pdl3: v7 has PDL at
-# 2, 4 and 5+ tokens, engine/cuda/device.py PDL_VERIFY_COUNTS), or both (i8v3pdl)
+# 1, 2, 4 and 5+ tokens, engine/cuda/device.py PDL_TOKEN_COUNTS), or both (i8v3pdl)
 VERIFY_PRECISE_VARIANTS = dict.fromkeys(("i8v3", "i8v3pdl"), EVERY_VERIFY_COUNT)
-# pdl1: PDL at one token too (decode passes included); fusedpdl the same with fused's producers
-PDL_COUNT_VARIANTS = dict.fromkeys(("pdl3", "i8v3pdl"), frozenset({2, 3, 4})) | dict.fromkeys(("pdl1", "fusedpdl"),
-                                                                                            frozenset({1, 2, 4}))
+# nopdl1: without PDL at one token (v7 until v20)
+PDL_COUNT_VARIANTS = dict.fromkeys(("pdl3", "i8v3pdl"), frozenset({1, 2, 3, 4})) | {"nopdl1": frozenset({2, 4})}
+# v7 with the precise Q6_K matmuls (ffn_down on 24 layers, attn_v, the output head) on other pipelined kernels
+# (ops.PIPELINE_TABLE; v7: one token on mmvq_cpa, 2-4 on mmvq_cp, 5+ on the plain two-pass kernel): q6persist the
+# persistent stream-K kernel at every count (ffn_down's 320 tiles fill half a wave on cpa), q6p5 / q6c5 it / mmvq_cp
+# from 5 tokens
+PIPELINE_TABLE_VARIANTS = {"q6persist": {(Q.Q6_K, True): ((8, "persist"),)},
+                           "q6p5": {(Q.Q6_K, True): ((1, "cpa"), (4, "cp"), (8, "persist"))},
+                           "q6c5": {(Q.Q6_K, True): ((1, "cpa"), (8, "cp"))}}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
@@ -262,7 +269,7 @@ def bench_27b(report: Report, args) -> None:
                 if not passes_only:
                     _profile(backend, report, tag, full=name == "v7")
                 elif name in PROFILED_VARIANTS:  # which kernels its verify passes launch, and their device time
-                    _profile(backend, report, tag, full=False, labels=("verify2", "verify4", "verify5"))
+                    _profile(backend, report, tag, full=False, labels=("verify1", "verify2", "verify4", "verify5"))
             except CudaError:  # a newer variant's failure must not cost the others (a lost context still does)
                 if name == "v7":
                     raise
@@ -359,6 +366,7 @@ def _use_variant(backend, name: str) -> None:
     from engine.cuda import device, i8b, mixers, ops
 
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
+    ops.PIPELINE_TABLE = ops.DEFAULT_PIPELINE_TABLE | PIPELINE_TABLE_VARIANTS.get(name, {})
     ops.set_pipelined(frozenset(types), everywhere=everywhere, kernel=kernel)
     ops.set_i8(name in I8_VARIANTS and ops._i8_default(), I8_TOKEN_VARIANTS.get(name, ops.DEFAULT_I8_TOKENS))
     ops.I8_TILES = I8_TILE_VARIANTS.get(name, 1)
@@ -375,7 +383,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_SPARE_PER_SM = VERIFY_SPARE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_SPARE_PER_SM)
     i8b.VERIFY_WARPS = VERIFY_WARPS_VARIANTS.get(name)
     i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, VERIFY_PRECISE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS))
-    device.PDL_VERIFY_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_VERIFY_COUNTS)
+    device.PDL_TOKEN_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_TOKEN_COUNTS)
     i8b.VERIFY_FAST_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, i8b.DEFAULT_VERIFY_FAST_TOKENS)
     i8b.VERIFY_MAX_SUPERBLOCKS = VERIFY_WIDTH_VARIANTS.get(name, i8b.DEFAULT_VERIFY_MAX_SUPERBLOCKS)
     mixers.ATTN_MIN_KEYS = min_keys

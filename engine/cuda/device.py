@@ -24,17 +24,18 @@ from engine.cuda.memory import Buffer, DeviceMemory
 from engine.errors import EngineError
 
 MIN_COMPUTE_CAPABILITY = (8, 0)
-PDL_ENV = "OPENJET_CUDA_PDL"  # "1": every pass with programmatic dependent launch, "0": none (default: "verify")
+PDL_ENV = "OPENJET_CUDA_PDL"  # "1": every pass with programmatic dependent launch, "0": none (default: "auto")
 PDL_MIN_ARCH = 90  # griddepcontrol (kernels/common.cuh PDL_ENTER) exists from sm_90 on
 # Which passes launch with PDL (Device.pdl_policy; engine/cuda/model.py applies it per pass): "off", "on", or
-# "verify", the verify passes of PDL_VERIFY_TOKENS and more tokens and those of PDL_VERIFY_COUNTS. Measured on the
-# H200: faster at 5 tokens (bench/NOTES.md v15: 12.37 against 12.87 ms), slower at 1 (9.01 against 8.39) and 3, no
-# gain in prefill; since the producers' block per token (v19, run 1890cfd) faster at 2 and 4 tokens too (7.29 / 8.25
-# against 7.74 / 8.70 ms), still slower at 1 (7.92 / 7.77) and 3 (8.40 / 7.91).
-PDL_POLICIES = ("off", "verify", "on")
+# "auto", the passes of PDL_TOKEN_COUNTS tokens and the verify passes of PDL_VERIFY_TOKENS and more. Measured on the
+# H200 (bench/NOTES.md): faster at 5 tokens (v15: 12.37 against 12.87 ms), no gain in prefill; since the producers'
+# block per token (v19, 1890cfd) faster at 2 and 4 tokens (7.29 / 8.25 against 7.74 / 8.70), and with the one-token
+# producers launched apart (v20, 1a0439f) at 1 token too: 6.93 against 7.18 ms (with them fused into the matmul it
+# lost, 7.94 against 7.82). Slower at 3 tokens (c2bb4e3: 8.38 against 7.91).
+PDL_POLICIES = ("off", "auto", "on")
 PDL_VERIFY_TOKENS = 5
-DEFAULT_PDL_VERIFY_COUNTS = frozenset({2, 4})
-PDL_VERIFY_COUNTS = DEFAULT_PDL_VERIFY_COUNTS
+DEFAULT_PDL_TOKEN_COUNTS = frozenset({1, 2, 4})
+PDL_TOKEN_COUNTS = DEFAULT_PDL_TOKEN_COUNTS
 
 
 def _pdl_policy(arch: int) -> str:
@@ -42,15 +43,15 @@ def _pdl_policy(arch: int) -> str:
     if arch < PDL_MIN_ARCH:
         return "off"
     if os.environ.get(PDL_ENV) is None:
-        return "verify"
+        return "auto"
     return "on" if env_flag(PDL_ENV, False) else "off"
 
 
 def pdl_for(policy: str, num_tokens: int, verify_max: int) -> bool:
     """Whether a pass of num_tokens launches with PDL under policy (verify_max: the longest verify pass)."""
     assert policy in PDL_POLICIES, policy
-    verify = num_tokens <= verify_max and (num_tokens >= PDL_VERIFY_TOKENS or num_tokens in PDL_VERIFY_COUNTS)
-    return policy == "on" or (policy == "verify" and verify)
+    chosen = num_tokens in PDL_TOKEN_COUNTS or PDL_VERIFY_TOKENS <= num_tokens <= verify_max
+    return policy == "on" or (policy == "auto" and chosen)
 
 
 class CudaError(EngineError):

@@ -37,10 +37,11 @@ STAGED_TILES = {"cpa": 1, "cpa2": 2}  # row tiles per block of each staged-activ
 # activations (cpa, bench/NOTES.md v10), both types: one token in either mode (27B pass 10.99 -> 9.79 ms precise,
 # 10.49 -> 9.33 fast) and two fast tokens (10.82 -> 10.33); precise at two tokens and both modes at three it lost
 # (11.37 -> 11.58, 11.79 -> 13.91 precise): its per-unit copies of the 2T columns outgrow the weights' L2 traffic.
-PIPELINE_TABLE: dict[tuple[Q, bool], tuple[tuple[int, str], ...]] = {
+DEFAULT_PIPELINE_TABLE: dict[tuple[Q, bool], tuple[tuple[int, str], ...]] = {
     (Q.Q4_K, True): ((1, "cpa"), (4, "cp"), (8, "persist")), (Q.Q4_K, False): ((2, "cpa"),),
     (Q.Q6_K, True): ((1, "cpa"), (4, "cp")), (Q.Q6_K, False): ((2, "cpa"), (4, "cp"))}
-TABLE_QTYPES = frozenset(q for q, _ in PIPELINE_TABLE)
+PIPELINE_TABLE = dict(DEFAULT_PIPELINE_TABLE)
+TABLE_QTYPES = frozenset(q for q, _ in DEFAULT_PIPELINE_TABLE)
 
 
 @dataclass(slots=True)

@@ -62,18 +62,17 @@ def test_the_wait_is_compiled_only_where_the_hardware_has_it() -> None:
     assert "griddepcontrol" not in ptx80
 
 
-def test_the_default_policy_launches_only_long_verify_passes_with_pdl(monkeypatch) -> None:
-    """Unset: PDL on the verify passes of 2, 4 and PDL_VERIFY_TOKENS..VERIFY_MAX tokens (where it measured faster),
-    never on a decode step, a 3-token pass or a prefill chunk; "1" and "0" force it on and off; before sm_90 it is
-    always off."""
+def test_the_default_policy_launches_the_measured_passes_with_pdl(monkeypatch) -> None:
+    """Unset: PDL on the passes of 1, 2, 4 and PDL_VERIFY_TOKENS..VERIFY_MAX tokens (where it measured faster),
+    never on a 3-token pass or a prefill chunk; "1" and "0" force it on and off; before sm_90 it is always off."""
     from engine.cuda.device import PDL_ENV, PDL_VERIFY_TOKENS, _pdl_policy, pdl_for
     from engine.cuda.model import VERIFY_MAX
 
     monkeypatch.delenv(PDL_ENV, raising=False)
     policy = _pdl_policy(90)
-    assert policy == "verify"
+    assert policy == "auto"
     on = [n for n in range(1, 65) if pdl_for(policy, n, VERIFY_MAX)]
-    assert on == [2, 4] + list(range(PDL_VERIFY_TOKENS, VERIFY_MAX + 1))
+    assert on == [1, 2, 4] + list(range(PDL_VERIFY_TOKENS, VERIFY_MAX + 1))
     assert _pdl_policy(89) == "off" and _pdl_policy(80) == "off"
     monkeypatch.setenv(PDL_ENV, "1")
     assert _pdl_policy(90) == "on" and pdl_for("on", 1, VERIFY_MAX) and pdl_for("on", 512, VERIFY_MAX)

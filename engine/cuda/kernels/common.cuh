@@ -14,8 +14,8 @@ typedef long long i64;
 typedef u16 f16;
 
 // ---- programmatic dependent launch (sm_90+) ----
-// Under PDL (engine/cuda/device.py PDL_POLICIES: by default the verify passes of 5+ tokens on sm_90+, every pass
-// with OPENJET_CUDA_PDL=1) every kernel here is launched so that it may start while its predecessor is still
+// Under PDL (engine/cuda/device.py PDL_POLICIES: by default the passes of 1, 2, 4 and 5-8 tokens on sm_90+, every
+// pass with OPENJET_CUDA_PDL=1) every kernel here is launched so that it may start while its predecessor is still
 // finishing: the launch latency and the first loads of constant data (weights) then overlap the previous kernel's
 // tail. pdl_wait() returns once the predecessor has completed and its writes are visible,
 // so every kernel runs PDL_ENTER() before it reads anything an earlier kernel wrote or writes anything an earlier
