@@ -45,7 +45,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "auto"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "auto"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
-               for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5")},
+               for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -53,7 +53,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
-                         "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5"} |
+                         "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
@@ -69,7 +69,8 @@ SPLIT_VARIANTS = {"group": frozenset(), "split2": frozenset(range(2, 9))}
 I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walking 2 or 4 row tiles (ops.I8_TILES)
 # v7 with every launch in one stream (ops.BESIDE off: a projection's small parts follow its large one); every
 # other variant runs them beside it (engine/cuda/weights.py Projection.run) unless OPENJET_CUDA_BESIDE=0.
-SERIAL_VARIANTS = frozenset({"serial", "serial8", "serialpdl"})  # serialpdl: one stream, PDL on every pass
+# serialpdl: one stream, PDL on every pass; serialauto: one stream, PDL where v7 has it
+SERIAL_VARIANTS = frozenset({"serial", "serial8", "serialpdl", "serialauto"})
 # The one-token Q4_K matmuls on the tensor-copy form (engine/cuda/i8b.py), v7's default since v16 for rows up to
 # 24 superblocks (K <= 6,144): i8b at every width, i8bs that default; i8 (v7 with OPENJET_CUDA_I8B=0) none
 BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24}
