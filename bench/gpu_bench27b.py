@@ -111,6 +111,8 @@ PIPELINE_TABLE_VARIANTS = {"q6persist": {(Q.Q6_K, True): ((8, "persist"),)},
 PROFILED_VARIANTS = frozenset({"v7"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
 PASSES_ONLY_ENV = "OPENJET_BENCH_PASSES_ONLY"
+# OPENJET_BENCH_ABLATION=1 with it: the ablation of v7's T = 1 and T = 5 passes too
+ABLATION_ENV = "OPENJET_BENCH_ABLATION"
 
 
 def _model_file(report: Report) -> Path:
@@ -283,6 +285,8 @@ def bench_27b(report: Report, args) -> None:
         report.notes.append(f"27B greedy tokens, {', '.join(tokens)} kernels: {same} of {len(tokens['v7'])} equal")
         _use_variant(backend, "v7")
         if passes_only:
+            if env_flag(ABLATION_ENV, False):
+                _ablation(backend, report, bw.gbps, pass_bytes)
             return
         _ablation(backend, report, bw.gbps, pass_bytes)
         backend.reset()
