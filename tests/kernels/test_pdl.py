@@ -1,6 +1,7 @@
-"""Programmatic dependent launch: under it (by default the verify passes of 5+ tokens on sm_90+, every pass with
-OPENJET_CUDA_PDL=1) every per-op kernel may start before its predecessor has finished, so each must wait (PDL_ENTER) before it touches anything an earlier kernel wrote. These checks
-run without a GPU: a kernel added without the wait would race under PDL and is caught here."""
+"""Programmatic dependent launch: under it (by default the passes of 1, 2, 4 and 5-8 tokens on sm_90+, every pass
+with OPENJET_CUDA_PDL=1) every per-op kernel may start before its predecessor has finished, so each must wait
+(PDL_ENTER) before it touches anything an earlier kernel wrote. These checks run without a GPU: a kernel added
+without the wait would race under PDL and is caught here."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from engine.cuda import nvrtc
 # Kernels whose PDL_ENTER comes after their first weight copies (weights are never written during a pass);
 # every other kernel waits before its first statement.
 WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_cpa", "mmvq_persist", "mmvq_i8b", "mmvq_i8v"}
+# Kernels that may trigger their dependents late (PDL_ENTER_TRIGGER_LATER): they must then trigger in their loop.
+TRIGGER_LATER = {"mmvq_i8b", "mmvq_i8v"}
+ENTER = re.compile(r"PDL_ENTER(?:\(\)|_TRIGGER_LATER\(late_trigger\));")
 
 
 def kernel_bodies() -> dict[str, str]:
@@ -43,8 +47,12 @@ def test_every_kernel_is_found() -> None:
 @pytest.mark.parametrize("name", sorted(kernel_bodies()))
 def test_kernel_waits_for_its_predecessor(name: str) -> None:
     body = kernel_bodies()[name]
-    assert body.count("PDL_ENTER();") == 1, f"{name} must call PDL_ENTER() exactly once"
-    before = body.split("PDL_ENTER();")[0]
+    assert len(ENTER.findall(body)) == 1, f"{name} must call PDL_ENTER() exactly once"
+    if "PDL_ENTER_TRIGGER_LATER" in body:
+        assert name in TRIGGER_LATER, f"{name} may not trigger its dependents late"
+        after = ENTER.split(body)[1]
+        assert re.search(r"if \(late_trigger\b[^;]*\)\s*pdl_launch_dependents\(\);", after), f"{name} never triggers"
+    before = ENTER.split(body)[0]
     if name in WAIT_AFTER_WEIGHT_PREFETCH:
         # only the weight ring's first copies may precede the wait: no activation, output or count access
         for arg in ("act", "sums", "y[", "y +", "residual", "counts", "partials", "bias"):
