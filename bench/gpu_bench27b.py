@@ -46,7 +46,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "auto"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
                for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5",
-                         "q6c5", "serialauto", "late", "late3")},
+                         "q6c5", "serialauto")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -54,8 +54,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
-                         "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto",
-                         "late", "late3"} |
+                         "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
@@ -98,13 +97,9 @@ EVERY_VERIFY_COUNT = frozenset(range(2, 9))
 VERIFY_TOKEN_VARIANTS = {"i8vall": EVERY_VERIFY_COUNT}  # i8vall: 3 tokens on it too
 # v7 with the precise 3-token pass on mmvq_i8v (i8v3: v7 keeps mmvq_i8 there), with PDL on it (pdl3: v7 has PDL at
 # 1, 2, 4 and 5+ tokens, engine/cuda/device.py PDL_TOKEN_COUNTS), or both (i8v3pdl)
-VERIFY_PRECISE_VARIANTS = dict.fromkeys(("i8v3", "i8v3pdl", "late3"), EVERY_VERIFY_COUNT)
+VERIFY_PRECISE_VARIANTS = dict.fromkeys(("i8v3", "i8v3pdl"), EVERY_VERIFY_COUNT)
 # nopdl1: without PDL at one token (v7 until v20)
-PDL_COUNT_VARIANTS = (dict.fromkeys(("pdl3", "i8v3pdl", "late3"), frozenset({1, 2, 3, 4}))
-                      | {"nopdl1": frozenset({2, 4})})
-# v7 with the tensor-copy int8 matmuls triggering their dependents from each block's last tile (i8b.LATE_TRIGGER);
-# late3: the same with i8v3pdl's 3-token pass
-LATE_TRIGGER_VARIANTS = frozenset({"late", "late3"})
+PDL_COUNT_VARIANTS = dict.fromkeys(("pdl3", "i8v3pdl"), frozenset({1, 2, 3, 4})) | {"nopdl1": frozenset({2, 4})}
 # v7 with the precise Q6_K matmuls (ffn_down on 24 layers, attn_v, the output head) on other pipelined kernels
 # (ops.PIPELINE_TABLE; v7: one token on mmvq_cpa, 2-4 on mmvq_cp, 5+ on the plain two-pass kernel): q6persist the
 # persistent stream-K kernel at every count (ffn_down's 320 tiles fill half a wave on cpa), q6p5 / q6c5 it / mmvq_cp
@@ -389,7 +384,6 @@ def _use_variant(backend, name: str) -> None:
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)
     i8b.FUSE = name in FUSED_VARIANTS or i8b._fuse_default()
     i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
-    i8b.LATE_TRIGGER = name in LATE_TRIGGER_VARIANTS or i8b.DEFAULT_LATE_TRIGGER
     i8b.SHAPE = SHAPE_VARIANTS.get(name, i8b.DEFAULT_SHAPE)
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())
     i8b.VERIFY_SPARE_PER_SM = VERIFY_SPARE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_SPARE_PER_SM)

@@ -68,11 +68,6 @@ SPARE_PER_SM = DEFAULT_SPARE_PER_SM
 DEFAULT_MAX_SUPERBLOCKS = 24
 MAX_SUPERBLOCKS: int | None = DEFAULT_MAX_SUPERBLOCKS
 STATIC_SMEM = 2048 + 1024  # the kernel's static shared memory and the driver's reserve, per block
-# Under PDL, both kernels let their dependents' blocks be dispatched only from each block's last tile
-# (kernels/common.cuh PDL_ENTER_TRIGGER_LATER) instead of from its start: their walking grids keep every block
-# resident for the whole launch, and the next kernel's blocks would wait beside them all along.
-DEFAULT_LATE_TRIGGER = False
-LATE_TRIGGER = DEFAULT_LATE_TRIGGER
 
 
 def x_bytes(nb: int) -> int:
@@ -191,7 +186,7 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
         name += f"_{producer.mode}"
     kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
-    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols, LATE_TRIGGER]
+    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols]
     dev.launch(kernel, grid(dev, tiles, num_warps, smem), 32 * num_warps, args, smem=smem)
 
 
@@ -296,7 +291,6 @@ def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Bu
     kernel, smem = dev.kernel(f"mmvq_q4_K_i8v_t{num_tokens}"), verify_smem_bytes(nb, num_tokens, num_warps)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8
-    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y,
-            LATE_TRIGGER]
+    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y]
     blocks = grid(dev, tiles, num_warps, smem, verify_static_smem(num_tokens), VERIFY_SPARE_PER_SM)
     dev.launch(kernel, blocks, 32 * num_warps, args, smem=smem)

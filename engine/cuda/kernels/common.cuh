@@ -40,16 +40,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
         pdl_launch_dependents();  \
     } while (0)
 
-// PDL_ENTER with the trigger left to the kernel (late_trigger true): it calls pdl_launch_dependents() itself once
-// its block is nearly done. For kernels whose blocks stay resident for the whole launch (the walking grids of
-// kernels/mmvq_i8b.cu and mmvq_i8v.cu), whose dependents' blocks would otherwise be dispatched at their start and
-// wait beside them all along.
-#define PDL_ENTER_TRIGGER_LATER(late_trigger)       \
-    do {                                            \
-        pdl_wait();                                 \
-        if (!(late_trigger)) pdl_launch_dependents(); \
-    } while (0)
-
 #define WARP_SIZE 32
 #define NEG_INF __int_as_float(0xff800000)
 #define FULL_MASK 0xffffffffu

@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(I8B_MAX_WARPS * 32)
 mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          const I8bSrc src, float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual,
-         int rows, int K, int late_trigger) {
+         int rows, int K) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(1024) u8 smem[];
     __shared__ __align__(8) u64 bars[I8B_MAX_WARPS][NS];
@@ -271,7 +271,7 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
     I8bRing<S, NS> ring(qmap, QTraits<QT_Q4_K>::planes(w, (u64)rows * nb).p[1], qring, wring,
                         smem_u32(&bars[warp][0]), nb, sb0, n, my_tiles);
     ring.start(lane);
-    PDL_ENTER_TRIGGER_LATER(late_trigger);  // x (or what it is computed from) is the previous kernel's output
+    PDL_ENTER();  // the activations (or what they are computed from) are the previous kernel's output
     if (MODE == I8B_STAGED)
         i8b_stage_x(base, q8, scale8, sums, sums_lo, nb);
     else
@@ -281,7 +281,6 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
     const float kf = (c & 1) ? 0.0625f : 1.f;  // lanes c odd hold the high-nibble sub-blocks' sums: 16 q
     int i = 0;  // the stage consumed next (all tiles counted)
     for (int k = 0; k < my_tiles; ++k) {
-        if (late_trigger && k == my_tiles - 1) pdl_launch_dependents();  // the block's last tile
         float acc[2] = {0.f, 0.f};
         for (int j = 0; j < ring.spt; ++j, ++i) {
             const int slot = ring.acquire(i, lane);

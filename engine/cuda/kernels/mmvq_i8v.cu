@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(I8V_MAX_WARPS * 32)
 mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
-         int ld_y, int late_trigger) {
+         int ld_y) {
 #if __CUDA_ARCH__ >= 900
     constexpr int NM = (T + 3) / 4;
     extern __shared__ __align__(1024) u8 smem[];
@@ -170,13 +170,12 @@ mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
                         rings + num_warps * NS * S * I8B_QUANT_BYTES + warp * NS * S * TILE_UNIT,
                         smem_u32(&bars[warp][0]), nb, sb0, n, my_tiles);
     ring.start(lane);
-    PDL_ENTER_TRIGGER_LATER(late_trigger);  // the activations are the previous kernel's output
+    PDL_ENTER();  // the activations are the previous kernel's output
     i8v_stage_x<T>(base, q8, scale8, sums, sums_lo, nb);
     int qoff[2][4];
     i8b_quant_offsets(g, c, qoff);
     int i = 0;  // the stage consumed next (all tiles counted)
     for (int k = 0; k < my_tiles; ++k) {
-        if (late_trigger && k == my_tiles - 1) pdl_launch_dependents();  // the block's last tile
         float acc[NM][2];
 #pragma unroll
         for (int m = 0; m < NM; ++m) acc[m][0] = acc[m][1] = 0.f;
