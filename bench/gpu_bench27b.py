@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
 from engine.cuda import env_flag
+from engine.cuda.i8b import DEFAULT_VERIFY_WARPS_AT
 from engine.cuda.instances import I8B_SHAPES, PERSIST_QTYPES, STAGED_QTYPES
 
 PASS_TOKENS = (1, 2, 3, 4, 5)
@@ -46,7 +47,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "auto"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
                for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5",
-                         "q6c5", "serialauto")},
+                         "q6c5", "serialauto", "i8v5w4", "i8v5w5")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -54,7 +55,8 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
-                         "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto"} |
+                         "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto",
+                         "i8v5w4", "i8v5w5"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
@@ -92,6 +94,9 @@ VERIFY_VARIANTS = {"i8v": True, "noi8v": False, "i8vs1": True, "i8vw8": True, "i
 # 5-8 tokens but no matmul takes it (what that copy costs the pass); i8voff: without PDL on 5-token passes
 VERIFY_SPARE_VARIANTS = {"i8vs1": 1}
 VERIFY_WARPS_VARIANTS = {"i8vw8": 8}
+# ... or the 5-token pass's in blocks of 4 or 5 warps (i8b.VERIFY_WARPS_AT; v7: 8, measured in v18 before the
+# producers' block per token and PDL at 2-4 tokens)
+VERIFY_WARPS_AT_VARIANTS = {f"i8v5w{w}": {**DEFAULT_VERIFY_WARPS_AT, 5: w} for w in (4, 5)}
 VERIFY_WIDTH_VARIANTS = {"i8vcopy": 0}
 EVERY_VERIFY_COUNT = frozenset(range(2, 9))
 VERIFY_TOKEN_VARIANTS = {"i8vall": EVERY_VERIFY_COUNT}  # i8vall: 3 tokens on it too
@@ -388,6 +393,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())
     i8b.VERIFY_SPARE_PER_SM = VERIFY_SPARE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_SPARE_PER_SM)
     i8b.VERIFY_WARPS = VERIFY_WARPS_VARIANTS.get(name)
+    i8b.VERIFY_WARPS_AT = VERIFY_WARPS_AT_VARIANTS.get(name, dict(i8b.DEFAULT_VERIFY_WARPS_AT))
     i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, VERIFY_PRECISE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS))
     device.PDL_TOKEN_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_TOKEN_COUNTS)
     i8b.VERIFY_FAST_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, i8b.DEFAULT_VERIFY_FAST_TOKENS)
