@@ -80,6 +80,11 @@ I8V_CHECKS = [(name, t, precise) for name in ("odd_rows", "attn_q") for t in ins
 # ... and with several row tiles a block: 63 tiles of odd_rows leave a partial last block (and tile), ssm_ab's 3
 # tiles a block of fewer than 4, ffn_down's ring runs across its tiles
 I8_TILE_CHECKS = [("odd_rows", 1), ("odd_rows", 4), ("ssm_ab", 1), ("ffn_down", 2), ("attn_q", 3)]
+# The int8 Q6_K matmul (kernels/mmvq_i8q6.cu): every token count it is built for on a partial tile with three
+# superblocks a row (odd_rows) and round its ring (ffn_down: 68 superblocks), the 1,024 rows of attn_v and the
+# output head at one token. Held to TOL_I8 against the float64 reference and, precise, to the f16 kernels.
+Q6_I8_CHECKS = [(name, t) for name in ("odd_rows", "ffn_down") for t in instances.Q6_I8_TOKENS] + [
+    ("attn_kv", 1), ("attn_kv", 5), ("output", 1)]
 
 
 def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q, num_tokens: int,
@@ -104,9 +109,11 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     tol = TOL_F32 if qtype == Q.F32 or precise else TOL_F16
     variant = f"{qtype.name}.T{num_tokens}" + (".precise" if precise else "") + tag
     verify = i8b.verify_runs(dev, w, num_tokens, act)
-    i8 = verify or ops.i8_runs(qtype, num_tokens, act, dev.info.max_smem_per_block)
-    bulk = i8 and not verify and i8b.runs(dev, w, num_tokens, act)
-    pipelined = ("i8v" if verify else "i8b" if bulk else "i8") if i8 else _runs_pipeline(qtype, precise, num_tokens)
+    q6 = ops.q6_i8_runs(dev, w, num_tokens, act)
+    i8 = verify or q6 or ops.i8_runs(qtype, num_tokens, act, dev.info.max_smem_per_block)
+    bulk = i8 and not verify and not q6 and i8b.runs(dev, w, num_tokens, act)
+    pipelined = ("i8v" if verify else "i8q6" if q6 else "i8b" if bulk else "i8") if i8 else \
+        _runs_pipeline(qtype, precise, num_tokens)
     variant += f".{pipelined}" if pipelined else ""
     compare(report, "matmul", variant, out[:, pick], ref, TOL_I8 if i8 else tol)
     unwritten = int(np.count_nonzero(np.isnan(out)))
@@ -312,6 +319,10 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
             with verify_i8(True):
                 for name, num_tokens, precise in I8V_CHECKS:
                     check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
+        with verify_i8(True):  # the int8 copy up to 8 tokens
+            for name, num_tokens in Q6_I8_CHECKS:
+                for precise in (False, True):
+                    check_matmul(dev, report, rng, name, Q.Q6_K, num_tokens, precise=precise)
         try:
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
                 ops.I8_TILES = tiles
@@ -380,6 +391,35 @@ def _time_i8_trial(dev: Device, report: Report, m: TimedMatrix, name: str, t: in
             return ""
         timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
     return f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}"
+
+
+Q6_I8_TIMED = ("ffn_down", "output", "attn_kv")
+
+
+def time_q6_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 3, 4, 5, 8)) -> None:
+    """The int8 Q6_K matmul against the f16 kernel the table runs (precise) at each Q6_K shape of the 27B pass."""
+    print("int8 Q6_K matmul timings (us, GB/s): the f16 kernel the table picks (precise) | i8q6", flush=True)
+    saved = ops.I8_MATMUL, ops.I8_TOKENS, ops.Q6_I8
+    try:
+        for name in Q6_I8_TIMED:
+            m = timed_matrix(dev, rng, name, Q.Q6_K, precise=True)
+            for t in token_counts:
+                cells = []
+                for on in (False, True):
+                    ops.set_i8(on, instances.I8_MAX_TOKENS if on else None)
+                    ops.Q6_I8 = on
+                    with verify_i8(on):  # the int8 copy up to 8 tokens
+                        ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)
+                        if on and not ops.q6_i8_runs(dev, m.ws[0], t, m.act):
+                            continue
+                        label = "i8q6" if on else (ops.pipeline_kernel(Q.Q6_K, True, t) or "plain") + ".precise"
+                        timing = m.record(dev, report, t, "matmul", f"{name}.Q6_K.T{t}.{label}")
+                    cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
+                print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)
+            m.free(dev)
+    finally:
+        ops.set_i8(*saved[:2])
+        ops.Q6_I8 = saved[2]
 
 
 TIMED = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_up", Q.Q4_K), ("ssm_out", Q.Q4_K),

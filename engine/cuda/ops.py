@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 from engine.cuda import env_flag, env_switch, i8b, persist
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS,
-                                   MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
+                                   MATMUL_QTYPES, PERSIST_QTYPES, Q6_I8_TOKENS, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
 MMVQ_WARPS = 8
@@ -308,6 +308,9 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         if pipelined == "i8":
             _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
             continue
+        if pipelined == "i8q6":
+            _mmvq_q6_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
+            continue
         if pipelined is not None:
             group = act.group(t0 // ACT_GROUP)
             if pipelined == "persist":
@@ -326,8 +329,10 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
 
 
 def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: int) -> str | None:
-    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8b", "i8v" or "i8" (int8 activations), a
-    pipelined one (PIPELINE_KERNELS), or None for the plain one."""
+    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8b", "i8v", "i8" or "i8q6" (int8
+    activations), a pipelined one (PIPELINE_KERNELS), or None for the plain one."""
+    if q6_i8_runs(dev, w, num_tokens, act):
+        return "i8q6"
     if i8b.verify_runs(dev, w, num_tokens, act):  # (2-8 tokens: one group, t == num_tokens)
         return "i8v"
     if i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block):
@@ -533,6 +538,47 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
                                             ld_y], smem=smem)
+
+
+# ---- int8 activations for Q6_K (kernels/mmvq_i8q6.cu) ----
+# Q6_K launches of the token counts in Q6_I8_COUNTS multiply the same int8 copy as mmvq_i8 (its signed 6-bit
+# weights need no conversion to float, where the f16 kernels form (q - 32) * scale in f16 for every weight).
+# OPENJET_CUDA_Q6I8=0 keeps Q6_K on the f16 kernels.
+Q6_I8_ENV = "OPENJET_CUDA_Q6I8"
+Q6_I8 = env_switch(Q6_I8_ENV, True)
+Q6_I8_COUNTS: frozenset[int] = frozenset(Q6_I8_TOKENS)
+Q6_I8_STAGE_BASE, Q6_I8_SLOT_BYTES = 4160, 320  # mirror of kernels/mmvq_i8q6.cu
+
+
+def q6_i8_stage_bytes(num_tokens: int) -> int:
+    """Mirror of kernels/mmvq_i8q6.cu q6i8_stage_bytes."""
+    return Q6_I8_STAGE_BASE + Q6_I8_SLOT_BYTES * 2 * num_tokens + -(-8 * num_tokens // 16) * 16
+
+
+def _q6_i8_shape(dev: Device, w: DeviceWeight, num_tokens: int) -> tuple[int, int, int]:
+    """(blocks, warps a block, dynamic shared memory) of an mmvq_q6_i8 launch."""
+    blocks = (w.rows + 15) // 16
+    warps = i8_warps(w.cols, blocks, num_tokens, dev.info.multiprocessors)
+    return blocks, warps, warps * ACT_STAGES * q6_i8_stage_bytes(num_tokens)
+
+
+def q6_i8_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
+    """Whether a matmul takes mmvq_q6_i8: it and the int8 matmuls on, a Q6_K weight, a token count of
+    Q6_I8_COUNTS whose int8 copy the last producer of act wrote, and its shared memory within the block limit."""
+    if not (I8_MATMUL and Q6_I8 and w.qtype == Q.Q6_K and num_tokens in Q6_I8_COUNTS
+            and num_tokens <= act.i8_tokens):
+        return False
+    return _q6_i8_shape(dev, w, num_tokens)[2] <= min(ACT_MAX_BLOCK_SMEM, dev.info.max_smem_per_block)
+
+
+def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
+                bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int) -> None:
+    """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
+    q8, scale8, _, _ = group8
+    blocks, warps, smem = _q6_i8_shape(dev, w, t)
+    kernel = dev.kernel(f"mmvq_q6_K_i8_t{t}")
+    dev.set_max_dynamic_smem(kernel, smem)
+    dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y], smem=smem)
 
 
 def i8_warps(cols: int, tiles: int, num_tokens: int, multiprocessors: int) -> int:
