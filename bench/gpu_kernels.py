@@ -397,7 +397,8 @@ Q6_I8_TIMED = ("ffn_down", "output", "attn_kv")
 
 
 def time_q6_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 3, 4, 5, 8)) -> None:
-    """The int8 Q6_K matmul against the f16 kernel the table runs (precise) at each Q6_K shape of the 27B pass."""
+    """The int8 Q6_K matmul (in the launcher's blocks, and in blocks of 4 and 8 warps) against the f16 kernel the
+    table runs (precise) at each Q6_K shape of the 27B pass."""
     print("int8 Q6_K matmul timings (us, GB/s): the f16 kernel the table picks (precise) | i8q6", flush=True)
     saved = ops.I8_MATMUL, ops.I8_TOKENS, ops.Q6_I8
     try:
@@ -405,21 +406,22 @@ def time_q6_i8(dev: Device, report: Report, rng: np.random.Generator, token_coun
             m = timed_matrix(dev, rng, name, Q.Q6_K, precise=True)
             for t in token_counts:
                 cells = []
-                for on in (False, True):
+                for on, warps in ((False, None), (True, None), (True, 4), (True, 8)):
                     ops.set_i8(on, instances.I8_MAX_TOKENS if on else None)
-                    ops.Q6_I8 = on
+                    ops.Q6_I8, ops.I8_WARPS = on, warps
                     with verify_i8(on):  # the int8 copy up to 8 tokens
                         ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)
                         if on and not ops.q6_i8_runs(dev, m.ws[0], t, m.act):
                             continue
-                        label = "i8q6" if on else (ops.pipeline_kernel(Q.Q6_K, True, t) or "plain") + ".precise"
+                        label = (f"i8q6{f'.w{warps}' if warps else ''}" if on else
+                                 (ops.pipeline_kernel(Q.Q6_K, True, t) or "plain") + ".precise")
                         timing = m.record(dev, report, t, "matmul", f"{name}.Q6_K.T{t}.{label}")
                     cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
                 print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)
             m.free(dev)
     finally:
         ops.set_i8(*saved[:2])
-        ops.Q6_I8 = saved[2]
+        ops.Q6_I8, ops.I8_WARPS = saved[2], None
 
 
 TIMED = [("attn_q", Q.Q4_K), ("attn_qkv", Q.Q4_K), ("ffn_gate_up", Q.Q4_K), ("ffn_up", Q.Q4_K), ("ssm_out", Q.Q4_K),
