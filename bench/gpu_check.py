@@ -85,15 +85,9 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         gpu_kernels.run_i8_checks(dev, report, rng)
         gpu_kernels.time_i8(dev, report, rng)
     elif name == "q6i8":  # the int8-activation Q6_K matmul alone (also inside "i8"), timed beside the f16 kernels
-        from gguf import GGMLQuantizationType as Q
-
         from bench import gpu_kernels
-        from engine.cuda import instances
 
-        with gpu_kernels.i8_matmul(True, instances.I8_MAX_TOKENS), gpu_kernels.verify_i8(True):
-            for case, num_tokens in gpu_kernels.Q6_I8_CHECKS:
-                for precise in (False, True):
-                    gpu_kernels.check_matmul(dev, report, rng, case, Q.Q6_K, num_tokens, precise=precise)
+        gpu_kernels.run_q6_i8_checks(dev, report, rng)
         gpu_kernels.time_q6_i8(dev, report, rng)
     elif name == "fused":  # the one-token int8 matmul with its producer fused in front (also inside "kernels")
         from bench import gpu_fused
