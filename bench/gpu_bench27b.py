@@ -48,7 +48,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
                for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5",
                          "q6c5", "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "q6n3",
-                         "q6n4", "i8n3", "i8n4", "bothn4", "q6k1")},
+                         "q6n4", "i8n3", "i8n4", "bothn4")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -58,7 +58,7 @@ I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
                          "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto",
                          "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "q6n3", "q6n4",
-                         "i8n3", "i8n4", "bothn4", "q6k1"} |
+                         "i8n3", "i8n4", "bothn4"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
@@ -123,8 +123,6 @@ Q6_I8_STAGE_VARIANTS = {"q6n3": 3, "q6n4": 4, "bothn4": 4}
 # v7 with mmvq_i8's ring 3 or 4 stages deep up to 4 tokens (ops.I8_STAGES; v7: 2): Q4_K ffn_down at 1-4 tokens;
 # bothn4: it and the Q6_K ring 4 deep
 I8_STAGE_VARIANTS = {"i8n3": 3, "i8n4": 4, "bothn4": 4}
-# v7 without the int8 Q6_K matmul's split of short grids (q6k1: every tile on one block, as in run 1346a1a)
-Q6_I8_SPLIT_VARIANTS = {"q6k1": 0}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
@@ -397,7 +395,6 @@ def _use_variant(backend, name: str) -> None:
     ops.Q6_I8_COUNTS = Q6_I8_COUNT_VARIANTS.get(name, ops.DEFAULT_Q6_I8_COUNTS)
     ops.Q6_I8_STAGES = Q6_I8_STAGE_VARIANTS.get(name, ACT_STAGES)
     ops.I8_STAGES = I8_STAGE_VARIANTS.get(name, ACT_STAGES)
-    ops.Q6_I8_SPLIT_WAVES = Q6_I8_SPLIT_VARIANTS.get(name, ops.DEFAULT_Q6_I8_SPLIT_WAVES)
     ops.ACT_ONE_GROUP_MODES = ONE_GROUP_VARIANTS.get(name, ops.ACT_ONE_GROUP_DEFAULT)
     ops.ACT_SPLIT_TOKENS = SPLIT_VARIANTS.get(name, ops.ACT_SPLIT_DEFAULT)
     ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, ops.DEFAULT_I8_WARPS_AT)

@@ -381,12 +381,6 @@ def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
         with q6_i8(True, stages=stages):
             for name, num_tokens in (("odd_rows", 1), ("ffn_down", 1), ("ffn_down", 4), ("output", 2)):
                 check_matmul(dev, report, rng, name, Q.Q6_K, num_tokens, precise=True, tag=f".n{stages}")
-    with q6_i8(True, split_waves=0):  # every tile on one block (the default splits short grids: ffn_down, attn_v)
-        for name, num_tokens in (("odd_rows", 1), ("ffn_down", 1), ("ffn_down", 3), ("attn_kv", 2)):
-            check_matmul(dev, report, rng, name, Q.Q6_K, num_tokens, precise=True, tag=".k1")
-    with q6_i8(True, split_waves=1 << 20):  # every grid split, the output head's too
-        for name, num_tokens in (("odd_rows", 4), ("output", 1)):
-            check_matmul(dev, report, rng, name, Q.Q6_K, num_tokens, precise=True, tag=".split")
 
 
 # Launch shapes timed beside the launcher's: (label, warps per block or None, row tiles a block walks). 4 warps
@@ -450,25 +444,24 @@ def _time_i8_trial(dev: Device, report: Report, m: TimedMatrix, name: str, t: in
 
 
 Q6_I8_TIMED = ("ffn_down", "output", "attn_kv")
-# (label, warps a block or None: the launcher's, stages a warp, ops.Q6_I8_SPLIT_WAVES or None: the default's) of
-# each int8 Q6_K launch time_q6_i8 runs. Rings of 3-4 stages and blocks of 2 warps were slower (run 1346a1a).
-Q6_I8_TRIALS = (("i8q6", None, 2, None), ("i8q6.k1", None, 2, 0), ("i8q6.w8", 8, 2, None))
+# (label, warps a block or None: the launcher's, stages a warp) of each int8 Q6_K launch time_q6_i8 runs
+Q6_I8_TRIALS = (("i8q6", None, 2), ("i8q6.n3", None, 3), ("i8q6.n4", None, 4), ("i8q6.w2n4", 2, 4),
+                ("i8q6.w8n3", 8, 3))
 
 
 @contextmanager
-def q6_i8(on: bool, counts=None, stages: int | None = None, warps: int | None = None, split_waves: int | None = None):
+def q6_i8(on: bool, counts=None, stages: int | None = None, warps: int | None = None):
     """The int8 Q6_K matmul switched for the block (at every count it is built for unless counts), with its ring's
-    stages, warps a block and split rule; the int8 copy written up to 8 tokens; every setting restored after it."""
-    saved = ops.Q6_I8, ops.Q6_I8_COUNTS, ops.Q6_I8_STAGES, ops.I8_WARPS, ops.Q6_I8_SPLIT_WAVES
+    stages and warps a block; the int8 copy written up to 8 tokens; every setting restored after it."""
+    saved = ops.Q6_I8, ops.Q6_I8_COUNTS, ops.Q6_I8_STAGES, ops.I8_WARPS
     try:
         ops.Q6_I8, ops.I8_WARPS = on, warps
         ops.Q6_I8_COUNTS = frozenset(counts or instances.Q6_I8_TOKENS)
         ops.Q6_I8_STAGES = stages or instances.ACT_STAGES
-        ops.Q6_I8_SPLIT_WAVES = saved[4] if split_waves is None else split_waves
         with i8_matmul(True, instances.I8_MAX_TOKENS), verify_i8(True):
             yield
     finally:
-        ops.Q6_I8, ops.Q6_I8_COUNTS, ops.Q6_I8_STAGES, ops.I8_WARPS, ops.Q6_I8_SPLIT_WAVES = saved
+        ops.Q6_I8, ops.Q6_I8_COUNTS, ops.Q6_I8_STAGES, ops.I8_WARPS = saved
 
 
 def time_q6_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 3, 4, 5)) -> None:
@@ -479,10 +472,10 @@ def time_q6_i8(dev: Device, report: Report, rng: np.random.Generator, token_coun
         m = timed_matrix(dev, rng, name, Q.Q6_K, precise=True)
         for t in token_counts:
             cells = []
-            for label, warps, stages, split_waves in (("f16", None, None, None),) + Q6_I8_TRIALS:
+            for label, warps, stages in (("f16", None, None),) + Q6_I8_TRIALS:
                 if stages and stages != instances.ACT_STAGES and t > 4:
                     continue
-                with q6_i8(label != "f16", stages=stages, warps=warps, split_waves=split_waves):
+                with q6_i8(label != "f16", stages=stages, warps=warps):
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)
                     if label == "f16":
                         with i8_matmul(False):

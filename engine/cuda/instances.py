@@ -62,9 +62,6 @@ I8V_SHAPE = (2, 2)
 Q6_I8_TOKENS = tuple(range(1, 9))
 # ... and with deeper rings (stages a warp) up to 4 tokens: mmvq_q6_K_i8_t{T}_n{NS}.
 Q6_I8_RING_STAGES = (3, 4)
-# ... and with each row's superblocks split over this many blocks up to 4 tokens (a short grid spread over more,
-# smaller blocks): mmvq_q6_K_i8_t{T}_k{SPLIT}.
-Q6_I8_SPLIT = 2
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
 ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
@@ -116,11 +113,9 @@ def _build() -> dict[str, Instance]:
             for s, n in I8B_FUSED_SHAPES for mode in I8B_FUSED_MODES]  # a producer fused in front
     out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}>")
             for t in I8V_TOKENS]
-    out += [Instance(f"mmvq_q6_K_i8_t{t}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, 1>") for t in Q6_I8_TOKENS]
-    out += [Instance(f"mmvq_q6_K_i8_t{t}_n{ns}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ns}, 1>") for t in Q6_I8_TOKENS
+    out += [Instance(f"mmvq_q6_K_i8_t{t}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}>") for t in Q6_I8_TOKENS]
+    out += [Instance(f"mmvq_q6_K_i8_t{t}_n{ns}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ns}>") for t in Q6_I8_TOKENS
             for ns in Q6_I8_RING_STAGES if t <= 4]
-    out += [Instance(f"mmvq_q6_K_i8_t{t}_k{Q6_I8_SPLIT}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, {Q6_I8_SPLIT}>")
-            for t in Q6_I8_TOKENS if t <= 4]
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 from engine.cuda import env_flag, env_switch, i8b, persist
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS,
-                                   MATMUL_QTYPES, PERSIST_QTYPES, Q6_I8_SPLIT, STAGED_QTYPES, qtype_tag)
+                                   MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
 MMVQ_WARPS = 8
@@ -341,12 +341,10 @@ def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: in
 
 
 def runs_persist(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
-    """Whether matmul(w, act, num_tokens) launches the persistent mmvq or a split mmvq_q6_i8, whose partials and
-    counts (persist.scratch) are one per device: such a launch must not run beside another one (Device.beside)."""
+    """Whether matmul(w, act, num_tokens) launches the persistent mmvq, whose partials and counts (persist.scratch)
+    are one per device: such a launch must not run beside another one (Device.beside)."""
     if DISPATCH.get(("gemm", w.qtype)) is not None and num_tokens >= GEMM_MIN_TOKENS:
         return False
-    if _splits(dev, w, act, num_tokens):  # the same scratch
-        return True
     return any(_group_kernel(dev, w, act, num_tokens, min(ACT_GROUP, num_tokens - t0)) == "persist"
                for t0 in range(0, num_tokens, ACT_GROUP))
 
@@ -577,30 +575,15 @@ def q6_i8_stage_bytes(num_tokens: int) -> int:
     return Q6_I8_STAGE_BASE + Q6_I8_SLOT_BYTES * 2 * num_tokens + -(-8 * num_tokens // 16) * 16
 
 
-# A grid of fewer row tiles than Q6_I8_SPLIT_WAVES x the SMs splits each row's superblocks over
-# instances.Q6_I8_SPLIT blocks (up to 4 tokens, two-stage rings): ffn_down's 320 tiles are 2.4 blocks an SM, so the
-# SMs holding 3 set its time (run 1346a1a: neither deeper rings nor 8-warp blocks moved it off 28 us). 0: never.
-DEFAULT_Q6_I8_SPLIT_WAVES = 4
-Q6_I8_SPLIT_WAVES = DEFAULT_Q6_I8_SPLIT_WAVES
-
-
-def _q6_i8_split(dev: Device, w: DeviceWeight, num_tokens: int, stages: int) -> int:
-    tiles = (w.rows + 15) // 16
-    if num_tokens > 4 or stages != ACT_STAGES or tiles >= Q6_I8_SPLIT_WAVES * dev.info.multiprocessors:
-        return 1
-    return Q6_I8_SPLIT if w.cols // SUPERBLOCK >= 2 * Q6_I8_SPLIT else 1
-
-
-def _q6_i8_shape(dev: Device, w: DeviceWeight, num_tokens: int) -> tuple[int, int, int, int, int]:
-    """(blocks, warps a block, stages a warp, dynamic shared memory, blocks a row tile) of an mmvq_q6_i8 launch:
-    Q6_I8_STAGES up to 4 tokens, fewer where its blocks would outgrow ACT_MAX_BLOCK_SMEM (ACT_STAGES at least)."""
+def _q6_i8_shape(dev: Device, w: DeviceWeight, num_tokens: int) -> tuple[int, int, int, int]:
+    """(blocks, warps a block, stages a warp, dynamic shared memory) of an mmvq_q6_i8 launch: Q6_I8_STAGES up to 4
+    tokens, fewer where its blocks would outgrow ACT_MAX_BLOCK_SMEM (ACT_STAGES at least)."""
     blocks = (w.rows + 15) // 16
     warps = i8_warps(w.cols, blocks, num_tokens, dev.info.multiprocessors)
     stages = Q6_I8_STAGES if num_tokens <= 4 else ACT_STAGES
     while stages > ACT_STAGES and warps * stages * q6_i8_stage_bytes(num_tokens) > ACT_MAX_BLOCK_SMEM:
         stages -= 1
-    split = _q6_i8_split(dev, w, num_tokens, stages)
-    return blocks, warps, stages, warps * stages * q6_i8_stage_bytes(num_tokens), split
+    return blocks, warps, stages, warps * stages * q6_i8_stage_bytes(num_tokens)
 
 
 def q6_i8_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
@@ -612,25 +595,14 @@ def q6_i8_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
     return _q6_i8_shape(dev, w, num_tokens)[3] <= min(ACT_MAX_BLOCK_SMEM, dev.info.max_smem_per_block)
 
 
-def _splits(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
-    """Whether matmul(w, act, num_tokens) launches mmvq_q6_i8 split over several blocks a tile (persist.scratch)."""
-    return q6_i8_runs(dev, w, num_tokens, act) and _q6_i8_shape(dev, w, num_tokens)[4] > 1
-
-
 def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
                 bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int) -> None:
     """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
     q8, scale8, _, _ = group8
-    blocks, warps, stages, smem, split = _q6_i8_shape(dev, w, t)
-    partials = counts = None
-    if split > 1:  # the persistent mmvq's scratch: its partials hold far more than split x t x rows floats
-        partials, counts = persist.scratch(dev, blocks)
-        assert partials.nbytes >= 4 * split * t * w.rows, f"{w.name}: the split's partials outgrow the scratch"
-    kernel = dev.kernel(f"mmvq_q6_K_i8_t{t}" + (f"_n{stages}" if stages != ACT_STAGES else "") +
-                        (f"_k{split}" if split > 1 else ""))
+    blocks, warps, stages, smem = _q6_i8_shape(dev, w, t)
+    kernel = dev.kernel(f"mmvq_q6_K_i8_t{t}" + (f"_n{stages}" if stages != ACT_STAGES else ""))
     dev.set_max_dynamic_smem(kernel, smem)
-    dev.launch(kernel, (blocks, split), 32 * warps, [w.buf, q8, scale8, y, bias, residual, partials, counts, w.rows,
-                                                     w.cols, ld_y], smem=smem)
+    dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y], smem=smem)
 
 
 def i8_warps(cols: int, tiles: int, num_tokens: int, multiprocessors: int) -> int:

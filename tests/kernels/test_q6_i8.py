@@ -62,27 +62,27 @@ def test_the_launcher_mirrors_the_kernels_layout() -> None:
     assert "QL_PITCH = 160" in src and "QH_PITCH = 80" in src
     assert ops.q6_i8_stage_bytes(1) == 4160 + 2 * 320 + 16 and ops.q6_i8_stage_bytes(8) == 4160 + 16 * 320 + 64
     for t in instances.Q6_I8_TOKENS:
-        assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}"].expr == f"mmvq_q6_i8<{t}, {instances.ACT_STAGES}, 1>"
+        assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}"].expr == f"mmvq_q6_i8<{t}, {instances.ACT_STAGES}>"
         for ns in instances.Q6_I8_RING_STAGES:  # deeper rings up to 4 tokens only
             assert (f"mmvq_q6_K_i8_t{t}_n{ns}" in instances.INSTANCES) == (t <= 4)
     # the 27B shapes fit at every count and ring depth: ffn_down (68 superblocks), the output head and attn_v (20)
     for stages in (instances.ACT_STAGES, *instances.Q6_I8_RING_STAGES):
         for cols in (17408, 5120):
             for t in instances.Q6_I8_TOKENS:
-                blocks, warps, ring, smem, split = _shape(stages, cols, t)
+                blocks, warps, ring, smem = _shape(stages, cols, t)
                 assert smem == warps * ring * ops.q6_i8_stage_bytes(t) <= ops.ACT_MAX_BLOCK_SMEM, (cols, t, warps)
                 assert (cols // 256) % warps == 0
                 # the ring asked for up to 4 tokens where it fits, else shallower (never below two stages)
                 assert instances.ACT_STAGES <= ring <= (stages if t <= 4 else instances.ACT_STAGES)
-                assert f"mmvq_q6_K_i8_t{t}" + (f"_n{ring}" if ring != instances.ACT_STAGES else "") + (
-                    f"_k{split}" if split > 1 else "") in instances.INSTANCES
+                assert f"mmvq_q6_K_i8_t{t}" + (f"_n{ring}" if ring != instances.ACT_STAGES else "") in \
+                    instances.INSTANCES
     assert _shape(4, 5120, 3)[2] == 3 and _shape(4, 17408, 1)[2] == 4  # attn_v / output: 5 warps a block at 3
 
 
-def _shape(stages: int, cols: int, t: int, rows: int = 5120) -> tuple[int, int, int, int, int]:
+def _shape(stages: int, cols: int, t: int) -> tuple[int, int, int, int]:
     saved, ops.Q6_I8_STAGES = ops.Q6_I8_STAGES, stages
     try:
-        return ops._q6_i8_shape(_dev(), _weight(rows=rows, cols=cols), t)
+        return ops._q6_i8_shape(_dev(), _weight(cols=cols), t)
     finally:
         ops.Q6_I8_STAGES = saved
 
@@ -91,22 +91,3 @@ def test_by_default_it_runs_up_to_4_tokens_in_two_stage_rings() -> None:
     assert ops.DEFAULT_Q6_I8_COUNTS == frozenset(range(1, 5)) <= set(instances.Q6_I8_TOKENS)
     assert ops.Q6_I8_STAGES == instances.ACT_STAGES
 
-
-
-def test_short_grids_split_each_rows_superblocks_over_blocks(monkeypatch) -> None:
-    """ffn_down's 320 tiles (fewer than Q6_I8_SPLIT_WAVES x 132 SMs) and attn_v's 64 split; the output head's 15,520
-    do not, nor 5+ tokens or a deeper ring; a split launch shares the persistent mmvq's scratch (runs_persist)."""
-    monkeypatch.setattr(ops, "Q6_I8_SPLIT_WAVES", ops.DEFAULT_Q6_I8_SPLIT_WAVES)
-    split = lambda rows, cols, t, stages=instances.ACT_STAGES: _shape(stages, cols, t, rows)[4]  # noqa: E731
-    assert split(5120, 17408, 1) == split(1024, 5120, 4) == instances.Q6_I8_SPLIT > 1
-    assert split(248320, 5120, 1) == 1 and split(5120, 17408, 5) == 1 and split(5120, 17408, 1, stages=3) == 1
-    assert split(999, 256, 1) == 1  # a single superblock: nothing to split
-    for t in range(1, 5):
-        assert f"mmvq_q6_K_i8_t{t}_k{instances.Q6_I8_SPLIT}" in instances.INSTANCES
-    monkeypatch.setattr(ops, "I8_MATMUL", True)
-    monkeypatch.setattr(ops, "Q6_I8", True)
-    monkeypatch.setattr(ops, "Q6_I8_COUNTS", ops.DEFAULT_Q6_I8_COUNTS)
-    assert ops.runs_persist(_dev(), _weight(), _act(1), 1)  # ffn_down: split
-    assert not ops.runs_persist(_dev(), _weight(rows=248320, cols=5120), _act(1), 1)
-    monkeypatch.setattr(ops, "Q6_I8_SPLIT_WAVES", 0)
-    assert not ops.runs_persist(_dev(), _weight(), _act(1), 1)

@@ -145,60 +145,13 @@ __device__ __forceinline__ void q6i8_store(const float (&acc)[4], float* __restr
     }
 }
 
-// With the row's superblocks split over SPLIT blocks: each block's sums into partials [SPLIT][T][rows]; the last of
-// a tile's blocks to finish (counts[tile], left zero) adds them in split order (so the result does not depend on
-// which finished last), the bias and the residual, and stores y.
-template <int T, int USED, int SPLIT>
-__device__ __forceinline__ void q6i8_store_split(const float (&acc)[4], float* __restrict__ y,
-                                                 const float* __restrict__ bias, const float* __restrict__ residual,
-                                                 float* __restrict__ partials, int* __restrict__ counts, int row0,
-                                                 int rows, int ldy) {
-    __shared__ float red[MMVQ_MAX_WARPS][16][MMVQ_NCOLS];
-    __shared__ bool last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
-    const int g = lane >> 2, c = lane & 3;
-    red[warp][g][2 * c] = acc[0];
-    red[warp][g][2 * c + 1] = acc[1];
-    red[warp][g + 8][2 * c] = acc[2];
-    red[warp][g + 8][2 * c + 1] = acc[3];
-    __syncthreads();
-    for (int o = threadIdx.x; o < 16 * T; o += blockDim.x) {
-        const int lr = o / T, tok = o % T, row = row0 + lr;
-        if (row >= rows) continue;
-        float v = 0.f;
-        for (int wi = 0; wi < num_warps; ++wi)
-#pragma unroll
-            for (int n = tok; n < USED; n += T) v += red[wi][lr][n];
-        partials[((i64)blockIdx.y * T + tok) * rows + row] = v;
-    }
-    __threadfence();  // the partials are visible before the count says so
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&counts[blockIdx.x], 1) == SPLIT - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int o = threadIdx.x; o < 16 * T; o += blockDim.x) {
-        const int lr = o / T, tok = o % T, row = row0 + lr;
-        if (row >= rows) continue;
-        float v = 0.f;
-#pragma unroll
-        for (int s = 0; s < SPLIT; ++s) v += __ldcg(partials + ((i64)s * T + tok) * rows + row);
-        if (bias) v += bias[row];
-        if (residual) v += residual[(i64)tok * ldy + row];
-        y[(i64)tok * ldy + row] = v;
-    }
-    if (threadIdx.x == 0) counts[blockIdx.x] = 0;
-}
-
-// Launch: (16-row tiles, SPLIT) blocks of W warps; block (t, s) takes the s-th of SPLIT equal ranges of the row's
-// superblocks, its warp w superblocks w, w + W, ... of it, through a ring of NS stages; dynamic shared memory
-// W * NS * q6i8_stage_bytes(T). SPLIT > 1 puts a short grid (ffn_down's 320 tiles: 2.4 blocks an SM, so the SMs
-// holding 3 set the time) on more, smaller blocks; partials and counts (SPLIT > 1 only) as q6i8_store_split.
-template <int T, int NS, int SPLIT>
+// Launch: a block of W warps per 16-row tile; warp w takes superblocks w, w + W, ... (W divides K / 256) through
+// a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T).
+template <int T, int NS>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
-           float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual,
-           float* __restrict__ partials, int* __restrict__ counts, int rows, int K, int ldy) {
+           float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
+           int ldy) {
     PDL_ENTER();  // the activations are the previous kernel's output
     using S = Q6I8Stage;
     constexpr int L = 2 * T <= MMVQ_NCOLS ? 1 : 2;          // passes: one, or a level each
@@ -210,13 +163,12 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3, half = c >> 1;
     const int nb = K / QK_SB, row0 = 16 * blockIdx.x;
-    const int sb_begin = (int)blockIdx.y * nb / SPLIT, nbs = ((int)blockIdx.y + 1) * nb / SPLIT - sb_begin;
     u8* ring = stages + warp * NS * STAGE;
     const u32 ring_s = smem_u32(ring);
-    const int n = warp < nbs ? (nbs - warp + num_warps - 1) / num_warps : 0;
+    const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0;
     const Planes P6 = QTraits<QT_Q6_K>::planes(w, (u64)rows * nb);
     Q6I8Copies<T> cp;
-    cp.init(P6, q8, scale8, row0, rows, nb, lane, sb_begin + warp);
+    cp.init(P6, q8, scale8, row0, rows, nb, lane, warp);
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
         if (s < n) cp.issue(ring_s + s * STAGE, num_warps, lane);
@@ -255,7 +207,7 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
         cp_async_wait<NS - 1>();  // this lane's copies of unit i have landed
         __syncwarp();             // and every other lane's
         const u8* st = ring + (i % NS) * STAGE;
-        const int sb = sb_begin + warp + i * num_warps;
+        const int sb = warp + i * num_warps;
         const uint4 sc0 = *reinterpret_cast<const uint4*>(st + S::SC + 16 * g);
         const uint4 sc1 = *reinterpret_cast<const uint4*>(st + S::SC + 16 * (g + 8));
         const u32 scw0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, scw1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
@@ -313,8 +265,5 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
         }
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
-    if constexpr (SPLIT == 1)
-        q6i8_store<T, USED>(acc, y, bias, residual, row0, rows, ldy);
-    else
-        q6i8_store_split<T, USED, SPLIT>(acc, y, bias, residual, partials, counts, row0, rows, ldy);
+    q6i8_store<T, USED>(acc, y, bias, residual, row0, rows, ldy);
 }
