@@ -84,13 +84,11 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_kernels.run_i8_checks(dev, report, rng)
         gpu_kernels.time_i8(dev, report, rng)
-    elif name == "q6i8":  # the int8 Q6_K matmul and mmvq_i8's deeper rings alone (also inside "i8"), timed
+    elif name == "q6i8":  # the int8-activation Q6_K matmul alone (also inside "i8"), timed beside the f16 kernels
         from bench import gpu_kernels
 
         gpu_kernels.run_q6_i8_checks(dev, report, rng)
-        gpu_kernels.run_i8_ring_checks(dev, report, rng)
         gpu_kernels.time_q6_i8(dev, report, rng)
-        gpu_kernels.time_i8_rings(dev, report, rng)
     elif name == "fused":  # the one-token int8 matmul with its producer fused in front (also inside "kernels")
         from bench import gpu_fused
 

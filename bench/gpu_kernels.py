@@ -324,7 +324,6 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
                 for name, num_tokens, precise in I8V_CHECKS:
                     check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
         run_q6_i8_checks(dev, report, rng)
-        run_i8_ring_checks(dev, report, rng)
         try:
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
                 ops.I8_TILES = tiles
@@ -333,41 +332,6 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
                         check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=True, tag=f".r{tiles}")
         finally:
             ops.I8_TILES = 1
-
-
-@contextmanager
-def i8_stages(stages: int):
-    """mmvq_i8's ring (ops.I8_STAGES) set for the block, restored after it."""
-    saved, ops.I8_STAGES = ops.I8_STAGES, stages
-    try:
-        yield
-    finally:
-        ops.I8_STAGES = saved
-
-
-def run_i8_ring_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
-    """mmvq_i8 in its deeper rings (instances.I8_RING_STAGES): a partial tile, ffn_down's 17 superblocks a warp."""
-    with i8_matmul(True, instances.I8_MAX_TOKENS), bulk_i8(False), verify_i8(False):
-        for stages in instances.I8_RING_STAGES:
-            with i8_stages(stages):
-                for name, num_tokens in (("odd_rows", 1), ("ffn_down", 1), ("ffn_down", 4), ("attn_q", 3)):
-                    check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=True, tag=f".n{stages}")
-
-
-def time_i8_rings(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 4)) -> None:
-    """mmvq_i8 on Q4_K ffn_down (the widest rows it runs) with rings of 2-4 stages a warp."""
-    print("mmvq_i8 ring depth (us, GB/s): ffn_down Q4_K, 2 | 3 | 4 stages", flush=True)
-    m = timed_matrix(dev, rng, "ffn_down", Q.Q4_K, precise=True)
-    with i8_matmul(True, instances.I8_MAX_TOKENS), bulk_i8(False), verify_i8(False):
-        for t in token_counts:
-            cells = []
-            for stages in (instances.ACT_STAGES, *instances.I8_RING_STAGES):
-                with i8_stages(stages):
-                    ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)
-                    timing = m.record(dev, report, t, "matmul", f"ffn_down.Q4_K.T{t}.i8.n{stages}")
-                cells.append(f"n{stages} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
-            print(f"  ffn_down    T={t}  " + " | ".join(cells), flush=True)
-    m.free(dev)
 
 
 def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:

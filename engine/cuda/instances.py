@@ -42,9 +42,6 @@ I8_MAX_TOKENS = 5
 # Row tiles a block of it walks in sequence, one ring for all (1: the measured default; 2 and 4, up to 4 tokens,
 # not yet timed: the 5-token form would spill with them).
 I8_TILE_COUNTS = (1, 2, 4)
-# Deeper rings (stages a warp) of its one-tile form up to 4 tokens: mmvq_q4_K_i8_t{T}_n{NS}. A warp of ffn_down
-# (68 superblocks) walks 17 of them with one stage in flight beside the one it multiplies.
-I8_RING_STAGES = (3, 4)
 # (superblocks a stage, stages a warp) of the bulk-copy int8 Q4_K matmul of one token (kernels/mmvq_i8b.cu,
 # sm_90+), an instance each: mmvq_q4_K_i8b_s{S}n{NS}.
 I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2))
@@ -106,8 +103,6 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{tiles}" if tiles > 1 else ""), "mmvq_i8",
                      f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}>")  # int8 activations, 1..TILES row tiles a block
             for t in range(1, I8_MAX_TOKENS + 1) for tiles in I8_TILE_COUNTS if tiles == 1 or t <= 4]
-    out += [Instance(f"mmvq_q4_K_i8_t{t}_n{ns}", "mmvq_i8", f"mmvq_i8<{t}, {ns}, 1>")  # deeper rings
-            for t in range(1, 5) for ns in I8_RING_STAGES]
     out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1>") for s, n in I8B_SHAPES]
     out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_{mode}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, {ACT_MODES.index(mode)}>")
             for s, n in I8B_FUSED_SHAPES for mode in I8B_FUSED_MODES]  # a producer fused in front

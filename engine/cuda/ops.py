@@ -488,8 +488,6 @@ I8_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WARPS_AT)
 # Row tiles a block walks in sequence (instances.I8_TILE_COUNTS): each warp then streams TILES x its superblocks
 # of a row through one ring (4-5 at K = 5,120 with one tile). 1 until the longer blocks are measured.
 I8_TILES = 1
-# Stages a warp's ring holds (instances.I8_RING_STAGES; ACT_STAGES measured no slower than 3 in v12)
-I8_STAGES = ACT_STAGES
 
 
 def _i8_default() -> bool:
@@ -516,17 +514,8 @@ def i8_stage_bytes(num_tokens: int) -> int:
     return I8_STAGE_BASE + I8_SLOT_BYTES * slots + -(-4 * slots // 16) * 16
 
 
-def _i8_smem(num_tokens: int, warps: int, stages: int = ACT_STAGES) -> int:
-    return warps * (stages * i8_stage_bytes(num_tokens) + I8_ZERO_BYTES)
-
-
-def _i8_stages(num_tokens: int, warps: int) -> int:
-    """Stages a warp of an mmvq_i8 launch: I8_STAGES for one tile a block up to 4 tokens, fewer where the block
-    would outgrow ACT_MAX_BLOCK_SMEM (ACT_STAGES at least)."""
-    stages = I8_STAGES if I8_TILES == 1 and num_tokens <= 4 else ACT_STAGES
-    while stages > ACT_STAGES and _i8_smem(num_tokens, warps, stages) > ACT_MAX_BLOCK_SMEM:
-        stages -= 1
-    return stages
+def _i8_smem(num_tokens: int, warps: int) -> int:
+    return warps * (ACT_STAGES * i8_stage_bytes(num_tokens) + I8_ZERO_BYTES)
 
 
 def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
@@ -544,10 +533,8 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     q8, scale8, sums8, sums8_lo = group8
     blocks = -(-((w.rows + 15) // 16) // I8_TILES)
     warps = i8_warps(w.cols, blocks * I8_TILES, t, dev.info.multiprocessors)
-    stages = _i8_stages(t, warps)
-    name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "") + (
-        f"_n{stages}" if stages != ACT_STAGES else "")
-    kernel, smem = dev.kernel(name), _i8_smem(t, warps, stages)
+    name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "")
+    kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
                                             ld_y], smem=smem)

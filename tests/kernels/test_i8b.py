@@ -229,22 +229,3 @@ def test_the_verify_forms_token_counts_and_warps_by_default(monkeypatch) -> None
     assert i8b.verify_warps(_dev(90), _weight(), 2) == ops.i8_warps(5120, 640, 2, 132) == 5
     assert i8b.verify_warps(_dev(90), _weight(cols=768), 8) == 3  # never more warps than superblocks
 
-
-
-def test_mmvq_i8s_deeper_rings_fit_or_fall_back(monkeypatch) -> None:
-    """ops.I8_STAGES up to 4 tokens, one tile a block: shallower where 8 warps would outgrow the block limit, an
-    instance for every depth the launcher can ask for."""
-    monkeypatch.setattr(ops, "I8_TILES", 1)
-    for stages in instances.I8_RING_STAGES:
-        monkeypatch.setattr(ops, "I8_STAGES", stages)
-        for t in range(1, instances.I8_MAX_TOKENS + 1):
-            for warps in (4, 8):
-                ring = ops._i8_stages(t, warps)
-                assert instances.ACT_STAGES <= ring <= (stages if t <= 4 else instances.ACT_STAGES)
-                assert ops._i8_smem(t, warps, ring) <= ops.ACT_MAX_BLOCK_SMEM
-                if ring != instances.ACT_STAGES:
-                    assert instances.INSTANCES[f"mmvq_q4_K_i8_t{t}_n{ring}"].expr == f"mmvq_i8<{t}, {ring}, 1>"
-    monkeypatch.setattr(ops, "I8_STAGES", 4)
-    assert ops._i8_stages(1, 4) == 4 and ops._i8_stages(4, 8) < 4  # 4 tokens in 8 warps: 4 stages do not fit
-    monkeypatch.setattr(ops, "I8_TILES", 2)
-    assert ops._i8_stages(1, 4) == instances.ACT_STAGES  # several tiles a block: the ring of their instances
