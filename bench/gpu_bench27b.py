@@ -16,7 +16,7 @@ from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
 from engine.cuda import env_flag
 from engine.cuda.i8b import DEFAULT_VERIFY_WARPS_AT
-from engine.cuda.instances import ACT_STAGES, I8B_SHAPES, PERSIST_QTYPES, Q6_I8_TOKENS, STAGED_QTYPES
+from engine.cuda.instances import I8B_SHAPES, PERSIST_QTYPES, Q6_I8_TOKENS, STAGED_QTYPES
 
 PASS_TOKENS = (1, 2, 3, 4, 5)
 PREFILL_TOKENS = (512, 2048, 8192)
@@ -47,8 +47,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "auto"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
                for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5",
-                         "q6c5", "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "q6n3",
-                         "q6n4")},
+                         "q6c5", "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -57,7 +56,7 @@ I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
                          "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto",
-                         "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "q6n3", "q6n4"} |
+                         "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5}
@@ -114,11 +113,9 @@ PIPELINE_TABLE_VARIANTS = {"q6persist": {(Q.Q6_K, True): ((8, "persist"),)},
                            "q6p5": {(Q.Q6_K, True): ((1, "cpa"), (4, "cp"), (8, "persist"))},
                            "q6c5": {(Q.Q6_K, True): ((1, "cpa"), (8, "cp"))}}
 # v7 with the Q6_K matmuls off the int8 kernel (noq6i8: on the f16 ones, as before v21) or on it at 1 (q6i8t1),
-# 1-4 (q6i8t4, v7's since v21) or 1-8 tokens (q6i8all) (ops.Q6_I8_COUNTS); or its ring 3 or 4 stages deep up to 4
-# tokens (q6n3, q6n4: ops.Q6_I8_STAGES; v7: 2)
+# 1-4 (q6i8t4, v7's since v21) or 1-8 tokens (q6i8all) (ops.Q6_I8_COUNTS)
 Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4": frozenset(range(1, 5)),
                         "q6i8all": frozenset(Q6_I8_TOKENS)}
-Q6_I8_STAGE_VARIANTS = {"q6n3": 3, "q6n4": 4}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
@@ -389,7 +386,6 @@ def _use_variant(backend, name: str) -> None:
     ops.set_i8(name in I8_VARIANTS and ops._i8_default(), I8_TOKEN_VARIANTS.get(name, ops.DEFAULT_I8_TOKENS))
     ops.I8_TILES = I8_TILE_VARIANTS.get(name, 1)
     ops.Q6_I8_COUNTS = Q6_I8_COUNT_VARIANTS.get(name, ops.DEFAULT_Q6_I8_COUNTS)
-    ops.Q6_I8_STAGES = Q6_I8_STAGE_VARIANTS.get(name, ACT_STAGES)
     ops.ACT_ONE_GROUP_MODES = ONE_GROUP_VARIANTS.get(name, ops.ACT_ONE_GROUP_DEFAULT)
     ops.ACT_SPLIT_TOKENS = SPLIT_VARIANTS.get(name, ops.ACT_SPLIT_DEFAULT)
     ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, ops.DEFAULT_I8_WARPS_AT)

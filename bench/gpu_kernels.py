@@ -335,16 +335,11 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
 
 
 def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
-    """The int8 Q6_K matmul (Q6_I8_CHECKS) at every token count it is built for, fast and precise, and in its
-    deeper rings up to 4 tokens."""
+    """The int8 Q6_K matmul (Q6_I8_CHECKS) at every token count it is built for, fast and precise."""
     with q6_i8(True):
         for name, num_tokens in Q6_I8_CHECKS:
             for precise in (False, True):
                 check_matmul(dev, report, rng, name, Q.Q6_K, num_tokens, precise=precise)
-    for stages in instances.Q6_I8_RING_STAGES:
-        with q6_i8(True, stages=stages):
-            for name, num_tokens in (("odd_rows", 1), ("ffn_down", 1), ("ffn_down", 4), ("output", 2)):
-                check_matmul(dev, report, rng, name, Q.Q6_K, num_tokens, precise=True, tag=f".n{stages}")
 
 
 # Launch shapes timed beside the launcher's: (label, warps per block or None, row tiles a block walks). 4 warps
@@ -408,38 +403,35 @@ def _time_i8_trial(dev: Device, report: Report, m: TimedMatrix, name: str, t: in
 
 
 Q6_I8_TIMED = ("ffn_down", "output", "attn_kv")
-# (label, warps a block or None: the launcher's, stages a warp) of each int8 Q6_K launch time_q6_i8 runs
-Q6_I8_TRIALS = (("i8q6", None, 2), ("i8q6.n3", None, 3), ("i8q6.n4", None, 4), ("i8q6.w2n4", 2, 4),
-                ("i8q6.w8n3", 8, 3))
+# (label, warps a block or None: the launcher's) of each int8 Q6_K launch time_q6_i8 runs. Rings of 3-4 stages,
+# blocks of 2 warps (run 1346a1a) and each row split over two blocks (aad30b3) were slower: bench/NOTES.md v21.
+Q6_I8_TRIALS = (("i8q6", None), ("i8q6.w4", 4), ("i8q6.w8", 8))
 
 
 @contextmanager
-def q6_i8(on: bool, counts=None, stages: int | None = None, warps: int | None = None):
-    """The int8 Q6_K matmul switched for the block (at every count it is built for unless counts), with its ring's
-    stages and warps a block; the int8 copy written up to 8 tokens; every setting restored after it."""
-    saved = ops.Q6_I8, ops.Q6_I8_COUNTS, ops.Q6_I8_STAGES, ops.I8_WARPS
+def q6_i8(on: bool, counts=None, warps: int | None = None):
+    """The int8 Q6_K matmul switched for the block (at every count it is built for unless counts), in blocks of
+    `warps` (None: the launcher's); the int8 copy written up to 8 tokens; every setting restored after it."""
+    saved = ops.Q6_I8, ops.Q6_I8_COUNTS, ops.I8_WARPS
     try:
         ops.Q6_I8, ops.I8_WARPS = on, warps
         ops.Q6_I8_COUNTS = frozenset(counts or instances.Q6_I8_TOKENS)
-        ops.Q6_I8_STAGES = stages or instances.ACT_STAGES
         with i8_matmul(True, instances.I8_MAX_TOKENS), verify_i8(True):
             yield
     finally:
-        ops.Q6_I8, ops.Q6_I8_COUNTS, ops.Q6_I8_STAGES, ops.I8_WARPS = saved
+        ops.Q6_I8, ops.Q6_I8_COUNTS, ops.I8_WARPS = saved
 
 
 def time_q6_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 3, 4, 5)) -> None:
-    """The int8 Q6_K matmul (Q6_I8_TRIALS: rings of 2-4 stages, blocks of 2-8 warps) against the f16 kernel the
+    """The int8 Q6_K matmul (Q6_I8_TRIALS: blocks of the launcher's, 4 and 8 warps) against the f16 kernel the
     table runs (precise) at each Q6_K shape of the 27B pass."""
     print("int8 Q6_K matmul timings (us, GB/s): the f16 kernel the table picks (precise) | i8q6 ...", flush=True)
     for name in Q6_I8_TIMED:
         m = timed_matrix(dev, rng, name, Q.Q6_K, precise=True)
         for t in token_counts:
             cells = []
-            for label, warps, stages in (("f16", None, None),) + Q6_I8_TRIALS:
-                if stages and stages != instances.ACT_STAGES and t > 4:
-                    continue
-                with q6_i8(label != "f16", stages=stages, warps=warps):
+            for label, warps in (("f16", None),) + Q6_I8_TRIALS:
+                with q6_i8(label != "f16", warps=warps):
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)
                     if label == "f16":
                         with i8_matmul(False):

@@ -57,8 +57,6 @@ I8V_SHAPE = (2, 2)
 # Tokens of the int8-activation Q6_K matmul (kernels/mmvq_i8q6.cu: a sub-block's 2T columns in one mma up to 4
 # tokens, a pass a level past that), an instance each: mmvq_q6_K_i8_t{T}.
 Q6_I8_TOKENS = tuple(range(1, 9))
-# ... and with deeper rings (stages a warp) up to 4 tokens: mmvq_q6_K_i8_t{T}_n{NS}.
-Q6_I8_RING_STAGES = (3, 4)
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
 ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
@@ -109,8 +107,6 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}>")
             for t in I8V_TOKENS]
     out += [Instance(f"mmvq_q6_K_i8_t{t}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}>") for t in Q6_I8_TOKENS]
-    out += [Instance(f"mmvq_q6_K_i8_t{t}_n{ns}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ns}>") for t in Q6_I8_TOKENS
-            for ns in Q6_I8_RING_STAGES if t <= 4]
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

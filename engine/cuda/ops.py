@@ -552,8 +552,6 @@ Q6_I8_ENV = "OPENJET_CUDA_Q6I8"
 Q6_I8 = env_switch(Q6_I8_ENV, True)
 DEFAULT_Q6_I8_COUNTS = frozenset(range(1, 5))
 Q6_I8_COUNTS: frozenset[int] = DEFAULT_Q6_I8_COUNTS
-# Stages a warp's ring holds up to 4 tokens (instances.Q6_I8_RING_STAGES; past 4 tokens ACT_STAGES).
-Q6_I8_STAGES = ACT_STAGES
 Q6_I8_STAGE_BASE, Q6_I8_SLOT_BYTES = 4160, 320  # mirror of kernels/mmvq_i8q6.cu
 
 
@@ -562,15 +560,12 @@ def q6_i8_stage_bytes(num_tokens: int) -> int:
     return Q6_I8_STAGE_BASE + Q6_I8_SLOT_BYTES * 2 * num_tokens + -(-8 * num_tokens // 16) * 16
 
 
-def _q6_i8_shape(dev: Device, w: DeviceWeight, num_tokens: int) -> tuple[int, int, int, int]:
-    """(blocks, warps a block, stages a warp, dynamic shared memory) of an mmvq_q6_i8 launch: Q6_I8_STAGES up to 4
-    tokens, fewer where its blocks would outgrow ACT_MAX_BLOCK_SMEM (ACT_STAGES at least)."""
+def _q6_i8_shape(dev: Device, w: DeviceWeight, num_tokens: int) -> tuple[int, int, int]:
+    """(blocks, warps a block, dynamic shared memory) of an mmvq_q6_i8 launch. Its ring keeps ACT_STAGES stages a
+    warp: 3 or 4 made ffn_down slower (bench/NOTES.md v21)."""
     blocks = (w.rows + 15) // 16
     warps = i8_warps(w.cols, blocks, num_tokens, dev.info.multiprocessors)
-    stages = Q6_I8_STAGES if num_tokens <= 4 else ACT_STAGES
-    while stages > ACT_STAGES and warps * stages * q6_i8_stage_bytes(num_tokens) > ACT_MAX_BLOCK_SMEM:
-        stages -= 1
-    return blocks, warps, stages, warps * stages * q6_i8_stage_bytes(num_tokens)
+    return blocks, warps, warps * ACT_STAGES * q6_i8_stage_bytes(num_tokens)
 
 
 def q6_i8_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
@@ -579,15 +574,15 @@ def q6_i8_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
     if not (I8_MATMUL and Q6_I8 and w.qtype == Q.Q6_K and num_tokens in Q6_I8_COUNTS
             and num_tokens <= act.i8_tokens):
         return False
-    return _q6_i8_shape(dev, w, num_tokens)[3] <= min(ACT_MAX_BLOCK_SMEM, dev.info.max_smem_per_block)
+    return _q6_i8_shape(dev, w, num_tokens)[2] <= min(ACT_MAX_BLOCK_SMEM, dev.info.max_smem_per_block)
 
 
 def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
                 bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int) -> None:
     """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
     q8, scale8, _, _ = group8
-    blocks, warps, stages, smem = _q6_i8_shape(dev, w, t)
-    kernel = dev.kernel(f"mmvq_q6_K_i8_t{t}" + (f"_n{stages}" if stages != ACT_STAGES else ""))
+    blocks, warps, smem = _q6_i8_shape(dev, w, t)
+    kernel = dev.kernel(f"mmvq_q6_K_i8_t{t}")
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y], smem=smem)
 

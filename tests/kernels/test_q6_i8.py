@@ -63,31 +63,14 @@ def test_the_launcher_mirrors_the_kernels_layout() -> None:
     assert ops.q6_i8_stage_bytes(1) == 4160 + 2 * 320 + 16 and ops.q6_i8_stage_bytes(8) == 4160 + 16 * 320 + 64
     for t in instances.Q6_I8_TOKENS:
         assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}"].expr == f"mmvq_q6_i8<{t}, {instances.ACT_STAGES}>"
-        for ns in instances.Q6_I8_RING_STAGES:  # deeper rings up to 4 tokens only
-            assert (f"mmvq_q6_K_i8_t{t}_n{ns}" in instances.INSTANCES) == (t <= 4)
-    # the 27B shapes fit at every count and ring depth: ffn_down (68 superblocks), the output head and attn_v (20)
-    for stages in (instances.ACT_STAGES, *instances.Q6_I8_RING_STAGES):
-        for cols in (17408, 5120):
-            for t in instances.Q6_I8_TOKENS:
-                blocks, warps, ring, smem = _shape(stages, cols, t)
-                assert smem == warps * ring * ops.q6_i8_stage_bytes(t) <= ops.ACT_MAX_BLOCK_SMEM, (cols, t, warps)
-                assert (cols // 256) % warps == 0
-                # the ring asked for up to 4 tokens where it fits, else shallower (never below two stages)
-                assert instances.ACT_STAGES <= ring <= (stages if t <= 4 else instances.ACT_STAGES)
-                assert f"mmvq_q6_K_i8_t{t}" + (f"_n{ring}" if ring != instances.ACT_STAGES else "") in \
-                    instances.INSTANCES
-    assert _shape(4, 5120, 3)[2] == 3 and _shape(4, 17408, 1)[2] == 4  # attn_v / output: 5 warps a block at 3
+    # the 27B shapes fit at every count: ffn_down (68 superblocks), the output head and attn_v (20)
+    for cols in (17408, 5120):
+        for t in instances.Q6_I8_TOKENS:
+            blocks, warps, smem = ops._q6_i8_shape(_dev(), _weight(cols=cols), t)
+            assert smem == warps * instances.ACT_STAGES * ops.q6_i8_stage_bytes(t) <= ops.ACT_MAX_BLOCK_SMEM
+            assert (cols // 256) % warps == 0, (cols, t, warps)
 
 
-def _shape(stages: int, cols: int, t: int) -> tuple[int, int, int, int]:
-    saved, ops.Q6_I8_STAGES = ops.Q6_I8_STAGES, stages
-    try:
-        return ops._q6_i8_shape(_dev(), _weight(cols=cols), t)
-    finally:
-        ops.Q6_I8_STAGES = saved
-
-
-def test_by_default_it_runs_up_to_4_tokens_in_two_stage_rings() -> None:
+def test_by_default_it_runs_up_to_4_tokens() -> None:
     assert ops.DEFAULT_Q6_I8_COUNTS == frozenset(range(1, 5)) <= set(instances.Q6_I8_TOKENS)
-    assert ops.Q6_I8_STAGES == instances.ACT_STAGES
 
