@@ -176,10 +176,11 @@ __device__ __forceinline__ void cp_superblock(const CpColumns& k, const typename
                              !k.packed, c, acc);
 }
 
-// The warps' partial sums of the block's 16 rows, reduced and stored (columns T + n folded into n when packed).
+// The warps' partial sums of the block's 16 rows, reduced and stored: token n the sum of columns n, n + T, ...
+// below `used` (0: 2T when packed, the lo levels' columns T + n folded into n, else T).
 __device__ __forceinline__ void mmvq_store(const float (&acc)[4], float* __restrict__ y, const float* __restrict__ bias,
                                            const float* __restrict__ residual, int row0, int rows, int T, int ldy,
-                                           bool packed) {
+                                           bool packed, int used = 0) {
     __shared__ float red[MMVQ_MAX_WARPS][16][MMVQ_NCOLS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -188,11 +189,16 @@ __device__ __forceinline__ void mmvq_store(const float (&acc)[4], float* __restr
     red[warp][g + 8][2 * c] = acc[2];
     red[warp][g + 8][2 * c + 1] = acc[3];
     __syncthreads();
+    if (used == 0) used = packed ? 2 * T : T;
     for (int o = threadIdx.x; o < 16 * MMVQ_NCOLS; o += blockDim.x) {
         const int lr = o / MMVQ_NCOLS, col = o % MMVQ_NCOLS, row = row0 + lr;
         if (col >= T || row >= rows) continue;
         float v = 0.f;
-        for (int wi = 0; wi < num_warps; ++wi) v += red[wi][lr][col] + (packed ? red[wi][lr][col + T] : 0.f);
+        for (int wi = 0; wi < num_warps; ++wi) {
+            float w = red[wi][lr][col];  // a warp's columns first, so packed sums still round as v += (hi + lo)
+            for (int n = col + T; n < used; n += T) w += red[wi][lr][n];
+            v += w;
+        }
         if (bias) v += bias[row];
         if (residual) v += residual[(i64)col * ldy + row];
         y[(i64)col * ldy + row] = v;

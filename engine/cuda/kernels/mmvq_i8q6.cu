@@ -120,31 +120,6 @@ __device__ __forceinline__ void mma_s8s8_16832_acc(int (&d)[4], const u32 (&a)[4
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The block's sums into y: as mmvq_store, each token the sum of its columns t, t + T, ... below USED.
-template <int T, int USED>
-__device__ __forceinline__ void q6i8_store(const float (&acc)[4], float* __restrict__ y, const float* __restrict__ bias,
-                                           const float* __restrict__ residual, int row0, int rows, int ldy) {
-    __shared__ float red[MMVQ_MAX_WARPS][16][MMVQ_NCOLS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
-    const int g = lane >> 2, c = lane & 3;
-    red[warp][g][2 * c] = acc[0];
-    red[warp][g][2 * c + 1] = acc[1];
-    red[warp][g + 8][2 * c] = acc[2];
-    red[warp][g + 8][2 * c + 1] = acc[3];
-    __syncthreads();
-    for (int o = threadIdx.x; o < 16 * T; o += blockDim.x) {
-        const int lr = o / T, tok = o % T, row = row0 + lr;
-        if (row >= rows) continue;
-        float v = 0.f;
-        for (int wi = 0; wi < num_warps; ++wi)
-#pragma unroll
-            for (int n = tok; n < USED; n += T) v += red[wi][lr][n];
-        if (bias) v += bias[row];
-        if (residual) v += residual[(i64)tok * ldy + row];
-        y[(i64)tok * ldy + row] = v;
-    }
-}
-
 // Launch: a block of W warps per 16-row tile; warp w takes superblocks w, w + W, ... (W divides K / 256) through
 // a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T).
 template <int T, int NS>
@@ -265,5 +240,5 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
         }
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
-    q6i8_store<T, USED>(acc, y, bias, residual, row0, rows, ldy);
+    mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, false, USED);  // token t: columns t, t + T, ... < USED
 }
