@@ -173,6 +173,15 @@ __device__ __forceinline__ void mma_u8s8_16832_acc(int (&d)[4], const u32 (&a)[4
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same with a signed A (kernels/mmvq_i8q6.cu: Q6_K's q - 32), accumulating.
+__device__ __forceinline__ void mma_s8s8_16832_acc(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Four 8x8 f16 matrices from shared memory: lanes 8i .. 8i + 7 give the 16-byte row addresses of matrix i, and
 // lane (g, c) receives elements (g, 2c), (g, 2c + 1) of each (with .trans: (2c, g), (2c + 1, g)).
 __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {

@@ -112,14 +112,6 @@ __device__ __forceinline__ u32 q6_s8x4(u32 lo, u32 hi) {
 
 __device__ __forceinline__ int sbyte(u32 word, int shift) { return (int)(signed char)(word >> shift); }
 
-__device__ __forceinline__ void mma_s8s8_16832_acc(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Launch: a block of W warps per 16-row tile; warp w takes superblocks w, w + W, ... (W divides K / 256) through
 // a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T).
 template <int T, int NS>
