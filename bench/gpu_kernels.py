@@ -409,13 +409,13 @@ Q6_I8_TRIALS = (("i8q6", None), ("i8q6.w4", 4), ("i8q6.w8", 8))
 
 
 @contextmanager
-def q6_i8(on: bool, counts=None, warps: int | None = None):
-    """The int8 Q6_K matmul switched for the block (at every count it is built for unless counts), in blocks of
-    `warps` (None: the launcher's); the int8 copy written up to 8 tokens; every setting restored after it."""
+def q6_i8(on: bool, warps: int | None = None):
+    """The int8 Q6_K matmul switched for the block (at every count it is built for), in blocks of `warps` (None:
+    the launcher's); the int8 copy written up to 8 tokens; every setting restored after it."""
     saved = ops.Q6_I8, ops.Q6_I8_COUNTS, ops.I8_WARPS
     try:
         ops.Q6_I8, ops.I8_WARPS = on, warps
-        ops.Q6_I8_COUNTS = frozenset(counts or instances.Q6_I8_TOKENS)
+        ops.Q6_I8_COUNTS = frozenset(instances.Q6_I8_TOKENS)
         with i8_matmul(True, instances.I8_MAX_TOKENS), verify_i8(True):
             yield
     finally:
@@ -433,14 +433,11 @@ def time_q6_i8(dev: Device, report: Report, rng: np.random.Generator, token_coun
             for label, warps in (("f16", None),) + Q6_I8_TRIALS:
                 with q6_i8(label != "f16", warps=warps):
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)
-                    if label == "f16":
-                        with i8_matmul(False):
-                            label = (ops.pipeline_kernel(Q.Q6_K, True, t) or "plain") + ".precise"
-                            timing = m.record(dev, report, t, "matmul", f"{name}.Q6_K.T{t}.{label}")
-                    elif ops.q6_i8_runs(dev, m.ws[0], t, m.act):
-                        timing = m.record(dev, report, t, "matmul", f"{name}.Q6_K.T{t}.{label}")
-                    else:
+                    if label == "f16":  # Q6_I8 off: the f16 kernel the table picks
+                        label = (ops.pipeline_kernel(Q.Q6_K, True, t) or "plain") + ".precise"
+                    elif not ops.q6_i8_runs(dev, m.ws[0], t, m.act):
                         continue
+                    timing = m.record(dev, report, t, "matmul", f"{name}.Q6_K.T{t}.{label}")
                 cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
             print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)
         m.free(dev)

@@ -86,9 +86,8 @@ struct Q6I8Copies {
         }
         if (lane < 16) {
             cp_async16(dst + sc_dst, sc);
-        } else {  // d is 2 bytes at 2 idx: copy the aligned word holding it (only bytes inside the plane)
-            const u64 word = (2 * idx) & ~3ull;
-            cp_async4(dst + sc_dst, d + word, (u32)min((u64)4, 2 * ntot - word));
+        } else {
+            q6k_d_word_copy(dst + sc_dst, d, idx, ntot);
         }
         sc += 16 * step;
         idx += step;
@@ -112,8 +111,8 @@ __device__ __forceinline__ u32 q6_s8x4(u32 lo, u32 hi) {
 
 __device__ __forceinline__ int sbyte(u32 word, int shift) { return (int)(signed char)(word >> shift); }
 
-// Launch: a block of W warps per 16-row tile; warp w takes superblocks w, w + W, ... (W divides K / 256) through
-// a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T).
+// Launch: a block of W warps per 16-row tile; warp w takes superblocks w, w + W, ... (any W: the last warps may
+// take one fewer) through a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T).
 template <int T, int NS>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
@@ -216,10 +215,9 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
                 }
             }
         }
-        const u32 dw0 = *reinterpret_cast<const u32*>(st + S::D + 4 * g);
-        const u32 dw1 = *reinterpret_cast<const u32*>(st + S::D + 4 * (g + 8));
-        const float d0 = f16_to_f32((f16)(((rbase0 + sb) & 1u) ? dw0 >> 16 : dw0 & 0xFFFFu));
-        const float d1 = f16_to_f32((f16)(((rbase1 + sb) & 1u) ? dw1 >> 16 : dw1 & 0xFFFFu));
+        const float d0 = f16_to_f32((f16)q6k_d_of_word(*reinterpret_cast<const u32*>(st + S::D + 4 * g), rbase0 + sb));
+        const float d1 =
+            f16_to_f32((f16)q6k_d_of_word(*reinterpret_cast<const u32*>(st + S::D + 4 * (g + 8)), rbase1 + sb));
         const float* scales = reinterpret_cast<const float*>(st + SCALES);
 #pragma unroll
         for (int lv = 0; lv < L; ++lv) {

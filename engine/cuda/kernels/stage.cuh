@@ -113,6 +113,14 @@ template <> struct Stage<QT_Q5_K> {
 // (j = 0, 1); lanes 0-15 the scales of row l, lanes 16-31 the aligned 4-byte word holding d of row l - 16 (d is
 // 2 bytes at 2 idx: the word at 2 idx & ~3 holds it in its low half for even idx, its high half for odd; the
 // copy reads only bytes inside the plane, zero-filling the rest at the plane's very end).
+// Q6_K's d is 2 bytes at 2 idx of its plane (ntot blocks): a copy of the aligned word holding it (only bytes inside
+// the plane, zero-filling the rest at its very end), and d picked back out of that word.
+__device__ __forceinline__ void q6k_d_word_copy(u32 dst, const u8* plane, u64 idx, u64 ntot) {
+    const u64 word = (2 * idx) & ~3ull;
+    cp_async4(dst, plane + word, (u32)min((u64)4, 2 * ntot - word));
+}
+__device__ __forceinline__ u32 q6k_d_of_word(u32 word, u64 idx) { return (idx & 1u) ? word >> 16 : word & 0xFFFFu; }
+
 template <> struct Stage<QT_Q6_K> {
     static constexpr int STAGES = 3;  // 3648-byte stages: 3 let two blocks of 8 warps share one SM
     static constexpr int QL = 0, QL_PITCH = 144, QH = QL + STAGE_ROWS * QL_PITCH, SC = QH + STAGE_ROWS * 64;
@@ -138,8 +146,7 @@ template <> struct Stage<QT_Q6_K> {
         if (lane < 16) {
             cp_async16(dst + SC + 16 * r, P.p[2] + idx * 16);
         } else {
-            const u64 word = (2 * idx) & ~3ull;
-            cp_async4(dst + D + 4 * r, P.p[3] + word, (u32)min((u64)4, 2 * ntot - word));
+            q6k_d_word_copy(dst + D + 4 * r, P.p[3], idx, ntot);
         }
     }
     static __device__ __forceinline__ void read(QTraits<QT_Q6_K>::Row& r, const u8* st, int lr, int c, u32 idx) {
@@ -148,7 +155,6 @@ template <> struct Stage<QT_Q6_K> {
         r.q[1] = q[1];
         r.qh = *reinterpret_cast<const uint4*>(st + QH + lr * 64 + 16 * c);
         r.sc = *reinterpret_cast<const u32*>(st + SC + 16 * lr + 4 * c);
-        const u32 dw = *reinterpret_cast<const u32*>(st + D + 4 * lr);
-        r.d = (idx & 1u) ? dw >> 16 : dw & 0xFFFFu;
+        r.d = q6k_d_of_word(*reinterpret_cast<const u32*>(st + D + 4 * lr), idx);
     }
 };
