@@ -12,6 +12,8 @@ Parts (each in its own process: a fault in one leaves the others' results):
             reference vs the per-op path on that file, with the first difference and its top-2 gaps
   tiny      256 greedy tokens at d = 0..4 on a tiny qwen35: megakernel = reference = per-op CUDA path
   sampling  the device sampler's distribution (chi-square), VERIFY alone on fixed logits
+  cycle27b  the 27B-shaped file's cycle times at --depths alone (no greedy checks), each with the launch's
+            critical path by opcode (bench/mk_profile.py); OPENJET_MK_DEFINES compiles a variant
   model27b  the Qwen3.8-27B-shaped file (generated once): 256 greedy tokens vs the per-op path (prefilled 8
             tokens at a time, so it runs its precise mmvq as the megakernel does, and as one chunk, which runs its
             f16 GEMM), the first differing position with each run's top-2 logits, cycle times at d = 0..4 against
@@ -36,7 +38,7 @@ import numpy as np  # noqa: E402
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, machine_info, median_time, record  # noqa: E402
 
-PARTS = ("compile", "diff", "diff27", "tiny", "sampling", "model27b")
+PARTS = ("compile", "diff", "diff27", "tiny", "sampling", "model27b")  # cycle27b: on request
 PROMPT = [11, 201, 35, 90, 400, 17]
 PUBLISHED_ACCEPTANCE = {0: 1.0, 1: 1.90, 2: 2.68, 3: 3.28, 4: 3.79}  # Qwen3.8 MTP, tokens per cycle (REFERENCE.md)
 
@@ -207,6 +209,25 @@ def part_model27b(dev, report: Report, args) -> None:
     time_cycles(dev, report, mk, prompt + got[:1], bw)
 
 
+def part_cycle27b(dev, report: Report, args) -> None:
+    """27B: cycle times and their critical paths only, at the depths asked for."""
+    from engine.cuda.megakernel.runner import open_backend
+    from engine.cuda.megakernel.schedule import ScheduleConfig
+
+    path = model27b_path(report)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 150000, 33)]
+    bw = copy_bandwidth(dev)
+    report.timings.append(bw)
+    report.info["copy_gbps"] = round(bw.gbps, 1)
+    report.info["mk_defines"] = os.environ.get("OPENJET_MK_DEFINES", "")
+    config = ScheduleConfig(num_sms=dev.info.multiprocessors, tiles_per_sm=args.tiles_per_sm)
+    report.info["schedule"] = {"tiles_per_sm": args.tiles_per_sm, "num_sms": config.num_sms}
+    t0 = time.perf_counter()
+    mk = open_backend(path, context_size=4096, device=dev, config=config, draft_vocab=args.draft_vocab, timings=True)
+    report.info["open_s"] = round(time.perf_counter() - t0, 1)
+    time_cycles(dev, report, mk, prompt, bw, [int(d) for d in args.depths.split(",")])
+
+
 def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
     """256 greedy tokens: the per-op path prefilled 8 at a time (its precise mmvq, as the megakernel prefills) and
     in one chunk (its f16 GEMM: weights and activations rounded to f16), then the megakernel; where each pair
@@ -238,14 +259,14 @@ def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
     return mk, got.tokens
 
 
-def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing) -> None:
-    """Cycle times at d = 0..4 after `tokens`, against the bandwidth floor, and the per-phase device times."""
+def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing, depths=range(5)) -> None:
+    """Cycle times at each depth after `tokens`, against the bandwidth floor, and the launch's critical path."""
     from engine.backend import TokenSequence
     from engine.cuda.megakernel.costs import cycle_bytes
     from engine.sampling import SamplingParams
 
     params = SamplingParams(temperature=0.0, seed=0)
-    for d in range(5):
+    for d in depths:
         mk.next_draft = d
         seq = TokenSequence.start(list(tokens), params)
         mk.reset()
@@ -266,20 +287,16 @@ def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing) -> None:
 
 
 def phase_profile(mk, report: Report, d: int) -> None:
-    """Device time per (stage, op) group of the last cycle launch, from the timing slots (top 12)."""
-    program = mk.ex.programs["cycle"]
-    times = mk.ex.read_timings("cycle")
-    spans: dict[str, list[int]] = {}
-    for sm, queue in enumerate(program.queues):
-        for slot, index in enumerate(queue):
-            inst = program.instructions[index]
-            key = f"{inst.stage}.{inst.OPCODE.name}"
-            start, end = int(times[sm, slot, 0]), int(times[sm, slot, 2])
-            if start and end:
-                span = spans.setdefault(key, [end, start])
-                span[0], span[1] = min(span[0], start), max(span[1], end)
-    ranked = sorted(((end - start) / 1e3, key) for key, (start, end) in spans.items())[::-1][:12]
-    report.info.setdefault("mk_phases_us", {})[f"d{d}"] = {key: round(us, 1) for us, key in ranked}
+    """The last cycle launch's critical path by opcode (bench/mk_profile.py), printed and kept in the report."""
+    from bench.mk_profile import critical_path, table
+
+    profile = critical_path(mk.ex.programs["cycle"], mk.ex.read_timings("cycle"))
+    print(table(profile), flush=True)
+    report.info.setdefault("mk_profile", {})[f"d{d}"] = {
+        "total_us": round(profile["total_us"], 1),
+        "by_op": {op: {k: round(v, 1) for k, v in a.items()} for op, a in profile["by_op"].items()},
+        "groups": [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in g.items()}
+                   for g in profile["groups"]]}
 
 
 def run_child(args, part: str) -> int:
@@ -309,6 +326,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--draft-vocab", type=int, default=32768)
     parser.add_argument("--tiles-per-sm", type=int, default=3, help="matmul instructions per SM and matrix")
     parser.add_argument("--wide-detail", type=int, default=4, help="diff27: stages cut after every op")
+    parser.add_argument("--depths", default="0,1,2,3,4", help="cycle27b: draft depths timed")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -323,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     for part in [p for p in args.parts.split(",") if p]:
         cmd = [sys.executable, __file__, "--child", part, "--out", args.out, "--work", args.work,
                "--draft-vocab", str(args.draft_vocab), "--tiles-per-sm", str(args.tiles_per_sm),
-               "--wide-detail", str(args.wide_detail)]
+               "--wide-detail", str(args.wide_detail), "--depths", args.depths]
         codes[part] = subprocess.run(cmd).returncode
         path = Path(args.out) / f"mk_part_{part}.json"
         if path.exists():

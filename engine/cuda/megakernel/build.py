@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from engine.cuda import nvrtc
@@ -38,12 +39,23 @@ def compile_megakernel(arch: int, extra: tuple[str, ...] = (), directory: Path |
                                 directory=directory, ptx=ptx)
 
 
+def tuning_defines() -> tuple[str, ...]:
+    """Defines from OPENJET_MK_DEFINES ("MK_PREFETCH_AHEAD=0,NAME=VALUE"): the tuning knobs a benchmark sweeps."""
+    items = [i.strip() for i in os.environ.get("OPENJET_MK_DEFINES", "").split(",") if i.strip()]
+    for item in items:
+        name = item.split("=", 1)[0]
+        if not name.startswith("MK_") or not name.replace("_", "").isalnum():
+            raise ValueError(f"OPENJET_MK_DEFINES: {item!r} is not MK_NAME=value")
+    return tuple(f"-D{i}" for i in items)
+
+
 def model_options(spec) -> tuple[str, ...]:
-    """Defines that compile only what this model needs: its weight types and its DeltaNet head sizes."""
+    """Defines that compile only what this model needs (its weight types and DeltaNet head sizes), plus any tuning
+    defines asked for."""
     from engine.cuda.megakernel.upload import qtype_mask
 
     cfg = spec.cfg
-    out = (f"-DMK_QT_MASK={qtype_mask(spec)}",)
+    out = (f"-DMK_QT_MASK={qtype_mask(spec)}",) + tuning_defines()
     if "deltanet" in cfg.layer_kinds:
         out += (f"-DMK_DN_DK={cfg.ssm_head_dim}", f"-DMK_DN_DV={cfg.ssm_v_head_dim}")
     return out

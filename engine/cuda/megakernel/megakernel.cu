@@ -130,7 +130,7 @@ struct Controller {
 
 struct Loader {
     static __device__ void run(const Globals& g, Smem& s) {
-        const int n = g.queue_len[blockIdx.x];
+        const int n = MK_PREFETCH_AHEAD < 0 ? 0 : g.queue_len[blockIdx.x];  // negative: no prefetch (a benchmark knob)
         const i32* queue = g.instructions + (i64)blockIdx.x * g.max_len * INST_WORDS;
         for (int j = 0; j < n; ++j) {
             while (s.progress < j - MK_PREFETCH_AHEAD) {

@@ -136,7 +136,9 @@
 #define MK_CONSUMER_WARPS 8
 #define MK_THREADS ((MK_FIRST_CONSUMER + MK_CONSUMER_WARPS) * 32)
 #define MK_CONSUMER_THREADS (MK_CONSUMER_WARPS * 32)
+#ifndef MK_PREFETCH_AHEAD
 #define MK_PREFETCH_AHEAD 2   // instructions whose weights the loader requests ahead of the controller
+#endif
 #define BAR_CONSUMERS 1       // the consumer warps among themselves
 #define BAR_READY0 2          // slot 0 / 1 of the instruction ring filled (controller -> consumers)
 #define BAR_READY1 3

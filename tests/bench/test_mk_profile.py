@@ -1,0 +1,55 @@
+"""bench/mk_profile.py: the critical path of a megakernel launch from its timing slots."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from bench.mk_profile import critical_path, groups_in_order
+
+
+def _inst(stage, name):
+    return SimpleNamespace(stage=stage, OPCODE=SimpleNamespace(name=name))
+
+
+def _program():
+    # two SMs; groups (0, A) x2, (0, B) x2, (1, A) x1 - the last group on SM 1 only
+    instructions = [_inst(0, "A"), _inst(0, "A"), _inst(0, "B"), _inst(0, "B"), _inst(1, "A")]
+    return SimpleNamespace(instructions=instructions, queues=[[0, 2], [1, 3, 4]])
+
+
+def test_groups_keep_program_order():
+    assert [(s, op, m) for s, op, m in groups_in_order(_program())] == [(0, "A", [0, 1]), (0, "B", [2, 3]),
+                                                                         (1, "A", [4])]
+
+
+def test_steps_sum_to_the_launch_and_split_into_gap_and_work():
+    times = np.zeros((2, 3, 3), np.uint64)
+    us = 1000
+    times[0, 0] = (0, 1 * us, 10 * us)     # A on SM 0
+    times[1, 0] = (0, 1 * us, 14 * us)     # A on SM 1: the group ends at 14
+    times[0, 1] = (2 * us, 16 * us, 30 * us)  # B: ready 2 us after A's end
+    times[1, 1] = (3 * us, 15 * us, 20 * us)
+    times[1, 2] = (4 * us, 33 * us, 40 * us)  # (1, A): ready 3 us after B's end at 30
+    p = critical_path(_program(), times)
+    steps = [g["step_us"] for g in p["groups"]]
+    assert steps == pytest.approx([14.0, 16.0, 10.0])
+    assert p["total_us"] == pytest.approx(sum(steps)) == pytest.approx(40.0)
+    assert [g["gap_us"] for g in p["groups"]] == pytest.approx([1.0, 1.0, 3.0])
+    b = p["groups"][1]
+    assert b["exec_max_us"] == pytest.approx(14.0) and b["exec_med_us"] == pytest.approx((14.0 + 5.0) / 2)
+    assert b["tail_us"] == pytest.approx(30.0 - 25.0)
+    # by opcode: A's two groups summed, largest share first
+    assert list(p["by_op"]) == ["A", "B"]
+    assert p["by_op"]["A"]["step_us"] == pytest.approx(24.0) and p["by_op"]["A"]["groups"] == 2
+
+
+def test_groups_that_did_not_run_are_skipped():
+    times = np.zeros((2, 3, 3), np.uint64)
+    times[0, 0] = (0, 1000, 5000)
+    times[1, 0] = (0, 1000, 6000)
+    times[0, 1] = (0, 7000, 9000)
+    times[1, 1] = (0, 7000, 8000)
+    p = critical_path(_program(), times)  # (1, A) inactive: no slots recorded
+    assert [(g["stage"], g["op"]) for g in p["groups"]] == [(0, "A"), (0, "B")]
+    assert p["total_us"] == pytest.approx(9.0)
