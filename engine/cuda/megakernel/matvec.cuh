@@ -5,8 +5,29 @@
 // Columns of the mma: with ncols <= 4 rows, column n carries row n's f16 activations and the hi sub-block sums,
 // column ncols + n its rounding residue and the lo sums, folded together after the reduction, so the precise
 // (f32-level) product costs no extra mma; with more rows the residues take a second mma of the same fragments.
+//
+// K-quant weights (Q4_K, Q5_K, Q6_K) stream through shared memory instead (mv_tile_cp): each consumer warp copies
+// its superblocks with cp.async into a ring of stages (kernels/stage.cuh, the per-op mmvq_cp's) that runs on
+// across the tiles of one mv_rows call, so the next tile's weights are in flight while a tile is reduced and
+// stored. The other types read their weights into registers, one superblock ahead (mv_tile).
 #pragma once
 #include "mk_common.cuh"
+#include "stage.cuh"
+
+// The rings live after the first MK_RING_OFFSET bytes of the scratch area (the matmul ops' own buffers: out, red
+// and ffn_up's gate / up values), one per consumer warp.
+#define MK_RING_OFFSET 8192
+#define MK_RING_WARP_BYTES ((MK_SMEM_BYTES - MK_RING_OFFSET) / MK_CONSUMER_WARPS)
+#ifndef MK_STAGED
+#define MK_STAGED 1  // 0: every type through registers (the first GPU runs' matmul; a benchmark knob)
+#endif
+
+template <int QT> struct MvRing {
+    static constexpr int BYTES = Stage<QT>::BYTES;
+    static constexpr int STAGES = Stage<QT>::STAGES * BYTES <= MK_RING_WARP_BYTES ? Stage<QT>::STAGES
+                                                                                : MK_RING_WARP_BYTES / BYTES;
+    static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
+};
 
 // One superblock of the lane's two rows against the column from act pointer `a` (null: a zero column); the
 // K-quant offset term uses the exact sums of what the mma sees. `two` (warp-uniform, more than 4 rows): a second
@@ -109,6 +130,29 @@ __device__ __forceinline__ void mv_reduce(const float (&acc)[4], int ncols, bool
     consumers_sync();
 }
 
+// The lane's activation column(s) (act rows n0 .. n0 + ncols - 1). packed (ncols <= 4): column g < ncols the f16
+// activations of row g, column ncols + n the residues of row n; otherwise every column g < ncols takes row g's
+// activations and, in a second mma per step, its residues (col2 / sums2).
+struct MvCols {
+    const f16* col;
+    const u32* sums;
+    const f16* col2;
+    const u32* sums2;
+    bool packed;
+};
+__device__ __forceinline__ MvCols mv_cols(const ActRef& a, int n0, int ncols, int g, int c) {
+    const bool packed = ncols <= 4, hi = g < ncols, lo = packed && !hi && g < 2 * ncols;
+    const int tok = n0 + (hi ? g : g - ncols);
+    MvCols m;
+    m.col = hi ? a.x16 + tok * 16 + 4 * c : lo ? a.x16_lo + tok * 16 + 4 * c : nullptr;
+    m.sums = hi ? reinterpret_cast<const u32*>(a.sums + tok * 8 + 2 * c)
+           : lo ? reinterpret_cast<const u32*>(a.sums_lo + tok * 8 + 2 * c) : nullptr;
+    m.col2 = !packed && hi ? a.x16_lo + tok * 16 + 4 * c : nullptr;
+    m.sums2 = !packed && hi ? reinterpret_cast<const u32*>(a.sums_lo + tok * 8 + 2 * c) : nullptr;
+    m.packed = packed;
+    return m;
+}
+
 // out[r * 8 + n] = sum_k W[row0 + r][k] * act[n0 + n][k], r < 16, n < ncols <= 8 (rows past the weight's end
 // repeat its last row; their results are not to be stored).
 template <int QT>
@@ -120,18 +164,61 @@ __device__ __noinline__ void mv_tile(const WeightRef& w, int row0, const ActRef&
     const Planes P = Q::planes(w.ptr, (u64)w.rows_total * nb);
     const int last = w.row_offset + w.rows - 1;
     const int ra = min(w.row_offset + row0 + g, last), rb = min(w.row_offset + row0 + g + 8, last);
-    const bool packed = ncols <= 4, hi = g < ncols, lo = packed && !hi && g < 2 * ncols;
-    const int tok = n0 + (hi ? g : g - ncols);
-    // packed: column g < ncols the f16 activations of row g, column ncols + n the residues of row n; otherwise
-    // every column g < ncols takes row g's activations and, in a second mma per step, its residues
-    const f16* col = hi ? a.x16 + tok * 16 + 4 * c : lo ? a.x16_lo + tok * 16 + 4 * c : nullptr;
-    const u32* sums = hi ? reinterpret_cast<const u32*>(a.sums + tok * 8 + 2 * c)
-                    : lo ? reinterpret_cast<const u32*>(a.sums_lo + tok * 8 + 2 * c) : nullptr;
-    const f16* col2 = !packed && hi ? a.x16_lo + tok * 16 + 4 * c : nullptr;
-    const u32* sums2 = !packed && hi ? reinterpret_cast<const u32*>(a.sums_lo + tok * 8 + 2 * c) : nullptr;
+    const MvCols m = mv_cols(a, n0, ncols, g, c);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    mv_pass<QT>(P, nb, nsb, ra, rb, col, sums, col2, sums2, !packed, c, acc);
-    mv_reduce(acc, ncols, packed, out, red);
+    mv_pass<QT>(P, nb, nsb, ra, rb, m.col, m.sums, m.col2, m.sums2, !m.packed, c, acc);
+    mv_reduce(acc, ncols, m.packed, out, red);
+}
+
+// Tile t of rows [row_begin, row_end) of a K-quant weight, as mv_tile, its weights through the warp's ring.
+// The warp's items are (tile, superblock) in order: superblocks cw, cw + 8, ... of tile 0, then of tile 1, ...;
+// item i + STAGES - 1 is copied while item i is multiplied, across tile boundaries, so one call per tile in order
+// t = 0, 1, ... continues one pipeline (tile 0 fills it, the last tile drains it). Every item commits one cp.async
+// group, empty or not, so the wait below always names item i's.
+template <int QT>
+__device__ __noinline__ void mv_tile_cp(const WeightRef& w, int row_begin, int row_end, int t, const ActRef& a,
+                                        int n0, int ncols, float* out, float* red, u8* rings) {
+    using Q = QTraits<QT>;
+    using S = Stage<QT>;
+    constexpr int NS = MvRing<QT>::STAGES;
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, cw = cwarp();
+    const int nb = w.cols / QK_SB, first = w.row_offset + row_begin, end = w.row_offset + w.rows;
+    const u64 ntot = (u64)w.rows_total * nb;
+    const Planes P = Q::planes(w.ptr, ntot);
+    const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
+    const int per = cw < nb ? (nb - 1 - cw) / MK_CONSUMER_WARPS + 1 : 0, n = ntiles * per;
+    u8* ring = rings + cw * NS * S::BYTES;
+    const u32 ring_s = smem_u32(ring);
+    auto issue = [&](int i) {
+        if (i < n) {
+            const int ti = i / per, j = i - ti * per;
+            typename S::Lane L;
+            S::init(L, first + MK_TILE_ROWS * ti, end, nb, lane);
+            S::copy(ring_s + (i % NS) * S::BYTES, P, L, cw + MK_CONSUMER_WARPS * j, lane, ntot);
+        }
+        cp_async_commit();
+    };
+    if (t == 0)
+        for (int s = 0; s < NS - 1; ++s) issue(s);
+    const MvCols m = mv_cols(a, n0, ncols, g, c);
+    const int row0 = first + MK_TILE_ROWS * t;
+    const u32 base0 = stage_row_base(row0, g, end, nb), base1 = stage_row_base(row0, g + 8, end, nb);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < per; ++j) {
+        const int i = t * per + j;
+        __syncwarp();  // every lane is done reading the stage the next copy overwrites
+        issue(i + NS - 1);
+        cp_async_wait<NS - 1>();  // this lane's copies of item i have landed
+        __syncwarp();             // and every other lane's
+        const int sb = cw + MK_CONSUMER_WARPS * j;
+        const u8* st = ring + (i % NS) * S::BYTES;
+        typename Q::Row r[2];
+        S::read(r[0], st, g, c, base0 + sb);
+        S::read(r[1], st, g + 8, c, base1 + sb);
+        mv_superblock<QT>(r, m.col, m.sums, m.col2, m.sums2, !m.packed, sb, c, acc);
+    }
+    if (t == ntiles - 1) cp_async_wait<0>();  // nothing lands in the ring after the call's last tile
+    mv_reduce(acc, ncols, m.packed, out, red);
 }
 
 // F32 weights (small matrices only): a warp per row, the activations rebuilt from their hi + lo halves.
@@ -199,14 +286,43 @@ __device__ __noinline__ void mv_dispatch(const Globals& g, const WeightRef& w, i
     }
 }
 
+// Whether rows from row_begin of w go through the rings: K-quants compiled in, their first row on a 16-row tile
+// of the tensor (the tiled words of Q4_K / Q5_K come a tile at a time).
+__device__ __forceinline__ bool mv_staged(const WeightRef& w, int row_begin) {
+    if (!MK_STAGED || ((w.row_offset + row_begin) & (MK_TILE_ROWS - 1))) return false;
+    return (w.qtype == QT_Q4_K && MK_HAS_QT(QT_Q4_K)) || (w.qtype == QT_Q5_K && MK_HAS_QT(QT_Q5_K)) ||
+           (w.qtype == QT_Q6_K && MK_HAS_QT(QT_Q6_K));
+}
+
+__device__ __noinline__ void mv_dispatch_cp(const WeightRef& w, int row_begin, int row_end, int t, const ActRef& a,
+                                            int n0, int ncols, float* out, float* red, u8* rings) {
+    switch (w.qtype) {
+#if MK_HAS_QT(QT_Q4_K)
+        case QT_Q4_K: mv_tile_cp<QT_Q4_K>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings); break;
+#endif
+#if MK_HAS_QT(QT_Q5_K)
+        case QT_Q5_K: mv_tile_cp<QT_Q5_K>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings); break;
+#endif
+#if MK_HAS_QT(QT_Q6_K)
+        case QT_Q6_K: mv_tile_cp<QT_Q6_K>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings); break;
+#endif
+        default: break;  // mv_staged said no
+    }
+}
+
 // For every 16-row tile of [row_begin, row_end): the tile's products into scratch, then store(tile_row0, rows, out).
 template <class Store>
 __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int row_end, const ActRef& a, int n0,
                         int ncols, float* scratch, Store&& store) {
     float* out = scratch;
     float* red = scratch + 128;
-    for (int r0 = row_begin; r0 < row_end; r0 += MK_TILE_ROWS) {
-        mv_dispatch(g, w, r0, a, n0, ncols, out, red);
+    u8* rings = reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET;
+    const bool staged = mv_staged(w, row_begin);
+    for (int r0 = row_begin, t = 0; r0 < row_end; r0 += MK_TILE_ROWS, ++t) {
+        if (staged)
+            mv_dispatch_cp(w, row_begin, row_end, t, a, n0, ncols, out, red, rings);
+        else
+            mv_dispatch(g, w, r0, a, n0, ncols, out, red);
         store(r0, min(MK_TILE_ROWS, row_end - r0), out);
         consumers_sync();
     }
