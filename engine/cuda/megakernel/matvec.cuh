@@ -29,22 +29,31 @@ template <int QT> struct MvRing {
     static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
 };
 
-// One superblock of the lane's two rows against the column from act pointer `a` (null: a zero column); the
-// K-quant offset term uses the exact sums of what the mma sees. `two` (warp-uniform, more than 4 rows): a second
-// column source a2 / sums2 (the rows' rounding residues) multiplies the same decoded fragments, so a weight is
-// decoded once whatever the number of rows.
-template <int QT>
-__device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&r)[2], const f16* a, const u32* sums,
-                                              const f16* a2, const u32* sums2, bool two, int sb, int c,
-                                              float (&acc)[4]) {
-    using Q = QTraits<QT>;
+// The lane's activations for one superblock: the step operands of its column from act pointer `a` (null: a zero
+// column) and the sub-block sums word the K-quant offset term takes. Loaded apart from the multiply, so that the
+// staged matmul can have the next superblock's on their way (L2) while one is multiplied.
+struct MvAct {
     u32 b[SB_STEPS][2];
+    u32 sum;
+};
+template <bool HAS_MIN>
+__device__ __forceinline__ void mv_act_load(const f16* a, const u32* sums, int sb, MvAct& x) {
 #pragma unroll
     for (int s = 0; s < SB_STEPS; ++s) {
         const uint2 v = a ? ld_cg_u2(a + 2048 * sb + 128 * s) : make_uint2(0u, 0u);
-        b[s][0] = v.x;
-        b[s][1] = v.y;
+        x.b[s][0] = v.x;
+        x.b[s][1] = v.y;
     }
+    x.sum = HAS_MIN && sums ? ld_cg_u32(sums + 32 * sb) : 0u;
+}
+
+// One superblock of the lane's two rows against its activations x; the K-quant offset term uses the exact sums of
+// what the mma sees. `two` (warp-uniform, more than 4 rows): a second column source a2 / sums2 (the rows'
+// rounding residues) multiplies the same decoded fragments, so a weight is decoded once whatever the number of rows.
+template <int QT>
+__device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&r)[2], const MvAct& x, const f16* a2,
+                                              const u32* sums2, bool two, int sb, int c, float (&acc)[4]) {
+    using Q = QTraits<QT>;
     typename Q::Consts k[2];
     Q::prepare(r[0], c, k[0]);
     Q::prepare(r[1], c, k[1]);
@@ -55,7 +64,7 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
         u32 f[4];
         Q::frag(r[0], k[0], c, s, f[0], f[2]);
         Q::frag(r[1], k[1], c, s, f[1], f[3]);
-        mma_f16_16816(dst, f, b[s]);
+        mma_f16_16816(dst, f, x.b[s]);
         if (two) {  // the residue column, loaded step by step (L2) to keep registers for the fragments
             const uint2 v = a2 ? ld_cg_u2(a2 + 2048 * sb + 128 * s) : make_uint2(0u, 0u);
             const u32 bl[2] = {v.x, v.y};
@@ -72,7 +81,7 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
     if constexpr (Q::HAS_MIN) {
         u32 am[4] = {k[0].mins, k[1].mins, 0u, 0u};
         float cm[4] = {0.f, 0.f, 0.f, 0.f};
-        u32 bm[2] = {sums ? ld_cg_u32(sums + 32 * sb) : 0u, 0u};
+        u32 bm[2] = {x.sum, 0u};
         mma_f16_16816(cm, am, bm);
         if (two) {
             u32 bm2[2] = {sums2 ? ld_cg_u32(sums2 + 32 * sb) : 0u, 0u};
@@ -104,7 +113,9 @@ __device__ __forceinline__ void mv_pass(const Planes& P, int nb, int nsb, int ra
             Q::load(next[0], P, nb, ra, sb + MK_CONSUMER_WARPS, c);
             Q::load(next[1], P, nb, rb, sb + MK_CONSUMER_WARPS, c);
         }
-        mv_superblock<QT>(cur, a, sums, a2, sums2, two, sb, c, acc);
+        MvAct x;
+        mv_act_load<Q::HAS_MIN>(a, sums, sb, x);
+        mv_superblock<QT>(cur, x, a2, sums2, two, sb, c, acc);
         cur[0] = next[0];
         cur[1] = next[1];
     }
@@ -204,8 +215,11 @@ __device__ __noinline__ void mv_tile_cp(const WeightRef& w, int row_begin, int r
     const int row0 = first + MK_TILE_ROWS * t;
     const u32 base0 = stage_row_base(row0, g, end, nb), base1 = stage_row_base(row0, g + 8, end, nb);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    MvAct x, next;
+    if (per) mv_act_load<Q::HAS_MIN>(m.col, m.sums, cw, x);
     for (int j = 0; j < per; ++j) {
         const int i = t * per + j;
+        if (j + 1 < per) mv_act_load<Q::HAS_MIN>(m.col, m.sums, cw + MK_CONSUMER_WARPS * (j + 1), next);
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
         issue(i + NS - 1);
         cp_async_wait<NS - 1>();  // this lane's copies of item i have landed
@@ -215,7 +229,8 @@ __device__ __noinline__ void mv_tile_cp(const WeightRef& w, int row_begin, int r
         typename Q::Row r[2];
         S::read(r[0], st, g, c, base0 + sb);
         S::read(r[1], st, g + 8, c, base1 + sb);
-        mv_superblock<QT>(r, m.col, m.sums, m.col2, m.sums2, !m.packed, sb, c, acc);
+        mv_superblock<QT>(r, x, m.col2, m.sums2, !m.packed, sb, c, acc);
+        x = next;
     }
     if (t == ntiles - 1) cp_async_wait<0>();  // nothing lands in the ring after the call's last tile
     mv_reduce(acc, ncols, m.packed, out, red);
