@@ -28,6 +28,8 @@ def options(debug: bool = False) -> tuple[str, ...]:
     # -default-device: the generic lambdas handed to dn_dispatch carry no annotation; NVRTC 13.0 takes them for host
     # code (13.5 does not), and every function in this source is device code anyway.
     out = ("-default-device", f"-I{nvrtc.KERNEL_DIR}", f"-DMK_SHARED_HEADERS=0x{shared_digest()}")
+    if os.environ.get("OPENJET_MK_LINEINFO") == "1":  # source lines for a profiler (Nsight Compute)
+        out += ("-lineinfo",)
     return out + (("-DMK_DEBUG",) if debug else ())
 
 
