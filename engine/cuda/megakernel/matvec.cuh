@@ -186,7 +186,7 @@ __device__ __noinline__ void mv_tile(const WeightRef& w, int row0, const ActRef&
 // item i + STAGES - 1 is copied while item i is multiplied, across tile boundaries, so one call per tile in order
 // t = 0, 1, ... continues one pipeline (tile 0 fills it, the last tile drains it). Every item commits one cp.async
 // group, empty or not, so the wait below always names item i's.
-template <int QT>
+template <int QT, bool TWO>
 __device__ __noinline__ void mv_tile_cp(const WeightRef& w, int row_begin, int row_end, int t, const ActRef& a,
                                         int n0, int ncols, float* out, float* red, u8* rings) {
     using Q = QTraits<QT>;
@@ -215,22 +215,19 @@ __device__ __noinline__ void mv_tile_cp(const WeightRef& w, int row_begin, int r
     const int row0 = first + MK_TILE_ROWS * t;
     const u32 base0 = stage_row_base(row0, g, end, nb), base1 = stage_row_base(row0, g + 8, end, nb);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    MvAct x, next;
-    if (per) mv_act_load<Q::HAS_MIN>(m.col, m.sums, cw, x);
     for (int j = 0; j < per; ++j) {
-        const int i = t * per + j;
-        if (j + 1 < per) mv_act_load<Q::HAS_MIN>(m.col, m.sums, cw + MK_CONSUMER_WARPS * (j + 1), next);
+        const int i = t * per + j, sb = cw + MK_CONSUMER_WARPS * j;
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
         issue(i + NS - 1);
+        MvAct x;  // on its way from L2 while the weights land (a second set in registers would spill)
+        mv_act_load<Q::HAS_MIN>(m.col, m.sums, sb, x);
         cp_async_wait<NS - 1>();  // this lane's copies of item i have landed
         __syncwarp();             // and every other lane's
-        const int sb = cw + MK_CONSUMER_WARPS * j;
         const u8* st = ring + (i % NS) * S::BYTES;
         typename Q::Row r[2];
         S::read(r[0], st, g, c, base0 + sb);
         S::read(r[1], st, g + 8, c, base1 + sb);
-        mv_superblock<QT>(r, x, m.col2, m.sums2, !m.packed, sb, c, acc);
-        x = next;
+        mv_superblock<QT>(r, x, m.col2, m.sums2, TWO, sb, c, acc);  // TWO == !m.packed
     }
     if (t == ntiles - 1) cp_async_wait<0>();  // nothing lands in the ring after the call's last tile
     mv_reduce(acc, ncols, m.packed, out, red);
@@ -309,20 +306,28 @@ __device__ __forceinline__ bool mv_staged(const WeightRef& w, int row_begin) {
            (w.qtype == QT_Q6_K && MK_HAS_QT(QT_Q6_K));
 }
 
+// The staged tile's instance: weight type, and whether the rows' residues need a second mma (more than 4 rows;
+// a template argument, so the packed instance carries no residue pointers or branches).
 __device__ __noinline__ void mv_dispatch_cp(const WeightRef& w, int row_begin, int row_end, int t, const ActRef& a,
                                             int n0, int ncols, float* out, float* red, u8* rings) {
+#define MK_CP_CASE(QTYPE)                                                                              \
+    case QTYPE:                                                                                        \
+        if (ncols > 4) mv_tile_cp<QTYPE, true>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings);  \
+        else mv_tile_cp<QTYPE, false>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings);          \
+        break;
     switch (w.qtype) {
 #if MK_HAS_QT(QT_Q4_K)
-        case QT_Q4_K: mv_tile_cp<QT_Q4_K>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings); break;
+        MK_CP_CASE(QT_Q4_K)
 #endif
 #if MK_HAS_QT(QT_Q5_K)
-        case QT_Q5_K: mv_tile_cp<QT_Q5_K>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings); break;
+        MK_CP_CASE(QT_Q5_K)
 #endif
 #if MK_HAS_QT(QT_Q6_K)
-        case QT_Q6_K: mv_tile_cp<QT_Q6_K>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings); break;
+        MK_CP_CASE(QT_Q6_K)
 #endif
         default: break;  // mv_staged said no
     }
+#undef MK_CP_CASE
 }
 
 // For every 16-row tile of [row_begin, row_end): the tile's products into scratch, then store(tile_row0, rows, out).
