@@ -1,7 +1,12 @@
-// OP_FFN_UP: act_ffn[:, row_begin:row_end] = silu(ffn_gate act_h) * ffn_up act_h, 32 FFN indices at a time (a
-// sub-block of the act layout, whose sum must come from one instruction). VM: solvers.ffn_up.
+// OP_FFN_UP: act_ffn[:, row_begin:row_end] = silu(ffn_gate act_h) * ffn_up act_h, FFN_UP_CHUNK FFN indices at a
+// time: whole 32-wide sub-blocks of the act layout (a sub-block's sum must come from one instruction), 64 so that
+// one matmul call streams 4 tiles of a weight through the rings before they drain. VM: solvers.ffn_up.
 #pragma once
 #include "matvec.cuh"
+
+#define FFN_UP_CHUNK 64
+static_assert(128 + MK_CONSUMER_WARPS * 128 + 2 * MK_MAX_ROWS * FFN_UP_CHUNK <= MK_RING_OFFSET / 4,
+              "out, red, gate and up stay below the matmul rings");
 
 struct FfnUpOp {
     static constexpr int OPCODE = OP_FFN_UP;
@@ -20,28 +25,28 @@ struct FfnUpOp {
     };
     struct Storer {  // vals[t][j] = silu(gate) * up for the chunk, then into the act layout
         static __device__ void run(const Globals& g, int rows, int f0, int n, const float* gate, float* vals) {
-            for (int o = ctid(); o < rows * 32; o += MK_CONSUMER_THREADS) {
-                const int t = o / 32, j = o % 32;
-                if (j < n) vals[t * 32 + j] *= silu_ref(gate[t * 32 + j]);  // vals held up
+            for (int o = ctid(); o < rows * FFN_UP_CHUNK; o += MK_CONSUMER_THREADS) {
+                const int t = o / FFN_UP_CHUNK, j = o % FFN_UP_CHUNK;
+                if (j < n) vals[t * FFN_UP_CHUNK + j] *= silu_ref(gate[t * FFN_UP_CHUNK + j]);  // vals held up
             }
             consumers_sync();
-            act_store(g.act_ffn, f0, n, rows, vals, 32);
+            act_store(g.act_ffn, f0, n, rows, vals, FFN_UP_CHUNK);
         }
     };
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const LayerRefs& L = layer_refs(g, p.layer);
             const int rows = stage_rows(g, stage);
-            float* gate = s.scratch + 128 + MK_CONSUMER_WARPS * 128;  // [rows][32]
-            float* up = gate + MK_MAX_ROWS * 32;                     // [rows][32]
-            for (int f0 = p.row_begin; f0 < p.row_end; f0 += 32) {
-                const int f1 = min(f0 + 32, p.row_end);
+            float* gate = s.scratch + 128 + MK_CONSUMER_WARPS * 128;  // [rows][FFN_UP_CHUNK]
+            float* up = gate + MK_MAX_ROWS * FFN_UP_CHUNK;           // [rows][FFN_UP_CHUNK]
+            for (int f0 = p.row_begin; f0 < p.row_end; f0 += FFN_UP_CHUNK) {
+                const int f1 = min(f0 + FFN_UP_CHUNK, p.row_end);
                 for (int half = 0; half < 2; ++half) {
                     float* dst = half ? up : gate;
                     mv_rows(g, L.w[half ? LW_FFN_UP : LW_FFN_GATE], f0, f1, g.act_h, 0, rows, s.scratch,
                             [&](int r0, int n, const float* out) {
                                 for (int o = ctid(); o < n * rows; o += MK_CONSUMER_THREADS)
-                                    dst[(o % rows) * 32 + r0 - f0 + o / rows] = out[(o / rows) * 8 + o % rows];
+                                    dst[(o % rows) * FFN_UP_CHUNK + r0 - f0 + o / rows] = out[(o / rows) * 8 + o % rows];
                             });
                 }
                 Storer::run(g, rows, f0, f1 - f0, gate, up);

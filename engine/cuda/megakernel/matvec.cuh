@@ -16,7 +16,7 @@
 
 // The rings live after the first MK_RING_OFFSET bytes of the scratch area (the matmul ops' own buffers: out, red
 // and ffn_up's gate / up values), one per consumer warp.
-#define MK_RING_OFFSET 8192
+#define MK_RING_OFFSET 9216
 #define MK_RING_WARP_BYTES ((MK_SMEM_BYTES - MK_RING_OFFSET) / MK_CONSUMER_WARPS)
 #ifndef MK_STAGED
 #define MK_STAGED 1  // 0: every type through registers (the first GPU runs' matmul; a benchmark knob)
