@@ -324,7 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default=os.environ.get("OUT", "") or str(Path(__file__).parent / "results"))
     parser.add_argument("--work", default="/tmp/openjet-megakernel")
     parser.add_argument("--draft-vocab", type=int, default=32768)
-    parser.add_argument("--tiles-per-sm", type=int, default=3, help="matmul instructions per SM and matrix")
+    parser.add_argument("--tiles-per-sm", type=int, default=1, help="matmul instructions per SM and matrix")
     parser.add_argument("--wide-detail", type=int, default=4, help="diff27: stages cut after every op")
     parser.add_argument("--depths", default="0,1,2,3,4", help="cycle27b: draft depths timed")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)

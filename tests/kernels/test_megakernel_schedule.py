@@ -101,3 +101,25 @@ def test_act_layout_round_trips_on_the_host() -> None:
     padded = np.zeros((5, 512), np.float32)
     padded[:, :300] = back
     np.testing.assert_allclose(sub, padded.reshape(5, 16, 32).sum(axis=2), rtol=1e-5, atol=1e-4)
+
+
+def test_every_group_is_balanced_on_its_own(spec, programs) -> None:
+    """Groups run one after another, so each must spread evenly: a matmul group's busiest SM carries at most one
+    tile run more than the mean (the 64 FFN_UP groups: ceil(544 / 132) = 5 units of 32 rows at most)."""
+    cycle = programs["cycle"]
+    sm_of = {i: sm for sm, q in enumerate(cycle.queues) for i in q}
+    groups: dict[tuple[int, str], list[int]] = {}
+    for i, inst in enumerate(cycle.instructions):
+        groups.setdefault((inst.stage, inst.OPCODE.name), []).append(i)
+    for (stage, op), members in groups.items():
+        if op not in ("FFN_UP", "FFN_DOWN", "MIX_OUT", "LM_HEAD"):
+            continue
+        loads = np.zeros(len(cycle.queues))
+        for i in members:
+            loads[sm_of[i]] += cost(cycle.instructions[i], spec, CONFIG)
+        biggest = max(cost(cycle.instructions[i], spec, CONFIG) for i in members)
+        assert loads.max() - loads.mean() <= biggest, f"group ({stage}, {op})"
+        assert (loads > 0).sum() == min(len(members), len(cycle.queues)), f"group ({stage}, {op}) leaves SMs idle"
+    ffn_up = [i for i in groups[(0, "FFN_UP")]]
+    widths = [cycle.instructions[i].row_end - cycle.instructions[i].row_begin for i in ffn_up]
+    assert len(ffn_up) == 132 and max(widths) == 160 and min(widths) == 128

@@ -34,7 +34,7 @@ class ScheduleConfig:
     """How finely work is cut and over how many SMs it is spread."""
 
     num_sms: int = 132
-    tiles_per_sm: int = 3  # matmul instructions per SM and matrix: more balance, more instruction overhead
+    tiles_per_sm: int = 1  # matmul instructions per SM and matrix (row runs of nearly equal length)
     attn_splits: int = 32  # key splits per KV head (flash decoding; the idle ones cost one check)
     overhead_bytes: int = 16384  # cost of an instruction beyond its bytes, for the balance (fill, barrier)
 
@@ -96,11 +96,12 @@ class _Builder:
         self.last = (insts[0].stage, insts[0].OPCODE, len(insts))
 
     def row_tiles(self, rows: int, align: int = TILE_ROWS) -> list[tuple[int, int]]:
-        """Row ranges of a matrix's instructions: whole `align`-row tiles, about tiles_per_sm per SM."""
+        """Row ranges of a matrix's instructions: whole `align`-row tiles cut into tiles_per_sm x num_sms nearly
+        equal runs (fewer where the matrix has fewer tiles). One run per SM by default: the group then takes
+        ceil(tiles / SMs) tiles on its busiest SM, the least whole tiles allow, in one ring-fed stream."""
         num_tiles = -(-rows // align)
-        num_insts = min(num_tiles, self.config.num_sms * self.config.tiles_per_sm)
-        per = -(-num_tiles // num_insts)
-        return [(b * align, min(rows, (b + per) * align)) for b in range(0, num_tiles, per)]
+        runs = self.split(num_tiles, self.config.num_sms * self.config.tiles_per_sm)
+        return [(b * align, min(rows, e * align)) for b, e in runs]
 
     def split(self, total: int, pieces: int) -> list[tuple[int, int]]:
         """[begin, end) ranges cutting `total` items into at most `pieces` nearly equal parts."""
@@ -241,14 +242,28 @@ def _matrix_of(inst: Instruction, spec: ModelSpec) -> tuple[int | None, str]:
 
 
 def assign(instructions: list[Instruction], num_sms: int, cost_of: Callable[[Instruction], float]) -> list[list[int]]:
-    """Greedy balance in program order: each instruction goes to the SM with the least work so far."""
-    heap = [(0.0, sm) for sm in range(num_sms)]
+    """Each group (the consecutive instructions of one (stage, opcode)) balanced on its own, since every group waits
+    for the whole previous one and so lasts as long as its busiest SM: largest first onto the SM with the least
+    work in the group, ties to the least work in the program so far (the groups' remainders rotate over the
+    SMs). Queues stay in program order."""
     queues: list[list[int]] = [[] for _ in range(num_sms)]
-    for index, inst in enumerate(instructions):
-        load, sm = heapq.heappop(heap)
-        queues[sm].append(index)
-        heapq.heappush(heap, (load + cost_of(inst), sm))
-    return queues
+    total = [0.0] * num_sms
+    start = 0
+    while start < len(instructions):
+        key = (instructions[start].stage, instructions[start].OPCODE)
+        end = start
+        while end < len(instructions) and (instructions[end].stage, instructions[end].OPCODE) == key:
+            end += 1
+        heap = [(0.0, total[sm], sm) for sm in range(num_sms)]
+        heapq.heapify(heap)
+        for index in sorted(range(start, end), key=lambda i: -cost_of(instructions[i])):
+            load, _, sm = heapq.heappop(heap)
+            c = cost_of(instructions[index])
+            queues[sm].append(index)
+            total[sm] += c
+            heapq.heappush(heap, (load + c, total[sm], sm))
+        start = end
+    return [sorted(q) for q in queues]
 
 
 def validate(program: Program) -> None:
