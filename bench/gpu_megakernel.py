@@ -198,13 +198,20 @@ def model27b_path(report: Report) -> Path:
     return path
 
 
-def part_model27b(dev, report: Report, args) -> None:
-    """27B: greedy equality with the per-op path, then cycle times at d = 0..4."""
+def setup_27b(dev, report: Report, prompt_len: int) -> tuple[Path, list[int], Timing]:
+    """The 27B file, the prompt the 27B parts decode from (its first prompt_len tokens) and this run's copy
+    bandwidth (recorded)."""
     path = model27b_path(report)
-    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 150000, 32)]
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 150000, prompt_len)]
     bw = copy_bandwidth(dev)
     report.timings.append(bw)
     report.info["copy_gbps"] = round(bw.gbps, 1)
+    return path, prompt, bw
+
+
+def part_model27b(dev, report: Report, args) -> None:
+    """27B: greedy equality with the per-op path, then cycle times at d = 0..4."""
+    path, prompt, bw = setup_27b(dev, report, 32)
     mk, got = greedy_27b(dev, report, args, path, prompt)
     time_cycles(dev, report, mk, prompt + got[:1], bw)
 
@@ -214,11 +221,7 @@ def part_cycle27b(dev, report: Report, args) -> None:
     from engine.cuda.megakernel.runner import open_backend
     from engine.cuda.megakernel.schedule import ScheduleConfig
 
-    path = model27b_path(report)
-    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 150000, 33)]
-    bw = copy_bandwidth(dev)
-    report.timings.append(bw)
-    report.info["copy_gbps"] = round(bw.gbps, 1)
+    path, prompt, bw = setup_27b(dev, report, 33)
     report.info["mk_defines"] = os.environ.get("OPENJET_MK_DEFINES", "")
     config = ScheduleConfig(num_sms=dev.info.multiprocessors, tiles_per_sm=args.tiles_per_sm)
     report.info["schedule"] = {"tiles_per_sm": args.tiles_per_sm, "num_sms": config.num_sms}
