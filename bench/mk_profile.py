@@ -15,11 +15,11 @@ FETCHED, READY, DONE = 0, 1, 2
 
 
 def groups_in_order(program) -> list[tuple[int, str, list[int]]]:
-    """(stage, opcode name, instruction indices) per group, in program order."""
-    order: dict[tuple[int, str], list[int]] = {}
-    for index, inst in enumerate(program.instructions):
-        order.setdefault((inst.stage, inst.OPCODE.name), []).append(index)
-    return [(stage, op, members) for (stage, op), members in order.items()]
+    """(stage, opcode name, instruction indices) per group, in program order (schedule.group_runs)."""
+    from engine.cuda.megakernel.schedule import group_runs
+
+    insts = program.instructions
+    return [(insts[r.start].stage, insts[r.start].OPCODE.name, list(r)) for r in group_runs(insts)]
 
 
 def instruction_times(program, times: np.ndarray) -> np.ndarray:

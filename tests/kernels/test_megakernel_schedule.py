@@ -12,7 +12,7 @@ from engine.cuda.megakernel import instructions as I
 from engine.cuda.megakernel.costs import cycle_bytes, spec_from_config
 from engine.cuda.megakernel.instructions import INST_WORDS, Op, decode
 from engine.cuda.megakernel.layout import MAX_DRAFT, head_stage, mtp_stage
-from engine.cuda.megakernel.schedule import PROGRAMS, ScheduleConfig, build_program, cost, validate
+from engine.cuda.megakernel.schedule import PROGRAMS, ScheduleConfig, build_program, cost, group_runs, validate
 from engine.gguf.quants import row_bytes
 from engine.gguf.testmodel import plan_tensors
 from engine.model.config import qwen38_27b_config
@@ -108,9 +108,8 @@ def test_every_group_is_balanced_on_its_own(spec, programs) -> None:
     tile run more than the mean (the 64 FFN_UP groups: ceil(544 / 132) = 5 units of 32 rows at most)."""
     cycle = programs["cycle"]
     sm_of = {i: sm for sm, q in enumerate(cycle.queues) for i in q}
-    groups: dict[tuple[int, str], list[int]] = {}
-    for i, inst in enumerate(cycle.instructions):
-        groups.setdefault((inst.stage, inst.OPCODE.name), []).append(i)
+    groups = {(cycle.instructions[r.start].stage, cycle.instructions[r.start].OPCODE.name): r
+              for r in group_runs(cycle.instructions)}
     for (stage, op), members in groups.items():
         if op not in ("FFN_UP", "FFN_DOWN", "MIX_OUT", "LM_HEAD"):
             continue
@@ -120,6 +119,6 @@ def test_every_group_is_balanced_on_its_own(spec, programs) -> None:
         biggest = max(cost(cycle.instructions[i], spec, CONFIG) for i in members)
         assert loads.max() - loads.mean() <= biggest, f"group ({stage}, {op})"
         assert (loads > 0).sum() == min(len(members), len(cycle.queues)), f"group ({stage}, {op}) leaves SMs idle"
-    ffn_up = [i for i in groups[(0, "FFN_UP")]]
+    ffn_up = groups[(0, "FFN_UP")]
     widths = [cycle.instructions[i].row_end - cycle.instructions[i].row_begin for i in ffn_up]
     assert len(ffn_up) == 132 and max(widths) == 160 and min(widths) == 128

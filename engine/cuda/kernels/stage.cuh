@@ -110,11 +110,10 @@ template <> struct Stage<QT_Q5_K> {
 // ---------------------------------------------------------------- Q6_K
 // Stage: ql' [16][144] | qh' [16][64] | scales [16][16] | d [16][4] = 3648 bytes.
 // Copies of lane l: ql' chunk (l % 8) of rows l / 8 + 4 j (j = 0..3); qh' chunk (l % 4) of rows l / 4 + 8 j
-// (j = 0, 1); lanes 0-15 the scales of row l, lanes 16-31 the aligned 4-byte word holding d of row l - 16 (d is
-// 2 bytes at 2 idx: the word at 2 idx & ~3 holds it in its low half for even idx, its high half for odd; the
-// copy reads only bytes inside the plane, zero-filling the rest at the plane's very end).
-// Q6_K's d is 2 bytes at 2 idx of its plane (ntot blocks): a copy of the aligned word holding it (only bytes inside
-// the plane, zero-filling the rest at its very end), and d picked back out of that word.
+// (j = 0, 1); lanes 0-15 the scales of row l, lanes 16-31 the aligned 4-byte word holding d of row l - 16.
+// Q6_K's d is 2 bytes at 2 idx of its plane (ntot blocks): the aligned word at 2 idx & ~3 holds it, in its low half
+// for even idx and its high half for odd; the copy reads only bytes inside the plane, zero-filling the rest at its
+// very end.
 __device__ __forceinline__ void q6k_d_word_copy(u32 dst, const u8* plane, u64 idx, u64 ntot) {
     const u64 word = (2 * idx) & ~3ull;
     cp_async4(dst, plane + word, (u32)min((u64)4, 2 * ntot - word));

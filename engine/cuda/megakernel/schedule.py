@@ -241,6 +241,17 @@ def _matrix_of(inst: Instruction, spec: ModelSpec) -> tuple[int | None, str]:
     return None, "output"
 
 
+def group_runs(instructions: list[Instruction]) -> list[range]:
+    """The index range of each group: the consecutive instructions of one (stage, opcode), in program order."""
+    runs, start = [], 0
+    for end in range(1, len(instructions) + 1):
+        if end == len(instructions) or (instructions[end].stage, instructions[end].OPCODE) != \
+                (instructions[start].stage, instructions[start].OPCODE):
+            runs.append(range(start, end))
+            start = end
+    return runs
+
+
 def assign(instructions: list[Instruction], num_sms: int, cost_of: Callable[[Instruction], float]) -> list[list[int]]:
     """Each group (the consecutive instructions of one (stage, opcode)) balanced on its own, since every group waits
     for the whole previous one and so lasts as long as its busiest SM: largest first onto the SM with the least
@@ -248,21 +259,14 @@ def assign(instructions: list[Instruction], num_sms: int, cost_of: Callable[[Ins
     SMs). Queues stay in program order."""
     queues: list[list[int]] = [[] for _ in range(num_sms)]
     total = [0.0] * num_sms
-    start = 0
-    while start < len(instructions):
-        key = (instructions[start].stage, instructions[start].OPCODE)
-        end = start
-        while end < len(instructions) and (instructions[end].stage, instructions[end].OPCODE) == key:
-            end += 1
+    for run in group_runs(instructions):
         heap = [(0.0, total[sm], sm) for sm in range(num_sms)]
         heapq.heapify(heap)
-        for index in sorted(range(start, end), key=lambda i: -cost_of(instructions[i])):
+        for c, index in sorted(((cost_of(instructions[i]), i) for i in run), key=lambda ci: -ci[0]):
             load, _, sm = heapq.heappop(heap)
-            c = cost_of(instructions[index])
             queues[sm].append(index)
             total[sm] += c
             heapq.heappush(heap, (load + c, total[sm], sm))
-        start = end
     return [sorted(q) for q in queues]
 
 
