@@ -221,12 +221,13 @@ def part_cycle27b(dev, report: Report, args) -> None:
     from engine.cuda.megakernel.runner import open_backend
     from engine.cuda.megakernel.schedule import ScheduleConfig
 
-    path, prompt, bw = setup_27b(dev, report, 33)
+    path, prompt, bw = setup_27b(dev, report, args.context)
     report.info["mk_defines"] = os.environ.get("OPENJET_MK_DEFINES", "")
     config = ScheduleConfig(num_sms=dev.info.multiprocessors, tiles_per_sm=args.tiles_per_sm)
     report.info["schedule"] = {"tiles_per_sm": args.tiles_per_sm, "num_sms": config.num_sms}
     t0 = time.perf_counter()
-    mk = open_backend(path, context_size=4096, device=dev, config=config, draft_vocab=args.draft_vocab, timings=True)
+    mk = open_backend(path, context_size=max(4096, args.context + 256), device=dev, config=config,
+                      draft_vocab=args.draft_vocab, timings=True)
     report.info["open_s"] = round(time.perf_counter() - t0, 1)
     time_cycles(dev, report, mk, prompt, bw, [int(d) for d in args.depths.split(",")])
 
@@ -329,6 +330,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--draft-vocab", type=int, default=32768)
     parser.add_argument("--tiles-per-sm", type=int, default=1, help="matmul instructions per SM and matrix")
     parser.add_argument("--wide-detail", type=int, default=4, help="diff27: stages cut after every op")
+    parser.add_argument("--context", type=int, default=33, help="cycle27b: prompt tokens before the timed cycles")
     parser.add_argument("--depths", default="0,1,2,3,4", help="cycle27b: draft depths timed")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -344,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     for part in [p for p in args.parts.split(",") if p]:
         cmd = [sys.executable, __file__, "--child", part, "--out", args.out, "--work", args.work,
                "--draft-vocab", str(args.draft_vocab), "--tiles-per-sm", str(args.tiles_per_sm),
-               "--wide-detail", str(args.wide_detail), "--depths", args.depths]
+               "--wide-detail", str(args.wide_detail), "--depths", args.depths, "--context", str(args.context)]
         codes[part] = subprocess.run(cmd).returncode
         path = Path(args.out) / f"mk_part_{part}.json"
         if path.exists():

@@ -18,32 +18,41 @@ struct AttnCombineOp {
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage), D = g.head_dim, G = g.num_heads / g.num_kv_heads, lane = threadIdx.x & 31;
-            const int width = G * D;
-            float* vals = s.scratch;  // [rows][G * D]
-            if (rows * width * 4 > MK_SMEM_BYTES) {
-                if (ctid() == 0) mk_fail(g, ERR_BAD_SHAPE, blockIdx.x, -1, rows, width, 1, 0);
+            const int width = G * D, S = p.num_splits, nq = G * rows;
+            float* vals = s.scratch;             // [rows][G * D]
+            float* wts = vals + rows * width;    // [nq][S]: e^(m_s - m) / sum_s e^(m_s - m) l_s
+            if ((rows * width + nq * S) * 4 > MK_SMEM_BYTES) {
+                if (ctid() == 0) mk_fail(g, ERR_BAD_SHAPE, blockIdx.x, -1, rows, width, S, 0);
                 return;
             }
-            for (int qi = cwarp(); qi < G * rows; qi += MK_CONSUMER_WARPS) {
-                const int t = qi / G, j = qi % G, h = p.kv_head * G + j;
+            // Each query's split weights: a warp per query, a lane per split.
+            for (int qi = cwarp(); qi < nq; qi += MK_CONSUMER_WARPS) {
+                const int t = qi / G, h = p.kv_head * G + qi % G;
                 float mx = NEG_INF;
-                for (int sp = 0; sp < p.num_splits; ++sp) mx = fmaxf(mx, ld_cg(attn_part_at(g, sp, t, h) + D));
+                for (int sp = lane; sp < S; sp += 32) mx = fmaxf(mx, ld_cg(attn_part_at(g, sp, t, h) + D));
+                mx = warp_max(mx);
                 float den = 0.f;
-                for (int sp = 0; sp < p.num_splits; ++sp) {
+                for (int sp = lane; sp < S; sp += 32) {
                     const float* part = attn_part_at(g, sp, t, h);
                     const float ms = ld_cg(part + D);
-                    den += ms == NEG_INF ? 0.f : expf(ms - mx) * ld_cg(part + D + 1);
+                    const float w = ms == NEG_INF ? 0.f : expf(ms - mx);
+                    wts[qi * S + sp] = w;
+                    den += w * ld_cg(part + D + 1);
                 }
-                const float* gate = g.proj + (i64)t * g.proj_width + g.off_q + (i64)h * 2 * D + D;
-                for (int d = lane; d < D; d += 32) {
-                    float num = 0.f;
-                    for (int sp = 0; sp < p.num_splits; ++sp) {
-                        const float* part = attn_part_at(g, sp, t, h);
-                        const float ms = ld_cg(part + D);
-                        if (ms != NEG_INF) num += expf(ms - mx) * ld_cg(part + d);
-                    }
-                    vals[t * width + j * D + d] = num / den * sigmoid_ref(ld_cg(gate + d));
-                }
+                den = warp_sum(den);
+                __syncwarp();
+                for (int sp = lane; sp < S; sp += 32) wts[qi * S + sp] /= den;
+            }
+            consumers_sync();
+            // Every output value: its query's weighted sum over the splits (independent loads, 4 at a time).
+            for (int o = ctid(); o < rows * width; o += MK_CONSUMER_THREADS) {
+                const int t = o / width, j = (o % width) / D, d = o % D, qi = t * G + j, h = p.kv_head * G + j;
+                const float* w = wts + qi * S;
+                float num = 0.f;
+#pragma unroll 4
+                for (int sp = 0; sp < S; ++sp)
+                    if (w[sp] != 0.f) num += w[sp] * ld_cg(attn_part_at(g, sp, t, h) + d);
+                vals[o] = num * sigmoid_ref(ld_cg(g.proj + (i64)t * g.proj_width + g.off_q + (i64)h * 2 * D + D + d));
             }
             consumers_sync();
             act_store(g.act_mix, p.kv_head * width, width, rows, vals, width);

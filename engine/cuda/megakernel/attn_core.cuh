@@ -49,12 +49,17 @@ struct AttnCoreOp {
             }
         }
     };
+    // Shared memory of one instruction: per-warp rope buffers, the staged queries, one block of 32 keys and values.
+    static __device__ __forceinline__ int kpitch(int D) { return 2 * D + 16; }  // 16 bytes of padding: rows in other banks
+    static __device__ __forceinline__ int smem_bytes(int D, int nq) {
+        return MK_CONSUMER_WARPS * 256 * 4 + nq * D * 4 + 32 * kpitch(D) + 32 * 2 * D;
+    }
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const LayerRefs& L = layer_refs(g, p.layer);
             const int rows = stage_rows(g, stage), pos0 = stage_pos0(g, stage), D = g.head_dim;
             const int G = g.num_heads / g.num_kv_heads, nq = G * rows;
-            if (D > 256 || D % 32 || nq > MK_CONSUMER_WARPS * ATTN_MAX_QPW) {
+            if (D > 256 || D % 32 || nq > MK_CONSUMER_WARPS * ATTN_MAX_QPW || smem_bytes(D, nq) > MK_SMEM_BYTES) {
                 if (ctid() == 0) mk_fail(g, ERR_BAD_SHAPE, blockIdx.x, -1, D, nq, 0, 0);
                 return;
             }
@@ -70,18 +75,32 @@ struct AttnCoreOp {
                 norm_rope_row(src, L.v[LV_Q_NORM], D, g.rope_dim, g.rope_inv_freq, g.eps, pos0 + t, rsqrtf((float)D), buf);
                 for (int d = threadIdx.x & 31; d < D; d += 32) qs[qi * D + d] = buf[d];
             }
-            consumers_sync();  // queries staged; the new keys are in the cache for every warp
             float o[ATTN_MAX_QPW][8], m[ATTN_MAX_QPW], l[ATTN_MAX_QPW];
-            keys(g, L, p, pos0, G, nq, begin, end, qs, o, m, l);
+            keys(g, L, p, pos0, G, nq, begin, end, qs, reinterpret_cast<u8*>(qs + nq * D), o, m, l);
             Storer::run(g, p, G, nq, o, m, l);
         }
-        // The split's keys, 32 at a time (lane = key for the scores, lane = dims for the values).
+        // Keys and values [k0, k0 + 32) of the KV head into shared memory (kb: rows at kpitch, vb: rows of 2 D
+        // bytes), by cp.async from every consumer thread at once (no registers held), so a block costs one L2
+        // latency; the caller waits and syncs.
+        static __device__ void stage_block(const f16* kc, const f16* vc, int k0, int nk, int D, u8* kb, u8* vb) {
+            const int chunks = D / 8;  // 16 bytes each, per row
+            const u32 ks = smem_u32(kb), vs = smem_u32(vb);
+            for (int c = ctid(); c < nk * chunks; c += MK_CONSUMER_THREADS) {
+                const int key = c / chunks, part = c % chunks;
+                cp_async16(ks + key * kpitch(D) + 16 * part, kc + (i64)(k0 + key) * D + 8 * part);
+                cp_async16(vs + key * 2 * D + 16 * part, vc + (i64)(k0 + key) * D + 8 * part);
+            }
+            cp_async_commit();
+        }
+        // The split's keys, 32 at a time (lane = key for the scores, lane = dims for the values), each block staged
+        // in shared memory by all warps first.
         static __device__ void keys(const Globals& g, const LayerRefs& L, const Parsed& p, int pos0, int G, int nq,
-                                    int begin, int end, const float* qs, float (&o)[ATTN_MAX_QPW][8],
+                                    int begin, int end, const float* qs, u8* kb, float (&o)[ATTN_MAX_QPW][8],
                                     float (&m)[ATTN_MAX_QPW], float (&l)[ATTN_MAX_QPW]) {
             const int lane = threadIdx.x & 31, D = g.head_dim, DL = D / 32;
             const f16* kc = static_cast<const f16*>(L.s[LS_K]) + (i64)p.kv_head * g.capacity * D;
             const f16* vc = static_cast<const f16*>(L.s[LS_V]) + (i64)p.kv_head * g.capacity * D;
+            u8* vb = kb + 32 * kpitch(D);
             int qpos[ATTN_MAX_QPW];
             for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
                 const int qi = cwarp() + MK_CONSUMER_WARPS * jj;
@@ -91,23 +110,38 @@ struct AttnCoreOp {
                 for (int e = 0; e < 8; ++e) o[jj][e] = 0.f;
             }
             for (int k0 = begin; k0 < end; k0 += 32) {
-                const int key = k0 + lane;
+                const int key = k0 + lane, num_keys = min(32, end - k0);
+                consumers_sync();  // the queries are staged, the new keys stored, the last block read by every warp
+                stage_block(kc, vc, k0, num_keys, D, kb, vb);
+                cp_async_wait<0>();
+                consumers_sync();
                 float sc[ATTN_MAX_QPW];
                 for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) sc[jj] = 0.f;
-                if (key < end)
-                    for (int d = 0; d < D; d += 2) {
-                        float k_lo, k_hi;
-                        const u32 kw = ld_cg_u32(kc + (i64)key * D + d);
-                        k_lo = f16_to_f32((f16)(kw & 0xFFFFu));
-                        k_hi = f16_to_f32((f16)(kw >> 16));
+                if (lane < num_keys) {
+                    const u8* krow = kb + lane * kpitch(D);
+                    for (int d = 0; d < D; d += 8) {
+                        const uint4 w = *reinterpret_cast<const uint4*>(krow + 2 * d);
+                        const u32 words[4] = {w.x, w.y, w.z, w.w};
+                        float kf[8];
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            kf[2 * e] = f16_to_f32((f16)(words[e] & 0xFFFFu));
+                            kf[2 * e + 1] = f16_to_f32((f16)(words[e] >> 16));
+                        }
                         for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
                             const int qi = cwarp() + MK_CONSUMER_WARPS * jj;
-                            if (qi < nq) sc[jj] += qs[qi * D + d] * k_lo + qs[qi * D + d + 1] * k_hi;
+                            if (qi < nq) {
+                                const float4* q = reinterpret_cast<const float4*>(qs + qi * D + d);
+                                const float4 qa = q[0], qb = q[1];
+                                sc[jj] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+                                          qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                            }
                         }
                     }
+                }
                 float pr[ATTN_MAX_QPW];
                 for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
-                    const bool visible = key < end && key <= qpos[jj];
+                    const bool visible = lane < num_keys && key <= qpos[jj];
                     const float sj = visible ? sc[jj] : NEG_INF;
                     const float m_new = fmaxf(m[jj], warp_max(sj));
                     const float corr = m_new == NEG_INF ? 1.f : expf(m[jj] - m_new);
@@ -116,10 +150,20 @@ struct AttnCoreOp {
                     m[jj] = m_new;
                     for (int e = 0; e < DL; ++e) o[jj][e] *= corr;
                 }
-                const int num_keys = min(32, end - k0);
                 for (int kk = 0; kk < num_keys; ++kk) {
+                    const f16* vrow = reinterpret_cast<const f16*>(vb + kk * 2 * D) + lane * DL;
                     float v[8];
-                    for (int e = 0; e < DL; ++e) v[e] = f16_to_f32(ld_cg_f16(vc + (i64)(k0 + kk) * D + lane * DL + e));
+                    if (DL == 8) {  // Qwen3.8's 256-wide heads: one 16-byte read
+                        const uint4 w = *reinterpret_cast<const uint4*>(vrow);
+                        const u32 words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            v[2 * e] = f16_to_f32((f16)(words[e] & 0xFFFFu));
+                            v[2 * e + 1] = f16_to_f32((f16)(words[e] >> 16));
+                        }
+                    } else {
+                        for (int e = 0; e < DL; ++e) v[e] = f16_to_f32(vrow[e]);
+                    }
                     for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
                         const float pj = __shfl_sync(FULL_MASK, pr[jj], kk);
                         for (int e = 0; e < DL; ++e) o[jj][e] += pj * v[e];

@@ -16,44 +16,50 @@ struct DnRuleOp {
     struct Loader {  // the state is this head's own: it is read once, nothing to gain from a prefetch
         static __device__ void run(const Globals& g, const Parsed& p) {}
     };
-    // Row t's q, k (L2-normalised, q scaled), v, gate and beta for head h.
+    // Row t's q, k (L2-normalised, q scaled) at this thread's state rows, v at its 4 columns, gate and beta for
+    // head h.
     template <int KL, int COLS>
-    static __device__ void inputs(const Globals& g, const LayerRefs& L, int h, int t, float (&q)[KL], float (&k)[KL],
-                                  float (&v)[COLS], float& gt, float& bt) {
-        const int lane = threadIdx.x & 31, dk = 32 * KL, C = g.conv_dim, hk = h % g.ssm_k_heads;
-        const int key = g.ssm_k_heads * dk;
+    static __device__ void inputs(const Globals& g, const LayerRefs& L, int h, int t,
+                                  float (&q)[DnHead<KL, COLS>::RPT], float (&k)[DnHead<KL, COLS>::RPT],
+                                  float (&v)[4], float& gt, float& bt) {
+        using H = DnHead<KL, COLS>;
+        const int C = g.conv_dim, hk = h % g.ssm_k_heads, key = g.ssm_k_heads * H::DK;
         const float* row = g.conv_out + (i64)t * C;
         float qs = 0.f, ks = 0.f;
 #pragma unroll
-        for (int i = 0; i < KL; ++i) {
-            q[i] = ld_cg(row + hk * dk + lane + 32 * i);
-            k[i] = ld_cg(row + key + hk * dk + lane + 32 * i);
+        for (int i = 0; i < H::RPT; ++i) {
+            q[i] = ld_cg(row + hk * H::DK + H::row(i));
+            k[i] = ld_cg(row + key + hk * H::DK + H::row(i));
             qs += q[i] * q[i];
             ks += k[i] * k[i];
         }
-        const float qn = rsqrtf(warp_sum(qs) + g.eps) * rsqrtf((float)dk), kn = rsqrtf(warp_sum(ks) + g.eps);
+        const float qn = rsqrtf(H::rows_sum(qs) + g.eps) * rsqrtf((float)H::DK), kn = rsqrtf(H::rows_sum(ks) + g.eps);
 #pragma unroll
-        for (int i = 0; i < KL; ++i) {
+        for (int i = 0; i < H::RPT; ++i) {
             q[i] *= qn;
             k[i] *= kn;
         }
-#pragma unroll
-        for (int j = 0; j < COLS; ++j) v[j] = ld_cg(row + 2 * key + h * 8 * COLS + cwarp() * COLS + j);
+        const float4 vv = ld_cg_f4(row + 2 * key + h * H::DV + H::col0());
+        v[0] = vv.x;
+        v[1] = vv.y;
+        v[2] = vv.z;
+        v[3] = vv.w;
         const float* pr = g.proj + (i64)t * g.proj_width;
         gt = L.v[LV_SSM_A][h] * softplus_ref(ld_cg(pr + g.off_alpha + h) + L.v[LV_SSM_DT][h]);
         bt = sigmoid_ref(ld_cg(pr + g.off_beta + h));
     }
     template <int KL, int COLS>
-    static __device__ void save(const Globals& g, const LayerRefs& L, int h, int t, const float (&k)[KL],
-                                const float (&v)[COLS], float gt, float bt) {
-        const int lane = threadIdx.x & 31, hv = g.ssm_v_heads, dk = 32 * KL, dv = 8 * COLS;
-        if (cwarp() == 0)
+    static __device__ void save(const Globals& g, const LayerRefs& L, int h, int t,
+                                const float (&k)[DnHead<KL, COLS>::RPT], const float (&v)[4], float gt, float bt) {
+        using H = DnHead<KL, COLS>;
+        const int hv = g.ssm_v_heads;
+        if (cwarp() == 0 && H::cg() == 0)  // one lane per row holds its key
 #pragma unroll
-            for (int i = 0; i < KL; ++i) static_cast<float*>(L.s[LS_RK])[((i64)t * hv + h) * dk + lane + 32 * i] = k[i];
-#pragma unroll
-        for (int j = 0; j < COLS; ++j)
-            if (lane == j) static_cast<float*>(L.s[LS_RV])[((i64)t * hv + h) * dv + cwarp() * COLS + j] = v[j];
-        if (cwarp() == 0 && lane == 0) {
+            for (int i = 0; i < H::RPT; ++i) static_cast<float*>(L.s[LS_RK])[((i64)t * hv + h) * H::DK + H::row(i)] = k[i];
+        if (H::rg() == 0)  // one lane per column group holds its values
+            *reinterpret_cast<float4*>(static_cast<float*>(L.s[LS_RV]) + ((i64)t * hv + h) * H::DV + H::col0()) =
+                make_float4(v[0], v[1], v[2], v[3]);
+        if (cwarp() == 0 && (threadIdx.x & 31) == 0) {
             static_cast<float*>(L.s[LS_RG])[(i64)t * hv + h] = gt;
             static_cast<float*>(L.s[LS_RB])[(i64)t * hv + h] = bt;
         }
@@ -91,15 +97,14 @@ struct DnRuleOp {
             if (n_prev > 0) st.store(ssm, h);
             consumers_sync();  // every warp has read the saved rows before warp 0 overwrites them
             float* o_s = s.scratch;
+            using H = DnHead<KL, COLS>;
             for (int t = 0; t < rows; ++t) {
-                float q[KL], k[KL], v[COLS], o[COLS], gt, bt;
+                float q[H::RPT], k[H::RPT], v[4], o[4], gt, bt;
                 inputs<KL, COLS>(g, L, h, t, q, k, v, gt, bt);
                 save<KL, COLS>(g, L, h, t, k, v, gt, bt);
                 st.update(k, v, gt, bt);
                 st.output(q, o);
-#pragma unroll
-                for (int j = 0; j < COLS; ++j)
-                    if ((threadIdx.x & 31) == j) o_s[t * 8 * COLS + cwarp() * COLS + j] = o[j];
+                if (H::rg() == 0) *reinterpret_cast<float4*>(o_s + t * H::DV + H::col0()) = make_float4(o[0], o[1], o[2], o[3]);
             }
             consumers_sync();
             Storer::run(g, L, h, rows, o_s, s);

@@ -191,7 +191,7 @@ __device__ __noinline__ void mv_tile_cp(const WeightRef& w, int row_begin, int r
                                         int n0, int ncols, float* out, float* red, u8* rings) {
     using Q = QTraits<QT>;
     using S = Stage<QT>;
-    constexpr int NS = MvRing<QT>::STAGES;
+    constexpr u32 NS = MvRing<QT>::STAGES;
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, cw = cwarp();
     const int nb = w.cols / QK_SB, first = w.row_offset + row_begin, end = w.row_offset + w.rows;
     const u64 ntot = (u64)w.rows_total * nb;
@@ -199,31 +199,39 @@ __device__ __noinline__ void mv_tile_cp(const WeightRef& w, int row_begin, int r
     const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
     const int per = cw < nb ? (nb - 1 - cw) / MK_CONSUMER_WARPS + 1 : 0, n = ntiles * per;
     u8* ring = rings + cw * NS * S::BYTES;
+    __builtin_assume(__isShared(ring));  // the stage reads below are ld.shared, not generic loads
     const u32 ring_s = smem_u32(ring);
-    auto issue = [&](int i) {
-        if (i < n) {
-            const int ti = i / per, j = i - ti * per;
-            typename S::Lane L;
-            S::init(L, first + MK_TILE_ROWS * ti, end, nb, lane);
-            S::copy(ring_s + (i % NS) * S::BYTES, P, L, cw + MK_CONSUMER_WARPS * j, lane, ntot);
+    // The copier: the next item to copy (ci), its tile (cti) and its index in that tile (cj), the tile's row bases
+    // (L). It moves one item a copy, so a copy costs no division and S::init runs once a tile, not once an item.
+    int ci = t == 0 ? 0 : t * per + (int)NS - 1, cti = per ? ci / per : 0, cj = ci - cti * per;
+    typename S::Lane L;
+    if (cti < ntiles) S::init(L, first + MK_TILE_ROWS * cti, end, nb, lane);
+    auto issue = [&]() {  // every item commits one cp.async group, empty or not
+        if (ci < n) {
+            S::copy(ring_s + ((u32)ci % NS) * S::BYTES, P, L, cw + MK_CONSUMER_WARPS * cj, lane, ntot);
+            if (++cj == per) {
+                cj = 0;
+                if (++cti < ntiles) S::init(L, first + MK_TILE_ROWS * cti, end, nb, lane);
+            }
         }
+        ++ci;
         cp_async_commit();
     };
     if (t == 0)
-        for (int s = 0; s < NS - 1; ++s) issue(s);
+        for (u32 s = 0; s + 1 < NS; ++s) issue();
     const MvCols m = mv_cols(a, n0, ncols, g, c);
     const int row0 = first + MK_TILE_ROWS * t;
     const u32 base0 = stage_row_base(row0, g, end, nb), base1 = stage_row_base(row0, g + 8, end, nb);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int j = 0; j < per; ++j) {
         const int i = t * per + j, sb = cw + MK_CONSUMER_WARPS * j;
-        __syncwarp();  // every lane is done reading the stage the next copy overwrites
-        issue(i + NS - 1);
-        MvAct x;  // on its way from L2 while the weights land (a second set in registers would spill)
+        MvAct x;  // on its way from L2 while the weights land
         mv_act_load<Q::HAS_MIN>(m.col, m.sums, sb, x);
+        __syncwarp();  // every lane is done reading the stage the next copy overwrites
+        issue();       // item i + NS - 1
         cp_async_wait<NS - 1>();  // this lane's copies of item i have landed
         __syncwarp();             // and every other lane's
-        const u8* st = ring + (i % NS) * S::BYTES;
+        const u8* st = ring + ((u32)i % NS) * S::BYTES;
         typename Q::Row r[2];
         S::read(r[0], st, g, c, base0 + sb);
         S::read(r[1], st, g + 8, c, base1 + sb);
