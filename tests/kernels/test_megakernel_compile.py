@@ -57,7 +57,16 @@ def test_limits_and_launch_shape_match_the_header() -> None:
     assert define("MK_TILE_ROWS") == layout.TILE_ROWS
     assert (define("MK_FIRST_CONSUMER") + define("MK_CONSUMER_WARPS")) * 32 == runner.MK_THREADS
     common = (build.MEGAKERNEL_DIR / "mk_common.cuh").read_text()
-    assert int(re.search(r"#define MK_SMEM_BYTES (\d+)", common).group(1)) == runner.MK_SMEM_BYTES
+    assert int(re.search(r"#define MK_SMEM_BYTES (\d+)", common).group(1)) == build.smem_bytes(86) == 96 * 1024
+
+
+def test_shared_memory_stays_within_each_architectures_limit() -> None:
+    """The opt-in maximum a block may have (sm_80 163 KB, sm_86 / sm_89 / sm_120 99 KB, sm_90 / sm_100 227 KB),
+    less the kernel's static shared memory (under 1 KB)."""
+    limits = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
+    for arch, limit in limits.items():
+        assert build.smem_bytes(arch) <= limit - 1024, arch
+        assert f"-DMK_SMEM_BYTES={build.smem_bytes(arch)}" in build.arch_options(arch)
     assert define("NUM_EXTRA_STAGES") == 2 + layout.MAX_DRAFT == runner_stages_extra()
 
 
@@ -114,7 +123,8 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[int, nvrtc.Compil
     directory = tmp_path_factory.mktemp("megakernel_cache")
     extra = build.model_options(spec_from_config(qwen38_27b_config()))
     with ThreadPoolExecutor(2) as pool:  # NVRTC releases the GIL while it compiles
-        jobs = {arch: pool.submit(build.compile_megakernel, arch, extra, directory, arch in PTX_ARCHS)
+        jobs = {arch: pool.submit(build.compile_megakernel, arch, extra + build.arch_options(arch), directory,
+                                  arch in PTX_ARCHS)
                 for arch in CUBIN_ARCHS + PTX_ARCHS}
         return {arch: job.result() for arch, job in jobs.items()}
 

@@ -41,6 +41,18 @@ def compile_megakernel(arch: int, extra: tuple[str, ...] = (), directory: Path |
                                 directory=directory, ptx=ptx)
 
 
+def smem_bytes(arch: int) -> int:
+    """Dynamic shared memory the megakernel takes on sm_<arch>: 96 KB where a block may have at most 99 KB (sm_86,
+    sm_89, sm_120: RTX GPUs), more where the GPU allows it (163 KB on sm_80, 227 KB on sm_90 and sm_100), so that
+    the matmul rings hold deeper items (matvec.cuh MK_TILES_PER_ITEM)."""
+    return {80: 160 * 1024, 90: 224 * 1024, 100: 224 * 1024}.get(arch, 96 * 1024)
+
+
+def arch_options(arch: int) -> tuple[str, ...]:
+    """The defines that depend on the GPU the kernel will run on."""
+    return (f"-DMK_SMEM_BYTES={smem_bytes(arch)}",)
+
+
 def tuning_defines() -> tuple[str, ...]:
     """Defines from OPENJET_MK_DEFINES ("MK_PREFETCH_AHEAD=0,NAME=VALUE"): the tuning knobs a benchmark sweeps."""
     items = [i.strip() for i in os.environ.get("OPENJET_MK_DEFINES", "").split(",") if i.strip()]

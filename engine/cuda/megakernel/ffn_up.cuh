@@ -5,7 +5,7 @@
 #include "matvec.cuh"
 
 #define FFN_UP_CHUNK 64
-static_assert(128 + MK_CONSUMER_WARPS * 128 + 2 * MK_MAX_ROWS * FFN_UP_CHUNK <= MK_RING_OFFSET / 4,
+static_assert(MV_SCRATCH_FLOATS + 2 * MK_MAX_ROWS * FFN_UP_CHUNK <= MK_RING_OFFSET / 4,
               "out, red, gate and up stay below the matmul rings");
 
 struct FfnUpOp {
@@ -37,7 +37,7 @@ struct FfnUpOp {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const LayerRefs& L = layer_refs(g, p.layer);
             const int rows = stage_rows(g, stage);
-            float* gate = s.scratch + 128 + MK_CONSUMER_WARPS * 128;  // [rows][FFN_UP_CHUNK]
+            float* gate = s.scratch + MV_SCRATCH_FLOATS;              // [rows][FFN_UP_CHUNK]: after out and red
             float* up = gate + MK_MAX_ROWS * FFN_UP_CHUNK;           // [rows][FFN_UP_CHUNK]
             for (int f0 = p.row_begin; f0 < p.row_end; f0 += FFN_UP_CHUNK) {
                 const int f1 = min(f0 + FFN_UP_CHUNK, p.row_end);

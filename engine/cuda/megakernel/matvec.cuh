@@ -14,19 +14,30 @@
 #include "mk_common.cuh"
 #include "stage.cuh"
 
-// The rings live after the first MK_RING_OFFSET bytes of the scratch area (the matmul ops' own buffers: out, red
-// and ffn_up's gate / up values), one per consumer warp.
-#define MK_RING_OFFSET 9216
+// Tiles a staged item multiplies: each superblock of activations a warp loads serves PT tiles, and a reduction
+// (two consumer barriers) finishes PT tiles. Two where shared memory holds rings of such items (sm_80, sm_90 on).
+#ifndef MK_TILES_PER_ITEM
+#define MK_TILES_PER_ITEM (MK_SMEM_BYTES >= 160 * 1024 ? 2 : 1)
+#endif
+#define MV_OUT_FLOATS (MK_TILES_PER_ITEM * 128)                      // out [PT][16][8]
+#define MV_SCRATCH_FLOATS (MV_OUT_FLOATS * (1 + MK_CONSUMER_WARPS))  // out, then red [8 warps][PT][16][8]
+// The rings live after the first MK_RING_OFFSET bytes of the scratch area (the matmul's out and red, then 4.5 KB
+// for the ops' own buffers: ffn_up's gate / up values), one per consumer warp.
+#define MK_RING_OFFSET (4 * MV_SCRATCH_FLOATS + 4608)
 #define MK_RING_WARP_BYTES ((MK_SMEM_BYTES - MK_RING_OFFSET) / MK_CONSUMER_WARPS)
+#ifndef MK_MV_PROBE
+#define MK_MV_PROBE 0  // a timing probe, results wrong: 1 skips the decode and mma, 2 the weight copies, 3 both
+#endif
 #ifndef MK_STAGED
 #define MK_STAGED 1  // 0: every type through registers (the first GPU runs' matmul; a benchmark knob)
 #endif
 
 template <int QT> struct MvRing {
-    static constexpr int BYTES = Stage<QT>::BYTES;
+    static constexpr int BYTES = MK_TILES_PER_ITEM * Stage<QT>::BYTES;  // one item: a superblock of PT tiles
     static constexpr int STAGES = Stage<QT>::STAGES * BYTES <= MK_RING_WARP_BYTES ? Stage<QT>::STAGES
                                                                                 : MK_RING_WARP_BYTES / BYTES;
     static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
+    static_assert(MK_RING_OFFSET % 16 == 0 && BYTES % 16 == 0, "cp.async stages start on 16 bytes");
 };
 
 // The lane's activations for one superblock: the step operands of its column from act pointer `a` (null: a zero
@@ -121,21 +132,29 @@ __device__ __forceinline__ void mv_pass(const Planes& P, int nb, int nsb, int ra
     }
 }
 
-// Reduce the warps' fragments (red: [8 warps][16][8]) into out[16][8] (columns ncols + n folded into n).
-__device__ __forceinline__ void mv_reduce(const float (&acc)[4], int ncols, bool packed, float* out, float* red) {
+// Reduce the warps' fragments of `tiles` tiles (red: [8 warps][PT][16][8]) into out[PT][16][8] (columns
+// ncols + n folded into n).
+template <int PT>
+__device__ __forceinline__ void mv_reduce(const float (&acc)[PT][4], int tiles, int ncols, bool packed, float* out,
+                                          float* red) {
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    float* mine = red + cwarp() * 128;
-    mine[g * 8 + 2 * c] = acc[0];
-    mine[g * 8 + 2 * c + 1] = acc[1];
-    mine[(g + 8) * 8 + 2 * c] = acc[2];
-    mine[(g + 8) * 8 + 2 * c + 1] = acc[3];
+#pragma unroll
+    for (int k = 0; k < PT; ++k) {
+        float* mine = red + (cwarp() * PT + k) * 128;
+        mine[g * 8 + 2 * c] = acc[k][0];
+        mine[g * 8 + 2 * c + 1] = acc[k][1];
+        mine[(g + 8) * 8 + 2 * c] = acc[k][2];
+        mine[(g + 8) * 8 + 2 * c + 1] = acc[k][3];
+    }
     consumers_sync();
-    for (int o = ctid(); o < 128; o += MK_CONSUMER_THREADS) {
-        const int r = o >> 3, col = o & 7;
+    for (int o = ctid(); o < 128 * tiles; o += MK_CONSUMER_THREADS) {
+        const int k = o >> 7, r = (o >> 3) & 15, col = o & 7;
         float v = 0.f;
         if (col < ncols)
-            for (int w = 0; w < MK_CONSUMER_WARPS; ++w)
-                v += red[w * 128 + o] + (packed ? red[w * 128 + r * 8 + col + ncols] : 0.f);
+            for (int w = 0; w < MK_CONSUMER_WARPS; ++w) {
+                const float* t = red + (w * PT + k) * 128;
+                v += t[r * 8 + col] + (packed ? t[r * 8 + col + ncols] : 0.f);
+            }
         out[o] = v;
     }
     consumers_sync();
@@ -176,43 +195,56 @@ __device__ __noinline__ void mv_tile(const WeightRef& w, int row0, const ActRef&
     const int last = w.row_offset + w.rows - 1;
     const int ra = min(w.row_offset + row0 + g, last), rb = min(w.row_offset + row0 + g + 8, last);
     const MvCols m = mv_cols(a, n0, ncols, g, c);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    mv_pass<QT>(P, nb, nsb, ra, rb, m.col, m.sums, m.col2, m.sums2, !m.packed, c, acc);
-    mv_reduce(acc, ncols, m.packed, out, red);
+    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    mv_pass<QT>(P, nb, nsb, ra, rb, m.col, m.sums, m.col2, m.sums2, !m.packed, c, acc[0]);
+    mv_reduce<1>(acc, 1, ncols, m.packed, out, red);
 }
 
-// Tile t of rows [row_begin, row_end) of a K-quant weight, as mv_tile, its weights through the warp's ring.
-// The warp's items are (tile, superblock) in order: superblocks cw, cw + 8, ... of tile 0, then of tile 1, ...;
-// item i + STAGES - 1 is copied while item i is multiplied, across tile boundaries, so one call per tile in order
-// t = 0, 1, ... continues one pipeline (tile 0 fills it, the last tile drains it). Every item commits one cp.async
-// group, empty or not, so the wait below always names item i's.
+// Item t of rows [row_begin, row_end) of a K-quant weight: its PT tiles (rows row_begin + 16 PT t ..), as mv_tile,
+// the weights through the warp's ring. The warp's work is (item, superblock) in order: superblocks cw, cw + 8, ...
+// of item 0, then of item 1, ...; work unit i + STAGES - 1 is copied while unit i is multiplied, across item
+// boundaries, so one call per item in order t = 0, 1, ... continues one pipeline (item 0 fills it, the last item
+// drains it). Every unit commits one cp.async group, empty or not, so the wait below always names unit i's.
+// Writes out[k * 128 ..] for the item's tiles k < tiles_in(t).
 template <int QT, bool TWO>
 __device__ __noinline__ void mv_tile_cp(const WeightRef& w, int row_begin, int row_end, int t, const ActRef& a,
                                         int n0, int ncols, float* out, float* red, u8* rings) {
     using Q = QTraits<QT>;
     using S = Stage<QT>;
+    constexpr int PT = MK_TILES_PER_ITEM;
     constexpr u32 NS = MvRing<QT>::STAGES;
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, cw = cwarp();
     const int nb = w.cols / QK_SB, first = w.row_offset + row_begin, end = w.row_offset + w.rows;
     const u64 ntot = (u64)w.rows_total * nb;
     const Planes P = Q::planes(w.ptr, ntot);
-    const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
-    const int per = cw < nb ? (nb - 1 - cw) / MK_CONSUMER_WARPS + 1 : 0, n = ntiles * per;
-    u8* ring = rings + cw * NS * S::BYTES;
+    const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS, nitems = (ntiles + PT - 1) / PT;
+    const int per = cw < nb ? (nb - 1 - cw) / MK_CONSUMER_WARPS + 1 : 0, n = nitems * per;
+    u8* ring = rings + cw * NS * MvRing<QT>::BYTES;
     __builtin_assume(__isShared(ring));  // the stage reads below are ld.shared, not generic loads
     const u32 ring_s = smem_u32(ring);
-    // The copier: the next item to copy (ci), its tile (cti) and its index in that tile (cj), the tile's row bases
-    // (L). It moves one item a copy, so a copy costs no division and S::init runs once a tile, not once an item.
-    int ci = t == 0 ? 0 : t * per + (int)NS - 1, cti = per ? ci / per : 0, cj = ci - cti * per;
-    typename S::Lane L;
-    if (cti < ntiles) S::init(L, first + MK_TILE_ROWS * cti, end, nb, lane);
-    auto issue = [&]() {  // every item commits one cp.async group, empty or not
-        if (ci < n) {
-            S::copy(ring_s + ((u32)ci % NS) * S::BYTES, P, L, cw + MK_CONSUMER_WARPS * cj, lane, ntot);
-            if (++cj == per) {
-                cj = 0;
-                if (++cti < ntiles) S::init(L, first + MK_TILE_ROWS * cti, end, nb, lane);
-            }
+    // The copier: the next unit to copy (ci), its item (cti) and its index in that item (cj), the row bases of the
+    // item's tiles (L) and how many it has (ctn). It moves one unit a copy, so a copy costs no division, and
+    // S::init runs once per tile, not once per unit.
+    int ci = t == 0 ? 0 : t * per + (int)NS - 1, cti = per ? ci / per : 0, cj = ci - cti * per, ctn = 0;
+    typename S::Lane L[PT];
+    auto at_item = [&]() {
+        ctn = cti < nitems ? min(PT, ntiles - PT * cti) : 0;
+#pragma unroll
+        for (int k = 0; k < PT; ++k)
+            if (k < ctn) S::init(L[k], first + MK_TILE_ROWS * (PT * cti + k), end, nb, lane);
+    };
+    at_item();
+    auto issue = [&]() {
+        if (ci < n && !(MK_MV_PROBE & 2)) {
+            const u32 dst = ring_s + ((u32)ci % NS) * MvRing<QT>::BYTES;
+#pragma unroll
+            for (int k = 0; k < PT; ++k)
+                if (k < ctn) S::copy(dst + k * S::BYTES, P, L[k], cw + MK_CONSUMER_WARPS * cj, lane, ntot);
+        }
+        if (ci < n && ++cj == per) {
+            cj = 0;
+            ++cti;
+            at_item();
         }
         ++ci;
         cp_async_commit();
@@ -220,25 +252,35 @@ __device__ __noinline__ void mv_tile_cp(const WeightRef& w, int row_begin, int r
     if (t == 0)
         for (u32 s = 0; s + 1 < NS; ++s) issue();
     const MvCols m = mv_cols(a, n0, ncols, g, c);
-    const int row0 = first + MK_TILE_ROWS * t;
-    const u32 base0 = stage_row_base(row0, g, end, nb), base1 = stage_row_base(row0, g + 8, end, nb);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const int tiles = min(PT, ntiles - PT * t), row0 = first + MK_TILE_ROWS * PT * t;
+    float acc[PT][4];
+#pragma unroll
+    for (int k = 0; k < PT; ++k) acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = 0.f;
     for (int j = 0; j < per; ++j) {
         const int i = t * per + j, sb = cw + MK_CONSUMER_WARPS * j;
-        MvAct x;  // on its way from L2 while the weights land
+        MvAct x;  // on its way from L2 while the weights land; one load serves the item's PT tiles
         mv_act_load<Q::HAS_MIN>(m.col, m.sums, sb, x);
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
-        issue();       // item i + NS - 1
-        cp_async_wait<NS - 1>();  // this lane's copies of item i have landed
+        issue();       // unit i + NS - 1
+        cp_async_wait<NS - 1>();  // this lane's copies of unit i have landed
         __syncwarp();             // and every other lane's
-        const u8* st = ring + ((u32)i % NS) * S::BYTES;
-        typename Q::Row r[2];
-        S::read(r[0], st, g, c, base0 + sb);
-        S::read(r[1], st, g + 8, c, base1 + sb);
-        mv_superblock<QT>(r, x, m.col2, m.sums2, TWO, sb, c, acc);  // TWO == !m.packed
+        const u8* st = ring + ((u32)i % NS) * MvRing<QT>::BYTES;
+        if (MK_MV_PROBE & 1) {
+            acc[0][0] += __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
+            continue;
+        }
+#pragma unroll
+        for (int k = 0; k < PT; ++k)
+            if (k < tiles) {
+                const int r0 = row0 + MK_TILE_ROWS * k;
+                typename Q::Row r[2];
+                S::read(r[0], st + k * S::BYTES, g, c, stage_row_base(r0, g, end, nb) + sb);
+                S::read(r[1], st + k * S::BYTES, g + 8, c, stage_row_base(r0, g + 8, end, nb) + sb);
+                mv_superblock<QT>(r, x, m.col2, m.sums2, TWO, sb, c, acc[k]);  // TWO == !m.packed
+            }
     }
-    if (t == ntiles - 1) cp_async_wait<0>();  // nothing lands in the ring after the call's last tile
-    mv_reduce(acc, ncols, m.packed, out, red);
+    if (t == nitems - 1) cp_async_wait<0>();  // nothing lands in the ring after the call's last item
+    mv_reduce<PT>(acc, tiles, ncols, m.packed, out, red);
 }
 
 // F32 weights (small matrices only): a warp per row, the activations rebuilt from their hi + lo halves.
@@ -343,14 +385,22 @@ template <class Store>
 __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int row_end, const ActRef& a, int n0,
                         int ncols, float* scratch, Store&& store) {
     float* out = scratch;
-    float* red = scratch + 128;
+    float* red = scratch + MV_OUT_FLOATS;
     u8* rings = reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET;
-    const bool staged = mv_staged(w, row_begin);
-    for (int r0 = row_begin, t = 0; r0 < row_end; r0 += MK_TILE_ROWS, ++t) {
-        if (staged)
+    if (mv_staged(w, row_begin)) {  // items of MK_TILES_PER_ITEM tiles
+        constexpr int ITEM_ROWS = MK_TILES_PER_ITEM * MK_TILE_ROWS;
+        for (int r0 = row_begin, t = 0; r0 < row_end; r0 += ITEM_ROWS, ++t) {
             mv_dispatch_cp(w, row_begin, row_end, t, a, n0, ncols, out, red, rings);
-        else
-            mv_dispatch(g, w, r0, a, n0, ncols, out, red);
+            for (int k = 0; k < MK_TILES_PER_ITEM && r0 + MK_TILE_ROWS * k < row_end; ++k) {
+                const int tr = r0 + MK_TILE_ROWS * k;
+                store(tr, min(MK_TILE_ROWS, row_end - tr), out + 128 * k);
+                consumers_sync();
+            }
+        }
+        return;
+    }
+    for (int r0 = row_begin; r0 < row_end; r0 += MK_TILE_ROWS) {
+        mv_dispatch(g, w, r0, a, n0, ncols, out, red);
         store(r0, min(MK_TILE_ROWS, row_end - r0), out);
         consumers_sync();
     }

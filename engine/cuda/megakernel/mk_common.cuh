@@ -14,7 +14,11 @@
 #define MK_PRINTF(...) ((void)0)
 #endif
 
-#define MK_SMEM_BYTES 98304  // dynamic shared memory of the kernel (every op's scratch fits; <= 99 KB: RTX GPUs)
+// Dynamic shared memory of the kernel: build.smem_bytes(arch) sets it per GPU (every op's scratch fits the 96 KB
+// that every GPU from sm_80 on allows; the matmul rings take what more the GPU has).
+#ifndef MK_SMEM_BYTES
+#define MK_SMEM_BYTES 98304
+#endif
 
 // ---- loads and stores of data produced during the launch ----
 
