@@ -60,14 +60,22 @@ def test_limits_and_launch_shape_match_the_header() -> None:
     assert int(re.search(r"#define MK_SMEM_BYTES (\d+)", common).group(1)) == build.smem_bytes(86) == 96 * 1024
 
 
-def test_shared_memory_stays_within_each_architectures_limit() -> None:
+def test_shared_memory_stays_within_each_architectures_limit(monkeypatch) -> None:
     """The opt-in maximum a block may have (sm_80 163 KB, sm_86 / sm_89 / sm_120 99 KB, sm_90 / sm_100 227 KB),
-    less the kernel's static shared memory (under 1 KB)."""
+    less the kernel's static shared memory (under 1 KB), whatever the override asks for."""
     limits = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
-    for arch, limit in limits.items():
-        assert build.smem_bytes(arch) <= limit - 1024, arch
-        assert f"-DMK_SMEM_BYTES={build.smem_bytes(arch)}" in build.arch_options(arch)
-    assert define("NUM_EXTRA_STAGES") == 2 + layout.MAX_DRAFT == runner_stages_extra()
+    for want in (None, "128", "1000"):
+        if want is None:
+            monkeypatch.delenv("OPENJET_MK_SMEM_KB", raising=False)
+        else:
+            monkeypatch.setenv("OPENJET_MK_SMEM_KB", want)
+        for arch, limit in limits.items():
+            assert build.smem_bytes(arch) <= limit - 1024, (arch, want)
+            assert f"-DMK_SMEM_BYTES={build.smem_bytes(arch)}" in build.arch_options(arch)
+    monkeypatch.setenv("OPENJET_MK_SMEM_KB", "128")
+    assert build.smem_bytes(90) == 128 * 1024 and build.smem_bytes(86) == 98 * 1024
+    monkeypatch.delenv("OPENJET_MK_SMEM_KB")
+    assert build.smem_bytes(90) == 132 * 1024 and build.smem_bytes(80) == build.smem_bytes(120) == 96 * 1024
 
 
 def runner_stages_extra() -> int:

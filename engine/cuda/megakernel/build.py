@@ -41,11 +41,20 @@ def compile_megakernel(arch: int, extra: tuple[str, ...] = (), directory: Path |
                                 directory=directory, ptx=ptx)
 
 
+# The largest dynamic shared memory a block may opt in to, per architecture (less 1 KB for static shared memory).
+SMEM_LIMITS = {80: 162 * 1024, 86: 98 * 1024, 89: 98 * 1024, 90: 226 * 1024, 100: 226 * 1024, 120: 98 * 1024}
+
+
 def smem_bytes(arch: int) -> int:
-    """Dynamic shared memory the megakernel takes on sm_<arch>: 96 KB where a block may have at most 99 KB (sm_86,
-    sm_89, sm_120: RTX GPUs), more where the GPU allows it (163 KB on sm_80, 227 KB on sm_90 and sm_100), so that
-    the matmul rings hold deeper items (matvec.cuh MK_TILES_PER_ITEM)."""
-    return {80: 160 * 1024, 90: 224 * 1024, 100: 224 * 1024}.get(arch, 96 * 1024)
+    """Dynamic shared memory the megakernel takes on sm_<arch>: 132 KB on sm_90, where it lets a staged matmul item
+    cover two tiles (matvec.cuh MK_TILES_PER_ITEM), 96 KB (which every GPU from sm_80 on allows) elsewhere. Not
+    more: shared memory and L1 share one 256 KB array, and the kernel's spills and the norms' weights live in L1.
+    Measured on the H200 (bench/MEGAKERNEL.md, round 2), d = 0 cycle: 96 KB 23.8 ms, 132 KB 22.4, 224 KB 29.1.
+    OPENJET_MK_SMEM_KB overrides it, up to the architecture's limit (a benchmark knob)."""
+    want = os.environ.get("OPENJET_MK_SMEM_KB")
+    if want is None:
+        return 132 * 1024 if arch == 90 else 96 * 1024
+    return min(int(want) * 1024, SMEM_LIMITS.get(arch, 96 * 1024))
 
 
 def arch_options(arch: int) -> tuple[str, ...]:

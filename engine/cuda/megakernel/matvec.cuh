@@ -15,9 +15,10 @@
 #include "stage.cuh"
 
 // Tiles a staged item multiplies: each superblock of activations a warp loads serves PT tiles, and a reduction
-// (two consumer barriers) finishes PT tiles. Two where shared memory holds rings of such items (sm_80, sm_90 on).
+// (two consumer barriers) finishes PT tiles. Two where shared memory holds two Q6_K items a warp (from 128 KB:
+// build.smem_bytes gives sm_90 132 KB).
 #ifndef MK_TILES_PER_ITEM
-#define MK_TILES_PER_ITEM (MK_SMEM_BYTES >= 160 * 1024 ? 2 : 1)
+#define MK_TILES_PER_ITEM (MK_SMEM_BYTES >= 128 * 1024 ? 2 : 1)
 #endif
 #define MV_OUT_FLOATS (MK_TILES_PER_ITEM * 128)                      // out [PT][16][8]
 #define MV_SCRATCH_FLOATS (MV_OUT_FLOATS * (1 + MK_CONSUMER_WARPS))  // out, then red [8 warps][PT][16][8]
