@@ -36,12 +36,15 @@ struct AttnCoreOp {
         static __device__ void run(const Globals& g, const Parsed& p, int G, int nq, const float (&o)[ATTN_MAX_QPW][8],
                                    const float (&m)[ATTN_MAX_QPW], const float (&l)[ATTN_MAX_QPW]) {
             const int lane = threadIdx.x & 31, D = g.head_dim, DL = D / 32;
+#pragma unroll
             for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
                 const int qi = cwarp() + MK_CONSUMER_WARPS * jj;
+                if (qi >= nq) continue;  // warp-uniform
                 const float lsum = warp_sum(l[jj]);
-                if (qi >= nq) continue;
                 float* part = attn_part_at(g, p.split, qi / G, p.kv_head * G + qi % G);
-                for (int e = 0; e < DL; ++e) part[lane * DL + e] = lsum > 0.f ? o[jj][e] : 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (e < DL) part[lane * DL + e] = lsum > 0.f ? o[jj][e] : 0.f;
                 if (lane == 0) {
                     part[D] = lsum > 0.f ? m[jj] : NEG_INF;
                     part[D + 1] = lsum;
@@ -49,6 +52,9 @@ struct AttnCoreOp {
             }
         }
     };
+    // The register arrays (o, m, l, sc, pr: a warp's query slots) are indexed only by unrolled loops with constant
+    // bounds, the head's width DL and the warp's slot count nj entering as guards: a loop bounded by a run-time
+    // value leaves an array in local memory (the first GPU runs' attention kept o there, ~50 us a key block).
     // Shared memory of one instruction: per-warp rope buffers, the staged queries, one block of 32 keys and values.
     static __device__ __forceinline__ int kpitch(int D) { return 2 * D + 16; }  // 16 bytes of padding: rows in other banks
     static __device__ __forceinline__ int smem_bytes(int D, int nq) {
@@ -98,15 +104,18 @@ struct AttnCoreOp {
                                     int begin, int end, const float* qs, u8* kb, float (&o)[ATTN_MAX_QPW][8],
                                     float (&m)[ATTN_MAX_QPW], float (&l)[ATTN_MAX_QPW]) {
             const int lane = threadIdx.x & 31, D = g.head_dim, DL = D / 32;
+            const int nj = cwarp() < nq ? (nq - 1 - cwarp()) / MK_CONSUMER_WARPS + 1 : 0;  // this warp's queries
             const f16* kc = static_cast<const f16*>(L.s[LS_K]) + (i64)p.kv_head * g.capacity * D;
             const f16* vc = static_cast<const f16*>(L.s[LS_V]) + (i64)p.kv_head * g.capacity * D;
             u8* vb = kb + 32 * kpitch(D);
             int qpos[ATTN_MAX_QPW];
+#pragma unroll
             for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
                 const int qi = cwarp() + MK_CONSUMER_WARPS * jj;
                 qpos[jj] = qi < nq ? pos0 + qi / G : -1;  // -1: an empty slot sees no key
                 m[jj] = NEG_INF;
                 l[jj] = 0.f;
+#pragma unroll
                 for (int e = 0; e < 8; ++e) o[jj][e] = 0.f;
             }
             for (int k0 = begin; k0 < end; k0 += 32) {
@@ -116,6 +125,7 @@ struct AttnCoreOp {
                 cp_async_wait<0>();
                 consumers_sync();
                 float sc[ATTN_MAX_QPW];
+#pragma unroll
                 for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) sc[jj] = 0.f;
                 if (lane < num_keys) {
                     const u8* krow = kb + lane * kpitch(D);
@@ -128,9 +138,10 @@ struct AttnCoreOp {
                             kf[2 * e] = f16_to_f32((f16)(words[e] & 0xFFFFu));
                             kf[2 * e + 1] = f16_to_f32((f16)(words[e] >> 16));
                         }
+#pragma unroll
                         for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
                             const int qi = cwarp() + MK_CONSUMER_WARPS * jj;
-                            if (qi < nq) {
+                            if (jj < nj) {
                                 const float4* q = reinterpret_cast<const float4*>(qs + qi * D + d);
                                 const float4 qa = q[0], qb = q[1];
                                 sc[jj] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
@@ -140,7 +151,10 @@ struct AttnCoreOp {
                     }
                 }
                 float pr[ATTN_MAX_QPW];
+#pragma unroll
                 for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
+                    pr[jj] = 0.f;
+                    if (jj >= nj) continue;  // warp-uniform
                     const bool visible = lane < num_keys && key <= qpos[jj];
                     const float sj = visible ? sc[jj] : NEG_INF;
                     const float m_new = fmaxf(m[jj], warp_max(sj));
@@ -148,7 +162,8 @@ struct AttnCoreOp {
                     pr[jj] = visible ? expf(sj - m_new) : 0.f;
                     l[jj] = l[jj] * corr + pr[jj];
                     m[jj] = m_new;
-                    for (int e = 0; e < DL; ++e) o[jj][e] *= corr;
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) o[jj][e] *= corr;
                 }
                 for (int kk = 0; kk < num_keys; ++kk) {
                     const f16* vrow = reinterpret_cast<const f16*>(vb + kk * 2 * D) + lane * DL;
@@ -162,11 +177,15 @@ struct AttnCoreOp {
                             v[2 * e + 1] = f16_to_f32((f16)(words[e] >> 16));
                         }
                     } else {
-                        for (int e = 0; e < DL; ++e) v[e] = f16_to_f32(vrow[e]);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) v[e] = e < DL ? f16_to_f32(vrow[e]) : 0.f;
                     }
+#pragma unroll
                     for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
+                        if (jj >= nj) continue;  // warp-uniform
                         const float pj = __shfl_sync(FULL_MASK, pr[jj], kk);
-                        for (int e = 0; e < DL; ++e) o[jj][e] += pj * v[e];
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) o[jj][e] += pj * v[e];  // lanes past DL add zeros
                     }
                 }
             }

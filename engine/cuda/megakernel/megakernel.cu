@@ -164,7 +164,7 @@ struct Consumer {
     }
 };
 
-__global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const Globals g) {
+__global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const __grid_constant__ Globals g) {
     extern __shared__ __align__(16) float dynamic_smem[];
     __shared__ Smem s;
     if (threadIdx.x == 0) {
