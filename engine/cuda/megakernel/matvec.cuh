@@ -20,8 +20,16 @@
 #ifndef MK_TILES_PER_ITEM
 #define MK_TILES_PER_ITEM (MK_SMEM_BYTES >= 128 * 1024 ? 2 : 1)
 #endif
-#define MV_OUT_FLOATS (MK_TILES_PER_ITEM * 128)                      // out [PT][16][8]
-#define MV_SCRATCH_FLOATS (MV_OUT_FLOATS * (1 + MK_CONSUMER_WARPS))  // out, then red [8 warps][PT][16][8]
+// Stream mode (MK_MV_STREAM=1, an experiment until measured): the warps split a batch of MV_BATCH tiles' (tile,
+// superblock) units into 8 contiguous ranges and run through them without meeting, each leaving one partial a
+// tile it touched; the batch is summed over the warps in warp order after one barrier (mv_rows_stream).
+#ifndef MK_MV_STREAM
+#define MK_MV_STREAM 0
+#endif
+#define MV_BATCH (MK_SMEM_BYTES >= 128 * 1024 ? 8 : 4)
+#define MV_OUT_TILES (MK_MV_STREAM ? MV_BATCH : MK_TILES_PER_ITEM)
+#define MV_OUT_FLOATS (MV_OUT_TILES * 128)                           // out [tiles][16][8]
+#define MV_SCRATCH_FLOATS (MV_OUT_FLOATS * (1 + MK_CONSUMER_WARPS))  // out, then red [8 warps][tiles][16][8]
 // The rings live after the first MK_RING_OFFSET bytes of the scratch area (the matmul's out and red, then 4.5 KB
 // for the ops' own buffers: ffn_up's gate / up values), one per consumer warp.
 #define MK_RING_OFFSET (4 * MV_SCRATCH_FLOATS + 4608)
@@ -34,7 +42,7 @@
 #endif
 
 template <int QT> struct MvRing {
-    static constexpr int BYTES = MK_TILES_PER_ITEM * Stage<QT>::BYTES;  // one item: a superblock of PT tiles
+    static constexpr int BYTES = (MK_MV_STREAM ? 1 : MK_TILES_PER_ITEM) * Stage<QT>::BYTES;  // one unit's stage
     static constexpr int STAGES = Stage<QT>::STAGES * BYTES <= MK_RING_WARP_BYTES ? Stage<QT>::STAGES
                                                                                 : MK_RING_WARP_BYTES / BYTES;
     static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
@@ -381,6 +389,102 @@ __device__ __noinline__ void mv_dispatch_cp(const WeightRef& w, int row_begin, i
 #undef MK_CP_CASE
 }
 
+// Stream mode: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight. Units (tile, superblock) in
+// tile-major order; the warp takes units [cw N / 8, (cw + 1) N / 8) through its ring (filled at the start,
+// drained at the end of the batch) and writes, for every tile its range touches, its fragment sums into
+// part[cw][tile] (the tiles it does not touch stay zero).
+template <int QT, bool TWO>
+__device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, const ActRef& a, int n0,
+                                         int ncols, float* part, u8* rings) {
+    using Q = QTraits<QT>;
+    using S = Stage<QT>;
+    constexpr u32 NS = MvRing<QT>::STAGES;
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, cw = cwarp();
+    const int nb = w.cols / QK_SB, first = w.row_offset + row_begin + MK_TILE_ROWS * b0, end = w.row_offset + w.rows;
+    const u64 ntot = (u64)w.rows_total * nb;
+    const Planes P = Q::planes(w.ptr, ntot);
+    const int N = nt * nb, i0 = cw * N / MK_CONSUMER_WARPS, i1 = (cw + 1) * N / MK_CONSUMER_WARPS;
+    u8* ring = rings + cw * NS * S::BYTES;
+    __builtin_assume(__isShared(ring));
+    const u32 ring_s = smem_u32(ring);
+    float* mine = part + cw * MV_BATCH * 128;
+    for (int o = lane; o < nt * 128; o += 32) mine[o] = 0.f;
+    __syncwarp();  // the zeros land before any lane's sums
+    // The copier: unit ci, its tile ct and superblock cs, the tile's row bases L.
+    int ci = i0, ct = nb ? i0 / nb : 0, cs = i0 - ct * nb;
+    typename S::Lane L;
+    if (ci < i1) S::init(L, first + MK_TILE_ROWS * ct, end, nb, lane);
+    auto issue = [&]() {  // every unit commits one cp.async group, empty or not
+        if (ci < i1) {
+            if (!(MK_MV_PROBE & 2)) S::copy(ring_s + ((u32)(ci - i0) % NS) * S::BYTES, P, L, cs, lane, ntot);
+            if (++cs == nb) {
+                cs = 0;
+                if (++ct < nt) S::init(L, first + MK_TILE_ROWS * ct, end, nb, lane);
+            }
+        }
+        ++ci;
+        cp_async_commit();
+    };
+    for (u32 s = 0; s + 1 < NS; ++s) issue();
+    const MvCols m = mv_cols(a, n0, ncols, g, c);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    int t = nb ? i0 / nb : 0, sb = i0 - t * nb;
+    for (int i = i0; i < i1; ++i) {
+        MvAct x;  // on its way from L2 while the weights land
+        mv_act_load<Q::HAS_MIN>(m.col, m.sums, sb, x);
+        __syncwarp();  // every lane is done reading the stage the next copy overwrites
+        issue();       // unit i + NS - 1
+        cp_async_wait<NS - 1>();
+        __syncwarp();
+        const u8* st = ring + ((u32)(i - i0) % NS) * S::BYTES;
+        if (MK_MV_PROBE & 1) {
+            acc[0] += __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
+        } else {
+            const int r0 = first + MK_TILE_ROWS * t;
+            typename Q::Row r[2];
+            S::read(r[0], st, g, c, stage_row_base(r0, g, end, nb) + sb);
+            S::read(r[1], st, g + 8, c, stage_row_base(r0, g + 8, end, nb) + sb);
+            mv_superblock<QT>(r, x, m.col2, m.sums2, TWO, sb, c, acc);  // TWO == !m.packed
+        }
+        const bool tile_done = ++sb == nb;
+        if (tile_done || i + 1 == i1) {  // the last unit of this tile in the warp's range: its partial
+            float* dst = mine + t * 128;
+            dst[g * 8 + 2 * c] = acc[0];
+            dst[g * 8 + 2 * c + 1] = acc[1];
+            dst[(g + 8) * 8 + 2 * c] = acc[2];
+            dst[(g + 8) * 8 + 2 * c + 1] = acc[3];
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+        }
+        if (tile_done) {
+            sb = 0;
+            ++t;
+        }
+    }
+    cp_async_wait<0>();  // nothing lands in the ring after the batch
+}
+
+__device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin, int b0, int nt, const ActRef& a,
+                                               int n0, int ncols, float* part, u8* rings) {
+#define MK_BATCH_CASE(QTYPE)                                                                 \
+    case QTYPE:                                                                              \
+        if (ncols > 4) mv_batch_cp<QTYPE, true>(w, row_begin, b0, nt, a, n0, ncols, part, rings);  \
+        else mv_batch_cp<QTYPE, false>(w, row_begin, b0, nt, a, n0, ncols, part, rings);        \
+        break;
+    switch (w.qtype) {
+#if MK_HAS_QT(QT_Q4_K)
+        MK_BATCH_CASE(QT_Q4_K)
+#endif
+#if MK_HAS_QT(QT_Q5_K)
+        MK_BATCH_CASE(QT_Q5_K)
+#endif
+#if MK_HAS_QT(QT_Q6_K)
+        MK_BATCH_CASE(QT_Q6_K)
+#endif
+        default: break;  // mv_staged said no
+    }
+#undef MK_BATCH_CASE
+}
+
 // For every 16-row tile of [row_begin, row_end): the tile's products into scratch, then store(tile_row0, rows, out).
 template <class Store>
 __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int row_end, const ActRef& a, int n0,
@@ -388,6 +492,32 @@ __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int
     float* out = scratch;
     float* red = scratch + MV_OUT_FLOATS;
     u8* rings = reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET;
+    if (MK_MV_STREAM && mv_staged(w, row_begin)) {  // batches of MV_BATCH tiles, one barrier before their sums
+        const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
+        const bool packed = ncols <= 4;  // mv_cols: residues in columns ncols + n
+        for (int b0 = 0; b0 < ntiles; b0 += MV_BATCH) {
+            const int nt = min(MV_BATCH, ntiles - b0);
+            mv_dispatch_batch(w, row_begin, b0, nt, a, n0, ncols, red, rings);
+            consumers_sync();
+            for (int o = ctid(); o < nt * 128; o += MK_CONSUMER_THREADS) {
+                const int t = o >> 7, r = (o >> 3) & 15, col = o & 7;
+                float v = 0.f;
+                if (col < ncols)
+                    for (int wp = 0; wp < MK_CONSUMER_WARPS; ++wp) {  // warp order: the sum does not depend on timing
+                        const float* q = red + (wp * MV_BATCH + t) * 128;
+                        v += q[r * 8 + col] + (packed ? q[r * 8 + col + ncols] : 0.f);
+                    }
+                out[o] = v;
+            }
+            consumers_sync();
+            for (int t = 0; t < nt; ++t) {  // distinct out tiles: no barrier between the stores
+                const int tr = row_begin + MK_TILE_ROWS * (b0 + t);
+                store(tr, min(MK_TILE_ROWS, row_end - tr), out + 128 * t);
+            }
+            consumers_sync();
+        }
+        return;
+    }
     if (mv_staged(w, row_begin)) {  // items of MK_TILES_PER_ITEM tiles
         constexpr int ITEM_ROWS = MK_TILES_PER_ITEM * MK_TILE_ROWS;
         for (int r0 = row_begin, t = 0; r0 < row_end; r0 += ITEM_ROWS, ++t) {
