@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine.cuda import nvrtc
-from engine.cuda.megakernel import build, instructions, layout, runner, structs
+from engine.cuda.megakernel import build, instructions, layout, structs
 from engine.cuda.megakernel.instructions import CLASSES, INST_ARGS, INST_WORDS, Op
 
 CUBIN_ARCHS = (80, 90, 120)  # A100, H100/H200, RTX 50
@@ -55,7 +55,8 @@ def test_limits_and_launch_shape_match_the_header() -> None:
     assert float(DEFINES["MK_SAMPLE_CUTOFF"].rstrip("f")) == layout.SAMPLE_CUTOFF
     assert define("MK_ATTN_MIN_KEYS_LOG2") == layout.ATTN_MIN_KEYS_LOG2
     assert define("MK_TILE_ROWS") == layout.TILE_ROWS
-    assert (define("MK_FIRST_CONSUMER") + define("MK_CONSUMER_WARPS")) * 32 == runner.MK_THREADS
+    assert (define("MK_FIRST_CONSUMER") + define("MK_CONSUMER_WARPS")) * 32 == build.threads(()) == 320
+    assert build.threads(("-DMK_QT_MASK=1", "-DMK_CONSUMER_WARPS=16")) == 576
     common = (build.MEGAKERNEL_DIR / "mk_common.cuh").read_text()
     assert int(re.search(r"#define MK_SMEM_BYTES (\d+)", common).group(1)) == build.smem_bytes(86) == 96 * 1024
 

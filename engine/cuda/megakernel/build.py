@@ -62,6 +62,16 @@ def arch_options(arch: int) -> tuple[str, ...]:
     return (f"-DMK_SMEM_BYTES={smem_bytes(arch)}",)
 
 
+def threads(options: tuple[str, ...]) -> int:
+    """Threads of the block the options compile (opcodes.cuh MK_THREADS): the controller and loader warps and
+    MK_CONSUMER_WARPS consumer warps, 8 unless a define says otherwise."""
+    warps = 8
+    for opt in options:
+        if opt.startswith("-DMK_CONSUMER_WARPS="):
+            warps = int(opt.split("=", 1)[1])
+    return (2 + warps) * 32
+
+
 def tuning_defines() -> tuple[str, ...]:
     """Defines from OPENJET_MK_DEFINES ("MK_PREFETCH_AHEAD=0,NAME=VALUE"): the tuning knobs a benchmark sweeps."""
     items = [i.strip() for i in os.environ.get("OPENJET_MK_DEFINES", "").split(",") if i.strip()]

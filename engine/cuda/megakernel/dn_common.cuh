@@ -14,7 +14,7 @@
 template <int KL, int COLS>
 struct DnHead {
     static constexpr int ROWS_PER_LANE = KL, COLS_PER_WARP = COLS;
-    static constexpr int CG = COLS / 4, RG = 32 / CG, RPT = 32 * KL / RG, DK = 32 * KL, DV = 8 * COLS;
+    static constexpr int CG = COLS / 4, RG = 32 / CG, RPT = 32 * KL / RG, DK = 32 * KL, DV = MK_CONSUMER_WARPS * COLS;
     static_assert(COLS % 4 == 0 && 32 % CG == 0 && (32 * KL) % RG == 0, "Dv a multiple of 32, Dk of the row groups");
     float s[RPT][4];
 
@@ -123,8 +123,8 @@ template <class F>
 __device__ bool dn_dispatch(const Globals& g, F&& f) {
 #define MK_DN_CASE(DK, DV)                                 \
     if (g.ssm_dk == (DK) && g.ssm_dv == (DV)) {            \
-        static_assert((DK) % 32 == 0 && (DV) % 8 == 0, ""); \
-        f(DnHead<(DK) / 32, (DV) / 8>{});                  \
+        static_assert((DK) % 32 == 0 && (DV) % MK_CONSUMER_WARPS == 0, ""); \
+        f(DnHead<(DK) / 32, (DV) / MK_CONSUMER_WARPS>{});                  \
         return true;                                       \
     }
     MK_DN_SIZES(MK_DN_CASE)

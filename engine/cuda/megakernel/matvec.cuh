@@ -15,10 +15,11 @@
 #include "stage.cuh"
 
 // Tiles a staged item multiplies: each superblock of activations a warp loads serves PT tiles, and a reduction
-// (two consumer barriers) finishes PT tiles. Two where shared memory holds two Q6_K items a warp (from 128 KB:
-// build.smem_bytes gives sm_90 132 KB).
+// (two consumer barriers) finishes PT tiles. Two where each warp's ring holds two Q6_K items of two tiles (3,648
+// bytes a tile) after the 13.5 KB of scratch that items of two tiles take: with 8 consumer warps from ~130 KB
+// (build.smem_bytes gives sm_90 132 KB).
 #ifndef MK_TILES_PER_ITEM
-#define MK_TILES_PER_ITEM (MK_SMEM_BYTES >= 128 * 1024 ? 2 : 1)
+#define MK_TILES_PER_ITEM ((MK_SMEM_BYTES - 13824) / MK_CONSUMER_WARPS >= 2 * 2 * 3648 ? 2 : 1)
 #endif
 // Stream mode (MK_MV_STREAM=1, an experiment until measured): the warps split a batch of MV_BATCH tiles' (tile,
 // superblock) units into 8 contiguous ranges and run through them without meeting, each leaving one partial a

@@ -133,7 +133,9 @@
 #define MK_WARP_CONTROLLER 0  // fetches instructions, waits on counters, records timings
 #define MK_WARP_LOADER 1      // prefetches the weights of the instructions ahead into L2
 #define MK_FIRST_CONSUMER 2   // warps 2 .. 2 + MK_CONSUMER_WARPS - 1 compute and store
-#define MK_CONSUMER_WARPS 8
+#ifndef MK_CONSUMER_WARPS
+#define MK_CONSUMER_WARPS 8   // 16: an experiment (build.threads reads it from the options; needs 132 KB of smem)
+#endif
 #define MK_THREADS ((MK_FIRST_CONSUMER + MK_CONSUMER_WARPS) * 32)
 #define MK_CONSUMER_THREADS (MK_CONSUMER_WARPS * 32)
 #ifndef MK_PREFETCH_AHEAD

@@ -23,7 +23,6 @@ from engine.cuda.megakernel.schedule import PROGRAMS, Program, ScheduleConfig, b
 from engine.cuda.megakernel.structs import ActRef, Globals, assign
 from engine.cuda.megakernel.upload import DeviceModel, layer_tables, rope_inv_freq, upload_model, weight_ref
 
-MK_THREADS = 320  # opcodes.cuh: (2 + MK_CONSUMER_WARPS) * 32
 ELEMENT_BYTES = {"f32": 4, "i32": 4, "u32": 4, "u8": 1, "kv": 2}
 TIME_SLOTS = 3
 
@@ -90,6 +89,7 @@ class GpuExecutor:
         arch, ptx = self.dev.info.arch, False
         self.smem_bytes = build.smem_bytes(arch)  # what this GPU allows, whatever the code is compiled for
         extra = build.model_options(self.spec) + build.arch_options(arch)
+        self.threads = build.threads(extra)
         supported = nvrtc.supported_archs()
         if arch not in supported:  # a GPU newer than this NVRTC: PTX, JIT-compiled by the driver
             arch, ptx = max(a for a in supported if a <= arch), True
@@ -103,7 +103,7 @@ class GpuExecutor:
         self._fn = check(drv.cuModuleGetFunction(self._module, compiled.symbols[build.ENTRY].encode()), "megakernel")
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check(drv.cuFuncSetAttribute(self._fn, attr, self.smem_bytes), "cuFuncSetAttribute(megakernel)")
-        blocks = check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, MK_THREADS, self.smem_bytes),
+        blocks = check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, self.threads, self.smem_bytes),
                        "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         if int(blocks) < 1:
             raise MegakernelError("the megakernel does not fit on one SM of this GPU (registers or shared memory)")
@@ -174,7 +174,7 @@ class GpuExecutor:
               "zero counters")
         ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         try:
-            check(drv.cuLaunchCooperativeKernel(self._fn, self.config.num_sms, 1, 1, MK_THREADS, 1, 1, self.smem_bytes,
+            check(drv.cuLaunchCooperativeKernel(self._fn, self.config.num_sms, 1, 1, self.threads, 1, 1, self.smem_bytes,
                                                 self.dev.stream, ctypes.addressof(ptrs)), "launch megakernel")
             if isinstance(program, Program):
                 self.dev.synchronize()
