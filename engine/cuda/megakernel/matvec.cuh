@@ -8,8 +8,10 @@
 //
 // K-quant weights (Q4_K, Q5_K, Q6_K) stream through shared memory instead (mv_tile_cp): each consumer warp copies
 // its superblocks with cp.async into a ring of stages (kernels/stage.cuh, the per-op mmvq_cp's) that runs on
-// across the tiles of one mv_rows call, so the next tile's weights are in flight while a tile is reduced and
-// stored. The other types read their weights into registers, one superblock ahead (mv_tile).
+// across the items of one mv_rows call, so the next item's weights are in flight while one is reduced and stored;
+// an item is MK_TILES_PER_ITEM tiles that share each superblock's activation loads and one reduction. The other
+// types read their weights into registers, one superblock ahead (mv_tile). MK_MV_STREAM=1 (an experiment) splits
+// a batch of tiles into contiguous per-warp ranges instead (mv_batch_cp).
 #pragma once
 #include "mk_common.cuh"
 #include "stage.cuh"
