@@ -30,29 +30,46 @@ struct MixInOp {
                 default: return g.off_beta;
             }
         }
-        // conv channel c = r0 + r for the pass's rows: out[r * 8 + t] is its new input of row t
+        // conv channel c for the pass's rows: in[t] is its new input of row t. The channel's sequence is [the
+        // window's K - 1 committed rows | this pass's inputs]; win holds its last 7 values, newest last, and
+        // shifts by one a row, so every index into it is a constant (an array indexed by a run-time value would
+        // live in local memory). K <= 8 (run() checks).
         static __device__ void conv(const Globals& g, const LayerRefs& L, int rows, int c, const float* in) {
             const int K = g.conv_kernel, C = g.conv_dim, n_prev = ctl_get(g, CTL_COMMIT_N);
             float* window = static_cast<float*>(L.s[LS_WINDOW]);
             const float* wc = L.v[LV_SSM_CONV1D] + (i64)c * K;
-            float hist[8];
-            for (int j = 0; j < K - 1; ++j) hist[j] = ld_cg(window + (i64)(n_prev + j) * C + c);
-            for (int t = 0; t < rows; ++t) {
-                float acc = 0.f;  // ops.causal_conv1d's order: window row t + j times tap j, j ascending
-                for (int j = 0; j < K; ++j) acc += (t + j < K - 1 ? hist[t + j] : in[t + j - (K - 1)]) * wc[j];
-                g.conv_out[(i64)t * C + c] = silu_ref(acc);
+            float win[7];
+#pragma unroll
+            for (int p = 0; p < 7; ++p) {  // committed row i = p - 8 + K at slot p, right-aligned
+                const int i = p - 8 + K;
+                win[p] = i >= 0 ? ld_cg(window + (i64)(n_prev + i) * C + c) : 0.f;
             }
-            for (int j = 0; j < K - 1; ++j) window[(i64)j * C + c] = hist[j];
-            for (int t = 0; t < rows; ++t) window[(i64)(K - 1 + t) * C + c] = in[t];
+#pragma unroll
+            for (int p = 0; p < 7; ++p) {  // the commit: those rows move to the window's start
+                const int i = p - 8 + K;
+                if (i >= 0) window[(i64)i * C + c] = win[p];
+            }
+            for (int t = 0; t < rows; ++t) {
+                const float x = in[t];
+                float acc = 0.f;  // ops.causal_conv1d's order: tap j ascending, the value K - 1 - j rows back
+#pragma unroll
+                for (int back = 7; back >= 0; --back)
+                    if (back < K) acc += (back == 0 ? x : win[7 - back]) * wc[K - 1 - back];
+                g.conv_out[(i64)t * C + c] = silu_ref(acc);
+                window[(i64)(K - 1 + t) * C + c] = x;
+#pragma unroll
+                for (int p = 0; p < 6; ++p) win[p] = win[p + 1];
+                win[6] = x;
+            }
         }
         static __device__ void run(const Globals& g, const Parsed& p, int rows, int r0, int n, const float* out) {
             const LayerRefs& L = layer_refs(g, p.layer);
             if (p.matrix == LW_ATTN_QKV) {
-                if (ctid() < n) {
-                    float in[MK_MAX_ROWS];
-                    for (int t = 0; t < rows; ++t) in[t] = out[ctid() * 8 + t];
-                    conv(g, L, rows, r0 + ctid(), in);
+                if (g.conv_kernel > 8) {  // conv's register window holds 7 rows back
+                    if (ctid() == 0) mk_fail(g, ERR_BAD_SHAPE, blockIdx.x, -1, g.conv_kernel, 8, 0, 0);
+                    return;
                 }
+                if (ctid() < n) conv(g, L, rows, r0 + ctid(), out + ctid() * 8);
                 return;
             }
             const int off = proj_offset(g, p.matrix);
