@@ -52,6 +52,16 @@ struct AttnCoreOp {
             }
         }
     };
+    // Eight f16 at p (16-byte aligned, shared memory) as floats.
+    static __device__ __forceinline__ void f16x8_to_f32(const void* p, float (&out)[8]) {
+        const uint4 w = *reinterpret_cast<const uint4*>(p);
+        const u32 words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            out[2 * e] = f16_to_f32((f16)(words[e] & 0xFFFFu));
+            out[2 * e + 1] = f16_to_f32((f16)(words[e] >> 16));
+        }
+    }
     // The register arrays (o, m, l, sc, pr: a warp's query slots) are indexed only by unrolled loops with constant
     // bounds, the head's width DL and the warp's slot count nj entering as guards: a loop bounded by a run-time
     // value leaves an array in local memory (the first GPU runs' attention kept o there, ~50 us a key block).
@@ -130,14 +140,8 @@ struct AttnCoreOp {
                 if (lane < num_keys) {
                     const u8* krow = kb + lane * kpitch(D);
                     for (int d = 0; d < D; d += 8) {
-                        const uint4 w = *reinterpret_cast<const uint4*>(krow + 2 * d);
-                        const u32 words[4] = {w.x, w.y, w.z, w.w};
                         float kf[8];
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            kf[2 * e] = f16_to_f32((f16)(words[e] & 0xFFFFu));
-                            kf[2 * e + 1] = f16_to_f32((f16)(words[e] >> 16));
-                        }
+                        f16x8_to_f32(krow + 2 * d, kf);
 #pragma unroll
                         for (int jj = 0; jj < ATTN_MAX_QPW; ++jj) {
                             const int qi = cwarp() + MK_CONSUMER_WARPS * jj;
@@ -169,13 +173,7 @@ struct AttnCoreOp {
                     const f16* vrow = reinterpret_cast<const f16*>(vb + kk * 2 * D) + lane * DL;
                     float v[8];
                     if (DL == 8) {  // Qwen3.8's 256-wide heads: one 16-byte read
-                        const uint4 w = *reinterpret_cast<const uint4*>(vrow);
-                        const u32 words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            v[2 * e] = f16_to_f32((f16)(words[e] & 0xFFFFu));
-                            v[2 * e + 1] = f16_to_f32((f16)(words[e] >> 16));
-                        }
+                        f16x8_to_f32(vrow, v);
                     } else {
 #pragma unroll
                         for (int e = 0; e < 8; ++e) v[e] = e < DL ? f16_to_f32(vrow[e]) : 0.f;

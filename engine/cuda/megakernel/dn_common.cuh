@@ -41,13 +41,7 @@ struct DnHead {
     }
     __device__ void load(const float* ssm, int h) {
 #pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-            const float4 v = ld_cg_f4(at(ssm, h, row(i)));
-            s[i][0] = v.x;
-            s[i][1] = v.y;
-            s[i][2] = v.z;
-            s[i][3] = v.w;
-        }
+        for (int i = 0; i < RPT; ++i) ld_cg_f4(at(ssm, h, row(i)), s[i]);
     }
     __device__ void store(float* ssm, int h) const {
 #pragma unroll
@@ -101,11 +95,7 @@ __device__ void dn_replay(const Globals& g, const LayerRefs& L, int h, int n_pre
         float k[H::RPT], v[4];
 #pragma unroll
         for (int i = 0; i < H::RPT; ++i) k[i] = ld_cg(rk + ((i64)t * hv + h) * H::DK + H::row(i));
-        const float4 vv = ld_cg_f4(rv + ((i64)t * hv + h) * H::DV + H::col0());
-        v[0] = vv.x;
-        v[1] = vv.y;
-        v[2] = vv.z;
-        v[3] = vv.w;
+        ld_cg_f4(rv + ((i64)t * hv + h) * H::DV + H::col0(), v);
         st.update(k, v, ld_cg(rgate + (i64)t * hv + h), ld_cg(rb + (i64)t * hv + h));
     }
 }

@@ -39,11 +39,7 @@ struct DnRuleOp {
             q[i] *= qn;
             k[i] *= kn;
         }
-        const float4 vv = ld_cg_f4(row + 2 * key + h * H::DV + H::col0());
-        v[0] = vv.x;
-        v[1] = vv.y;
-        v[2] = vv.z;
-        v[3] = vv.w;
+        ld_cg_f4(row + 2 * key + h * H::DV + H::col0(), v);
         const float* pr = g.proj + (i64)t * g.proj_width;
         gt = L.v[LV_SSM_A][h] * softplus_ref(ld_cg(pr + g.off_alpha + h) + L.v[LV_SSM_DT][h]);
         bt = sigmoid_ref(ld_cg(pr + g.off_beta + h));

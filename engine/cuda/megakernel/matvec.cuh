@@ -144,31 +144,38 @@ __device__ __forceinline__ void mv_pass(const Planes& P, int nb, int nsb, int ra
     }
 }
 
-// Reduce the warps' fragments of `tiles` tiles (red: [8 warps][PT][16][8]) into out[PT][16][8] (columns
-// ncols + n folded into n).
-template <int PT>
-__device__ __forceinline__ void mv_reduce(const float (&acc)[PT][4], int tiles, int ncols, bool packed, float* out,
-                                          float* red) {
+// A warp's mma fragment (lane: rows g, g + 8, columns 2c, 2c + 1) into dst[16][8].
+__device__ __forceinline__ void mv_frag_store(const float (&acc)[4], float* dst) {
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-#pragma unroll
-    for (int k = 0; k < PT; ++k) {
-        float* mine = red + (cwarp() * PT + k) * 128;
-        mine[g * 8 + 2 * c] = acc[k][0];
-        mine[g * 8 + 2 * c + 1] = acc[k][1];
-        mine[(g + 8) * 8 + 2 * c] = acc[k][2];
-        mine[(g + 8) * 8 + 2 * c + 1] = acc[k][3];
-    }
-    consumers_sync();
+    dst[g * 8 + 2 * c] = acc[0];
+    dst[g * 8 + 2 * c + 1] = acc[1];
+    dst[(g + 8) * 8 + 2 * c] = acc[2];
+    dst[(g + 8) * 8 + 2 * c + 1] = acc[3];
+}
+
+// out[k][16][8] = the sum over the warps, in warp order, of red[w][k] (`stride` tiles a warp), k < tiles, columns
+// ncols + n folded into n when packed. Every consumer thread takes part; the caller syncs around it.
+__device__ __forceinline__ void mv_fold(const float* red, int stride, int tiles, int ncols, bool packed, float* out) {
     for (int o = ctid(); o < 128 * tiles; o += MK_CONSUMER_THREADS) {
         const int k = o >> 7, r = (o >> 3) & 15, col = o & 7;
         float v = 0.f;
         if (col < ncols)
             for (int w = 0; w < MK_CONSUMER_WARPS; ++w) {
-                const float* t = red + (w * PT + k) * 128;
+                const float* t = red + (w * stride + k) * 128;
                 v += t[r * 8 + col] + (packed ? t[r * 8 + col + ncols] : 0.f);
             }
         out[o] = v;
     }
+}
+
+// Reduce the warps' fragments of `tiles` tiles (red: [8 warps][PT][16][8]) into out[PT][16][8].
+template <int PT>
+__device__ __forceinline__ void mv_reduce(const float (&acc)[PT][4], int tiles, int ncols, bool packed, float* out,
+                                          float* red) {
+#pragma unroll
+    for (int k = 0; k < PT; ++k) mv_frag_store(acc[k], red + (cwarp() * PT + k) * 128);
+    consumers_sync();
+    mv_fold(red, PT, tiles, ncols, packed, out);
     consumers_sync();
 }
 
@@ -368,28 +375,43 @@ __device__ __forceinline__ bool mv_staged(const WeightRef& w, int row_begin) {
            (w.qtype == QT_Q6_K && MK_HAS_QT(QT_Q6_K));
 }
 
-// The staged tile's instance: weight type, and whether the rows' residues need a second mma (more than 4 rows;
-// a template argument, so the packed instance carries no residue pointers or branches).
-__device__ __noinline__ void mv_dispatch_cp(const WeightRef& w, int row_begin, int row_end, int t, const ActRef& a,
-                                            int n0, int ncols, float* out, float* red, u8* rings) {
-#define MK_CP_CASE(QTYPE)                                                                              \
-    case QTYPE:                                                                                        \
-        if (ncols > 4) mv_tile_cp<QTYPE, true>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings);  \
-        else mv_tile_cp<QTYPE, false>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings);          \
+// The staged instance for a weight: f(MvKind<QT, TWO>{}) with its K-quant type and whether the rows' residues need
+// a second mma (more than 4 rows; a template argument, so the packed instance carries no residue pointers or
+// branches). Types mv_staged refuses do nothing.
+template <int QT, bool TWO> struct MvKind {
+    static constexpr int QTYPE = QT;
+    static constexpr bool RESIDUE_MMA = TWO;
+};
+template <class F>
+__device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, F&& f) {
+#define MK_KIND_CASE(QTYPE)               \
+    case QTYPE:                           \
+        if (ncols > 4)                    \
+            f(MvKind<QTYPE, true>{});     \
+        else                              \
+            f(MvKind<QTYPE, false>{});    \
         break;
-    switch (w.qtype) {
+    switch (qtype) {
 #if MK_HAS_QT(QT_Q4_K)
-        MK_CP_CASE(QT_Q4_K)
+        MK_KIND_CASE(QT_Q4_K)
 #endif
 #if MK_HAS_QT(QT_Q5_K)
-        MK_CP_CASE(QT_Q5_K)
+        MK_KIND_CASE(QT_Q5_K)
 #endif
 #if MK_HAS_QT(QT_Q6_K)
-        MK_CP_CASE(QT_Q6_K)
+        MK_KIND_CASE(QT_Q6_K)
 #endif
         default: break;  // mv_staged said no
     }
-#undef MK_CP_CASE
+#undef MK_KIND_CASE
+}
+
+__device__ __noinline__ void mv_dispatch_cp(const WeightRef& w, int row_begin, int row_end, int t, const ActRef& a,
+                                            int n0, int ncols, float* out, float* red, u8* rings) {
+    mv_staged_kind(w.qtype, ncols, [&](auto kind) {
+        using K = decltype(kind);
+        mv_tile_cp<K::QTYPE, K::RESIDUE_MMA>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings);
+    });
 }
 
 // Stream mode: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight. Units (tile, superblock) in
@@ -451,11 +473,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         }
         const bool tile_done = ++sb == nb;
         if (tile_done || i + 1 == i1) {  // the last unit of this tile in the warp's range: its partial
-            float* dst = mine + t * 128;
-            dst[g * 8 + 2 * c] = acc[0];
-            dst[g * 8 + 2 * c + 1] = acc[1];
-            dst[(g + 8) * 8 + 2 * c] = acc[2];
-            dst[(g + 8) * 8 + 2 * c + 1] = acc[3];
+            mv_frag_store(acc, mine + t * 128);
             acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
         }
         if (tile_done) {
@@ -468,24 +486,10 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
 
 __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin, int b0, int nt, const ActRef& a,
                                                int n0, int ncols, float* part, u8* rings) {
-#define MK_BATCH_CASE(QTYPE)                                                                 \
-    case QTYPE:                                                                              \
-        if (ncols > 4) mv_batch_cp<QTYPE, true>(w, row_begin, b0, nt, a, n0, ncols, part, rings);  \
-        else mv_batch_cp<QTYPE, false>(w, row_begin, b0, nt, a, n0, ncols, part, rings);        \
-        break;
-    switch (w.qtype) {
-#if MK_HAS_QT(QT_Q4_K)
-        MK_BATCH_CASE(QT_Q4_K)
-#endif
-#if MK_HAS_QT(QT_Q5_K)
-        MK_BATCH_CASE(QT_Q5_K)
-#endif
-#if MK_HAS_QT(QT_Q6_K)
-        MK_BATCH_CASE(QT_Q6_K)
-#endif
-        default: break;  // mv_staged said no
-    }
-#undef MK_BATCH_CASE
+    mv_staged_kind(w.qtype, ncols, [&](auto kind) {
+        using K = decltype(kind);
+        mv_batch_cp<K::QTYPE, K::RESIDUE_MMA>(w, row_begin, b0, nt, a, n0, ncols, part, rings);
+    });
 }
 
 // For every 16-row tile of [row_begin, row_end): the tile's products into scratch, then store(tile_row0, rows, out).
@@ -497,21 +501,11 @@ __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int
     u8* rings = reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET;
     if (MK_MV_STREAM && mv_staged(w, row_begin)) {  // batches of MV_BATCH tiles, one barrier before their sums
         const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
-        const bool packed = ncols <= 4;  // mv_cols: residues in columns ncols + n
         for (int b0 = 0; b0 < ntiles; b0 += MV_BATCH) {
             const int nt = min(MV_BATCH, ntiles - b0);
             mv_dispatch_batch(w, row_begin, b0, nt, a, n0, ncols, red, rings);
             consumers_sync();
-            for (int o = ctid(); o < nt * 128; o += MK_CONSUMER_THREADS) {
-                const int t = o >> 7, r = (o >> 3) & 15, col = o & 7;
-                float v = 0.f;
-                if (col < ncols)
-                    for (int wp = 0; wp < MK_CONSUMER_WARPS; ++wp) {  // warp order: the sum does not depend on timing
-                        const float* q = red + (wp * MV_BATCH + t) * 128;
-                        v += q[r * 8 + col] + (packed ? q[r * 8 + col + ncols] : 0.f);
-                    }
-                out[o] = v;
-            }
+            mv_fold(red, MV_BATCH, nt, ncols, ncols <= 4, out);  // packed as mv_cols makes it
             consumers_sync();
             for (int t = 0; t < nt; ++t) {  // distinct out tiles: no barrier between the stores
                 const int tr = row_begin + MK_TILE_ROWS * (b0 + t);
