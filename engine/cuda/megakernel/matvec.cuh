@@ -70,12 +70,18 @@ __device__ __forceinline__ void mv_act_load(const f16* a, const u32* sums, int s
     x.sum = HAS_MIN && sums ? ld_cg_u32(sums + 32 * sb) : 0u;
 }
 
+// Where mv_superblock takes the residue column of a `two` pass (more than 4 rows) from: LO_L2 loads it step by step
+// (L2) to keep registers for the fragments, LO_REGS takes it from an MvAct the caller loaded with the activations.
+enum MvLo { LO_L2, LO_REGS };
+
 // One superblock of the lane's two rows against its activations x; the K-quant offset term uses the exact sums of
-// what the mma sees. `two` (warp-uniform, more than 4 rows): a second column source a2 / sums2 (the rows'
-// rounding residues) multiplies the same decoded fragments, so a weight is decoded once whatever the number of rows.
-template <int QT>
+// what the mma sees. `two` (warp-uniform, more than 4 rows): a second column source (the rows' rounding residues:
+// a2 / sums2 for LO_L2, x2 for LO_REGS) multiplies the same decoded fragments, so a weight is decoded once whatever
+// the number of rows.
+template <int QT, MvLo LO = LO_L2>
 __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&r)[2], const MvAct& x, const f16* a2,
-                                              const u32* sums2, bool two, int sb, int c, float (&acc)[4]) {
+                                              const u32* sums2, bool two, int sb, int c, float (&acc)[4],
+                                              const MvAct* x2 = nullptr) {
     using Q = QTraits<QT>;
     typename Q::Consts k[2];
     Q::prepare(r[0], c, k[0]);
@@ -88,9 +94,16 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
         Q::frag(r[0], k[0], c, s, f[0], f[2]);
         Q::frag(r[1], k[1], c, s, f[1], f[3]);
         mma_f16_16816(dst, f, x.b[s]);
-        if (two) {  // the residue column, loaded step by step (L2) to keep registers for the fragments
-            const uint2 v = a2 ? ld_cg_u2(a2 + 2048 * sb + 128 * s) : make_uint2(0u, 0u);
-            const u32 bl[2] = {v.x, v.y};
+        if (two) {
+            u32 bl[2];
+            if constexpr (LO == LO_REGS) {
+                bl[0] = x2->b[s][0];
+                bl[1] = x2->b[s][1];
+            } else {
+                const uint2 v = a2 ? ld_cg_u2(a2 + 2048 * sb + 128 * s) : make_uint2(0u, 0u);
+                bl[0] = v.x;
+                bl[1] = v.y;
+            }
             mma_f16_16816(dst, f, bl);
         }
     }
@@ -107,7 +120,7 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
         u32 bm[2] = {x.sum, 0u};
         mma_f16_16816(cm, am, bm);
         if (two) {
-            u32 bm2[2] = {sums2 ? ld_cg_u32(sums2 + 32 * sb) : 0u, 0u};
+            u32 bm2[2] = {LO == LO_REGS ? x2->sum : sums2 ? ld_cg_u32(sums2 + 32 * sb) : 0u, 0u};
             mma_f16_16816(cm, am, bm2);
         }
         const float m0 = Q::mscale(r[0]), m1 = Q::mscale(r[1]);
@@ -151,6 +164,20 @@ __device__ __forceinline__ void mv_frag_store(const float (&acc)[4], float* dst)
     dst[g * 8 + 2 * c + 1] = acc[1];
     dst[(g + 8) * 8 + 2 * c] = acc[2];
     dst[(g + 8) * 8 + 2 * c + 1] = acc[3];
+}
+
+// dst[16][8] += the warp's fragment: each lane owns its four places, so no lane waits for another.
+__device__ __forceinline__ void mv_frag_add(const float (&acc)[4], float* dst) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    float2* lo = reinterpret_cast<float2*>(dst + g * 8 + 2 * c);
+    float2* hi = reinterpret_cast<float2*>(dst + (g + 8) * 8 + 2 * c);
+    float2 u = *lo, v = *hi;
+    u.x += acc[0];
+    u.y += acc[1];
+    v.x += acc[2];
+    v.y += acc[3];
+    *lo = u;
+    *hi = v;
 }
 
 // out[k][16][8] = the sum over the warps, in warp order, of red[w][k] (`stride` tiles a warp), k < tiles, columns
@@ -414,10 +441,11 @@ __device__ __noinline__ void mv_dispatch_cp(const WeightRef& w, int row_begin, i
     });
 }
 
-// Stream mode: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight. Units (tile, superblock) in
-// tile-major order; the warp takes units [cw N / 8, (cw + 1) N / 8) through its ring (filled at the start,
-// drained at the end of the batch) and writes, for every tile its range touches, its fragment sums into
-// part[cw][tile] (the tiles it does not touch stay zero).
+// Stream mode: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight. Units (superblock, tile) in
+// superblock-major order, so one load of a superblock's activations (and of the residues, in registers, for more
+// than 4 rows) serves every tile of the batch; the warp takes units [cw N / 8, (cw + 1) N / 8) through its ring
+// (filled at the start, drained at the end of the batch) and adds each unit's products into part[cw][tile] in
+// shared memory (zero for the tiles its range does not touch), so its sums of a tile run in superblock order.
 template <int QT, bool TWO>
 __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, const ActRef& a, int n0,
                                          int ncols, float* part, u8* rings) {
@@ -435,16 +463,19 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     float* mine = part + cw * MV_BATCH * 128;
     for (int o = lane; o < nt * 128; o += 32) mine[o] = 0.f;
     __syncwarp();  // the zeros land before any lane's sums
-    // The copier: unit ci, its tile ct and superblock cs, the tile's row bases L.
-    int ci = i0, ct = nb ? i0 / nb : 0, cs = i0 - ct * nb;
-    typename S::Lane L;
-    if (ci < i1) S::init(L, first + MK_TILE_ROWS * ct, end, nb, lane);
+    // The copier: unit ci, its superblock cs and tile ct (row bases from S::init per copy: consecutive units are
+    // different tiles).
+    int ci = i0, cs = i0 / nt, ct = i0 - cs * nt;
     auto issue = [&]() {  // every unit commits one cp.async group, empty or not
         if (ci < i1) {
-            if (!(MK_MV_PROBE & 2)) S::copy(ring_s + ((u32)(ci - i0) % NS) * S::BYTES, P, L, cs, lane, ntot);
-            if (++cs == nb) {
-                cs = 0;
-                if (++ct < nt) S::init(L, first + MK_TILE_ROWS * ct, end, nb, lane);
+            if (!(MK_MV_PROBE & 2)) {
+                typename S::Lane L;
+                S::init(L, first + MK_TILE_ROWS * ct, end, nb, lane);
+                S::copy(ring_s + ((u32)(ci - i0) % NS) * S::BYTES, P, L, cs, lane, ntot);
+            }
+            if (++ct == nt) {
+                ct = 0;
+                ++cs;
             }
         }
         ++ci;
@@ -452,33 +483,31 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     };
     for (u32 s = 0; s + 1 < NS; ++s) issue();
     const MvCols m = mv_cols(a, n0, ncols, g, c);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    int t = nb ? i0 / nb : 0, sb = i0 - t * nb;
-    for (int i = i0; i < i1; ++i) {
-        MvAct x;  // on its way from L2 while the weights land
-        mv_act_load<Q::HAS_MIN>(m.col, m.sums, sb, x);
+    MvAct x, x2;
+    for (int i = i0, sb = i0 / nt, t = i0 - sb * nt; i < i1; ++i) {
+        if (i == i0 || t == 0) {  // a new superblock: its activations, on their way while the weights land
+            mv_act_load<Q::HAS_MIN>(m.col, m.sums, sb, x);
+            if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, sb, x2);
+        }
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
         issue();       // unit i + NS - 1
         cp_async_wait<NS - 1>();
         __syncwarp();
         const u8* st = ring + ((u32)(i - i0) % NS) * S::BYTES;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (MK_MV_PROBE & 1) {
-            acc[0] += __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
+            acc[0] = __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
         } else {
             const int r0 = first + MK_TILE_ROWS * t;
             typename Q::Row r[2];
             S::read(r[0], st, g, c, stage_row_base(r0, g, end, nb) + sb);
             S::read(r[1], st, g + 8, c, stage_row_base(r0, g + 8, end, nb) + sb);
-            mv_superblock<QT>(r, x, m.col2, m.sums2, TWO, sb, c, acc);  // TWO == !m.packed
+            mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, sb, c, acc, &x2);  // TWO == !m.packed
         }
-        const bool tile_done = ++sb == nb;
-        if (tile_done || i + 1 == i1) {  // the last unit of this tile in the warp's range: its partial
-            mv_frag_store(acc, mine + t * 128);
-            acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-        }
-        if (tile_done) {
-            sb = 0;
-            ++t;
+        mv_frag_add(acc, mine + t * 128);
+        if (++t == nt) {
+            t = 0;
+            ++sb;
         }
     }
     cp_async_wait<0>();  // nothing lands in the ring after the batch
