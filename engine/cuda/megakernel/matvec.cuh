@@ -44,10 +44,15 @@
 #define MK_STAGED 1  // 0: every type through registers (the first GPU runs' matmul; a benchmark knob)
 #endif
 
+// Stages a warp's ring asks for: the per-op kernels' depth unless MK_RING_STAGES (a benchmark knob) says more; as
+// many as fit in the warp's share of the ring bytes.
+#ifndef MK_RING_STAGES
+#define MK_RING_STAGES 0
+#endif
 template <int QT> struct MvRing {
     static constexpr int BYTES = (MK_MV_STREAM ? 1 : MK_TILES_PER_ITEM) * Stage<QT>::BYTES;  // one unit's stage
-    static constexpr int STAGES = Stage<QT>::STAGES * BYTES <= MK_RING_WARP_BYTES ? Stage<QT>::STAGES
-                                                                                : MK_RING_WARP_BYTES / BYTES;
+    static constexpr int WANT = MK_RING_STAGES ? MK_RING_STAGES : Stage<QT>::STAGES;
+    static constexpr int STAGES = WANT * BYTES <= MK_RING_WARP_BYTES ? WANT : MK_RING_WARP_BYTES / BYTES;
     static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
     static_assert(MK_RING_OFFSET % 16 == 0 && BYTES % 16 == 0, "cp.async stages start on 16 bytes");
 };
