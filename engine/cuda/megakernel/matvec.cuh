@@ -27,7 +27,7 @@
 // superblock) units into 8 contiguous ranges and run through them without meeting, each leaving one partial a
 // tile it touched; the batch is summed over the warps in warp order after one barrier (mv_rows_stream).
 #ifndef MK_MV_STREAM
-#define MK_MV_STREAM 0
+#define MK_MV_STREAM 1
 #endif
 #define MV_BATCH (MK_SMEM_BYTES >= 128 * 1024 ? 8 : 4)
 #define MV_OUT_TILES (MK_MV_STREAM ? MV_BATCH : MK_TILES_PER_ITEM)
@@ -446,11 +446,15 @@ __device__ __noinline__ void mv_dispatch_cp(const WeightRef& w, int row_begin, i
     });
 }
 
-// Stream mode: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight. Units (superblock, tile) in
-// superblock-major order, so one load of a superblock's activations (and of the residues, in registers, for more
-// than 4 rows) serves every tile of the batch; the warp takes units [cw N / 8, (cw + 1) N / 8) through its ring
-// (filled at the start, drained at the end of the batch) and adds each unit's products into part[cw][tile] in
-// shared memory (zero for the tiles its range does not touch), so its sums of a tile run in superblock order.
+// Stream mode: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight. The warp takes units
+// [cw N / 8, (cw + 1) N / 8) of the batch's N (superblock, tile) units through its ring (filled at the start,
+// drained at the end of the batch) and adds each unit's products into part[cw][tile] in shared memory (zero for the
+// tiles its range does not touch), so its sums of a tile run in superblock order. Units in superblock-major order
+// (MK_MV_SB_MAJOR, the default): one load of a superblock's activations (and of the residues, in registers, for more
+// than 4 rows) serves every tile of the batch; tile-major: a warp's units are whole runs of one tile's weights.
+#ifndef MK_MV_SB_MAJOR
+#define MK_MV_SB_MAJOR 1
+#endif
 template <int QT, bool TWO>
 __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, const ActRef& a, int n0,
                                          int ncols, float* part, u8* rings) {
@@ -468,20 +472,28 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     float* mine = part + cw * MV_BATCH * 128;
     for (int o = lane; o < nt * 128; o += 32) mine[o] = 0.f;
     __syncwarp();  // the zeros land before any lane's sums
-    // The copier: unit ci, its superblock cs and tile ct (row bases from S::init per copy: consecutive units are
-    // different tiles).
-    int ci = i0, cs = i0 / nt, ct = i0 - cs * nt;
+    // Unit i's superblock and tile, advanced one unit at a time (no division per unit).
+    struct Pos {
+        int sb, t;
+        __device__ void next(int nt, int nb) {
+            if (MK_MV_SB_MAJOR ? ++t == nt : ++sb == nb) {
+                if (MK_MV_SB_MAJOR) t = 0, ++sb;
+                else sb = 0, ++t;
+            }
+        }
+    };
+    const Pos start = MK_MV_SB_MAJOR ? Pos{i0 / nt, i0 % nt} : Pos{i0 % nb, i0 / nb};
+    // The copier: unit ci at cp (row bases from S::init per copy: consecutive units may be different tiles).
+    int ci = i0;
+    Pos cp = start;
     auto issue = [&]() {  // every unit commits one cp.async group, empty or not
         if (ci < i1) {
             if (!(MK_MV_PROBE & 2)) {
                 typename S::Lane L;
-                S::init(L, first + MK_TILE_ROWS * ct, end, nb, lane);
-                S::copy(ring_s + ((u32)(ci - i0) % NS) * S::BYTES, P, L, cs, lane, ntot);
+                S::init(L, first + MK_TILE_ROWS * cp.t, end, nb, lane);
+                S::copy(ring_s + ((u32)(ci - i0) % NS) * S::BYTES, P, L, cp.sb, lane, ntot);
             }
-            if (++ct == nt) {
-                ct = 0;
-                ++cs;
-            }
+            cp.next(nt, nb);
         }
         ++ci;
         cp_async_commit();
@@ -489,10 +501,11 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     for (u32 s = 0; s + 1 < NS; ++s) issue();
     const MvCols m = mv_cols(a, n0, ncols, g, c);
     MvAct x, x2;
-    for (int i = i0, sb = i0 / nt, t = i0 - sb * nt; i < i1; ++i) {
-        if (i == i0 || t == 0) {  // a new superblock: its activations, on their way while the weights land
-            mv_act_load<Q::HAS_MIN>(m.col, m.sums, sb, x);
-            if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, sb, x2);
+    Pos u = start;
+    for (int i = i0; i < i1; ++i) {
+        if (!MK_MV_SB_MAJOR || i == i0 || u.t == 0) {  // a new superblock: its activations, on their way from L2
+            mv_act_load<Q::HAS_MIN>(m.col, m.sums, u.sb, x);
+            if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, u.sb, x2);
         }
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
         issue();       // unit i + NS - 1
@@ -503,17 +516,14 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         if (MK_MV_PROBE & 1) {
             acc[0] = __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
         } else {
-            const int r0 = first + MK_TILE_ROWS * t;
+            const int r0 = first + MK_TILE_ROWS * u.t;
             typename Q::Row r[2];
-            S::read(r[0], st, g, c, stage_row_base(r0, g, end, nb) + sb);
-            S::read(r[1], st, g + 8, c, stage_row_base(r0, g + 8, end, nb) + sb);
-            mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, sb, c, acc, &x2);  // TWO == !m.packed
+            S::read(r[0], st, g, c, stage_row_base(r0, g, end, nb) + u.sb);
+            S::read(r[1], st, g + 8, c, stage_row_base(r0, g + 8, end, nb) + u.sb);
+            mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !m.packed
         }
-        mv_frag_add(acc, mine + t * 128);
-        if (++t == nt) {
-            t = 0;
-            ++sb;
-        }
+        mv_frag_add(acc, mine + u.t * 128);
+        u.next(nt, nb);
     }
     cp_async_wait<0>();  // nothing lands in the ring after the batch
 }
@@ -599,6 +609,7 @@ __device__ __noinline__ void prefetch_rows(const WeightRef& w, int r0, int r1) {
     bool tiled;
     const int planes = plane_sizes(w.qtype, w.cols, size, nb, tiled);
     const u64 ntot = (u64)w.rows_total * nb;
+    if (MK_PREFETCH_ROWS > 0) r1 = min(r1, r0 + MK_PREFETCH_ROWS);
     const int a = w.row_offset + r0, b = w.row_offset + r1;
     u64 base = 0;
     for (int p = 0; p < planes; ++p) {

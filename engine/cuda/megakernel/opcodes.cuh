@@ -138,8 +138,13 @@
 #endif
 #define MK_THREADS ((MK_FIRST_CONSUMER + MK_CONSUMER_WARPS) * 32)
 #define MK_CONSUMER_THREADS (MK_CONSUMER_WARPS * 32)
+// Instructions whose weights the loader requests into L2 ahead of the controller; negative: none. Off since round
+// 3 (bench/MEGAKERNEL.md): the requests competed with the rings' own reads, 21.3 -> 19.3 ms a d = 0 cycle without.
 #ifndef MK_PREFETCH_AHEAD
-#define MK_PREFETCH_AHEAD 2   // instructions whose weights the loader requests ahead of the controller
+#define MK_PREFETCH_AHEAD -1
+#endif
+#ifndef MK_PREFETCH_ROWS
+#define MK_PREFETCH_ROWS 0    // rows of each matrix the loader requests per instruction, from its first; 0: all
 #endif
 #define BAR_CONSUMERS 1       // the consumer warps among themselves
 #define BAR_READY0 2          // slot 0 / 1 of the instruction ring filled (controller -> consumers)
