@@ -449,12 +449,9 @@ __device__ __noinline__ void mv_dispatch_cp(const WeightRef& w, int row_begin, i
 // Stream mode: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight. The warp takes units
 // [cw N / 8, (cw + 1) N / 8) of the batch's N (superblock, tile) units through its ring (filled at the start,
 // drained at the end of the batch) and adds each unit's products into part[cw][tile] in shared memory (zero for the
-// tiles its range does not touch), so its sums of a tile run in superblock order. Units in superblock-major order
-// (MK_MV_SB_MAJOR, the default): one load of a superblock's activations (and of the residues, in registers, for more
-// than 4 rows) serves every tile of the batch; tile-major: a warp's units are whole runs of one tile's weights.
-#ifndef MK_MV_SB_MAJOR
-#define MK_MV_SB_MAJOR 1
-#endif
+// tiles its range does not touch), so its sums of a tile run in superblock order. Units are tile-major: a warp's
+// units are runs of one tile's superblocks. (Superblock-major order, one activation load for the batch's tiles,
+// measured slower: 19.39 against 18.36 ms a d = 0 cycle, bench/MEGAKERNEL.md round 3.)
 template <int QT, bool TWO>
 __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, const ActRef& a, int n0,
                                          int ncols, float* part, u8* rings) {
@@ -475,14 +472,11 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     // Unit i's superblock and tile, advanced one unit at a time (no division per unit).
     struct Pos {
         int sb, t;
-        __device__ void next(int nt, int nb) {
-            if (MK_MV_SB_MAJOR ? ++t == nt : ++sb == nb) {
-                if (MK_MV_SB_MAJOR) t = 0, ++sb;
-                else sb = 0, ++t;
-            }
+        __device__ void next(int nb) {
+            if (++sb == nb) sb = 0, ++t;
         }
     };
-    const Pos start = MK_MV_SB_MAJOR ? Pos{i0 / nt, i0 % nt} : Pos{i0 % nb, i0 / nb};
+    const Pos start{i0 % nb, i0 / nb};
     // The copier: unit ci at cp (row bases from S::init per copy: consecutive units may be different tiles).
     int ci = i0;
     Pos cp = start;
@@ -493,20 +487,18 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
                 S::init(L, first + MK_TILE_ROWS * cp.t, end, nb, lane);
                 S::copy(ring_s + ((u32)(ci - i0) % NS) * S::BYTES, P, L, cp.sb, lane, ntot);
             }
-            cp.next(nt, nb);
+            cp.next(nb);
         }
         ++ci;
         cp_async_commit();
     };
     for (u32 s = 0; s + 1 < NS; ++s) issue();
     const MvCols m = mv_cols(a, n0, ncols, g, c);
-    MvAct x, x2;
     Pos u = start;
     for (int i = i0; i < i1; ++i) {
-        if (!MK_MV_SB_MAJOR || i == i0 || u.t == 0) {  // a new superblock: its activations, on their way from L2
-            mv_act_load<Q::HAS_MIN>(m.col, m.sums, u.sb, x);
-            if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, u.sb, x2);
-        }
+        MvAct x, x2;
+        mv_act_load<Q::HAS_MIN>(m.col, m.sums, u.sb, x);  // on their way from L2 while the weights land
+        if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, u.sb, x2);
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
         issue();       // unit i + NS - 1
         cp_async_wait<NS - 1>();
@@ -523,7 +515,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !m.packed
         }
         mv_frag_add(acc, mine + u.t * 128);
-        u.next(nt, nb);
+        u.next(nb);
     }
     cp_async_wait<0>();  // nothing lands in the ring after the batch
 }
