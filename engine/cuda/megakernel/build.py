@@ -46,10 +46,11 @@ SMEM_LIMITS = {80: 162 * 1024, 86: 98 * 1024, 89: 98 * 1024, 90: 226 * 1024, 100
 
 
 def smem_bytes(arch: int) -> int:
-    """Dynamic shared memory the megakernel takes on sm_<arch>: 132 KB on sm_90, where it lets a staged matmul item
-    cover two tiles (matvec.cuh MK_TILES_PER_ITEM), 96 KB (which every GPU from sm_80 on allows) elsewhere. Not
-    more: shared memory and L1 share one 256 KB array, and the kernel's spills and the norms' weights live in L1.
-    Measured on the H200 (bench/MEGAKERNEL.md, round 2), d = 0 cycle: 96 KB 23.8 ms, 132 KB 22.4, 224 KB 29.1.
+    """Dynamic shared memory the megakernel takes on sm_<arch>: 132 KB on sm_90, where a matmul batch can take 8
+    tiles (matvec.cuh MV_BATCH) and every warp still has a ring of 4 Q4_K stages, 96 KB (which every GPU from sm_80
+    on allows) elsewhere. Not more: shared memory and L1 share one 256 KB array, and the kernel's spills and the
+    norms' weights live in L1. Measured on the H200 (bench/MEGAKERNEL.md, rounds 2 and 3), d = 0 cycle: 96 KB 23.8 ms,
+    132 KB 22.4, 224 KB 29.1 (round 2's matmul); 200 KB with 8-stage rings 26.3 against 19.3 at 132 KB (round 3).
     OPENJET_MK_SMEM_KB overrides it, up to the architecture's limit (a benchmark knob)."""
     want = os.environ.get("OPENJET_MK_SMEM_KB")
     if want is None:

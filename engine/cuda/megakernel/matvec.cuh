@@ -1,37 +1,23 @@
-// The megakernel's matmul: one 16-row tile of a weight times up to 8 activation rows, by all consumer warps, with
+// The megakernel's matmul: 16-row tiles of a weight times up to 8 activation rows, by all consumer warps, with
 // the weight formats and fragment order of kernels/quants.cuh (each weight block decoded once for every row:
-// tensor-core mma.m16n8k16, N = 8), and the L2 prefetch the loader issues for the instructions ahead.
+// tensor-core mma.m16n8k16, N = 8), and the L2 prefetch the loader can issue for the instructions ahead.
 //
 // Columns of the mma: with ncols <= 4 rows, column n carries row n's f16 activations and the hi sub-block sums,
 // column ncols + n its rounding residue and the lo sums, folded together after the reduction, so the precise
 // (f32-level) product costs no extra mma; with more rows the residues take a second mma of the same fragments.
 //
-// K-quant weights (Q4_K, Q5_K, Q6_K) stream through shared memory instead (mv_tile_cp): each consumer warp copies
-// its superblocks with cp.async into a ring of stages (kernels/stage.cuh, the per-op mmvq_cp's) that runs on
-// across the items of one mv_rows call, so the next item's weights are in flight while one is reduced and stored;
-// an item is MK_TILES_PER_ITEM tiles that share each superblock's activation loads and one reduction. The other
-// types read their weights into registers, one superblock ahead (mv_tile). MK_MV_STREAM=1 (an experiment) splits
-// a batch of tiles into contiguous per-warp ranges instead (mv_batch_cp).
+// K-quant weights (Q4_K, Q5_K, Q6_K) stream through shared memory (mv_batch_cp): a batch of up to MV_BATCH tiles
+// is cut into (tile, superblock) units, each consumer warp takes a contiguous eighth of them through its own ring of
+// cp.async stages (kernels/stage.cuh, the per-op mmvq_cp's) without meeting the others, and one barrier later the
+// warps' partial sums are added in warp order. The other types read their weights into registers, one superblock
+// ahead, a tile at a time (mv_tile).
 #pragma once
 #include "mk_common.cuh"
 #include "stage.cuh"
 
-// Tiles a staged item multiplies: each superblock of activations a warp loads serves PT tiles, and a reduction
-// (two consumer barriers) finishes PT tiles. Two where each warp's ring holds two Q6_K items of two tiles (3,648
-// bytes a tile) after the 13.5 KB of scratch that items of two tiles take: with 8 consumer warps from ~130 KB
-// (build.smem_bytes gives sm_90 132 KB).
-#ifndef MK_TILES_PER_ITEM
-#define MK_TILES_PER_ITEM ((MK_SMEM_BYTES - 13824) / MK_CONSUMER_WARPS >= 2 * 2 * 3648 ? 2 : 1)
-#endif
-// Stream mode (MK_MV_STREAM=1, an experiment until measured): the warps split a batch of MV_BATCH tiles' (tile,
-// superblock) units into 8 contiguous ranges and run through them without meeting, each leaving one partial a
-// tile it touched; the batch is summed over the warps in warp order after one barrier (mv_rows_stream).
-#ifndef MK_MV_STREAM
-#define MK_MV_STREAM 1
-#endif
+// Tiles a batch takes: 8 where the scratch of 8 (37 KB) still leaves each warp a ring of 4 Q4_K stages.
 #define MV_BATCH (MK_SMEM_BYTES >= 128 * 1024 ? 8 : 4)
-#define MV_OUT_TILES (MK_MV_STREAM ? MV_BATCH : MK_TILES_PER_ITEM)
-#define MV_OUT_FLOATS (MV_OUT_TILES * 128)                           // out [tiles][16][8]
+#define MV_OUT_FLOATS (MV_BATCH * 128)                               // out [tiles][16][8]
 #define MV_SCRATCH_FLOATS (MV_OUT_FLOATS * (1 + MK_CONSUMER_WARPS))  // out, then red [8 warps][tiles][16][8]
 // The rings live after the first MK_RING_OFFSET bytes of the scratch area (the matmul's out and red, then 4.5 KB
 // for the ops' own buffers: ffn_up's gate / up values), one per consumer warp.
@@ -50,7 +36,7 @@
 #define MK_RING_STAGES 0
 #endif
 template <int QT> struct MvRing {
-    static constexpr int BYTES = (MK_MV_STREAM ? 1 : MK_TILES_PER_ITEM) * Stage<QT>::BYTES;  // one unit's stage
+    static constexpr int BYTES = Stage<QT>::BYTES;  // one unit's stage
     static constexpr int WANT = MK_RING_STAGES ? MK_RING_STAGES : Stage<QT>::STAGES;
     static constexpr int STAGES = WANT * BYTES <= MK_RING_WARP_BYTES ? WANT : MK_RING_WARP_BYTES / BYTES;
     static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
@@ -200,14 +186,11 @@ __device__ __forceinline__ void mv_fold(const float* red, int stride, int tiles,
     }
 }
 
-// Reduce the warps' fragments of `tiles` tiles (red: [8 warps][PT][16][8]) into out[PT][16][8].
-template <int PT>
-__device__ __forceinline__ void mv_reduce(const float (&acc)[PT][4], int tiles, int ncols, bool packed, float* out,
-                                          float* red) {
-#pragma unroll
-    for (int k = 0; k < PT; ++k) mv_frag_store(acc[k], red + (cwarp() * PT + k) * 128);
+// Reduce the warps' fragments of one tile (red: [8 warps][16][8]) into out[16][8].
+__device__ __forceinline__ void mv_reduce(const float (&acc)[4], int ncols, bool packed, float* out, float* red) {
+    mv_frag_store(acc, red + cwarp() * 128);
     consumers_sync();
-    mv_fold(red, PT, tiles, ncols, packed, out);
+    mv_fold(red, 1, 1, ncols, packed, out);
     consumers_sync();
 }
 
@@ -246,92 +229,9 @@ __device__ __noinline__ void mv_tile(const WeightRef& w, int row0, const ActRef&
     const int last = w.row_offset + w.rows - 1;
     const int ra = min(w.row_offset + row0 + g, last), rb = min(w.row_offset + row0 + g + 8, last);
     const MvCols m = mv_cols(a, n0, ncols, g, c);
-    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-    mv_pass<QT>(P, nb, nsb, ra, rb, m.col, m.sums, m.col2, m.sums2, !m.packed, c, acc[0]);
-    mv_reduce<1>(acc, 1, ncols, m.packed, out, red);
-}
-
-// Item t of rows [row_begin, row_end) of a K-quant weight: its PT tiles (rows row_begin + 16 PT t ..), as mv_tile,
-// the weights through the warp's ring. The warp's work is (item, superblock) in order: superblocks cw, cw + 8, ...
-// of item 0, then of item 1, ...; work unit i + STAGES - 1 is copied while unit i is multiplied, across item
-// boundaries, so one call per item in order t = 0, 1, ... continues one pipeline (item 0 fills it, the last item
-// drains it). Every unit commits one cp.async group, empty or not, so the wait below always names unit i's.
-// Writes out[k * 128 ..] for the item's tiles k < tiles_in(t).
-template <int QT, bool TWO>
-__device__ __noinline__ void mv_tile_cp(const WeightRef& w, int row_begin, int row_end, int t, const ActRef& a,
-                                        int n0, int ncols, float* out, float* red, u8* rings) {
-    using Q = QTraits<QT>;
-    using S = Stage<QT>;
-    constexpr int PT = MK_TILES_PER_ITEM;
-    constexpr u32 NS = MvRing<QT>::STAGES;
-    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, cw = cwarp();
-    const int nb = w.cols / QK_SB, first = w.row_offset + row_begin, end = w.row_offset + w.rows;
-    const u64 ntot = (u64)w.rows_total * nb;
-    const Planes P = Q::planes(w.ptr, ntot);
-    const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS, nitems = (ntiles + PT - 1) / PT;
-    const int per = cw < nb ? (nb - 1 - cw) / MK_CONSUMER_WARPS + 1 : 0, n = nitems * per;
-    u8* ring = rings + cw * NS * MvRing<QT>::BYTES;
-    __builtin_assume(__isShared(ring));  // the stage reads below are ld.shared, not generic loads
-    const u32 ring_s = smem_u32(ring);
-    // The copier: the next unit to copy (ci), its item (cti) and its index in that item (cj), the row bases of the
-    // item's tiles (L) and how many it has (ctn). It moves one unit a copy, so a copy costs no division, and
-    // S::init runs once per tile, not once per unit.
-    int ci = t == 0 ? 0 : t * per + (int)NS - 1, cti = per ? ci / per : 0, cj = ci - cti * per, ctn = 0;
-    typename S::Lane L[PT];
-    auto at_item = [&]() {
-        ctn = cti < nitems ? min(PT, ntiles - PT * cti) : 0;
-#pragma unroll
-        for (int k = 0; k < PT; ++k)
-            if (k < ctn) S::init(L[k], first + MK_TILE_ROWS * (PT * cti + k), end, nb, lane);
-    };
-    at_item();
-    auto issue = [&]() {
-        if (ci < n && !(MK_MV_PROBE & 2)) {
-            const u32 dst = ring_s + ((u32)ci % NS) * MvRing<QT>::BYTES;
-#pragma unroll
-            for (int k = 0; k < PT; ++k)
-                if (k < ctn) S::copy(dst + k * S::BYTES, P, L[k], cw + MK_CONSUMER_WARPS * cj, lane, ntot);
-        }
-        if (ci < n && ++cj == per) {
-            cj = 0;
-            ++cti;
-            at_item();
-        }
-        ++ci;
-        cp_async_commit();
-    };
-    if (t == 0)
-        for (u32 s = 0; s + 1 < NS; ++s) issue();
-    const MvCols m = mv_cols(a, n0, ncols, g, c);
-    const int tiles = min(PT, ntiles - PT * t), row0 = first + MK_TILE_ROWS * PT * t;
-    float acc[PT][4];
-#pragma unroll
-    for (int k = 0; k < PT; ++k) acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = 0.f;
-    for (int j = 0; j < per; ++j) {
-        const int i = t * per + j, sb = cw + MK_CONSUMER_WARPS * j;
-        MvAct x;  // on its way from L2 while the weights land; one load serves the item's PT tiles
-        mv_act_load<Q::HAS_MIN>(m.col, m.sums, sb, x);
-        __syncwarp();  // every lane is done reading the stage the next copy overwrites
-        issue();       // unit i + NS - 1
-        cp_async_wait<NS - 1>();  // this lane's copies of unit i have landed
-        __syncwarp();             // and every other lane's
-        const u8* st = ring + ((u32)i % NS) * MvRing<QT>::BYTES;
-        if (MK_MV_PROBE & 1) {
-            acc[0][0] += __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
-            continue;
-        }
-#pragma unroll
-        for (int k = 0; k < PT; ++k)
-            if (k < tiles) {
-                const int r0 = row0 + MK_TILE_ROWS * k;
-                typename Q::Row r[2];
-                S::read(r[0], st + k * S::BYTES, g, c, stage_row_base(r0, g, end, nb) + sb);
-                S::read(r[1], st + k * S::BYTES, g + 8, c, stage_row_base(r0, g + 8, end, nb) + sb);
-                mv_superblock<QT>(r, x, m.col2, m.sums2, TWO, sb, c, acc[k]);  // TWO == !m.packed
-            }
-    }
-    if (t == nitems - 1) cp_async_wait<0>();  // nothing lands in the ring after the call's last item
-    mv_reduce<PT>(acc, tiles, ncols, m.packed, out, red);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    mv_pass<QT>(P, nb, nsb, ra, rb, m.col, m.sums, m.col2, m.sums2, !m.packed, c, acc);
+    mv_reduce(acc, ncols, m.packed, out, red);
 }
 
 // F32 weights (small matrices only): a warp per row, the activations rebuilt from their hi + lo halves.
@@ -438,15 +338,7 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, F&& f) {
 #undef MK_KIND_CASE
 }
 
-__device__ __noinline__ void mv_dispatch_cp(const WeightRef& w, int row_begin, int row_end, int t, const ActRef& a,
-                                            int n0, int ncols, float* out, float* red, u8* rings) {
-    mv_staged_kind(w.qtype, ncols, [&](auto kind) {
-        using K = decltype(kind);
-        mv_tile_cp<K::QTYPE, K::RESIDUE_MMA>(w, row_begin, row_end, t, a, n0, ncols, out, red, rings);
-    });
-}
-
-// Stream mode: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight. The warp takes units
+// A batch: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight. The warp takes units
 // [cw N / 8, (cw + 1) N / 8) of the batch's N (superblock, tile) units through its ring (filled at the start,
 // drained at the end of the batch) and adds each unit's products into part[cw][tile] in shared memory (zero for the
 // tiles its range does not touch), so its sums of a tile run in superblock order. Units are tile-major: a warp's
@@ -535,7 +427,7 @@ __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int
     float* out = scratch;
     float* red = scratch + MV_OUT_FLOATS;
     u8* rings = reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET;
-    if (MK_MV_STREAM && mv_staged(w, row_begin)) {  // batches of MV_BATCH tiles, one barrier before their sums
+    if (mv_staged(w, row_begin)) {  // batches of MV_BATCH tiles, one barrier before their sums
         const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
         for (int b0 = 0; b0 < ntiles; b0 += MV_BATCH) {
             const int nt = min(MV_BATCH, ntiles - b0);
@@ -548,18 +440,6 @@ __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int
                 store(tr, min(MK_TILE_ROWS, row_end - tr), out + 128 * t);
             }
             consumers_sync();
-        }
-        return;
-    }
-    if (mv_staged(w, row_begin)) {  // items of MK_TILES_PER_ITEM tiles
-        constexpr int ITEM_ROWS = MK_TILES_PER_ITEM * MK_TILE_ROWS;
-        for (int r0 = row_begin, t = 0; r0 < row_end; r0 += ITEM_ROWS, ++t) {
-            mv_dispatch_cp(w, row_begin, row_end, t, a, n0, ncols, out, red, rings);
-            for (int k = 0; k < MK_TILES_PER_ITEM && r0 + MK_TILE_ROWS * k < row_end; ++k) {
-                const int tr = r0 + MK_TILE_ROWS * k;
-                store(tr, min(MK_TILE_ROWS, row_end - tr), out + 128 * k);
-                consumers_sync();
-            }
         }
         return;
     }
