@@ -64,13 +64,15 @@ def arch_options(arch: int) -> tuple[str, ...]:
 
 
 def threads(options: tuple[str, ...]) -> int:
-    """Threads of the block the options compile (opcodes.cuh MK_THREADS): the controller and loader warps and
-    MK_CONSUMER_WARPS consumer warps, 8 unless a define says otherwise."""
-    warps = 8
+    """Threads of the block the options compile (opcodes.cuh MK_THREADS): the controller and loader warps (unless
+    MK_CONTROLLER=0) and MK_CONSUMER_WARPS consumer warps, 8 unless a define says otherwise."""
+    warps, roles = 8, 2
     for opt in options:
         if opt.startswith("-DMK_CONSUMER_WARPS="):
             warps = int(opt.split("=", 1)[1])
-    return (2 + warps) * 32
+        if opt.startswith("-DMK_CONTROLLER="):
+            roles = 2 if int(opt.split("=", 1)[1]) else 0
+    return (roles + warps) * 32
 
 
 def tuning_defines() -> tuple[str, ...]:

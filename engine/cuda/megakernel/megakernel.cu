@@ -6,11 +6,12 @@
 //   controller (warp 0)  fetches the SM's instructions into a two-slot ring in shared memory and, for each, waits
 //                        until the counter its header names reaches the value it names, then hands it over;
 //   loader (warp 1)      runs MK_PREFETCH_AHEAD instructions ahead of the controller, requesting their weights
-//                        into L2, so the next phase's weights stream while this one computes;
+//                        into L2 (off by default: the requests competed with the matmuls' own reads);
 //   consumers (8 warps)  run the instruction (compute, then store: each op's Consumer / Storer), then count it in
 //                        the global counter (stage, opcode) that later instructions wait on.
 // The controller and the consumers meet through named barriers (ready / free per ring slot), so no role waits on
 // another for longer than the slot it needs.
+// MK_CONTROLLER=0 (an experiment) leaves the consumers alone in the block: SoloConsumer fetches and waits itself.
 #include "mk_common.cuh"
 #include "matvec.cuh"
 #include "dequant.cuh"
@@ -164,6 +165,39 @@ struct Consumer {
     }
 };
 
+// MK_CONTROLLER=0: the consumers alone. Consumer thread 0 fetches and waits for each instruction in turn (what
+// the controller does), the others wait for it at the consumer barrier.
+struct SoloConsumer {
+    static __device__ void run(const Globals& g, Smem& s) {
+        const int n = g.queue_len[blockIdx.x];
+        const i32* queue = g.instructions + (i64)blockIdx.x * g.max_len * INST_WORDS;
+        for (int i = 0; i < n; ++i) {
+            if (ctid() < INST_WORDS) s.inst[0][ctid()] = queue[(i64)i * INST_WORDS + ctid()];
+            __syncwarp();
+            if (ctid() == 0) {
+                record(g, i, TIME_FETCHED);
+                const i32* w = s.inst[0];
+                bool ok = true;
+                if (w[INST_WAIT_COUNT] > 0)
+                    ok = wait_counter(g, w[INST_WAIT_STAGE], w[INST_WAIT_OP], (u32)w[INST_WAIT_COUNT], blockIdx.x, i);
+                if (!ok || mk_failed(g)) s.inst[0][INST_OPCODE] = -1;  // everyone stops here
+                record(g, i, TIME_READY);
+            }
+            consumers_sync();
+            const i32* w = s.inst[0];
+            const int op = w[INST_OPCODE], stage = w[INST_STAGE];
+            if (op < 0) return;
+            if (stage_active(g, stage)) consume(g, w, s);
+            __threadfence();
+            consumers_sync();  // every store is out, and nobody reads s.inst[0] any more
+            if (ctid() == 0) {
+                signal_counter(g, stage, op);
+                record(g, i, TIME_DONE);
+            }
+        }
+    }
+};
+
 __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const __grid_constant__ Globals g) {
     extern __shared__ __align__(16) float dynamic_smem[];
     __shared__ Smem s;
@@ -173,7 +207,9 @@ __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const __grid_constan
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5;
-    if (warp == MK_WARP_CONTROLLER)
+    if (!MK_CONTROLLER)
+        SoloConsumer::run(g, s);
+    else if (warp == MK_WARP_CONTROLLER)
         Controller::run(g, s);
     else if (warp == MK_WARP_LOADER)
         Loader::run(g, s);

@@ -130,9 +130,16 @@
 #define LS_COUNT 8
 
 // ---- warp roles and named barriers ----
+// MK_CONTROLLER=0 (an experiment): no controller or loader warp, the consumers fetch and wait themselves. A block
+// of 10 warps puts 3 on one of the SM's four register-file partitions, which caps a thread at 168 registers; 8 warps
+// allow 255, room the matmul's spills could use.
+#ifndef MK_CONTROLLER
+#define MK_CONTROLLER 1
+#endif
 #define MK_WARP_CONTROLLER 0  // fetches instructions, waits on counters, records timings
 #define MK_WARP_LOADER 1      // prefetches the weights of the instructions ahead into L2
-#define MK_FIRST_CONSUMER 2   // warps 2 .. 2 + MK_CONSUMER_WARPS - 1 compute and store
+#define MK_ROLE_WARPS 2       // the controller and the loader
+#define MK_FIRST_CONSUMER (MK_CONTROLLER ? MK_ROLE_WARPS : 0)  // it and the MK_CONSUMER_WARPS - 1 after it compute
 #ifndef MK_CONSUMER_WARPS
 #define MK_CONSUMER_WARPS 8   // 16: an experiment (build.threads reads it from the options; needs 132 KB of smem)
 #endif
