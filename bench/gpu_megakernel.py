@@ -219,17 +219,26 @@ def part_model27b(dev, report: Report, args) -> None:
 def part_cycle27b(dev, report: Report, args) -> None:
     """27B: cycle times and their critical paths only, at the depths asked for."""
     from engine.cuda.megakernel.runner import open_backend
-    from engine.cuda.megakernel.schedule import ScheduleConfig
 
     path, prompt, bw = setup_27b(dev, report, args.context)
     report.info["mk_defines"] = os.environ.get("OPENJET_MK_DEFINES", "")
-    config = ScheduleConfig(num_sms=dev.info.multiprocessors, tiles_per_sm=args.tiles_per_sm)
-    report.info["schedule"] = {"tiles_per_sm": args.tiles_per_sm, "num_sms": config.num_sms}
+    config = schedule_config(dev, report, args)
     t0 = time.perf_counter()
     mk = open_backend(path, context_size=max(4096, args.context + 256), device=dev, config=config,
                       draft_vocab=args.draft_vocab, timings=True)
     report.info["open_s"] = round(time.perf_counter() - t0, 1)
     time_cycles(dev, report, mk, prompt, bw, [int(d) for d in args.depths.split(",")])
+
+
+def schedule_config(dev, report: Report, args):
+    """The 27B parts' schedule for this GPU's SMs, as the options ask, recorded in the report."""
+    from engine.cuda.megakernel.schedule import ScheduleConfig
+
+    config = ScheduleConfig(num_sms=dev.info.multiprocessors, tiles_per_sm=args.tiles_per_sm,
+                            split_tiles=not args.whole_tiles)
+    report.info["schedule"] = {"tiles_per_sm": config.tiles_per_sm, "num_sms": config.num_sms,
+                               "split_tiles": config.split_tiles}
+    return config
 
 
 def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
@@ -240,14 +249,12 @@ def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
     from bench.mk_trace import PREFILL_PRECISE, compare_runs, describe, trace_host, trace_megakernel
     from engine.cuda.backend import CudaBackend
     from engine.cuda.megakernel.runner import open_backend
-    from engine.cuda.megakernel.schedule import ScheduleConfig
 
     per_op = CudaBackend.from_gguf(path, context_size=4096, device=dev)  # its 16 GB stay beside the megakernel's
     precise = trace_host(per_op, "per_op", prompt, 256, PREFILL_PRECISE)
     per_op.reset()
     gemm = trace_host(per_op, "per_op_gemm_prefill", prompt, 256)
-    config = ScheduleConfig(num_sms=dev.info.multiprocessors, tiles_per_sm=args.tiles_per_sm)
-    report.info["schedule"] = {"tiles_per_sm": args.tiles_per_sm, "num_sms": config.num_sms}
+    config = schedule_config(dev, report, args)
     mk = open_backend(path, context_size=4096, device=dev, config=config, draft_vocab=args.draft_vocab, timings=True)
     got = trace_megakernel(mk, "megakernel", prompt, 256)
     mk.keep_logits = False
@@ -329,6 +336,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", default="/tmp/openjet-megakernel")
     parser.add_argument("--draft-vocab", type=int, default=32768)
     parser.add_argument("--tiles-per-sm", type=int, default=1, help="matmul instructions per SM and matrix")
+    parser.add_argument("--whole-tiles", action="store_true", help="27B parts: no tile split by superblocks")
     parser.add_argument("--wide-detail", type=int, default=4, help="diff27: stages cut after every op")
     parser.add_argument("--context", type=int, default=33, help="cycle27b: prompt tokens before the timed cycles")
     parser.add_argument("--depths", default="0,1,2,3,4", help="cycle27b: draft depths timed")
@@ -346,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     for part in [p for p in args.parts.split(",") if p]:
         cmd = [sys.executable, __file__, "--child", part, "--out", args.out, "--work", args.work,
                "--draft-vocab", str(args.draft_vocab), "--tiles-per-sm", str(args.tiles_per_sm),
+               *(["--whole-tiles"] if args.whole_tiles else []),
                "--wide-detail", str(args.wide_detail), "--depths", args.depths, "--context", str(args.context)]
         codes[part] = subprocess.run(cmd).returncode
         path = Path(args.out) / f"mk_part_{part}.json"

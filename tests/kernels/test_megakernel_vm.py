@@ -25,6 +25,8 @@ GREEDY = SamplingParams(temperature=0.0, seed=0)  # seeded: the control words of
 VM_CONFIG = ScheduleConfig(num_sms=2, tiles_per_sm=1, attn_splits=2)
 # finer cuts: several instructions per op, key splits that go idle, more SMs to interleave
 FINE_CONFIG = ScheduleConfig(num_sms=5, tiles_per_sm=3, attn_splits=3)
+# 16 tiles of 256 rows on 7 SMs: two whole tiles an SM, FFN_DOWN's last two cut in two by superblocks
+SPLIT_CONFIG = ScheduleConfig(num_sms=7, tiles_per_sm=1, attn_splits=2)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -158,9 +160,28 @@ def test_partial_acceptance_commits_exactly_the_accepted_prefix(model_path, gree
     assert_same_state(mk, ref)
 
 
-def test_random_interleavings_give_identical_buffers(model_path) -> None:
+def test_split_tiles_give_the_reference_tokens_and_state(model_path, greedy_reference) -> None:
+    """With FFN_DOWN tiles split over SMs by superblocks (the last piece to arrive adding them), the
+    cycles still give the reference's greedy tokens and leave its committed state, and mv_count back at zero."""
+    truth, _ = greedy_reference
+    ref = ReferenceBackend.from_gguf(model_path, context_size=CONTEXT)
+    ref.prefill(PROMPT[:-1])
+    mk = on_vm(model_path, SPLIT_CONFIG, seed=3)
+    pieces = [i for i in mk.ex.programs["cycle"].instructions if getattr(i, "pieces", 1) > 1]
+    assert {type(i).__name__ for i in pieces} == {"FfnDown"}  # ssm_out's 256 columns are one superblock
+    ref_seq, mk_seq = TokenSequence.start(PROMPT, GREEDY), TokenSequence.start(PROMPT, GREEDY)
+    for cycle in range(12):
+        got = mk.cycle(mk_seq, 2, GREEDY, rule=greedy_accept)
+        want = ref.cycle(ref_seq, 2, GREEDY, draft=Draft(mk.last_drafts), rule=greedy_accept)
+        assert got.tokens == want.tokens == truth[len(mk_seq.generated) - len(got.tokens):][: len(got.tokens)]
+    assert_same_state(mk, ref)
+    assert not mk.ex.mem["mv_count"].any()
+
+
+@pytest.mark.parametrize("config", [FINE_CONFIG, SPLIT_CONFIG], ids=["fine", "split"])
+def test_random_interleavings_give_identical_buffers(model_path, config: ScheduleConfig) -> None:
     """Two VMs running the SM queues in different orders end with bit-identical buffers."""
-    a, b = on_vm(model_path, FINE_CONFIG, seed=1), on_vm(model_path, FINE_CONFIG, seed=2)
+    a, b = on_vm(model_path, config, seed=1), on_vm(model_path, config, seed=2)
     b.ex.order = "program"
     seqs = TokenSequence.start(PROMPT, GREEDY), TokenSequence.start(PROMPT, GREEDY)
     for _ in range(6):

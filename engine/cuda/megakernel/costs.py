@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 
 from engine.cuda.megakernel import instructions as I
-from engine.cuda.megakernel.layout import LW, MAX_DRAFT, MatrixInfo, ModelSpec, mtp_stage
+from engine.cuda.megakernel.layout import LW, MAX_DRAFT, SUPERBLOCK, MatrixInfo, ModelSpec, mtp_stage
 from engine.cuda.megakernel.schedule import Program, ScheduleConfig, build_program
 from engine.gguf.quants import row_bytes
 from engine.model.config import ModelConfig, qwen38_27b_config
@@ -43,11 +43,12 @@ class GroupCost:
 
 
 def _matmul(spec: ModelSpec, layer: int | None, key: str, rows: int, first: int = 0,
-            last: int | None = None) -> tuple[int, int]:
-    """(bytes, flops) of rows [first, last) of a matrix times `rows` activation rows."""
+            last: int | None = None, cols: int | None = None) -> tuple[int, int]:
+    """(bytes, flops) of rows [first, last) of a matrix (its first `cols` columns: all by default) times `rows`
+    activation rows."""
     info = spec.matrix(layer, key)
-    n = (info.rows if last is None else last) - first
-    return n * row_bytes(info.qtype, info.cols), 2 * rows * n * info.cols
+    n, k = (info.rows if last is None else last) - first, info.cols if cols is None else cols
+    return n * row_bytes(info.qtype, k), 2 * rows * n * k
 
 
 def _instruction_cost(spec: ModelSpec, inst: I.Instruction, rows: int, context: int) -> tuple[int, int, int]:
@@ -58,7 +59,10 @@ def _instruction_cost(spec: ModelSpec, inst: I.Instruction, rows: int, context: 
 
         layer, key = _matrix_of(inst, spec)
         r = 1 if isinstance(inst, I.DraftHead) else rows
-        b, f = _matmul(spec, layer, key, r, inst.row_begin, inst.row_end)
+        cols = None  # a piece of a split tile (MixOut, FfnDown) streams its superblocks only
+        if isinstance(inst, (I.MixOut, I.FfnDown)):
+            cols = min(spec.matrix(layer, key).cols, inst.sb_end * SUPERBLOCK) - inst.sb_begin * SUPERBLOCK
+        b, f = _matmul(spec, layer, key, r, inst.row_begin, inst.row_end, cols)
         if isinstance(inst, I.FfnUp):
             b2, f2 = _matmul(spec, inst.layer, "ffn_up", r, inst.row_begin, inst.row_end)
             b, f = b + b2, f + f2

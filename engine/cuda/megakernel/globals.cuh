@@ -65,6 +65,8 @@ struct Globals {
     i32* draft_part_i;
     i32* counts;
     u8* seen;
+    float* mv_part;   // [pieces][MK_MAX_ROWS][16]: split tiles' partial products (schedule.py split_tiles)
+    u32* mv_count;    // [pieces]: pieces of split tile `slot` done; the last resets it
     ActRef act_h;
     ActRef act_mix;
     ActRef act_ffn;

@@ -156,11 +156,17 @@ class AttnCombine(Instruction):
 
 @dataclass(slots=True)
 class MixOut(Instruction):
-    """x[:, row_begin:row_end] += (attn_output or ssm_out) act_mix."""
+    """x[:, row_begin:row_end] += (attn_output or ssm_out) act_mix. A piece (pieces > 1, see FfnDown) is one tile's
+    product over superblocks [sb_begin, sb_end) only."""
 
     layer: int = 0
     row_begin: int = 0
     row_end: int = 0
+    sb_begin: int = 0
+    sb_end: int = 0
+    piece: int = 0
+    pieces: int = 1
+    slot: int = 0
     OPCODE: ClassVar[Op] = Op.MIX_OUT
     WAITS_ON: ClassVar[tuple[Op, ...]] = (Op.DN_RULE, Op.ATTN_COMBINE)
 
@@ -189,11 +195,19 @@ class FfnUp(Instruction):
 
 @dataclass(slots=True)
 class FfnDown(Instruction):
-    """x[:, row_begin:row_end] += ffn_down act_ffn."""
+    """x[:, row_begin:row_end] += ffn_down act_ffn, over the superblocks [sb_begin, sb_end) of its columns. With
+    pieces > 1 the instruction is piece `piece` of one tile split by superblocks: it leaves its partial product in
+    mv_part[slot * pieces + piece] and counts it in mv_count[slot]; the last piece to arrive adds the tile's pieces
+    in piece order and the sum to x (schedule.py split_tiles)."""
 
     layer: int = 0
     row_begin: int = 0
     row_end: int = 0
+    sb_begin: int = 0
+    sb_end: int = 0
+    piece: int = 0
+    pieces: int = 1
+    slot: int = 0
     OPCODE: ClassVar[Op] = Op.FFN_DOWN
     WAITS_ON: ClassVar[tuple[Op, ...]] = (Op.FFN_UP,)
 

@@ -210,8 +210,9 @@ class BufferSpec:
 
 
 def buffer_specs(spec: ModelSpec, capacity: int, num_lm_parts: int, num_draft_parts: int,
-                 attn_splits: int) -> list[BufferSpec]:
-    """Every buffer of a megakernel instance, in a fixed order."""
+                 attn_splits: int, num_pieces: int) -> list[BufferSpec]:
+    """Every buffer of a megakernel instance, in a fixed order. num_pieces: the most tile pieces one matmul group
+    leaves (the schedule's SM count): their partial products [piece][row][16] and a count per split tile."""
     cfg, r = spec.cfg, MAX_ROWS
     h, v = cfg.hidden_size, cfg.vocab_size
     out = [
@@ -226,6 +227,7 @@ def buffer_specs(spec: ModelSpec, capacity: int, num_lm_parts: int, num_draft_pa
         BufferSpec("draft_part_v", "f32", (1, max(num_draft_parts, 1))),
         BufferSpec("draft_part_i", "i32", (1, max(num_draft_parts, 1))),
         BufferSpec("counts", "i32", (v,), True), BufferSpec("seen", "u8", (v,), True),
+        BufferSpec("mv_part", "f32", (num_pieces, r, TILE_ROWS)), BufferSpec("mv_count", "u32", (num_pieces,)),
         BufferSpec("act_h", "act", (r, h)), BufferSpec("act_mix", "act", (r, max(cfg.q_size, cfg.ssm_inner_size))),
         BufferSpec("act_ffn", "act", (r, cfg.ffn_size)), BufferSpec("act_eh", "act", (r, 2 * h)),
     ]

@@ -338,15 +338,16 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, F&& f) {
 #undef MK_KIND_CASE
 }
 
-// A batch: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight. The warp takes units
+// A batch: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight, over its superblocks [sb0, sb1)
+// (all of them but for a piece of a split tile). The warp takes units
 // [cw N / 8, (cw + 1) N / 8) of the batch's N (superblock, tile) units through its ring (filled at the start,
 // drained at the end of the batch) and adds each unit's products into part[cw][tile] in shared memory (zero for the
 // tiles its range does not touch), so its sums of a tile run in superblock order. Units are tile-major: a warp's
 // units are runs of one tile's superblocks. (Superblock-major order, one activation load for the batch's tiles,
 // measured slower: 19.39 against 18.36 ms a d = 0 cycle, bench/MEGAKERNEL.md round 3.)
 template <int QT, bool TWO>
-__device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, const ActRef& a, int n0,
-                                         int ncols, float* part, u8* rings) {
+__device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
+                                         const ActRef& a, int n0, int ncols, float* part, u8* rings) {
     using Q = QTraits<QT>;
     using S = Stage<QT>;
     constexpr u32 NS = MvRing<QT>::STAGES;
@@ -354,7 +355,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     const int nb = w.cols / QK_SB, first = w.row_offset + row_begin + MK_TILE_ROWS * b0, end = w.row_offset + w.rows;
     const u64 ntot = (u64)w.rows_total * nb;
     const Planes P = Q::planes(w.ptr, ntot);
-    const int N = nt * nb, i0 = cw * N / MK_CONSUMER_WARPS, i1 = (cw + 1) * N / MK_CONSUMER_WARPS;
+    const int ns = sb1 - sb0, N = nt * ns, i0 = cw * N / MK_CONSUMER_WARPS, i1 = (cw + 1) * N / MK_CONSUMER_WARPS;
     u8* ring = rings + cw * NS * S::BYTES;
     __builtin_assume(__isShared(ring));
     const u32 ring_s = smem_u32(ring);
@@ -364,11 +365,11 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     // Unit i's superblock and tile, advanced one unit at a time (no division per unit).
     struct Pos {
         int sb, t;
-        __device__ void next(int nb) {
-            if (++sb == nb) sb = 0, ++t;
+        __device__ void next(int sb0, int sb1) {
+            if (++sb == sb1) sb = sb0, ++t;
         }
     };
-    const Pos start{i0 % nb, i0 / nb};
+    const Pos start{sb0 + i0 % ns, i0 / ns};
     // The copier: unit ci at cp (row bases from S::init per copy: consecutive units may be different tiles).
     int ci = i0;
     Pos cp = start;
@@ -379,7 +380,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
                 S::init(L, first + MK_TILE_ROWS * cp.t, end, nb, lane);
                 S::copy(ring_s + ((u32)(ci - i0) % NS) * S::BYTES, P, L, cp.sb, lane, ntot);
             }
-            cp.next(nb);
+            cp.next(sb0, sb1);
         }
         ++ci;
         cp_async_commit();
@@ -407,16 +408,16 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !m.packed
         }
         mv_frag_add(acc, mine + u.t * 128);
-        u.next(nb);
+        u.next(sb0, sb1);
     }
     cp_async_wait<0>();  // nothing lands in the ring after the batch
 }
 
-__device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin, int b0, int nt, const ActRef& a,
-                                               int n0, int ncols, float* part, u8* rings) {
+__device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
+                                               const ActRef& a, int n0, int ncols, float* part, u8* rings) {
     mv_staged_kind(w.qtype, ncols, [&](auto kind) {
         using K = decltype(kind);
-        mv_batch_cp<K::QTYPE, K::RESIDUE_MMA>(w, row_begin, b0, nt, a, n0, ncols, part, rings);
+        mv_batch_cp<K::QTYPE, K::RESIDUE_MMA>(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, part, rings);
     });
 }
 
@@ -431,7 +432,7 @@ __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int
         const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
         for (int b0 = 0; b0 < ntiles; b0 += MV_BATCH) {
             const int nt = min(MV_BATCH, ntiles - b0);
-            mv_dispatch_batch(w, row_begin, b0, nt, a, n0, ncols, red, rings);
+            mv_dispatch_batch(w, row_begin, b0, nt, 0, w.cols / QK_SB, a, n0, ncols, red, rings);
             consumers_sync();
             mv_fold(red, MV_BATCH, nt, ncols, ncols <= 4, out);  // packed as mv_cols makes it
             consumers_sync();
@@ -448,6 +449,52 @@ __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int
         store(r0, min(MK_TILE_ROWS, row_end - r0), out);
         consumers_sync();
     }
+}
+
+// One piece of a split tile (schedule.py split_tiles): the product of the 16-row tile at row_begin over
+// superblocks [sb0, sb1) goes to g.mv_part[slot * pieces + piece] ([row][16], f32), counted in g.mv_count[slot];
+// the piece that arrives last adds the tile's pieces in piece order (whoever finishes last, the same sum) and
+// hands it to store, as mv_rows would, then leaves the count at zero for the next group. K-quant weights only.
+template <class Store>
+__device__ void mv_piece(const Globals& g, const WeightRef& w, int row_begin, int row_end, int sb0, int sb1,
+                         int piece, int pieces, int slot, const ActRef& a, int ncols, float* scratch,
+                         Store&& store) {
+    float* out = scratch;
+    float* red = scratch + MV_OUT_FLOATS;
+    u8* rings = reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET;
+    int* last = reinterpret_cast<int*>(scratch + MV_SCRATCH_FLOATS);  // the ops' area below the rings
+    if (!mv_staged(w, row_begin) || row_end - row_begin > MK_TILE_ROWS || piece >= pieces) {
+        if (ctid() == 0) mk_fail(g, ERR_BAD_SHAPE, blockIdx.x, -1, w.qtype, row_begin, piece, pieces);
+        consumers_sync();
+        return;
+    }
+    mv_dispatch_batch(w, row_begin, 0, 1, sb0, sb1, a, 0, ncols, red, rings);
+    consumers_sync();
+    mv_fold(red, MV_BATCH, 1, ncols, ncols <= 4, out);
+    consumers_sync();
+    float* parts = g.mv_part + (i64)slot * pieces * MK_MAX_ROWS * MK_TILE_ROWS;
+    const int n = row_end - row_begin;  // the tile's rows inside the weight (the others repeat its last row)
+    for (int o = ctid(); o < n * ncols; o += MK_CONSUMER_THREADS) {
+        const int t = o / n, r = o % n;
+        parts[((i64)piece * MK_MAX_ROWS + t) * MK_TILE_ROWS + r] = out[r * 8 + t];
+    }
+    __threadfence();  // the piece is out before it is counted
+    consumers_sync();
+    if (ctid() == 0) *last = atomicAdd(g.mv_count + slot, 1u) == (u32)(pieces - 1);
+    consumers_sync();
+    if (*last) {
+        __threadfence();  // every other piece, counted before ours, is visible (read through L2)
+        for (int o = ctid(); o < n * ncols; o += MK_CONSUMER_THREADS) {
+            const int t = o / n, r = o % n;
+            float v = 0.f;
+            for (int q = 0; q < pieces; ++q) v += ld_cg(parts + ((i64)q * MK_MAX_ROWS + t) * MK_TILE_ROWS + r);
+            out[r * 8 + t] = v;
+        }
+        consumers_sync();
+        store(row_begin, n, out);
+        if (ctid() == 0) g.mv_count[slot] = 0u;
+    }
+    consumers_sync();
 }
 
 // ---- the loader: L2 prefetch of weight rows (a hint: it never blocks and never faults) ----

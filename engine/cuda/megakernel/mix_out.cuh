@@ -16,9 +16,11 @@ struct MixOutOp {
     static constexpr int OPCODE = OP_MIX_OUT;
     static constexpr int WAITS_ON = OP_DN_RULE;  // or OP_ATTN_COMBINE in attention layers
     struct Parsed {
-        int layer, row_begin, row_end;  // fields, in the order of instructions.py's MixOut
+        int layer, row_begin, row_end, sb_begin, sb_end, piece, pieces, slot;  // instructions.py's MixOut, in order
         __device__ explicit Parsed(const i32* w)
-            : layer(w[INST_ARGS + 0]), row_begin(w[INST_ARGS + 1]), row_end(w[INST_ARGS + 2]) {}
+            : layer(w[INST_ARGS + 0]), row_begin(w[INST_ARGS + 1]), row_end(w[INST_ARGS + 2]),
+              sb_begin(w[INST_ARGS + 3]), sb_end(w[INST_ARGS + 4]), piece(w[INST_ARGS + 5]),
+              pieces(w[INST_ARGS + 6]), slot(w[INST_ARGS + 7]) {}
     };
     static __device__ const WeightRef& weight(const Globals& g, const Parsed& p) {
         const LayerRefs& L = layer_refs(g, p.layer);
@@ -31,8 +33,12 @@ struct MixOutOp {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage);
             float* x = stage_x(g, stage);
-            mv_rows(g, weight(g, p), p.row_begin, p.row_end, g.act_mix, 0, rows, s.scratch,
-                    [&](int r0, int n, const float* out) { residual_store(x, g.hidden_size, rows, r0, n, out); });
+            auto store = [&](int r0, int n, const float* out) { residual_store(x, g.hidden_size, rows, r0, n, out); };
+            if (p.pieces > 1)
+                mv_piece(g, weight(g, p), p.row_begin, p.row_end, p.sb_begin, p.sb_end, p.piece, p.pieces, p.slot,
+                         g.act_mix, rows, s.scratch, store);
+            else
+                mv_rows(g, weight(g, p), p.row_begin, p.row_end, g.act_mix, 0, rows, s.scratch, store);
         }
     };
 };

@@ -67,7 +67,8 @@ class GpuExecutor:
         self.num_draft_parts = max(p.num_draft_parts for p in self.programs.values())
         self._compile()
         self.model: DeviceModel = upload_model(dev, spec, tensors)
-        self.specs = buffer_specs(spec, capacity, self.num_lm_parts, self.num_draft_parts, self.config.attn_splits)
+        self.specs = buffer_specs(spec, capacity, self.num_lm_parts, self.num_draft_parts, self.config.attn_splits,
+                                  self.config.num_sms)
         self.bufs: dict[str, Buffer] = {}
         self.acts: dict[str, tuple[Buffer, Buffer, Buffer, Buffer]] = {}
         self._allocate()
@@ -150,7 +151,8 @@ class GpuExecutor:
                                                                 m[(None, "token_embd")])),
                     output_norm=self.model.vectors[(None, "output_norm")].ptr, rope_inv_freq=self._rope.ptr)
         for name in ("x", "mtp_x", "proj", "conv_out", "attn_part", "hidden", "mtp_hidden", "last_hidden", "logits",
-                     "lm_part_v", "lm_part_i", "draft_logits", "draft_part_v", "draft_part_i", "counts", "seen"):
+                     "lm_part_v", "lm_part_i", "draft_logits", "draft_part_v", "draft_part_i", "counts", "seen",
+                     "mv_part", "mv_count"):
             setattr(g, name, b[name].ptr)
         for s in self.specs:
             if s.kind == "act":
@@ -170,8 +172,9 @@ class GpuExecutor:
             uploaded = self._uploaded[program]
         params = self._globals(*uploaded)
         drv = _driver()
-        check(drv.cuMemsetD32Async(self.bufs["counters"].ptr, 0, self.bufs["counters"].nbytes // 4, self.dev.stream),
-              "zero counters")
+        for name in ("counters", "mv_count"):  # mv_count too: a launch that failed may have left a split tile half-counted
+            check(drv.cuMemsetD32Async(self.bufs[name].ptr, 0, self.bufs[name].nbytes // 4, self.dev.stream),
+                  f"zero {name}")
         ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         try:
             check(drv.cuLaunchCooperativeKernel(self._fn, self.config.num_sms, 1, 1, self.threads, 1, 1, self.smem_bytes,

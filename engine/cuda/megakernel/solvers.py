@@ -230,14 +230,32 @@ def attn_combine(vm: VirtualMachine, inst: I.AttnCombine) -> None:
     m["act_mix"][:rows, heads.start * d : heads.stop * d] = out.reshape(rows, -1)
 
 
+def residual_matmul(vm: VirtualMachine, inst: I.MixOut | I.FfnDown, w: np.ndarray, act: np.ndarray) -> None:
+    """x[:, rows] += w[rows, superblocks] act[:, superblocks]; for a piece of a split tile (inst.pieces > 1) the
+    product goes to mv_part instead, and the last of the tile's pieces adds them, in piece order, to x."""
+    rows, x = vm.rows(inst.stage), vm.mem[vm.x_name(inst.stage)]
+    r, k = slice(inst.row_begin, inst.row_end), slice(inst.sb_begin * SUPERBLOCK, inst.sb_end * SUPERBLOCK)
+    out = ops.matmul(act[:rows, k], w[r, k])  # [rows, tile rows]
+    if inst.pieces == 1:
+        x[:rows, r] += out
+        return
+    part, count, base = vm.mem["mv_part"], vm.mem["mv_count"], inst.slot * inst.pieces
+    part[base + inst.piece, :rows, : out.shape[1]] = out
+    count[inst.slot] += 1
+    if count[inst.slot] == inst.pieces:  # the last to arrive: the tile's sum, in piece order
+        total = part[base, :rows, : out.shape[1]].copy()
+        for piece in range(1, inst.pieces):
+            total += part[base + piece, :rows, : out.shape[1]]
+        x[:rows, r] += total
+        count[inst.slot] = 0
+
+
 @solver(Op.MIX_OUT)
 def mix_out(vm: VirtualMachine, inst: I.MixOut) -> None:
     """x rows += the mixer's output projection of act_mix."""
-    rows, x = vm.rows(inst.stage), vm.mem[vm.x_name(inst.stage)]
     key = "attn_output" if vm.spec.layer_kind(inst.layer) == "attention" else "ssm_out"
     w = vm.matrix(inst.layer, key)
-    x[:rows, inst.row_begin : inst.row_end] += ops.matmul(vm.mem["act_mix"][:rows, : w.shape[1]],
-                                                          w[inst.row_begin : inst.row_end])
+    residual_matmul(vm, inst, w, vm.mem["act_mix"][:, : w.shape[1]])
 
 
 @solver(Op.FFN_UP)
@@ -252,9 +270,7 @@ def ffn_up(vm: VirtualMachine, inst: I.FfnUp) -> None:
 @solver(Op.FFN_DOWN)
 def ffn_down(vm: VirtualMachine, inst: I.FfnDown) -> None:
     """x rows += ffn_down act_ffn."""
-    rows, x = vm.rows(inst.stage), vm.mem[vm.x_name(inst.stage)]
-    w = vm.matrix(inst.layer, "ffn_down")[inst.row_begin : inst.row_end]
-    x[:rows, inst.row_begin : inst.row_end] += ops.matmul(vm.mem["act_ffn"][:rows], w)
+    residual_matmul(vm, inst, vm.matrix(inst.layer, "ffn_down"), vm.mem["act_ffn"])
 
 
 @solver(Op.LM_HEAD)

@@ -34,7 +34,7 @@ _POINTERS = ("instructions", "queue_len", "ctl", "counters", "timings", "layers"
 _WEIGHTS = ("token_embd", "output", "mtp_output", "mtp_embd")
 _BUFFERS = ("output_norm", "rope_inv_freq", "x", "mtp_x", "proj", "conv_out", "attn_part", "hidden", "mtp_hidden",
             "last_hidden", "logits", "lm_part_v", "lm_part_i", "draft_logits", "draft_part_v", "draft_part_i",
-            "counts", "seen")
+            "counts", "seen", "mv_part", "mv_count")
 _ACTS = ("act_h", "act_mix", "act_ffn", "act_eh")
 _SIZES = ("max_len", "num_layers", "hidden_size", "ffn_size", "vocab", "draft_vocab", "num_heads", "num_kv_heads",
           "head_dim", "rope_dim", "q_size", "kv_size", "ssm_k_heads", "ssm_v_heads", "ssm_dk", "ssm_dv",

@@ -39,7 +39,8 @@ class VirtualMachine:
         self.programs = {n: build_program(spec, n, self.config) for n in names}
         self.num_lm_parts = max(p.num_lm_parts for p in self.programs.values())
         self.num_draft_parts = max(p.num_draft_parts for p in self.programs.values())
-        self.specs = buffer_specs(spec, capacity, self.num_lm_parts, self.num_draft_parts, self.config.attn_splits)
+        self.specs = buffer_specs(spec, capacity, self.num_lm_parts, self.num_draft_parts, self.config.attn_splits,
+                                  self.config.num_sms)
         self.mem = {s.name: np.zeros(s.shape, NUMPY_DTYPES[s.kind]) for s in self.specs}
         self.ctl = self.mem["ctl"]
         self.proj_offsets = proj_offsets(self.cfg)
