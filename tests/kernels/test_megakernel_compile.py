@@ -54,7 +54,7 @@ def test_limits_and_launch_shape_match_the_header() -> None:
     assert define("MK_CAND_MAX") == layout.CAND_MAX
     assert float(DEFINES["MK_SAMPLE_CUTOFF"].rstrip("f")) == layout.SAMPLE_CUTOFF
     assert define("MK_ATTN_MIN_KEYS_LOG2") == layout.ATTN_MIN_KEYS_LOG2
-    assert define("MK_TILE_ROWS") == layout.TILE_ROWS
+    assert define("MK_TILE_ROWS") == layout.TILE_ROWS and define("MK_PIECE_WIDTH") == layout.PIECE_WIDTH
     assert (define("MK_ROLE_WARPS") + define("MK_CONSUMER_WARPS")) * 32 == build.threads(()) == 320
     assert build.threads(("-DMK_QT_MASK=1", "-DMK_CONSUMER_WARPS=16")) == 576
     assert build.threads(("-DMK_CONTROLLER=0",)) == 256

@@ -60,11 +60,11 @@ def _instruction_cost(spec: ModelSpec, inst: I.Instruction, rows: int, context: 
         layer, key = _matrix_of(inst, spec)
         r = 1 if isinstance(inst, I.DraftHead) else rows
         cols = None  # a piece of a split tile (MixOut, FfnDown) streams its superblocks only
-        if isinstance(inst, (I.MixOut, I.FfnDown)):
+        if isinstance(inst, (I.MixOut, I.FfnDown, I.FfnUp)):
             cols = min(spec.matrix(layer, key).cols, inst.sb_end * SUPERBLOCK) - inst.sb_begin * SUPERBLOCK
         b, f = _matmul(spec, layer, key, r, inst.row_begin, inst.row_end, cols)
         if isinstance(inst, I.FfnUp):
-            b2, f2 = _matmul(spec, inst.layer, "ffn_up", r, inst.row_begin, inst.row_end)
+            b2, f2 = _matmul(spec, inst.layer, "ffn_up", r, inst.row_begin, inst.row_end, cols)
             b, f = b + b2, f + f2
         return b, 0, f
     if isinstance(inst, I.DnRule):

@@ -25,7 +25,7 @@ struct FfnDownOp {
             auto store = [&](int r0, int n, const float* out) { residual_store(x, g.hidden_size, rows, r0, n, out); };
             if (p.pieces > 1)
                 mv_piece(g, w, p.row_begin, p.row_end, p.sb_begin, p.sb_end, p.piece, p.pieces, p.slot, g.act_ffn,
-                         rows, s.scratch, store);
+                         rows, s, store);
             else
                 mv_rows(g, w, p.row_begin, p.row_end, g.act_ffn, 0, rows, s.scratch, store);
         }

@@ -1,6 +1,7 @@
 // OP_FFN_UP: act_ffn[:, row_begin:row_end] = silu(ffn_gate act_h) * ffn_up act_h, FFN_UP_CHUNK FFN indices at a
-// time: whole 32-wide sub-blocks of the act layout (a sub-block's sum must come from one instruction), 64 so that
-// one matmul call streams 4 tiles of a weight through the rings before they drain. VM: solvers.ffn_up.
+// time: whole 32-wide sub-blocks of the act layout (a sub-block's sum must come from one instruction, or from the
+// last piece of a split unit: run_piece), 64 so that one matmul call streams 4 tiles of a weight through the rings
+// before they drain. VM: solvers.ffn_up.
 #pragma once
 #include "matvec.cuh"
 
@@ -12,9 +13,11 @@ struct FfnUpOp {
     static constexpr int OPCODE = OP_FFN_UP;
     static constexpr int WAITS_ON = OP_FFN_NORM;
     struct Parsed {
-        int layer, row_begin, row_end;  // fields, in the order of instructions.py's FfnUp
+        int layer, row_begin, row_end, sb_begin, sb_end, piece, pieces, slot;  // instructions.py's FfnUp, in order
         __device__ explicit Parsed(const i32* w)
-            : layer(w[INST_ARGS + 0]), row_begin(w[INST_ARGS + 1]), row_end(w[INST_ARGS + 2]) {}
+            : layer(w[INST_ARGS + 0]), row_begin(w[INST_ARGS + 1]), row_end(w[INST_ARGS + 2]),
+              sb_begin(w[INST_ARGS + 3]), sb_end(w[INST_ARGS + 4]), piece(w[INST_ARGS + 5]),
+              pieces(w[INST_ARGS + 6]), slot(w[INST_ARGS + 7]) {}
     };
     struct Loader {
         static __device__ void run(const Globals& g, const Parsed& p) {
@@ -33,12 +36,37 @@ struct FfnUpOp {
             act_store(g.act_ffn, f0, n, rows, vals, FFN_UP_CHUNK);
         }
     };
+    // A piece of a split 32-index unit (schedule.py split_tiles): its superblocks' gate products into columns
+    // 0-31 of its part, the up products into 32-63; the last piece to arrive applies SwiGLU to the sums.
+    static __device__ void run_piece(const Globals& g, const Parsed& p, int rows, float* gate, float* up, Smem& s) {
+        const LayerRefs& L = layer_refs(g, p.layer);
+        const WeightRef &wg = L.w[LW_FFN_GATE], &wu = L.w[LW_FFN_UP];
+        const int n = p.row_end - p.row_begin;
+        if (piece_ok(g, wg, p.row_begin, p.row_end, 32, p.piece, p.pieces) &&
+            piece_ok(g, wu, p.row_begin, p.row_end, 32, p.piece, p.pieces)) {
+            float* part = piece_part(g, p.slot, p.pieces, p.piece);
+            piece_product(wg, p.row_begin, p.row_end, p.sb_begin, p.sb_end, g.act_h, rows, s.scratch, part);
+            piece_product(wu, p.row_begin, p.row_end, p.sb_begin, p.sb_end, g.act_h, rows, s.scratch, part + 32);
+            if (piece_arrive(g, p.slot, p.pieces, s)) {
+                for (int o = ctid(); o < n * rows; o += MK_CONSUMER_THREADS) {
+                    const int t = o / n, j = o % n;
+                    gate[t * FFN_UP_CHUNK + j] = piece_sum(g, p.slot, p.pieces, t, j);
+                    up[t * FFN_UP_CHUNK + j] = piece_sum(g, p.slot, p.pieces, t, 32 + j);
+                }
+                consumers_sync();
+                Storer::run(g, rows, p.row_begin, n, gate, up);
+                if (ctid() == 0) g.mv_count[p.slot] = 0u;
+            }
+        }
+        consumers_sync();
+    }
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const LayerRefs& L = layer_refs(g, p.layer);
             const int rows = stage_rows(g, stage);
             float* gate = s.scratch + MV_SCRATCH_FLOATS;              // [rows][FFN_UP_CHUNK]: after out and red
             float* up = gate + MK_MAX_ROWS * FFN_UP_CHUNK;           // [rows][FFN_UP_CHUNK]
+            if (p.pieces > 1) return run_piece(g, p, rows, gate, up, s);
             for (int f0 = p.row_begin; f0 < p.row_end; f0 += FFN_UP_CHUNK) {
                 const int f1 = min(f0 + FFN_UP_CHUNK, p.row_end);
                 for (int half = 0; half < 2; ++half) {

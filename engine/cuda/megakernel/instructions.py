@@ -184,11 +184,18 @@ class FfnNorm(Instruction):
 
 @dataclass(slots=True)
 class FfnUp(Instruction):
-    """act_ffn[:, row_begin:row_end] = silu(ffn_gate act_h) * ffn_up act_h (rows are FFN indices)."""
+    """act_ffn[:, row_begin:row_end] = silu(ffn_gate act_h) * ffn_up act_h (rows are FFN indices). A piece
+    (pieces > 1, see FfnDown) is 32 FFN indices' gate and up products over superblocks [sb_begin, sb_end); the last
+    piece applies SwiGLU to the sums."""
 
     layer: int = 0
     row_begin: int = 0
     row_end: int = 0
+    sb_begin: int = 0
+    sb_end: int = 0
+    piece: int = 0
+    pieces: int = 1
+    slot: int = 0
     OPCODE: ClassVar[Op] = Op.FFN_UP
     WAITS_ON: ClassVar[tuple[Op, ...]] = (Op.FFN_NORM,)
 

@@ -24,6 +24,7 @@ CAND_MAX = 4096
 SAMPLE_CUTOFF = 30.0
 ATTN_MIN_KEYS_LOG2 = 5
 TILE_ROWS = 16
+PIECE_WIDTH = 64  # outputs a piece of a split matmul leaves (mv_part): a tile's 16, or FFN_UP's 32 gate + 32 up
 SUPERBLOCK = 256
 
 
@@ -211,8 +212,9 @@ class BufferSpec:
 
 def buffer_specs(spec: ModelSpec, capacity: int, num_lm_parts: int, num_draft_parts: int,
                  attn_splits: int, num_pieces: int) -> list[BufferSpec]:
-    """Every buffer of a megakernel instance, in a fixed order. num_pieces: the most tile pieces one matmul group
-    leaves (the schedule's SM count): their partial products [piece][row][16] and a count per split tile."""
+    """Every buffer of a megakernel instance, in a fixed order. num_pieces: the most pieces one matmul group
+    leaves (the schedule's SM count): their partial products [piece][row][PIECE_WIDTH] and a count per split
+    tile."""
     cfg, r = spec.cfg, MAX_ROWS
     h, v = cfg.hidden_size, cfg.vocab_size
     out = [
@@ -227,7 +229,7 @@ def buffer_specs(spec: ModelSpec, capacity: int, num_lm_parts: int, num_draft_pa
         BufferSpec("draft_part_v", "f32", (1, max(num_draft_parts, 1))),
         BufferSpec("draft_part_i", "i32", (1, max(num_draft_parts, 1))),
         BufferSpec("counts", "i32", (v,), True), BufferSpec("seen", "u8", (v,), True),
-        BufferSpec("mv_part", "f32", (num_pieces, r, TILE_ROWS)), BufferSpec("mv_count", "u32", (num_pieces,)),
+        BufferSpec("mv_part", "f32", (num_pieces, r, PIECE_WIDTH)), BufferSpec("mv_count", "u32", (num_pieces,)),
         BufferSpec("act_h", "act", (r, h)), BufferSpec("act_mix", "act", (r, max(cfg.q_size, cfg.ssm_inner_size))),
         BufferSpec("act_ffn", "act", (r, cfg.ffn_size)), BufferSpec("act_eh", "act", (r, 2 * h)),
     ]

@@ -36,7 +36,7 @@ struct MixOutOp {
             auto store = [&](int r0, int n, const float* out) { residual_store(x, g.hidden_size, rows, r0, n, out); };
             if (p.pieces > 1)
                 mv_piece(g, weight(g, p), p.row_begin, p.row_end, p.sb_begin, p.sb_end, p.piece, p.pieces, p.slot,
-                         g.act_mix, rows, s.scratch, store);
+                         g.act_mix, rows, s, store);
             else
                 mv_rows(g, weight(g, p), p.row_begin, p.row_end, g.act_mix, 0, rows, s.scratch, store);
         }

@@ -91,6 +91,7 @@
 #define MK_SAMPLE_CUTOFF 30.0f    // logits (after temperature) this far below the max are left out: e^-30 each
 #define MK_ATTN_MIN_KEYS_LOG2 5   // a key split takes at least 32 keys
 #define MK_TILE_ROWS 16           // weight rows of one mma block
+#define MK_PIECE_WIDTH 64         // outputs of a piece of a split unit (layout.PIECE_WIDTH): FFN_UP's 32 gate + 32 up
 
 // ---- per-layer weight, vector and state slots (layout.py: LW, LV, LS) ----
 #define LW_ATTN_Q 0

@@ -27,6 +27,7 @@ from engine.cuda.megakernel.layout import (LW, MAX_DRAFT, SUPERBLOCK, TILE_ROWS,
 from engine.gguf.quants import K_QUANT_TYPES, row_bytes
 
 PROGRAMS = ("cycle", "verify", "mtp", "commit")
+FFN_UNIT = 32  # FFN indices an FFN_UP instruction takes whole: one sub-block of act_ffn's sums
 
 
 @dataclass(slots=True)
@@ -104,24 +105,24 @@ class _Builder:
         runs = self.split(num_tiles, self.config.num_sms * self.config.tiles_per_sm)
         return [(b * align, min(rows, e * align)) for b, e in runs]
 
-    def split_tiles(self, rows: int, cols: int, qtype: int) -> list[tuple[int, ...]]:
-        """(row_begin, row_end, sb_begin, sb_end, piece, pieces, slot) of the instructions of a matmul whose tiles
-        may be split by superblocks (FFN_DOWN, MIX_OUT). Whole tiles leave the group's busiest SM up to one tile
-        more than the mean (320 tiles on 132 SMs: 3 against 2.42); instead every SM takes the same whole number of
-        tiles in one run, and each remaining tile is cut into `pieces` superblock ranges (as many as there are SMs
-        for them), each an instruction of its own that the balance spreads over the SMs with the least work: the
-        busiest SM then carries 2.5 tiles' bytes, not 3. K-quant weights only (the staged matmul takes a
-        superblock range), and only with one run per SM and matrix."""
-        nsb, tiles, sms = -(-cols // SUPERBLOCK), -(-rows // TILE_ROWS), self.config.num_sms
-        whole, rest = divmod(tiles, sms)
+    def split_tiles(self, rows: int, cols: int, qtype: int, unit: int = TILE_ROWS) -> list[tuple[int, ...]]:
+        """(row_begin, row_end, sb_begin, sb_end, piece, pieces, slot) of the instructions of a matmul whose
+        `unit`-row units may be split by superblocks (FFN_DOWN, MIX_OUT: tiles; FFN_UP: 32 FFN indices). Whole
+        units leave the group's busiest SM up to one unit more than the mean (320 tiles on 132 SMs: 3 against
+        2.42); instead every SM takes the same whole number of units in one run, and each remaining unit is cut
+        into `pieces` superblock ranges (as many as there are SMs for them), each an instruction of its own that
+        the balance spreads over the SMs with the least work: the busiest SM then carries 2.5 tiles' bytes, not 3.
+        K-quant weights only (the staged matmul takes a superblock range), and only with one run per SM and
+        matrix."""
+        nsb, units, sms = -(-cols // SUPERBLOCK), -(-rows // unit), self.config.num_sms
+        whole, rest = divmod(units, sms)
         pieces = min(sms // rest, nsb) if rest else 1
         if (not self.config.split_tiles or self.config.tiles_per_sm != 1 or pieces < 2
                 or qtype not in K_QUANT_TYPES):
-            return [(b, e, 0, nsb, 0, 1, 0) for b, e in self.row_tiles(rows)]
-        out = [(b * TILE_ROWS, e * TILE_ROWS, 0, nsb, 0, 1, 0) for b, e in self.split(whole * sms, sms)] \
-            if whole else []
-        for slot, tile in enumerate(range(whole * sms, tiles)):
-            r0, r1 = tile * TILE_ROWS, min(rows, (tile + 1) * TILE_ROWS)
+            return [(b, e, 0, nsb, 0, 1, 0) for b, e in self.row_tiles(rows, unit)]
+        out = [(b * unit, e * unit, 0, nsb, 0, 1, 0) for b, e in self.split(whole * sms, sms)] if whole else []
+        for slot, tile in enumerate(range(whole * sms, units)):
+            r0, r1 = tile * unit, min(rows, (tile + 1) * unit)
             out += [(r0, r1, s0, s1, piece, pieces, slot)
                     for piece, (s0, s1) in enumerate(self.split(nsb, pieces))]
         return out
@@ -140,6 +141,7 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     """The groups of one decoder layer (trunk layer `layer`, or the MTP block's at an MTP stage)."""
     spec, cfg = b.spec, b.spec.cfg
     h = cfg.hidden_size
+    fields = ("row_begin", "row_end", "sb_begin", "sb_end", "piece", "pieces", "slot")
     b.group([I.AttnNorm(stage, layer=layer, sb_begin=s, sb_end=e) for s, e in b.superblocks(h)])
     kind = spec.layer_kind(layer)
     keys = ("attn_q", "attn_k", "attn_v") if kind == "attention" else ("attn_qkv", "attn_gate", "ssm_alpha",
@@ -156,13 +158,14 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
         heads = b.split(cfg.ssm_num_v_heads, cfg.ssm_num_v_heads)
         b.group([I.DnRule(stage, layer=layer, head_begin=s, head_end=e) for s, e in heads])
     out_key = "attn_output" if kind == "attention" else "ssm_out"
-    fields = ("row_begin", "row_end", "sb_begin", "sb_end", "piece", "pieces", "slot")
     m = spec.matrix(layer, out_key)
     b.group([I.MixOut(stage, layer=layer, **dict(zip(fields, f, strict=True)))
              for f in b.split_tiles(m.rows, m.cols, m.qtype)])
     b.group([I.FfnNorm(stage, layer=layer, sb_begin=s, sb_end=e) for s, e in b.superblocks(h)])
-    # 32 FFN indices per tile at least: a sub-block of the act layout's sums must be one instruction's
-    b.group([I.FfnUp(stage, layer=layer, row_begin=s, row_end=e) for s, e in b.row_tiles(cfg.ffn_size, 32)])
+    # 32 FFN indices a unit: a sub-block of the act layout's sums must be one instruction's (or one piece's sum)
+    m = spec.matrix(layer, "ffn_gate")
+    b.group([I.FfnUp(stage, layer=layer, **dict(zip(fields, f, strict=True)))
+             for f in b.split_tiles(cfg.ffn_size, m.cols, m.qtype, FFN_UNIT)])
     m = spec.matrix(layer, "ffn_down")
     b.group([I.FfnDown(stage, layer=layer, **dict(zip(fields, f, strict=True)))
              for f in b.split_tiles(m.rows, m.cols, m.qtype)])
@@ -244,7 +247,7 @@ def cost(inst: Instruction, spec: ModelSpec, config: ScheduleConfig) -> float:
         key = _matrix_of(inst, spec)
         info = spec.matrix(*key)
         extra = (inst.row_end - inst.row_begin) * row_bytes(info.qtype, info.cols)
-        if isinstance(inst, (I.MixOut, I.FfnDown)):  # a piece streams its superblocks' share
+        if isinstance(inst, (I.MixOut, I.FfnDown, I.FfnUp)):  # a piece streams its superblocks' share
             extra = extra * (inst.sb_end - inst.sb_begin) // -(-info.cols // SUPERBLOCK)
         if isinstance(inst, I.FfnUp):
             extra *= 2  # gate and up rows

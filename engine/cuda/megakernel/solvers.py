@@ -230,24 +230,33 @@ def attn_combine(vm: VirtualMachine, inst: I.AttnCombine) -> None:
     m["act_mix"][:rows, heads.start * d : heads.stop * d] = out.reshape(rows, -1)
 
 
+def _piece_sum(vm: VirtualMachine, inst: I.MixOut | I.FfnDown | I.FfnUp, out: np.ndarray) -> np.ndarray | None:
+    """A piece of a split unit: its product out [rows, n] into mv_part, counted in mv_count; for the last of the
+    unit's pieces, the sum of all of them in piece order (and the count back to zero), otherwise None."""
+    rows, n = out.shape
+    part, count, base = vm.mem["mv_part"], vm.mem["mv_count"], inst.slot * inst.pieces
+    part[base + inst.piece, :rows, :n] = out
+    count[inst.slot] += 1
+    if count[inst.slot] < inst.pieces:
+        return None
+    total = part[base, :rows, :n].copy()
+    for piece in range(1, inst.pieces):
+        total += part[base + piece, :rows, :n]
+    count[inst.slot] = 0
+    return total
+
+
 def residual_matmul(vm: VirtualMachine, inst: I.MixOut | I.FfnDown, w: np.ndarray, act: np.ndarray) -> None:
     """x[:, rows] += w[rows, superblocks] act[:, superblocks]; for a piece of a split tile (inst.pieces > 1) the
     product goes to mv_part instead, and the last of the tile's pieces adds them, in piece order, to x."""
     rows, x = vm.rows(inst.stage), vm.mem[vm.x_name(inst.stage)]
     r, k = slice(inst.row_begin, inst.row_end), slice(inst.sb_begin * SUPERBLOCK, inst.sb_end * SUPERBLOCK)
     out = ops.matmul(act[:rows, k], w[r, k])  # [rows, tile rows]
-    if inst.pieces == 1:
-        x[:rows, r] += out
-        return
-    part, count, base = vm.mem["mv_part"], vm.mem["mv_count"], inst.slot * inst.pieces
-    part[base + inst.piece, :rows, : out.shape[1]] = out
-    count[inst.slot] += 1
-    if count[inst.slot] == inst.pieces:  # the last to arrive: the tile's sum, in piece order
-        total = part[base, :rows, : out.shape[1]].copy()
-        for piece in range(1, inst.pieces):
-            total += part[base + piece, :rows, : out.shape[1]]
-        x[:rows, r] += total
-        count[inst.slot] = 0
+    if inst.pieces > 1:
+        out = _piece_sum(vm, inst, out)
+        if out is None:
+            return
+    x[:rows, r] += out
 
 
 @solver(Op.MIX_OUT)
@@ -260,11 +269,19 @@ def mix_out(vm: VirtualMachine, inst: I.MixOut) -> None:
 
 @solver(Op.FFN_UP)
 def ffn_up(vm: VirtualMachine, inst: I.FfnUp) -> None:
-    """act_ffn columns = silu(gate) * up."""
+    """act_ffn columns = silu(gate) * up; a piece (inst.pieces > 1) leaves its superblocks' gate and up products
+    in mv_part[..., :32] and [..., 32:64], and the last of the unit's pieces applies SwiGLU to their sums."""
     rows, act = vm.rows(inst.stage), vm.mem["act_h"][: vm.rows(inst.stage)]
-    r = slice(inst.row_begin, inst.row_end)
-    gate = ops.matmul(act, vm.matrix(inst.layer, "ffn_gate")[r])
-    vm.mem["act_ffn"][:rows, r] = ops.swiglu(gate, ops.matmul(act, vm.matrix(inst.layer, "ffn_up")[r]))
+    r, k = slice(inst.row_begin, inst.row_end), slice(inst.sb_begin * SUPERBLOCK, inst.sb_end * SUPERBLOCK)
+    gate = ops.matmul(act[:, k], vm.matrix(inst.layer, "ffn_gate")[r, k])
+    up = ops.matmul(act[:, k], vm.matrix(inst.layer, "ffn_up")[r, k])
+    if inst.pieces > 1:
+        n = gate.shape[1]
+        total = _piece_sum(vm, inst, np.concatenate([gate, np.zeros((rows, 32 - n), F32), up], axis=1))
+        if total is None:
+            return
+        gate, up = total[:, :n], total[:, 32 : 32 + n]
+    vm.mem["act_ffn"][:rows, r] = ops.swiglu(gate, up)
 
 
 @solver(Op.FFN_DOWN)
