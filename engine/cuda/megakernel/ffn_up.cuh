@@ -1,13 +1,13 @@
 // OP_FFN_UP: act_ffn[:, row_begin:row_end] = silu(ffn_gate act_h) * ffn_up act_h, FFN_UP_CHUNK FFN indices at a
 // time: whole 32-wide sub-blocks of the act layout (a sub-block's sum must come from one instruction, or from the
-// last piece of a split unit: run_piece), 64 so that one matmul call streams 4 tiles of a weight through the rings
-// before they drain. VM: solvers.ffn_up.
+// last piece of a split unit: run_piece), one matmul batch of MV_BATCH tiles of gate, then of up. VM:
+// solvers.ffn_up.
 #pragma once
 #include "matvec.cuh"
 
-#define FFN_UP_CHUNK 64
-static_assert(MV_SCRATCH_FLOATS + 2 * MK_MAX_ROWS * FFN_UP_CHUNK <= MK_RING_OFFSET / 4,
-              "out, red, gate and up stay below the matmul rings");
+#define FFN_UP_CHUNK (MK_TILE_ROWS * MV_BATCH)
+static_assert(FFN_UP_CHUNK % 32 == 0 && 2 * MK_MAX_ROWS * FFN_UP_CHUNK <= MK_OP_FLOATS,
+              "gate and up fill the ops' buffers below the matmul rings");
 
 struct FfnUpOp {
     static constexpr int OPCODE = OP_FFN_UP;

@@ -19,9 +19,10 @@
 #define MV_BATCH (MK_SMEM_BYTES >= 128 * 1024 ? 8 : 4)
 #define MV_OUT_FLOATS (MV_BATCH * 128)                               // out [tiles][16][8]
 #define MV_SCRATCH_FLOATS (MV_OUT_FLOATS * (1 + MK_CONSUMER_WARPS))  // out, then red [8 warps][tiles][16][8]
-// The rings live after the first MK_RING_OFFSET bytes of the scratch area (the matmul's out and red, then 4.5 KB
-// for the ops' own buffers: ffn_up's gate / up values), one per consumer warp.
-#define MK_RING_OFFSET (4 * MV_SCRATCH_FLOATS + 4608)
+// The ops' own buffers, after the matmul's out and red: ffn_up's gate and up values for a batch's rows.
+#define MK_OP_FLOATS (2 * MK_MAX_ROWS * MK_TILE_ROWS * MV_BATCH)
+// The rings live after the first MK_RING_OFFSET bytes of the scratch area, one per consumer warp.
+#define MK_RING_OFFSET (4 * (MV_SCRATCH_FLOATS + MK_OP_FLOATS))
 #define MK_RING_WARP_BYTES ((MK_SMEM_BYTES - MK_RING_OFFSET) / MK_CONSUMER_WARPS)
 #ifndef MK_MV_PROBE
 #define MK_MV_PROBE 0  // a timing probe, results wrong: 1 skips the decode and mma, 2 the weight copies, 3 both
