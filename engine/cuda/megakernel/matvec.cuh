@@ -422,21 +422,28 @@ __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin
     });
 }
 
+// Tiles [b0, b0 + nt) (nt <= MV_BATCH) of rows from row_begin of a staged weight over superblocks [sb0, sb1):
+// their products, summed over the warps, into out = scratch ([tile][16][8]). Every consumer calls it.
+__device__ __forceinline__ void mv_batch(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
+                                         const ActRef& a, int n0, int ncols, float* scratch) {
+    float* red = scratch + MV_OUT_FLOATS;
+    mv_dispatch_batch(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, red,
+                      reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET);
+    consumers_sync();
+    mv_fold(red, MV_BATCH, nt, ncols, ncols <= 4, scratch);  // packed as mv_cols makes it
+    consumers_sync();
+}
+
 // For every 16-row tile of [row_begin, row_end): the tile's products into scratch, then store(tile_row0, rows, out).
 template <class Store>
 __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int row_end, const ActRef& a, int n0,
                         int ncols, float* scratch, Store&& store) {
     float* out = scratch;
-    float* red = scratch + MV_OUT_FLOATS;
-    u8* rings = reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET;
     if (mv_staged(w, row_begin)) {  // batches of MV_BATCH tiles, one barrier before their sums
         const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
         for (int b0 = 0; b0 < ntiles; b0 += MV_BATCH) {
             const int nt = min(MV_BATCH, ntiles - b0);
-            mv_dispatch_batch(w, row_begin, b0, nt, 0, w.cols / QK_SB, a, n0, ncols, red, rings);
-            consumers_sync();
-            mv_fold(red, MV_BATCH, nt, ncols, ncols <= 4, out);  // packed as mv_cols makes it
-            consumers_sync();
+            mv_batch(w, row_begin, b0, nt, 0, w.cols / QK_SB, a, n0, ncols, scratch);
             for (int t = 0; t < nt; ++t) {  // distinct out tiles: no barrier between the stores
                 const int tr = row_begin + MK_TILE_ROWS * (b0 + t);
                 store(tr, min(MK_TILE_ROWS, row_end - tr), out + 128 * t);
@@ -446,7 +453,7 @@ __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int
         return;
     }
     for (int r0 = row_begin; r0 < row_end; r0 += MK_TILE_ROWS) {
-        mv_dispatch(g, w, r0, a, n0, ncols, out, red);
+        mv_dispatch(g, w, r0, a, n0, ncols, out, scratch + MV_OUT_FLOATS);
         store(r0, min(MK_TILE_ROWS, row_end - r0), out);
         consumers_sync();
     }
@@ -492,14 +499,9 @@ __device__ __forceinline__ bool piece_ok(const Globals& g, const WeightRef& w, i
 // dst[t * MK_PIECE_WIDTH + r] for activation rows t < ncols.
 __device__ __forceinline__ void piece_product(const WeightRef& w, int row_begin, int row_end, int sb0, int sb1,
                                               const ActRef& a, int ncols, float* scratch, float* dst) {
-    float* out = scratch;
-    float* red = scratch + MV_OUT_FLOATS;
-    u8* rings = reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET;
-    const int n = row_end - row_begin, nt = (n + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
-    mv_dispatch_batch(w, row_begin, 0, nt, sb0, sb1, a, 0, ncols, red, rings);
-    consumers_sync();
-    mv_fold(red, MV_BATCH, nt, ncols, ncols <= 4, out);
-    consumers_sync();
+    const float* out = scratch;
+    const int n = row_end - row_begin;
+    mv_batch(w, row_begin, 0, (n + MK_TILE_ROWS - 1) / MK_TILE_ROWS, sb0, sb1, a, 0, ncols, scratch);
     for (int o = ctid(); o < n * ncols; o += MK_CONSUMER_THREADS) {  // rows past n repeat the weight's last one
         const int t = o / n, r = o % n;
         dst[t * MK_PIECE_WIDTH + r] = out[(r >> 4) * 128 + (r & 15) * 8 + t];
@@ -556,7 +558,6 @@ __device__ __noinline__ void prefetch_rows(const WeightRef& w, int r0, int r1) {
     bool tiled;
     const int planes = plane_sizes(w.qtype, w.cols, size, nb, tiled);
     const u64 ntot = (u64)w.rows_total * nb;
-    if (MK_PREFETCH_ROWS > 0) r1 = min(r1, r0 + MK_PREFETCH_ROWS);
     const int a = w.row_offset + r0, b = w.row_offset + r1;
     u64 base = 0;
     for (int p = 0; p < planes; ++p) {

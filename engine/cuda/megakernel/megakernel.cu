@@ -92,6 +92,29 @@ __device__ __forceinline__ void record(const Globals& g, int index, int slot) {
     if (g.timings) g.timings[((i64)blockIdx.x * g.max_len + index) * TIME_SLOTS + slot] = global_ns();
 }
 
+// Instruction i's words w (shared memory) fetched: wait until the counter its header names reaches its value. On a
+// timeout or another SM's failure it is marked (opcode -1) so the consumers stop there. One thread calls it.
+__device__ bool await_instruction(const Globals& g, i32* w, int i) {
+    record(g, i, TIME_FETCHED);
+    bool ok = true;
+    if (w[INST_WAIT_COUNT] > 0)
+        ok = wait_counter(g, w[INST_WAIT_STAGE], w[INST_WAIT_OP], (u32)w[INST_WAIT_COUNT], blockIdx.x, i);
+    ok = ok && !mk_failed(g);
+    if (!ok) w[INST_OPCODE] = -1;
+    record(g, i, TIME_READY);
+    return ok;
+}
+
+// Instruction i run: once every consumer's stores are out, count it in counter (stage, op). Every consumer calls it.
+__device__ void count_instruction(const Globals& g, int stage, int op, int i) {
+    __threadfence();
+    consumers_sync();
+    if (ctid() == 0) {
+        signal_counter(g, stage, op);
+        record(g, i, TIME_DONE);
+    }
+}
+
 struct Controller {
     static __device__ void run(const Globals& g, Smem& s) {
         const int lane = threadIdx.x & 31, n = g.queue_len[blockIdx.x], both = 32 + MK_CONSUMER_THREADS;
@@ -104,14 +127,8 @@ struct Controller {
             __syncwarp();
             bool ok = true;
             if (lane == 0) {
-                record(g, i, TIME_FETCHED);
-                const i32* w = s.inst[slot];
-                if (w[INST_WAIT_COUNT] > 0)
-                    ok = wait_counter(g, w[INST_WAIT_STAGE], w[INST_WAIT_OP], (u32)w[INST_WAIT_COUNT], blockIdx.x, i);
-                ok = ok && !mk_failed(g);
-                if (!ok) s.inst[slot][INST_OPCODE] = -1;  // the consumers stop here
+                ok = await_instruction(g, s.inst[slot], i);
                 s.progress = i;
-                record(g, i, TIME_READY);
             }
             ok = __shfl_sync(FULL_MASK, ok, 0);
             __threadfence_block();
@@ -154,12 +171,7 @@ struct Consumer {
             const int op = w[INST_OPCODE], stage = w[INST_STAGE];
             if (op < 0) return;  // the controller stopped: a wait timed out or another SM failed
             if (stage_active(g, stage)) consume(g, w, s);
-            __threadfence();
-            consumers_sync();
-            if (ctid() == 0) {
-                signal_counter(g, stage, op);
-                record(g, i, TIME_DONE);
-            }
+            count_instruction(g, stage, op, i);
             bar_arrive(slot ? BAR_FREE1 : BAR_FREE0, both);
         }
     }
@@ -174,26 +186,13 @@ struct SoloConsumer {
         for (int i = 0; i < n; ++i) {
             if (ctid() < INST_WORDS) s.inst[0][ctid()] = queue[(i64)i * INST_WORDS + ctid()];
             __syncwarp();
-            if (ctid() == 0) {
-                record(g, i, TIME_FETCHED);
-                const i32* w = s.inst[0];
-                bool ok = true;
-                if (w[INST_WAIT_COUNT] > 0)
-                    ok = wait_counter(g, w[INST_WAIT_STAGE], w[INST_WAIT_OP], (u32)w[INST_WAIT_COUNT], blockIdx.x, i);
-                if (!ok || mk_failed(g)) s.inst[0][INST_OPCODE] = -1;  // everyone stops here
-                record(g, i, TIME_READY);
-            }
+            if (ctid() == 0) await_instruction(g, s.inst[0], i);
             consumers_sync();
             const i32* w = s.inst[0];
             const int op = w[INST_OPCODE], stage = w[INST_STAGE];
-            if (op < 0) return;
+            if (op < 0) return;  // everyone stops here
             if (stage_active(g, stage)) consume(g, w, s);
-            __threadfence();
-            consumers_sync();  // every store is out, and nobody reads s.inst[0] any more
-            if (ctid() == 0) {
-                signal_counter(g, stage, op);
-                record(g, i, TIME_DONE);
-            }
+            count_instruction(g, stage, op, i);  // its barrier: nobody reads s.inst[0] any more
         }
     }
 };

@@ -151,9 +151,6 @@
 #ifndef MK_PREFETCH_AHEAD
 #define MK_PREFETCH_AHEAD -1
 #endif
-#ifndef MK_PREFETCH_ROWS
-#define MK_PREFETCH_ROWS 0    // rows of each matrix the loader requests per instruction, from its first; 0: all
-#endif
 #define BAR_CONSUMERS 1       // the consumer warps among themselves
 #define BAR_READY0 2          // slot 0 / 1 of the instruction ring filled (controller -> consumers)
 #define BAR_READY1 3
