@@ -27,6 +27,12 @@
 #ifndef MK_MV_PROBE
 #define MK_MV_PROBE 0  // a timing probe, results wrong: 1 skips the decode and mma, 2 the weight copies, 3 both
 #endif
+#ifndef MK_MV_ACT_AHEAD
+#define MK_MV_ACT_AHEAD 1  // the staged matmul loads the next unit's activations while one is multiplied
+#endif
+#ifndef MK_MV_CHAINS
+#define MK_MV_CHAINS 2  // mma accumulation chains a superblock: 2 halves the dependent chain of 16-32 mmas
+#endif
 #ifndef MK_STAGED
 #define MK_STAGED 1  // 0: every type through registers (the first GPU runs' matmul; a benchmark knob)
 #endif
@@ -78,14 +84,18 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
     typename Q::Consts k[2];
     Q::prepare(r[0], c, k[0]);
     Q::prepare(r[1], c, k[1]);
-    float blk[4] = {0.f, 0.f, 0.f, 0.f};
-    float* dst = Q::BLOCK_SCALE ? blk : acc;
+    // Chains of mmas: the steps alternate between MK_MV_CHAINS accumulators (a residue mma goes to the other
+    // chain of its step), so consecutive mmas do not wait for each other; added together after the superblock.
+    constexpr int NCH = MK_MV_CHAINS > 1 ? 2 : 1;
+    float ch[NCH][4];
+#pragma unroll
+    for (int h = 0; h < NCH; ++h) ch[h][0] = ch[h][1] = ch[h][2] = ch[h][3] = 0.f;
 #pragma unroll
     for (int s = 0; s < SB_STEPS; ++s) {
         u32 f[4];
         Q::frag(r[0], k[0], c, s, f[0], f[2]);
         Q::frag(r[1], k[1], c, s, f[1], f[3]);
-        mma_f16_16816(dst, f, x.b[s]);
+        mma_f16_16816(ch[s % NCH], f, x.b[s]);
         if (two) {
             u32 bl[2];
             if constexpr (LO == LO_REGS) {
@@ -96,9 +106,15 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
                 bl[0] = v.x;
                 bl[1] = v.y;
             }
-            mma_f16_16816(dst, f, bl);
+            mma_f16_16816(ch[(s + 1) % NCH], f, bl);
         }
     }
+    float blk[4] = {0.f, 0.f, 0.f, 0.f};
+    float* dst = Q::BLOCK_SCALE ? blk : acc;
+#pragma unroll
+    for (int h = 0; h < NCH; ++h)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dst[j] += ch[h][j];
     if constexpr (Q::BLOCK_SCALE) {
         const float d0 = Q::dscale(r[0]), d1 = Q::dscale(r[1]);
         acc[0] += d0 * blk[0];
@@ -389,10 +405,21 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     for (u32 s = 0; s + 1 < NS; ++s) issue();
     const MvCols m = mv_cols(a, n0, ncols, g, c);
     Pos u = start;
-    for (int i = i0; i < i1; ++i) {
-        MvAct x, x2;
-        mv_act_load<Q::HAS_MIN>(m.col, m.sums, u.sb, x);  // on their way from L2 while the weights land
-        if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, u.sb, x2);
+    // One unit, i, with its activations in x (x2). MK_MV_ACT_AHEAD: unit i + 1's load into xn (x2n) from L2 while
+    // i is multiplied; the loop calls it with the two sets swapped, so no activation is copied between registers.
+    // Otherwise x is loaded at the unit's start.
+    auto unit = [&](int i, MvAct& x, MvAct& x2, MvAct& xn, MvAct& x2n) {
+        if (MK_MV_ACT_AHEAD) {
+            if (i + 1 < i1) {
+                Pos v = u;
+                v.next(sb0, sb1);
+                mv_act_load<Q::HAS_MIN>(m.col, m.sums, v.sb, xn);
+                if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, v.sb, x2n);
+            }
+        } else {
+            mv_act_load<Q::HAS_MIN>(m.col, m.sums, u.sb, x);  // on their way from L2 while the weights land
+            if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, u.sb, x2);
+        }
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
         issue();       // unit i + NS - 1
         cp_async_wait<NS - 1>();
@@ -410,6 +437,15 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         }
         mv_frag_add(acc, mine + u.t * 128);
         u.next(sb0, sb1);
+    };
+    MvAct xa, x2a, xb, x2b;
+    if (MK_MV_ACT_AHEAD && i0 < i1) {
+        mv_act_load<Q::HAS_MIN>(m.col, m.sums, u.sb, xa);
+        if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, u.sb, x2a);
+    }
+    for (int i = i0; i < i1; i += 2) {
+        unit(i, xa, x2a, xb, x2b);
+        if (i + 1 < i1) unit(i + 1, xb, x2b, xa, x2a);
     }
     cp_async_wait<0>();  // nothing lands in the ring after the batch
 }
