@@ -235,7 +235,7 @@ def schedule_config(dev, report: Report, args):
     from engine.cuda.megakernel.schedule import ScheduleConfig
 
     config = ScheduleConfig(num_sms=dev.info.multiprocessors, tiles_per_sm=args.tiles_per_sm,
-                            split_tiles=not args.whole_tiles)
+                            split_tiles=args.split_tiles)
     report.info["schedule"] = {"tiles_per_sm": config.tiles_per_sm, "num_sms": config.num_sms,
                                "split_tiles": config.split_tiles}
     return config
@@ -336,7 +336,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", default="/tmp/openjet-megakernel")
     parser.add_argument("--draft-vocab", type=int, default=32768)
     parser.add_argument("--tiles-per-sm", type=int, default=1, help="matmul instructions per SM and matrix")
-    parser.add_argument("--whole-tiles", action="store_true", help="27B parts: no tile split by superblocks")
+    parser.add_argument("--split-tiles", action="store_true", help="27B parts: tiles split by superblocks")
     parser.add_argument("--wide-detail", type=int, default=4, help="diff27: stages cut after every op")
     parser.add_argument("--context", type=int, default=33, help="cycle27b: prompt tokens before the timed cycles")
     parser.add_argument("--depths", default="0,1,2,3,4", help="cycle27b: draft depths timed")
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     for part in [p for p in args.parts.split(",") if p]:
         cmd = [sys.executable, __file__, "--child", part, "--out", args.out, "--work", args.work,
                "--draft-vocab", str(args.draft_vocab), "--tiles-per-sm", str(args.tiles_per_sm),
-               *(["--whole-tiles"] if args.whole_tiles else []),
+               *(["--split-tiles"] if args.split_tiles else []),
                "--wide-detail", str(args.wide_detail), "--depths", args.depths, "--context", str(args.context)]
         codes[part] = subprocess.run(cmd).returncode
         path = Path(args.out) / f"mk_part_{part}.json"

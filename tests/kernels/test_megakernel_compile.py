@@ -55,9 +55,10 @@ def test_limits_and_launch_shape_match_the_header() -> None:
     assert float(DEFINES["MK_SAMPLE_CUTOFF"].rstrip("f")) == layout.SAMPLE_CUTOFF
     assert define("MK_ATTN_MIN_KEYS_LOG2") == layout.ATTN_MIN_KEYS_LOG2
     assert define("MK_TILE_ROWS") == layout.TILE_ROWS and define("MK_PIECE_WIDTH") == layout.PIECE_WIDTH
-    assert (define("MK_ROLE_WARPS") + define("MK_CONSUMER_WARPS")) * 32 == build.threads(()) == 320
-    assert build.threads(("-DMK_QT_MASK=1", "-DMK_CONSUMER_WARPS=16")) == 576
-    assert build.threads(("-DMK_CONTROLLER=0",)) == 256
+    roles = define("MK_ROLE_WARPS") if define("MK_CONTROLLER") else 0
+    assert (roles + define("MK_CONSUMER_WARPS")) * 32 == build.threads(()) == 256
+    assert build.threads(("-DMK_QT_MASK=1", "-DMK_CONSUMER_WARPS=16")) == 512
+    assert build.threads(("-DMK_CONTROLLER=1",)) == 320
     common = (build.MEGAKERNEL_DIR / "mk_common.cuh").read_text()
     assert int(re.search(r"#define MK_SMEM_BYTES (\d+)", common).group(1)) == build.smem_bytes(86) == 96 * 1024
 

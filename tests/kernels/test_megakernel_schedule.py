@@ -17,7 +17,8 @@ from engine.gguf.quants import row_bytes
 from engine.gguf.testmodel import plan_tensors
 from engine.model.config import qwen38_27b_config
 
-CONFIG = ScheduleConfig()  # 132 SMs: an H100 / H200
+CONFIG = ScheduleConfig(split_tiles=True)  # 132 SMs (an H100 / H200), tiles split: the schedule with most to check
+WHOLE = ScheduleConfig()  # the default: whole tiles
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,14 @@ def programs(spec):
     return {name: build_program(spec, name, CONFIG) for name in PROGRAMS}
 
 
-def test_every_program_keeps_the_synchronisation_invariants(programs) -> None:
-    for program in programs.values():
+@pytest.fixture(scope="module")
+def whole_programs(spec):
+    """Every program for 132 SMs with the default (whole tile) schedule."""
+    return {name: build_program(spec, name, WHOLE) for name in PROGRAMS}
+
+
+def test_every_program_keeps_the_synchronisation_invariants(programs, whole_programs) -> None:
+    for program in [*programs.values(), *whole_programs.values()]:
         validate(program)
     cycle = programs["cycle"]
     assert cycle.instructions[0].OPCODE == Op.EMBED and cycle.instructions[-1].OPCODE == Op.FINISH
@@ -103,10 +110,13 @@ def test_act_layout_round_trips_on_the_host() -> None:
     np.testing.assert_allclose(sub, padded.reshape(5, 16, 32).sum(axis=2), rtol=1e-5, atol=1e-4)
 
 
-def test_every_group_is_balanced_on_its_own(spec, programs) -> None:
+@pytest.mark.parametrize("split", [True, False], ids=["split", "whole"])
+def test_every_group_is_balanced_on_its_own(spec, programs, whole_programs, split) -> None:
     """Groups run one after another, so each must spread evenly: a matmul group's busiest SM carries at most one
-    instruction more than the mean (FFN_UP: four 32-index units an SM, the 16 left in 8 superblock pieces each)."""
-    cycle = programs["cycle"]
+    instruction more than the mean (split, FFN_UP: four 32-index units an SM, the 16 left in 8 superblock pieces
+    each)."""
+    config = CONFIG if split else WHOLE
+    cycle = (programs if split else whole_programs)["cycle"]
     sm_of = {i: sm for sm, q in enumerate(cycle.queues) for i in q}
     groups = {(cycle.instructions[r.start].stage, cycle.instructions[r.start].OPCODE.name): r
               for r in group_runs(cycle.instructions)}
@@ -115,10 +125,12 @@ def test_every_group_is_balanced_on_its_own(spec, programs) -> None:
             continue
         loads = np.zeros(len(cycle.queues))
         for i in members:
-            loads[sm_of[i]] += cost(cycle.instructions[i], spec, CONFIG)
-        biggest = max(cost(cycle.instructions[i], spec, CONFIG) for i in members)
+            loads[sm_of[i]] += cost(cycle.instructions[i], spec, config)
+        biggest = max(cost(cycle.instructions[i], spec, config) for i in members)
         assert loads.max() - loads.mean() <= biggest, f"group ({stage}, {op})"
         assert (loads > 0).sum() == min(len(members), len(cycle.queues)), f"group ({stage}, {op}) leaves SMs idle"
+    if not split:
+        return
     ffn_up = [cycle.instructions[i] for i in groups[(0, "FFN_UP")]]
     whole = [i for i in ffn_up if i.pieces == 1]
     assert len(whole) == 132 and all(i.row_end - i.row_begin == 128 for i in whole)

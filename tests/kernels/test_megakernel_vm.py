@@ -27,7 +27,7 @@ VM_CONFIG = ScheduleConfig(num_sms=2, tiles_per_sm=1, attn_splits=2)
 FINE_CONFIG = ScheduleConfig(num_sms=5, tiles_per_sm=3, attn_splits=3)
 # On 15 SMs the hidden-512 model's units do not divide evenly: FFN_DOWN's 32 tiles are two an SM and two cut in
 # two by superblocks, FFN_UP's 16 units of 32 indices one an SM and one cut in two
-SPLIT_CONFIG = ScheduleConfig(num_sms=15, tiles_per_sm=1, attn_splits=2)
+SPLIT_CONFIG = ScheduleConfig(num_sms=15, tiles_per_sm=1, attn_splits=2, split_tiles=True)
 
 
 @pytest.fixture(scope="module", autouse=True)

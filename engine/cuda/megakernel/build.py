@@ -64,9 +64,9 @@ def arch_options(arch: int) -> tuple[str, ...]:
 
 
 def threads(options: tuple[str, ...]) -> int:
-    """Threads of the block the options compile (opcodes.cuh MK_THREADS): the controller and loader warps (unless
-    MK_CONTROLLER=0) and MK_CONSUMER_WARPS consumer warps, 8 unless a define says otherwise."""
-    warps, roles = 8, 2
+    """Threads of the block the options compile (opcodes.cuh MK_THREADS): the controller and loader warps (with
+    MK_CONTROLLER=1) and MK_CONSUMER_WARPS consumer warps, 8 unless a define says otherwise."""
+    warps, roles = 8, 0
     for opt in options:
         if opt.startswith("-DMK_CONSUMER_WARPS="):
             warps = int(opt.split("=", 1)[1])

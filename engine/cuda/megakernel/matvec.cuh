@@ -27,12 +27,6 @@
 #ifndef MK_MV_PROBE
 #define MK_MV_PROBE 0  // a timing probe, results wrong: 1 skips the decode and mma, 2 the weight copies, 3 both
 #endif
-#ifndef MK_MV_ACT_AHEAD
-#define MK_MV_ACT_AHEAD 1  // the staged matmul loads the next unit's activations while one is multiplied
-#endif
-#ifndef MK_MV_CHAINS
-#define MK_MV_CHAINS 2  // mma accumulation chains a superblock: 2 halves the dependent chain of 16-32 mmas
-#endif
 #ifndef MK_STAGED
 #define MK_STAGED 1  // 0: every type through registers (the first GPU runs' matmul; a benchmark knob)
 #endif
@@ -42,13 +36,14 @@
 #ifndef MK_RING_STAGES
 #define MK_RING_STAGES 0
 #endif
-template <int QT> struct MvRing {
-    static constexpr int BYTES = Stage<QT>::BYTES;  // one unit's stage
+template <int QT, int ACT_BYTES = 0> struct MvRing {
+    static constexpr int BYTES = Stage<QT>::BYTES + ACT_BYTES;  // one unit's stage: its weights, then activations
     static constexpr int WANT = MK_RING_STAGES ? MK_RING_STAGES : Stage<QT>::STAGES;
     static constexpr int STAGES = WANT * BYTES <= MK_RING_WARP_BYTES ? WANT : MK_RING_WARP_BYTES / BYTES;
     static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
     static_assert(MK_RING_OFFSET % 16 == 0 && BYTES % 16 == 0, "cp.async stages start on 16 bytes");
 };
+
 
 // The lane's activations for one superblock: the step operands of its column from act pointer `a` (null: a zero
 // column) and the sub-block sums word the K-quant offset term takes. Loaded apart from the multiply, so that the
@@ -68,6 +63,41 @@ __device__ __forceinline__ void mv_act_load(const f16* a, const u32* sums, int s
     x.sum = HAS_MIN && sums ? ld_cg_u32(sums + 32 * sb) : 0u;
 }
 
+// One token's activations staged with a unit's weights (MK_MV_ACT_STAGED, ncols = 1): its superblock's mma
+// B-operand words for the two packed columns (the f16 hi part, then the residue), [step][column][4 lanes][8 bytes],
+// then each column's 16-byte sub-block sums. Copied by cp.async with the weights, so a unit no longer waits an L2
+// round trip for its activations (bench/MEGAKERNEL.md round 4: ~a third of FFN_UP's time with the weights gone).
+#ifndef MK_MV_ACT_STAGED
+#define MK_MV_ACT_STAGED 1
+#endif
+struct ActStage {
+    static constexpr int COLS = 2, FRAG = 0, SUMS = SB_STEPS * COLS * 32, BYTES = SUMS + COLS * 16;
+    static constexpr int CHUNKS = SB_STEPS * COLS * 2;  // 16-byte copies of the B words
+    // col[j]: column j's x16 part at token n0 (a.x16 / a.x16_lo + 16 n0), sums[j] its sums (a.sums / a.sums_lo + 8 n0).
+    static __device__ __forceinline__ void copy(u32 dst, const f16* const (&col)[COLS], const f16* const (&sums)[COLS],
+                                                int sb, int lane) {
+#pragma unroll
+        for (int k = 0; k < CHUNKS / 32; ++k) {
+            const int q = lane + 32 * k, st = q / (2 * COLS), j = (q >> 1) % COLS, h = q & 1;
+            cp_async16(dst + FRAG + (st * COLS + j) * 32 + 16 * h, col[j] + 2048 * sb + 128 * st + 8 * h);
+        }
+        if (lane < COLS) cp_async16(dst + SUMS + 16 * lane, sums[lane] + 64 * sb);
+    }
+    // The lane's MvAct (column g, quad lane c) from a stage's activations, as mv_act_load would load it.
+    static __device__ __forceinline__ void read(MvAct& x, const u8* act, int g, int c) {
+        const bool mine = g < COLS;
+#pragma unroll
+        for (int st = 0; st < SB_STEPS; ++st) {
+            const uint2 v = mine ? *reinterpret_cast<const uint2*>(act + FRAG + (st * COLS + g) * 32 + 8 * c)
+                                 : make_uint2(0u, 0u);
+            x.b[st][0] = v.x;
+            x.b[st][1] = v.y;
+        }
+        x.sum = mine ? *reinterpret_cast<const u32*>(act + SUMS + 16 * g + 4 * c) : 0u;
+    }
+};
+static_assert(ActStage::CHUNKS % 32 == 0, "every lane copies the same number of chunks");
+
 // Where mv_superblock takes the residue column of a `two` pass (more than 4 rows) from: LO_L2 loads it step by step
 // (L2) to keep registers for the fragments, LO_REGS takes it from an MvAct the caller loaded with the activations.
 enum MvLo { LO_L2, LO_REGS };
@@ -84,18 +114,14 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
     typename Q::Consts k[2];
     Q::prepare(r[0], c, k[0]);
     Q::prepare(r[1], c, k[1]);
-    // Chains of mmas: the steps alternate between MK_MV_CHAINS accumulators (a residue mma goes to the other
-    // chain of its step), so consecutive mmas do not wait for each other; added together after the superblock.
-    constexpr int NCH = MK_MV_CHAINS > 1 ? 2 : 1;
-    float ch[NCH][4];
-#pragma unroll
-    for (int h = 0; h < NCH; ++h) ch[h][0] = ch[h][1] = ch[h][2] = ch[h][3] = 0.f;
+    float blk[4] = {0.f, 0.f, 0.f, 0.f};
+    float* dst = Q::BLOCK_SCALE ? blk : acc;
 #pragma unroll
     for (int s = 0; s < SB_STEPS; ++s) {
         u32 f[4];
         Q::frag(r[0], k[0], c, s, f[0], f[2]);
         Q::frag(r[1], k[1], c, s, f[1], f[3]);
-        mma_f16_16816(ch[s % NCH], f, x.b[s]);
+        mma_f16_16816(dst, f, x.b[s]);
         if (two) {
             u32 bl[2];
             if constexpr (LO == LO_REGS) {
@@ -106,15 +132,9 @@ __device__ __forceinline__ void mv_superblock(const typename QTraits<QT>::Row (&
                 bl[0] = v.x;
                 bl[1] = v.y;
             }
-            mma_f16_16816(ch[(s + 1) % NCH], f, bl);
+            mma_f16_16816(dst, f, bl);
         }
     }
-    float blk[4] = {0.f, 0.f, 0.f, 0.f};
-    float* dst = Q::BLOCK_SCALE ? blk : acc;
-#pragma unroll
-    for (int h = 0; h < NCH; ++h)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) dst[j] += ch[h][j];
     if constexpr (Q::BLOCK_SCALE) {
         const float d0 = Q::dscale(r[0]), d1 = Q::dscale(r[1]);
         acc[0] += d0 * blk[0];
@@ -327,18 +347,25 @@ __device__ __forceinline__ bool mv_staged(const WeightRef& w, int row_begin) {
 // The staged instance for a weight: f(MvKind<QT, TWO>{}) with its K-quant type and whether the rows' residues need
 // a second mma (more than 4 rows; a template argument, so the packed instance carries no residue pointers or
 // branches). Types mv_staged refuses do nothing.
-template <int QT, bool TWO> struct MvKind {
+template <int QT, bool TWO, bool ACT = false> struct MvKind {
     static constexpr int QTYPE = QT;
     static constexpr bool RESIDUE_MMA = TWO;
+    static constexpr bool ACT_STAGED = ACT;
 };
+// Whether one row's activations can ride in QT's stages (MK_MV_ACT_STAGED): only where the ring keeps 3 stages.
+template <int QT> constexpr bool mv_act_stages() {
+    return MK_MV_ACT_STAGED && MvRing<QT, ActStage::BYTES>::STAGES >= 3;
+}
 template <class F>
 __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, F&& f) {
-#define MK_KIND_CASE(QTYPE)               \
-    case QTYPE:                           \
-        if (ncols > 4)                    \
-            f(MvKind<QTYPE, true>{});     \
-        else                              \
-            f(MvKind<QTYPE, false>{});    \
+#define MK_KIND_CASE(QTYPE)                                             \
+    case QTYPE:                                                         \
+        if (ncols > 4)                                                  \
+            f(MvKind<QTYPE, true>{});                                   \
+        else if (ncols == 1 && mv_act_stages<QTYPE>())                  \
+            f(MvKind<QTYPE, false, mv_act_stages<QTYPE>()>{});          \
+        else                                                            \
+            f(MvKind<QTYPE, false>{});                                  \
         break;
     switch (qtype) {
 #if MK_HAS_QT(QT_Q4_K)
@@ -359,21 +386,25 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, F&& f) {
 // (all of them but for a piece of a split tile). The warp takes units
 // [cw N / 8, (cw + 1) N / 8) of the batch's N (superblock, tile) units through its ring (filled at the start,
 // drained at the end of the batch) and adds each unit's products into part[cw][tile] in shared memory (zero for the
-// tiles its range does not touch), so its sums of a tile run in superblock order. Units are tile-major: a warp's
-// units are runs of one tile's superblocks. (Superblock-major order, one activation load for the batch's tiles,
-// measured slower: 19.39 against 18.36 ms a d = 0 cycle, bench/MEGAKERNEL.md round 3.)
-template <int QT, bool TWO>
+// tiles its range does not touch), so its sums of a tile run in superblock order. Units are tile-major (a warp's
+// units are runs of one tile's superblocks, each unit loading its activations) or, MK_MV_SB_MAJOR, superblock-major
+// (runs of one superblock's tiles: one activation load, one L2 round trip, for the run).
+#ifndef MK_MV_SB_MAJOR
+#define MK_MV_SB_MAJOR 0
+#endif
+template <int QT, bool TWO, bool ACT>
 __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                          const ActRef& a, int n0, int ncols, float* part, u8* rings) {
     using Q = QTraits<QT>;
     using S = Stage<QT>;
-    constexpr u32 NS = MvRing<QT>::STAGES;
+    using R = MvRing<QT, ACT ? ActStage::BYTES : 0>;
+    constexpr u32 NS = R::STAGES;
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, cw = cwarp();
     const int nb = w.cols / QK_SB, first = w.row_offset + row_begin + MK_TILE_ROWS * b0, end = w.row_offset + w.rows;
     const u64 ntot = (u64)w.rows_total * nb;
     const Planes P = Q::planes(w.ptr, ntot);
     const int ns = sb1 - sb0, N = nt * ns, i0 = cw * N / MK_CONSUMER_WARPS, i1 = (cw + 1) * N / MK_CONSUMER_WARPS;
-    u8* ring = rings + cw * NS * S::BYTES;
+    u8* ring = rings + cw * NS * R::BYTES;
     __builtin_assume(__isShared(ring));
     const u32 ring_s = smem_u32(ring);
     float* mine = part + cw * MV_BATCH * 128;
@@ -382,22 +413,30 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     // Unit i's superblock and tile, advanced one unit at a time (no division per unit).
     struct Pos {
         int sb, t;
-        __device__ void next(int sb0, int sb1) {
-            if (++sb == sb1) sb = sb0, ++t;
+        __device__ void next(int sb0, int sb1, int nt) {
+            if (MK_MV_SB_MAJOR) {
+                if (++t == nt) t = 0, ++sb;
+            } else if (++sb == sb1) {
+                sb = sb0, ++t;
+            }
         }
     };
-    const Pos start{sb0 + i0 % ns, i0 / ns};
+    const Pos start = MK_MV_SB_MAJOR ? Pos{sb0 + i0 / nt, i0 % nt} : Pos{sb0 + i0 % ns, i0 / ns};
     // The copier: unit ci at cp (row bases from S::init per copy: consecutive units may be different tiles).
     int ci = i0;
     Pos cp = start;
+    const f16* const act_col[ActStage::COLS] = {a.x16 + 16 * n0, a.x16_lo + 16 * n0};
+    const f16* const act_sums[ActStage::COLS] = {a.sums + 8 * n0, a.sums_lo + 8 * n0};
     auto issue = [&]() {  // every unit commits one cp.async group, empty or not
         if (ci < i1) {
+            const u32 dst = ring_s + ((u32)(ci - i0) % NS) * R::BYTES;
             if (!(MK_MV_PROBE & 2)) {
                 typename S::Lane L;
                 S::init(L, first + MK_TILE_ROWS * cp.t, end, nb, lane);
-                S::copy(ring_s + ((u32)(ci - i0) % NS) * S::BYTES, P, L, cp.sb, lane, ntot);
+                S::copy(dst, P, L, cp.sb, lane, ntot);
             }
-            cp.next(sb0, sb1);
+            if (ACT) ActStage::copy(dst + S::BYTES, act_col, act_sums, cp.sb, lane);
+            cp.next(sb0, sb1, nt);
         }
         ++ci;
         cp_async_commit();
@@ -405,26 +444,18 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     for (u32 s = 0; s + 1 < NS; ++s) issue();
     const MvCols m = mv_cols(a, n0, ncols, g, c);
     Pos u = start;
-    // One unit, i, with its activations in x (x2). MK_MV_ACT_AHEAD: unit i + 1's load into xn (x2n) from L2 while
-    // i is multiplied; the loop calls it with the two sets swapped, so no activation is copied between registers.
-    // Otherwise x is loaded at the unit's start.
-    auto unit = [&](int i, MvAct& x, MvAct& x2, MvAct& xn, MvAct& x2n) {
-        if (MK_MV_ACT_AHEAD) {
-            if (i + 1 < i1) {
-                Pos v = u;
-                v.next(sb0, sb1);
-                mv_act_load<Q::HAS_MIN>(m.col, m.sums, v.sb, xn);
-                if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, v.sb, x2n);
-            }
-        } else {
-            mv_act_load<Q::HAS_MIN>(m.col, m.sums, u.sb, x);  // on their way from L2 while the weights land
+    MvAct x, x2;
+    for (int i = i0; i < i1; ++i) {
+        if (!ACT && (!MK_MV_SB_MAJOR || i == i0 || u.t == 0)) {  // a new superblock: from L2 while the weights land
+            mv_act_load<Q::HAS_MIN>(m.col, m.sums, u.sb, x);
             if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, u.sb, x2);
         }
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
         issue();       // unit i + NS - 1
         cp_async_wait<NS - 1>();
         __syncwarp();
-        const u8* st = ring + ((u32)(i - i0) % NS) * S::BYTES;
+        const u8* st = ring + ((u32)(i - i0) % NS) * R::BYTES;
+        if (ACT) ActStage::read(x, st + S::BYTES, g, c);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (MK_MV_PROBE & 1) {
             acc[0] = __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
@@ -436,16 +467,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !m.packed
         }
         mv_frag_add(acc, mine + u.t * 128);
-        u.next(sb0, sb1);
-    };
-    MvAct xa, x2a, xb, x2b;
-    if (MK_MV_ACT_AHEAD && i0 < i1) {
-        mv_act_load<Q::HAS_MIN>(m.col, m.sums, u.sb, xa);
-        if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, u.sb, x2a);
-    }
-    for (int i = i0; i < i1; i += 2) {
-        unit(i, xa, x2a, xb, x2b);
-        if (i + 1 < i1) unit(i + 1, xb, x2b, xa, x2a);
+        u.next(sb0, sb1, nt);
     }
     cp_async_wait<0>();  // nothing lands in the ring after the batch
 }
@@ -454,7 +476,8 @@ __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin
                                                const ActRef& a, int n0, int ncols, float* part, u8* rings) {
     mv_staged_kind(w.qtype, ncols, [&](auto kind) {
         using K = decltype(kind);
-        mv_batch_cp<K::QTYPE, K::RESIDUE_MMA>(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, part, rings);
+        mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED>(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, part,
+                                                             rings);
     });
 }
 

@@ -38,7 +38,10 @@ class ScheduleConfig:
     tiles_per_sm: int = 1  # matmul instructions per SM and matrix (row runs of nearly equal length)
     attn_splits: int = 32  # key splits per KV head (flash decoding; the idle ones cost one check)
     overhead_bytes: int = 16384  # cost of an instruction beyond its bytes, for the balance (fill, barrier)
-    split_tiles: bool = True  # FFN_DOWN / MIX_OUT: the tiles past a whole number per SM cut by superblocks
+    # FFN_DOWN / MIX_OUT (and FFN_UP's units): the tiles past a whole number per SM cut by superblocks. Off: on the
+    # H200 the pieces' own costs (a ring fill, a partial store, the last piece's sum) outweighed the balance they
+    # buy (d = 0 cycle 18.97 split against 18.13 ms whole at 3c76e7a; bench/MEGAKERNEL.md round 4).
+    split_tiles: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_sms", "tiles_per_sm", "attn_splits"):
