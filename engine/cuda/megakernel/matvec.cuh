@@ -9,8 +9,9 @@
 // K-quant weights (Q4_K, Q5_K, Q6_K) stream through shared memory (mv_batch_cp): a batch of up to MV_BATCH tiles
 // is cut into (tile, superblock) units, each consumer warp takes a contiguous eighth of them through its own ring of
 // cp.async stages (kernels/stage.cuh, the per-op mmvq_cp's) without meeting the others, and one barrier later the
-// warps' partial sums are added in warp order. The other types read their weights into registers, one superblock
-// ahead, a tile at a time (mv_tile).
+// warps' partial sums are added in warp order; at one activation row (d = 0) the row's activations ride in the
+// same stages (ActStage), so no unit waits an L2 round trip for them. The other types read their weights into
+// registers, one superblock ahead, a tile at a time (mv_tile).
 #pragma once
 #include "mk_common.cuh"
 #include "stage.cuh"
@@ -386,12 +387,10 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, F&& f) {
 // (all of them but for a piece of a split tile). The warp takes units
 // [cw N / 8, (cw + 1) N / 8) of the batch's N (superblock, tile) units through its ring (filled at the start,
 // drained at the end of the batch) and adds each unit's products into part[cw][tile] in shared memory (zero for the
-// tiles its range does not touch), so its sums of a tile run in superblock order. Units are tile-major (a warp's
-// units are runs of one tile's superblocks, each unit loading its activations) or, MK_MV_SB_MAJOR, superblock-major
-// (runs of one superblock's tiles: one activation load, one L2 round trip, for the run).
-#ifndef MK_MV_SB_MAJOR
-#define MK_MV_SB_MAJOR 0
-#endif
+// tiles its range does not touch), so its sums of a tile run in superblock order. Units are tile-major: a warp's
+// units are runs of one tile's superblocks. (Superblock-major runs, one activation load for a superblock's tiles,
+// measured slower twice: 19.39 against 18.36 ms a d = 0 cycle in round 3, 22.55 against 17.52 in round 4, where
+// the activations held across a run spilled.)
 template <int QT, bool TWO, bool ACT>
 __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                          const ActRef& a, int n0, int ncols, float* part, u8* rings) {
@@ -413,15 +412,11 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     // Unit i's superblock and tile, advanced one unit at a time (no division per unit).
     struct Pos {
         int sb, t;
-        __device__ void next(int sb0, int sb1, int nt) {
-            if (MK_MV_SB_MAJOR) {
-                if (++t == nt) t = 0, ++sb;
-            } else if (++sb == sb1) {
-                sb = sb0, ++t;
-            }
+        __device__ void next(int sb0, int sb1) {
+            if (++sb == sb1) sb = sb0, ++t;
         }
     };
-    const Pos start = MK_MV_SB_MAJOR ? Pos{sb0 + i0 / nt, i0 % nt} : Pos{sb0 + i0 % ns, i0 / ns};
+    const Pos start{sb0 + i0 % ns, i0 / ns};
     // The copier: unit ci at cp (row bases from S::init per copy: consecutive units may be different tiles).
     int ci = i0;
     Pos cp = start;
@@ -436,7 +431,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
                 S::copy(dst, P, L, cp.sb, lane, ntot);
             }
             if (ACT) ActStage::copy(dst + S::BYTES, act_col, act_sums, cp.sb, lane);
-            cp.next(sb0, sb1, nt);
+            cp.next(sb0, sb1);
         }
         ++ci;
         cp_async_commit();
@@ -444,9 +439,9 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     for (u32 s = 0; s + 1 < NS; ++s) issue();
     const MvCols m = mv_cols(a, n0, ncols, g, c);
     Pos u = start;
-    MvAct x, x2;
     for (int i = i0; i < i1; ++i) {
-        if (!ACT && (!MK_MV_SB_MAJOR || i == i0 || u.t == 0)) {  // a new superblock: from L2 while the weights land
+        MvAct x, x2;
+        if (!ACT) {  // on their way from L2 while the weights land
             mv_act_load<Q::HAS_MIN>(m.col, m.sums, u.sb, x);
             if (TWO) mv_act_load<Q::HAS_MIN>(m.col2, m.sums2, u.sb, x2);
         }
@@ -467,7 +462,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !m.packed
         }
         mv_frag_add(acc, mine + u.t * 128);
-        u.next(sb0, sb1, nt);
+        u.next(sb0, sb1);
     }
     cp_async_wait<0>();  // nothing lands in the ring after the batch
 }
