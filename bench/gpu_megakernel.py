@@ -235,9 +235,10 @@ def schedule_config(dev, report: Report, args):
     from engine.cuda.megakernel.schedule import ScheduleConfig
 
     config = ScheduleConfig(num_sms=dev.info.multiprocessors, tiles_per_sm=args.tiles_per_sm,
-                            split_tiles=args.split_tiles)
+                            split_tiles=args.split_tiles, joint_rows=not args.per_matrix_runs)
     report.info["schedule"] = {"tiles_per_sm": config.tiles_per_sm, "num_sms": config.num_sms,
-                               "split_tiles": config.split_tiles}
+                               "split_tiles": config.split_tiles, "joint_rows": config.joint_rows,
+                               "overhead_bytes": config.overhead_bytes}
     return config
 
 
@@ -337,6 +338,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--draft-vocab", type=int, default=32768)
     parser.add_argument("--tiles-per-sm", type=int, default=1, help="matmul instructions per SM and matrix")
     parser.add_argument("--split-tiles", action="store_true", help="27B parts: tiles split by superblocks")
+    parser.add_argument("--per-matrix-runs", action="store_true",
+                        help="27B parts: MIX_IN's matrices cut one by one, not as one row list")
     parser.add_argument("--wide-detail", type=int, default=4, help="diff27: stages cut after every op")
     parser.add_argument("--context", type=int, default=33, help="cycle27b: prompt tokens before the timed cycles")
     parser.add_argument("--depths", default="0,1,2,3,4", help="cycle27b: draft depths timed")
@@ -355,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, __file__, "--child", part, "--out", args.out, "--work", args.work,
                "--draft-vocab", str(args.draft_vocab), "--tiles-per-sm", str(args.tiles_per_sm),
                *(["--split-tiles"] if args.split_tiles else []),
+               *(["--per-matrix-runs"] if args.per_matrix_runs else []),
                "--wide-detail", str(args.wide_detail), "--depths", args.depths, "--context", str(args.context)]
         codes[part] = subprocess.run(cmd).returncode
         path = Path(args.out) / f"mk_part_{part}.json"

@@ -11,7 +11,7 @@ from engine.cuda.megakernel import formats
 from engine.cuda.megakernel import instructions as I
 from engine.cuda.megakernel.costs import cycle_bytes, spec_from_config
 from engine.cuda.megakernel.instructions import INST_WORDS, Op, decode
-from engine.cuda.megakernel.layout import MAX_DRAFT, head_stage, mtp_stage
+from engine.cuda.megakernel.layout import LW, MAX_DRAFT, head_stage, mtp_stage
 from engine.cuda.megakernel.schedule import PROGRAMS, ScheduleConfig, build_program, cost, group_runs, validate
 from engine.gguf.quants import row_bytes
 from engine.gguf.testmodel import plan_tensors
@@ -142,6 +142,44 @@ def test_every_group_is_balanced_on_its_own(spec, programs, whole_programs, spli
     assert loads.max() / loads.mean() < 1.05
 
 
+def test_attn_combine_takes_one_query_head_an_instruction(spec, whole_programs) -> None:
+    """Every query head of an attention layer is merged by exactly one instruction of its KV head's group."""
+    cfg = qwen38_27b_config()
+    group = cfg.num_heads // cfg.num_kv_heads
+    heads = [inst.kv_head * group + h for inst in whole_programs["cycle"].instructions
+             if inst.OPCODE == Op.ATTN_COMBINE and inst.stage == 3 for h in range(inst.head_begin, inst.head_end)]
+    assert sorted(heads) == list(range(cfg.num_heads))
+    assert len(heads) == sum(1 for inst in whole_programs["cycle"].instructions
+                             if inst.OPCODE == Op.ATTN_COMBINE and inst.stage == 3)
+
+
+def test_mix_in_cuts_a_layers_q4k_matrices_as_one_row_list(spec, whole_programs) -> None:
+    """DeltaNet's attn_qkv and attn_gate (both Q4_K) are cut together into a run an SM: every row once, at most
+    two instructions an SM (a run crossing from one matrix to the next) where a cut per matrix gives each SM one of
+    each; the Q8_0 alpha and beta rows keep their own cut."""
+    def mix_in(program: object, layer: int) -> list:
+        return [(i, inst) for i, inst in enumerate(program.instructions)
+                if inst.OPCODE == Op.MIX_IN and inst.stage == layer]
+
+    cycle = whole_programs["cycle"]
+    sm_of = {i: sm for sm, q in enumerate(cycle.queues) for i in q}
+    insts = mix_in(cycle, 0)
+    for key in ("attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta"):
+        rows = np.zeros(spec.matrix(0, key).rows, int)
+        for _, inst in insts:
+            if LW[inst.matrix] == key:
+                assert inst.row_begin % 16 == 0
+                rows[inst.row_begin : inst.row_end] += 1
+        assert (rows == 1).all(), key
+    big = [(i, inst) for i, inst in insts if LW[inst.matrix] in ("attn_qkv", "attn_gate")]
+    assert len(big) <= 132 + 1
+    per_sm = np.bincount([sm_of[i] for i, _ in insts], minlength=132)
+    assert per_sm.max() <= 2
+    apart = ScheduleConfig(joint_rows=False)
+    assert sum(LW[inst.matrix] in ("attn_qkv", "attn_gate")
+               for _, inst in mix_in(build_program(spec, "cycle", apart), 0)) == 2 * 132
+
+
 @pytest.mark.parametrize("op", [Op.FFN_DOWN, Op.MIX_OUT])
 def test_split_tiles_cover_every_superblock_once_and_even_out_the_group(spec, programs, op) -> None:
     """FFN_DOWN and MIX_OUT (320 tiles on 132 SMs): two whole tiles an SM, the 56 left each cut into two
@@ -151,8 +189,8 @@ def test_split_tiles_cover_every_superblock_once_and_even_out_the_group(spec, pr
         sm_of = {i: sm for sm, q in enumerate(program.queues) for i in q}
         members = [i for i, inst in enumerate(program.instructions) if inst.stage == 3 and inst.OPCODE == op]
         loads = np.zeros(len(program.queues))
-        for i in members:
-            loads[sm_of[i]] += cost(program.instructions[i], spec, config)
+        for i in members:  # bytes: the cost less its per-instruction overhead
+            loads[sm_of[i]] += cost(program.instructions[i], spec, config) - config.overhead_bytes
         return loads, [program.instructions[i] for i in members]
 
     loads, insts = group_loads(programs["cycle"], CONFIG)

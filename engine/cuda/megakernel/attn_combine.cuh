@@ -1,4 +1,4 @@
-// OP_ATTN_COMBINE: merge the key splits' partials of one KV head's query heads,
+// OP_ATTN_COMBINE: merge the key splits' partials of query heads [head_begin, head_end) of one KV head's group,
 // out = sum_s e^(m_s - m) o_s / sum_s e^(m_s - m) l_s, times qwen35's sigmoid output gate, into act_mix.
 // VM: solvers.attn_combine.
 #pragma once
@@ -8,16 +8,18 @@ struct AttnCombineOp {
     static constexpr int OPCODE = OP_ATTN_COMBINE;
     static constexpr int WAITS_ON = OP_ATTN_CORE;
     struct Parsed {
-        int layer, kv_head, num_splits;  // fields, in the order of instructions.py's AttnCombine
+        int layer, kv_head, num_splits, head_begin, head_end;  // fields, in the order of instructions.py's AttnCombine
         __device__ explicit Parsed(const i32* w)
-            : layer(w[INST_ARGS + 0]), kv_head(w[INST_ARGS + 1]), num_splits(w[INST_ARGS + 2]) {}
+            : layer(w[INST_ARGS + 0]), kv_head(w[INST_ARGS + 1]), num_splits(w[INST_ARGS + 2]),
+              head_begin(w[INST_ARGS + 3]), head_end(w[INST_ARGS + 4]) {}
     };
     struct Loader {
         static __device__ void run(const Globals& g, const Parsed& p) {}
     };
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
-            const int rows = stage_rows(g, stage), D = g.head_dim, G = g.num_heads / g.num_kv_heads, lane = threadIdx.x & 31;
+            const int rows = stage_rows(g, stage), D = g.head_dim, lane = threadIdx.x & 31;
+            const int G = p.head_end - p.head_begin, h0 = p.kv_head * (g.num_heads / g.num_kv_heads) + p.head_begin;
             const int width = G * D, S = p.num_splits, nq = G * rows;
             float* vals = s.scratch;             // [rows][G * D]
             float* wts = vals + rows * width;    // [nq][S]: e^(m_s - m) / sum_s e^(m_s - m) l_s
@@ -27,7 +29,7 @@ struct AttnCombineOp {
             }
             // Each query's split weights: a warp per query, a lane per split.
             for (int qi = cwarp(); qi < nq; qi += MK_CONSUMER_WARPS) {
-                const int t = qi / G, h = p.kv_head * G + qi % G;
+                const int t = qi / G, h = h0 + qi % G;
                 float mx = NEG_INF;
                 for (int sp = lane; sp < S; sp += 32) mx = fmaxf(mx, ld_cg(attn_part_at(g, sp, t, h) + D));
                 mx = warp_max(mx);
@@ -46,7 +48,7 @@ struct AttnCombineOp {
             consumers_sync();
             // Every output value: its query's weighted sum over the splits (independent loads, 4 at a time).
             for (int o = ctid(); o < rows * width; o += MK_CONSUMER_THREADS) {
-                const int t = o / width, j = (o % width) / D, d = o % D, qi = t * G + j, h = p.kv_head * G + j;
+                const int t = o / width, j = (o % width) / D, d = o % D, qi = t * G + j, h = h0 + j;
                 const float* w = wts + qi * S;
                 float num = 0.f;
 #pragma unroll 4
@@ -55,7 +57,7 @@ struct AttnCombineOp {
                 vals[o] = num * sigmoid_ref(ld_cg(g.proj + (i64)t * g.proj_width + g.off_q + (i64)h * 2 * D + D + d));
             }
             consumers_sync();
-            act_store(g.act_mix, p.kv_head * width, width, rows, vals, width);
+            act_store(g.act_mix, h0 * D, width, rows, vals, width);
         }
     };
 };

@@ -145,11 +145,14 @@ class AttnCore(Instruction):
 
 @dataclass(slots=True)
 class AttnCombine(Instruction):
-    """Merge the splits of KV head `kv_head`'s query heads, apply the sigmoid gate, write act_mix."""
+    """Merge the splits of query heads [head_begin, head_end) of KV head `kv_head`'s group (0 .. heads per KV head),
+    apply the sigmoid gate, write act_mix."""
 
     layer: int = 0
     kv_head: int = 0
     num_splits: int = 1
+    head_begin: int = 0
+    head_end: int = 1
     OPCODE: ClassVar[Op] = Op.ATTN_COMBINE
     WAITS_ON: ClassVar[tuple[Op, ...]] = (Op.ATTN_CORE,)
 

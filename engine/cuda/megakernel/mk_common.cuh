@@ -165,17 +165,37 @@ struct Smem {
 };
 
 // Row-wise 1/rms of `rows` rows of x [rows, width] (row stride ld), into inv[rows] (shared); every consumer thread
-// takes part (a warp per row).
-__device__ __noinline__ void rows_inv_rms(const float* x, int rows, int width, int ld, float eps, float* inv) {
-    const int lane = threadIdx.x & 31;
-    for (int n = cwarp(); n < rows; n += MK_CONSUMER_WARPS) {
+// sums a slice of every row with independent (16-byte where aligned) loads, so a row costs about one L2 round trip
+// (a warp a row took width / 32 dependent turns: ~9.7 us an ATTN_NORM at T = 1 on the H200, bench/MEGAKERNEL.md
+// round 4); the warps' sums then add up in warp order. red: [MK_MAX_ROWS][MK_CONSUMER_WARPS] floats of scratch.
+__device__ __noinline__ void rows_inv_rms(const float* x, int rows, int width, int ld, float eps, float* inv,
+                                          float* red) {
+    const bool vec = (width & 3) == 0 && (ld & 3) == 0 && (reinterpret_cast<u64>(x) & 15) == 0;
+    for (int n = 0; n < rows; ++n) {
+        const float* row = x + (i64)n * ld;
         float ss = 0.f;
-        for (int k = lane; k < width; k += 32) {
-            const float v = ld_cg(x + (i64)n * ld + k);
-            ss += v * v;
+        if (vec) {
+#pragma unroll 4
+            for (int k = 4 * ctid(); k < width; k += 4 * MK_CONSUMER_THREADS) {
+                float v[4];
+                ld_cg_f4(row + k, v);
+                ss += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
+            }
+        } else {
+#pragma unroll 4
+            for (int k = ctid(); k < width; k += MK_CONSUMER_THREADS) {
+                const float v = ld_cg(row + k);
+                ss += v * v;
+            }
         }
         ss = warp_sum(ss);
-        if (lane == 0) inv[n] = rsqrtf(ss / width + eps);
+        if ((threadIdx.x & 31) == 0) red[n * MK_CONSUMER_WARPS + cwarp()] = ss;
+    }
+    consumers_sync();
+    if (ctid() < rows) {
+        float ss = 0.f;
+        for (int w = 0; w < MK_CONSUMER_WARPS; ++w) ss += red[ctid() * MK_CONSUMER_WARPS + w];
+        inv[ctid()] = rsqrtf(ss / width + eps);
     }
     consumers_sync();
 }

@@ -10,7 +10,7 @@ __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const fl
     const float* x = stage_x(g, stage);
     float* inv = s.scratch;  // [MK_MAX_ROWS]
     float* vals = s.scratch + MK_MAX_ROWS;  // [rows][256]
-    rows_inv_rms(x, rows, H, H, g.eps, inv);
+    rows_inv_rms(x, rows, H, H, g.eps, inv, vals);  // vals is free until the values go in
     for (int sb = sb_begin; sb < sb_end; ++sb) {
         for (int o = ctid(); o < rows * QK_SB; o += MK_CONSUMER_THREADS) {
             const int t = o / QK_SB, k = sb * QK_SB + o % QK_SB;

@@ -61,6 +61,8 @@ class GpuExecutor:
                                   f"{dev.info.multiprocessors}")
         if spec.cfg.hidden_size % 256:
             raise MegakernelError(f"hidden size {spec.cfg.hidden_size} is not a multiple of 256")
+        if spec.cfg.head_dim % 32:  # ATTN_COMBINE stores a query head at a time into act_mix's 32-wide sub-blocks
+            raise MegakernelError(f"head dim {spec.cfg.head_dim} is not a multiple of 32")
         names = [n for n in PROGRAMS if n != "mtp" or spec.has_mtp]
         self.programs = {n: build_program(spec, n, self.config) for n in names}
         self.num_lm_parts = max(p.num_lm_parts for p in self.programs.values())

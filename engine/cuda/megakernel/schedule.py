@@ -37,7 +37,12 @@ class ScheduleConfig:
     num_sms: int = 132
     tiles_per_sm: int = 1  # matmul instructions per SM and matrix (row runs of nearly equal length)
     attn_splits: int = 32  # key splits per KV head (flash decoding; the idle ones cost one check)
-    overhead_bytes: int = 16384  # cost of an instruction beyond its bytes, for the balance (fill, barrier)
+    # Cost of an instruction beyond its bytes, for the balance: ~8 us on the H200 (the first stage's latency, the
+    # drain, the fold, the epilogue, the count) at the ~24 GB/s an SM streams inside one (bench/MEGAKERNEL.md round 4).
+    overhead_bytes: int = 196608
+    # MIX_IN: a layer's matrices of one K-quant type (DeltaNet's attn_qkv and attn_gate) cut as one row list into a
+    # run an SM, so most SMs take one instruction, not one per matrix; False cuts each matrix on its own.
+    joint_rows: bool = True
     # FFN_DOWN / MIX_OUT (and FFN_UP's units): the tiles past a whole number per SM cut by superblocks. Off: on the
     # H200 the pieces' own costs (a ring fill, a partial store, the last piece's sum) outweighed the balance they
     # buy (d = 0 cycle 18.97 split against 18.13 ms whole at 3c76e7a; bench/MEGAKERNEL.md round 4).
@@ -130,6 +135,24 @@ class _Builder:
                     for piece, (s0, s1) in enumerate(self.split(nsb, pieces))]
         return out
 
+    def joint_row_tiles(self, matrices: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+        """(key, row_begin, row_end) of the instructions of several matrices (key, rows, bytes a row) taken as one
+        list of 16-row tiles, cut by bytes into tiles_per_sm x num_sms runs; a run that crosses from one matrix to
+        the next is an instruction in each."""
+        tiles = [(key, t * TILE_ROWS, min(rows, (t + 1) * TILE_ROWS), nbytes)
+                 for key, rows, nbytes in matrices for t in range(-(-rows // TILE_ROWS))]
+        ends = np.cumsum([(e - b) * nbytes for _, b, e, nbytes in tiles])
+        runs = min(len(tiles), self.config.num_sms * self.config.tiles_per_sm)
+        # run r ends after the first tile whose prefix reaches r / runs of the bytes (a tile at least a run)
+        cuts = sorted({int(np.searchsorted(ends, ends[-1] * r / runs)) + 1 for r in range(1, runs + 1)})
+        out, start = [], 0
+        for cut in cuts:
+            for key in dict.fromkeys(key for key, *_ in tiles[start:cut]):
+                mine = [t for t in tiles[start:cut] if t[0] == key]
+                out.append((key, mine[0][1], mine[-1][2]))
+            start = cut
+        return out
+
     def split(self, total: int, pieces: int) -> list[tuple[int, int]]:
         """[begin, end) ranges cutting `total` items into at most `pieces` nearly equal parts."""
         pieces = max(1, min(pieces, total))
@@ -149,14 +172,24 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     kind = spec.layer_kind(layer)
     keys = ("attn_q", "attn_k", "attn_v") if kind == "attention" else ("attn_qkv", "attn_gate", "ssm_alpha",
                                                                         "ssm_beta")
-    b.group([I.MixIn(stage, layer=layer, matrix=lw(k), row_begin=s, row_end=e)
-             for k in keys for s, e in b.row_tiles(spec.matrix(layer, k).rows)])
+    mats = {k: spec.matrix(layer, k) for k in keys}
+    runs, joint = [], set()
+    for qtype in dict.fromkeys(m.qtype for m in mats.values()) if b.config.joint_rows else ():
+        same = [k for k, m in mats.items() if m.qtype == qtype]
+        if qtype in K_QUANT_TYPES and len(same) > 1:
+            runs += b.joint_row_tiles([(k, mats[k].rows, row_bytes(qtype, mats[k].cols)) for k in same])
+            joint.update(same)
+    runs += [(k, s, e) for k in keys if k not in joint for s, e in b.row_tiles(mats[k].rows)]
+    b.group([I.MixIn(stage, layer=layer, matrix=lw(k), row_begin=s, row_end=e) for k, s, e in runs])
     if kind == "attention":
         splits = b.config.attn_splits
         b.group([I.AttnCore(stage, layer=layer, kv_head=kvh, split=s, num_splits=splits)
                  for kvh in range(cfg.num_kv_heads) for s in range(splits)])
-        b.group([I.AttnCombine(stage, layer=layer, kv_head=kvh, num_splits=splits)
-                 for kvh in range(cfg.num_kv_heads)])
+        # a query head an instruction: a KV head's whole group on one SM was a chain of dependent L2 reads per
+        # output value (22 us an instruction at d = 0, 80 at d = 4, on 4 SMs; bench/MEGAKERNEL.md round 4)
+        group = cfg.num_heads // cfg.num_kv_heads
+        b.group([I.AttnCombine(stage, layer=layer, kv_head=kvh, num_splits=splits, head_begin=j, head_end=j + 1)
+                 for kvh in range(cfg.num_kv_heads) for j in range(group)])
     else:
         heads = b.split(cfg.ssm_num_v_heads, cfg.ssm_num_v_heads)
         b.group([I.DnRule(stage, layer=layer, head_begin=s, head_end=e) for s, e in heads])

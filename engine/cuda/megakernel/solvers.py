@@ -217,10 +217,10 @@ def attn_core(vm: VirtualMachine, inst: I.AttnCore) -> None:
 
 @solver(Op.ATTN_COMBINE)
 def attn_combine(vm: VirtualMachine, inst: I.AttnCombine) -> None:
-    """Merge the splits' partials of the KV head's query heads and apply qwen35's sigmoid output gate."""
+    """Merge the splits' partials of the instruction's query heads and apply qwen35's sigmoid output gate."""
     cfg, m, d = vm.cfg, vm.mem, vm.cfg.head_dim
     rows, group = vm.rows(inst.stage), cfg.num_heads // cfg.num_kv_heads
-    heads = slice(inst.kv_head * group, (inst.kv_head + 1) * group)
+    heads = slice(inst.kv_head * group + inst.head_begin, inst.kv_head * group + inst.head_end)
     part = m["attn_part"][: inst.num_splits, :rows, heads]  # [S, T, G, D + 2]
     mx = part[..., d].max(axis=0)  # [T, G]
     w = np.where(np.isfinite(part[..., d]), np.exp(part[..., d] - mx[None]), 0.0).astype(F32)
