@@ -16,10 +16,17 @@
 #include "mk_common.cuh"
 #include "stage.cuh"
 
-// Tiles a batch takes: 8 where the scratch of 8 (37 KB) still leaves each warp a ring of 4 Q4_K stages.
-#define MV_BATCH (MK_SMEM_BYTES >= 128 * 1024 ? 8 : 4)
-#define MV_OUT_FLOATS (MV_BATCH * 128)                               // out [tiles][16][8]
-#define MV_SCRATCH_FLOATS (MV_OUT_FLOATS * (1 + MK_CONSUMER_WARPS))  // out, then red [8 warps][tiles][16][8]
+// Tiles a batch takes: 16 where shared memory has 128 KB (FFN_UP's 128-160 rows an SM in one batch of gate and
+// one of up: a batch costs its ring's fill and drain and two barriers), 4 in 96 KB.
+#ifndef MK_MV_BATCH
+#define MK_MV_BATCH (MK_SMEM_BYTES >= 128 * 1024 ? 16 : 4)
+#endif
+#define MV_BATCH MK_MV_BATCH
+// Tiles one warp's unit range of a batch can touch: at most ceil(MV_BATCH / warps) tiles' worth of units, from
+// anywhere in a tile. Each warp's partial sums keep only those (red), not the batch's every tile.
+#define MV_RED_TILES ((MV_BATCH + MK_CONSUMER_WARPS - 1) / MK_CONSUMER_WARPS + 1)
+#define MV_OUT_FLOATS (MV_BATCH * 128)  // out [tiles][16][8]
+#define MV_SCRATCH_FLOATS (MV_OUT_FLOATS + MK_CONSUMER_WARPS * MV_RED_TILES * 128)  // then red [warps][tiles][16][8]
 // The ops' own buffers, after the matmul's out and red: ffn_up's gate and up values for a batch's rows.
 #define MK_OP_FLOATS (2 * MK_MAX_ROWS * MK_TILE_ROWS * MV_BATCH)
 // The rings live after the first MK_RING_OFFSET bytes of the scratch area, one per consumer warp.
@@ -224,6 +231,37 @@ __device__ __forceinline__ void mv_fold(const float* red, int stride, int tiles,
     }
 }
 
+// A batch's unit range of consumer warp w (units tile-major, ns superblocks a tile, N units): its first and last
+// tile, hi < lo when it has no unit. mv_batch_cp and mv_fold_batch must agree on it.
+__device__ __forceinline__ void mv_warp_tiles(int w, int N, int ns, int& lo, int& hi) {
+    const int i0 = w * N / MK_CONSUMER_WARPS, i1 = (w + 1) * N / MK_CONSUMER_WARPS;
+    lo = i0 / ns;
+    hi = i1 > i0 ? (i1 - 1) / ns : lo - 1;
+}
+
+// out[k][16][8] (k < nt) = the sum over the warps, in warp order, of their partials of tile k (red: [warp]
+// [MV_RED_TILES][16][8], a warp's first slot its first tile), columns ncols + n folded into n when packed. A warp
+// that has no unit of tile k adds nothing (it used to add a zero partial: the same sum). Every consumer thread
+// takes part; the caller syncs around it.
+__device__ __noinline__ void mv_fold_batch(const float* red, int ns, int nt, int ncols, bool packed, float* out) {
+    int lo[MK_CONSUMER_WARPS], hi[MK_CONSUMER_WARPS];
+#pragma unroll
+    for (int w = 0; w < MK_CONSUMER_WARPS; ++w) mv_warp_tiles(w, nt * ns, ns, lo[w], hi[w]);
+    for (int o = ctid(); o < 128 * nt; o += MK_CONSUMER_THREADS) {
+        const int k = o >> 7, r = (o >> 3) & 15, col = o & 7;
+        float v = 0.f;
+        if (col < ncols) {
+#pragma unroll
+            for (int w = 0; w < MK_CONSUMER_WARPS; ++w)
+                if (lo[w] <= k && k <= hi[w]) {
+                    const float* t = red + (w * MV_RED_TILES + k - lo[w]) * 128;
+                    v += t[r * 8 + col] + (packed ? t[r * 8 + col + ncols] : 0.f);
+                }
+        }
+        out[o] = v;
+    }
+}
+
 // Reduce the warps' fragments of one tile (red: [8 warps][16][8]) into out[16][8].
 __device__ __forceinline__ void mv_reduce(const float (&acc)[4], int ncols, bool packed, float* out, float* red) {
     mv_frag_store(acc, red + cwarp() * 128);
@@ -406,8 +444,10 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     u8* ring = rings + cw * NS * R::BYTES;
     __builtin_assume(__isShared(ring));
     const u32 ring_s = smem_u32(ring);
-    float* mine = part + cw * MV_BATCH * 128;
-    for (int o = lane; o < nt * 128; o += 32) mine[o] = 0.f;
+    int t_lo, t_hi;  // the tiles this warp's units touch: its partials' slots in part (mv_fold_batch)
+    mv_warp_tiles(cw, N, ns, t_lo, t_hi);
+    float* mine = part + cw * MV_RED_TILES * 128;  // tile t's partials at mine[(t - t_lo) * 128]
+    for (int o = lane; o < (t_hi - t_lo + 1) * 128; o += 32) mine[o] = 0.f;
     __syncwarp();  // the zeros land before any lane's sums
     // Unit i's superblock and tile, advanced one unit at a time (no division per unit).
     struct Pos {
@@ -461,7 +501,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             S::read(r[1], st, g + 8, c, stage_row_base(r0, g + 8, end, nb) + u.sb);
             mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !m.packed
         }
-        mv_frag_add(acc, mine + u.t * 128);
+        mv_frag_add(acc, mine + (u.t - t_lo) * 128);
         u.next(sb0, sb1);
     }
     cp_async_wait<0>();  // nothing lands in the ring after the batch
@@ -484,7 +524,7 @@ __device__ __forceinline__ void mv_batch(const WeightRef& w, int row_begin, int 
     mv_dispatch_batch(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, red,
                       reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET);
     consumers_sync();
-    mv_fold(red, MV_BATCH, nt, ncols, ncols <= 4, scratch);  // packed as mv_cols makes it
+    mv_fold_batch(red, sb1 - sb0, nt, ncols, ncols <= 4, scratch);  // packed as mv_cols makes it
     consumers_sync();
 }
 
