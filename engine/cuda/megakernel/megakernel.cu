@@ -1,8 +1,10 @@
 // The megakernel: one persistent launch runs a whole program (engine/cuda/megakernel/schedule.py) - for a cycle,
 // 1 + d rows through every layer, the head, acceptance, the MTP pass and the drafts for the next cycle.
 //
-// One block per SM, MK_THREADS threads in warp roles; this file only sends each warp to its role's loop and holds
-// the switch from opcode to instruction. Roles:
+// One block per SM; this file only sends each warp to its role's loop and holds the switch from opcode to
+// instruction. By default (MK_CONTROLLER=0) the block is the 8 consumer warps alone: SoloConsumer, whose thread 0
+// fetches each instruction and waits for its counter (measured 0.6 ms a d = 0 cycle faster than the roles below,
+// bench/MEGAKERNEL.md round 4). With MK_CONTROLLER=1, MK_THREADS threads in warp roles:
 //   controller (warp 0)  fetches the SM's instructions into a two-slot ring in shared memory and, for each, waits
 //                        until the counter its header names reaches the value it names, then hands it over;
 //   loader (warp 1)      runs MK_PREFETCH_AHEAD instructions ahead of the controller, requesting their weights
@@ -11,7 +13,6 @@
 //                        the global counter (stage, opcode) that later instructions wait on.
 // The controller and the consumers meet through named barriers (ready / free per ring slot), so no role waits on
 // another for longer than the slot it needs.
-// MK_CONTROLLER=0 (an experiment) leaves the consumers alone in the block: SoloConsumer fetches and waits itself.
 #include "mk_common.cuh"
 #include "matvec.cuh"
 #include "dequant.cuh"
