@@ -13,7 +13,8 @@ Parts (each in its own process: a fault in one leaves the others' results):
   tiny      256 greedy tokens at d = 0..4 on a tiny qwen35: megakernel = reference = per-op CUDA path
   sampling  the device sampler's distribution (chi-square), VERIFY alone on fixed logits
   cycle27b  the 27B-shaped file's cycle times at --depths alone (no greedy checks), each with the launch's
-            critical path by opcode (bench/mk_profile.py); OPENJET_MK_DEFINES compiles a variant
+            critical path by opcode (bench/mk_profile.py); OPENJET_MK_DEFINES compiles a variant, and
+            --variants "name:MK_A=1,MK_B=2;name2:..." times more variants after it on the same upload
   model27b  the Qwen3.8-27B-shaped file (generated once): 256 greedy tokens vs the per-op path (prefilled 8
             tokens at a time, so it runs its precise mmvq as the megakernel does, and as one chunk, which runs its
             f16 GEMM), the first differing position with each run's top-2 logits, cycle times at d = 0..4 against
@@ -227,7 +228,31 @@ def part_cycle27b(dev, report: Report, args) -> None:
     mk = open_backend(path, context_size=max(4096, args.context + 256), device=dev, config=config,
                       draft_vocab=args.draft_vocab, timings=True)
     report.info["open_s"] = round(time.perf_counter() - t0, 1)
-    time_cycles(dev, report, mk, prompt, bw, [int(d) for d in args.depths.split(",")])
+    depths = [int(d) for d in args.depths.split(",")]
+    time_cycles(dev, report, mk, prompt, bw, depths)
+    base = os.environ.get("OPENJET_MK_DEFINES", "")
+    for name, defines in parse_variants(args.variants):
+        os.environ["OPENJET_MK_DEFINES"] = ",".join(d for d in (base, defines) if d)
+        print(f"  variant {name}: OPENJET_MK_DEFINES={os.environ['OPENJET_MK_DEFINES']}", flush=True)
+        try:
+            mk.ex.recompile()
+            time_cycles(dev, report, mk, prompt, bw, depths, label=name)
+        except Exception:  # a variant that fails to build or run is reported, the others still run
+            report.notes.append(f"variant {name} raised: {traceback.format_exc(limit=4)}")
+            traceback.print_exc()
+    os.environ["OPENJET_MK_DEFINES"] = base
+    report.info["variants"] = dict(parse_variants(args.variants))
+
+
+def parse_variants(text: str) -> list[tuple[str, str]]:
+    """("name", "MK_A=1,MK_B=2") pairs from "name:MK_A=1,MK_B=2;name2:MK_C=3" (empty: none)."""
+    out = []
+    for item in (i.strip() for i in text.split(";") if i.strip()):
+        name, sep, defines = item.partition(":")
+        if not sep or not name.strip() or not defines.strip():
+            raise ValueError(f"--variants: {item!r} is not name:MK_NAME=value[,...]")
+        out.append((name.strip(), defines.strip()))
+    return out
 
 
 def schedule_config(dev, report: Report, args):
@@ -271,8 +296,9 @@ def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
     return mk, got.tokens
 
 
-def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing, depths=range(5)) -> None:
-    """Cycle times at each depth after `tokens`, against the bandwidth floor, and the launch's critical path."""
+def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing, depths=range(5), label: str = "") -> None:
+    """Cycle times at each depth after `tokens`, against the bandwidth floor, and the launch's critical path;
+    `label` names a kernel variant (its timings are 27b.d<d>.<label>)."""
     from engine.backend import TokenSequence
     from engine.cuda.megakernel.costs import cycle_bytes
     from engine.sampling import SamplingParams
@@ -290,21 +316,22 @@ def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing, depths=r
         nbytes = sum(v for k, v in parts.items() if k != "flops")
         floor_ms = nbytes / (bw.gbps * 1e9) * 1e3
         projected = PUBLISHED_ACCEPTANCE[d] / (med * 1e-3)
-        report.timings.append(Timing("mk_cycle", f"27b.d{d}", f"ctx{mk.num_tokens}", med, spread, nbytes,
+        tag = f"d{d}" + (f".{label}" if label else "")
+        report.timings.append(Timing("mk_cycle", f"27b.{tag}", f"ctx{mk.num_tokens}", med, spread, nbytes,
                                      {"roofline_frac": round(floor_ms / med, 3), "floor_ms": round(floor_ms, 3),
                                       "projected_tok_s": round(projected, 1), "bytes": parts}))
-        print(f"  27B cycle d={d}: {med:.3f} ms ({floor_ms / med:.0%} of the floor {floor_ms:.2f} ms); projected "
+        print(f"  27B cycle {tag}: {med:.3f} ms ({floor_ms / med:.0%} of the floor {floor_ms:.2f} ms); projected "
               f"{projected:.0f} tok/s at the published acceptance (a projection)", flush=True)
-        phase_profile(mk, report, d)
+        phase_profile(mk, report, tag)
 
 
-def phase_profile(mk, report: Report, d: int) -> None:
+def phase_profile(mk, report: Report, tag: str) -> None:
     """The last cycle launch's critical path by opcode (bench/mk_profile.py), printed and kept in the report."""
     from bench.mk_profile import critical_path, table
 
     profile = critical_path(mk.ex.programs["cycle"], mk.ex.read_timings("cycle"))
     print(table(profile), flush=True)
-    report.info.setdefault("mk_profile", {})[f"d{d}"] = {
+    report.info.setdefault("mk_profile", {})[tag] = {
         "total_us": round(profile["total_us"], 1),
         "by_op": {op: {k: round(v, 1) for k, v in a.items()} for op, a in profile["by_op"].items()},
         "groups": [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in g.items()}
@@ -343,6 +370,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--wide-detail", type=int, default=4, help="diff27: stages cut after every op")
     parser.add_argument("--context", type=int, default=33, help="cycle27b: prompt tokens before the timed cycles")
     parser.add_argument("--depths", default="0,1,2,3,4", help="cycle27b: draft depths timed")
+    parser.add_argument("--variants", default="", help='cycle27b: "name:MK_A=1,MK_B=2;name2:..." kernel variants '
+                        "timed after the default on the same upload")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -359,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                "--draft-vocab", str(args.draft_vocab), "--tiles-per-sm", str(args.tiles_per_sm),
                *(["--split-tiles"] if args.split_tiles else []),
                *(["--per-matrix-runs"] if args.per_matrix_runs else []),
-               "--wide-detail", str(args.wide_detail), "--depths", args.depths, "--context", str(args.context)]
+               "--wide-detail", str(args.wide_detail), "--depths", args.depths, "--context", str(args.context),
+               "--variants", args.variants]
         codes[part] = subprocess.run(cmd).returncode
         path = Path(args.out) / f"mk_part_{part}.json"
         if path.exists():

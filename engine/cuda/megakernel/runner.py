@@ -259,6 +259,15 @@ class GpuExecutor:
             raise ValueError("the executor was built without timings")
         return self.dev.download(self.timings, np.uint64, (self.config.num_sms, self._max_len(), TIME_SLOTS))
 
+    def recompile(self) -> None:
+        """Compile and load the megakernel again, with OPENJET_MK_DEFINES / OPENJET_MK_SMEM_KB as they are now: a
+        benchmark times variants of the kernel on one upload of the model (bench/gpu_megakernel.py --variants).
+        The schedule and the buffers stay."""
+        if getattr(self, "_module", None) is not None:
+            check(_driver().cuModuleUnload(self._module), "cuModuleUnload(megakernel)")
+            self._module = None
+        self._compile()
+
     def close(self) -> None:
         """Unload the module; close the device when this executor opened it (its memory goes with it)."""
         if getattr(self, "_module", None) is not None and not self.dev.closed:
