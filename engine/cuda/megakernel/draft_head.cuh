@@ -2,7 +2,7 @@
 // (the first draft_vocab rows of the MTP output head), and their maximum and token into partial `part`.
 // VM: solvers.draft_head.
 #pragma once
-#include "matvec.cuh"
+#include "prefetch.cuh"
 #include "penalties.cuh"
 
 struct DraftHeadOp {

@@ -1,5 +1,7 @@
 // OP_FFN_DOWN: x[:, row_begin:row_end] += ffn_down act_ffn. VM: solvers.ffn_down.
 #pragma once
+#include "pieces.cuh"
+#include "prefetch.cuh"
 #include "mix_out.cuh"
 
 struct FfnDownOp {

@@ -3,7 +3,8 @@
 // last piece of a split unit: run_piece), one matmul batch of MV_BATCH tiles of gate, then of up. VM:
 // solvers.ffn_up.
 #pragma once
-#include "matvec.cuh"
+#include "pieces.cuh"
+#include "prefetch.cuh"
 
 #define FFN_UP_CHUNK (MK_TILE_ROWS * MV_BATCH)
 static_assert(FFN_UP_CHUNK % 32 == 0 && 2 * MK_MAX_ROWS * FFN_UP_CHUNK <= MK_OP_FLOATS,

@@ -2,7 +2,7 @@
 // penalised maximum over these columns and its token into partial `part` (VERIFY reduces them).
 // VM: solvers.lm_head.
 #pragma once
-#include "matvec.cuh"
+#include "prefetch.cuh"
 #include "penalties.cuh"
 
 struct LmHeadOp {

@@ -15,6 +15,7 @@
 // another for longer than the slot it needs.
 #include "mk_common.cuh"
 #include "matvec.cuh"
+#include "prefetch.cuh"
 #include "dequant.cuh"
 #include "noop.cuh"
 #include "embed.cuh"

@@ -4,7 +4,7 @@
 // pass's rows, SiLU, into conv_out; the window then holds the committed rows and this pass's inputs.
 // VM: solvers.mix_in / conv_rows.
 #pragma once
-#include "matvec.cuh"
+#include "prefetch.cuh"
 
 struct MixInOp {
     static constexpr int OPCODE = OP_MIX_IN;

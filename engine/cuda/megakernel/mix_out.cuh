@@ -1,7 +1,8 @@
 // OP_MIX_OUT: x[:, row_begin:row_end] += (attn_output or ssm_out) act_mix; each row of x has one owner, so the
 // residual update needs no atomics. VM: solvers.mix_out.
 #pragma once
-#include "matvec.cuh"
+#include "pieces.cuh"
+#include "prefetch.cuh"
 
 // x[t, r0 + r] += out[r * 8 + t] for the tile's rows (the owner of those rows is this instruction).
 __device__ __forceinline__ void residual_store(float* x, int ld, int rows, int r0, int n, const float* out) {

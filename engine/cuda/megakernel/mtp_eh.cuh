@@ -1,7 +1,7 @@
 // OP_MTP_EH: mtp_x[:, row_begin:row_end] = eh_proj act_eh (the MTP block's input projection).
 // VM: solvers.mtp_eh.
 #pragma once
-#include "matvec.cuh"
+#include "prefetch.cuh"
 
 struct MtpEhOp {
     static constexpr int OPCODE = OP_MTP_EH;
