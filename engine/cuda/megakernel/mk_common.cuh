@@ -160,7 +160,7 @@ __device__ __noinline__ void act_store(const ActRef& a, int p0, int len, int row
 struct Smem {
     i32 inst[2][INST_WORDS];  // the controller's ring of two instruction slots
     volatile int progress;    // instruction index the controller has reached (the loader stays ahead of it)
-    int flag;                 // a consumer-wide answer one thread gives the others (matvec.cuh piece_arrive)
+    int flag;                 // a consumer-wide answer one thread gives the others (pieces.cuh piece_arrive)
     float* scratch;           // MK_SMEM_BYTES of dynamic shared memory
 };
 
