@@ -221,6 +221,7 @@ def part_cycle27b(dev, report: Report, args) -> None:
     """27B: cycle times and their critical paths only, at the depths asked for."""
     from engine.cuda.megakernel.runner import open_backend
 
+    variants = parse_variants(args.variants)  # a malformed option fails before the model is opened
     path, prompt, bw = setup_27b(dev, report, args.context)
     report.info["mk_defines"] = os.environ.get("OPENJET_MK_DEFINES", "")
     config = schedule_config(dev, report, args)
@@ -231,7 +232,7 @@ def part_cycle27b(dev, report: Report, args) -> None:
     depths = [int(d) for d in args.depths.split(",")]
     time_cycles(dev, report, mk, prompt, bw, depths)
     base = os.environ.get("OPENJET_MK_DEFINES", "")
-    for name, defines in parse_variants(args.variants):
+    for name, defines in variants:
         os.environ["OPENJET_MK_DEFINES"] = ",".join(d for d in (base, defines) if d)
         print(f"  variant {name}: OPENJET_MK_DEFINES={os.environ['OPENJET_MK_DEFINES']}", flush=True)
         try:
@@ -241,7 +242,7 @@ def part_cycle27b(dev, report: Report, args) -> None:
             report.notes.append(f"variant {name} raised: {traceback.format_exc(limit=4)}")
             traceback.print_exc()
     os.environ["OPENJET_MK_DEFINES"] = base
-    report.info["variants"] = dict(parse_variants(args.variants))
+    report.info["variants"] = dict(variants)
 
 
 def parse_variants(text: str) -> list[tuple[str, str]]:

@@ -52,7 +52,6 @@ template <int QT, int ACT_BYTES = 0> struct MvRing {
     static_assert(MK_RING_OFFSET % 16 == 0 && BYTES % 16 == 0, "cp.async stages start on 16 bytes");
 };
 
-
 // The lane's activations for one superblock: the step operands of its column from act pointer `a` (null: a zero
 // column) and the sub-block sums word the K-quant offset term takes. Loaded apart from the multiply, so that the
 // staged matmul can have the next superblock's on their way (L2) while one is multiplied.
@@ -216,25 +215,32 @@ __device__ __forceinline__ void mv_frag_add(const float (&acc)[4], float* dst) {
     *hi = v;
 }
 
-// out[k][16][8] = the sum over the warps, in warp order, of red[w][k] (`stride` tiles a warp), k < tiles, columns
-// ncols + n folded into n when packed. Every consumer thread takes part; the caller syncs around it.
-__device__ __forceinline__ void mv_fold(const float* red, int stride, int tiles, int ncols, bool packed, float* out) {
-    for (int o = ctid(); o < 128 * tiles; o += MK_CONSUMER_THREADS) {
-        const int k = o >> 7, r = (o >> 3) & 15, col = o & 7;
+// out[16][8] = the sum over the warps, in warp order, of red[w] ([16][8] each), columns ncols + n folded into n
+// when packed. Every consumer thread takes part; the caller syncs around it.
+__device__ __forceinline__ void mv_fold(const float* red, int ncols, bool packed, float* out) {
+    for (int o = ctid(); o < 128; o += MK_CONSUMER_THREADS) {
+        const int r = o >> 3, col = o & 7;
         float v = 0.f;
         if (col < ncols)
             for (int w = 0; w < MK_CONSUMER_WARPS; ++w) {
-                const float* t = red + (w * stride + k) * 128;
+                const float* t = red + w * 128;
                 v += t[r * 8 + col] + (packed ? t[r * 8 + col + ncols] : 0.f);
             }
         out[o] = v;
     }
 }
 
-// A batch's unit range of consumer warp w (units tile-major, ns superblocks a tile, N units): its first and last
-// tile, hi < lo when it has no unit. mv_batch_cp and mv_fold_batch must agree on it.
+// Consumer warp w's units [i0, i1) of a batch's N: a contiguous share, in warp order.
+__device__ __forceinline__ void mv_warp_units(int w, int N, int& i0, int& i1) {
+    i0 = w * N / MK_CONSUMER_WARPS;
+    i1 = (w + 1) * N / MK_CONSUMER_WARPS;
+}
+
+// The first and last tile of warp w's units (tile-major, ns superblocks a tile), hi < lo when it has none: the
+// slots of its partials in red.
 __device__ __forceinline__ void mv_warp_tiles(int w, int N, int ns, int& lo, int& hi) {
-    const int i0 = w * N / MK_CONSUMER_WARPS, i1 = (w + 1) * N / MK_CONSUMER_WARPS;
+    int i0, i1;
+    mv_warp_units(w, N, i0, i1);
     lo = i0 / ns;
     hi = i1 > i0 ? (i1 - 1) / ns : lo - 1;
 }
@@ -266,7 +272,7 @@ __device__ __noinline__ void mv_fold_batch(const float* red, int ns, int nt, int
 __device__ __forceinline__ void mv_reduce(const float (&acc)[4], int ncols, bool packed, float* out, float* red) {
     mv_frag_store(acc, red + cwarp() * 128);
     consumers_sync();
-    mv_fold(red, 1, 1, ncols, packed, out);
+    mv_fold(red, ncols, packed, out);
     consumers_sync();
 }
 
@@ -440,7 +446,9 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     const int nb = w.cols / QK_SB, first = w.row_offset + row_begin + MK_TILE_ROWS * b0, end = w.row_offset + w.rows;
     const u64 ntot = (u64)w.rows_total * nb;
     const Planes P = Q::planes(w.ptr, ntot);
-    const int ns = sb1 - sb0, N = nt * ns, i0 = cw * N / MK_CONSUMER_WARPS, i1 = (cw + 1) * N / MK_CONSUMER_WARPS;
+    const int ns = sb1 - sb0, N = nt * ns;
+    int i0, i1;
+    mv_warp_units(cw, N, i0, i1);
     u8* ring = rings + cw * NS * R::BYTES;
     __builtin_assume(__isShared(ring));
     const u32 ring_s = smem_u32(ring);

@@ -3,7 +3,6 @@
 #pragma once
 #include "matvec.cuh"
 
-
 // Bytes per block of each row-major plane of a type (engine/cuda/repack.py PLANES); returns the number of such
 // planes. Q4_K and Q5_K have the tiled words plane after them (TILE_WORDS): `tiled` says so.
 __device__ __forceinline__ int plane_sizes(int qtype, int cols, int (&size)[4], int& nb, bool& tiled) {

@@ -15,6 +15,7 @@ catch-up after a host accept, or a draft-only launch) and "commit" (the DeltaNet
 from __future__ import annotations
 
 import heapq
+from itertools import groupby
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -145,12 +146,11 @@ class _Builder:
         runs = min(len(tiles), self.config.num_sms * self.config.tiles_per_sm)
         # run r ends after the first tile whose prefix reaches r / runs of the bytes (a tile at least a run)
         cuts = sorted({int(np.searchsorted(ends, ends[-1] * r / runs)) + 1 for r in range(1, runs + 1)})
-        out, start = [], 0
-        for cut in cuts:
-            for key in dict.fromkeys(key for key, *_ in tiles[start:cut]):
-                mine = [t for t in tiles[start:cut] if t[0] == key]
-                out.append((key, mine[0][1], mine[-1][2]))
-            start = cut
+        out = []
+        for start, cut in zip([0, *cuts], cuts):
+            for key, same in groupby(tiles[start:cut], key=lambda t: t[0]):  # a matrix's tiles are consecutive
+                same = list(same)
+                out.append((key, same[0][1], same[-1][2]))
         return out
 
     def split(self, total: int, pieces: int) -> list[tuple[int, int]]:
