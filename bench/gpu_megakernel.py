@@ -334,7 +334,8 @@ def phase_profile(mk, report: Report, tag: str) -> None:
     print(table(profile), flush=True)
     report.info.setdefault("mk_profile", {})[tag] = {
         "total_us": round(profile["total_us"], 1),
-        "by_op": {op: {k: round(v, 1) for k, v in a.items()} for op, a in profile["by_op"].items()},
+        "by_op": {op: {k: ({q: round(u, 2) for q, u in v.items()} if isinstance(v, dict) else round(v, 1))
+                       for k, v in a.items()} for op, a in profile["by_op"].items()},
         "groups": [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in g.items()}
                    for g in profile["groups"]]}
 

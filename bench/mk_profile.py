@@ -1,17 +1,25 @@
-"""Where a megakernel launch spends its time, from the per-instruction timing slots (fetched, ready, done).
+"""Where a megakernel launch spends its time, from the per-instruction timing slots (fetched, ready, done, and
+the matmul's phases).
 
 A program is a chain of groups (stage, opcode), each waiting for the whole previous one, so the launch's time is
 the sum over groups of `step` = (the group's last done) - (the previous group's last done). Each step splits into
 `gap` (from the previous group's last done to this group's first instruction becoming ready: the counter's
 propagation and the controller's spin) and the rest (the group's own work, its slowest SM deciding). `exec` is one
 instruction's done - ready; `tail` is the group's last done minus its median done (stragglers).
+
+An instruction with a matmul also records its last batch (opcodes.cuh TIME_BATCH ..): `phases` splits its exec
+into `before` (ready to the last batch: the earlier batches and their stores), `loops` (the last batch's unit
+loops: its weights streamed and multiplied), `fold` (the warps' sums added), `after` (the stores and the op's
+epilogue) and `count` (the fence and the counter), medians over the opcode's instructions.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-FETCHED, READY, DONE = 0, 1, 2
+FETCHED, READY, DONE, BATCH, LOOPS, FOLDED, BODY = range(7)
+PHASES = {"before": (READY, BATCH), "loops": (BATCH, LOOPS), "fold": (LOOPS, FOLDED), "after": (FOLDED, BODY),
+          "count": (BODY, DONE)}
 
 
 def groups_in_order(program) -> list[tuple[int, str, list[int]]]:
@@ -23,8 +31,8 @@ def groups_in_order(program) -> list[tuple[int, str, list[int]]]:
 
 
 def instruction_times(program, times: np.ndarray) -> np.ndarray:
-    """[len(instructions), 3] ns (fetched, ready, done) from the [num_sms, max_len, 3] slots; 0 where not run."""
-    out = np.zeros((len(program.instructions), 3), np.int64)
+    """[len(instructions), slots] ns from the [num_sms, max_len, slots] timing slots; 0 where not run."""
+    out = np.zeros((len(program.instructions), times.shape[-1]), np.int64)
     for sm, queue in enumerate(program.queues):
         for slot, index in enumerate(queue):
             out[index] = times[sm, slot].astype(np.int64)
@@ -59,9 +67,27 @@ def critical_path(program, times: np.ndarray) -> dict:
     for agg in by_op.values():  # sums over groups, except the per-instruction figures, averaged per group
         for key in ("exec_med_us", "exec_max_us", "tail_us"):
             agg[key] /= agg["groups"]
+    for op, phases in matmul_phases(program, t).items():
+        if op in by_op:
+            by_op[op]["phases"] = phases
     total = (prev_done - start) / 1e3 if prev_done is not None else 0.0
     return {"total_us": total, "groups": groups,
             "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]["step_us"]))}
+
+
+def matmul_phases(program, t: np.ndarray) -> dict[str, dict[str, float]]:
+    """Per opcode, the median microseconds of each of PHASES over its instructions that recorded a batch inside
+    their own ready .. done (slots of an earlier launch, or of none, are left out)."""
+    if t.shape[1] <= BODY:
+        return {}
+    names = np.array([inst.OPCODE.name for inst in program.instructions])
+    inside = (t[:, READY] > 0) & (t[:, READY] <= t[:, BATCH]) & (t[:, BATCH] <= t[:, LOOPS]) \
+        & (t[:, LOOPS] <= t[:, FOLDED]) & (t[:, FOLDED] <= t[:, BODY]) & (t[:, BODY] <= t[:, DONE])
+    out = {}
+    for op in sorted(set(names[inside])):
+        m = t[inside & (names == op)]
+        out[str(op)] = {k: float(np.median(m[:, b] - m[:, a])) / 1e3 for k, (a, b) in PHASES.items()}
+    return out
 
 
 def table(profile: dict, top: int = 12) -> str:
@@ -71,4 +97,7 @@ def table(profile: dict, top: int = 12) -> str:
     for op, a in list(profile["by_op"].items())[:top]:
         lines.append(f"    {op:<13} {a['step_us']:9.1f} us ({a['gap_us']:7.1f}) in {a['groups']:3d} groups | "
                      f"{a['exec_med_us']:7.1f} {a['exec_max_us']:7.1f} {a['tail_us']:7.1f} us")
+        if "phases" in a:
+            lines.append("      median instruction: " + ", ".join(f"{k} {v:.1f}" for k, v in a["phases"].items())
+                         + " us")
     return "\n".join(lines)

@@ -53,3 +53,17 @@ def test_groups_that_did_not_run_are_skipped():
     p = critical_path(_program(), times)  # (1, A) inactive: no slots recorded
     assert [(g["stage"], g["op"]) for g in p["groups"]] == [(0, "A"), (0, "B")]
     assert p["total_us"] == pytest.approx(9.0)
+
+
+def test_matmul_phases_split_an_instruction_and_skip_stale_slots():
+    us = 1000
+    times = np.zeros((2, 3, 7), np.uint64)
+    # fetched, ready, done, then the last batch's begin, loops done, folded, and the body done
+    times[0, 0] = (0, 1 * us, 20 * us, 3 * us, 13 * us, 14 * us, 18 * us)   # A on SM 0
+    times[1, 0] = (0, 1 * us, 24 * us, 5 * us, 17 * us, 18 * us, 22 * us)   # A on SM 1
+    times[0, 1] = (21 * us, 25 * us, 30 * us, 2 * us, 3 * us, 4 * us, 5 * us)  # B: slots of an earlier launch
+    times[1, 1] = (25 * us, 26 * us, 31 * us, 0, 0, 0, 0)
+    p = critical_path(_program(), times)
+    a = p["by_op"]["A"]["phases"]
+    assert a == pytest.approx({"before": 3.0, "loops": 11.0, "fold": 1.0, "after": 4.0, "count": 2.0})
+    assert "phases" not in p["by_op"]["B"]

@@ -69,6 +69,17 @@ __device__ __forceinline__ u64 global_ns() {
     return t;
 }
 
+// ---- the timing slots of the bench's launches (g.timings set; opcodes.cuh TIME_*) ----
+
+// The index in the SM's queue of the instruction the block runs (consumer thread 0 sets and reads it).
+__shared__ int mk_inst_index;
+
+// Slot `slot` of the block's current instruction: now. Consumer thread 0 records; the others pass.
+__device__ __forceinline__ void record_time(const Globals& g, int slot) {
+    if (g.timings && threadIdx.x == MK_FIRST_CONSUMER * 32)
+        g.timings[((i64)blockIdx.x * g.max_len + mk_inst_index) * TIME_SLOTS + slot] = global_ns();
+}
+
 // ---- named barriers (bar.sync / bar.arrive with a thread count: warp roles meet without __syncthreads) ----
 
 __device__ __forceinline__ void bar_sync(int id, int threads) {

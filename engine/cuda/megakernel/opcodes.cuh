@@ -162,7 +162,13 @@
 #define TIME_FETCHED 0
 #define TIME_READY 1    // dependencies met
 #define TIME_DONE 2     // outputs stored and signalled
-#define TIME_SLOTS 3
+// The instruction's last matmul batch (mv_batch): begun, its warps' unit loops done, its sums folded; then the
+// op's body done (before the count). bench/mk_profile.py splits an instruction's time with them.
+#define TIME_BATCH 3
+#define TIME_LOOPS 4
+#define TIME_FOLDED 5
+#define TIME_BODY 6
+#define TIME_SLOTS 7
 
 // ---- errors ----
 #define ERR_NONE 0

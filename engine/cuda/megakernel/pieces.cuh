@@ -40,11 +40,12 @@ __device__ __forceinline__ bool piece_ok(const Globals& g, const WeightRef& w, i
 
 // The products of rows [row_begin, row_end) (at most MV_BATCH tiles) over superblocks [sb0, sb1) into
 // dst[t * MK_PIECE_WIDTH + r] for activation rows t < ncols.
-__device__ __forceinline__ void piece_product(const WeightRef& w, int row_begin, int row_end, int sb0, int sb1,
-                                              const ActRef& a, int ncols, float* scratch, float* dst) {
+__device__ __forceinline__ void piece_product(const Globals& g, const WeightRef& w, int row_begin, int row_end,
+                                              int sb0, int sb1, const ActRef& a, int ncols, float* scratch,
+                                              float* dst) {
     const float* out = scratch;
     const int n = row_end - row_begin;
-    mv_batch(w, row_begin, 0, (n + MK_TILE_ROWS - 1) / MK_TILE_ROWS, sb0, sb1, a, 0, ncols, scratch);
+    mv_batch(g, w, row_begin, 0, (n + MK_TILE_ROWS - 1) / MK_TILE_ROWS, sb0, sb1, a, 0, ncols, scratch);
     for (int o = ctid(); o < n * ncols; o += MK_CONSUMER_THREADS) {  // rows past n repeat the weight's last one
         const int t = o / n, r = o % n;
         dst[t * MK_PIECE_WIDTH + r] = out[(r >> 4) * 128 + (r & 15) * 8 + t];
@@ -57,7 +58,7 @@ template <class Store>
 __device__ void mv_piece(const Globals& g, const WeightRef& w, int row_begin, int row_end, int sb0, int sb1,
                          int piece, int pieces, int slot, const ActRef& a, int ncols, Smem& s, Store&& store) {
     if (piece_ok(g, w, row_begin, row_end, MK_TILE_ROWS, piece, pieces)) {
-        piece_product(w, row_begin, row_end, sb0, sb1, a, ncols, s.scratch, piece_part(g, slot, pieces, piece));
+        piece_product(g, w, row_begin, row_end, sb0, sb1, a, ncols, s.scratch, piece_part(g, slot, pieces, piece));
         if (piece_arrive(g, slot, pieces, s)) {
             const int n = row_end - row_begin;
             for (int o = ctid(); o < n * ncols; o += MK_CONSUMER_THREADS)
