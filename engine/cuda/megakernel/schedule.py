@@ -136,14 +136,14 @@ class _Builder:
                     for piece, (s0, s1) in enumerate(self.split(nsb, pieces))]
         return out
 
-    def joint_row_tiles(self, matrices: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    def joint_row_tiles(self, matrices: list[tuple[str, int, int]], sms: int) -> list[tuple[str, int, int]]:
         """(key, row_begin, row_end) of the instructions of several matrices (key, rows, bytes a row) taken as one
-        list of 16-row tiles, cut by bytes into tiles_per_sm x num_sms runs; a run that crosses from one matrix to
+        list of 16-row tiles, cut by bytes into tiles_per_sm x `sms` runs; a run that crosses from one matrix to
         the next is an instruction in each."""
         tiles = [(key, t * TILE_ROWS, min(rows, (t + 1) * TILE_ROWS), nbytes)
                  for key, rows, nbytes in matrices for t in range(-(-rows // TILE_ROWS))]
         ends = np.cumsum([(e - b) * nbytes for _, b, e, nbytes in tiles])
-        runs = min(len(tiles), self.config.num_sms * self.config.tiles_per_sm)
+        runs = min(len(tiles), sms * self.config.tiles_per_sm)
         # run r ends after the first tile whose prefix reaches r / runs of the bytes (a tile at least a run)
         cuts = sorted({int(np.searchsorted(ends, ends[-1] * r / runs)) + 1 for r in range(1, runs + 1)})
         out = []
@@ -173,14 +173,22 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     keys = ("attn_q", "attn_k", "attn_v") if kind == "attention" else ("attn_qkv", "attn_gate", "ssm_alpha",
                                                                         "ssm_beta")
     mats = {k: spec.matrix(layer, k) for k in keys}
-    runs, joint = [], set()
-    for qtype in dict.fromkeys(m.qtype for m in mats.values()) if b.config.joint_rows else ():
-        same = [k for k, m in mats.items() if m.qtype == qtype]
-        if qtype in K_QUANT_TYPES and len(same) > 1:
-            runs += b.joint_row_tiles([(k, mats[k].rows, row_bytes(qtype, mats[k].cols)) for k in same])
-            joint.update(same)
-    runs += [(k, s, e) for k in keys if k not in joint for s, e in b.row_tiles(mats[k].rows)]
-    b.group([I.MixIn(stage, layer=layer, matrix=lw(k), row_begin=s, row_end=e) for k, s, e in runs])
+    sets = [[k for k, m in mats.items() if m.qtype == qtype] for qtype in dict.fromkeys(m.qtype for m in mats.values())
+            if qtype in K_QUANT_TYPES] if b.config.joint_rows else []
+    sets = [same for same in sets if len(same) > 1]
+    joint = {k for same in sets for k in same}
+    others = [(k, s, e) for k in keys if k not in joint for s, e in b.row_tiles(mats[k].rows)]
+
+    def cut(sms: int) -> list[I.MixIn]:  # the joint runs cut for `sms` SMs, then the other instructions
+        runs = [run for same in sets for run in b.joint_row_tiles(
+            [(k, mats[k].rows, row_bytes(mats[k].qtype, mats[k].cols)) for k in same], sms)]
+        return [I.MixIn(stage, layer=layer, matrix=lw(k), row_begin=s, row_end=e) for k, s, e in runs + others]
+
+    # A joint cut over every SM puts the other instructions (DeltaNet's Q8_0 alpha and beta tiles, ~16 us each on
+    # the H200) on top of whole runs (~36 us). Leaving them a few SMs of their own costs the runs a little each:
+    # the number of spare SMs whose busiest SM is the least loaded, by the balance's own costs.
+    spares = range(min(len(others), b.config.num_sms // 8) + 1) if len(sets) == 1 else [0]
+    b.group(min((cut(b.config.num_sms - n) for n in spares), key=lambda insts: _busiest(insts, b)))
     if kind == "attention":
         splits = b.config.attn_splits
         b.group([I.AttnCore(stage, layer=layer, kv_head=kvh, split=s, num_splits=splits)
@@ -205,6 +213,12 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     m = spec.matrix(layer, "ffn_down")
     b.group([I.FfnDown(stage, layer=layer, **dict(zip(fields, f, strict=True)))
              for f in b.split_tiles(m.rows, m.cols, m.qtype)])
+
+
+def _busiest(insts: list[Instruction], b: _Builder) -> float:
+    """The cost on the busiest SM of one group of instructions, as assign balances it."""
+    queues = assign(insts, b.config.num_sms, lambda inst: cost(inst, b.spec, b.config))
+    return max(sum(cost(insts[i], b.spec, b.config) for i in q) for q in queues)
 
 
 def _head_groups(b: _Builder, with_verify: bool) -> int:
