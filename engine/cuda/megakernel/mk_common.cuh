@@ -176,37 +176,48 @@ struct Smem {
 };
 
 // Row-wise 1/rms of `rows` rows of x [rows, width] (row stride ld), into inv[rows] (shared); every consumer thread
-// sums a slice of every row with independent (16-byte where aligned) loads, so a row costs about one L2 round trip
-// (a warp a row took width / 32 dependent turns: ~9.7 us an ATTN_NORM at T = 1 on the H200, bench/MEGAKERNEL.md
-// round 4); the warps' sums then add up in warp order. red: [MK_MAX_ROWS][MK_CONSUMER_WARPS] floats of scratch.
+// sums a slice of every row with independent (16-byte where aligned) loads, all rows' at once, so the rows cost
+// about one L2 round trip together (a warp a row took width / 32 dependent turns: ~9.7 us an ATTN_NORM at T = 1
+// on the H200, bench/MEGAKERNEL.md round 4; a row after another, 11 us at 5 rows, round 5); each row's sums run
+// in the same order either way, and the warps' sums then add up in warp order. red: [MK_MAX_ROWS]
+// [MK_CONSUMER_WARPS] floats of scratch.
 __device__ __noinline__ void rows_inv_rms(const float* x, int rows, int width, int ld, float eps, float* inv,
                                           float* red) {
     const bool vec = (width & 3) == 0 && (ld & 3) == 0 && (reinterpret_cast<u64>(x) & 15) == 0;
-    for (int n = 0; n < rows; ++n) {
-        const float* row = x + (i64)n * ld;
-        float ss = 0.f;
-        if (vec) {
-#pragma unroll 4
-            for (int k = 4 * ctid(); k < width; k += 4 * MK_CONSUMER_THREADS) {
-                float v[4];
-                ld_cg_f4(row + k, v);
-                ss += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
-            }
-        } else {
-#pragma unroll 4
-            for (int k = ctid(); k < width; k += MK_CONSUMER_THREADS) {
-                const float v = ld_cg(row + k);
-                ss += v * v;
-            }
+    float ss[MK_MAX_ROWS];
+#pragma unroll
+    for (int n = 0; n < MK_MAX_ROWS; ++n) ss[n] = 0.f;
+    if (vec) {
+        for (int k = 4 * ctid(); k < width; k += 4 * MK_CONSUMER_THREADS) {
+#pragma unroll
+            for (int n = 0; n < MK_MAX_ROWS; ++n)
+                if (n < rows) {
+                    float v[4];
+                    ld_cg_f4(x + (i64)n * ld + k, v);
+                    ss[n] += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
+                }
         }
-        ss = warp_sum(ss);
-        if ((threadIdx.x & 31) == 0) red[n * MK_CONSUMER_WARPS + cwarp()] = ss;
+    } else {
+        for (int k = ctid(); k < width; k += MK_CONSUMER_THREADS) {
+#pragma unroll
+            for (int n = 0; n < MK_MAX_ROWS; ++n)
+                if (n < rows) {
+                    const float v = ld_cg(x + (i64)n * ld + k);
+                    ss[n] += v * v;
+                }
+        }
     }
+#pragma unroll
+    for (int n = 0; n < MK_MAX_ROWS; ++n)
+        if (n < rows) {
+            const float t = warp_sum(ss[n]);
+            if ((threadIdx.x & 31) == 0) red[n * MK_CONSUMER_WARPS + cwarp()] = t;
+        }
     consumers_sync();
     if (ctid() < rows) {
-        float ss = 0.f;
-        for (int w = 0; w < MK_CONSUMER_WARPS; ++w) ss += red[ctid() * MK_CONSUMER_WARPS + w];
-        inv[ctid()] = rsqrtf(ss / width + eps);
+        float t = 0.f;
+        for (int w = 0; w < MK_CONSUMER_WARPS; ++w) t += red[ctid() * MK_CONSUMER_WARPS + w];
+        inv[ctid()] = rsqrtf(t / width + eps);
     }
     consumers_sync();
 }
