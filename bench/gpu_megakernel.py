@@ -231,18 +231,34 @@ def part_cycle27b(dev, report: Report, args) -> None:
     report.info["open_s"] = round(time.perf_counter() - t0, 1)
     depths = [int(d) for d in args.depths.split(",")]
     time_cycles(dev, report, mk, prompt, bw, depths)
-    base = os.environ.get("OPENJET_MK_DEFINES", "")
+    base = {key: os.environ.get(key) for key in ("OPENJET_MK_DEFINES", "OPENJET_MK_SMEM_KB")}
     for name, defines in variants:
-        os.environ["OPENJET_MK_DEFINES"] = ",".join(d for d in (base, defines) if d)
-        print(f"  variant {name}: OPENJET_MK_DEFINES={os.environ['OPENJET_MK_DEFINES']}", flush=True)
+        env = variant_environment(defines, base["OPENJET_MK_DEFINES"] or "")
+        os.environ.update(env)
+        print(f"  variant {name}: " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
         try:
             mk.ex.recompile()
             time_cycles(dev, report, mk, prompt, bw, depths, label=name)
         except Exception:  # a variant that fails to build or run is reported, the others still run
             report.notes.append(f"variant {name} raised: {traceback.format_exc(limit=4)}")
             traceback.print_exc()
-    os.environ["OPENJET_MK_DEFINES"] = base
+        for key, value in base.items():  # the next variant starts from the default again
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     report.info["variants"] = dict(variants)
+
+
+def variant_environment(defines: str, base: str) -> dict[str, str]:
+    """The environment a variant compiles under: its MK_ defines after the base ones in OPENJET_MK_DEFINES, and
+    its SMEM_KB=n (if any) as OPENJET_MK_SMEM_KB."""
+    items = [d.strip() for d in defines.split(",") if d.strip()]
+    env = {"OPENJET_MK_DEFINES": ",".join(d for d in (base, *(i for i in items if not i.startswith("SMEM_KB="))) if d)}
+    smem = [i.partition("=")[2] for i in items if i.startswith("SMEM_KB=")]
+    if smem:
+        env["OPENJET_MK_SMEM_KB"] = smem[-1]
+    return env
 
 
 def parse_variants(text: str) -> list[tuple[str, str]]:
@@ -373,7 +389,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=33, help="cycle27b: prompt tokens before the timed cycles")
     parser.add_argument("--depths", default="0,1,2,3,4", help="cycle27b: draft depths timed")
     parser.add_argument("--variants", default="", help='cycle27b: "name:MK_A=1,MK_B=2;name2:..." kernel variants '
-                        "timed after the default on the same upload")
+                        "timed after the default on the same upload (SMEM_KB=n: n KB of shared memory)")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.gpu_megakernel import parse_args, parse_variants
+from bench.gpu_megakernel import parse_args, parse_variants, variant_environment
 
 
 def test_variants_parse_into_names_and_define_lists():
@@ -20,3 +20,9 @@ def test_a_variant_without_a_name_or_defines_is_refused_naming_it(text):
 def test_the_option_defaults_to_no_variants():
     assert parse_args(["--variants", "a:MK_X=1"]).variants == "a:MK_X=1"
     assert parse_variants(parse_args([]).variants) == []
+
+
+def test_a_variant_compiles_with_its_defines_after_the_base_and_its_shared_memory_apart():
+    assert variant_environment("MK_A=1,SMEM_KB=164,MK_B=2", "MK_C=0") == {
+        "OPENJET_MK_DEFINES": "MK_C=0,MK_A=1,MK_B=2", "OPENJET_MK_SMEM_KB": "164"}
+    assert variant_environment("MK_A=1", "") == {"OPENJET_MK_DEFINES": "MK_A=1"}

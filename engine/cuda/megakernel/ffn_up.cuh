@@ -27,13 +27,6 @@ struct FfnUpOp {
             prefetch_rows(L.w[LW_FFN_UP], p.row_begin, p.row_end);
         }
     };
-    struct Primer {  // MK_MV_PRIME: the first chunk's gate batch before the wait
-        static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
-            if (p.pieces == 1)
-                mv_prime_rows(layer_refs(g, p.layer).w[LW_FFN_GATE], p.row_begin,
-                              min(p.row_begin + FFN_UP_CHUNK, p.row_end), stage_rows(g, stage), s.scratch);
-        }
-    };
     struct Storer {  // vals[t][j] = silu(gate) * up for the chunk, then into the act layout
         static __device__ void run(const Globals& g, int rows, int f0, int n, const float* gate, float* vals) {
             for (int o = ctid(); o < rows * FFN_UP_CHUNK; o += MK_CONSUMER_THREADS) {

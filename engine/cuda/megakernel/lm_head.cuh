@@ -16,11 +16,6 @@ struct LmHeadOp {
     struct Loader {
         static __device__ void run(const Globals& g, const Parsed& p) { prefetch_rows(g.output, p.row_begin, p.row_end); }
     };
-    struct Primer {  // MK_MV_PRIME: the first batch's weights before the wait
-        static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
-            mv_prime_rows(g.output, p.row_begin, p.row_end, stage_rows(g, stage), s.scratch);
-        }
-    };
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage);

@@ -427,14 +427,6 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, F&& f) {
 #undef MK_KIND_CASE
 }
 
-// A batch: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight, over its superblocks [sb0, sb1)
-// (all of them but for a piece of a split tile). The warp takes units
-// [cw N / 8, (cw + 1) N / 8) of the batch's N (superblock, tile) units through its ring (filled at the start,
-// drained at the end of the batch) and adds each unit's products into part[cw][tile] in shared memory (zero for the
-// tiles its range does not touch), so its sums of a tile run in superblock order. Units are tile-major: a warp's
-// units are runs of one tile's superblocks. (Superblock-major runs, one activation load for a superblock's tiles,
-// measured slower twice: 19.39 against 18.36 ms a d = 0 cycle in round 3, 22.55 against 17.52 in round 4, where
-// the activations held across a run spilled.)
 // Unit i's superblock and tile in a batch, advanced one unit at a time (no division per unit).
 struct MvPos {
     int sb, t;
@@ -444,7 +436,7 @@ struct MvPos {
 };
 
 // One warp's share of a batch - units [i0, i1) of tiles [b0, b0 + nt) from row_begin over superblocks [sb0, sb1),
-// tile-major - and its ring of cp.async stages: what mv_batch_cp streams and mv_prime_cp starts early.
+// tile-major - and its ring of cp.async stages.
 template <int QT, bool ACT> struct MvUnits {
     using S = Stage<QT>;
     using R = MvRing<QT, ACT ? ActStage::BYTES : 0>;
@@ -476,47 +468,6 @@ template <int QT, bool ACT> struct MvUnits {
     }
 };
 
-// The batch whose first stages' weights mv_prime_cp has on their way (bytes: its ring's stage size; 0: none). Consumer
-// thread 0 writes it, before the barrier that follows the instruction's wait; mv_batch clears it once read.
-struct MvPrimed {
-    const u8* ptr;
-    int first, nt, sb0, sb1, bytes;
-};
-__shared__ MvPrimed mv_primed;
-
-// MK_MV_PRIME: an instruction's first matmul batch has its first stages' weights requested before the wait for
-// the instruction's inputs (weights never depend on them), so the DRAM latency of a ring's fill passes in the wait.
-#ifndef MK_MV_PRIME
-#define MK_MV_PRIME 0
-#endif
-
-// Every consumer: the weights of the warp's first NS - 1 units of the batch, one cp.async group a unit (as
-// mv_batch_cp's would be), and the batch in mv_primed.
-template <int QT, bool ACT>
-__device__ __noinline__ void mv_prime_cp(const WeightRef& w, int row_begin, int nt, int sb0, int sb1, u8* rings) {
-    const MvUnits<QT, ACT> m(w, row_begin, 0, nt, sb0, sb1, rings);
-    const int lane = threadIdx.x & 31;
-    MvPos q = m.start;
-    for (u32 k = 0; k + 1 < m.NS; ++k) {
-        if (m.i0 + (int)k < m.i1) {
-            m.copy_weights(m.stage(m.i0 + k), q, lane);
-            q.next(sb0, sb1);
-        }
-        cp_async_commit();
-    }
-    if (ctid() == 0) mv_primed = MvPrimed{w.ptr, m.first, nt, sb0, sb1, (int)MvUnits<QT, ACT>::R::BYTES};
-}
-
-// Wait until at most n (0 .. 3) of the thread's cp.async groups are in flight.
-__device__ __forceinline__ void cp_async_wait_at_most(int n) {
-    switch (n) {
-        case 0: cp_async_wait<0>(); break;
-        case 1: cp_async_wait<1>(); break;
-        case 2: cp_async_wait<2>(); break;
-        default: cp_async_wait<3>(); break;
-    }
-}
-
 // A batch: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight, over its superblocks [sb0, sb1)
 // (all of them but for a piece of a split tile). The warp takes units
 // [cw N / 8, (cw + 1) N / 8) of the batch's N (superblock, tile) units through its ring (filled at the start,
@@ -524,8 +475,7 @@ __device__ __forceinline__ void cp_async_wait_at_most(int n) {
 // tiles its range does not touch), so its sums of a tile run in superblock order. Units are tile-major: a warp's
 // units are runs of one tile's superblocks. (Superblock-major runs, one activation load for a superblock's tiles,
 // measured slower twice: 19.39 against 18.36 ms a d = 0 cycle in round 3, 22.55 against 17.52 in round 4, where
-// the activations held across a run spilled.) Where mv_prime_cp started this batch, its first NS - 1 units'
-// weights are already on their way: the ring's fill adds only their activations (ACT), as one group.
+// the activations held across a run spilled.)
 template <int QT, bool TWO, bool ACT>
 __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                          const ActRef& a, int n0, int ncols, float* part, u8* rings) {
@@ -537,13 +487,6 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     const M m(w, row_begin, b0, nt, sb0, sb1, rings);
     const int i0 = m.i0, i1 = m.i1, first = m.first, end = m.end, nb = m.nb, ns = sb1 - sb0;
     __builtin_assume(__isShared(m.ring));
-    const MvPrimed pr = mv_primed;
-    const bool primed = pr.bytes == (int)M::R::BYTES && pr.ptr == w.ptr && pr.first == first && pr.nt == nt &&
-                        pr.sb0 == sb0 && pr.sb1 == sb1;  // the same for every warp
-    if (!primed && pr.bytes) {  // another batch was primed: its copies land before any ring is reused
-        cp_async_wait<0>();
-        consumers_sync();
-    }
     int t_lo, t_hi;  // the tiles this warp's units touch: its partials' slots in part (mv_fold_batch)
     mv_warp_tiles(cw, nt * ns, ns, t_lo, t_hi);
     float* mine = part + cw * MV_RED_TILES * 128;  // tile t's partials at mine[(t - t_lo) * 128]
@@ -554,18 +497,17 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     // The copier: unit ci at cp; every unit commits one cp.async group, empty or not.
     int ci = i0;
     MvPos cp = m.start;
-    auto issue = [&](bool weights) {
+    auto issue = [&]() {
         if (ci < i1) {
             const u32 dst = m.stage(ci);
-            if (weights) m.copy_weights(dst, cp, lane);
+            m.copy_weights(dst, cp, lane);
             if (ACT) ActStage::copy(dst + S::BYTES, act_col, act_sums, cp.sb, lane);
             cp.next(sb0, sb1);
         }
         ++ci;
-        if (weights) cp_async_commit();
+        cp_async_commit();
     };
-    for (u32 k = 0; k + 1 < NS; ++k) issue(!primed);
-    if (primed && ACT) cp_async_commit();  // the primed units' activations: one group after their weights
+    for (u32 k = 0; k + 1 < NS; ++k) issue();
     const MvCols mc = mv_cols(a, n0, ncols, g, c);
     MvPos u = m.start;
     for (int i = i0; i < i1; ++i) {
@@ -575,13 +517,8 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             if (TWO) mv_act_load<Q::HAS_MIN>(mc.col2, mc.sums2, u.sb, x2);
         }
         __syncwarp();  // every lane is done reading the stage the next copy overwrites
-        issue(true);   // unit i + NS - 1
-        // unit i landed: at most NS - 1 newer groups in flight; after a primed fill, unit i0 + k waits for the
-        // activations' group too, which only k + 1 groups follow
-        if (primed && ACT && i - i0 + 1 < (int)NS - 1)
-            cp_async_wait_at_most(i - i0 + 1);
-        else
-            cp_async_wait<NS - 1>();
+        issue();       // unit i + NS - 1
+        cp_async_wait<NS - 1>();
         __syncwarp();
         const u8* st = m.ring + ((u32)(i - i0) % NS) * M::R::BYTES;
         if (ACT) ActStage::read(x, st + S::BYTES, g, c);
@@ -620,23 +557,10 @@ __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, i
     mv_dispatch_batch(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, red,
                       reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET);
     consumers_sync();
-    if (ctid() == 0) mv_primed.bytes = 0;  // every warp has read it
     record_time(g, TIME_LOOPS);
     mv_fold_batch(red, sb1 - sb0, nt, ncols, ncols <= 4, scratch);  // packed as mv_cols makes it
     consumers_sync();
     record_time(g, TIME_FOLDED);
-}
-
-// Every consumer, before an instruction's wait (MK_MV_PRIME): the first stages of the first batch mv_rows will run
-// for rows [row_begin, row_end) of w at ncols activation rows, where it runs batches.
-__device__ __noinline__ void mv_prime_rows(const WeightRef& w, int row_begin, int row_end, int ncols, float* scratch) {
-    if (!mv_staged(w, row_begin)) return;
-    const int nt = min(MV_BATCH, (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS);
-    mv_staged_kind(w.qtype, ncols, [&](auto kind) {
-        using K = decltype(kind);
-        mv_prime_cp<K::QTYPE, K::ACT_STAGED>(w, row_begin, nt, 0, w.cols / QK_SB,
-                                             reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET);
-    });
 }
 
 // For every 16-row tile of [row_begin, row_end): the tile's products into scratch, then store(tile_row0, rows, out).

@@ -79,25 +79,6 @@ __device__ __noinline__ void consume(const Globals& g, const i32* w, Smem& s) {
     }
 }
 
-// ... for the matmuls' early weights (MK_MV_PRIME): the ops whose Consumer starts with mv_rows ...
-#define MK_PRIMED(X)                 \
-    X(OP_MIX_IN, MixInOp)            \
-    X(OP_MIX_OUT, MixOutOp)          \
-    X(OP_FFN_UP, FfnUpOp)            \
-    X(OP_FFN_DOWN, FfnDownOp)        \
-    X(OP_LM_HEAD, LmHeadOp)
-
-__device__ __noinline__ void prime(const Globals& g, const i32* w, Smem& s) {
-    if (!stage_active(g, w[INST_STAGE])) return;
-    switch (w[INST_OPCODE]) {
-#define MK_PRIME(OPC, T) \
-    case OPC: T::Primer::run(g, typename T::Parsed(w), w[INST_STAGE], s); break;
-        MK_PRIMED(MK_PRIME)
-#undef MK_PRIME
-        default: break;
-    }
-}
-
 // ... and for the loader.
 __device__ __noinline__ void prefetch(const Globals& g, const i32* w) {
     switch (w[INST_OPCODE]) {
@@ -127,10 +108,11 @@ __device__ bool await_instruction(const Globals& g, i32* w, int i) {
 }
 
 // Instruction i run: once every consumer's stores are out, count it in counter (stage, op). Every consumer calls it.
-// MK_COUNT_FENCE_ALL=0: only the counting thread fences, after the barrier (cooperative groups' grid sync does the
-// same: a fence is cumulative over the stores the barrier ordered before it).
+// Only the counting thread fences, after the barrier (cooperative groups' grid sync does the same: a fence is
+// cumulative over the stores the barrier ordered before it); every thread's fence (MK_COUNT_FENCE_ALL=1) took
+// 0.9 us an instruction against 0.5, 0.23 ms a d = 0 cycle (bench/MEGAKERNEL.md round 5).
 #ifndef MK_COUNT_FENCE_ALL
-#define MK_COUNT_FENCE_ALL 1
+#define MK_COUNT_FENCE_ALL 0
 #endif
 __device__ void count_instruction(const Globals& g, int stage, int op, int i) {
     if (MK_COUNT_FENCE_ALL) __threadfence();
@@ -213,12 +195,7 @@ struct SoloConsumer {
         const i32* queue = g.instructions + (i64)blockIdx.x * g.max_len * INST_WORDS;
         for (int i = 0; i < n; ++i) {
             if (ctid() < INST_WORDS) s.inst[0][ctid()] = queue[(i64)i * INST_WORDS + ctid()];
-            if (MK_MV_PRIME) {  // every warp requests its first weights, then thread 0 waits
-                consumers_sync();
-                prime(g, s.inst[0], s);
-            } else {
-                __syncwarp();
-            }
+            __syncwarp();
             if (ctid() == 0) {
                 mk_inst_index = i;
                 await_instruction(g, s.inst[0], i);
@@ -230,10 +207,6 @@ struct SoloConsumer {
             if (stage_active(g, stage)) consume(g, w, s);
             record_time(g, TIME_BODY);
             count_instruction(g, stage, op, i);  // its barrier: nobody reads s.inst[0] any more
-            if (MK_MV_PRIME) {  // a prime no batch took (an inactive stage): its copies land, and it is forgotten
-                cp_async_wait<0>();
-                if (ctid() == 0) mv_primed.bytes = 0;
-            }
         }
     }
 };
@@ -242,7 +215,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const __grid_constan
     extern __shared__ __align__(16) float dynamic_smem[];
     __shared__ Smem s;
     if (threadIdx.x == 0) {
-        mv_primed.bytes = 0;
         s.progress = -1;
         s.scratch = dynamic_smem;
     }

@@ -19,11 +19,6 @@ struct MixInOp {
             prefetch_rows(layer_refs(g, p.layer).w[p.matrix], p.row_begin, p.row_end);
         }
     };
-    struct Primer {  // MK_MV_PRIME: the first batch's weights before the wait
-        static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
-            mv_prime_rows(layer_refs(g, p.layer).w[p.matrix], p.row_begin, p.row_end, stage_rows(g, stage), s.scratch);
-        }
-    };
     struct Storer {
         static __device__ int proj_offset(const Globals& g, int matrix) {
             switch (matrix) {

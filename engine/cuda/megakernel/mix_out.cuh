@@ -30,11 +30,6 @@ struct MixOutOp {
     struct Loader {
         static __device__ void run(const Globals& g, const Parsed& p) { prefetch_rows(weight(g, p), p.row_begin, p.row_end); }
     };
-    struct Primer {  // MK_MV_PRIME: the first batch's weights before the wait
-        static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
-            if (p.pieces == 1) mv_prime_rows(weight(g, p), p.row_begin, p.row_end, stage_rows(g, stage), s.scratch);
-        }
-    };
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage);

@@ -178,7 +178,7 @@ struct Smem {
 // Row-wise 1/rms of `rows` rows of x [rows, width] (row stride ld), into inv[rows] (shared); every consumer thread
 // sums a slice of every row with independent (16-byte where aligned) loads, all rows' at once, so the rows cost
 // about one L2 round trip together (a warp a row took width / 32 dependent turns: ~9.7 us an ATTN_NORM at T = 1
-// on the H200, bench/MEGAKERNEL.md round 4; a row after another, 11 us at 5 rows, round 5); each row's sums run
+// on the H200, bench/MEGAKERNEL.md round 4; a row after another, 11.2 us at 5 rows against 10.3, round 5); each row's sums run
 // in the same order either way, and the warps' sums then add up in warp order. red: [MK_MAX_ROWS]
 // [MK_CONSUMER_WARPS] floats of scratch.
 __device__ __noinline__ void rows_inv_rms(const float* x, int rows, int width, int ld, float eps, float* inv,
@@ -187,7 +187,14 @@ __device__ __noinline__ void rows_inv_rms(const float* x, int rows, int width, i
     float ss[MK_MAX_ROWS];
 #pragma unroll
     for (int n = 0; n < MK_MAX_ROWS; ++n) ss[n] = 0.f;
-    if (vec) {
+    if (vec && rows == 1) {  // one row: its loads unrolled across k (the loop below issues a turn's rows at once)
+#pragma unroll 4
+        for (int k = 4 * ctid(); k < width; k += 4 * MK_CONSUMER_THREADS) {
+            float v[4];
+            ld_cg_f4(x + k, v);
+            ss[0] += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
+        }
+    } else if (vec) {
         for (int k = 4 * ctid(); k < width; k += 4 * MK_CONSUMER_THREADS) {
 #pragma unroll
             for (int n = 0; n < MK_MAX_ROWS; ++n)
