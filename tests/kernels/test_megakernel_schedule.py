@@ -110,6 +110,35 @@ def test_act_layout_round_trips_on_the_host() -> None:
     np.testing.assert_allclose(sub, padded.reshape(5, 16, 32).sum(axis=2), rtol=1e-5, atol=1e-4)
 
 
+def test_act8_copy_keeps_each_value_to_its_superblocks_two_levels() -> None:
+    """The int8 copy the Q4_K matmul of one row takes (formats.act8_encode = mk_common.cuh act8_store): position p
+    of row n in level l's 256 bytes at 64 (p / 64) + 16 (p % 32 / 8) + 8 (p / 32 % 2) + p % 8 (kernels/mmvq_i8.cu),
+    each value within max|v| / 64516 of its superblock's largest, the sums those of what the mma sees."""
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal((3, 600)).astype(np.float32) * np.array([[1.0], [300.0], [1e-3]], np.float32)
+    values[1, 256:512] = 0.0  # a zero superblock: both levels and its scales zero
+    q8, scale8, sums8, sums8_lo = formats.act8_encode(values, 600)
+    nsb = 3
+    q = q8.view(np.int8).reshape(nsb, 2, 8, 256)
+    sc = scale8.reshape(nsb, 2, 8)
+    back = np.zeros((8, nsb * 256), np.float64)
+    for sb in range(nsb):
+        for p in range(256):
+            byte = 64 * (p // 64) + 16 * (p % 32 // 8) + 8 * (p // 32 % 2) + p % 8
+            back[:, 256 * sb + p] = q[sb, 0, :, byte] * sc[sb, 0].astype(np.float64) + \
+                q[sb, 1, :, byte] * sc[sb, 1].astype(np.float64)
+    padded = np.zeros((8, nsb * 256), np.float32)
+    padded[:3, :600] = values
+    peak = np.abs(padded).reshape(8, nsb, 256).max(axis=2).repeat(256, axis=1)
+    assert np.all(np.abs(back - padded) <= peak / 64516 * 1.01 + 1e-30)
+    assert np.all(np.abs(q) <= 127) and np.all(sc[:, 1] == (sc[:, 0] / np.float32(254)))
+    assert not q[1, :, 1].any() and not sc[1, :, 1].any() and not q[:, :, 3:].any()
+    sums = (sums8.view(np.float16).astype(np.float64) + sums8_lo.view(np.float16).astype(np.float64)).reshape(nsb, 8, 8)
+    want = back.reshape(8, nsb, 8, 32).sum(axis=3).transpose(1, 0, 2)
+    size = np.abs(back).reshape(8, nsb, 8, 32).sum(axis=3).transpose(1, 0, 2)  # f32 sums: error to their terms
+    assert np.all(np.abs(sums - want) <= 1e-5 * size + 1e-7)  # an f16 pair: ~22 bits, f16 subnormals below
+
+
 @pytest.mark.parametrize("split", [True, False], ids=["split", "whole"])
 def test_every_group_is_balanced_on_its_own(spec, programs, whole_programs, split) -> None:
     """Groups run one after another, so each must spread evenly: a matmul group's busiest SM carries at most one

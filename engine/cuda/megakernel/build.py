@@ -1,5 +1,5 @@
 """NVRTC compilation of megakernel.cu: its own headers (this folder) and the shared ones of engine/cuda/kernels
-(common.cuh, quants.cuh, kquants.cuh, stage.cuh), cached on disk like every kernel (engine/cuda/nvrtc.py)."""
+(SHARED_HEADERS), cached on disk like every kernel (engine/cuda/nvrtc.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from engine.cuda import nvrtc
 MEGAKERNEL_DIR = Path(__file__).resolve().parent
 SOURCE = MEGAKERNEL_DIR / "megakernel.cu"
 ENTRY = "megakernel"
-SHARED_HEADERS = ("common.cuh", "quants.cuh", "kquants.cuh", "stage.cuh")
+SHARED_HEADERS = ("common.cuh", "quants.cuh", "kquants.cuh", "stage.cuh", "act8.cuh", "mmvq.cuh", "i8q4k.cuh")
 
 
 def shared_digest() -> str:

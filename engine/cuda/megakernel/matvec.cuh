@@ -15,6 +15,7 @@
 #pragma once
 #include "mk_common.cuh"
 #include "stage.cuh"
+#include "i8q4k.cuh"
 
 // Tiles a batch takes: 16 where shared memory has 128 KB (FFN_UP's 128-160 rows an SM in one batch of gate and
 // one of up: a batch costs its ring's fill and drain and two barriers), 4 in 96 KB.
@@ -44,9 +45,9 @@
 #ifndef MK_RING_STAGES
 #define MK_RING_STAGES 0
 #endif
-template <int QT, int ACT_BYTES = 0> struct MvRing {
-    static constexpr int BYTES = Stage<QT>::BYTES + ACT_BYTES;  // one unit's stage: its weights, then activations
-    static constexpr int WANT = MK_RING_STAGES ? MK_RING_STAGES : Stage<QT>::STAGES;
+template <class S, int ACT_BYTES = 0> struct MvRing {
+    static constexpr int BYTES = S::BYTES + ACT_BYTES;  // one unit's stage: its weights, then activations
+    static constexpr int WANT = MK_RING_STAGES ? MK_RING_STAGES : S::STAGES;
     static constexpr int STAGES = WANT * BYTES <= MK_RING_WARP_BYTES ? WANT : MK_RING_WARP_BYTES / BYTES;
     static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
     static_assert(MK_RING_OFFSET % 16 == 0 && BYTES % 16 == 0, "cp.async stages start on 16 bytes");
@@ -104,6 +105,40 @@ struct ActStage {
     }
 };
 static_assert(ActStage::CHUNKS % 32 == 0, "every lane copies the same number of chunks");
+
+// One row's int8 activations (the act's int8 copy, act8_store) staged with a Q4_K unit's weights (MK_MV_I8): the
+// unit's superblock of the row's hi and lo levels (256 bytes each, at kernels/i8q4k.cuh's slot pitch), their
+// sub-block sums records (f16 hi, then lo parts: 16 bytes each) and the 16-byte run of each level's scales that
+// holds the row's. All by cp.async.cg (L2): the act changes during the launch, and .ca could hand an SM a line
+// its L1 kept from an earlier layer.
+#ifndef MK_MV_I8
+#define MK_MV_I8 1
+#endif
+struct Act8Stage {
+    static constexpr int SLOTS = 0, SUMS = 2 * I8_SLOT_PITCH, SCALES = SUMS + 32, BYTES = SCALES + 32;
+    // Lane l: 16 bytes of level l / 16; lanes 0-1 the sums records, lanes 2-3 the levels' scales.
+    struct Src {
+        const i8* q;
+        const u8* meta;
+        u32 dst_q, dst_meta;
+    };
+    static __device__ __forceinline__ Src source(const ActRef& a, int n0, int lane) {
+        const int level = lane >> 4;
+        Src x;
+        x.q = a.q8 + (level * 8 + n0) * 256 + 16 * (lane & 15);
+        x.dst_q = SLOTS + I8_SLOT_PITCH * level + 16 * (lane & 15);
+        x.meta = lane < 2 ? reinterpret_cast<const u8*>((lane ? a.sums8_lo : a.sums8) + 8 * n0)
+                          : reinterpret_cast<const u8*>(a.scale8 + 8 * (lane & 1) + (n0 & ~3));
+        x.dst_meta = SUMS + 16 * (lane & 3);
+        return x;
+    }
+    // Superblock sb's copies into the stage at dst (activation bytes: [sb][2 levels][8 rows][256]; sums records
+    // [sb][8 rows][8] f16; scales [sb][2 levels][8 rows] f32).
+    static __device__ __forceinline__ void copy(u32 dst, const Src& x, int sb, int lane) {
+        cp_async16(dst + x.dst_q, x.q + 4096 * sb);
+        if (lane < 4) cp_async16(dst + x.dst_meta, x.meta + (lane < 2 ? 128 : 64) * sb);
+    }
+};
 
 // Where mv_superblock takes the residue column of a `two` pass (more than 4 rows) from: LO_L2 loads it step by step
 // (L2) to keep registers for the fragments, LO_REGS takes it from an MvAct the caller loaded with the activations.
@@ -392,17 +427,19 @@ __device__ __forceinline__ bool mv_staged(const WeightRef& w, int row_begin) {
 // The staged instance for a weight: f(MvKind<QT, TWO>{}) with its K-quant type and whether the rows' residues need
 // a second mma (more than 4 rows; a template argument, so the packed instance carries no residue pointers or
 // branches). Types mv_staged refuses do nothing.
-template <int QT, bool TWO, bool ACT = false> struct MvKind {
+template <int QT, bool TWO, bool ACT = false, bool I8 = false> struct MvKind {
     static constexpr int QTYPE = QT;
     static constexpr bool RESIDUE_MMA = TWO;
     static constexpr bool ACT_STAGED = ACT;
+    static constexpr bool INT8 = I8;  // int8 activations (Q4_K, one row, an act with its int8 copy): Act8Stage
 };
 // Whether one row's activations can ride in QT's stages (MK_MV_ACT_STAGED): only where the ring keeps 3 stages.
 template <int QT> constexpr bool mv_act_stages() {
-    return MK_MV_ACT_STAGED && MvRing<QT, ActStage::BYTES>::STAGES >= 3;
+    return MK_MV_ACT_STAGED && MvRing<Stage<QT>, ActStage::BYTES>::STAGES >= 3;
 }
+// i8: the act has its int8 copy (ActRef::q8).
 template <class F>
-__device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, F&& f) {
+__device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, F&& f) {
 #define MK_KIND_CASE(QTYPE)                                             \
     case QTYPE:                                                         \
         if (ncols > 4)                                                  \
@@ -414,7 +451,16 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, F&& f) {
         break;
     switch (qtype) {
 #if MK_HAS_QT(QT_Q4_K)
-        MK_KIND_CASE(QT_Q4_K)
+        case QT_Q4_K:
+            if (MK_MV_I8 && i8 && ncols == 1)
+                f(MvKind<QT_Q4_K, false, false, true>{});
+            else if (ncols > 4)
+                f(MvKind<QT_Q4_K, true>{});
+            else if (ncols == 1 && mv_act_stages<QT_Q4_K>())
+                f(MvKind<QT_Q4_K, false, mv_act_stages<QT_Q4_K>()>{});
+            else
+                f(MvKind<QT_Q4_K, false>{});
+            break;
 #endif
 #if MK_HAS_QT(QT_Q5_K)
         MK_KIND_CASE(QT_Q5_K)
@@ -427,6 +473,31 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, F&& f) {
 #undef MK_KIND_CASE
 }
 
+// One Q4_K unit of a stage (Q4KStage8 weights, then Act8Stage) against one row's two int8 levels, added into
+// acc as the packed f16 product leaves it (column 0 the hi level's share, column 1 the lo level's; mv_fold_batch
+// adds them): kernels/i8q4k.cuh's arithmetic, exact int32 sums per sub-block scaled once per level. Lanes of
+// columns 2-7 (g >= 2) multiply zeros.
+__device__ __forceinline__ void mv_unit_i8(const u8* st, int n0, int g, int c, float (&acc)[4]) {
+    const u8* act = st + Q4KStage8::BYTES;
+    I8Row r0, r1;
+    i8_read_row(r0, st, g, c);
+    i8_read_row(r1, st, g + 8, c);
+    const bool mine = g < 2;
+    uint4 b[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        b[j] = mine ? *reinterpret_cast<const uint4*>(act + Act8Stage::SLOTS + I8_SLOT_PITCH * g + 16 * c + 64 * j)
+                    : make_uint4(0u, 0u, 0u, 0u);
+    int tot[4];
+    i8_level(r0, r1, b, tot);
+    // column 2c + l is level l's for c == 0: its scale is at the row's place in the level's 16-byte run
+    const float* sc = reinterpret_cast<const float*>(act + Act8Stage::SCALES);
+    const float s_hi = c == 0 ? 0.0625f * sc[n0 & 3] : 0.f, s_lo = c == 0 ? 0.0625f * sc[4 + (n0 & 3)] : 0.f;
+    i8_scale_add(r0, r1, tot, s_hi, s_lo, acc);
+    const u32 sum = mine ? *reinterpret_cast<const u32*>(act + Act8Stage::SUMS + 16 * g + 4 * c) : 0u;
+    i8_min_term(r0, r1, sum, 0u, false, acc);
+}
+
 // Unit i's superblock and tile in a batch, advanced one unit at a time (no division per unit).
 struct MvPos {
     int sb, t;
@@ -437,9 +508,11 @@ struct MvPos {
 
 // One warp's share of a batch - units [i0, i1) of tiles [b0, b0 + nt) from row_begin over superblocks [sb0, sb1),
 // tile-major - and its ring of cp.async stages.
-template <int QT, bool ACT> struct MvUnits {
-    using S = Stage<QT>;
-    using R = MvRing<QT, ACT ? ActStage::BYTES : 0>;
+template <bool B, class T, class F> struct MvPick { using type = T; };
+template <class T, class F> struct MvPick<false, T, F> { using type = F; };
+template <int QT, bool ACT, bool I8 = false> struct MvUnits {
+    using S = typename MvPick<I8, Q4KStage8, Stage<QT>>::type;  // the int8 reader's bank-conflict-free pitch
+    using R = MvRing<S, I8 ? Act8Stage::BYTES : ACT ? ActStage::BYTES : 0>;
     static constexpr u32 NS = R::STAGES;
     Planes P;
     u64 ntot;
@@ -476,12 +549,12 @@ template <int QT, bool ACT> struct MvUnits {
 // units are runs of one tile's superblocks. (Superblock-major runs, one activation load for a superblock's tiles,
 // measured slower twice: 19.39 against 18.36 ms a d = 0 cycle in round 3, 22.55 against 17.52 in round 4, where
 // the activations held across a run spilled.)
-template <int QT, bool TWO, bool ACT>
+template <int QT, bool TWO, bool ACT, bool I8>
 __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                          const ActRef& a, int n0, int ncols, float* part, u8* rings) {
     using Q = QTraits<QT>;
-    using S = Stage<QT>;
-    using M = MvUnits<QT, ACT>;
+    using M = MvUnits<QT, ACT, I8>;
+    using S = typename M::S;
     constexpr u32 NS = M::NS;
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, cw = cwarp();
     const M m(w, row_begin, b0, nt, sb0, sb1, rings);
@@ -494,6 +567,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     __syncwarp();  // the zeros land before any lane's sums
     const f16* const act_col[ActStage::COLS] = {a.x16 + 16 * n0, a.x16_lo + 16 * n0};
     const f16* const act_sums[ActStage::COLS] = {a.sums + 8 * n0, a.sums_lo + 8 * n0};
+    const Act8Stage::Src act8 = I8 ? Act8Stage::source(a, n0, lane) : Act8Stage::Src{};
     // The copier: unit ci at cp; every unit commits one cp.async group, empty or not.
     int ci = i0;
     MvPos cp = m.start;
@@ -502,6 +576,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             const u32 dst = m.stage(ci);
             m.copy_weights(dst, cp, lane);
             if (ACT) ActStage::copy(dst + S::BYTES, act_col, act_sums, cp.sb, lane);
+            if (I8) Act8Stage::copy(dst + S::BYTES, act8, cp.sb, lane);
             cp.next(sb0, sb1);
         }
         ++ci;
@@ -512,7 +587,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     MvPos u = m.start;
     for (int i = i0; i < i1; ++i) {
         MvAct x, x2;
-        if (!ACT) {  // on their way from L2 while the weights land
+        if (!ACT && !I8) {  // on their way from L2 while the weights land
             mv_act_load<Q::HAS_MIN>(mc.col, mc.sums, u.sb, x);
             if (TWO) mv_act_load<Q::HAS_MIN>(mc.col2, mc.sums2, u.sb, x2);
         }
@@ -522,9 +597,12 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         __syncwarp();
         const u8* st = m.ring + ((u32)(i - i0) % NS) * M::R::BYTES;
         if (ACT) ActStage::read(x, st + S::BYTES, g, c);
+        if (I8 && (MK_MV_PROBE & 1)) x = MvAct{};
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (MK_MV_PROBE & 1) {
             acc[0] = __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
+        } else if constexpr (I8) {
+            mv_unit_i8(st, n0, g, c, acc);
         } else {
             const int r0 = first + MK_TILE_ROWS * u.t;
             typename Q::Row r[2];
@@ -540,10 +618,10 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
 
 __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                                const ActRef& a, int n0, int ncols, float* part, u8* rings) {
-    mv_staged_kind(w.qtype, ncols, [&](auto kind) {
+    mv_staged_kind(w.qtype, ncols, a.q8 != nullptr, [&](auto kind) {
         using K = decltype(kind);
-        mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED>(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, part,
-                                                             rings);
+        mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols,
+                                                                      part, rings);
     });
 }
 

@@ -20,6 +20,7 @@ __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const fl
         }
         consumers_sync();
         act_store(g.act_h, sb * QK_SB, QK_SB, rows, vals, QK_SB);
+        if (g.act_h.q8) act8_store(g.act_h, sb, rows, vals, QK_SB);  // the int8 matmul's copy (MK_MV_I8)
         consumers_sync();
     }
 }

@@ -25,6 +25,9 @@ from engine.cuda.megakernel.upload import DeviceModel, layer_tables, rope_inv_fr
 
 ELEMENT_BYTES = {"f32": 4, "i32": 4, "u32": 4, "u8": 1, "kv": 2}
 TIME_SLOTS = 7  # opcodes.cuh TIME_*
+# Acts with an int8 copy (globals.cuh ActRef::q8): the norms' output, which the Q4_K matmuls of one row take as two
+# int8 levels (matvec.cuh MK_MV_I8).
+INT8_ACTS = ("act_h",)
 
 
 def _driver():
@@ -72,7 +75,7 @@ class GpuExecutor:
         self.specs = buffer_specs(spec, capacity, self.num_lm_parts, self.num_draft_parts, self.config.attn_splits,
                                   self.config.num_sms)
         self.bufs: dict[str, Buffer] = {}
-        self.acts: dict[str, tuple[Buffer, Buffer, Buffer, Buffer]] = {}
+        self.acts: dict[str, tuple[Buffer, ...]] = {}
         self._allocate()
         self._rope = dev.to_device(rope_inv_freq(spec), "mk.rope_inv_freq")
         self._tables = layer_tables(spec, self.model, self.bufs)
@@ -116,8 +119,11 @@ class GpuExecutor:
         for s in self.specs:
             if s.kind == "act":
                 x16, sums = formats.act_nbytes(s.shape[1])
-                parts = tuple(self.dev.alloc(n, f"mk.{s.name}.{p}")
-                              for n, p in ((x16, "x16"), (sums, "sums"), (x16, "lo"), (sums, "sums_lo")))
+                sizes = [(x16, "x16"), (sums, "sums"), (x16, "lo"), (sums, "sums_lo")]
+                if s.name in INT8_ACTS:
+                    q8, scale8, sums8 = formats.act8_nbytes(s.shape[1])
+                    sizes += [(q8, "q8"), (scale8, "scale8"), (sums8, "sums8"), (sums8, "sums8_lo")]
+                parts = tuple(self.dev.alloc(n, f"mk.{s.name}.{p}") for n, p in sizes)
                 self.acts[s.name] = parts
                 for part in parts:
                     self.dev.fill_u32(part, 0)
@@ -139,8 +145,9 @@ class GpuExecutor:
                 self.dev.to_device(lengths, f"mk.{program.name}.queues"), int(words.shape[1]))
 
     def _act_ref(self, name: str, width: int) -> ActRef:
-        x16, sums, lo, sums_lo = self.acts[name]
-        return ActRef(x16.ptr, sums.ptr, lo.ptr, sums_lo.ptr, width, -(-width // 256))
+        x16, sums, lo, sums_lo, *int8 = self.acts[name]
+        q8, scale8, sums8, sums8_lo = (part.ptr for part in int8) if int8 else (0, 0, 0, 0)
+        return ActRef(x16.ptr, sums.ptr, lo.ptr, sums_lo.ptr, q8, scale8, sums8, sums8_lo, width, -(-width // 256))
 
     def _globals(self, instructions: Buffer, queues: Buffer, max_len: int) -> Globals:
         """The kernel argument for one program."""
@@ -211,7 +218,7 @@ class GpuExecutor:
         """A buffer in the VM's form (act layouts decoded to float32 rows, f16 caches widened)."""
         s = self._spec(name)
         if s.kind == "act":
-            x16, _, lo, _ = self.acts[name]
+            x16, _, lo, *_ = self.acts[name]
             n = formats.act_nbytes(s.shape[1])[0] // 2
             hi_h = self.dev.download(x16, np.uint16, (n,))
             lo_h = self.dev.download(lo, np.uint16, (n,))
@@ -224,7 +231,10 @@ class GpuExecutor:
         """Overwrite a buffer (or its leading rows) from the VM's form."""
         s = self._spec(name)
         if s.kind == "act":
-            for part, data in zip(self.acts[name], formats.act_encode(array, s.shape[1]), strict=True):
+            encoded = formats.act_encode(array, s.shape[1])
+            if s.name in INT8_ACTS:
+                encoded += formats.act8_encode(array, s.shape[1])
+            for part, data in zip(self.acts[name], encoded, strict=True):
                 self.dev.upload(part, data)
             return
         dtype = {"f32": np.float32, "i32": np.int32, "u32": np.uint32, "u8": np.uint8, "kv": np.float16}[s.kind]

@@ -19,9 +19,11 @@ class WeightRef(ctypes.Structure):
 
 
 class ActRef(ctypes.Structure):
-    """A matmul input in the act layout: hi, sums, lo, sums of lo; width and superblocks."""
+    """A matmul input in the act layout: hi, sums, lo, sums of lo; the int8 copy (null where the act has none);
+    width and superblocks."""
 
-    _fields_ = [("x16", u64), ("sums", u64), ("x16_lo", u64), ("sums_lo", u64), ("width", i32), ("nsb", i32)]
+    _fields_ = [("x16", u64), ("sums", u64), ("x16_lo", u64), ("sums_lo", u64), ("q8", u64), ("scale8", u64),
+                ("sums8", u64), ("sums8_lo", u64), ("width", i32), ("nsb", i32)]
 
 
 class LayerRefs(ctypes.Structure):
