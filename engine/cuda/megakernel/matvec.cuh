@@ -112,8 +112,9 @@ static_assert(ActStage::CHUNKS % 32 == 0, "every lane copies the same number of 
 // holds the row's. All by cp.async.cg (L2): the act changes during the launch, and .ca could hand an SM a line
 // its L1 kept from an earlier layer.
 #ifndef MK_MV_I8
-#define MK_MV_I8 1
+#define MK_MV_I8 2  // 0: f16 activations only; 1: int8 at one row; 2: at 1-8 rows (the others' levels from L2)
 #endif
+enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS };  // no int8 activations, one row's in the stages, rows' in registers
 struct Act8Stage {
     static constexpr int SLOTS = 0, SUMS = 2 * I8_SLOT_PITCH, SCALES = SUMS + 32, BYTES = SCALES + 32;
     // Lane l: 16 bytes of level l / 16; lanes 0-1 the sums records, lanes 2-3 the levels' scales.
@@ -139,6 +140,68 @@ struct Act8Stage {
         if (lane < 4) cp_async16(dst + x.dst_meta, x.meta + (lane < 2 ? 128 : 64) * sb);
     }
 };
+
+// Several rows' int8 activations for one superblock, loaded from L2 into registers (A8_REGS), as mmvq_i8 lays
+// out its columns: packed (rows <= 4), lane (g, c) supplies column g = slot g (row g's hi level, then row g - n's
+// lo level) and its accumulator columns 2c, 2c + 1 take those slots' scales; unpacked, column g < n is row g's hi
+// level in b and its lo level in bl (a second mma), with the two levels' scales apart.
+struct MvAct8Regs {
+    uint4 b[4], bl[4];
+    u32 sum, sum_lo;
+    float s0, s1, s0_lo, s1_lo;  // columns 2c, 2c + 1 (times 1/16: i8_level's sums are 16 x the value)
+};
+struct MvAct8Src {
+    const i8* q[2];       // the lane's column's level bytes (hi, lo), superblock 0; null: a zero column
+    const f16* sums[2];   // its sums records
+    const float* sc[4];   // the scales of accumulator columns 2c, 2c + 1 (hi; lo when unpacked); null: none
+};
+__device__ __forceinline__ MvAct8Src mv_act8_src(const ActRef& a, int n0, int ncols, bool packed, int g, int c) {
+    MvAct8Src x;
+    auto slot = [&](int j, int& level, int& tok) {  // packed slot j: -1 past the columns
+        level = j < ncols ? 0 : 1;
+        tok = j < ncols ? j : j - ncols;
+        return j < 2 * ncols;
+    };
+    int level, tok;
+    if (packed) {
+        const bool on = slot(g, level, tok);
+        x.q[0] = on ? a.q8 + (level * 8 + n0 + tok) * 256 + 16 * c : nullptr;
+        x.sums[0] = on ? (level ? a.sums8_lo : a.sums8) + (n0 + tok) * 8 + 2 * c : nullptr;
+        x.q[1] = nullptr;
+        x.sums[1] = nullptr;
+        for (int k = 0; k < 2; ++k) {
+            const bool has = slot(2 * c + k, level, tok);
+            x.sc[k] = has ? a.scale8 + 8 * level + n0 + tok : nullptr;
+            x.sc[2 + k] = nullptr;
+        }
+    } else {
+        const bool on = g < ncols;
+        for (int l = 0; l < 2; ++l) {
+            x.q[l] = on ? a.q8 + (l * 8 + n0 + g) * 256 + 16 * c : nullptr;
+            x.sums[l] = on ? (l ? a.sums8_lo : a.sums8) + (n0 + g) * 8 + 2 * c : nullptr;
+        }
+        for (int k = 0; k < 2; ++k) {
+            const bool has = 2 * c + k < ncols;
+            x.sc[k] = has ? a.scale8 + n0 + 2 * c + k : nullptr;
+            x.sc[2 + k] = has ? a.scale8 + 8 + n0 + 2 * c + k : nullptr;
+        }
+    }
+    return x;
+}
+// Superblock sb's values of the lane's columns (byte runs [sb][2][8][256], sums [sb][8][8], scales [sb][2][8]).
+__device__ __forceinline__ void mv_act8_load(const MvAct8Src& x, int sb, bool packed, MvAct8Regs& r) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        r.b[j] = x.q[0] ? ld_cg_u4(x.q[0] + 4096 * sb + 64 * j) : make_uint4(0u, 0u, 0u, 0u);
+        r.bl[j] = !packed && x.q[1] ? ld_cg_u4(x.q[1] + 4096 * sb + 64 * j) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    r.sum = x.sums[0] ? ld_cg_u32(x.sums[0] + 64 * sb) : 0u;
+    r.sum_lo = !packed && x.sums[1] ? ld_cg_u32(x.sums[1] + 64 * sb) : 0u;
+    r.s0 = x.sc[0] ? 0.0625f * ld_cg(x.sc[0] + 16 * sb) : 0.f;
+    r.s1 = x.sc[1] ? 0.0625f * ld_cg(x.sc[1] + 16 * sb) : 0.f;
+    r.s0_lo = !packed && x.sc[2] ? 0.0625f * ld_cg(x.sc[2] + 16 * sb) : 0.f;
+    r.s1_lo = !packed && x.sc[3] ? 0.0625f * ld_cg(x.sc[3] + 16 * sb) : 0.f;
+}
 
 // Where mv_superblock takes the residue column of a `two` pass (more than 4 rows) from: LO_L2 loads it step by step
 // (L2) to keep registers for the fragments, LO_REGS takes it from an MvAct the caller loaded with the activations.
@@ -427,11 +490,11 @@ __device__ __forceinline__ bool mv_staged(const WeightRef& w, int row_begin) {
 // The staged instance for a weight: f(MvKind<QT, TWO>{}) with its K-quant type and whether the rows' residues need
 // a second mma (more than 4 rows; a template argument, so the packed instance carries no residue pointers or
 // branches). Types mv_staged refuses do nothing.
-template <int QT, bool TWO, bool ACT = false, bool I8 = false> struct MvKind {
+template <int QT, bool TWO, bool ACT = false, int A8 = A8_NONE> struct MvKind {
     static constexpr int QTYPE = QT;
     static constexpr bool RESIDUE_MMA = TWO;
     static constexpr bool ACT_STAGED = ACT;
-    static constexpr bool INT8 = I8;  // int8 activations (Q4_K, one row, an act with its int8 copy): Act8Stage
+    static constexpr int INT8 = A8;  // int8 activations (Q4_K, an act with its int8 copy): MvAct8
 };
 // Whether one row's activations can ride in QT's stages (MK_MV_ACT_STAGED): only where the ring keeps 3 stages.
 template <int QT> constexpr bool mv_act_stages() {
@@ -453,7 +516,11 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, F&
 #if MK_HAS_QT(QT_Q4_K)
         case QT_Q4_K:
             if (MK_MV_I8 && i8 && ncols == 1)
-                f(MvKind<QT_Q4_K, false, false, true>{});
+                f(MvKind<QT_Q4_K, false, false, A8_STAGED>{});
+            else if (MK_MV_I8 >= 2 && i8 && ncols > 4)
+                f(MvKind<QT_Q4_K, true, false, A8_REGS>{});  // the lo levels in a second pass of mmas
+            else if (MK_MV_I8 >= 2 && i8)
+                f(MvKind<QT_Q4_K, false, false, A8_REGS>{});
             else if (ncols > 4)
                 f(MvKind<QT_Q4_K, true>{});
             else if (ncols == 1 && mv_act_stages<QT_Q4_K>())
@@ -498,6 +565,23 @@ __device__ __forceinline__ void mv_unit_i8(const u8* st, int n0, int g, int c, f
     i8_min_term(r0, r1, sum, 0u, false, acc);
 }
 
+// The same against several rows' levels in registers (A8_REGS): unpacked, the lo levels take a second pass of
+// mmas on the same fragments.
+__device__ __forceinline__ void mv_unit_i8_regs(const u8* st, const MvAct8Regs& x, bool packed, int g, int c,
+                                                float (&acc)[4]) {
+    I8Row r0, r1;
+    i8_read_row(r0, st, g, c);
+    i8_read_row(r1, st, g + 8, c);
+    int tot[4];
+    i8_level(r0, r1, x.b, tot);
+    i8_scale_add(r0, r1, tot, x.s0, x.s1, acc);
+    if (!packed) {
+        i8_level(r0, r1, x.bl, tot);
+        i8_scale_add(r0, r1, tot, x.s0_lo, x.s1_lo, acc);
+    }
+    i8_min_term(r0, r1, x.sum, x.sum_lo, !packed, acc);
+}
+
 // Unit i's superblock and tile in a batch, advanced one unit at a time (no division per unit).
 struct MvPos {
     int sb, t;
@@ -510,9 +594,9 @@ struct MvPos {
 // tile-major - and its ring of cp.async stages.
 template <bool B, class T, class F> struct MvPick { using type = T; };
 template <class T, class F> struct MvPick<false, T, F> { using type = F; };
-template <int QT, bool ACT, bool I8 = false> struct MvUnits {
-    using S = typename MvPick<I8, Q4KStage8, Stage<QT>>::type;  // the int8 reader's bank-conflict-free pitch
-    using R = MvRing<S, I8 ? Act8Stage::BYTES : ACT ? ActStage::BYTES : 0>;
+template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
+    using S = typename MvPick<A8 != A8_NONE, Q4KStage8, Stage<QT>>::type;  // the int8 reader's conflict-free pitch
+    using R = MvRing<S, A8 == A8_STAGED ? Act8Stage::BYTES : ACT ? ActStage::BYTES : 0>;
     static constexpr u32 NS = R::STAGES;
     Planes P;
     u64 ntot;
@@ -549,11 +633,12 @@ template <int QT, bool ACT, bool I8 = false> struct MvUnits {
 // units are runs of one tile's superblocks. (Superblock-major runs, one activation load for a superblock's tiles,
 // measured slower twice: 19.39 against 18.36 ms a d = 0 cycle in round 3, 22.55 against 17.52 in round 4, where
 // the activations held across a run spilled.)
-template <int QT, bool TWO, bool ACT, bool I8>
+template <int QT, bool TWO, bool ACT, int A8>
 __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                          const ActRef& a, int n0, int ncols, float* part, u8* rings) {
     using Q = QTraits<QT>;
-    using M = MvUnits<QT, ACT, I8>;
+    using M = MvUnits<QT, ACT, A8>;
+    constexpr bool I8 = A8 == A8_STAGED;
     using S = typename M::S;
     constexpr u32 NS = M::NS;
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, cw = cwarp();
@@ -568,6 +653,8 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     const f16* const act_col[ActStage::COLS] = {a.x16 + 16 * n0, a.x16_lo + 16 * n0};
     const f16* const act_sums[ActStage::COLS] = {a.sums + 8 * n0, a.sums_lo + 8 * n0};
     const Act8Stage::Src act8 = I8 ? Act8Stage::source(a, n0, lane) : Act8Stage::Src{};
+    const bool packed = A8 == A8_REGS ? !TWO : ncols <= 4;  // A8_REGS: TWO is the unpacked instance
+    const MvAct8Src act8r = A8 == A8_REGS ? mv_act8_src(a, n0, ncols, packed, g, c) : MvAct8Src{};
     // The copier: unit ci at cp; every unit commits one cp.async group, empty or not.
     int ci = i0;
     MvPos cp = m.start;
@@ -587,7 +674,10 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     MvPos u = m.start;
     for (int i = i0; i < i1; ++i) {
         MvAct x, x2;
-        if (!ACT && !I8) {  // on their way from L2 while the weights land
+        MvAct8Regs x8;
+        if (A8 == A8_REGS) {  // on their way from L2 while the weights land
+            mv_act8_load(act8r, u.sb, packed, x8);
+        } else if (!ACT && !I8) {
             mv_act_load<Q::HAS_MIN>(mc.col, mc.sums, u.sb, x);
             if (TWO) mv_act_load<Q::HAS_MIN>(mc.col2, mc.sums2, u.sb, x2);
         }
@@ -597,12 +687,14 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         __syncwarp();
         const u8* st = m.ring + ((u32)(i - i0) % NS) * M::R::BYTES;
         if (ACT) ActStage::read(x, st + S::BYTES, g, c);
-        if (I8 && (MK_MV_PROBE & 1)) x = MvAct{};
+        if (A8 != A8_NONE && (MK_MV_PROBE & 1)) x = MvAct{};
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (MK_MV_PROBE & 1) {
             acc[0] = __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
         } else if constexpr (I8) {
             mv_unit_i8(st, n0, g, c, acc);
+        } else if constexpr (A8 == A8_REGS) {
+            mv_unit_i8_regs(st, x8, packed, g, c, acc);
         } else {
             const int r0 = first + MK_TILE_ROWS * u.t;
             typename Q::Row r[2];

@@ -41,6 +41,12 @@ __device__ __forceinline__ uint2 ld_cg_u2(const void* p) {
     return v;
 }
 
+__device__ __forceinline__ uint4 ld_cg_u4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 // Four consecutive floats (16-byte aligned) into v.
 __device__ __forceinline__ void ld_cg_f4(const float* p, float (&v)[4]) {
     asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "l"(p));
