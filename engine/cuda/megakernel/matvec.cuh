@@ -112,7 +112,9 @@ static_assert(ActStage::CHUNKS % 32 == 0, "every lane copies the same number of 
 // holds the row's. All by cp.async.cg (L2): the act changes during the launch, and .ca could hand an SM a line
 // its L1 kept from an earlier layer.
 #ifndef MK_MV_I8
-#define MK_MV_I8 2  // 0: f16 activations only; 1: int8 at one row; 2: at 1-8 rows (the others' levels from L2)
+// 0: f16 activations only; 1: int8 at one row; 2: at 1-8 rows, the others' levels loaded from L2 into registers
+// (fewer instructions, but slower on the H200 at d = 4: 24.26 against 23.52 ms a cycle, bench/MEGAKERNEL.md round 6)
+#define MK_MV_I8 1
 #endif
 enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS };  // no int8 activations, one row's in the stages, rows' in registers
 struct Act8Stage {
