@@ -584,6 +584,10 @@ __device__ __forceinline__ void mv_unit_i8_regs(const u8* st, const MvAct8Regs& 
     i8_min_term(r0, r1, x.sum, x.sum_lo, !packed, acc);
 }
 
+#ifndef MK_MV_ROTATE
+#define MK_MV_ROTATE 0  // a benchmark knob (bench/MEGAKERNEL.md round 6): rotate each warp's order of its units
+#endif
+
 // Unit i's superblock and tile in a batch, advanced one unit at a time (no division per unit).
 struct MvPos {
     int sb, t;
@@ -603,7 +607,8 @@ template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
     Planes P;
     u64 ntot;
     int nb, first, end, sb0, sb1, i0, i1;
-    MvPos start;  // unit i0's
+    MvPos start, wrap;  // the first unit's (i0 + rot) and unit i0's, where the order wraps to after unit i1 - 1
+    int rot;
     u8* ring;
     u32 ring_s;
     __device__ MvUnits(const WeightRef& w, int row_begin, int b0, int nt, int sb0_, int sb1_, u8* rings)
@@ -612,11 +617,22 @@ template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
         P = QTraits<QT>::planes(w.ptr, ntot);
         const int ns = sb1 - sb0;
         mv_warp_units(cwarp(), nt * ns, i0, i1);
-        start = MvPos{sb0 + i0 % ns, i0 / ns};
+        // MK_MV_ROTATE: each warp starts its range at a different place, so the SMs' warps do not all read the same
+        // activation superblock at once (tile-major ranges of whole tiles all start at superblock 0)
+        rot = MK_MV_ROTATE && i1 > i0 ? (int)((blockIdx.x * 7u + cwarp() * 3u) % (u32)(i1 - i0)) : 0;
+        start = MvPos{sb0 + (i0 + rot) % ns, (i0 + rot) / ns};
+        wrap = MvPos{sb0 + i0 % ns, i0 / ns};
         ring = rings + cwarp() * NS * R::BYTES;
         ring_s = smem_u32(ring);
     }
     __device__ u32 stage(int i) const { return ring_s + ((u32)(i - i0) % NS) * R::BYTES; }
+    // The position after q, the k-th unit of the warp's order (k from i0): wraps from unit i1 - 1 to i0.
+    __device__ void advance(MvPos& q, int k) const {
+        if (MK_MV_ROTATE && k + 1 - i0 == i1 - i0 - rot)
+            q = wrap;
+        else
+            q.next(sb0, sb1);
+    }
     // The lane's copies of the weights of the unit at q into the stage at dst (row bases from S::init per copy:
     // consecutive units may be different tiles).
     __device__ void copy_weights(u32 dst, const MvPos& q, int lane) const {
@@ -666,7 +682,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             m.copy_weights(dst, cp, lane);
             if (ACT) ActStage::copy(dst + S::BYTES, act_col, act_sums, cp.sb, lane);
             if (I8) Act8Stage::copy(dst + S::BYTES, act8, cp.sb, lane);
-            cp.next(sb0, sb1);
+            m.advance(cp, ci);
         }
         ++ci;
         cp_async_commit();
@@ -705,7 +721,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !mc.packed
         }
         mv_frag_add(acc, mine + (u.t - t_lo) * 128);
-        u.next(sb0, sb1);
+        m.advance(u, i);
     }
     cp_async_wait<0>();  // nothing lands in the ring after the batch
 }
