@@ -10,7 +10,9 @@
 // is cut into (tile, superblock) units, each consumer warp takes a contiguous eighth of them through its own ring of
 // cp.async stages (kernels/stage.cuh, the per-op mmvq_cp's) without meeting the others, and one barrier later the
 // warps' partial sums are added in warp order; at one activation row (d = 0) the row's activations ride in the
-// same stages (ActStage), so no unit waits an L2 round trip for them. The other types read their weights into
+// same stages (ActStage), so no unit waits an L2 round trip for them. A Q4_K matmul of one row whose act has an
+// int8 copy (act_h) takes that instead (MK_MV_I8: Act8Stage, kernels/i8q4k.cuh's mma.m16n8k32 on the nibbles, the
+// two levels packed in columns 0 and 1 as the f16 hi and lo are). The other types read their weights into
 // registers, one superblock ahead, a tile at a time (mv_tile).
 #pragma once
 #include "mk_common.cuh"
