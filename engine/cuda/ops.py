@@ -475,7 +475,7 @@ I8_ENV = "OPENJET_CUDA_I8"
 I8_QTYPES = (Q.Q4_K,)
 DEFAULT_I8_TOKENS = 4
 I8_TOKENS = DEFAULT_I8_TOKENS
-I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernels/mmvq_i8.cu
+I8_STAGE_BASE, I8_SLOT_BYTES, I8_ZERO_BYTES = 2816, 336, 256  # mirror of kernels/mmvq_i8.cu and i8q4k.cuh
 # Warps per block; None: I8_WARPS_AT, else _pipelined_warps. 4 (instead of its 5 at K = 5120) ran gate|up 1.1 x
 # faster alone but the pass no faster (9.39 against 9.36 ms), so the benchmark only compares it.
 I8_WARPS: int | None = None

@@ -19,7 +19,7 @@ def _act(i8_tokens: int, width: int = 6144) -> ops.Act:
 
 
 def test_the_launcher_mirrors_the_kernels_constants() -> None:
-    src = (nvrtc.KERNEL_DIR / "mmvq_i8.cu").read_text()
+    src = "".join((nvrtc.KERNEL_DIR / name).read_text() for name in ("mmvq_i8.cu", "i8q4k.cuh"))  # its unit's header
     defines = dict(re.findall(r"#define (\w+) (\d+)", src))
     assert int(defines["I8_SLOT_PITCH"]) + 16 == ops.I8_SLOT_BYTES  # a slot and its sums record
     assert int(defines["I8_ZERO_BYTES"]) == ops.I8_ZERO_BYTES
