@@ -175,30 +175,59 @@ __device__ __noinline__ void act_store(const ActRef& a, int p0, int len, int row
 
 // The int8 copy (ActRef::q8) of superblock sb of rows [0, rows) from vals[n * ld + j], j < 256 (shared memory),
 // as kernels/act.cu's act_i8 forms it: Act8Levels over the superblock's largest |v| of each row, and each
-// sub-block's sum of what the int8 mma sees as an f16 pair. A warp an item (row n, sub-block j), as act_store
-// takes them (a warp a row took ~2 us more a norm, bench/MEGAKERNEL.md round 6): each warp finds the row's largest
-// itself, then a lane quantizes one value into the act8 order (kernels/mmvq_i8.cu).
+// sub-block's sum of what the int8 mma sees as an f16 pair, positions in the act8 order (kernels/mmvq_i8.cu).
+// One row: a warp a sub-block, each finding the row's largest itself (FFN_NORM 7.0 us against 7.4 a warp a row);
+// more rows: a warp a row, lane l taking positions 8l .. 8l + 7 (at 5 rows the items' repeated maxima cost 14.0
+// against 12.2 us; bench/MEGAKERNEL.md round 6).
 __device__ __noinline__ void act8_store(const ActRef& a, int sb, int rows, const float* vals, int ld) {
     const int lane = threadIdx.x & 31;
-    for (int item = cwarp(); item < rows * 8; item += MK_CONSUMER_WARPS) {
-        const int n = item >> 3, j = item & 7, p = 32 * j + lane;
-        const float* row = vals + n * ld;
+    if (rows == 1 && MK_CONSUMER_WARPS == 8) {  // a warp for each of the 8 sub-blocks
+        const int j = cwarp(), p = 32 * j + lane;
         float mx = 0.f;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) mx = fmaxf(mx, fabsf(row[lane + 32 * k]));
+        for (int k = 0; k < 8; ++k) mx = fmaxf(mx, fabsf(vals[lane + 32 * k]));
         const Act8Levels lv(warp_max(mx));
         float qh, ql;
-        const float seen = lv.quantize(row[p], qh, ql);
-        i8* q = a.q8 + (i64)sb * 4096 + n * 256 + 64 * (p >> 6) + 16 * ((p & 31) >> 3) + 8 * ((p >> 5) & 1) + (p & 7);
+        const float seen = lv.quantize(vals[p], qh, ql);
+        i8* q = a.q8 + (i64)sb * 4096 + 64 * (p >> 6) + 16 * ((p & 31) >> 3) + 8 * ((p >> 5) & 1) + (p & 7);
         q[0] = (i8)(int)qh;
         q[2048] = (i8)(int)ql;  // level 1: 8 rows of 256 on
         const float sub = warp_sum(seen);
         if (lane == 0) {
-            store_f16_pair(a.sums8, a.sums8_lo, ((i64)sb * 8 + n) * 8 + j, sub);
+            store_f16_pair(a.sums8, a.sums8_lo, (i64)sb * 64 + j, sub);
             if (j == 0) {
-                a.scale8[(i64)sb * 16 + n] = lv.s;
-                a.scale8[(i64)sb * 16 + 8 + n] = lv.s_lo;
+                a.scale8[(i64)sb * 16] = lv.s;
+                a.scale8[(i64)sb * 16 + 8] = lv.s_lo;
             }
+        }
+        return;
+    }
+    for (int n = cwarp(); n < rows; n += MK_CONSUMER_WARPS) {
+        float v[8], mx = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            v[e] = vals[n * ld + 8 * lane + e];
+            mx = fmaxf(mx, fabsf(v[e]));
+        }
+        const Act8Levels lv(warp_max(mx));
+        u32 hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
+        float sub = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float qh, ql;
+            sub += lv.quantize(v[e], qh, ql);
+            hi[e >> 2] |= ((u32)(int)qh & 0xFFu) << (8 * (e & 3));
+            lo[e >> 2] |= ((u32)(int)ql & 0xFFu) << (8 * (e & 3));
+        }
+        i8* q = a.q8 + (i64)sb * 4096 + n * 256 + 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
+        *reinterpret_cast<uint2*>(q) = make_uint2(hi[0], hi[1]);
+        *reinterpret_cast<uint2*>(q + 2048) = make_uint2(lo[0], lo[1]);
+        sub += __shfl_xor_sync(FULL_MASK, sub, 1);
+        sub += __shfl_xor_sync(FULL_MASK, sub, 2);
+        if ((lane & 3) == 0) store_f16_pair(a.sums8, a.sums8_lo, ((i64)sb * 8 + n) * 8 + (lane >> 2), sub);
+        if (lane == 0) {
+            a.scale8[(i64)sb * 16 + n] = lv.s;
+            a.scale8[(i64)sb * 16 + 8 + n] = lv.s_lo;
         }
     }
 }
