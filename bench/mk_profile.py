@@ -10,16 +10,21 @@ instruction's done - ready; `tail` is the group's last done minus its median don
 An instruction with a matmul also records its last batch (opcodes.cuh TIME_BATCH ..): `phases` splits its exec
 into `before` (ready to the last batch: the earlier batches and their stores), `loops` (the last batch's unit
 loops: its weights streamed and multiplied), `fold` (the warps' sums added), `after` (the stores and the op's
-epilogue) and `count` (the fence and the counter), medians over the opcode's instructions.
+epilogue) and `count` (the fence and the counter), medians over the opcode's instructions; `first` (TIME_FIRST)
+runs from ready to the end of the first batch's loops.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-FETCHED, READY, DONE, BATCH, LOOPS, FOLDED, BODY = range(7)
+FETCHED, READY, DONE, BATCH, LOOPS, FOLDED, BODY, FIRST = range(8)
 PHASES = {"before": (READY, BATCH), "loops": (BATCH, LOOPS), "fold": (LOOPS, FOLDED), "after": (FOLDED, BODY),
           "count": (BODY, DONE)}
+# Beside the phases (it overlaps them): ready to the first batch's loops done, where the launch recorded it. An
+# instruction of one batch has first = before + loops; of two, the second batch's loops against first's tell
+# what an instruction's first batch costs beyond its bytes (bench/MEGAKERNEL.md round 6).
+FIRST_PHASE = ("first", (READY, FIRST))
 
 
 def groups_in_order(program) -> list[tuple[int, str, list[int]]]:
@@ -87,6 +92,11 @@ def matmul_phases(program, t: np.ndarray) -> dict[str, dict[str, float]]:
     for op in sorted(set(names[inside])):
         m = t[inside & (names == op)]
         out[str(op)] = {k: float(np.median(m[:, b] - m[:, a])) / 1e3 for k, (a, b) in PHASES.items()}
+        if t.shape[1] > FIRST:
+            name, (a, b) = FIRST_PHASE
+            first = m[(m[:, a] <= m[:, b]) & (m[:, b] <= m[:, LOOPS])]
+            if len(first):
+                out[str(op)][name] = float(np.median(first[:, b] - first[:, a])) / 1e3
     return out
 
 

@@ -67,3 +67,17 @@ def test_matmul_phases_split_an_instruction_and_skip_stale_slots():
     a = p["by_op"]["A"]["phases"]
     assert a == pytest.approx({"before": 3.0, "loops": 11.0, "fold": 1.0, "after": 4.0, "count": 2.0})
     assert "phases" not in p["by_op"]["B"]
+
+
+def test_the_first_batch_is_timed_beside_the_phases_where_recorded():
+    us = 1000
+    times = np.zeros((2, 3, 8), np.uint64)
+    # A on SM 0 ran two batches (first loops done at 9 us, the last batch from 10); on SM 1 one (first = last)
+    times[0, 0] = (0, 1 * us, 20 * us, 10 * us, 15 * us, 16 * us, 18 * us, 9 * us)
+    times[1, 0] = (0, 1 * us, 24 * us, 5 * us, 17 * us, 18 * us, 22 * us, 17 * us)
+    times[0, 1] = (21 * us, 25 * us, 30 * us, 26 * us, 27 * us, 28 * us, 29 * us, 3 * us)  # B: a stale first
+    times[1, 1] = (25 * us, 26 * us, 31 * us, 27 * us, 28 * us, 29 * us, 30 * us, 0)
+    p = critical_path(_program(), times)
+    assert p["by_op"]["A"]["phases"]["first"] == pytest.approx((8.0 + 16.0) / 2)
+    assert "first" not in p["by_op"]["B"]["phases"]  # ready after the recorded first: an earlier launch's
+    assert p["by_op"]["B"]["phases"]["loops"] == pytest.approx(1.0)

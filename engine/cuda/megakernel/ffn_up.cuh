@@ -7,16 +7,6 @@
 #include "prefetch.cuh"
 
 #define FFN_UP_CHUNK (MK_TILE_ROWS * MV_BATCH)
-// 1: the up rows' batch before the gate rows' (a benchmark knob: which batch of an instruction is slow, the first or
-// the gate's; bench/MEGAKERNEL.md round 6).
-#ifndef MK_FFN_UP_SWAP
-#define MK_FFN_UP_SWAP 0
-#endif
-// 1: the up batch takes the f16 matmul (another code instance than the gate batch's int8 one): a benchmark knob
-// testing whether an instruction's first batch is slow because its code is not yet in the instruction cache.
-#ifndef MK_FFN_UP_MIXED
-#define MK_FFN_UP_MIXED 0
-#endif
 static_assert(FFN_UP_CHUNK % 32 == 0 && 2 * MK_MAX_ROWS * FFN_UP_CHUNK <= MK_OP_FLOATS,
               "gate and up fill the ops' buffers below the matmul rings");
 
@@ -80,12 +70,9 @@ struct FfnUpOp {
             if (p.pieces > 1) return run_piece(g, p, rows, gate, up, s);
             for (int f0 = p.row_begin; f0 < p.row_end; f0 += FFN_UP_CHUNK) {
                 const int f1 = min(f0 + FFN_UP_CHUNK, p.row_end);
-                for (int turn = 0; turn < 2; ++turn) {
-                    const int half = MK_FFN_UP_SWAP ? 1 - turn : turn;
+                for (int half = 0; half < 2; ++half) {
                     float* dst = half ? up : gate;
-                    ActRef act = g.act_h;
-                    if (MK_FFN_UP_MIXED && half) act.q8 = nullptr;
-                    mv_rows(g, L.w[half ? LW_FFN_UP : LW_FFN_GATE], f0, f1, act, 0, rows, s.scratch,
+                    mv_rows(g, L.w[half ? LW_FFN_UP : LW_FFN_GATE], f0, f1, g.act_h, 0, rows, s.scratch,
                             [&](int r0, int n, const float* out) {
                                 for (int o = ctid(); o < n * rows; o += MK_CONSUMER_THREADS)
                                     dst[(o % rows) * FFN_UP_CHUNK + r0 - f0 + o / rows] = out[(o / rows) * 8 + o % rows];

@@ -740,33 +740,15 @@ __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin
 // Tiles [b0, b0 + nt) (nt <= MV_BATCH) of rows from row_begin of a staged weight over superblocks [sb0, sb1):
 // their products, summed over the warps, into out = scratch ([tile][16][8]). Every consumer calls it.
 // g: only for the timing slots (an instruction's last batch keeps its times).
-// MK_MV_ACT_WARM (a benchmark knob, off): every consumer thread loads its share of the lines the batch's int8
-// activation copies will read (one row: Act8Stage's) before the ring starts. On the H200 an instruction's first
-// batch ran ~1.7 x its second on the same bytes even with no weights copied (MK_MV_PROBE=3: FFN_UP 14 against
-// 8 us), as if the first reads of activations just written elsewhere were slow (bench/MEGAKERNEL.md round 6).
-#ifndef MK_MV_ACT_WARM
-#define MK_MV_ACT_WARM 0
-#endif
-__device__ __forceinline__ void mv_act_warm(const ActRef& a, int n0, int sb0, int sb1) {
-    for (int k = ctid(); k < (sb1 - sb0) * 34; k += MK_CONSUMER_THREADS) {  // volatile loads: kept, not waited on
-        const int sb = sb0 + k / 34, part = k % 34;
-        const void* src = part < 32 ? static_cast<const void*>(a.q8 + (i64)sb * 4096 + ((part >> 4) * 8 + n0) * 256 +
-                                                               16 * (part & 15))
-                        : part == 32 ? static_cast<const void*>(a.sums8 + ((i64)sb * 8 + n0) * 8)
-                                     : static_cast<const void*>(a.scale8 + (i64)sb * 16 + n0);
-        ld_cg_u32(src);
-    }
-}
-
 __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, int row_begin, int b0, int nt,
                                          int sb0, int sb1, const ActRef& a, int n0, int ncols, float* scratch) {
     float* red = scratch + MV_OUT_FLOATS;
     record_time(g, TIME_BATCH);
-    if (MK_MV_ACT_WARM && MK_MV_I8 && a.q8 && ncols == 1 && w.qtype == QT_Q4_K) mv_act_warm(a, n0, sb0, sb1);
     mv_dispatch_batch(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, red,
                       reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET);
     consumers_sync();
     record_time(g, TIME_LOOPS);
+    record_first(g);
     mv_fold_batch(red, sb1 - sb0, nt, ncols, ncols <= 4, scratch);  // packed as mv_cols makes it
     consumers_sync();
     record_time(g, TIME_FOLDED);

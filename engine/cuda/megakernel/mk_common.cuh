@@ -78,13 +78,23 @@ __device__ __forceinline__ u64 global_ns() {
 
 // ---- the timing slots of the bench's launches (g.timings set; opcodes.cuh TIME_*) ----
 
-// The index in the SM's queue of the instruction the block runs (consumer thread 0 sets and reads it).
+// The index in the SM's queue of the instruction the block runs (consumer thread 0 sets and reads it), and whether
+// its first matmul batch is still to record TIME_FIRST (set with the index, cleared by record_first).
 __shared__ int mk_inst_index;
+__shared__ int mk_first_pending;
 
 // Slot `slot` of the block's current instruction: now. Consumer thread 0 records; the others pass.
 __device__ __forceinline__ void record_time(const Globals& g, int slot) {
     if (g.timings && threadIdx.x == MK_FIRST_CONSUMER * 32)
         g.timings[((i64)blockIdx.x * g.max_len + mk_inst_index) * TIME_SLOTS + slot] = global_ns();
+}
+
+// TIME_FIRST of the block's current instruction, once: at its first matmul batch.
+__device__ __forceinline__ void record_first(const Globals& g) {
+    if (g.timings && threadIdx.x == MK_FIRST_CONSUMER * 32 && mk_first_pending) {
+        g.timings[((i64)blockIdx.x * g.max_len + mk_inst_index) * TIME_SLOTS + TIME_FIRST] = global_ns();
+        mk_first_pending = 0;
+    }
 }
 
 // ---- named barriers (bar.sync / bar.arrive with a thread count: warp roles meet without __syncthreads) ----

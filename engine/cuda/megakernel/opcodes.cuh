@@ -168,7 +168,8 @@
 #define TIME_LOOPS 4
 #define TIME_FOLDED 5
 #define TIME_BODY 6
-#define TIME_SLOTS 7
+#define TIME_FIRST 7  // the instruction's first matmul batch: its warps' unit loops done
+#define TIME_SLOTS 8
 
 // ---- errors ----
 #define ERR_NONE 0

@@ -24,7 +24,7 @@ from engine.cuda.megakernel.structs import ActRef, Globals, assign
 from engine.cuda.megakernel.upload import DeviceModel, layer_tables, rope_inv_freq, upload_model, weight_ref
 
 ELEMENT_BYTES = {"f32": 4, "i32": 4, "u32": 4, "u8": 1, "kv": 2}
-TIME_SLOTS = 7  # opcodes.cuh TIME_*
+TIME_SLOTS = 8  # opcodes.cuh TIME_*
 # Acts with an int8 copy (globals.cuh ActRef::q8): the norms' output, which the Q4_K matmuls of one row take as two
 # int8 levels (matvec.cuh MK_MV_I8).
 INT8_ACTS = ("act_h",)
