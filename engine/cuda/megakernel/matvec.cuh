@@ -47,10 +47,12 @@
 #ifndef MK_RING_STAGES
 #define MK_RING_STAGES 0
 #endif
-template <class S, int ACT_BYTES = 0> struct MvRing {
+// RESERVED: bytes at the start of the ring area that the batch keeps for itself (A8_SMEM's activations).
+template <class S, int ACT_BYTES = 0, int RESERVED = 0> struct MvRing {
     static constexpr int BYTES = S::BYTES + ACT_BYTES;  // one unit's stage: its weights, then activations
     static constexpr int WANT = MK_RING_STAGES ? MK_RING_STAGES : S::STAGES;
-    static constexpr int STAGES = WANT * BYTES <= MK_RING_WARP_BYTES ? WANT : MK_RING_WARP_BYTES / BYTES;
+    static constexpr int WARP_BYTES = (MK_SMEM_BYTES - MK_RING_OFFSET - RESERVED) / MK_CONSUMER_WARPS;
+    static constexpr int STAGES = WANT * BYTES <= WARP_BYTES ? WANT : WARP_BYTES / BYTES;
     static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
     static_assert(MK_RING_OFFSET % 16 == 0 && BYTES % 16 == 0, "cp.async stages start on 16 bytes");
 };
@@ -118,7 +120,16 @@ static_assert(ActStage::CHUNKS % 32 == 0, "every lane copies the same number of 
 // (fewer instructions, but slower on the H200 at d = 4: 24.26 against 23.52 ms a cycle, bench/MEGAKERNEL.md round 6)
 #define MK_MV_I8 1
 #endif
-enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS };  // no int8 activations, one row's in the stages, rows' in registers
+// No int8 activations; one row's in each unit's stage; rows' in registers; one row's staged once a batch.
+enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS, A8_SMEM };
+// MK_MV_ACT8_SMEM (a benchmark knob, off; not yet run on a GPU): at one row, the batch's superblocks of the row's
+// levels are copied once into the start of the ring area (Act8Stage's layout a superblock, up to MK_ACT8_MAX_SB of
+// them) instead of with every unit: no activation copies in the unit loop, 1/8 of the L2 reads (a superblock's
+// were read once per tile), rings of weights alone after them.
+#ifndef MK_MV_ACT8_SMEM
+#define MK_MV_ACT8_SMEM 0
+#endif
+#define MK_ACT8_MAX_SB 24
 struct Act8Stage {
     static constexpr int SLOTS = 0, SUMS = 2 * I8_SLOT_PITCH, SCALES = SUMS + 32, BYTES = SCALES + 32;
     // Lane l: 16 bytes of level l / 16; lanes 0-1 the sums records, lanes 2-3 the levels' scales.
@@ -142,6 +153,22 @@ struct Act8Stage {
     static __device__ __forceinline__ void copy(u32 dst, const Src& x, int sb, int lane) {
         cp_async16(dst + x.dst_q, x.q + 4096 * sb);
         if (lane < 4) cp_async16(dst + x.dst_meta, x.meta + (lane < 2 ? 128 : 64) * sb);
+    }
+    // Every consumer thread's share of the copies of superblocks [sb0, sb1) of row n0 into area (one Act8Stage
+    // layout a superblock), committed as one cp.async group.
+    static __device__ __forceinline__ void copy_all(u32 area, const ActRef& a, int n0, int sb0, int sb1) {
+        for (int k = ctid(); k < (sb1 - sb0) * 36; k += MK_CONSUMER_THREADS) {
+            const int sb = sb0 + k / 36, part = k % 36, l = part & 1;
+            const u32 dst = area + (sb - sb0) * BYTES;
+            if (part < 32)
+                cp_async16(dst + SLOTS + I8_SLOT_PITCH * (part >> 4) + 16 * (part & 15),
+                           a.q8 + (i64)sb * 4096 + ((part >> 4) * 8 + n0) * 256 + 16 * (part & 15));
+            else if (part < 34)
+                cp_async16(dst + SUMS + 16 * l, (l ? a.sums8_lo : a.sums8) + ((i64)sb * 8 + n0) * 8);
+            else
+                cp_async16(dst + SCALES + 16 * l, a.scale8 + (i64)sb * 16 + 8 * l + (n0 & ~3));
+        }
+        cp_async_commit();
     }
 };
 
@@ -504,9 +531,9 @@ template <int QT, bool TWO, bool ACT = false, int A8 = A8_NONE> struct MvKind {
 template <int QT> constexpr bool mv_act_stages() {
     return MK_MV_ACT_STAGED && MvRing<Stage<QT>, ActStage::BYTES>::STAGES >= 3;
 }
-// i8: the act has its int8 copy (ActRef::q8).
+// i8: the act has its int8 copy (ActRef::q8); nsb: the batch's superblocks.
 template <class F>
-__device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, F&& f) {
+__device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, int nsb, F&& f) {
 #define MK_KIND_CASE(QTYPE)                                             \
     case QTYPE:                                                         \
         if (ncols > 4)                                                  \
@@ -519,7 +546,9 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, F&
     switch (qtype) {
 #if MK_HAS_QT(QT_Q4_K)
         case QT_Q4_K:
-            if (MK_MV_I8 && i8 && ncols == 1)
+            if (MK_MV_I8 && MK_MV_ACT8_SMEM && i8 && ncols == 1 && nsb <= MK_ACT8_MAX_SB)
+                f(MvKind<QT_Q4_K, false, false, A8_SMEM>{});
+            else if (MK_MV_I8 && i8 && ncols == 1)
                 f(MvKind<QT_Q4_K, false, false, A8_STAGED>{});
             else if (MK_MV_I8 >= 2 && i8 && ncols > 4)
                 f(MvKind<QT_Q4_K, true, false, A8_REGS>{});  // the lo levels in a second pass of mmas
@@ -544,12 +573,11 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, F&
 #undef MK_KIND_CASE
 }
 
-// One Q4_K unit of a stage (Q4KStage8 weights, then Act8Stage) against one row's two int8 levels, added into
+// One Q4_K unit of a stage (Q4KStage8 weights; act: its superblock's Act8Stage) against one row's two int8 levels, added into
 // acc as the packed f16 product leaves it (column 0 the hi level's share, column 1 the lo level's; mv_fold_batch
 // adds them): kernels/i8q4k.cuh's arithmetic, exact int32 sums per sub-block scaled once per level. Lanes of
 // columns 2-7 (g >= 2) multiply zeros.
-__device__ __forceinline__ void mv_unit_i8(const u8* st, int n0, int g, int c, float (&acc)[4]) {
-    const u8* act = st + Q4KStage8::BYTES;
+__device__ __forceinline__ void mv_unit_i8(const u8* st, const u8* act, int n0, int g, int c, float (&acc)[4]) {
     I8Row r0, r1;
     i8_read_row(r0, st, g, c);
     i8_read_row(r1, st, g + 8, c);
@@ -604,7 +632,8 @@ template <bool B, class T, class F> struct MvPick { using type = T; };
 template <class T, class F> struct MvPick<false, T, F> { using type = F; };
 template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
     using S = typename MvPick<A8 != A8_NONE, Q4KStage8, Stage<QT>>::type;  // the int8 reader's conflict-free pitch
-    using R = MvRing<S, A8 == A8_STAGED ? Act8Stage::BYTES : ACT ? ActStage::BYTES : 0>;
+    static constexpr int RESERVED = A8 == A8_SMEM ? MK_ACT8_MAX_SB * Act8Stage::BYTES : 0;  // the batch's levels
+    using R = MvRing<S, A8 == A8_STAGED ? Act8Stage::BYTES : ACT ? ActStage::BYTES : 0, RESERVED>;
     static constexpr u32 NS = R::STAGES;
     Planes P;
     u64 ntot;
@@ -624,7 +653,7 @@ template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
         rot = MK_MV_ROTATE && i1 > i0 ? (int)((blockIdx.x * 7u + cwarp() * 3u) % (u32)(i1 - i0)) : 0;
         start = MvPos{sb0 + (i0 + rot) % ns, (i0 + rot) / ns};
         wrap = MvPos{sb0 + i0 % ns, i0 / ns};
-        ring = rings + cwarp() * NS * R::BYTES;
+        ring = rings + RESERVED + cwarp() * NS * R::BYTES;
         ring_s = smem_u32(ring);
     }
     __device__ u32 stage(int i) const { return ring_s + ((u32)(i - i0) % NS) * R::BYTES; }
@@ -689,7 +718,13 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         ++ci;
         cp_async_commit();
     };
+    const u8* act_area = rings;  // A8_SMEM: the batch's superblocks of the row's levels
+    if (A8 == A8_SMEM) Act8Stage::copy_all(smem_u32(rings), a, n0, sb0, sb1);
     for (u32 k = 0; k + 1 < NS; ++k) issue();
+    if (A8 == A8_SMEM) {  // every thread's share landed (the ring's groups may still fly), then everyone's
+        cp_async_wait<NS - 1>();
+        consumers_sync();
+    }
     const MvCols mc = mv_cols(a, n0, ncols, g, c);
     MvPos u = m.start;
     for (int i = i0; i < i1; ++i) {
@@ -712,7 +747,9 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         if (MK_MV_PROBE & 1) {
             acc[0] = __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
         } else if constexpr (I8) {
-            mv_unit_i8(st, n0, g, c, acc);
+            mv_unit_i8(st, st + Q4KStage8::BYTES, n0, g, c, acc);
+        } else if constexpr (A8 == A8_SMEM) {
+            mv_unit_i8(st, act_area + (u.sb - sb0) * Act8Stage::BYTES, n0, g, c, acc);
         } else if constexpr (A8 == A8_REGS) {
             mv_unit_i8_regs(st, x8, packed, g, c, acc);
         } else {
@@ -730,7 +767,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
 
 __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                                const ActRef& a, int n0, int ncols, float* part, u8* rings) {
-    mv_staged_kind(w.qtype, ncols, a.q8 != nullptr, [&](auto kind) {
+    mv_staged_kind(w.qtype, ncols, a.q8 != nullptr, sb1 - sb0, [&](auto kind) {
         using K = decltype(kind);
         mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols,
                                                                       part, rings);
