@@ -1,12 +1,21 @@
 // The int8-activation product of one Q4_K unit (16 rows x one superblock staged in shared memory) against two-level
-// int8 columns (act8.cuh): shared by the per-op matmul (kernels/mmvq_i8.cu, whose header describes the activation
-// layout) and the megakernel's one-row matmul (megakernel/matvec.cuh).
+// int8 columns (act8.cuh): shared by the per-op matmuls (kernels/mmvq_i8.cu, whose header describes the activation
+// layout, and kernels/mmvq_i8b.cu) and the megakernel's one-row matmul (megakernel/matvec.cuh).
 #pragma once
 #include "mmvq.cuh"
 
 #define I8_SLOT_PITCH 320  // a 256-byte column slot + 64: two slots of a quarter-warp's reads sit in other banks
 
 using Q4KStage8 = Q4KStage<160>;
+
+// A row's scale and min of sub-blocks c and c + 4, from its 12 scale bytes s (the Q4_K packing).
+__device__ __forceinline__ void i8b_scales(const u8* s, int c, int& sc, int& mn, int& sc4, int& mn4) {
+    const int b0 = s[c], b1 = s[c + 4], b2 = s[c + 8];
+    sc = b0 & 63;
+    mn = b1 & 63;
+    sc4 = (b2 & 15) | ((b0 >> 2) & 48);
+    mn4 = (b2 >> 4) | ((b1 >> 2) & 48);
+}
 
 // The 6-bit scales of a Q4_K block's eight sub-blocks, one per word (the 12 scale bytes as three words).
 __device__ __forceinline__ void k4_scales8(u32 s0, u32 s2, u32 (&sc)[8]) {

@@ -29,7 +29,7 @@
 // Not built before sm_90 (no tensor copies): the launcher (engine/cuda/i8b.py) takes it on sm_90+ only, and the
 // body compiles to a trap elsewhere so that every architecture still builds the file.
 #include "act8.cuh"
-#include "mmvq.cuh"
+#include "i8q4k.cuh"
 #include "tma.cuh"
 
 #define I8B_MAX_WARPS 8
@@ -181,15 +181,6 @@ __device__ __forceinline__ void i8b_produce_x(u8* xs, const I8bSrc& src, int nb,
             store_f16_pair(sums, sums + 8, lane >> 2, sub[s]);
         }
     __syncwarp();  // a warp reads only its own share: its lanes' writes are what it waits for
-}
-
-// A row's scale and min of sub-blocks c and c + 4, from its 12 scale bytes s (the Q4_K packing).
-__device__ __forceinline__ void i8b_scales(const u8* s, int c, int& sc, int& mn, int& sc4, int& mn4) {
-    const int b0 = s[c], b1 = s[c + 4], b2 = s[c + 8];
-    sc = b0 & 63;
-    mn = b1 & 63;
-    sc4 = (b2 & 15) | ((b0 >> 2) & 48);
-    mn4 = (b2 >> 4) | ((b1 >> 2) & 48);
 }
 
 // One superblock (the quant box at qst, the word unit at words, the row's superblock sb of the staged x) into

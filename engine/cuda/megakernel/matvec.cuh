@@ -130,6 +130,13 @@ enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS, A8_SMEM };
 #define MK_MV_ACT8_SMEM 0
 #endif
 #define MK_ACT8_MAX_SB 24
+// MK_MV_I8B (with MK_MV_ACT8_SMEM; off, not yet run on a GPU): kernels/mmvq_i8b.cu's arithmetic for the unit - each
+// mma's B carries one sub-block of a group of four in its two columns (hi, lo level), so four mmas fill one set
+// of sums and 8 IMADs apply the sub-block scales (32 with i8_level); each lane's partial rows stay in registers
+// across a tile's units and go to the tile's partials once, summed over the quad, when the tile changes.
+#ifndef MK_MV_I8B
+#define MK_MV_I8B 0
+#endif
 struct Act8Stage {
     static constexpr int SLOTS = 0, SUMS = 2 * I8_SLOT_PITCH, SCALES = SUMS + 32, BYTES = SCALES + 32;
     // Lane l: 16 bytes of level l / 16; lanes 0-1 the sums records, lanes 2-3 the levels' scales.
@@ -597,6 +604,70 @@ __device__ __forceinline__ void mv_unit_i8(const u8* st, const u8* act, int n0, 
     i8_min_term(r0, r1, sum, 0u, false, acc);
 }
 
+// One Q4_K unit (Q4KStage8 weights at st; act: its superblock's Act8Stage, row n0's) the mmvq_i8b way, added to
+// the lane's partial sums run[r] of tile row g + 8 r (its sub-blocks c and c + 4; the quad's four lanes together
+// hold a row's whole superblock). Column 2a + l of the mmas is sub-block a of a group of four at level l.
+__device__ __forceinline__ void mv_unit_i8b(const u8* st, const u8* act, int n0, int g, int c, float (&run)[2]) {
+    using S = Q4KStage8;
+    uint2 q[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[r][j] = *reinterpret_cast<const uint2*>(st + S::QS + (g + 8 * r) * S::QS_PITCH + 32 * j + 8 * c);
+    const int a = g >> 1;  // the sub-block of a group of four this lane's B column carries, at level g % 2
+    const u8* xv = act + Act8Stage::SLOTS + (g & 1) * I8_SLOT_PITCH + 64 * (a >> 1) + 16 * c + 8 * (a & 1);
+    const uint2 xa = *reinterpret_cast<const uint2*>(xv), xb = *reinterpret_cast<const uint2*>(xv + 128);
+    int sc[2], mn[2], sc4[2], mn4[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) i8b_scales(st + S::SC + 12 * (g + 8 * r), c, sc[r], mn[r], sc4[r], mn4[r]);
+    int tot[4] = {0, 0, 0, 0};  // (row g, hi), (row g, lo), (row g + 8, hi), (row g + 8, lo), times the scales
+#pragma unroll
+    for (int f = 0; f < 2; ++f) {  // sub-blocks 4f .. 4f + 3
+        int sums[4] = {0, 0, 0, 0};
+        const uint2 b = f ? xb : xa;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // sub-block 4f + i: the low (i even) or high nibbles of chunk 2f + i / 2
+            const int j = 2 * f + (i >> 1);
+            const u32 m = (i & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+            const u32 w[4] = {q[0][j].x & m, q[1][j].x & m, q[0][j].y & m, q[1][j].y & m};
+            const bool mine = a == i;
+            mma_u8s8_16832_acc(sums, w, mine ? b.x : 0u, mine ? b.y : 0u);
+        }
+        const int s0 = f ? sc4[0] : sc[0], s1 = f ? sc4[1] : sc[1];
+        tot[0] += sums[0] * s0;
+        tot[1] += sums[1] * s0;
+        tot[2] += sums[2] * s1;
+        tot[3] += sums[3] * s1;
+    }
+    const float* lv = reinterpret_cast<const float*>(act + Act8Stage::SCALES);
+    const float kf = (c & 1) ? 0.0625f : 1.f;  // lanes c odd hold the high-nibble sub-blocks' sums: 16 q
+    const float hi = kf * lv[n0 & 3], lo = kf * lv[4 + (n0 & 3)];
+    const f16* su = reinterpret_cast<const f16*>(act + Act8Stage::SUMS);  // 8 hi sums, then the 8 lo
+    const float xs = f16_to_f32(su[c]) + f16_to_f32(su[8 + c]);
+    const float xs4 = f16_to_f32(su[c + 4]) + f16_to_f32(su[12 + c]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u32 dm = *reinterpret_cast<const u32*>(st + S::DM + 4 * (g + 8 * r));
+        const float d = f16_to_f32((f16)(dm & 0xFFFFu)), dmin = f16_to_f32((f16)(dm >> 16));
+        run[r] += d * ((float)tot[2 * r] * hi + (float)tot[2 * r + 1] * lo);
+        run[r] -= dmin * ((float)mn[r] * xs + (float)mn4[r] * xs4);
+    }
+}
+
+// The lane's partial rows run (mv_unit_i8b) into column 0 of tile partials dst[16][8], summed over the quad.
+__device__ __forceinline__ void mv_run_flush(float (&run)[2], float* dst, int g, int c) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        run[r] += __shfl_xor_sync(FULL_MASK, run[r], 1);
+        run[r] += __shfl_xor_sync(FULL_MASK, run[r], 2);
+    }
+    if (c == 0) {
+        dst[g * 8] += run[0];
+        dst[(g + 8) * 8] += run[1];
+    }
+    run[0] = run[1] = 0.f;
+}
+
 // The same against several rows' levels in registers (A8_REGS): unpacked, the lo levels take a second pass of
 // mmas on the same fragments.
 __device__ __forceinline__ void mv_unit_i8_regs(const u8* st, const MvAct8Regs& x, bool packed, int g, int c,
@@ -727,6 +798,9 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     }
     const MvCols mc = mv_cols(a, n0, ncols, g, c);
     MvPos u = m.start;
+    constexpr bool RUN = A8 == A8_SMEM && MK_MV_I8B;  // a tile's partial rows in registers (mv_unit_i8b)
+    float run[2] = {0.f, 0.f};
+    int run_t = u.t;
     for (int i = i0; i < i1; ++i) {
         MvAct x, x2;
         MvAct8Regs x8;
@@ -748,6 +822,12 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             acc[0] = __uint_as_float(x.b[0][0] ^ x.b[SB_STEPS - 1][1] ^ x.sum ^ *reinterpret_cast<const u32*>(st));
         } else if constexpr (I8) {
             mv_unit_i8(st, st + Q4KStage8::BYTES, n0, g, c, acc);
+        } else if constexpr (RUN) {
+            if (u.t != run_t) {
+                mv_run_flush(run, mine + (run_t - t_lo) * 128, g, c);
+                run_t = u.t;
+            }
+            mv_unit_i8b(st, act_area + (u.sb - sb0) * Act8Stage::BYTES, n0, g, c, run);
         } else if constexpr (A8 == A8_SMEM) {
             mv_unit_i8(st, act_area + (u.sb - sb0) * Act8Stage::BYTES, n0, g, c, acc);
         } else if constexpr (A8 == A8_REGS) {
@@ -759,9 +839,10 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             S::read(r[1], st, g + 8, c, stage_row_base(r0, g + 8, end, nb) + u.sb);
             mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !mc.packed
         }
-        mv_frag_add(acc, mine + (u.t - t_lo) * 128);
+        if (!RUN) mv_frag_add(acc, mine + (u.t - t_lo) * 128);
         m.advance(u, i);
     }
+    if (RUN && i1 > i0) mv_run_flush(run, mine + (run_t - t_lo) * 128, g, c);
     cp_async_wait<0>();  // nothing lands in the ring after the batch
 }
 
