@@ -534,9 +534,14 @@ template <int QT, bool TWO, bool ACT = false, int A8 = A8_NONE> struct MvKind {
     static constexpr bool ACT_STAGED = ACT;
     static constexpr int INT8 = A8;  // int8 activations (Q4_K, an act with its int8 copy): MvAct8
 };
-// Whether one row's activations can ride in QT's stages (MK_MV_ACT_STAGED): only where the ring keeps 3 stages.
+// Whether one row's activations can ride in QT's stages (MK_MV_ACT_STAGED): only where the ring keeps
+// MK_MV_ACT_MIN_STAGES stages (3; 2, a benchmark knob not yet run on a GPU, lets Q6_K's 3,648-byte stages take
+// them too: its units now wait an L2 round trip for their activations each, ~2 us a unit in LM_HEAD at d = 0).
+#ifndef MK_MV_ACT_MIN_STAGES
+#define MK_MV_ACT_MIN_STAGES 3
+#endif
 template <int QT> constexpr bool mv_act_stages() {
-    return MK_MV_ACT_STAGED && MvRing<Stage<QT>, ActStage::BYTES>::STAGES >= 3;
+    return MK_MV_ACT_STAGED && MvRing<Stage<QT>, ActStage::BYTES>::STAGES >= MK_MV_ACT_MIN_STAGES;
 }
 // i8: the act has its int8 copy (ActRef::q8); nsb: the batch's superblocks.
 template <class F>
