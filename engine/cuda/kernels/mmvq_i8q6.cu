@@ -19,16 +19,13 @@
 // lane's two columns always belong to one sub-block, so one IMAD a sum applies its scale. T = 1: a chunk's four
 // sub-blocks in one set (2 mmas); T = 2: two sets (2 mmas); T = 3, 4: a set a sub-block (4 mmas, half of each
 // mma's k zero); T = 5-8: the same for each level (8 mmas). The epilogue folds every column into its token.
-#include "mmvq.cuh"
+#include "i8q6k.cuh"
 
 #define Q6I8_SLOT_PITCH 320  // a 256-byte column slot + 64, as mmvq_i8's: two slots of a quarter-warp's reads sit apart
 
 // A stage: the tile's 16 rows of ql' [16][160] | qh' [16][80] | scales [16][16] | d words [16][4] (pitches that
 // keep a half-warp's 8-byte reads of four rows in different banks), then 2T column slots and their 2T scales.
-struct Q6I8Stage {
-    static constexpr int QL = 0, QL_PITCH = 160, QH = QL + STAGE_ROWS * QL_PITCH, QH_PITCH = 80;
-    static constexpr int SC = QH + STAGE_ROWS * QH_PITCH, D = SC + STAGE_ROWS * 16, BYTES = D + STAGE_ROWS * 4;
-};
+using Q6I8Stage = Q6KStage8;  // kernels/i8q6k.cuh
 
 __device__ __forceinline__ constexpr int q6i8_stage_bytes(int T) {  // mirrored by engine/cuda/ops.py
     return Q6I8Stage::BYTES + Q6I8_SLOT_PITCH * 2 * T + ((8 * T + 15) & ~15);
@@ -100,16 +97,6 @@ struct Q6I8Copies {
         scale += 64 * step;
     }
 };
-
-// Four 6-bit weights as the signed bytes q - 32: the low nibbles from lo's bits 0-3 of each byte, the high bits
-// from hi's bits 0-1 (other bits ignored). q + 128 per byte, minus 32 without a borrow (every byte is >= 128),
-// then minus 128 by flipping the top bit.
-__device__ __forceinline__ u32 q6_s8x4(u32 lo, u32 hi) {
-    const u32 v = (lo & 0x0F0F0F0Fu) | ((hi & 0x03030303u) << 4) | 0x80808080u;
-    return (v - 0x20202020u) ^ 0x80808080u;
-}
-
-__device__ __forceinline__ int sbyte(u32 word, int shift) { return (int)(signed char)(word >> shift); }
 
 // Launch: a block of W warps per 16-row tile; warp w takes superblocks w, w + W, ... (any W: the last warps may
 // take one fewer) through a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T).

@@ -108,7 +108,8 @@ template <> struct Stage<QT_Q5_K> {
 };
 
 // ---------------------------------------------------------------- Q6_K
-// Stage: ql' [16][144] | qh' [16][64] | scales [16][16] | d [16][4] = 3648 bytes.
+// Stage: ql' [16][144] | qh' [16][64] | scales [16][16] | d [16][4] = 3648 bytes (the int8 reader's pitches, 160
+// and 80, keep a half-warp's 8-byte reads of four rows in different banks: Q6KStage<160, 80>, 4160 bytes).
 // Copies of lane l: ql' chunk (l % 8) of rows l / 8 + 4 j (j = 0..3); qh' chunk (l % 4) of rows l / 4 + 8 j
 // (j = 0, 1); lanes 0-15 the scales of row l, lanes 16-31 the aligned 4-byte word holding d of row l - 16.
 // Q6_K's d is 2 bytes at 2 idx of its plane (ntot blocks): the aligned word at 2 idx & ~3 holds it, in its low half
@@ -120,9 +121,10 @@ __device__ __forceinline__ void q6k_d_word_copy(u32 dst, const u8* plane, u64 id
 }
 __device__ __forceinline__ u32 q6k_d_of_word(u32 word, u64 idx) { return (idx & 1u) ? word >> 16 : word & 0xFFFFu; }
 
-template <> struct Stage<QT_Q6_K> {
+template <int QL_P, int QH_P> struct Q6KStage {
     static constexpr int STAGES = 3;  // 3648-byte stages: 3 let two blocks of 8 warps share one SM
-    static constexpr int QL = 0, QL_PITCH = 144, QH = QL + STAGE_ROWS * QL_PITCH, SC = QH + STAGE_ROWS * 64;
+    static constexpr int QL = 0, QL_PITCH = QL_P, QH = QL + STAGE_ROWS * QL_PITCH, QH_PITCH = QH_P;
+    static constexpr int SC = QH + STAGE_ROWS * QH_PITCH;
     static constexpr int D = SC + STAGE_ROWS * 16, BYTES = D + STAGE_ROWS * 4;
     struct Lane { u32 lrow[4], hrow[2], xrow; };
     static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
@@ -140,7 +142,8 @@ template <> struct Stage<QT_Q6_K> {
                        P.p[0] + (u64)(L.lrow[j] + sb) * 128 + 16 * part8);
 #pragma unroll
         for (int j = 0; j < 2; ++j)
-            cp_async16(dst + QH + ((lane >> 2) + 8 * j) * 64 + 16 * part4, P.p[1] + (u64)(L.hrow[j] + sb) * 64 + 16 * part4);
+            cp_async16(dst + QH + ((lane >> 2) + 8 * j) * QH_PITCH + 16 * part4,
+                       P.p[1] + (u64)(L.hrow[j] + sb) * 64 + 16 * part4);
         const u64 idx = L.xrow + sb;
         if (lane < 16) {
             cp_async16(dst + SC + 16 * r, P.p[2] + idx * 16);
@@ -152,8 +155,9 @@ template <> struct Stage<QT_Q6_K> {
         const uint4* q = reinterpret_cast<const uint4*>(st + QL + lr * QL_PITCH + 32 * c);
         r.q[0] = q[0];
         r.q[1] = q[1];
-        r.qh = *reinterpret_cast<const uint4*>(st + QH + lr * 64 + 16 * c);
+        r.qh = *reinterpret_cast<const uint4*>(st + QH + lr * QH_PITCH + 16 * c);
         r.sc = *reinterpret_cast<const u32*>(st + SC + 16 * lr + 4 * c);
         r.d = q6k_d_of_word(*reinterpret_cast<const u32*>(st + D + 4 * lr), idx);
     }
 };
+template <> struct Stage<QT_Q6_K> : Q6KStage<144, 64> {};

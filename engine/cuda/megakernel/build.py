@@ -12,7 +12,8 @@ from engine.cuda import nvrtc
 MEGAKERNEL_DIR = Path(__file__).resolve().parent
 SOURCE = MEGAKERNEL_DIR / "megakernel.cu"
 ENTRY = "megakernel"
-SHARED_HEADERS = ("common.cuh", "quants.cuh", "kquants.cuh", "stage.cuh", "act8.cuh", "mmvq.cuh", "i8q4k.cuh")
+SHARED_HEADERS = ("common.cuh", "quants.cuh", "kquants.cuh", "stage.cuh", "act8.cuh", "mmvq.cuh", "i8q4k.cuh",
+                  "i8q6k.cuh")
 
 
 def shared_digest() -> str:

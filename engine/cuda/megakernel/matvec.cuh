@@ -18,6 +18,7 @@
 #include "mk_common.cuh"
 #include "stage.cuh"
 #include "i8q4k.cuh"
+#include "i8q6k.cuh"
 
 // Tiles a batch takes: 16 where shared memory has 128 KB (FFN_UP's 128-160 rows an SM in one batch of gate and
 // one of up: a batch costs its ring's fill and drain and two barriers), 4 in 96 KB.
@@ -136,6 +137,12 @@ enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS, A8_SMEM };
 // across a tile's units and go to the tile's partials once, summed over the quad, when the tile changes.
 #ifndef MK_MV_I8B
 #define MK_MV_I8B 0
+#endif
+// MK_MV_I8Q6 (with MK_MV_ACT8_SMEM; off, not yet run on a GPU): Q6_K of one row (LM_HEAD, attn_v) on int8
+// levels too, kernels/mmvq_i8q6.cu's arithmetic at one token: its f16 units wait an L2 round trip for their
+// activations each (~2 us a unit in LM_HEAD at d = 0: Q6_K's stages leave no room for them in the ring).
+#ifndef MK_MV_I8Q6
+#define MK_MV_I8Q6 0
 #endif
 struct Act8Stage {
     static constexpr int SLOTS = 0, SUMS = 2 * I8_SLOT_PITCH, SCALES = SUMS + 32, BYTES = SCALES + 32;
@@ -578,7 +585,16 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, in
         MK_KIND_CASE(QT_Q5_K)
 #endif
 #if MK_HAS_QT(QT_Q6_K)
-        MK_KIND_CASE(QT_Q6_K)
+        case QT_Q6_K:
+            if (MK_MV_I8 && MK_MV_ACT8_SMEM && MK_MV_I8Q6 && i8 && ncols == 1 && nsb <= MK_ACT8_MAX_SB)
+                f(MvKind<QT_Q6_K, false, false, A8_SMEM>{});
+            else if (ncols > 4)
+                f(MvKind<QT_Q6_K, true>{});
+            else if (ncols == 1 && mv_act_stages<QT_Q6_K>())
+                f(MvKind<QT_Q6_K, false, mv_act_stages<QT_Q6_K>()>{});
+            else
+                f(MvKind<QT_Q6_K, false>{});
+            break;
 #endif
         default: break;  // mv_staged said no
     }
@@ -673,6 +689,52 @@ __device__ __forceinline__ void mv_run_flush(float (&run)[2], float* dst, int g,
     run[0] = run[1] = 0.f;
 }
 
+// One Q6_K unit (Q6KStage8 weights at st; act: its superblock's Act8Stage, row n0's) against one row's two int8
+// levels, as mmvq_i8q6 does at one token: a 64-position chunk's four 16-wide sub-blocks in one set of sums
+// (column 2u + l: sub-block u at level l), the low and high nibbles' mma each carrying two of them. Added to the
+// lane's partial rows run[r] (tile row g + 8 r; mv_run_flush sums the quad). idx0, idx1: the rows' block indices
+// (the parity of the d word's half).
+__device__ __forceinline__ void mv_unit_i8q6(const u8* st, const u8* act, int n0, int g, int c, u32 idx0, u32 idx1,
+                                             float (&run)[2]) {
+    using S = Q6KStage8;
+    const int half = c >> 1, hshift = 4 * half, u = g >> 1;
+    const uint4 sc0 = *reinterpret_cast<const uint4*>(st + S::SC + 16 * g);
+    const uint4 sc1 = *reinterpret_cast<const uint4*>(st + S::SC + 16 * (g + 8));
+    const u32 scw0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, scw1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
+    const u8* col = act + Act8Stage::SLOTS + (g & 1) * I8_SLOT_PITCH + 16 * c;  // column g's level
+    int isum[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint2 l0 = *reinterpret_cast<const uint2*>(st + S::QL + g * S::QL_PITCH + 32 * j + 8 * c);
+        const uint2 l1 = *reinterpret_cast<const uint2*>(st + S::QL + (g + 8) * S::QL_PITCH + 32 * j + 8 * c);
+        const uint2 h0 = *reinterpret_cast<const uint2*>(st + S::QH + g * S::QH_PITCH + 16 * j + 8 * (c & 1));
+        const uint2 h1 = *reinterpret_cast<const uint2*>(st + S::QH + (g + 8) * S::QH_PITCH + 16 * j + 8 * (c & 1));
+        const u32 h0x = h0.x >> hshift, h0y = h0.y >> hshift, h1x = h1.x >> hshift, h1y = h1.y >> hshift;
+        const u32 a[2][4] = {
+            {q6_s8x4(l0.x, h0x), q6_s8x4(l1.x, h1x), q6_s8x4(l0.y, h0y), q6_s8x4(l1.y, h1y)},
+            {q6_s8x4(l0.x >> 4, h0x >> 2), q6_s8x4(l1.x >> 4, h1x >> 2), q6_s8x4(l0.y >> 4, h0y >> 2),
+             q6_s8x4(l1.y >> 4, h1y >> 2)}};
+        const uint4 b = *reinterpret_cast<const uint4*>(col + 64 * j);
+        int d[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // the lane's k of mma h belong to sub-block 2h + half of the chunk
+            const bool on = u == 2 * h + half;
+            mma_s8s8_16832_acc(d, a[h], on ? (h ? b.z : b.x) : 0u, on ? (h ? b.w : b.y) : 0u);
+        }
+        const int s0 = sbyte(scw0[j], 8 * c), s1 = sbyte(scw1[j], 8 * c);  // columns 2c, 2c + 1: sub-block c
+        isum[0] += s0 * d[0];
+        isum[1] += s0 * d[1];
+        isum[2] += s1 * d[2];
+        isum[3] += s1 * d[3];
+    }
+    const float d0 = f16_to_f32((f16)q6k_d_of_word(*reinterpret_cast<const u32*>(st + S::D + 4 * g), idx0));
+    const float d1 = f16_to_f32((f16)q6k_d_of_word(*reinterpret_cast<const u32*>(st + S::D + 4 * (g + 8)), idx1));
+    const float* lv = reinterpret_cast<const float*>(act + Act8Stage::SCALES);
+    const float hi = lv[n0 & 3], lo = lv[4 + (n0 & 3)];  // columns 2c (level 0) and 2c + 1 (level 1)
+    run[0] += d0 * ((float)isum[0] * hi + (float)isum[1] * lo);
+    run[1] += d1 * ((float)isum[2] * hi + (float)isum[3] * lo);
+}
+
 // The same against several rows' levels in registers (A8_REGS): unpacked, the lo levels take a second pass of
 // mmas on the same fragments.
 __device__ __forceinline__ void mv_unit_i8_regs(const u8* st, const MvAct8Regs& x, bool packed, int g, int c,
@@ -707,7 +769,8 @@ struct MvPos {
 template <bool B, class T, class F> struct MvPick { using type = T; };
 template <class T, class F> struct MvPick<false, T, F> { using type = F; };
 template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
-    using S = typename MvPick<A8 != A8_NONE, Q4KStage8, Stage<QT>>::type;  // the int8 reader's conflict-free pitch
+    using S8 = typename MvPick<QT == QT_Q6_K, Q6KStage8, Q4KStage8>::type;  // the int8 readers' conflict-free pitches
+    using S = typename MvPick<A8 != A8_NONE, S8, Stage<QT>>::type;
     static constexpr int RESERVED = A8 == A8_SMEM ? MK_ACT8_MAX_SB * Act8Stage::BYTES : 0;  // the batch's levels
     using R = MvRing<S, A8 == A8_STAGED ? Act8Stage::BYTES : ACT ? ActStage::BYTES : 0, RESERVED>;
     static constexpr u32 NS = R::STAGES;
@@ -803,7 +866,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     }
     const MvCols mc = mv_cols(a, n0, ncols, g, c);
     MvPos u = m.start;
-    constexpr bool RUN = A8 == A8_SMEM && MK_MV_I8B;  // a tile's partial rows in registers (mv_unit_i8b)
+    constexpr bool RUN = A8 == A8_SMEM && (MK_MV_I8B || QT == QT_Q6_K);  // a tile's partial rows in registers
     float run[2] = {0.f, 0.f};
     int run_t = u.t;
     for (int i = i0; i < i1; ++i) {
@@ -832,7 +895,14 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
                 mv_run_flush(run, mine + (run_t - t_lo) * 128, g, c);
                 run_t = u.t;
             }
-            mv_unit_i8b(st, act_area + (u.sb - sb0) * Act8Stage::BYTES, n0, g, c, run);
+            const u8* act_sb = act_area + (u.sb - sb0) * Act8Stage::BYTES;
+            if constexpr (QT == QT_Q6_K) {
+                const int r0 = first + MK_TILE_ROWS * u.t;
+                mv_unit_i8q6(st, act_sb, n0, g, c, stage_row_base(r0, g, end, nb) + u.sb,
+                             stage_row_base(r0, g + 8, end, nb) + u.sb, run);
+            } else {
+                mv_unit_i8b(st, act_sb, n0, g, c, run);
+            }
         } else if constexpr (A8 == A8_SMEM) {
             mv_unit_i8(st, act_area + (u.sb - sb0) * Act8Stage::BYTES, n0, g, c, acc);
         } else if constexpr (A8 == A8_REGS) {
