@@ -17,6 +17,32 @@ __device__ __forceinline__ void i8b_scales(const u8* s, int c, int& sc, int& mn,
     mn4 = (b2 >> 4) | ((b1 >> 2) & 48);
 }
 
+// mmvq_i8b's unit sums: the lane's quants q[r][j] (8 bytes of chunk j of its two rows r) against its B column (xa:
+// sub-block a of sub-blocks 0-3 at one level, xb: of 4-7; zero in the other three mmas of each group), each group
+// of four mmas' sums scaled once by the rows' scales of sub-block c (sc) and c + 4 (sc4): tot = (row 0, column 2c),
+// (row 0, 2c + 1), (row 1, 2c), (row 1, 2c + 1).
+__device__ __forceinline__ void i8b_unit_sums(const uint2 (&q)[2][4], uint2 xa, uint2 xb, int a, const int (&sc)[2],
+                                              const int (&sc4)[2], int (&tot)[4]) {
+#pragma unroll
+    for (int f = 0; f < 2; ++f) {  // sub-blocks 4f .. 4f + 3
+        int sums[4] = {0, 0, 0, 0};
+        const uint2 b = f ? xb : xa;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // sub-block 4f + i: the low (i even) or high nibbles of chunk 2f + i / 2
+            const int j = 2 * f + (i >> 1);
+            const u32 m = (i & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+            const u32 w[4] = {q[0][j].x & m, q[1][j].x & m, q[0][j].y & m, q[1][j].y & m};
+            const bool mine = a == i;
+            mma_u8s8_16832_acc(sums, w, mine ? b.x : 0u, mine ? b.y : 0u);
+        }
+        const int s0 = f ? sc4[0] : sc[0], s1 = f ? sc4[1] : sc[1];
+        tot[0] += sums[0] * s0;
+        tot[1] += sums[1] * s0;
+        tot[2] += sums[2] * s1;
+        tot[3] += sums[3] * s1;
+    }
+}
+
 // The 6-bit scales of a Q4_K block's eight sub-blocks, one per word (the 12 scale bytes as three words).
 __device__ __forceinline__ void k4_scales8(u32 s0, u32 s2, u32 (&sc)[8]) {
     const u32 lo = s0 & 0x3F3F3F3Fu, hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);

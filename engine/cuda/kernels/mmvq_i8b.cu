@@ -200,24 +200,7 @@ __device__ __forceinline__ void i8b_superblock(const u8* qst, const u8* words, c
 #pragma unroll
     for (int r = 0; r < 2; ++r) i8b_scales(words + 12 * (2 * g + r), c, sc[r], mn[r], sc4[r], mn4[r]);
     int tot[4] = {0, 0, 0, 0};  // (row 2g, hi), (row 2g, lo), (row 2g + 1, hi), (row 2g + 1, lo), x the scales
-#pragma unroll
-    for (int f = 0; f < 2; ++f) {  // sub-blocks 4f .. 4f + 3
-        int sums[4] = {0, 0, 0, 0};
-        const uint2 b = f ? xb : xa;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // sub-block 4f + i: the low (i even) or high nibbles of chunk 2f + i / 2
-            const int j = 2 * f + (i >> 1);
-            const u32 m = (i & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
-            const u32 w[4] = {q[0][j].x & m, q[1][j].x & m, q[0][j].y & m, q[1][j].y & m};
-            const bool mine = a == i;
-            mma_u8s8_16832_acc(sums, w, mine ? b.x : 0u, mine ? b.y : 0u);
-        }
-        const int s0 = f ? sc4[0] : sc[0], s1 = f ? sc4[1] : sc[1];
-        tot[0] += sums[0] * s0;
-        tot[1] += sums[1] * s0;
-        tot[2] += sums[2] * s1;
-        tot[3] += sums[3] * s1;
-    }
+    i8b_unit_sums(q, xa, xb, a, sc, sc4, tot);
     const float2 lv = *reinterpret_cast<const float2*>(x + i8b_xsc(nb) + 16 * sb);
     const float hi = kf * lv.x, lo = kf * lv.y;  // token 0's levels, / 16 on lanes of high-nibble sums
     const f16* su = reinterpret_cast<const f16*>(x + i8b_sums(nb) + 32 * sb);  // then the lo sums, 16 bytes on

@@ -150,7 +150,6 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
             col_slot[lv][e] = col < USED ? (L == 1 ? col % P : lv * T + col) : -1;
         }
     const u32 rbase0 = stage_row_base(row0, g, rows, nb), rbase1 = stage_row_base(row0, g + 8, rows, nb);
-    const int hshift = 4 * half;
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int i = 0; i < n; ++i) {
@@ -171,16 +170,8 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
             for (int k = 0; k < 4; ++k) isum[lv][k] = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            // A fragments of the chunk's low (a[0]) and high (a[1]) mma: rows g, g + 8 at k 4c.. and 16 + 4c..
-            const uint2 l0 = *reinterpret_cast<const uint2*>(st + S::QL + g * S::QL_PITCH + 32 * j + 8 * c);
-            const uint2 l1 = *reinterpret_cast<const uint2*>(st + S::QL + (g + 8) * S::QL_PITCH + 32 * j + 8 * c);
-            const uint2 h0 = *reinterpret_cast<const uint2*>(st + S::QH + g * S::QH_PITCH + 16 * j + 8 * (c & 1));
-            const uint2 h1 = *reinterpret_cast<const uint2*>(st + S::QH + (g + 8) * S::QH_PITCH + 16 * j + 8 * (c & 1));
-            const u32 h0x = h0.x >> hshift, h0y = h0.y >> hshift, h1x = h1.x >> hshift, h1y = h1.y >> hshift;
-            const u32 a[2][4] = {
-                {q6_s8x4(l0.x, h0x), q6_s8x4(l1.x, h1x), q6_s8x4(l0.y, h0y), q6_s8x4(l1.y, h1y)},
-                {q6_s8x4(l0.x >> 4, h0x >> 2), q6_s8x4(l1.x >> 4, h1x >> 2), q6_s8x4(l0.y >> 4, h0y >> 2),
-                 q6_s8x4(l1.y >> 4, h1y >> 2)}};
+            u32 a[2][4];  // A fragments of the chunk's low (a[0]) and high (a[1]) mma
+            q6_frags(st, g, c, j, a);
 #pragma unroll
             for (int lv = 0; lv < L; ++lv) {
                 const uint4 b = *reinterpret_cast<const uint4*>(st + S::BYTES + Q6I8_SLOT_PITCH * slot[lv] + 64 * j + 16 * c);

@@ -642,24 +642,7 @@ __device__ __forceinline__ void mv_unit_i8b(const u8* st, const u8* act, int n0,
 #pragma unroll
     for (int r = 0; r < 2; ++r) i8b_scales(st + S::SC + 12 * (g + 8 * r), c, sc[r], mn[r], sc4[r], mn4[r]);
     int tot[4] = {0, 0, 0, 0};  // (row g, hi), (row g, lo), (row g + 8, hi), (row g + 8, lo), times the scales
-#pragma unroll
-    for (int f = 0; f < 2; ++f) {  // sub-blocks 4f .. 4f + 3
-        int sums[4] = {0, 0, 0, 0};
-        const uint2 b = f ? xb : xa;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // sub-block 4f + i: the low (i even) or high nibbles of chunk 2f + i / 2
-            const int j = 2 * f + (i >> 1);
-            const u32 m = (i & 1) ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
-            const u32 w[4] = {q[0][j].x & m, q[1][j].x & m, q[0][j].y & m, q[1][j].y & m};
-            const bool mine = a == i;
-            mma_u8s8_16832_acc(sums, w, mine ? b.x : 0u, mine ? b.y : 0u);
-        }
-        const int s0 = f ? sc4[0] : sc[0], s1 = f ? sc4[1] : sc[1];
-        tot[0] += sums[0] * s0;
-        tot[1] += sums[1] * s0;
-        tot[2] += sums[2] * s1;
-        tot[3] += sums[3] * s1;
-    }
+    i8b_unit_sums(q, xa, xb, a, sc, sc4, tot);
     const float* lv = reinterpret_cast<const float*>(act + Act8Stage::SCALES);
     const float kf = (c & 1) ? 0.0625f : 1.f;  // lanes c odd hold the high-nibble sub-blocks' sums: 16 q
     const float hi = kf * lv[n0 & 3], lo = kf * lv[4 + (n0 & 3)];
@@ -697,7 +680,7 @@ __device__ __forceinline__ void mv_run_flush(float (&run)[2], float* dst, int g,
 __device__ __forceinline__ void mv_unit_i8q6(const u8* st, const u8* act, int n0, int g, int c, u32 idx0, u32 idx1,
                                              float (&run)[2]) {
     using S = Q6KStage8;
-    const int half = c >> 1, hshift = 4 * half, u = g >> 1;
+    const int half = c >> 1, u = g >> 1;
     const uint4 sc0 = *reinterpret_cast<const uint4*>(st + S::SC + 16 * g);
     const uint4 sc1 = *reinterpret_cast<const uint4*>(st + S::SC + 16 * (g + 8));
     const u32 scw0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, scw1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
@@ -705,15 +688,8 @@ __device__ __forceinline__ void mv_unit_i8q6(const u8* st, const u8* act, int n0
     int isum[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const uint2 l0 = *reinterpret_cast<const uint2*>(st + S::QL + g * S::QL_PITCH + 32 * j + 8 * c);
-        const uint2 l1 = *reinterpret_cast<const uint2*>(st + S::QL + (g + 8) * S::QL_PITCH + 32 * j + 8 * c);
-        const uint2 h0 = *reinterpret_cast<const uint2*>(st + S::QH + g * S::QH_PITCH + 16 * j + 8 * (c & 1));
-        const uint2 h1 = *reinterpret_cast<const uint2*>(st + S::QH + (g + 8) * S::QH_PITCH + 16 * j + 8 * (c & 1));
-        const u32 h0x = h0.x >> hshift, h0y = h0.y >> hshift, h1x = h1.x >> hshift, h1y = h1.y >> hshift;
-        const u32 a[2][4] = {
-            {q6_s8x4(l0.x, h0x), q6_s8x4(l1.x, h1x), q6_s8x4(l0.y, h0y), q6_s8x4(l1.y, h1y)},
-            {q6_s8x4(l0.x >> 4, h0x >> 2), q6_s8x4(l1.x >> 4, h1x >> 2), q6_s8x4(l0.y >> 4, h0y >> 2),
-             q6_s8x4(l1.y >> 4, h1y >> 2)}};
+        u32 a[2][4];
+        q6_frags(st, g, c, j, a);
         const uint4 b = *reinterpret_cast<const uint4*>(col + 64 * j);
         int d[4] = {0, 0, 0, 0};
 #pragma unroll
