@@ -19,9 +19,12 @@ def _stage_constants(qtype: Q) -> dict[str, int]:
     text = (nvrtc.KERNEL_DIR / "stage.cuh").read_text()
     tag = {Q.Q4_K: "QT_Q4_K", Q.Q5_K: "QT_Q5_K", Q.Q6_K: "QT_Q6_K"}[qtype]
     values: dict[str, int] = {"STAGE_ROWS": 16}
-    base = re.search(rf"struct Stage<{tag}> : (\w+)<(\d+)>", text)  # Q4_K: a pitch of the shared Q4KStage
+    # Q4_K, Q6_K: pitches of a shared template (Q4KStage<PITCH>, Q6KStage<QL_P, QH_P>), its parameters by name
+    base = re.search(rf"struct Stage<{tag}> : (\w+)<([\d, ]+)>", text)
     if base:
-        values["PITCH"] = int(base.group(2))
+        params = re.search(rf"template <([^>]+)> struct {base.group(1)} {{", text).group(1)
+        names = [part.split()[-1] for part in params.split(",")]
+        values.update(zip(names, (int(v) for v in base.group(2).split(",")), strict=True))
         tag = None
     body = text[text.index(f"struct Stage<{tag}>" if tag else f"struct {base.group(1)} {{"):]
     body = body[: body.index("\n};")]

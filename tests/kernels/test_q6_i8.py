@@ -59,7 +59,8 @@ def test_the_launcher_mirrors_the_kernels_layout() -> None:
     assert pitch == ops.Q6_I8_SLOT_BYTES
     # ql' 16 x 160, qh' 16 x 80, 16 scales and a d word a row
     assert ops.Q6_I8_STAGE_BASE == 16 * (160 + 80 + 16 + 4)
-    assert "QL_PITCH = 160" in src and "QH_PITCH = 80" in src
+    header = (nvrtc.KERNEL_DIR / "i8q6k.cuh").read_text()  # its stage: the shared Q6_K stage at these pitches
+    assert "using Q6I8Stage = Q6KStage8" in src and "using Q6KStage8 = Q6KStage<160, 80>" in header
     assert ops.q6_i8_stage_bytes(1) == 4160 + 2 * 320 + 16 and ops.q6_i8_stage_bytes(8) == 4160 + 16 * 320 + 64
     for t in instances.Q6_I8_TOKENS:
         assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}"].expr == f"mmvq_q6_i8<{t}, {instances.ACT_STAGES}>"
