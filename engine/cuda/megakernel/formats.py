@@ -1,7 +1,7 @@
 """Host-side conversion between the VM's float32 buffers and the device's formats: the act layout of
 kernels/mmvq.cu (f16 hi and lo parts in fragment order, f16 hi + lo sums of each 32-position sub-block), its int8
-copy (kernels/mmvq_i8.cu's act8 layout) and f16 KV caches. The diff harness decodes device buffers with these; the runner encodes the VM's state to start both from
-the same point."""
+copy (kernels/mmvq_i8.cu's act8 layout) and f16 KV caches. The diff harness decodes device buffers with these; the
+runner encodes the VM's state to start both from the same point."""
 
 from __future__ import annotations
 
@@ -62,9 +62,8 @@ def act8_encode(values: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
     live = mx >= np.float32(1e-30)
     s = np.where(live, mx / np.float32(127), np.float32(0)).astype(np.float32)
     s_lo = (s / np.float32(254)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(live, np.float32(127) / np.where(live, mx, 1), 0).astype(np.float32)
-        inv_lo = np.where(live, np.float32(254) / np.where(live, s, 1), 0).astype(np.float32)
+    inv = np.where(live, np.float32(127) / np.where(live, mx, 1), 0).astype(np.float32)  # no division by zero
+    inv_lo = np.where(live, np.float32(254) / np.where(live, s, 1), 0).astype(np.float32)
     qh = np.clip(np.rint(full * inv), -127, 127).astype(np.float32)
     rest = (full.astype(np.float64) - qh.astype(np.float64) * s).astype(np.float32)  # fmaf(-qh, s, v)
     ql = np.clip(np.rint(rest * inv_lo), -127, 127).astype(np.float32)

@@ -415,19 +415,19 @@ template <int QT> constexpr bool mv_act_stages() {
 // i8: the act has its int8 copy (ActRef::q8); nsb: the batch's superblocks.
 template <class F>
 __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, int nsb, F&& f) {
-#define MK_KIND_CASE(QTYPE)                                             \
-    case QTYPE:                                                         \
-        if (ncols > 4)                                                  \
-            f(MvKind<QTYPE, true>{});                                   \
-        else if (ncols == 1 && mv_act_stages<QTYPE>())                  \
-            f(MvKind<QTYPE, false, mv_act_stages<QTYPE>()>{});          \
-        else                                                            \
-            f(MvKind<QTYPE, false>{});                                  \
-        break;
+    // int8 activations where the act has them (mv_int8.cuh), else f16: one row's in the stages where they fit
+    const bool a8_smem = MK_MV_I8 && MK_MV_ACT8_SMEM && i8 && ncols == 1 && nsb <= MK_ACT8_MAX_SB;
+#define MK_F16_KIND(QTYPE)                                              \
+    if (ncols > 4)                                                      \
+        f(MvKind<QTYPE, true>{});                                       \
+    else if (ncols == 1 && mv_act_stages<QTYPE>())                      \
+        f(MvKind<QTYPE, false, mv_act_stages<QTYPE>()>{});              \
+    else                                                                \
+        f(MvKind<QTYPE, false>{});
     switch (qtype) {
 #if MK_HAS_QT(QT_Q4_K)
         case QT_Q4_K:
-            if (MK_MV_I8 && MK_MV_ACT8_SMEM && i8 && ncols == 1 && nsb <= MK_ACT8_MAX_SB)
+            if (a8_smem)
                 f(MvKind<QT_Q4_K, false, false, A8_SMEM>{});
             else if (MK_MV_I8 && i8 && ncols == 1)
                 f(MvKind<QT_Q4_K, false, false, A8_STAGED>{});
@@ -435,32 +435,26 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, in
                 f(MvKind<QT_Q4_K, true, false, A8_REGS>{});  // the lo levels in a second pass of mmas
             else if (MK_MV_I8 >= 2 && i8)
                 f(MvKind<QT_Q4_K, false, false, A8_REGS>{});
-            else if (ncols > 4)
-                f(MvKind<QT_Q4_K, true>{});
-            else if (ncols == 1 && mv_act_stages<QT_Q4_K>())
-                f(MvKind<QT_Q4_K, false, mv_act_stages<QT_Q4_K>()>{});
             else
-                f(MvKind<QT_Q4_K, false>{});
+                MK_F16_KIND(QT_Q4_K)
             break;
 #endif
 #if MK_HAS_QT(QT_Q5_K)
-        MK_KIND_CASE(QT_Q5_K)
+        case QT_Q5_K:
+            MK_F16_KIND(QT_Q5_K)
+            break;
 #endif
 #if MK_HAS_QT(QT_Q6_K)
         case QT_Q6_K:
-            if (MK_MV_I8 && MK_MV_ACT8_SMEM && MK_MV_I8Q6 && i8 && ncols == 1 && nsb <= MK_ACT8_MAX_SB)
+            if (a8_smem && MK_MV_I8Q6)
                 f(MvKind<QT_Q6_K, false, false, A8_SMEM>{});
-            else if (ncols > 4)
-                f(MvKind<QT_Q6_K, true>{});
-            else if (ncols == 1 && mv_act_stages<QT_Q6_K>())
-                f(MvKind<QT_Q6_K, false, mv_act_stages<QT_Q6_K>()>{});
             else
-                f(MvKind<QT_Q6_K, false>{});
+                MK_F16_KIND(QT_Q6_K)
             break;
 #endif
         default: break;  // mv_staged said no
     }
-#undef MK_KIND_CASE
+#undef MK_F16_KIND
 }
 
 #ifndef MK_MV_ROTATE

@@ -143,8 +143,8 @@ __device__ __forceinline__ void mv_act8_load(const MvAct8Src& x, int sb, bool pa
     r.s1_lo = !packed && x.sc[3] ? 0.0625f * ld_cg(x.sc[3] + 16 * sb) : 0.f;
 }
 
-// One Q4_K unit of a stage (Q4KStage8 weights; act: its superblock's Act8Stage) against one row's two int8 levels, added into
-// acc as the packed f16 product leaves it (column 0 the hi level's share, column 1 the lo level's; mv_fold_batch
+// One Q4_K unit of a stage (Q4KStage8 weights; act: its superblock's Act8Stage) against one row's two int8
+// levels, added into acc as the packed f16 product leaves it (column 0 the hi level's share, column 1 the lo level's; mv_fold_batch
 // adds them): kernels/i8q4k.cuh's arithmetic, exact int32 sums per sub-block scaled once per level. Lanes of
 // columns 2-7 (g >= 2) multiply zeros.
 __device__ __forceinline__ void mv_unit_i8(const u8* st, const u8* act, int n0, int g, int c, float (&acc)[4]) {
@@ -176,7 +176,8 @@ __device__ __forceinline__ void mv_unit_i8b(const u8* st, const u8* act, int n0,
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) q[r][j] = *reinterpret_cast<const uint2*>(st + S::QS + (g + 8 * r) * S::QS_PITCH + 32 * j + 8 * c);
+        for (int j = 0; j < 4; ++j)
+            q[r][j] = *reinterpret_cast<const uint2*>(st + S::QS + (g + 8 * r) * S::QS_PITCH + 32 * j + 8 * c);
     const int a = g >> 1;  // the sub-block of a group of four this lane's B column carries, at level g % 2
     const u8* xv = act + Act8Stage::SLOTS + (g & 1) * I8_SLOT_PITCH + 64 * (a >> 1) + 16 * c + 8 * (a & 1);
     const uint2 xa = *reinterpret_cast<const uint2*>(xv), xb = *reinterpret_cast<const uint2*>(xv + 128);
