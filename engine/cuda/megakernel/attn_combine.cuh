@@ -57,7 +57,9 @@ struct AttnCombineOp {
                 vals[o] = num * sigmoid_ref(ld_cg(g.proj + (i64)t * g.proj_width + g.off_q + (i64)h * 2 * D + D + d));
             }
             consumers_sync();
-            act_store(g.act_mix, h0 * D, width, rows, vals, width);
+            ActRef mix = g.act_mix;  // this layer's written width: act8_fill closes superblocks inside it
+            mix.width = g.num_heads * D;
+            act_store(mix, h0 * D, width, rows, vals, width);
         }
     };
 };

@@ -78,7 +78,9 @@ struct DnRuleOp {
                 vals[o] = o_s[o] * inv[t] * L.v[LV_SSM_NORM][c] * silu_ref(z);
             }
             consumers_sync();
-            act_store(g.act_mix, h * dv, dv, rows, vals, dv);
+            ActRef mix = g.act_mix;  // this layer's written width: act8_fill closes superblocks inside it
+            mix.width = g.ssm_v_heads * dv;
+            act_store(mix, h * dv, dv, rows, vals, dv);
             consumers_sync();
         }
     };

@@ -27,8 +27,7 @@ struct DraftHeadOp {
             mv_rows(g, g.mtp_output, p.row_begin, p.row_end, g.act_h, last, 1, s.scratch,
                     [&](int r0, int n, const float* out) {
                         for (int r = ctid(); r < n; r += MK_CONSUMER_THREADS) g.draft_logits[r0 + r] = out[r * 8];
-                        if (ctid() == 0)
-                            for (int r = 0; r < n; ++r) argmax_merge(bv, bi, out[r * 8], r0 + r);
+                        consumers_argmax(out, n, 1, r0, s.scratch + MV_OUT_FLOATS, bv, bi);
                     });
             if (ctid() == 0) {
                 g.draft_part_v[p.part] = bv;

@@ -23,13 +23,17 @@ struct ActRef {
     f16* sums;
     f16* x16_lo;
     f16* sums_lo;
-    // The int8 copy (kernels/mmvq_i8.cu's act8 layout, one group of 8 rows), null where the act has none (only
-    // act_h: its one writer, norm_into_act, keeps it): q8 [nsb][2 levels][8][256], scale8 [nsb][2][8],
+    // The int8 copy (kernels/mmvq_i8.cu's act8 layout, one group of 8 rows), null where the act has none: act_h's
+    // (its one writer, norm_into_act, keeps it), X: q8
+    // [nsb][2 levels][8][256], scale8 [nsb][2][8],
     // sums8 / sums8_lo [nsb][8][8] (the f16 pair of each sub-block's sum of what the int8 mma sees).
     i8* q8;
     float* scale8;
     f16* sums8;
     f16* sums8_lo;
+    // act8_fill's count of positions written a superblock [nsb], where the act's writers form its int8 copy
+    // (act_ffn, act_mix: their instructions write parts of superblocks); null elsewhere
+    u32* fill;
     i32 width;
     i32 nsb;  // superblocks per row
 };

@@ -22,6 +22,7 @@ struct LmHeadOp {
             const bool keeper = ctid() < rows;  // thread t keeps row t's running maximum
             Penalties pen;
             if (keeper) pen = Penalties::for_row(g, ctid());
+            const bool plain = ctl_get(g, CTL_PENALTIES) == 0;  // every row's maximum is the raw logits'
             float bv = NEG_INF;
             int bi = 0x7fffffff;
             mv_rows(g, g.output, p.row_begin, p.row_end, g.act_h, 0, rows, s.scratch,
@@ -30,7 +31,9 @@ struct LmHeadOp {
                             const int r = o / rows, t = o % rows;
                             g.logits[(i64)t * g.vocab + r0 + r] = out[r * 8 + t];
                         }
-                        if (keeper)
+                        if (plain)  // the matmul's partials (after out) are free once out is folded
+                            consumers_argmax(out, n, rows, r0, s.scratch + MV_OUT_FLOATS, bv, bi);
+                        else if (keeper)
                             for (int r = 0; r < n; ++r)
                                 argmax_merge(bv, bi, pen.apply(g, r0 + r, out[r * 8 + ctid()]), r0 + r);
                     });

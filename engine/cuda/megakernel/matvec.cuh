@@ -628,7 +628,9 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
 
 __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                                const ActRef& a, int n0, int ncols, float* part, u8* rings) {
-    mv_staged_kind(w.qtype, ncols, a.q8 != nullptr, sb1 - sb0, [&](auto kind) {
+    // an act8_fill act has its int8 copy at one row only (the norms' act_h at every row count)
+    const bool i8 = a.q8 != nullptr && (ncols == 1 || a.fill == nullptr);
+    mv_staged_kind(w.qtype, ncols, i8, sb1 - sb0, [&](auto kind) {
         using K = decltype(kind);
         mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols,
                                                                       part, rings);
@@ -652,7 +654,11 @@ __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, i
     record_time(g, TIME_FOLDED);
 }
 
-// For every 16-row tile of [row_begin, row_end): the tile's products into scratch, then store(tile_row0, rows, out).
+// The products of rows [row_begin, row_end), handed to store(first_row, n, out) with out[r * 8 + t] row
+// first_row + r's product with act row n0 + t: a batch's tiles at once where the weight is staged (n up to
+// 16 x MV_BATCH: every store spreads its rows over all consumer threads, so a store that reads before it writes -
+// the residual, the conv window - waits one L2 round trip a batch, not one a tile on 16 threads: ~15 us of a
+// DeltaNet MIX_IN's conv, bench/MEGAKERNEL.md round 7), else a 16-row tile at a time.
 template <class Store>
 __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int row_end, const ActRef& a, int n0,
                         int ncols, float* scratch, Store&& store) {
@@ -662,10 +668,8 @@ __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int
         for (int b0 = 0; b0 < ntiles; b0 += MV_BATCH) {
             const int nt = min(MV_BATCH, ntiles - b0);
             mv_batch(g, w, row_begin, b0, nt, 0, w.cols / QK_SB, a, n0, ncols, scratch);
-            for (int t = 0; t < nt; ++t) {  // distinct out tiles: no barrier between the stores
-                const int tr = row_begin + MK_TILE_ROWS * (b0 + t);
-                store(tr, min(MK_TILE_ROWS, row_end - tr), out + 128 * t);
-            }
+            const int tr = row_begin + MK_TILE_ROWS * b0;  // out [tile][16][8] is [rows][8] of the batch's rows
+            store(tr, min(MK_TILE_ROWS * nt, row_end - tr), out);
             consumers_sync();
         }
         return;

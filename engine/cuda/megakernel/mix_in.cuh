@@ -69,7 +69,7 @@ struct MixInOp {
                     if (ctid() == 0) mk_fail(g, ERR_BAD_SHAPE, blockIdx.x, -1, g.conv_kernel, 8, 0, 0);
                     return;
                 }
-                if (ctid() < n) conv(g, L, rows, r0 + ctid(), out + ctid() * 8);
+                for (int c = ctid(); c < n; c += MK_CONSUMER_THREADS) conv(g, L, rows, r0 + c, out + c * 8);
                 return;
             }
             const int off = proj_offset(g, p.matrix);

@@ -155,10 +155,13 @@ __device__ __forceinline__ i64 act_offset(int k, int n) {
     return ((i64)(sb * SB_STEPS + 2 * i + h) * 8 + n) * 16 + 4 * c + r;
 }
 
+__device__ void act8_fill(const ActRef& a, int p0, int len);
+
 // Store values vals[n * ld + j] (shared memory) of positions p0 + j, j < len, rows n < rows, into an act buffer:
 // f16 hi and lo parts, and per 32-position sub-block the hi + lo f16 pair of the sum of exactly what the matmul
 // will multiply. p0 is a multiple of 32; positions at or past the act's width are left alone (they stay zero).
-// Called by every consumer warp; a warp handles whole sub-blocks.
+// An act whose writers form its int8 copy (ActRef::fill) gets it at one row: act8_fill. Called by every consumer
+// warp; a warp handles whole sub-blocks.
 __device__ __noinline__ void act_store(const ActRef& a, int p0, int len, int rows, const float* vals, int ld) {
     const int lane = threadIdx.x & 31, num_sub = (len + 31) / 32;
     for (int item = cwarp(); item < rows * num_sub; item += MK_CONSUMER_WARPS) {
@@ -181,6 +184,7 @@ __device__ __noinline__ void act_store(const ActRef& a, int p0, int len, int row
             a.sums_lo[si] = f32_to_f16(sub - f16_to_f32(sh));
         }
     }
+    if (a.fill && rows == 1) act8_fill(a, p0, len);
 }
 
 // The int8 copy (ActRef::q8) of superblock sb of rows [0, rows) from vals[n * ld + j], j < 256 (shared memory),
@@ -189,27 +193,42 @@ __device__ __noinline__ void act_store(const ActRef& a, int p0, int len, int row
 // One row: a warp a sub-block, each finding the row's largest itself (FFN_NORM 7.0 us against 7.4 a warp a row);
 // more rows: a warp a row, lane l taking positions 8l .. 8l + 7 (at 5 rows the items' repeated maxima cost 14.0
 // against 12.2 us; bench/MEGAKERNEL.md round 6).
+// One row's int8 copy of sub-block j of superblock sb from its values get(p), p < 256: the warp finds the row's
+// largest itself; every value is asked for before any is used (one round trip where get loads).
+template <class Get> __device__ __forceinline__ void act8_sub_block(const ActRef& a, int sb, int j, Get&& get) {
+    const int lane = threadIdx.x & 31, p = 32 * j + lane;
+    float v[8], mx = 0.f, mine = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = get(lane + 32 * k);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        mx = fmaxf(mx, fabsf(v[k]));
+        mine = k == j ? v[k] : mine;  // position p (a run-time index into v would put it in local memory)
+    }
+    const Act8Levels lv(warp_max(mx));
+    float qh, ql;
+    const float seen = lv.quantize(mine, qh, ql);
+    i8* q = a.q8 + (i64)sb * 4096 + 64 * (p >> 6) + 16 * ((p & 31) >> 3) + 8 * ((p >> 5) & 1) + (p & 7);
+    q[0] = (i8)(int)qh;
+    q[2048] = (i8)(int)ql;  // level 1: 8 rows of 256 on
+    const float sub = warp_sum(seen);
+    if (lane == 0) {
+        store_f16_pair(a.sums8, a.sums8_lo, (i64)sb * 64 + j, sub);
+        if (j == 0) {
+            a.scale8[(i64)sb * 16] = lv.s;
+            a.scale8[(i64)sb * 16 + 8] = lv.s_lo;
+        }
+    }
+}
+// One row's int8 copy of superblock sb: a warp a sub-block.
+template <class Get> __device__ __forceinline__ void act8_one_row(const ActRef& a, int sb, Get&& get) {
+    for (int j = cwarp(); j < 8; j += MK_CONSUMER_WARPS) act8_sub_block(a, sb, j, get);
+}
+
 __device__ __noinline__ void act8_store(const ActRef& a, int sb, int rows, const float* vals, int ld) {
     const int lane = threadIdx.x & 31;
-    if (rows == 1 && MK_CONSUMER_WARPS == 8) {  // a warp for each of the 8 sub-blocks
-        const int j = cwarp(), p = 32 * j + lane;
-        float mx = 0.f;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) mx = fmaxf(mx, fabsf(vals[lane + 32 * k]));
-        const Act8Levels lv(warp_max(mx));
-        float qh, ql;
-        const float seen = lv.quantize(vals[p], qh, ql);
-        i8* q = a.q8 + (i64)sb * 4096 + 64 * (p >> 6) + 16 * ((p & 31) >> 3) + 8 * ((p >> 5) & 1) + (p & 7);
-        q[0] = (i8)(int)qh;
-        q[2048] = (i8)(int)ql;  // level 1: 8 rows of 256 on
-        const float sub = warp_sum(seen);
-        if (lane == 0) {
-            store_f16_pair(a.sums8, a.sums8_lo, (i64)sb * 64 + j, sub);
-            if (j == 0) {
-                a.scale8[(i64)sb * 16] = lv.s;
-                a.scale8[(i64)sb * 16 + 8] = lv.s_lo;
-            }
-        }
+    if (rows == 1) {
+        act8_one_row(a, sb, [&](int p) { return vals[p]; });
         return;
     }
     for (int n = cwarp(); n < rows; n += MK_CONSUMER_WARPS) {
@@ -240,6 +259,41 @@ __device__ __noinline__ void act8_store(const ActRef& a, int sb, int rows, const
             a.scale8[(i64)sb * 16 + 8 + n] = lv.s_lo;
         }
     }
+}
+
+// The int8 copy of an act whose superblocks are written in parts by several instructions (act_ffn: FFN_UP's
+// 128-160-position runs; act_mix: DN_RULE's 128-wide heads), at one row: each act_store of positions [p0, p0 +
+// len) counts them into their superblocks' fill (after a fence, as signal_counter does), and the instruction whose
+// count completes a superblock forms its levels from the f16 hi + lo of all its writers (read back from L2, so
+// the copy is the same whichever instruction closes it) and zeroes the count for the next layer. The matmuls of
+// one row then take these acts as int8 levels too (FFN_DOWN, MIX_OUT; bench/MEGAKERNEL.md round 7). Every consumer
+// thread calls it, after its act stores.
+__device__ void act8_fill(const ActRef& a, int p0, int len) {
+    __shared__ int closed;  // the superblocks (bits from p0's) this call completed
+    consumers_sync();       // every warp's stores issued
+    const int sb0 = p0 >> 8, end = min(p0 + len, a.width);
+    if (ctid() == 0) {
+        __threadfence();
+        int bits = 0;
+        for (int sb = sb0; 256 * sb < end; ++sb) {
+            const int lo = max(p0, 256 * sb), hi = min(end, 256 * sb + 256);
+            const u32 want = (u32)min(256, a.width - 256 * sb);
+            if (atomicAdd(a.fill + sb, (u32)(hi - lo)) + (u32)(hi - lo) == want) bits |= 1 << (sb - sb0);
+        }
+        closed = bits;
+        __threadfence();  // the other writers' stores are visible to the loads below
+    }
+    consumers_sync();
+    const int bits = closed;
+    for (int sb = sb0; bits >> (sb - sb0); ++sb) {
+        if (!((bits >> (sb - sb0)) & 1)) continue;
+        act8_one_row(a, sb, [&](int p) {
+            const i64 o = act_offset(256 * sb + p, 0);
+            return f16_to_f32(ld_cg_f16(a.x16 + o)) + f16_to_f32(ld_cg_f16(a.x16_lo + o));
+        });
+        if (ctid() == 0) a.fill[sb] = 0u;
+    }
+    consumers_sync();  // `closed` is read before the next call writes it
 }
 
 // ---- shared memory: the instruction ring (static) and one scratch area (dynamic) ----

@@ -18,26 +18,27 @@
 #endif
 // No int8 activations; one row's in each unit's stage; rows' in registers; one row's staged once a batch.
 enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS, A8_SMEM };
-// MK_MV_ACT8_SMEM (a benchmark knob, off; not yet run on a GPU): at one row, the batch's superblocks of the row's
-// levels are copied once into the start of the ring area (Act8Stage's layout a superblock, up to MK_ACT8_MAX_SB of
-// them) instead of with every unit: no activation copies in the unit loop, 1/8 of the L2 reads (a superblock's
-// were read once per tile), rings of weights alone after them.
+// MK_MV_ACT8_SMEM (default since round 7: d = 0 14.22 against 14.69 ms, bench/MEGAKERNEL.md): at one row, the
+// batch's superblocks of the row's levels are copied once into the start of the ring area (Act8Stage's layout a
+// superblock, up to MK_ACT8_MAX_SB of them) instead of with every unit: no activation copies in the unit loop, 1/8
+// of the L2 reads (a superblock's were read once per tile), rings of weights alone after them.
 #ifndef MK_MV_ACT8_SMEM
-#define MK_MV_ACT8_SMEM 0
+#define MK_MV_ACT8_SMEM 1
 #endif
 #define MK_ACT8_MAX_SB 24
-// MK_MV_I8B (with MK_MV_ACT8_SMEM; off, not yet run on a GPU): kernels/mmvq_i8b.cu's arithmetic for the unit - each
+// MK_MV_I8B (with MK_MV_ACT8_SMEM; default since round 7, 271 against 312 instructions a unit: FFN_UP's loops
+// 14.4 against 14.9 us): kernels/mmvq_i8b.cu's arithmetic for the unit - each
 // mma's B carries one sub-block of a group of four in its two columns (hi, lo level), so four mmas fill one set
 // of sums and 8 IMADs apply the sub-block scales (32 with i8_level); each lane's partial rows stay in registers
 // across a tile's units and go to the tile's partials once, summed over the quad, when the tile changes.
 #ifndef MK_MV_I8B
-#define MK_MV_I8B 0
+#define MK_MV_I8B 1
 #endif
-// MK_MV_I8Q6 (with MK_MV_ACT8_SMEM; off, not yet run on a GPU): Q6_K of one row (LM_HEAD, attn_v) on int8
-// levels too, kernels/mmvq_i8q6.cu's arithmetic at one token: its f16 units wait an L2 round trip for their
-// activations each (~2 us a unit in LM_HEAD at d = 0: Q6_K's stages leave no room for them in the ring).
+// MK_MV_I8Q6 (with MK_MV_ACT8_SMEM; default since round 7: LM_HEAD 612 against 702 us at d = 0): Q6_K of one row
+// (LM_HEAD, attn_v) on int8 levels too, kernels/mmvq_i8q6.cu's arithmetic at one token (its f16 units waited an L2
+// round trip for their activations each: Q6_K's stages leave no room for them in the ring).
 #ifndef MK_MV_I8Q6
-#define MK_MV_I8Q6 0
+#define MK_MV_I8Q6 1
 #endif
 struct Act8Stage {
     static constexpr int SLOTS = 0, SUMS = 2 * I8_SLOT_PITCH, SCALES = SUMS + 32, BYTES = SCALES + 32;

@@ -39,3 +39,32 @@ __device__ __forceinline__ void argmax_merge(float& v, int& i, float v2, int i2)
         i = i2;
     }
 }
+
+// Column t's (t < cols) maximum over out[r * 8 + t], r < n (token base + r), merged into keeper thread t's (v, i):
+// every consumer thread takes a slice of the rows, the warps reduce theirs, and the keeper merges the warps' in
+// warp order (argmax_merge is commutative and associative: the order changes nothing). slots: 2 x MK_MAX_ROWS x
+// MK_CONSUMER_WARPS words of free shared scratch; the caller syncs before slots or out are written again. A
+// keeper's serial walk of a 256-row batch took ~10 us of each LM_HEAD batch (bench/MEGAKERNEL.md round 7).
+__device__ __forceinline__ void consumers_argmax(const float* out, int n, int cols, int base, float* slots,
+                                                 float& v, int& i) {
+    int* slot_i = reinterpret_cast<int*>(slots + MK_MAX_ROWS * MK_CONSUMER_WARPS);
+    for (int t = 0; t < cols; ++t) {
+        float bv = NEG_INF;
+        int bi = 0x7fffffff;
+        for (int r = ctid(); r < n; r += MK_CONSUMER_THREADS) argmax_merge(bv, bi, out[r * 8 + t], base + r);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_xor_sync(FULL_MASK, bv, o);
+            const int i2 = __shfl_xor_sync(FULL_MASK, bi, o);
+            argmax_merge(bv, bi, v2, i2);
+        }
+        if ((threadIdx.x & 31) == 0) {
+            slots[t * MK_CONSUMER_WARPS + cwarp()] = bv;
+            slot_i[t * MK_CONSUMER_WARPS + cwarp()] = bi;
+        }
+    }
+    consumers_sync();
+    if (ctid() < cols)
+        for (int w = 0; w < MK_CONSUMER_WARPS; ++w)
+            argmax_merge(v, i, slots[ctid() * MK_CONSUMER_WARPS + w], slot_i[ctid() * MK_CONSUMER_WARPS + w]);
+}

@@ -25,9 +25,12 @@ from engine.cuda.megakernel.upload import DeviceModel, layer_tables, rope_inv_fr
 
 ELEMENT_BYTES = {"f32": 4, "i32": 4, "u32": 4, "u8": 1, "kv": 2}
 TIME_SLOTS = 8  # opcodes.cuh TIME_*
-# Acts with an int8 copy (globals.cuh ActRef::q8): the norms' output, which the Q4_K matmuls of one row take as two
-# int8 levels (matvec.cuh MK_MV_I8).
-INT8_ACTS = ("act_h",)
+# Acts with an int8 copy (globals.cuh ActRef::q8), which the K-quant matmuls of one row take as two int8 levels
+# (matvec.cuh MK_MV_I8): the norms' output, and the acts whose writers each write part of a superblock (FFN_UP's
+# act_ffn, the mixers' act_mix), whose last writer of a superblock forms its copy (FILL_ACTS: a count a superblock,
+# mk_common.cuh act8_fill).
+INT8_ACTS = ("act_h", "act_ffn", "act_mix")
+FILL_ACTS = ("act_ffn", "act_mix")
 
 
 def _driver():
@@ -123,6 +126,8 @@ class GpuExecutor:
                 if s.name in INT8_ACTS:
                     q8, scale8, sums8 = formats.act8_nbytes(s.shape[1])
                     sizes += [(q8, "q8"), (scale8, "scale8"), (sums8, "sums8"), (sums8, "sums8_lo")]
+                if s.name in FILL_ACTS:
+                    sizes.append((4 * -(-s.shape[1] // 256), "fill"))
                 parts = tuple(self.dev.alloc(n, f"mk.{s.name}.{p}") for n, p in sizes)
                 self.acts[s.name] = parts
                 for part in parts:
@@ -146,8 +151,9 @@ class GpuExecutor:
 
     def _act_ref(self, name: str, width: int) -> ActRef:
         x16, sums, lo, sums_lo, *int8 = self.acts[name]
-        q8, scale8, sums8, sums8_lo = (part.ptr for part in int8) if int8 else (0, 0, 0, 0)
-        return ActRef(x16.ptr, sums.ptr, lo.ptr, sums_lo.ptr, q8, scale8, sums8, sums8_lo, width, -(-width // 256))
+        q8, scale8, sums8, sums8_lo, fill = ([part.ptr for part in int8] + [0])[:5] if int8 else (0, 0, 0, 0, 0)
+        return ActRef(x16.ptr, sums.ptr, lo.ptr, sums_lo.ptr, q8, scale8, sums8, sums8_lo, fill, width,
+                      -(-width // 256))
 
     def _globals(self, instructions: Buffer, queues: Buffer, max_len: int) -> Globals:
         """The kernel argument for one program."""
@@ -234,6 +240,8 @@ class GpuExecutor:
             encoded = formats.act_encode(array, s.shape[1])
             if s.name in INT8_ACTS:
                 encoded += formats.act8_encode(array, s.shape[1])
+            if s.name in FILL_ACTS:  # no superblock part-written: every count starts at zero
+                encoded += (np.zeros(-(-s.shape[1] // 256), np.uint32),)
             for part, data in zip(self.acts[name], encoded, strict=True):
                 self.dev.upload(part, data)
             return
