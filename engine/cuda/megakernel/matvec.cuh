@@ -629,7 +629,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
 __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                                const ActRef& a, int n0, int ncols, float* part, u8* rings) {
     // an act8_fill act has its int8 copy at one row only (the norms' act_h at every row count)
-    const bool i8 = a.q8 != nullptr && (ncols == 1 || a.fill == nullptr);
+    const bool i8 = a.q8 != nullptr && (a.fill == nullptr || (MK_ACT8_FILL && ncols == 1));
     mv_staged_kind(w.qtype, ncols, i8, sb1 - sb0, [&](auto kind) {
         using K = decltype(kind);
         mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols,

@@ -155,6 +155,10 @@ __device__ __forceinline__ i64 act_offset(int k, int n) {
     return ((i64)(sb * SB_STEPS + 2 * i + h) * 8 + n) * 16 + 4 * c + r;
 }
 
+// MK_ACT8_FILL=0 (a benchmark knob): act_ffn and act_mix without their int8 copy (f16 FFN_DOWN and MIX_OUT).
+#ifndef MK_ACT8_FILL
+#define MK_ACT8_FILL 1
+#endif
 __device__ void act8_fill(const ActRef& a, int p0, int len);
 
 // Store values vals[n * ld + j] (shared memory) of positions p0 + j, j < len, rows n < rows, into an act buffer:
@@ -184,7 +188,7 @@ __device__ __noinline__ void act_store(const ActRef& a, int p0, int len, int row
             a.sums_lo[si] = f32_to_f16(sub - f16_to_f32(sh));
         }
     }
-    if (a.fill && rows == 1) act8_fill(a, p0, len);
+    if (MK_ACT8_FILL && a.fill && rows == 1) act8_fill(a, p0, len);
 }
 
 // The int8 copy (ActRef::q8) of superblock sb of rows [0, rows) from vals[n * ld + j], j < 256 (shared memory),
