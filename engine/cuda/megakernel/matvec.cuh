@@ -254,7 +254,8 @@ __device__ __forceinline__ void mv_warp_tiles(int w, int N, int ns, int& lo, int
 // [MV_RED_TILES][16][8], a warp's first slot its first tile), columns ncols + n folded into n when packed. A warp
 // that has no unit of tile k adds nothing (it used to add a zero partial: the same sum). Every consumer thread
 // takes part; the caller syncs around it.
-__device__ __noinline__ void mv_fold_batch(const float* red, int ns, int nt, int ncols, bool packed, float* out) {
+__device__ __noinline__ void mv_fold_batch(const float* red, int ns, int nt, int ncols, bool packed, float* out,
+                                           bool add) {
     int lo[MK_CONSUMER_WARPS], hi[MK_CONSUMER_WARPS];
 #pragma unroll
     for (int w = 0; w < MK_CONSUMER_WARPS; ++w) mv_warp_tiles(w, nt * ns, ns, lo[w], hi[w]);
@@ -269,7 +270,7 @@ __device__ __noinline__ void mv_fold_batch(const float* red, int ns, int nt, int
                     v += t[r * 8 + col] + (packed ? t[r * 8 + col + ncols] : 0.f);
                 }
         }
-        out[o] = v;
+        out[o] = add ? out[o] + v : v;  // add: a later superblock chunk of the same tiles (mv_rows)
     }
 }
 
@@ -412,11 +413,21 @@ template <int QT, bool TWO, bool ACT = false, int A8 = A8_NONE> struct MvKind {
 template <int QT> constexpr bool mv_act_stages() {
     return MK_MV_ACT_STAGED && MvRing<Stage<QT>, ActStage::BYTES>::STAGES >= MK_MV_ACT_MIN_STAGES;
 }
-// i8: the act has its int8 copy (ActRef::q8); nsb: the batch's superblocks.
+// Whether a matmul of ncols rows takes act a's int8 copy: an act8_fill act has it at one row only (the norms'
+// act_h at every row count).
+__device__ __forceinline__ bool mv_act_i8(const ActRef& a, int ncols) {
+    return a.q8 != nullptr && (a.fill == nullptr || (MK_ACT8_FILL && ncols == 1));
+}
+// Whether one row's int8 levels go to the batch's shared area (A8_SMEM) for a weight of this type.
+__device__ __forceinline__ bool mv_act8_smem(int qtype, int ncols, bool i8) {
+    return MK_MV_I8 && MK_MV_ACT8_SMEM && i8 && ncols == 1 &&
+           ((qtype == QT_Q4_K && MK_HAS_QT(QT_Q4_K)) || (qtype == QT_Q6_K && MK_HAS_QT(QT_Q6_K) && MK_MV_I8Q6));
+}
+// i8: the act has its int8 copy (mv_act_i8); nsb: the batch's superblocks.
 template <class F>
 __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, int nsb, F&& f) {
     // int8 activations where the act has them (mv_int8.cuh), else f16: one row's in the stages where they fit
-    const bool a8_smem = MK_MV_I8 && MK_MV_ACT8_SMEM && i8 && ncols == 1 && nsb <= MK_ACT8_MAX_SB;
+    const bool a8_smem = mv_act8_smem(qtype, ncols, i8) && nsb <= MK_ACT8_MAX_SB;
 #define MK_F16_KIND(QTYPE)                                              \
     if (ncols > 4)                                                      \
         f(MvKind<QTYPE, true>{});                                       \
@@ -628,9 +639,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
 
 __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                                const ActRef& a, int n0, int ncols, float* part, u8* rings) {
-    // an act8_fill act has its int8 copy at one row only (the norms' act_h at every row count)
-    const bool i8 = a.q8 != nullptr && (a.fill == nullptr || (MK_ACT8_FILL && ncols == 1));
-    mv_staged_kind(w.qtype, ncols, i8, sb1 - sb0, [&](auto kind) {
+    mv_staged_kind(w.qtype, ncols, mv_act_i8(a, ncols), sb1 - sb0, [&](auto kind) {
         using K = decltype(kind);
         mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols,
                                                                       part, rings);
@@ -639,9 +648,11 @@ __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin
 
 // Tiles [b0, b0 + nt) (nt <= MV_BATCH) of rows from row_begin of a staged weight over superblocks [sb0, sb1):
 // their products, summed over the warps, into out = scratch ([tile][16][8]). Every consumer calls it.
-// g: only for the timing slots (an instruction's last batch keeps its times).
+// g: only for the timing slots (an instruction's last batch keeps its times). add: out already holds the sums of
+// other superblocks of these tiles, which this batch's add to.
 __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, int row_begin, int b0, int nt,
-                                         int sb0, int sb1, const ActRef& a, int n0, int ncols, float* scratch) {
+                                         int sb0, int sb1, const ActRef& a, int n0, int ncols, float* scratch,
+                                         bool add = false) {
     float* red = scratch + MV_OUT_FLOATS;
     record_time(g, TIME_BATCH);
     mv_dispatch_batch(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, red,
@@ -649,11 +660,14 @@ __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, i
     consumers_sync();
     record_time(g, TIME_LOOPS);
     record_first(g);
-    mv_fold_batch(red, sb1 - sb0, nt, ncols, ncols <= 4, scratch);  // packed as mv_cols makes it
+    mv_fold_batch(red, sb1 - sb0, nt, ncols, ncols <= 4, scratch, add);  // packed as mv_cols makes it
     consumers_sync();
     record_time(g, TIME_FOLDED);
 }
 
+#ifndef MK_MV_CHUNKS
+#define MK_MV_CHUNKS 1  // 0 (a benchmark knob): a wide weight's superblocks in one batch, its levels staged a unit
+#endif
 // The products of rows [row_begin, row_end), handed to store(first_row, n, out) with out[r * 8 + t] row
 // first_row + r's product with act row n0 + t: a batch's tiles at once where the weight is staged (n up to
 // 16 x MV_BATCH: every store spreads its rows over all consumer threads, so a store that reads before it writes -
@@ -664,10 +678,15 @@ __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int
                         int ncols, float* scratch, Store&& store) {
     float* out = scratch;
     if (mv_staged(w, row_begin)) {  // batches of MV_BATCH tiles, one barrier before their sums
-        const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
+        const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS, nsb = w.cols / QK_SB;
+        // one row's int8 levels in the batch's shared area hold MK_ACT8_MAX_SB superblocks: a wider weight
+        // (FFN_DOWN's 68) takes its superblocks in chunks, each a batch adding to the last one's sums
+        const int chunks = MK_MV_CHUNKS && mv_act8_smem(w.qtype, ncols, mv_act_i8(a, ncols))
+                               ? (nsb + MK_ACT8_MAX_SB - 1) / MK_ACT8_MAX_SB : 1;
         for (int b0 = 0; b0 < ntiles; b0 += MV_BATCH) {
             const int nt = min(MV_BATCH, ntiles - b0);
-            mv_batch(g, w, row_begin, b0, nt, 0, w.cols / QK_SB, a, n0, ncols, scratch);
+            for (int c = 0; c < chunks; ++c)
+                mv_batch(g, w, row_begin, b0, nt, nsb * c / chunks, nsb * (c + 1) / chunks, a, n0, ncols, scratch, c > 0);
             const int tr = row_begin + MK_TILE_ROWS * b0;  // out [tile][16][8] is [rows][8] of the batch's rows
             store(tr, min(MK_TILE_ROWS * nt, row_end - tr), out);
             consumers_sync();

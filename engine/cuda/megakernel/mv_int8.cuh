@@ -25,7 +25,9 @@ enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS, A8_SMEM };
 #ifndef MK_MV_ACT8_SMEM
 #define MK_MV_ACT8_SMEM 1
 #endif
-#define MK_ACT8_MAX_SB 24
+// Superblocks of a row the area holds: the 27B's 5,120 / 6,144-wide acts in one batch, act_ffn's 68 in two (and
+// still 3 Q4_K stages a warp in 132 KB; in 96 KB, 24 leaves Q6_K its 2)
+#define MK_ACT8_MAX_SB (MK_SMEM_BYTES >= 128 * 1024 ? 34 : 24)
 // MK_MV_I8B (with MK_MV_ACT8_SMEM; default since round 7, 271 against 312 instructions a unit: FFN_UP's loops
 // 14.4 against 14.9 us): kernels/mmvq_i8b.cu's arithmetic for the unit - each
 // mma's B carries one sub-block of a group of four in its two columns (hi, lo level), so four mmas fill one set

@@ -41,8 +41,13 @@ class ScheduleConfig:
     # Cost of an instruction beyond its bytes, for the balance: ~8 us on the H200 (the first stage's latency, the
     # drain, the fold, the epilogue, the count) at the ~24 GB/s an SM streams inside one (bench/MEGAKERNEL.md round 4).
     overhead_bytes: int = 196608
-    # MIX_IN: a layer's matrices of one K-quant type (DeltaNet's attn_qkv and attn_gate) cut as one row list into a
-    # run an SM, so most SMs take one instruction, not one per matrix; False cuts each matrix on its own.
+    # What a 16-row tile of a weight the rings do not stream (Q8_0, Q5_0: registers, one superblock ahead, the
+    # activations from L2) costs beyond its bytes: ~16 us a tile on the H200 (DeltaNet's alpha / beta, attention's
+    # Q5_0 k), as much as ~384 KB streamed. Without it the balance stacked them two to an SM (bench/MEGAKERNEL.md
+    # round 7: MIX_IN's step 37 us against 22-28 us an instruction).
+    register_tile_bytes: int = 393216
+    # MIX_IN: a layer's K-quant matrices (DeltaNet's attn_qkv and attn_gate; attention's q, k and v) share the SMs,
+    # a run an SM, so each SM takes one instruction, not one per matrix; False cuts each matrix on its own.
     joint_rows: bool = True
     # FFN_DOWN / MIX_OUT (and FFN_UP's units): the tiles past a whole number per SM cut by superblocks. Off: on the
     # H200 the pieces' own costs (a ring fill, a partial store, the last piece's sum) outweighed the balance they
@@ -137,21 +142,26 @@ class _Builder:
         return out
 
     def joint_row_tiles(self, matrices: list[tuple[str, int, int]], sms: int) -> list[tuple[str, int, int]]:
-        """(key, row_begin, row_end) of the instructions of several matrices (key, rows, bytes a row) taken as one
-        list of 16-row tiles, cut by bytes into tiles_per_sm x `sms` runs; a run that crosses from one matrix to
-        the next is an instruction in each."""
-        tiles = [(key, t * TILE_ROWS, min(rows, (t + 1) * TILE_ROWS), nbytes)
-                 for key, rows, nbytes in matrices for t in range(-(-rows // TILE_ROWS))]
-        ends = np.cumsum([(e - b) * nbytes for _, b, e, nbytes in tiles])
-        runs = min(len(tiles), sms * self.config.tiles_per_sm)
-        # run r ends after the first tile whose prefix reaches r / runs of the bytes (a tile at least a run)
-        cuts = sorted({int(np.searchsorted(ends, ends[-1] * r / runs)) + 1 for r in range(1, runs + 1)})
-        out = []
-        for start, cut in zip([0, *cuts], cuts):
-            for key, same in groupby(tiles[start:cut], key=lambda t: t[0]):  # a matrix's tiles are consecutive
-                same = list(same)
-                out.append((key, same[0][1], same[-1][2]))
-        return out
+        """(key, row_begin, row_end) of the instructions of several matrices (key, rows, bytes a row) on `sms` SMs,
+        one run an SM: each matrix gets a share of the SMs, handed out one at a time to the matrix whose busiest SM
+        (ceil(tiles / share) tiles, plus an instruction's overhead) costs most, and cuts its tiles into that many
+        (x tiles_per_sm) nearly equal runs. One row list cut by bytes put a run across two matrices on a few SMs:
+        two instructions there, each with its ring fill, fold and count, and those SMs set the group's time
+        (bench/MEGAKERNEL.md round 7: attention's q | k | v, 36.5 us a group against ~17 us an instruction)."""
+        tiles = {key: -(-rows // TILE_ROWS) for key, rows, _ in matrices}
+        tile_bytes = {key: TILE_ROWS * nbytes for key, _, nbytes in matrices}
+        share = dict.fromkeys(tiles, 1)
+
+        def busiest(key: str) -> int:
+            return -(-tiles[key] // share[key]) * tile_bytes[key] + self.config.overhead_bytes
+
+        for _ in range(sms - len(tiles)):
+            open_keys = [k for k in tiles if share[k] < tiles[k]]
+            if not open_keys:
+                break
+            share[max(open_keys, key=busiest)] += 1
+        return [(key, b * TILE_ROWS, min(rows, e * TILE_ROWS)) for key, rows, _ in matrices
+                for b, e in self.split(tiles[key], share[key] * self.config.tiles_per_sm)]
 
     def split(self, total: int, pieces: int) -> list[tuple[int, int]]:
         """[begin, end) ranges cutting `total` items into at most `pieces` nearly equal parts."""
@@ -173,8 +183,8 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     keys = ("attn_q", "attn_k", "attn_v") if kind == "attention" else ("attn_qkv", "attn_gate", "ssm_alpha",
                                                                         "ssm_beta")
     mats = {k: spec.matrix(layer, k) for k in keys}
-    sets = [[k for k, m in mats.items() if m.qtype == qtype] for qtype in dict.fromkeys(m.qtype for m in mats.values())
-            if qtype in K_QUANT_TYPES] if b.config.joint_rows else []
+    # the K-quant matrices share the SMs (attention's Q4_K q, k and Q6_K v too); the others get tiles of their own
+    sets = [[k for k, m in mats.items() if m.qtype in K_QUANT_TYPES]] if b.config.joint_rows else []
     sets = [same for same in sets if len(same) > 1]
     joint = {k for same in sets for k in same}
     others = [(k, s, e) for k in keys if k not in joint for s, e in b.row_tiles(mats[k].rows)]
@@ -187,7 +197,7 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     # A joint cut over every SM puts the other instructions (DeltaNet's Q8_0 alpha and beta tiles, ~16 us each on
     # the H200) on top of whole runs (~36 us). Leaving them a few SMs of their own costs the runs a little each:
     # the number of spare SMs whose busiest SM is the least loaded, by the balance's own costs.
-    spares = range(min(len(others), b.config.num_sms // 8) + 1) if len(sets) == 1 else [0]
+    spares = range(min(len(others), b.config.num_sms // 2) + 1) if len(sets) == 1 else [0]
     b.group(min((cut(b.config.num_sms - n) for n in spares), key=lambda insts: _busiest(insts, b)))
     if kind == "attention":
         splits = b.config.attn_splits
@@ -297,6 +307,8 @@ def cost(inst: Instruction, spec: ModelSpec, config: ScheduleConfig) -> float:
         key = _matrix_of(inst, spec)
         info = spec.matrix(*key)
         extra = (inst.row_end - inst.row_begin) * row_bytes(info.qtype, info.cols)
+        if info.qtype not in K_QUANT_TYPES:  # a tile at a time through registers (matvec.cuh mv_tile)
+            extra += -(-(inst.row_end - inst.row_begin) // TILE_ROWS) * config.register_tile_bytes
         if isinstance(inst, (I.MixOut, I.FfnDown, I.FfnUp)):  # a piece streams its superblocks' share
             extra = extra * (inst.sb_end - inst.sb_begin) // -(-info.cols // SUPERBLOCK)
         if isinstance(inst, I.FfnUp):
