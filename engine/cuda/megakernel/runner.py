@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
+import os
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,20 @@ TIME_SLOTS = 8  # opcodes.cuh TIME_*
 # mk_common.cuh act8_fill).
 INT8_ACTS = ("act_h", "act_ffn", "act_mix")
 FILL_ACTS = ("act_ffn", "act_mix")
+# A benchmark knob: the acts that get an int8 copy, comma-separated (those left out stay f16 for every matmul).
+INT8_ACTS_ENV = "OPENJET_MK_INT8_ACTS"
+
+
+def int8_acts() -> tuple[str, ...]:
+    """INT8_ACTS, or the subset of them OPENJET_MK_INT8_ACTS names."""
+    want = os.environ.get(INT8_ACTS_ENV)
+    if want is None:
+        return INT8_ACTS
+    names = tuple(n.strip() for n in want.split(",") if n.strip())
+    unknown = [n for n in names if n not in INT8_ACTS]
+    if unknown:
+        raise ValueError(f"{INT8_ACTS_ENV}: {', '.join(unknown)} not among {', '.join(INT8_ACTS)}")
+    return names
 
 
 def _driver():
@@ -61,6 +76,7 @@ class GpuExecutor:
     def __init__(self, dev: Device, spec: ModelSpec, tensors, capacity: int, config: ScheduleConfig | None = None,
                  timings: bool = False, owns_device: bool = False):
         self.dev, self.spec, self.capacity, self.owns_device = dev, spec, capacity, owns_device
+        self.int8_acts = int8_acts()
         self.config = config or ScheduleConfig(num_sms=dev.info.multiprocessors)
         if self.config.num_sms > dev.info.multiprocessors:
             raise MegakernelError(f"a schedule for {self.config.num_sms} SMs cannot be co-resident on "
@@ -123,10 +139,10 @@ class GpuExecutor:
             if s.kind == "act":
                 x16, sums = formats.act_nbytes(s.shape[1])
                 sizes = [(x16, "x16"), (sums, "sums"), (x16, "lo"), (sums, "sums_lo")]
-                if s.name in INT8_ACTS:
+                if s.name in self.int8_acts:
                     q8, scale8, sums8 = formats.act8_nbytes(s.shape[1])
                     sizes += [(q8, "q8"), (scale8, "scale8"), (sums8, "sums8"), (sums8, "sums8_lo")]
-                if s.name in FILL_ACTS:
+                if s.name in FILL_ACTS and s.name in self.int8_acts:
                     sizes.append((4 * -(-s.shape[1] // 256), "fill"))
                 parts = tuple(self.dev.alloc(n, f"mk.{s.name}.{p}") for n, p in sizes)
                 self.acts[s.name] = parts
@@ -238,9 +254,9 @@ class GpuExecutor:
         s = self._spec(name)
         if s.kind == "act":
             encoded = formats.act_encode(array, s.shape[1])
-            if s.name in INT8_ACTS:
+            if s.name in self.int8_acts:
                 encoded += formats.act8_encode(array, s.shape[1])
-            if s.name in FILL_ACTS:  # no superblock part-written: every count starts at zero
+            if s.name in FILL_ACTS and s.name in self.int8_acts:  # every superblock's count starts at zero
                 encoded += (np.zeros(-(-s.shape[1] // 256), np.uint32),)
             for part, data in zip(self.acts[name], encoded, strict=True):
                 self.dev.upload(part, data)
