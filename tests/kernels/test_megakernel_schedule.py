@@ -110,6 +110,22 @@ def test_act_layout_round_trips_on_the_host() -> None:
     np.testing.assert_allclose(sub, padded.reshape(5, 16, 32).sum(axis=2), rtol=1e-5, atol=1e-4)
 
 
+def test_int8_acts_default_and_knob(monkeypatch) -> None:
+    """The acts the runner gives an int8 copy: act_h and act_ffn by default (act_mix's measured off, runner.py);
+    OPENJET_MK_INT8_ACTS names another set, and a name that cannot have one is refused by name."""
+    from engine.cuda.megakernel import runner
+
+    monkeypatch.delenv(runner.INT8_ACTS_ENV, raising=False)
+    assert runner.int8_acts() == ("act_h", "act_ffn")
+    monkeypatch.setenv(runner.INT8_ACTS_ENV, "act_h, act_mix")
+    assert runner.int8_acts() == ("act_h", "act_mix")
+    monkeypatch.setenv(runner.INT8_ACTS_ENV, "")
+    assert runner.int8_acts() == ()
+    monkeypatch.setenv(runner.INT8_ACTS_ENV, "act_h,act_eh")
+    with pytest.raises(ValueError, match="act_eh"):
+        runner.int8_acts()
+
+
 def test_act8_copy_keeps_each_value_to_its_superblocks_two_levels() -> None:
     """The int8 copy the Q4_K matmul of one row takes (formats.act8_encode = mk_common.cuh act8_store): position p
     of row n in level l's 256 bytes at 64 (p / 64) + 16 (p % 32 / 8) + 8 (p / 32 % 2) + p % 8 (kernels/mmvq_i8.cu),
