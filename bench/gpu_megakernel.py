@@ -88,7 +88,7 @@ def diff_sweeps(dev, report: Report, path: Path, op_name: str, detail_layers: in
     """VM vs megakernel on one file at each draft depth, cut after every op of the first `detail_layers` stages and
     after every stage, each sweep stopping at its first diverging point (printed: stage, op, buffer)."""
     from engine.cuda.megakernel.backend import capacity_for
-    from engine.cuda.megakernel.diff import prepare, sweep
+    from engine.cuda.megakernel.diff import act8_checks, prepare, sweep
     from engine.cuda.megakernel.layout import ModelSpec
     from engine.cuda.megakernel.runner import GpuExecutor
     from engine.cuda.megakernel.vm import VirtualMachine
@@ -99,6 +99,10 @@ def diff_sweeps(dev, report: Report, path: Path, op_name: str, detail_layers: in
     spec = ModelSpec.from_tensors(tensors)
     gpu = GpuExecutor(dev, spec, tensors, capacity_for(512))
     vm = VirtualMachine(spec, load_weights(tensors), capacity_for(512), gpu.config, order="program")
+    if 0 in depths:  # each int8 copy at one row: the encoding of the act its writer left (act8_store, act8_fill)
+        prepare(vm, PROMPT, [])
+        for name, (stage, op), frac in act8_checks(vm, gpu):
+            record(report, op_name + "_act8", f"{name}.s{stage}.{op.name}", "row 0 levels", frac, 1e-3)
     for drafts in ([7, 8, 9, 10][:d] for d in depths):
         prepare(vm, PROMPT, drafts)
         for (stage, op), diffs in sweep(vm, gpu, detail_layers=detail_layers):

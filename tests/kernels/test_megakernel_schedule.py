@@ -126,6 +126,39 @@ def test_int8_acts_default_and_knob(monkeypatch) -> None:
         runner.int8_acts()
 
 
+def test_act8_mismatch_finds_a_wrong_level_scale_or_sum() -> None:
+    """diff.act8_mismatch (the GPU check of the int8 copies) on a stand-in executor: 0 for the act's own encoding,
+    the fraction of row 0's level bytes that differ, 1.0 for a wrong scale or sub-block sum."""
+    from engine.cuda.megakernel.diff import act8_mismatch
+
+    rng = np.random.default_rng(3)
+    values = np.zeros((8, 600), np.float32)
+    values[0] = rng.standard_normal(600).astype(np.float32)
+
+    class Executor:
+        def __init__(self, parts):
+            self.parts = parts
+
+        def read(self, name):
+            return values
+
+        def read_int8(self, name):
+            return self.parts
+
+    good = formats.act8_encode(values[:1], 600)
+    assert act8_mismatch(Executor(good), "act_ffn") == 0.0
+    q8 = good[0].copy()
+    q8.view(np.int8).reshape(3, 2, 8, 256)[1, 1, 0, 5] += 1  # one lo level of row 0
+    assert act8_mismatch(Executor((q8, *good[1:])), "act_ffn") == 1 / (3 * 2 * 256)
+    scale = good[1].copy()
+    scale[16 * 2] *= 1.0001  # superblock 2's hi scale of row 0
+    assert act8_mismatch(Executor((good[0], scale, *good[2:])), "act_ffn") == 1.0
+    sums = good[2].copy()
+    sums[8 * 8 + 3] ^= 0x0400  # superblock 1, row 0, sub-block 3: the f16 hi sum's exponent
+    assert act8_mismatch(Executor((*good[:2], sums, good[3])), "act_ffn") == 1.0
+    assert act8_mismatch(Executor(None), "act_mix") == 0.0
+
+
 def test_act8_copy_keeps_each_value_to_its_superblocks_two_levels() -> None:
     """The int8 copy the Q4_K matmul of one row takes (formats.act8_encode = mk_common.cuh act8_store): position p
     of row n in level l's 256 bytes at 64 (p / 64) + 16 (p % 32 / 8) + 8 (p / 32 % 2) + p % 8 (kernels/mmvq_i8.cu),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.cuda.megakernel import formats
 from engine.cuda.megakernel.instructions import Op
 from engine.cuda.megakernel.errors import MegakernelError
 from engine.cuda.megakernel.layout import MAX_DRAFT, MAX_ROWS, Ctl, Err, Mode
@@ -62,6 +63,30 @@ def compare(vm: VirtualMachine, gpu, skip: tuple[str, ...] = ("counters",)) -> l
     return out
 
 
+def act8_mismatch(gpu, name: str, row: int = 0) -> float:
+    """One row of an act's int8 copy on the GPU against formats.act8_encode of the act the GPU holds (its own
+    decoded hi + lo: what the copy's writer, act8_store or act8_fill, quantises): the fraction of that row's level
+    bytes that differ; 1.0 where a scale differs or a sub-block sum differs beyond f32 rounding; 0.0 where the act
+    has no int8 copy. Meaningful only where the act's last writer ran with one row (act8_fill forms no copy above)."""
+    got = gpu.read_int8(name)
+    if got is None:
+        return 0.0
+    values = gpu.read(name)
+    width = values.shape[1]
+    nsb = -(-width // 256)
+    want = formats.act8_encode(values[: row + 1], width)
+    q_got, q_want = (a.view(np.int8).reshape(nsb, 2, MAX_ROWS, 256)[:, :, row] for a in (got[0], want[0]))
+    s_got, s_want = (a.reshape(nsb, 2, MAX_ROWS)[:, :, row] for a in (got[1], want[1]))
+    sub_got, sub_want = ((hi.view(np.float16).astype(np.float64) + lo.view(np.float16).astype(np.float64))
+                         .reshape(nsb, MAX_ROWS, 8)[:, row] for hi, lo in ((got[2], got[3]), (want[2], want[3])))
+    size = np.zeros(nsb * 256)
+    size[:width] = np.abs(values[row])
+    bound = 1e-5 * size.reshape(nsb, 8, 32).sum(axis=2) + 1e-7  # f32 sums in another order, as f16 pairs
+    if not np.array_equal(s_got, s_want) or np.any(np.abs(sub_got - sub_want) > bound):
+        return 1.0
+    return float(np.count_nonzero(q_got != q_want)) / q_got.size
+
+
 def copy_state(vm: VirtualMachine, gpu) -> None:
     """Make every GPU buffer (state and scratch, control words included) equal to the VM's."""
     for spec in vm.specs:
@@ -108,6 +133,20 @@ def stop_points(vm: VirtualMachine, program: str = "cycle", detail_layers: int =
             groups.append(key)
     last_of_stage = {stage: (stage, op) for stage, op in groups}
     return [g for g in groups if g[0] < detail_layers] + [p for s, p in last_of_stage.items() if s >= detail_layers]
+
+
+def act8_checks(vm: VirtualMachine, gpu) -> list[tuple[str, tuple[int, Op], float]]:
+    """(act, cut, act8_mismatch) after stage 0's writers of each act with an int8 copy: ATTN_NORM (act_h), the
+    mixer (act_mix), FFN_UP (act_ffn). The VM must be prepared for a one-row cycle (d = 0)."""
+    writers = (("act_h", (Op.ATTN_NORM,)), ("act_mix", (Op.DN_RULE, Op.ATTN_COMBINE)), ("act_ffn", (Op.FFN_UP,)))
+    points = stop_points(vm, "cycle", detail_layers=1)
+    out = []
+    for name, ops in writers:
+        cut = next(((stage, op) for stage, op in points if stage == 0 and op in ops), None)
+        if cut is not None and gpu.read_int8(name) is not None:
+            diff_program(vm, gpu, vm.programs["cycle"].truncated(*cut))
+            out.append((name, cut, act8_mismatch(gpu, name)))
+    return out
 
 
 def sweep(vm: VirtualMachine, gpu, program: str = "cycle", detail_layers: int = 1,

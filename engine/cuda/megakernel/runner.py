@@ -252,6 +252,16 @@ class GpuExecutor:
         out = self.dev.download(self.bufs[name], dtype, s.shape).astype(np.float32 if s.kind == "kv" else dtype)
         return out if rows is None else out[:rows]
 
+    def read_int8(self, name: str) -> tuple[np.ndarray, ...] | None:
+        """An act's int8 copy as formats.act8_encode returns it (q8 as uint8, scale8, sums8 and sums8_lo as uint16
+        bit patterns), or None where the act has none."""
+        if name not in self.int8_acts:
+            return None
+        q8, scale8, sums8, sums8_lo = self.acts[name][4:8]
+        nq, nscale, nsums = formats.act8_nbytes(self._spec(name).shape[1])
+        return (self.dev.download(q8, np.uint8, (nq,)), self.dev.download(scale8, np.float32, (nscale // 4,)),
+                self.dev.download(sums8, np.uint16, (nsums // 2,)), self.dev.download(sums8_lo, np.uint16, (nsums // 2,)))
+
     def write(self, name: str, array: np.ndarray) -> None:
         """Overwrite a buffer (or its leading rows) from the VM's form."""
         s = self._spec(name)
