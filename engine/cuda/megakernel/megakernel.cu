@@ -187,6 +187,14 @@ struct Consumer {
     }
 };
 
+// MK_WAIT_PREFETCH=1 (a benchmark knob, off; not yet run on a GPU): while consumer thread 0 waits for an
+// instruction's dependencies, warp 1 asks L2 for its weights (MK_PREFETCH_CAP_ROWS of them, if set): the wait is
+// mostly the group's stragglers, when DRAM has bandwidth to spare. (The loader warp's prefetch ran during the
+// instructions before and competed with their rings: 2 ms a cycle, round 3.)
+#ifndef MK_WAIT_PREFETCH
+#define MK_WAIT_PREFETCH 0
+#endif
+
 // MK_CONTROLLER=0: the consumers alone. Consumer thread 0 fetches and waits for each instruction in turn (what
 // the controller does), the others wait for it at the consumer barrier.
 struct SoloConsumer {
@@ -196,6 +204,10 @@ struct SoloConsumer {
         for (int i = 0; i < n; ++i) {
             if (ctid() < INST_WORDS) s.inst[0][ctid()] = queue[(i64)i * INST_WORDS + ctid()];
             __syncwarp();
+            if (MK_WAIT_PREFETCH && cwarp() == 1) {
+                const i32* w = queue + (i64)i * INST_WORDS;
+                if (stage_active(g, w[INST_STAGE])) prefetch(g, w);
+            }
             if (ctid() == 0) {
                 mk_inst_index = i;
                 mk_first_pending = 1;

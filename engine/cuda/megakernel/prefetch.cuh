@@ -1,5 +1,5 @@
-// The loader's L2 prefetch of weight rows (MK_CONTROLLER=1 with MK_PREFETCH_AHEAD >= 0; off by default): a hint,
-// it never blocks and never faults.
+// The L2 prefetch of weight rows (the loader warp's with MK_CONTROLLER=1 and MK_PREFETCH_AHEAD >= 0, the waiting
+// consumers' with MK_WAIT_PREFETCH=1; both off by default): a hint, it never blocks and never faults.
 #pragma once
 #include "matvec.cuh"
 
@@ -26,8 +26,14 @@ __device__ __forceinline__ void prefetch_bytes(const u8* start, u64 bytes) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(start + o));
 }
 
-// Called by the loader warp: request rows [r0, r1) of w into L2.
+// MK_PREFETCH_CAP_ROWS > 0: only an instruction's first that many rows (the wait prefetch's share, megakernel.cu).
+#ifndef MK_PREFETCH_CAP_ROWS
+#define MK_PREFETCH_CAP_ROWS 0
+#endif
+
+// Called by the loader warp (or a consumer warp while its instruction waits): request rows [r0, r1) of w into L2.
 __device__ __noinline__ void prefetch_rows(const WeightRef& w, int r0, int r1) {
+    if (MK_PREFETCH_CAP_ROWS > 0) r1 = min(r1, r0 + MK_PREFETCH_CAP_ROWS);
     int size[4], nb;
     bool tiled;
     const int planes = plane_sizes(w.qtype, w.cols, size, nb, tiled);
