@@ -161,3 +161,74 @@ template <int QL_P, int QH_P> struct Q6KStage {
     }
 };
 template <> struct Stage<QT_Q6_K> : Q6KStage<144, 64> {};
+
+// ---------------------------------------------------------------- Q8_0, Q5_0 (the megakernel's rings)
+// The 32-weight types a stage at a time too, a superblock being their 8 blocks of 32: nb here counts blocks
+// (row * nb + 8 sb is a superblock's first block), and rows must be whole superblocks (cols % 256 == 0, so every
+// 8-block run is 16-byte aligned in each plane). They are not used by the per-op kernels; the megakernel stages them
+// with MK_STAGED_LEGACY (attention's Q5_0 k and DeltaNet's Q8_0 alpha / beta took ~16 us a 16-row tile through
+// registers).
+
+// Q8_0 stage: qs [16][272] (a row's 8 blocks, 256 bytes, padded) | d [16][16] (their f16 scales) = 4608 bytes.
+// Copies of lane l: qs chunks l + 32 k (row l / 16 + 2 k, part l % 16), k = 0..7; lanes 0-15 row l's scales.
+template <> struct Stage<QT_Q8_0> {
+    static constexpr int STAGES = 3;
+    static constexpr int QS = 0, QS_PITCH = 272, D = QS + STAGE_ROWS * QS_PITCH, BYTES = D + STAGE_ROWS * 16;
+    struct Lane { u32 qrow[8], drow; };
+    static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) L.qrow[k] = stage_row_base(row0, (lane >> 4) + 2 * k, rows, nb);
+        L.drow = stage_row_base(row0, lane & 15, rows, nb);
+    }
+    static __device__ __forceinline__ void copy(u32 dst, const Planes& P, const Lane& L, int sb, int lane, u64 ntot) {
+        const int part = lane & 15;
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            cp_async16(dst + QS + ((lane >> 4) + 2 * k) * QS_PITCH + 16 * part,
+                       P.p[0] + ((u64)L.qrow[k] + 8 * sb) * 32 + 16 * part);
+        if (lane < 16) cp_async16(dst + D + 16 * lane, P.p[1] + ((u64)L.drow + 8 * sb) * 2);
+    }
+    // Row lr, lane c's blocks 2c and 2c + 1, as QTraits<QT_Q8_0>::load reads them.
+    static __device__ __forceinline__ void read(QTraits<QT_Q8_0>::Row& r, const u8* st, int lr, int c, u32 idx) {
+        const uint4* q = reinterpret_cast<const uint4*>(st + QS + lr * QS_PITCH + 64 * c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.q[i] = q[i];
+        const u16* d = reinterpret_cast<const u16*>(st + D + 16 * lr + 4 * c);
+        r.d[0] = d[0];
+        r.d[1] = d[1];
+    }
+};
+
+// Q5_0 stage: qs [16][144] (8 blocks' 16 nibble bytes) | qh [16][32] (their high bits) | d [16][16] = 3072 bytes.
+// Copies of lane l: qs chunk l % 8 of rows l / 8 + 4 j (j = 0..3); qh half l % 2 of row l / 2; lanes 0-15 row l's
+// scales.
+template <> struct Stage<QT_Q5_0> {
+    static constexpr int STAGES = 4;
+    static constexpr int QS = 0, QS_PITCH = 144, QH = QS + STAGE_ROWS * QS_PITCH, D = QH + STAGE_ROWS * 32;
+    static constexpr int BYTES = D + STAGE_ROWS * 16;
+    struct Lane { u32 qrow[4], hrow, drow; };
+    static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) L.qrow[j] = stage_row_base(row0, (lane >> 3) + 4 * j, rows, nb);
+        L.hrow = stage_row_base(row0, lane >> 1, rows, nb);
+        L.drow = stage_row_base(row0, lane & 15, rows, nb);
+    }
+    static __device__ __forceinline__ void copy(u32 dst, const Planes& P, const Lane& L, int sb, int lane, u64 ntot) {
+        const int part = lane & 7, half = lane & 1;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            cp_async16(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
+                       P.p[0] + ((u64)L.qrow[j] + 8 * sb) * 16 + 16 * part);
+        cp_async16(dst + QH + (lane >> 1) * 32 + 16 * half, P.p[1] + ((u64)L.hrow + 8 * sb) * 4 + 16 * half);
+        if (lane < 16) cp_async16(dst + D + 16 * lane, P.p[2] + ((u64)L.drow + 8 * sb) * 2);
+    }
+    // Row lr, lane c's blocks 2c and 2c + 1, as QTraits<QT_Q5_0>::load reads them.
+    static __device__ __forceinline__ void read(QTraits<QT_Q5_0>::Row& r, const u8* st, int lr, int c, u32 idx) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            r.q[j] = *reinterpret_cast<const uint4*>(st + QS + lr * QS_PITCH + 16 * (2 * c + j));
+            r.qh[j] = *reinterpret_cast<const u32*>(st + QH + lr * 32 + 4 * (2 * c + j));
+            r.d[j] = *reinterpret_cast<const u16*>(st + D + 16 * lr + 2 * (2 * c + j));
+        }
+    }
+};

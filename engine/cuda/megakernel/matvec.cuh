@@ -48,11 +48,15 @@
 #define MK_RING_STAGES 0
 #endif
 // RESERVED: bytes at the start of the ring area that the batch keeps for itself (A8_SMEM's activations).
+// Stages of `bytes` a warp's share of the ring area holds, at most `want`.
+constexpr int mv_ring_stages(int bytes, int want, int reserved) {
+    return want * bytes <= (MK_SMEM_BYTES - MK_RING_OFFSET - reserved) / MK_CONSUMER_WARPS
+               ? want : (MK_SMEM_BYTES - MK_RING_OFFSET - reserved) / MK_CONSUMER_WARPS / bytes;
+}
 template <class S, int ACT_BYTES = 0, int RESERVED = 0> struct MvRing {
     static constexpr int BYTES = S::BYTES + ACT_BYTES;  // one unit's stage: its weights, then activations
     static constexpr int WANT = MK_RING_STAGES ? MK_RING_STAGES : S::STAGES;
-    static constexpr int WARP_BYTES = (MK_SMEM_BYTES - MK_RING_OFFSET - RESERVED) / MK_CONSUMER_WARPS;
-    static constexpr int STAGES = WANT * BYTES <= WARP_BYTES ? WANT : WARP_BYTES / BYTES;
+    static constexpr int STAGES = mv_ring_stages(BYTES, WANT, RESERVED);
     static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
     static_assert(MK_RING_OFFSET % 16 == 0 && BYTES % 16 == 0, "cp.async stages start on 16 bytes");
 };
@@ -387,11 +391,22 @@ __device__ __noinline__ void mv_dispatch(const Globals& g, const WeightRef& w, i
     }
 }
 
-// Whether rows from row_begin of w go through the rings: K-quants compiled in, their first row on a 16-row tile
-// of the tensor (the tiled words of Q4_K / Q5_K come a tile at a time).
+// MK_STAGED_LEGACY=1 (a benchmark knob, off; not yet run on a GPU): Q8_0 and Q5_0 rows of whole superblocks go
+// through the rings too (kernels/stage.cuh Stage<QT_Q8_0> / <QT_Q5_0>), not a tile at a time through registers
+// (~16 us a tile: attention's Q5_0 k, DeltaNet's Q8_0 alpha and beta; bench/MEGAKERNEL.md round 7).
+#ifndef MK_STAGED_LEGACY
+#define MK_STAGED_LEGACY 0
+#endif
+#define MK_STAGES_LEGACY(qt) (MK_STAGED_LEGACY && MK_HAS_QT(qt))
+
+// Whether rows from row_begin of w go through the rings: K-quants compiled in (and the legacy 32-weight types with
+// MK_STAGED_LEGACY, rows of whole superblocks), their first row on a 16-row tile of the tensor (the tiled words of
+// Q4_K / Q5_K come a tile at a time).
 __device__ __forceinline__ bool mv_staged(const WeightRef& w, int row_begin) {
     if (!MK_STAGED || ((w.row_offset + row_begin) & (MK_TILE_ROWS - 1))) return false;
-    return (w.qtype == QT_Q4_K && MK_HAS_QT(QT_Q4_K)) || (w.qtype == QT_Q5_K && MK_HAS_QT(QT_Q5_K)) ||
+    const bool legacy = w.cols % QK_SB == 0 && ((w.qtype == QT_Q8_0 && MK_STAGES_LEGACY(QT_Q8_0)) ||
+                                                (w.qtype == QT_Q5_0 && MK_STAGES_LEGACY(QT_Q5_0)));
+    return legacy || (w.qtype == QT_Q4_K && MK_HAS_QT(QT_Q4_K)) || (w.qtype == QT_Q5_K && MK_HAS_QT(QT_Q5_K)) ||
            (w.qtype == QT_Q6_K && MK_HAS_QT(QT_Q6_K));
 }
 
@@ -411,7 +426,8 @@ template <int QT, bool TWO, bool ACT = false, int A8 = A8_NONE> struct MvKind {
 #define MK_MV_ACT_MIN_STAGES 3
 #endif
 template <int QT> constexpr bool mv_act_stages() {
-    return MK_MV_ACT_STAGED && MvRing<Stage<QT>, ActStage::BYTES>::STAGES >= MK_MV_ACT_MIN_STAGES;
+    return MK_MV_ACT_STAGED && mv_ring_stages(Stage<QT>::BYTES + ActStage::BYTES,
+                                              MK_RING_STAGES ? MK_RING_STAGES : Stage<QT>::STAGES, 0) >= MK_MV_ACT_MIN_STAGES;
 }
 // Whether a matmul of ncols rows takes act a's int8 copy: an act8_fill act has it at one row only (the norms'
 // act_h at every row count).
@@ -463,6 +479,16 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, in
                 MK_F16_KIND(QT_Q6_K)
             break;
 #endif
+#if MK_STAGES_LEGACY(QT_Q8_0)
+        case QT_Q8_0:
+            MK_F16_KIND(QT_Q8_0)
+            break;
+#endif
+#if MK_STAGES_LEGACY(QT_Q5_0)
+        case QT_Q5_0:
+            MK_F16_KIND(QT_Q5_0)
+            break;
+#endif
         default: break;  // mv_staged said no
     }
 #undef MK_F16_KIND
@@ -498,7 +524,7 @@ template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
     u8* ring;
     u32 ring_s;
     __device__ MvUnits(const WeightRef& w, int row_begin, int b0, int nt, int sb0_, int sb1_, u8* rings)
-        : ntot((u64)w.rows_total * (w.cols / QK_SB)), nb(w.cols / QK_SB),
+        : ntot((u64)w.rows_total * (w.cols / QTraits<QT>::QK)), nb(w.cols / QTraits<QT>::QK),
           first(w.row_offset + row_begin + MK_TILE_ROWS * b0), end(w.row_offset + w.rows), sb0(sb0_), sb1(sb1_) {
         P = QTraits<QT>::planes(w.ptr, ntot);
         const int ns = sb1 - sb0;
