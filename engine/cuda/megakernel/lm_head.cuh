@@ -20,9 +20,9 @@ struct LmHeadOp {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage);
             const bool keeper = ctid() < rows;  // thread t keeps row t's running maximum
-            Penalties pen;
-            if (keeper) pen = Penalties::for_row(g, ctid());
             const bool plain = ctl_get(g, CTL_PENALTIES) == 0;  // every row's maximum is the raw logits'
+            Penalties pen;
+            if (keeper && !plain) pen = Penalties::for_row(g, ctid());
             float bv = NEG_INF;
             int bi = 0x7fffffff;
             mv_rows(g, g.output, p.row_begin, p.row_end, g.act_h, 0, rows, s.scratch,

@@ -48,15 +48,16 @@
 #define MK_RING_STAGES 0
 #endif
 // RESERVED: bytes at the start of the ring area that the batch keeps for itself (A8_SMEM's activations).
-// Stages of `bytes` a warp's share of the ring area holds, at most `want`.
-constexpr int mv_ring_stages(int bytes, int want, int reserved) {
-    return want * bytes <= (MK_SMEM_BYTES - MK_RING_OFFSET - reserved) / MK_CONSUMER_WARPS
-               ? want : (MK_SMEM_BYTES - MK_RING_OFFSET - reserved) / MK_CONSUMER_WARPS / bytes;
+// Stages of S's weights and act_bytes of activations a warp's share of the ring area holds (after `reserved`
+// bytes), at most the per-op kernels' depth or MK_RING_STAGES.
+template <class S> constexpr int mv_ring_stages(int act_bytes, int reserved) {
+    const int want = MK_RING_STAGES ? MK_RING_STAGES : S::STAGES, bytes = S::BYTES + act_bytes;
+    const int warp_bytes = (MK_SMEM_BYTES - MK_RING_OFFSET - reserved) / MK_CONSUMER_WARPS;
+    return want * bytes <= warp_bytes ? want : warp_bytes / bytes;
 }
 template <class S, int ACT_BYTES = 0, int RESERVED = 0> struct MvRing {
     static constexpr int BYTES = S::BYTES + ACT_BYTES;  // one unit's stage: its weights, then activations
-    static constexpr int WANT = MK_RING_STAGES ? MK_RING_STAGES : S::STAGES;
-    static constexpr int STAGES = mv_ring_stages(BYTES, WANT, RESERVED);
+    static constexpr int STAGES = mv_ring_stages<S>(ACT_BYTES, RESERVED);
     static_assert(STAGES >= 2, "a ring of one stage cannot overlap copies with compute");
     static_assert(MK_RING_OFFSET % 16 == 0 && BYTES % 16 == 0, "cp.async stages start on 16 bytes");
 };
@@ -426,8 +427,7 @@ template <int QT, bool TWO, bool ACT = false, int A8 = A8_NONE> struct MvKind {
 #define MK_MV_ACT_MIN_STAGES 3
 #endif
 template <int QT> constexpr bool mv_act_stages() {
-    return MK_MV_ACT_STAGED && mv_ring_stages(Stage<QT>::BYTES + ActStage::BYTES,
-                                              MK_RING_STAGES ? MK_RING_STAGES : Stage<QT>::STAGES, 0) >= MK_MV_ACT_MIN_STAGES;
+    return MK_MV_ACT_STAGED && mv_ring_stages<Stage<QT>>(ActStage::BYTES, 0) >= MK_MV_ACT_MIN_STAGES;
 }
 // Whether a matmul of ncols rows takes act a's int8 copy: an act8_fill act has it at one row only (the norms'
 // act_h at every row count).
@@ -473,7 +473,7 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, in
 #endif
 #if MK_HAS_QT(QT_Q6_K)
         case QT_Q6_K:
-            if (a8_smem && MK_MV_I8Q6)
+            if (a8_smem)  // mv_act8_smem: with MK_MV_I8Q6
                 f(MvKind<QT_Q6_K, false, false, A8_SMEM>{});
             else
                 MK_F16_KIND(QT_Q6_K)
