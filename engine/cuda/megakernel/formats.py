@@ -51,10 +51,10 @@ def act8_nbytes(width: int) -> tuple[int, int, int]:
 
 def act8_encode(values: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
     """The int8 copy (q8 as uint8, scale8 float32, sums8 and sums8_lo as uint16 bit patterns) of float32 rows
-    [rows <= 8, width], as mk_common.cuh act8_store writes it: per row and superblock the two levels of
-    kernels/act8.cuh (s = max|v| / 127, q_hi = rint(v / s), q_lo = rint((v - s q_hi) / s_lo), s_lo = s / 254),
-    position p at byte 64 (p / 64) + 16 (p % 32 / 8) + 8 (p / 32 % 2) + p % 8 of [sb][level][row][256]; each
-    sub-block's sum of s q_hi + s_lo q_lo as an f16 hi + lo pair."""
+    [rows <= 8, width], as mk_common.cuh act8_store writes it (of what the act's f16 pair holds): per row and
+    superblock the two levels of kernels/act8.cuh (s = max|v| / 127, q_hi = rint(v / s), q_lo = rint((v - s q_hi)
+    / s_lo), s_lo = s / 254), position p at byte 64 (p / 64) + 16 (p % 32 / 8) + 8 (p / 32 % 2) + p % 8 of
+    [sb][level][row][256]; each sub-block's sum of s q_hi + s_lo q_lo as an f16 hi + lo pair."""
     nsb = -(-width // SUPERBLOCK)
     full = np.zeros((MAX_ROWS, nsb, SUPERBLOCK), np.float32)
     full.reshape(MAX_ROWS, -1)[: values.shape[0], :width] = values[:, :width]

@@ -229,17 +229,24 @@ template <class Get> __device__ __forceinline__ void act8_one_row(const ActRef& 
     for (int j = cwarp(); j < 8; j += MK_CONSUMER_WARPS) act8_sub_block(a, sb, j, get);
 }
 
+// What an act's f16 hi + lo pair holds of v (act_store's parts): act8_store quantises that, as act8_fill does, so
+// every int8 copy is the encoding of its act as the GPU holds it (diff.py act8_mismatch checks it exactly).
+__device__ __forceinline__ float act_held(float v) {
+    const float hi = f16_to_f32(f32_to_f16(v));
+    return hi + f16_to_f32(f32_to_f16(v - hi));
+}
+
 __device__ __noinline__ void act8_store(const ActRef& a, int sb, int rows, const float* vals, int ld) {
     const int lane = threadIdx.x & 31;
     if (rows == 1) {
-        act8_one_row(a, sb, [&](int p) { return vals[p]; });
+        act8_one_row(a, sb, [&](int p) { return act_held(vals[p]); });
         return;
     }
     for (int n = cwarp(); n < rows; n += MK_CONSUMER_WARPS) {
         float v[8], mx = 0.f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            v[e] = vals[n * ld + 8 * lane + e];
+            v[e] = act_held(vals[n * ld + 8 * lane + e]);
             mx = fmaxf(mx, fabsf(v[e]));
         }
         const Act8Levels lv(warp_max(mx));
