@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as Q
 
 from engine.cuda.megakernel import formats
 from engine.cuda.megakernel import instructions as I
 from engine.cuda.megakernel.costs import cycle_bytes, spec_from_config
 from engine.cuda.megakernel.instructions import INST_WORDS, Op, decode
 from engine.cuda.megakernel.layout import LW, MAX_DRAFT, head_stage, mtp_stage
-from engine.cuda.megakernel.schedule import (PROGRAMS, ScheduleConfig, build_program, cost, group_runs, ring_streamed,
-                                             validate)
+from engine.cuda.megakernel.schedule import PROGRAMS, ScheduleConfig, build_program, cost, group_runs, validate
 from engine.gguf.quants import row_bytes
 from engine.gguf.testmodel import plan_tensors
 from engine.model.config import qwen38_27b_config
@@ -234,10 +232,11 @@ def test_attn_combine_takes_one_query_head_an_instruction(spec, whole_programs) 
 
 
 def test_mix_in_gives_every_sm_one_instruction(spec, whole_programs) -> None:
-    """A layer's ring-streamed matrices share the SMs a run an SM (DeltaNet's attn_qkv, attn_gate and its Q8_0
-    alpha and beta; attention's q, Q5_0 k and Q6_K v): every row once, no SM with two MIX_IN instructions (a second
-    instruction on an SM set the group's time, bench/MEGAKERNEL.md round 7), and each matrix's runs within one tile
-    of each other. Cut per matrix (joint_rows=False), each SM takes a run of each K-quant matrix."""
+    """A layer's K-quant matrices share the SMs a run an SM (DeltaNet's attn_qkv and attn_gate; attention's q and
+    Q6_K v), and the tiles the rings do not stream (DeltaNet's Q8_0 alpha and beta, attention's Q5_0 k) go to SMs
+    of their own, one an SM: every row once, no SM with two MIX_IN instructions (a second instruction on an SM
+    set the group's time, bench/MEGAKERNEL.md round 7), and each matrix's runs within one tile of each other.
+    Cut per matrix (joint_rows=False), each SM takes a run of each K-quant matrix."""
     def mix_in(program: object, layer: int) -> list:
         return [(i, inst) for i, inst in enumerate(program.instructions)
                 if inst.OPCODE == Op.MIX_IN and inst.stage == layer]
@@ -258,7 +257,6 @@ def test_mix_in_gives_every_sm_one_instruction(spec, whole_programs) -> None:
             assert max(lengths) - min(lengths) <= 1, (key, lengths)
         per_sm = np.bincount([sm_of[i] for i, _ in insts], minlength=132)
         assert per_sm.max() == 1, layer
-        assert all(ring_streamed(spec.matrix(layer, k).qtype, spec.matrix(layer, k).cols) for k in keys)
     apart = ScheduleConfig(joint_rows=False)
     assert sum(LW[inst.matrix] in ("attn_qkv", "attn_gate")
                for _, inst in mix_in(build_program(spec, "cycle", apart), 0)) == 2 * 132
@@ -295,12 +293,3 @@ def test_split_tiles_cover_every_superblock_once_and_even_out_the_group(spec, pr
     whole = ScheduleConfig(split_tiles=False)
     loads, insts = group_loads(build_program(spec, "verify", whole), whole)
     assert all(i.pieces == 1 for i in insts) and loads.max() / loads.mean() > 1.2
-
-
-def test_ring_streamed_types() -> None:
-    """The rings stream the K-quants at any width and Q8_0 / Q5_0 rows of whole superblocks (matvec.cuh
-    mv_staged); a partial superblock or another type goes a tile at a time through registers."""
-    assert ring_streamed(Q.Q4_K, 17408) and ring_streamed(Q.Q6_K, 5120)
-    assert ring_streamed(Q.Q8_0, 5120) and ring_streamed(Q.Q5_0, 5120)
-    assert not ring_streamed(Q.Q8_0, 5120 + 32) and not ring_streamed(Q.Q5_0, 96)
-    assert not ring_streamed(Q.F16, 5120) and not ring_streamed(Q.F32, 256)

@@ -394,8 +394,9 @@ __device__ __noinline__ void mv_dispatch(const Globals& g, const WeightRef& w, i
 
 // MK_STAGED_LEGACY (on; 0 is the A/B): Q8_0 and Q5_0 rows of whole superblocks go through the rings too
 // (kernels/stage.cuh Stage<QT_Q8_0> / <QT_Q5_0>), not a tile at a time through registers (~16 us a tile:
-// attention's Q5_0 k, DeltaNet's Q8_0 alpha and beta; d = 4 cycle 21.52 against 21.78 ms before the schedule
-// shared MIX_IN's SMs with them, bench/MEGAKERNEL.md round 8). schedule.py ring_streamed mirrors the choice.
+// attention's Q5_0 k, DeltaNet's Q8_0 alpha and beta; d = 0 / 4 cycle 12.69 / 21.52 against 12.73 / 21.78 ms,
+// bench/MEGAKERNEL.md round 8). Staged, such a tile still costs ~8 us (its stages are small): the schedule keeps
+// them off the K-quants' joint runs (13.05 ms at d = 0 with them in).
 #ifndef MK_STAGED_LEGACY
 #define MK_STAGED_LEGACY 1
 #endif

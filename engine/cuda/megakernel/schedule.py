@@ -26,17 +26,9 @@ from engine.cuda.megakernel.instructions import INST_WORDS, Instruction, Op
 from engine.cuda.megakernel.layout import (LW, MAX_DRAFT, SUPERBLOCK, TILE_ROWS, ModelSpec, finish_stage,
                                            head_stage, lw, mtp_stage)
 from engine.gguf.quants import K_QUANT_TYPES, row_bytes
-from gguf import GGMLQuantizationType as Q
 
 PROGRAMS = ("cycle", "verify", "mtp", "commit")
 FFN_UNIT = 32  # FFN indices an FFN_UP instruction takes whole: one sub-block of act_ffn's sums
-
-
-def ring_streamed(qtype: int, cols: int) -> bool:
-    """Whether the megakernel's matmul streams a weight through its rings (matvec.cuh mv_staged): the K-quants, and
-    Q8_0 / Q5_0 rows of whole superblocks (MK_STAGED_LEGACY, on: round 8); the rest go a tile at a time through
-    registers, one superblock ahead, at ~16 us a tile on the H200."""
-    return qtype in K_QUANT_TYPES or (qtype in (Q.Q8_0, Q.Q5_0) and cols % SUPERBLOCK == 0)
 
 
 @dataclass(slots=True)
@@ -49,10 +41,11 @@ class ScheduleConfig:
     # Cost of an instruction beyond its bytes, for the balance: ~8 us on the H200 (the first stage's latency, the
     # drain, the fold, the epilogue, the count) at the ~24 GB/s an SM streams inside one (bench/MEGAKERNEL.md round 4).
     overhead_bytes: int = 196608
-    # What a 16-row tile of a weight the rings do not stream (ring_streamed: registers, one superblock ahead, the
-    # activations from L2) costs beyond its bytes: ~16 us a tile on the H200 (DeltaNet's alpha / beta, attention's
-    # Q5_0 k), as much as ~384 KB streamed. Without it the balance stacked them two to an SM (bench/MEGAKERNEL.md
-    # round 7: MIX_IN's step 37 us against 22-28 us an instruction).
+    # What a 16-row tile of a 32-weight-block type (Q8_0, Q5_0) costs beyond its bytes: ~16 us a tile on the H200
+    # through registers (DeltaNet's alpha / beta, attention's Q5_0 k), ~8 through their small ring stages
+    # (MK_STAGED_LEGACY), against ~2 for a K-quant tile. Without it the balance stacked them two to an SM
+    # (bench/MEGAKERNEL.md round 7: MIX_IN's step 37 us against 22-28 us an instruction); sharing the K-quants'
+    # joint runs with them lost too (round 8: 13.05 against 12.69 ms at d = 0).
     register_tile_bytes: int = 393216
     # MIX_IN: a layer's K-quant matrices (DeltaNet's attn_qkv and attn_gate; attention's q, k and v) share the SMs,
     # a run an SM, so each SM takes one instruction, not one per matrix; False cuts each matrix on its own.
@@ -191,8 +184,8 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     keys = ("attn_q", "attn_k", "attn_v") if kind == "attention" else ("attn_qkv", "attn_gate", "ssm_alpha",
                                                                         "ssm_beta")
     mats = {k: spec.matrix(layer, k) for k in keys}
-    # the ring-streamed matrices share the SMs (all of both kinds' on the 27B); the others get tiles of their own
-    sets = [[k for k, m in mats.items() if ring_streamed(m.qtype, m.cols)]] if b.config.joint_rows else []
+    # the K-quant matrices share the SMs (attention's Q4_K q, k and Q6_K v too); the others get tiles of their own
+    sets = [[k for k, m in mats.items() if m.qtype in K_QUANT_TYPES]] if b.config.joint_rows else []
     sets = [same for same in sets if len(same) > 1]
     joint = {k for same in sets for k in same}
     others = [(k, s, e) for k in keys if k not in joint for s, e in b.row_tiles(mats[k].rows)]
@@ -315,7 +308,7 @@ def cost(inst: Instruction, spec: ModelSpec, config: ScheduleConfig) -> float:
         key = _matrix_of(inst, spec)
         info = spec.matrix(*key)
         extra = (inst.row_end - inst.row_begin) * row_bytes(info.qtype, info.cols)
-        if not ring_streamed(info.qtype, info.cols):  # a tile at a time through registers (matvec.cuh mv_tile)
+        if info.qtype not in K_QUANT_TYPES:  # a tile at a time through registers (matvec.cuh mv_tile)
             extra += -(-(inst.row_end - inst.row_begin) // TILE_ROWS) * config.register_tile_bytes
         if isinstance(inst, (I.MixOut, I.FfnDown, I.FfnUp)):  # a piece streams its superblocks' share
             extra = extra * (inst.sb_end - inst.sb_begin) // -(-info.cols // SUPERBLOCK)
