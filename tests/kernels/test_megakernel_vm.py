@@ -284,3 +284,34 @@ def test_diff_harness_names_the_first_diverging_op(model_path) -> None:
     (stage, op), diffs = found[-1]
     assert (stage, op) == (0, Op.FFN_UP)
     assert [d.name for d in diffs if not d.ok] == ["act_ffn"]
+
+
+def test_at_one_row_the_matmuls_norm_x_themselves(model_path, monkeypatch) -> None:
+    """At d = 0 (one row) ATTN_NORM and FFN_NORM leave act_h as it was and MIX_IN / FFN_UP form RMSNorm(x) * their
+    layer's norm themselves, as the device does (norm_act.cuh MK_NORM_IN_MATMUL): the outputs of layer 0's mixer
+    input and FFN are exactly those of the norm groups' act_h; at two rows the norms write act_h as before."""
+    from engine.cuda.megakernel import solvers
+    from engine.cuda.megakernel.diff import prepare
+    from engine.cuda.megakernel.instructions import Op
+
+    vm = on_vm(model_path, FINE_CONFIG).ex
+    cycle = vm.programs["cycle"]
+
+    def run_to(stage: int, op: Op, drafts: list[int]) -> dict[str, np.ndarray]:
+        saved = {name: array.copy() for name, array in vm.mem.items()}
+        prepare(vm, PROMPT, drafts)
+        vm.run(cycle.truncated(stage, op))
+        out = {name: vm.mem[name].copy() for name in ("act_h", "proj", "conv_out", "act_ffn")}
+        for name, array in saved.items():
+            vm.mem[name][...] = array
+        return out
+
+    before = run_to(0, Op.EMBED, [])["act_h"]
+    assert np.array_equal(run_to(0, Op.ATTN_NORM, [])["act_h"], before)
+    assert not np.array_equal(run_to(0, Op.ATTN_NORM, [7])["act_h"][:2], before[:2])
+    fused = run_to(0, Op.FFN_UP, [])
+    monkeypatch.setattr(solvers, "NORM_IN_MATMUL", False)
+    apart = run_to(0, Op.FFN_UP, [])
+    assert not np.array_equal(apart["act_h"], before)
+    for name in ("proj", "conv_out", "act_ffn"):
+        assert np.array_equal(fused[name][:1], apart[name][:1]), name

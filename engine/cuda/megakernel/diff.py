@@ -18,6 +18,7 @@ from engine.cuda.megakernel.instructions import Op
 from engine.cuda.megakernel.errors import MegakernelError
 from engine.cuda.megakernel.layout import MAX_DRAFT, MAX_ROWS, Ctl, Err, Mode
 from engine.cuda.megakernel.schedule import Program
+from engine.cuda.megakernel.solvers import norm_in_matmul
 from engine.cuda.megakernel.vm import VirtualMachine
 
 # relative error ||gpu - vm|| / ||vm|| allowed per buffer kind: f16 activations in the matmuls, f16 caches
@@ -69,9 +70,11 @@ def act8_mismatch(gpu, name: str, row: int = 0) -> float:
     bytes that differ; 1.0 where a scale differs or a sub-block sum differs beyond f32 rounding; 0.0 where the act
     has no int8 copy. Meaningful only where the act's last writer ran with one row (act8_fill forms no copy above)."""
     got = gpu.read_int8(name)
-    if got is None:
-        return 0.0
-    values = gpu.read(name)
+    return 0.0 if got is None else encoding_mismatch(gpu.read(name), got, row)
+
+
+def encoding_mismatch(values: np.ndarray, got: tuple[np.ndarray, ...], row: int = 0) -> float:
+    """act8_mismatch's measure for an act's decoded rows `values` and its int8 copy `got` (read_int8's form)."""
     width = values.shape[1]
     nsb = -(-width // 256)
     want = formats.act8_encode(values[: row + 1], width)
@@ -136,15 +139,26 @@ def stop_points(vm: VirtualMachine, program: str = "cycle", detail_layers: int =
 
 
 def act8_checks(vm: VirtualMachine, gpu) -> list[tuple[str, tuple[int, Op], float]]:
-    """(act, cut, act8_mismatch) after stage 0's writers of each act with an int8 copy: ATTN_NORM (act_h), the
-    mixer (act_mix), FFN_UP (act_ffn). The VM must be prepared for a one-row cycle (d = 0)."""
-    writers = (("act_h", (Op.ATTN_NORM,)), ("act_mix", (Op.DN_RULE, Op.ATTN_COMBINE)), ("act_ffn", (Op.FFN_UP,)))
+    """(act, cut, act8_mismatch) after stage 0's writers of each act with an int8 copy: ATTN_NORM (act_h; at one
+    row, where MIX_IN norms x itself, the own act of the first MIX_IN's SM: "act_own.sm<k>"), the mixer (act_mix),
+    FFN_UP (act_ffn). The VM must be prepared for a one-row cycle (d = 0)."""
+    one_row = norm_in_matmul(vm, 0)
+    writers = (("act_h", (Op.MIX_IN,) if one_row else (Op.ATTN_NORM,)), ("act_mix", (Op.DN_RULE, Op.ATTN_COMBINE)),
+               ("act_ffn", (Op.FFN_UP,)))
     points = stop_points(vm, "cycle", detail_layers=1)
     out = []
     for name, ops in writers:
         cut = next(((stage, op) for stage, op in points if stage == 0 and op in ops), None)
-        if cut is not None and gpu.read_int8(name) is not None:
-            diff_program(vm, gpu, vm.programs["cycle"].truncated(*cut))
+        if cut is None or gpu.read_int8(name) is None:
+            continue
+        program = vm.programs["cycle"].truncated(*cut)
+        diff_program(vm, gpu, program)
+        if name == "act_h" and one_row:
+            first = next(i for i, inst in enumerate(program.instructions) if (inst.stage, inst.OPCODE) == cut)
+            sm = next(sm for sm, queue in enumerate(program.queues) if first in queue)
+            values, got = gpu.read_own(sm)
+            out.append((f"act_own.sm{sm}", cut, encoding_mismatch(values, got)))
+        else:
             out.append((name, cut, act8_mismatch(gpu, name)))
     return out
 

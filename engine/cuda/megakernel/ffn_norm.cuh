@@ -15,6 +15,7 @@ struct FfnNormOp {
     };
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
+            if (norm_in_matmul(g, stage)) return;  // at one row its matmuls norm x themselves
             norm_into_act(g, stage, layer_refs(g, p.layer).v[LV_POST_NORM], p.sb_begin, p.sb_end, nullptr, s);
         }
     };

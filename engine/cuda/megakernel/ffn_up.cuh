@@ -1,8 +1,10 @@
-// OP_FFN_UP: act_ffn[:, row_begin:row_end] = silu(ffn_gate act_h) * ffn_up act_h, FFN_UP_CHUNK FFN indices at a
+// OP_FFN_UP: act_ffn[:, row_begin:row_end] = silu(ffn_gate act_h) * ffn_up act_h (at one row act_h is the normed x
+// it forms itself: norm_act.cuh norm_into_own), FFN_UP_CHUNK FFN indices at a
 // time: whole 32-wide sub-blocks of the act layout (a sub-block's sum must come from one instruction, or from the
 // last piece of a split unit: run_piece), one matmul batch of MV_BATCH tiles of gate, then of up. VM:
 // solvers.ffn_up.
 #pragma once
+#include "norm_act.cuh"
 #include "pieces.cuh"
 #include "prefetch.cuh"
 
@@ -39,15 +41,16 @@ struct FfnUpOp {
     };
     // A piece of a split 32-index unit (schedule.py split_tiles): its superblocks' gate products into columns
     // 0-31 of its part, the up products into 32-63; the last piece to arrive applies SwiGLU to the sums.
-    static __device__ void run_piece(const Globals& g, const Parsed& p, int rows, float* gate, float* up, Smem& s) {
+    static __device__ void run_piece(const Globals& g, const Parsed& p, const ActRef& a, int rows, float* gate,
+                                     float* up, Smem& s) {
         const LayerRefs& L = layer_refs(g, p.layer);
         const WeightRef &wg = L.w[LW_FFN_GATE], &wu = L.w[LW_FFN_UP];
         const int n = p.row_end - p.row_begin;
         if (piece_ok(g, wg, p.row_begin, p.row_end, 32, p.piece, p.pieces) &&
             piece_ok(g, wu, p.row_begin, p.row_end, 32, p.piece, p.pieces)) {
             float* part = piece_part(g, p.slot, p.pieces, p.piece);
-            piece_product(g, wg, p.row_begin, p.row_end, p.sb_begin, p.sb_end, g.act_h, rows, s.scratch, part);
-            piece_product(g, wu, p.row_begin, p.row_end, p.sb_begin, p.sb_end, g.act_h, rows, s.scratch, part + 32);
+            piece_product(g, wg, p.row_begin, p.row_end, p.sb_begin, p.sb_end, a, rows, s.scratch, part);
+            piece_product(g, wu, p.row_begin, p.row_end, p.sb_begin, p.sb_end, a, rows, s.scratch, part + 32);
             if (piece_arrive(g, p.slot, p.pieces, s)) {
                 for (int o = ctid(); o < n * rows; o += MK_CONSUMER_THREADS) {
                     const int t = o / n, j = o % n;
@@ -67,12 +70,13 @@ struct FfnUpOp {
             const int rows = stage_rows(g, stage);
             float* gate = s.scratch + MV_SCRATCH_FLOATS;              // [rows][FFN_UP_CHUNK]: after out and red
             float* up = gate + MK_MAX_ROWS * FFN_UP_CHUNK;           // [rows][FFN_UP_CHUNK]
-            if (p.pieces > 1) return run_piece(g, p, rows, gate, up, s);
+            const ActRef a = norm_in_matmul(g, stage) ? norm_into_own(g, stage, L.v[LV_POST_NORM], s) : g.act_h;
+            if (p.pieces > 1) return run_piece(g, p, a, rows, gate, up, s);
             for (int f0 = p.row_begin; f0 < p.row_end; f0 += FFN_UP_CHUNK) {
                 const int f1 = min(f0 + FFN_UP_CHUNK, p.row_end);
                 for (int half = 0; half < 2; ++half) {
                     float* dst = half ? up : gate;
-                    mv_rows(g, L.w[half ? LW_FFN_UP : LW_FFN_GATE], f0, f1, g.act_h, 0, rows, s.scratch,
+                    mv_rows(g, L.w[half ? LW_FFN_UP : LW_FFN_GATE], f0, f1, a, 0, rows, s.scratch,
                             [&](int r0, int n, const float* out) {
                                 for (int o = ctid(); o < n * rows; o += MK_CONSUMER_THREADS)
                                     dst[(o % rows) * FFN_UP_CHUNK + r0 - f0 + o / rows] = out[(o / rows) * 8 + o % rows];

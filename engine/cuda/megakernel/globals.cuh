@@ -81,6 +81,9 @@ struct Globals {
     ActRef act_mix;
     ActRef act_ffn;
     ActRef act_eh;
+    // Each SM's own act of act_h's width ([num_sms] of them, row 0 used): at one row MIX_IN and FFN_UP norm x into
+    // it themselves (norm_act.cuh norm_into_own), and the norm groups do nothing
+    ActRef act_own;
     // sizes
     i32 max_len;
     i32 num_layers;

@@ -1,9 +1,11 @@
-// OP_MIX_IN: rows [row_begin, row_end) of one mixer input matrix (a LW_* slot) times act_h. Attention q/k/v and
+// OP_MIX_IN: rows [row_begin, row_end) of one mixer input matrix (a LW_* slot) times act_h (at one row the normed x
+// it forms itself: norm_act.cuh norm_into_own). Attention q/k/v and
 // DeltaNet gate/alpha/beta land in proj at the matrix's column offset; DeltaNet attn_qkv rows (conv channels) go
 // through the causal conv: the window's committed rows (the last pass's accepted prefix applied first) and this
 // pass's rows, SiLU, into conv_out; the window then holds the committed rows and this pass's inputs.
 // VM: solvers.mix_in / conv_rows.
 #pragma once
+#include "norm_act.cuh"
 #include "prefetch.cuh"
 
 struct MixInOp {
@@ -82,7 +84,9 @@ struct MixInOp {
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage);
-            mv_rows(g, layer_refs(g, p.layer).w[p.matrix], p.row_begin, p.row_end, g.act_h, 0, rows, s.scratch,
+            const LayerRefs& L = layer_refs(g, p.layer);
+            const ActRef a = norm_in_matmul(g, stage) ? norm_into_own(g, stage, L.v[LV_ATTN_NORM], s) : g.act_h;
+            mv_rows(g, L.w[p.matrix], p.row_begin, p.row_end, a, 0, rows, s.scratch,
                     [&](int r0, int n, const float* out) { Storer::run(g, p, rows, r0, n, out); });
         }
     };

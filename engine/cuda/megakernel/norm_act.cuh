@@ -24,3 +24,99 @@ __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const fl
         consumers_sync();
     }
 }
+
+// MK_NORM_IN_MATMUL (on; 0 is the A/B): at one row the norm groups (ATTN_NORM, FFN_NORM: 20 instructions of ~8 us
+// and a group boundary each, 1.14 ms of the d = 0 cycle with 112 SMs waiting; bench/MEGAKERNEL.md round 8) do
+// nothing, and each MIX_IN / FFN_UP instruction norms the stage's x into its SM's own act first (the VM mirrors it:
+// solvers.py norm_in_matmul).
+#ifndef MK_NORM_IN_MATMUL
+#define MK_NORM_IN_MATMUL 1
+#endif
+__device__ __forceinline__ bool norm_in_matmul(const Globals& g, int stage) {
+    return MK_NORM_IN_MATMUL && stage_rows(g, stage) == 1;
+}
+
+// This SM's own act (Globals::act_own: [num_sms] acts of nsb superblocks; formats.py act_nbytes, act8_nbytes).
+__device__ __forceinline__ ActRef own_act(const Globals& g) {
+    ActRef a = g.act_own;
+    const i64 sm = blockIdx.x, nsb = a.nsb;
+    a.x16 += sm * nsb * 2048;
+    a.x16_lo += sm * nsb * 2048;
+    a.sums += sm * nsb * 64;
+    a.sums_lo += sm * nsb * 64;
+    if (a.q8) {
+        a.q8 += sm * nsb * 4096;
+        a.scale8 += sm * nsb * 16;
+        a.sums8 += sm * nsb * 64;
+        a.sums8_lo += sm * nsb * 64;
+    }
+    return a;
+}
+
+// Row 0 of the stage's x, RMSNorm(x) * weight, into this SM's own act: what norm_into_act and act8_store would
+// write to act_h at one row (the f16 pair, its sub-block sums, the int8 levels of what the pair holds), a warp a
+// superblock, lane l taking positions 8l .. 8l + 7 of it. Returns the act, ready for the matmuls (the barrier
+// after the stores orders them before this block's reads, which go through L2 as the writes do).
+__device__ __noinline__ ActRef norm_into_own(const Globals& g, int stage, const float* weight, Smem& s) {
+    const ActRef a = own_act(g);
+    const int H = g.hidden_size, lane = threadIdx.x & 31;
+    const float* x = stage_x(g, stage);
+    rows_inv_rms(x, 1, H, H, g.eps, s.scratch, s.scratch + MK_MAX_ROWS);
+    const float inv = s.scratch[0];
+    for (int sb = cwarp(); sb < a.nsb; sb += MK_CONSUMER_WARPS) {
+        const int k0 = sb * QK_SB + 8 * lane;
+        float v[8], mx = 0.f, sub = 0.f;
+        u32 hi16[4], lo16[4];
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {
+            float xv[4] = {0.f, 0.f, 0.f, 0.f}, wv[4] = {0.f, 0.f, 0.f, 0.f};
+            if (k0 + e < H) {  // H is a multiple of 256 (the runner checks)
+                ld_cg_f4(x + k0 + e, xv);
+                *reinterpret_cast<float4*>(wv) = *reinterpret_cast<const float4*>(weight + k0 + e);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float val = xv[j] * inv * wv[j];
+                const f16 h = f32_to_f16(val), l = f32_to_f16(val - f16_to_f32(h));
+                v[e + j] = f16_to_f32(h) + f16_to_f32(l);  // what the pair holds (act_held)
+                sub += v[e + j];
+                mx = fmaxf(mx, fabsf(v[e + j]));
+                const u32 hb = h, lb = l;  // f16 is the bits (u16)
+                if (j & 1) hi16[(e + j) >> 1] |= hb << 16, lo16[(e + j) >> 1] |= lb << 16;
+                else hi16[(e + j) >> 1] = hb, lo16[(e + j) >> 1] = lb;
+            }
+        }
+        // positions k0 .. k0 + 3 and k0 + 4 .. k0 + 7 are 4 consecutive f16 each in act_offset's order
+        const i64 o0 = act_offset(k0, 0), o1 = act_offset(k0 + 4, 0);
+        *reinterpret_cast<uint2*>(a.x16 + o0) = make_uint2(hi16[0], hi16[1]);
+        *reinterpret_cast<uint2*>(a.x16 + o1) = make_uint2(hi16[2], hi16[3]);
+        *reinterpret_cast<uint2*>(a.x16_lo + o0) = make_uint2(lo16[0], lo16[1]);
+        *reinterpret_cast<uint2*>(a.x16_lo + o1) = make_uint2(lo16[2], lo16[3]);
+        sub += __shfl_xor_sync(FULL_MASK, sub, 1);  // a sub-block's 32 positions are 4 lanes'
+        sub += __shfl_xor_sync(FULL_MASK, sub, 2);
+        if ((lane & 3) == 0) store_f16_pair(a.sums, a.sums_lo, (i64)sb * 64 + (lane >> 2), sub);
+        if (!a.q8) continue;
+        const Act8Levels lv(warp_max(mx));
+        u32 qh4[2] = {0u, 0u}, ql4[2] = {0u, 0u};
+        float seen = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float qh, ql;
+            seen += lv.quantize(v[e], qh, ql);
+            qh4[e >> 2] |= ((u32)(int)qh & 0xFFu) << (8 * (e & 3));
+            ql4[e >> 2] |= ((u32)(int)ql & 0xFFu) << (8 * (e & 3));
+        }
+        i8* q = a.q8 + (i64)sb * 4096 + 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
+        *reinterpret_cast<uint2*>(q) = make_uint2(qh4[0], qh4[1]);
+        *reinterpret_cast<uint2*>(q + 2048) = make_uint2(ql4[0], ql4[1]);
+        seen += __shfl_xor_sync(FULL_MASK, seen, 1);
+        seen += __shfl_xor_sync(FULL_MASK, seen, 2);
+        if ((lane & 3) == 0) store_f16_pair(a.sums8, a.sums8_lo, (i64)sb * 64 + (lane >> 2), seen);
+        if (lane == 0) {
+            a.scale8[(i64)sb * 16] = lv.s;
+            a.scale8[(i64)sb * 16 + 8] = lv.s_lo;
+        }
+    }
+    consumers_sync();
+    return a;
+}

@@ -140,21 +140,30 @@ class GpuExecutor:
         """Every buffer, zeroed (act positions past a row's width must read as zeros)."""
         for s in self.specs:
             if s.kind == "act":
-                x16, sums = formats.act_nbytes(s.shape[1])
-                sizes = [(x16, "x16"), (sums, "sums"), (x16, "lo"), (sums, "sums_lo")]
-                if s.name in self.int8_acts:
-                    q8, scale8, sums8 = formats.act8_nbytes(s.shape[1])
-                    sizes += [(q8, "q8"), (scale8, "scale8"), (sums8, "sums8"), (sums8, "sums8_lo")]
-                if s.name in FILL_ACTS and s.name in self.int8_acts:
-                    sizes.append((4 * -(-s.shape[1] // 256), "fill"))
-                parts = tuple(self.dev.alloc(n, f"mk.{s.name}.{p}") for n, p in sizes)
-                self.acts[s.name] = parts
-                for part in parts:
-                    self.dev.fill_u32(part, 0)
+                self._allocate_act(s.name, s.shape[1], s.name in self.int8_acts,
+                                   s.name in FILL_ACTS and s.name in self.int8_acts)
                 continue
             buf = self.dev.alloc(int(np.prod(s.shape)) * ELEMENT_BYTES[s.kind], f"mk.{s.name}")
             self._zero(buf)
             self.bufs[s.name] = buf
+        # each SM's own act of act_h's shape (globals.cuh act_own: the one-row norm inside MIX_IN and FFN_UP),
+        # with an int8 copy where act_h has one; not a VM buffer (the VM forms those values inside its matmuls)
+        self._allocate_act("act_own", self.spec.cfg.hidden_size, "act_h" in self.int8_acts, False,
+                           self.config.num_sms)
+
+    def _allocate_act(self, name: str, width: int, int8: bool, fill: bool, copies: int = 1) -> None:
+        """An act's parts (formats.act_nbytes, act8_nbytes; `copies` of each, back to back), zeroed."""
+        x16, sums = formats.act_nbytes(width)
+        sizes = [(x16, "x16"), (sums, "sums"), (x16, "lo"), (sums, "sums_lo")]
+        if int8:
+            q8, scale8, sums8 = formats.act8_nbytes(width)
+            sizes += [(q8, "q8"), (scale8, "scale8"), (sums8, "sums8"), (sums8, "sums8_lo")]
+        if fill:
+            sizes.append((4 * -(-width // 256), "fill"))
+        parts = tuple(self.dev.alloc(copies * n, f"mk.{name}.{p}") for n, p in sizes)
+        self.acts[name] = parts
+        for part in parts:
+            self.dev.fill_u32(part, 0)
 
     def _zero(self, buf: Buffer) -> None:
         check(_driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, self.dev.stream), f"memset {buf.what}")
@@ -191,6 +200,7 @@ class GpuExecutor:
         for s in self.specs:
             if s.kind == "act":
                 setattr(g, s.name, self._act_ref(s.name, s.shape[1]))
+        g.act_own = self._act_ref("act_own", cfg.hidden_size)
         assign(g, **globals_sizes(spec, self.capacity, self.config, self.num_lm_parts, self.num_draft_parts,
                                   max_len))
         g.eps, g.rope_theta = cfg.rms_eps, cfg.rope_theta
@@ -243,11 +253,7 @@ class GpuExecutor:
         """A buffer in the VM's form (act layouts decoded to float32 rows, f16 caches widened)."""
         s = self._spec(name)
         if s.kind == "act":
-            x16, _, lo, *_ = self.acts[name]
-            n = formats.act_nbytes(s.shape[1])[0] // 2
-            hi_h = self.dev.download(x16, np.uint16, (n,))
-            lo_h = self.dev.download(lo, np.uint16, (n,))
-            return formats.act_decode(hi_h, lo_h, rows or MAX_ROWS, s.shape[1])
+            return self._read_act(name, s.shape[1], rows or MAX_ROWS)
         dtype = {"f32": np.float32, "i32": np.int32, "u32": np.uint32, "u8": np.uint8, "kv": np.float16}[s.kind]
         out = self.dev.download(self.bufs[name], dtype, s.shape).astype(np.float32 if s.kind == "kv" else dtype)
         return out if rows is None else out[:rows]
@@ -255,12 +261,29 @@ class GpuExecutor:
     def read_int8(self, name: str) -> tuple[np.ndarray, ...] | None:
         """An act's int8 copy as formats.act8_encode returns it (q8 as uint8, scale8, sums8 and sums8_lo as uint16
         bit patterns), or None where the act has none."""
-        if name not in self.int8_acts:
-            return None
+        return self._read_act8(name, self._spec(name).shape[1]) if name in self.int8_acts else None
+
+    def read_own(self, sm: int) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """SM `sm`'s own act (globals.cuh act_own: what its last one-row MIX_IN or FFN_UP normed): the float32 rows
+        as read() gives them, and its int8 copy as read_int8 does (None where act_h has none)."""
+        width = self.spec.cfg.hidden_size
+        return (self._read_act("act_own", width, MAX_ROWS, sm),
+                self._read_act8("act_own", width, sm) if "act_h" in self.int8_acts else None)
+
+    def _read_act(self, name: str, width: int, rows: int, copy: int = 0) -> np.ndarray:
+        x16, _, lo, *_ = self.acts[name]
+        n = formats.act_nbytes(width)[0] // 2
+        hi_h = self.dev.download(x16, np.uint16, (n,), copy * 2 * n)
+        lo_h = self.dev.download(lo, np.uint16, (n,), copy * 2 * n)
+        return formats.act_decode(hi_h, lo_h, rows, width)
+
+    def _read_act8(self, name: str, width: int, copy: int = 0) -> tuple[np.ndarray, ...]:
         q8, scale8, sums8, sums8_lo = self.acts[name][4:8]
-        nq, nscale, nsums = formats.act8_nbytes(self._spec(name).shape[1])
-        return (self.dev.download(q8, np.uint8, (nq,)), self.dev.download(scale8, np.float32, (nscale // 4,)),
-                self.dev.download(sums8, np.uint16, (nsums // 2,)), self.dev.download(sums8_lo, np.uint16, (nsums // 2,)))
+        nq, nscale, nsums = formats.act8_nbytes(width)
+        return (self.dev.download(q8, np.uint8, (nq,), copy * nq),
+                self.dev.download(scale8, np.float32, (nscale // 4,), copy * nscale),
+                self.dev.download(sums8, np.uint16, (nsums // 2,), copy * nsums),
+                self.dev.download(sums8_lo, np.uint16, (nsums // 2,), copy * nsums))
 
     def write(self, name: str, array: np.ndarray) -> None:
         """Overwrite a buffer (or its leading rows) from the VM's form."""

@@ -51,6 +51,24 @@ def embed(vm: VirtualMachine, inst: I.Embed) -> None:
     vm.mem["x"][:rows, inst.col_begin : inst.col_end] = vm.weights.token_embd[ids][:, inst.col_begin : inst.col_end]
 
 
+# At one row the norm groups do nothing and MIX_IN / FFN_UP norm x themselves (norm_act.cuh MK_NORM_IN_MATMUL):
+# act_h keeps what it held, on both sides.
+NORM_IN_MATMUL = True
+
+
+def norm_in_matmul(vm: VirtualMachine, stage: int) -> bool:
+    """Whether the stage's ATTN_NORM / FFN_NORM leave their work to the matmuls that read act_h."""
+    return NORM_IN_MATMUL and vm.rows(stage) == 1
+
+
+def _matmul_input(vm: VirtualMachine, inst, norm: str) -> np.ndarray:
+    """The stage's rows of act_h, or at one row RMSNorm(x) * the layer's `norm`, which the matmul forms itself."""
+    rows = vm.rows(inst.stage)
+    if norm_in_matmul(vm, inst.stage):
+        return ops.rms_norm(vm.mem[vm.x_name(inst.stage)][:rows], vm.vector(inst.layer, norm), vm.cfg.rms_eps)
+    return vm.mem["act_h"][:rows]
+
+
 def _norm_into_act(vm: VirtualMachine, inst, weight: np.ndarray, hidden: str | None) -> None:
     """act_h (and `hidden`) superblocks of RMSNorm(x) * weight for the stage's rows."""
     rows, x = vm.rows(inst.stage), vm.mem[vm.x_name(inst.stage)]
@@ -63,14 +81,16 @@ def _norm_into_act(vm: VirtualMachine, inst, weight: np.ndarray, hidden: str | N
 
 @solver(Op.ATTN_NORM)
 def attn_norm(vm: VirtualMachine, inst: I.AttnNorm) -> None:
-    """act_h = RMSNorm(x) * attn_norm."""
-    _norm_into_act(vm, inst, vm.vector(inst.layer, "attn_norm"), None)
+    """act_h = RMSNorm(x) * attn_norm; nothing at one row (norm_in_matmul)."""
+    if not norm_in_matmul(vm, inst.stage):
+        _norm_into_act(vm, inst, vm.vector(inst.layer, "attn_norm"), None)
 
 
 @solver(Op.FFN_NORM)
 def ffn_norm(vm: VirtualMachine, inst: I.FfnNorm) -> None:
-    """act_h = RMSNorm(x) * post_attention_norm."""
-    _norm_into_act(vm, inst, vm.vector(inst.layer, "post_attention_norm"), None)
+    """act_h = RMSNorm(x) * post_attention_norm; nothing at one row (norm_in_matmul)."""
+    if not norm_in_matmul(vm, inst.stage):
+        _norm_into_act(vm, inst, vm.vector(inst.layer, "post_attention_norm"), None)
 
 
 @solver(Op.HEAD_NORM)
@@ -101,7 +121,7 @@ def conv_rows(vm: VirtualMachine, layer: int, c0: int, c1: int, qkv: np.ndarray)
 def mix_in(vm: VirtualMachine, inst: I.MixIn) -> None:
     """Rows of one mixer input matrix: into proj, or (attn_qkv) through the causal conv into conv_out."""
     rows, key = vm.rows(inst.stage), LW[inst.matrix]
-    y = ops.matmul(vm.mem["act_h"][:rows], vm.matrix(inst.layer, key)[inst.row_begin : inst.row_end])
+    y = ops.matmul(_matmul_input(vm, inst, "attn_norm"), vm.matrix(inst.layer, key)[inst.row_begin : inst.row_end])
     if key == "attn_qkv":
         conv_rows(vm, inst.layer, inst.row_begin, inst.row_end, y)
     else:
@@ -271,7 +291,7 @@ def mix_out(vm: VirtualMachine, inst: I.MixOut) -> None:
 def ffn_up(vm: VirtualMachine, inst: I.FfnUp) -> None:
     """act_ffn columns = silu(gate) * up; a piece (inst.pieces > 1) leaves its superblocks' gate and up products
     in mv_part[..., :32] and [..., 32:64], and the last of the unit's pieces applies SwiGLU to their sums."""
-    rows, act = vm.rows(inst.stage), vm.mem["act_h"][: vm.rows(inst.stage)]
+    rows, act = vm.rows(inst.stage), _matmul_input(vm, inst, "post_attention_norm")
     r, k = slice(inst.row_begin, inst.row_end), slice(inst.sb_begin * SUPERBLOCK, inst.sb_end * SUPERBLOCK)
     gate = ops.matmul(act[:, k], vm.matrix(inst.layer, "ffn_gate")[r, k])
     up = ops.matmul(act[:, k], vm.matrix(inst.layer, "ffn_up")[r, k])

@@ -37,7 +37,7 @@ _WEIGHTS = ("token_embd", "output", "mtp_output", "mtp_embd")
 _BUFFERS = ("output_norm", "rope_inv_freq", "x", "mtp_x", "proj", "conv_out", "attn_part", "hidden", "mtp_hidden",
             "last_hidden", "logits", "lm_part_v", "lm_part_i", "draft_logits", "draft_part_v", "draft_part_i",
             "counts", "seen", "mv_part", "mv_count")
-_ACTS = ("act_h", "act_mix", "act_ffn", "act_eh")
+_ACTS = ("act_h", "act_mix", "act_ffn", "act_eh", "act_own")
 _SIZES = ("max_len", "num_layers", "hidden_size", "ffn_size", "vocab", "draft_vocab", "num_heads", "num_kv_heads",
           "head_dim", "rope_dim", "q_size", "kv_size", "ssm_k_heads", "ssm_v_heads", "ssm_dk", "ssm_dv",
           "conv_kernel", "conv_dim", "inner", "capacity", "proj_width", "attn_splits", "num_lm_parts",
