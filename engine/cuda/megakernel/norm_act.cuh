@@ -32,8 +32,12 @@ __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const fl
 #ifndef MK_NORM_IN_MATMUL
 #define MK_NORM_IN_MATMUL 1
 #endif
+// Superblocks of x a warp holds in registers while norm_into_own sums their squares: widths up to 8 x 4 x 256 =
+// 8192 (wider models keep the norm groups; solvers.py NORM_OWN_MAX_WIDTH).
+#define NORM_OWN_PER_WARP 4
 __device__ __forceinline__ bool norm_in_matmul(const Globals& g, int stage) {
-    return MK_NORM_IN_MATMUL && stage_rows(g, stage) == 1;
+    return MK_NORM_IN_MATMUL && g.hidden_size <= MK_CONSUMER_WARPS * NORM_OWN_PER_WARP * QK_SB &&
+           stage_rows(g, stage) == 1;
 }
 
 // This SM's own act (Globals::act_own: [num_sms] acts of nsb superblocks; formats.py act_nbytes, act8_nbytes).
@@ -54,37 +58,61 @@ __device__ __forceinline__ ActRef own_act(const Globals& g) {
 }
 
 // Row 0 of the stage's x, RMSNorm(x) * weight, into this SM's own act: what norm_into_act and act8_store would
-// write to act_h at one row (the f16 pair, its sub-block sums, the int8 levels of what the pair holds), a warp a
-// superblock, lane l taking positions 8l .. 8l + 7 of it. Returns the act, ready for the matmuls (the barrier
+// write to act_h at one row (the f16 pair, its sub-block sums, the int8 levels of what the pair holds). Warp w
+// takes superblocks w, w + 8, ..., lane l positions 8l .. 8l + 7 of each: every load of x and the weight is issued
+// at once and kept in registers through the block's sum of squares (one L2 round trip and one barrier; a loop of
+// them cost MIX_IN and FFN_UP ~8 us an instruction, round 8). Returns the act, ready for the matmuls (the barrier
 // after the stores orders them before this block's reads, which go through L2 as the writes do).
 __device__ __noinline__ ActRef norm_into_own(const Globals& g, int stage, const float* weight, Smem& s) {
+    constexpr int PER = NORM_OWN_PER_WARP;
     const ActRef a = own_act(g);
-    const int H = g.hidden_size, lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, nsb = a.nsb;
     const float* x = stage_x(g, stage);
-    rows_inv_rms(x, 1, H, H, g.eps, s.scratch, s.scratch + MK_MAX_ROWS);
-    const float inv = s.scratch[0];
-    for (int sb = cwarp(); sb < a.nsb; sb += MK_CONSUMER_WARPS) {
-        const int k0 = sb * QK_SB + 8 * lane;
+    float xv[PER][8], wv[PER][8], ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int k0 = (cwarp() + MK_CONSUMER_WARPS * j) * QK_SB + 8 * lane;
+        const bool in = k0 < nsb * QK_SB;  // the runner checks the width is a multiple of 256
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {
+            float* xp = &xv[j][e];
+            if (in) {
+                ld_cg_f4(x + k0 + e, *reinterpret_cast<float(*)[4]>(xp));
+                *reinterpret_cast<float4*>(&wv[j][e]) = *reinterpret_cast<const float4*>(weight + k0 + e);
+            } else {
+#pragma unroll
+                for (int t = 0; t < 4; ++t) xp[t] = wv[j][e + t] = 0.f;
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss += xv[j][e] * xv[j][e];
+    ss = warp_sum(ss);
+    float* red = s.scratch;  // [MK_CONSUMER_WARPS]
+    if (lane == 0) red[cwarp()] = ss;
+    consumers_sync();
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < MK_CONSUMER_WARPS; ++w) total += red[w];
+    const float inv = rsqrtf(total / g.hidden_size + g.eps);  // rows_inv_rms's form
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int sb = cwarp() + MK_CONSUMER_WARPS * j, k0 = sb * QK_SB + 8 * lane;
+        if (sb >= nsb) break;
         float v[8], mx = 0.f, sub = 0.f;
         u32 hi16[4], lo16[4];
 #pragma unroll
-        for (int e = 0; e < 8; e += 4) {
-            float xv[4] = {0.f, 0.f, 0.f, 0.f}, wv[4] = {0.f, 0.f, 0.f, 0.f};
-            if (k0 + e < H) {  // H is a multiple of 256 (the runner checks)
-                ld_cg_f4(x + k0 + e, xv);
-                *reinterpret_cast<float4*>(wv) = *reinterpret_cast<const float4*>(weight + k0 + e);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float val = xv[j] * inv * wv[j];
-                const f16 h = f32_to_f16(val), l = f32_to_f16(val - f16_to_f32(h));
-                v[e + j] = f16_to_f32(h) + f16_to_f32(l);  // what the pair holds (act_held)
-                sub += v[e + j];
-                mx = fmaxf(mx, fabsf(v[e + j]));
-                const u32 hb = h, lb = l;  // f16 is the bits (u16)
-                if (j & 1) hi16[(e + j) >> 1] |= hb << 16, lo16[(e + j) >> 1] |= lb << 16;
-                else hi16[(e + j) >> 1] = hb, lo16[(e + j) >> 1] = lb;
-            }
+        for (int e = 0; e < 8; ++e) {
+            const float val = xv[j][e] * inv * wv[j][e];
+            const f16 h = f32_to_f16(val), l = f32_to_f16(val - f16_to_f32(h));
+            v[e] = f16_to_f32(h) + f16_to_f32(l);  // what the pair holds (act_held)
+            sub += v[e];
+            mx = fmaxf(mx, fabsf(v[e]));
+            const u32 hb = h, lb = l;  // f16 is the bits (u16)
+            if (e & 1) hi16[e >> 1] |= hb << 16, lo16[e >> 1] |= lb << 16;
+            else hi16[e >> 1] = hb, lo16[e >> 1] = lb;
         }
         // positions k0 .. k0 + 3 and k0 + 4 .. k0 + 7 are 4 consecutive f16 each in act_offset's order
         const i64 o0 = act_offset(k0, 0), o1 = act_offset(k0 + 4, 0);

@@ -52,13 +52,14 @@ def embed(vm: VirtualMachine, inst: I.Embed) -> None:
 
 
 # At one row the norm groups do nothing and MIX_IN / FFN_UP norm x themselves (norm_act.cuh MK_NORM_IN_MATMUL):
-# act_h keeps what it held, on both sides.
+# act_h keeps what it held, on both sides. Up to the width the device holds in registers (8 warps x 4 superblocks).
 NORM_IN_MATMUL = True
+NORM_OWN_MAX_WIDTH = 8 * 4 * SUPERBLOCK
 
 
 def norm_in_matmul(vm: VirtualMachine, stage: int) -> bool:
     """Whether the stage's ATTN_NORM / FFN_NORM leave their work to the matmuls that read act_h."""
-    return NORM_IN_MATMUL and vm.rows(stage) == 1
+    return NORM_IN_MATMUL and vm.cfg.hidden_size <= NORM_OWN_MAX_WIDTH and vm.rows(stage) == 1
 
 
 def _matmul_input(vm: VirtualMachine, inst, norm: str) -> np.ndarray:
