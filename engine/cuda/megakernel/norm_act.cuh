@@ -35,6 +35,11 @@ __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const fl
 // Superblocks of x a warp holds in registers while norm_into_own sums their squares: widths up to 8 x 4 x 256 =
 // 8192 (wider models keep the norm groups; solvers.py NORM_OWN_MAX_WIDTH).
 #define NORM_OWN_PER_WARP 4
+// MK_TIME_NORM (a benchmark knob): TIME_FIRST at norm_into_own's sum of squares (1) or its end (2), not at the
+// first matmul batch: the profile's `first` is then the norm's time.
+#ifndef MK_TIME_NORM
+#define MK_TIME_NORM 0
+#endif
 __device__ __forceinline__ bool norm_in_matmul(const Globals& g, int stage) {
     return MK_NORM_IN_MATMUL && g.hidden_size <= MK_CONSUMER_WARPS * NORM_OWN_PER_WARP * QK_SB &&
            stage_rows(g, stage) == 1;
@@ -97,6 +102,7 @@ __device__ __noinline__ ActRef norm_into_own(const Globals& g, int stage, const 
 #pragma unroll
     for (int w = 0; w < MK_CONSUMER_WARPS; ++w) total += red[w];
     const float inv = rsqrtf(total / g.hidden_size + g.eps);  // rows_inv_rms's form
+    if (MK_TIME_NORM == 1) record_first(g);
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
         const int sb = cwarp() + MK_CONSUMER_WARPS * j, k0 = sb * QK_SB + 8 * lane;
@@ -146,5 +152,6 @@ __device__ __noinline__ ActRef norm_into_own(const Globals& g, int stage, const 
         }
     }
     consumers_sync();
+    if (MK_TIME_NORM == 2) record_first(g);
     return a;
 }
