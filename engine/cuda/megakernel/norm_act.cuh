@@ -40,6 +40,10 @@ __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const fl
 #ifndef MK_TIME_NORM
 #define MK_TIME_NORM 0
 #endif
+// Probes (timing only, wrong results): MK_NORM_PROBE & 1 skips the weight's loads, & 2 every store
+#ifndef MK_NORM_PROBE
+#define MK_NORM_PROBE 0
+#endif
 __device__ __forceinline__ bool norm_in_matmul(const Globals& g, int stage) {
     return MK_NORM_IN_MATMUL && g.hidden_size <= MK_CONSUMER_WARPS * NORM_OWN_PER_WARP * QK_SB &&
            stage_rows(g, stage) == 1;
@@ -83,7 +87,10 @@ __device__ __noinline__ ActRef norm_into_own(const Globals& g, int stage, const 
             float* xp = &xv[j][e];
             if (in) {
                 ld_cg_f4(x + k0 + e, *reinterpret_cast<float(*)[4]>(xp));
-                *reinterpret_cast<float4*>(&wv[j][e]) = *reinterpret_cast<const float4*>(weight + k0 + e);
+                if (MK_NORM_PROBE & 1)
+                    *reinterpret_cast<float4*>(&wv[j][e]) = make_float4(1.f, 1.f, 1.f, 1.f);
+                else
+                    *reinterpret_cast<float4*>(&wv[j][e]) = *reinterpret_cast<const float4*>(weight + k0 + e);
             } else {
 #pragma unroll
                 for (int t = 0; t < 4; ++t) xp[t] = wv[j][e + t] = 0.f;
@@ -119,6 +126,10 @@ __device__ __noinline__ ActRef norm_into_own(const Globals& g, int stage, const 
             const u32 hb = h, lb = l;  // f16 is the bits (u16)
             if (e & 1) hi16[e >> 1] |= hb << 16, lo16[e >> 1] |= lb << 16;
             else hi16[e >> 1] = hb, lo16[e >> 1] = lb;
+        }
+        if (MK_NORM_PROBE & 2) {
+            if (mx == 12345.f) a.x16[0] = hi16[0] + lo16[3];  // keeps the arithmetic
+            continue;
         }
         // positions k0 .. k0 + 3 and k0 + 4 .. k0 + 7 are 4 consecutive f16 each in act_offset's order
         const i64 o0 = act_offset(k0, 0), o1 = act_offset(k0 + 4, 0);
