@@ -59,15 +59,17 @@ def test_every_op_matches_the_vm_from_the_same_state(pair, drafts: list[int]) ->
 
 
 def test_int8_copies_are_the_encoding_of_each_act_at_one_row(pair) -> None:
-    """After stage 0's mixer input and FFN_UP at d = 0, each int8 copy the GPU keeps (the normed row's in the
-    first MIX_IN SM's own act, act_ffn's from its superblocks' last writers, act_mix's where it has one) is
-    formats.act8_encode of the act the GPU holds: the same levels, scales and sub-block sums."""
+    """After stage 0's norm (or, with MK_NORM_IN_MATMUL, mixer input) and FFN_UP at d = 0, each int8 copy the GPU
+    keeps (act_h's, or the normed row's in an own act; act_ffn's from its superblocks' last writers; act_mix's where
+    it has one) is formats.act8_encode of the act the GPU holds: the same levels, scales and sub-block sums."""
     from engine.cuda.megakernel.diff import act8_checks, prepare
+    from engine.cuda.megakernel.solvers import norm_in_matmul
 
     vm, gpu = pair
     prepare(vm, PROMPT, [])
     checks = act8_checks(vm, gpu)
-    assert {name.split(".")[0] for name, _, _ in checks} >= {"act_own", "act_ffn"}
+    normed = "act_own" if norm_in_matmul(vm, 0) else "act_h"
+    assert {name.split(".")[0] for name, _, _ in checks} >= {normed, "act_ffn"}
     assert all(frac == 0.0 for _, _, frac in checks), checks
 
 

@@ -287,13 +287,15 @@ def test_diff_harness_names_the_first_diverging_op(model_path) -> None:
 
 
 def test_at_one_row_the_matmuls_norm_x_themselves(model_path, monkeypatch) -> None:
-    """At d = 0 (one row) ATTN_NORM and FFN_NORM leave act_h as it was and MIX_IN / FFN_UP form RMSNorm(x) * their
-    layer's norm themselves, as the device does (norm_act.cuh MK_NORM_IN_MATMUL): the outputs of layer 0's mixer
+    """With NORM_IN_MATMUL at d = 0 (one row) ATTN_NORM and FFN_NORM leave act_h as it was and MIX_IN / FFN_UP form
+    RMSNorm(x) * their layer's norm themselves, as the device does (norm_own.cuh MK_NORM_IN_MATMUL): the outputs of layer 0's mixer
     input and FFN are exactly those of the norm groups' act_h; at two rows the norms write act_h as before."""
     from engine.cuda.megakernel import solvers
     from engine.cuda.megakernel.diff import prepare
     from engine.cuda.megakernel.instructions import Op
 
+    monkeypatch.delenv("OPENJET_MK_DEFINES", raising=False)  # a variant's MK_NORM_IN_MATMUL would win
+    monkeypatch.setattr(solvers, "NORM_IN_MATMUL", True)
     vm = on_vm(model_path, FINE_CONFIG).ex
     cycle = vm.programs["cycle"]
 

@@ -1,6 +1,7 @@
 // OP_ATTN_NORM: act_h superblocks [sb_begin, sb_end) = RMSNorm(x) * attn_norm (the mixer's input). VM: solvers.attn_norm.
 #pragma once
 #include "norm_act.cuh"
+#include "norm_own.cuh"
 
 struct AttnNormOp {
     static constexpr int OPCODE = OP_ATTN_NORM;

@@ -86,6 +86,12 @@ def tuning_defines() -> tuple[str, ...]:
     return tuple(f"-D{i}" for i in items)
 
 
+def tuning_define(name: str) -> str | None:
+    """The value OPENJET_MK_DEFINES gives define `name`, or None (for the VM to mirror a variant it changes)."""
+    values = dict(d[2:].split("=", 1) if "=" in d else (d[2:], "1") for d in tuning_defines())
+    return values.get(name)
+
+
 def model_options(spec) -> tuple[str, ...]:
     """Defines that compile only what this model needs (its weight types and DeltaNet head sizes), plus any tuning
     defines asked for."""

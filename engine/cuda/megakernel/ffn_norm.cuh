@@ -1,6 +1,7 @@
 // OP_FFN_NORM: act_h superblocks [sb_begin, sb_end) = RMSNorm(x) * post_attention_norm (the FFN's input). VM: solvers.ffn_norm.
 #pragma once
 #include "norm_act.cuh"
+#include "norm_own.cuh"
 
 struct FfnNormOp {
     static constexpr int OPCODE = OP_FFN_NORM;

@@ -4,7 +4,7 @@
 // last piece of a split unit: run_piece), one matmul batch of MV_BATCH tiles of gate, then of up. VM:
 // solvers.ffn_up.
 #pragma once
-#include "norm_act.cuh"
+#include "norm_own.cuh"
 #include "pieces.cuh"
 #include "prefetch.cuh"
 
@@ -70,7 +70,9 @@ struct FfnUpOp {
             const int rows = stage_rows(g, stage);
             float* gate = s.scratch + MV_SCRATCH_FLOATS;              // [rows][FFN_UP_CHUNK]: after out and red
             float* up = gate + MK_MAX_ROWS * FFN_UP_CHUNK;           // [rows][FFN_UP_CHUNK]
-            const ActRef a = norm_in_matmul(g, stage) ? norm_into_own(g, stage, L.v[LV_POST_NORM], s) : g.act_h;
+            const bool smem = p.pieces == 1 && levels_from_smem(g, L.w[LW_FFN_GATE], p.row_begin) &&
+                              levels_from_smem(g, L.w[LW_FFN_UP], p.row_begin);
+            const ActRef a = norm_in_matmul(g, stage) ? norm_into_own(g, stage, L.v[LV_POST_NORM], smem, s) : g.act_h;
             if (p.pieces > 1) return run_piece(g, p, a, rows, gate, up, s);
             for (int f0 = p.row_begin; f0 < p.row_end; f0 += FFN_UP_CHUNK) {
                 const int f1 = min(f0 + FFN_UP_CHUNK, p.row_end);

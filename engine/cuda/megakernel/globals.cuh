@@ -34,7 +34,8 @@ struct ActRef {
     // (act_ffn, act_mix: their instructions write parts of superblocks); null elsewhere
     u32* fill;
     i32 width;
-    i32 nsb;  // superblocks per row
+    i32 nsb;      // superblocks per row
+    i32 in_smem;  // row 0's int8 levels are already in the batch's shared area (norm_own.cuh; never from the host)
 };
 
 struct LayerRefs {

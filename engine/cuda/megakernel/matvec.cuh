@@ -601,8 +601,8 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         ++ci;
         cp_async_commit();
     };
-    const u8* act_area = rings;  // A8_SMEM: the batch's superblocks of the row's levels
-    if (A8 == A8_SMEM) Act8Stage::copy_all(smem_u32(rings), a, n0, sb0, sb1);
+    const u8* act_area = rings;  // A8_SMEM: the batch's superblocks of the row's levels (a.in_smem: norm_into_own's)
+    if (A8 == A8_SMEM && !a.in_smem) Act8Stage::copy_all(smem_u32(rings), a, n0, sb0, sb1);
     for (u32 k = 0; k + 1 < NS; ++k) issue();
     if (A8 == A8_SMEM) {  // every thread's share landed (the ring's groups may still fly), then everyone's
         cp_async_wait<NS - 1>();

@@ -5,7 +5,7 @@
 // pass's rows, SiLU, into conv_out; the window then holds the committed rows and this pass's inputs.
 // VM: solvers.mix_in / conv_rows.
 #pragma once
-#include "norm_act.cuh"
+#include "norm_own.cuh"
 #include "prefetch.cuh"
 
 struct MixInOp {
@@ -85,8 +85,11 @@ struct MixInOp {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage);
             const LayerRefs& L = layer_refs(g, p.layer);
-            const ActRef a = norm_in_matmul(g, stage) ? norm_into_own(g, stage, L.v[LV_ATTN_NORM], s) : g.act_h;
-            mv_rows(g, L.w[p.matrix], p.row_begin, p.row_end, a, 0, rows, s.scratch,
+            const WeightRef& w = L.w[p.matrix];
+            const ActRef a = norm_in_matmul(g, stage)
+                                 ? norm_into_own(g, stage, L.v[LV_ATTN_NORM], levels_from_smem(g, w, p.row_begin), s)
+                                 : g.act_h;
+            mv_rows(g, w, p.row_begin, p.row_end, a, 0, rows, s.scratch,
                     [&](int r0, int n, const float* out) { Storer::run(g, p, rows, r0, n, out); });
         }
     };

@@ -23,7 +23,8 @@ class ActRef(ctypes.Structure):
     width and superblocks."""
 
     _fields_ = [("x16", u64), ("sums", u64), ("x16_lo", u64), ("sums_lo", u64), ("q8", u64), ("scale8", u64),
-                ("sums8", u64), ("sums8_lo", u64), ("fill", u64), ("width", i32), ("nsb", i32)]
+                ("sums8", u64), ("sums8_lo", u64), ("fill", u64), ("width", i32), ("nsb", i32),
+                ("in_smem", i32)]
 
 
 class LayerRefs(ctypes.Structure):
