@@ -65,14 +65,20 @@ struct FfnUpOp {
         consumers_sync();
     }
     struct Consumer {
+        // act_h by reference where it is the input (a local copy's fields are read from the stack: mix_in.cuh)
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
+            const LayerRefs& L = layer_refs(g, p.layer);
+            if (!norm_in_matmul(g, stage)) return product(g, p, stage, g.act_h, s);
+            const bool smem = p.pieces == 1 && levels_from_smem(g, L.w[LW_FFN_GATE], p.row_begin) &&
+                              levels_from_smem(g, L.w[LW_FFN_UP], p.row_begin);
+            const ActRef own = norm_into_own(g, stage, L.v[LV_POST_NORM], smem, s);
+            product(g, p, stage, own, s);
+        }
+        static __device__ void product(const Globals& g, const Parsed& p, int stage, const ActRef& a, Smem& s) {
             const LayerRefs& L = layer_refs(g, p.layer);
             const int rows = stage_rows(g, stage);
             float* gate = s.scratch + MV_SCRATCH_FLOATS;              // [rows][FFN_UP_CHUNK]: after out and red
             float* up = gate + MK_MAX_ROWS * FFN_UP_CHUNK;           // [rows][FFN_UP_CHUNK]
-            const bool smem = p.pieces == 1 && levels_from_smem(g, L.w[LW_FFN_GATE], p.row_begin) &&
-                              levels_from_smem(g, L.w[LW_FFN_UP], p.row_begin);
-            const ActRef a = norm_in_matmul(g, stage) ? norm_into_own(g, stage, L.v[LV_POST_NORM], smem, s) : g.act_h;
             if (p.pieces > 1) return run_piece(g, p, a, rows, gate, up, s);
             for (int f0 = p.row_begin; f0 < p.row_end; f0 += FFN_UP_CHUNK) {
                 const int f1 = min(f0 + FFN_UP_CHUNK, p.row_end);

@@ -82,15 +82,23 @@ struct MixInOp {
         }
     };
     struct Consumer {
+        static __device__ void product(const Globals& g, const Parsed& p, const WeightRef& w, int rows,
+                                       const ActRef& a, Smem& s) {
+            mv_rows(g, w, p.row_begin, p.row_end, a, 0, rows, s.scratch,
+                    [&](int r0, int n, const float* out) { Storer::run(g, p, rows, r0, n, out); });
+        }
+        // act_h by reference where it is the input: a local copy (58e31cf) put 12 more stack stores in this
+        // consumer's SASS, the likely cause of MIX_IN's +1.4 us an instruction there (round 8; SASS now as 6f462a1's)
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage);
             const LayerRefs& L = layer_refs(g, p.layer);
             const WeightRef& w = L.w[p.matrix];
-            const ActRef a = norm_in_matmul(g, stage)
-                                 ? norm_into_own(g, stage, L.v[LV_ATTN_NORM], levels_from_smem(g, w, p.row_begin), s)
-                                 : g.act_h;
-            mv_rows(g, w, p.row_begin, p.row_end, a, 0, rows, s.scratch,
-                    [&](int r0, int n, const float* out) { Storer::run(g, p, rows, r0, n, out); });
+            if (norm_in_matmul(g, stage)) {
+                const ActRef own = norm_into_own(g, stage, L.v[LV_ATTN_NORM], levels_from_smem(g, w, p.row_begin), s);
+                product(g, p, w, rows, own, s);
+            } else {
+                product(g, p, w, rows, g.act_h, s);
+            }
         }
     };
 };
