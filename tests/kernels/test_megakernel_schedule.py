@@ -75,6 +75,31 @@ def test_instruction_words_round_trip(programs) -> None:
         I.FfnDown(0).waits(0, Op.ATTN_NORM, 3)
 
 
+def test_matmuls_after_a_norm_wait_at_one_row_on_what_the_norm_waits_on(whole_programs) -> None:
+    """MIX_IN and FFN_UP carry the wait of the norm group before them as their one-row wait (norm_own.cuh: at one
+    row the norms do nothing and the matmuls norm x themselves), so at one row they skip the norm's step; no other
+    instruction has one."""
+    for program in whole_programs.values():
+        insts = program.instructions
+        norm_wait = {}
+        for inst in insts:
+            if inst.OPCODE in (Op.ATTN_NORM, Op.FFN_NORM):
+                norm_wait[(inst.stage, inst.OPCODE)] = (inst.wait_stage, inst.wait_op, inst.wait_count)
+        for inst in insts:
+            one_row = (inst.wait1_stage, inst.wait1_op, inst.wait1_count)
+            if inst.OPCODE == Op.MIX_IN:
+                assert one_row == norm_wait[(inst.stage, Op.ATTN_NORM)] and inst.wait1_count > 0
+            elif inst.OPCODE == Op.FFN_UP:
+                assert one_row == norm_wait[(inst.stage, Op.FFN_NORM)] and inst.wait1_op == Op.MIX_OUT
+            else:
+                assert one_row == (0, 0, 0), inst
+    stage = 5  # a trunk layer after the first: its MIX_IN waits at one row on the layer before's FFN_DOWN
+    mix = next(i for i in whole_programs["cycle"].instructions if i.OPCODE == Op.MIX_IN and i.stage == stage)
+    assert (mix.wait1_stage, mix.wait1_op) == (stage - 1, Op.FFN_DOWN)
+    with pytest.raises(ValueError, match="at one row"):
+        I.FfnUp(0).waits_at_one_row(0, Op.FFN_DOWN, 3)
+
+
 def test_truncation_stops_after_the_group(programs) -> None:
     cut = programs["cycle"].truncated(head_stage(qwen38_27b_config()), Op.LM_HEAD)
     validate(cut)

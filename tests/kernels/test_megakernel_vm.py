@@ -179,15 +179,22 @@ def test_split_units_give_the_reference_tokens_and_state(tiny_model_path) -> Non
     assert not mk.ex.mem["mv_count"].any()
 
 
+@pytest.mark.parametrize("norm_in_matmul", [False, True], ids=["norms", "norm_in_matmul"])
 @pytest.mark.parametrize("config", [FINE_CONFIG, SPLIT_CONFIG], ids=["fine", "split"])
-def test_random_interleavings_give_identical_buffers(model_path, config: ScheduleConfig) -> None:
-    """Two VMs running the SM queues in different orders end with bit-identical buffers."""
+def test_random_interleavings_give_identical_buffers(model_path, config: ScheduleConfig, norm_in_matmul: bool,
+                                                     monkeypatch) -> None:
+    """Two VMs running the SM queues in different orders end with bit-identical buffers; also where one-row
+    matmuls norm x themselves and wait past the norm groups (their one-row waits), at d = 0 and d = 3."""
+    from engine.cuda.megakernel import solvers
+
+    monkeypatch.delenv("OPENJET_MK_DEFINES", raising=False)
+    monkeypatch.setattr(solvers, "NORM_IN_MATMUL", norm_in_matmul)
     a, b = on_vm(model_path, config, seed=1), on_vm(model_path, config, seed=2)
     b.ex.order = "program"
     seqs = TokenSequence.start(PROMPT, GREEDY), TokenSequence.start(PROMPT, GREEDY)
-    for _ in range(6):
+    for depth in (3, 0, 3, 0, 3, 3):
         for backend, seq in zip((a, b), seqs):
-            backend.cycle(seq, 3, GREEDY, rule=greedy_accept)
+            backend.cycle(seq, depth, GREEDY, rule=greedy_accept)
     for name, array in a.ex.mem.items():
         assert np.array_equal(array, b.ex.mem[name], equal_nan=True), name
 

@@ -1,10 +1,11 @@
 """The megakernel's instruction set: one dataclass per opcode, serialised to INST_WORDS int32 words.
 
 Mirrors opcodes.cuh (the header is the law; tests check that the two agree). An instruction's words are the
-header (opcode, stage, wait_stage, wait_op, wait_count) followed by its own fields in declaration order, which is
-the order its device parser (<op>.cuh, struct Parsed) reads them. Every instruction increments the counter
-(stage, opcode) once its outputs are stored, and runs only once counter (wait_stage, wait_op) has reached
-wait_count: that is the whole synchronisation model.
+header (opcode, stage, wait_stage, wait_op, wait_count, wait1_stage, wait1_op, wait1_count) followed by its own
+fields in declaration order, which is the order its device parser (<op>.cuh, struct Parsed) reads them. Every
+instruction increments the counter (stage, opcode) once its outputs are stored, and runs only once counter
+(wait_stage, wait_op) has reached wait_count: that is the whole synchronisation model. (The wait1 words: a
+matmul that norms x itself at one row, norm_own.cuh, waits there instead, on what the norm group it skips waits.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from enum import IntEnum
 from typing import ClassVar
 
 INST_WORDS = 16
-INST_ARGS = 5  # words before the op's own fields: opcode, stage, wait_stage, wait_op, wait_count
+INST_ARGS = 8  # words before the op's own fields: opcode, stage, the wait (stage, op, count), the one-row wait
 
 
 class Op(IntEnum):
@@ -54,18 +55,24 @@ class Instruction:
     wait_stage: int = 0
     wait_op: int = 0
     wait_count: int = 0  # 0: nothing to wait for
+    # at one row, where MIX_IN / FFN_UP norm x themselves (solvers.norm_in_matmul), the wait instead (0: none)
+    wait1_stage: int = 0
+    wait1_op: int = 0
+    wait1_count: int = 0
 
     OPCODE: ClassVar[Op] = Op.NOOP
     WAITS_ON: ClassVar[tuple[Op, ...]] = ()  # the opcodes this instruction may wait on (checked by the schedule)
+    WAITS_AT_ONE_ROW: ClassVar[tuple[Op, ...]] = ()  # likewise for the one-row wait
 
     @classmethod
     def arg_names(cls) -> tuple[str, ...]:
         """The op's own fields, in word order."""
-        return tuple(f.name for f in dataclasses.fields(cls)[4:])
+        return tuple(f.name for f in dataclasses.fields(cls)[7:])
 
     def words(self) -> list[int]:
         """The INST_WORDS int32 words of this instruction."""
-        values = [int(self.OPCODE), self.stage, self.wait_stage, self.wait_op, self.wait_count]
+        values = [int(self.OPCODE), self.stage, self.wait_stage, self.wait_op, self.wait_count, self.wait1_stage,
+                  self.wait1_op, self.wait1_count]
         values += [int(getattr(self, name)) for name in self.arg_names()]
         if len(values) > INST_WORDS:
             raise ValueError(f"{type(self).__name__} needs {len(values)} words, more than {INST_WORDS}")
@@ -79,6 +86,13 @@ class Instruction:
             raise ValueError(f"{type(self).__name__} does not wait on {op.name} (it waits on "
                              f"{', '.join(o.name for o in self.WAITS_ON) or 'nothing'})")
         self.wait_stage, self.wait_op, self.wait_count = stage, int(op), count
+        return self
+
+    def waits_at_one_row(self, stage: int, op: int, count: int) -> Instruction:
+        """This instruction, set to wait at one row until counter (stage, op) reaches count instead."""
+        if count and op not in self.WAITS_AT_ONE_ROW:
+            raise ValueError(f"{type(self).__name__} does not wait on {Op(op).name} at one row")
+        self.wait1_stage, self.wait1_op, self.wait1_count = stage, int(op), count
         return self
 
 
@@ -117,6 +131,7 @@ class MixIn(Instruction):
     row_end: int = 0
     OPCODE: ClassVar[Op] = Op.MIX_IN
     WAITS_ON: ClassVar[tuple[Op, ...]] = (Op.ATTN_NORM,)
+    WAITS_AT_ONE_ROW: ClassVar[tuple[Op, ...]] = AttnNorm.WAITS_ON
 
 
 @dataclass(slots=True)
@@ -201,6 +216,7 @@ class FfnUp(Instruction):
     slot: int = 0
     OPCODE: ClassVar[Op] = Op.FFN_UP
     WAITS_ON: ClassVar[tuple[Op, ...]] = (Op.FFN_NORM,)
+    WAITS_AT_ONE_ROW: ClassVar[tuple[Op, ...]] = FfnNorm.WAITS_ON
 
 
 @dataclass(slots=True)
@@ -329,7 +345,7 @@ def decode(words: list[int]) -> Instruction:
     except ValueError:
         raise ValueError(f"unknown opcode {words[0]}") from None
     names = cls.arg_names()
-    inst = cls(words[1], words[2], words[3], words[4], *words[INST_ARGS : INST_ARGS + len(names)])
+    inst = cls(*words[1:INST_ARGS], *words[INST_ARGS : INST_ARGS + len(names)])
     if any(words[INST_ARGS + len(names) :]):
         raise ValueError(f"{cls.__name__}: nonzero words past its {len(names)} fields")
     return inst

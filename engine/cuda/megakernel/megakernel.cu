@@ -99,8 +99,9 @@ __device__ __forceinline__ void record(const Globals& g, int index, int slot) {
 __device__ bool await_instruction(const Globals& g, i32* w, int i) {
     record(g, i, TIME_FETCHED);
     bool ok = true;
-    if (w[INST_WAIT_COUNT] > 0)
-        ok = wait_counter(g, w[INST_WAIT_STAGE], w[INST_WAIT_OP], (u32)w[INST_WAIT_COUNT], blockIdx.x, i);
+    // at one row a matmul that norms x itself waits on what the norm group it skips waits on (norm_own.cuh)
+    const int at = w[INST_WAIT1_COUNT] > 0 && norm_in_matmul(g, w[INST_STAGE]) ? INST_WAIT1_STAGE : INST_WAIT_STAGE;
+    if (w[at + 2] > 0) ok = wait_counter(g, w[at], w[at + 1], (u32)w[at + 2], blockIdx.x, i);
     ok = ok && !mk_failed(g);
     if (!ok) w[INST_OPCODE] = -1;
     record(g, i, TIME_READY);

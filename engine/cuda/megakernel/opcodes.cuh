@@ -33,7 +33,10 @@
 #define INST_WAIT_STAGE 2  // the counter it waits on ...
 #define INST_WAIT_OP 3
 #define INST_WAIT_COUNT 4  // ... until it reaches this value (0: no wait)
-#define INST_ARGS 5
+#define INST_WAIT1_STAGE 5  // at one row, where the matmuls norm x themselves (norm_own.cuh), this counter ...
+#define INST_WAIT1_OP 6
+#define INST_WAIT1_COUNT 7  // ... instead (0: the wait above): the no-op norm group's own wait
+#define INST_ARGS 8
 
 // ---- stages (rows of the counter table); the MTP stages follow the trunk's layers ----
 // stage s < num_layers: trunk layer s; num_layers: the head (norm, lm_head, verify); num_layers + 1: the MTP pass

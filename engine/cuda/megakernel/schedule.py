@@ -179,7 +179,8 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     spec, cfg = b.spec, b.spec.cfg
     h = cfg.hidden_size
     fields = ("row_begin", "row_end", "sb_begin", "sb_end", "piece", "pieces", "slot")
-    b.group([I.AttnNorm(stage, layer=layer, sb_begin=s, sb_end=e) for s, e in b.superblocks(h)])
+    norms = [I.AttnNorm(stage, layer=layer, sb_begin=s, sb_end=e) for s, e in b.superblocks(h)]
+    b.group(norms)
     kind = spec.layer_kind(layer)
     keys = ("attn_q", "attn_k", "attn_v") if kind == "attention" else ("attn_qkv", "attn_gate", "ssm_alpha",
                                                                         "ssm_beta")
@@ -199,7 +200,7 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     # the H200) on top of whole runs (~36 us). Leaving them a few SMs of their own costs the runs a little each:
     # the number of spare SMs whose busiest SM is the least loaded, by the balance's own costs.
     spares = range(min(len(others), b.config.num_sms // 2) + 1) if len(sets) == 1 else [0]
-    b.group(min((cut(b.config.num_sms - n) for n in spares), key=lambda insts: _busiest(insts, b)))
+    b.group(_skipping(norms, min((cut(b.config.num_sms - n) for n in spares), key=lambda insts: _busiest(insts, b))))
     if kind == "attention":
         splits = b.config.attn_splits
         b.group([I.AttnCore(stage, layer=layer, kv_head=kvh, split=s, num_splits=splits)
@@ -216,14 +217,24 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     m = spec.matrix(layer, out_key)
     b.group([I.MixOut(stage, layer=layer, **dict(zip(fields, f, strict=True)))
              for f in b.split_tiles(m.rows, m.cols, m.qtype)])
-    b.group([I.FfnNorm(stage, layer=layer, sb_begin=s, sb_end=e) for s, e in b.superblocks(h)])
+    norms = [I.FfnNorm(stage, layer=layer, sb_begin=s, sb_end=e) for s, e in b.superblocks(h)]
+    b.group(norms)
     # 32 FFN indices a unit: a sub-block of the act layout's sums must be one instruction's (or one piece's sum)
     m = spec.matrix(layer, "ffn_gate")
-    b.group([I.FfnUp(stage, layer=layer, **dict(zip(fields, f, strict=True)))
-             for f in b.split_tiles(cfg.ffn_size, m.cols, m.qtype, FFN_UNIT)])
+    b.group(_skipping(norms, [I.FfnUp(stage, layer=layer, **dict(zip(fields, f, strict=True)))
+                              for f in b.split_tiles(cfg.ffn_size, m.cols, m.qtype, FFN_UNIT)]))
     m = spec.matrix(layer, "ffn_down")
     b.group([I.FfnDown(stage, layer=layer, **dict(zip(fields, f, strict=True)))
              for f in b.split_tiles(m.rows, m.cols, m.qtype)])
+
+
+def _skipping(norms: list[Instruction], matmuls: list[Instruction]) -> list[Instruction]:
+    """The matmuls after a norm group, set to wait at one row on what the norms wait on (the norms then do nothing:
+    norm_own.cuh), not on the norms."""
+    first = norms[0]
+    for inst in matmuls:
+        inst.waits_at_one_row(first.wait_stage, first.wait_op, first.wait_count)
+    return matmuls
 
 
 def _busiest(insts: list[Instruction], b: _Builder) -> float:
@@ -372,12 +383,14 @@ def validate(program: Program) -> None:
     for index, inst in enumerate(program.instructions):
         groups.setdefault((inst.stage, int(inst.OPCODE)), []).append(index)
     for index, inst in enumerate(program.instructions):
-        if not inst.wait_count:
-            continue
-        producers = groups.get((inst.wait_stage, inst.wait_op), [])
-        assert len(producers) == inst.wait_count, \
-            f"#{index} {inst} waits for {inst.wait_count}, the program has {len(producers)} producers"
-        assert max(producers) < index, f"#{index} {inst} waits on instructions after it"
+        for stage, op, count in ((inst.wait_stage, inst.wait_op, inst.wait_count),
+                                 (inst.wait1_stage, inst.wait1_op, inst.wait1_count)):
+            if not count:
+                continue
+            producers = groups.get((stage, op), [])
+            assert len(producers) == count, \
+                f"#{index} {inst} waits for {count}, the program has {len(producers)} producers"
+            assert max(producers) < index, f"#{index} {inst} waits on instructions after it"
     for sm, queue in enumerate(program.queues):
         assert queue == sorted(queue), f"SM {sm}'s queue is not in program order"
     assigned = sorted(i for q in program.queues for i in q)

@@ -17,7 +17,7 @@ from engine.cuda.megakernel.instructions import Instruction, Op
 from engine.cuda.megakernel.layout import (MAX_DRAFT, BufferSpec, Ctl, ModelSpec, buffer_specs, head_stage,
                                            mtp_stage, proj_offsets)
 from engine.cuda.megakernel.schedule import PROGRAMS, Program, ScheduleConfig, build_program
-from engine.cuda.megakernel.solvers import SOLVERS
+from engine.cuda.megakernel.solvers import SOLVERS, norm_in_matmul
 
 if TYPE_CHECKING:
     from engine.reference.weights import ReferenceWeights
@@ -116,7 +116,10 @@ class VirtualMachine:
             left -= 1
 
     def _can_run(self, inst: Instruction) -> bool:
-        return not inst.wait_count or self.mem["counters"][inst.wait_stage, inst.wait_op] >= inst.wait_count
+        stage, op, count = inst.wait_stage, inst.wait_op, inst.wait_count
+        if inst.wait1_count and norm_in_matmul(self, inst.stage):  # the norm group it skips at one row
+            stage, op, count = inst.wait1_stage, inst.wait1_op, inst.wait1_count
+        return not count or self.mem["counters"][stage, op] >= count
 
     def _deadlock_message(self, program: Program, heads: list[int]) -> str:
         waiting = [program.instructions[q[heads[sm]]] for sm, q in enumerate(program.queues) if heads[sm] < len(q)]
