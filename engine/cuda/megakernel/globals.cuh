@@ -137,15 +137,28 @@ __device__ __forceinline__ int ctl_get(const Globals& g, int word) {
 
 __device__ __forceinline__ float ctl_getf(const Globals& g, int word) { return __int_as_float(ctl_get(g, word)); }
 
+// The trunk's rows and first position: the host's words, which no instruction writes, so a launch reads them once
+// into shared memory at its start (MK_CACHE_ROWS; 0 is the A/B): almost every instruction asks for its rows right
+// after its wait, an L2 round trip on the critical path each (~0.7 us; not yet measured, round 8).
+#ifndef MK_CACHE_ROWS
+#define MK_CACHE_ROWS 1
+#endif
+__shared__ int mk_num_rows, mk_start;
+
+__device__ __forceinline__ void cache_rows(const Globals& g) {  // one thread, before the launch's first barrier
+    mk_num_rows = ctl_get(g, CTL_NUM_ROWS);
+    mk_start = ctl_get(g, CTL_START);
+}
+
 __device__ __forceinline__ int stage_rows(const Globals& g, int stage) {
     const int step = mtp_step(g, stage);
-    if (step < 0) return ctl_get(g, CTL_NUM_ROWS);
+    if (step < 0) return MK_CACHE_ROWS ? mk_num_rows : ctl_get(g, CTL_NUM_ROWS);
     return step == 0 ? ctl_get(g, CTL_MTP_ROWS) : 1;
 }
 
 __device__ __forceinline__ int stage_pos0(const Globals& g, int stage) {
     const int step = mtp_step(g, stage);
-    if (step < 0) return ctl_get(g, CTL_START);
+    if (step < 0) return MK_CACHE_ROWS ? mk_start : ctl_get(g, CTL_START);
     return ctl_get(g, CTL_MTP_POS) + (step == 0 ? 0 : ctl_get(g, CTL_MTP_ROWS) - 1 + step);
 }
 

@@ -231,6 +231,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const __grid_constan
     if (threadIdx.x == 0) {
         s.progress = -1;
         s.scratch = dynamic_smem;
+        cache_rows(g);
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5;
