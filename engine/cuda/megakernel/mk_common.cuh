@@ -236,6 +236,37 @@ __device__ __forceinline__ float act_held(float v) {
     return hi + f16_to_f32(f32_to_f16(v - hi));
 }
 
+// Lane l's positions 8l .. 8l + 7 of one row's superblock as the two int8 levels of the superblock's largest |v|
+// (the warp's max of the lanes' mx): the levels packed 4 a word (byte e % 4 of word e / 4), and each sub-block's
+// sum of what the int8 mma sees (its 4 lanes' shares, on all 4).
+struct Act8Lane {
+    Act8Levels lv;
+    u32 hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
+    float sub = 0.f;
+    __device__ __forceinline__ Act8Lane(const float (&v)[8], float mx) : lv(warp_max(mx)) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float qh, ql;
+            sub += lv.quantize(v[e], qh, ql);
+            hi[e >> 2] |= ((u32)(int)qh & 0xFFu) << (8 * (e & 3));
+            lo[e >> 2] |= ((u32)(int)ql & 0xFFu) << (8 * (e & 3));
+        }
+        sub += __shfl_xor_sync(FULL_MASK, sub, 1);
+        sub += __shfl_xor_sync(FULL_MASK, sub, 2);
+    }
+    // Into row n of superblock sb of act a's int8 copy.
+    __device__ __forceinline__ void store(const ActRef& a, int sb, int n, int lane) const {
+        i8* q = a.q8 + (i64)sb * 4096 + n * 256 + 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
+        *reinterpret_cast<uint2*>(q) = make_uint2(hi[0], hi[1]);
+        *reinterpret_cast<uint2*>(q + 2048) = make_uint2(lo[0], lo[1]);
+        if ((lane & 3) == 0) store_f16_pair(a.sums8, a.sums8_lo, ((i64)sb * 8 + n) * 8 + (lane >> 2), sub);
+        if (lane == 0) {
+            a.scale8[(i64)sb * 16 + n] = lv.s;
+            a.scale8[(i64)sb * 16 + 8 + n] = lv.s_lo;
+        }
+    }
+};
+
 __device__ __noinline__ void act8_store(const ActRef& a, int sb, int rows, const float* vals, int ld) {
     const int lane = threadIdx.x & 31;
     if (rows == 1) {
@@ -249,26 +280,7 @@ __device__ __noinline__ void act8_store(const ActRef& a, int sb, int rows, const
             v[e] = act_held(vals[n * ld + 8 * lane + e]);
             mx = fmaxf(mx, fabsf(v[e]));
         }
-        const Act8Levels lv(warp_max(mx));
-        u32 hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
-        float sub = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            float qh, ql;
-            sub += lv.quantize(v[e], qh, ql);
-            hi[e >> 2] |= ((u32)(int)qh & 0xFFu) << (8 * (e & 3));
-            lo[e >> 2] |= ((u32)(int)ql & 0xFFu) << (8 * (e & 3));
-        }
-        i8* q = a.q8 + (i64)sb * 4096 + n * 256 + 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
-        *reinterpret_cast<uint2*>(q) = make_uint2(hi[0], hi[1]);
-        *reinterpret_cast<uint2*>(q + 2048) = make_uint2(lo[0], lo[1]);
-        sub += __shfl_xor_sync(FULL_MASK, sub, 1);
-        sub += __shfl_xor_sync(FULL_MASK, sub, 2);
-        if ((lane & 3) == 0) store_f16_pair(a.sums8, a.sums8_lo, ((i64)sb * 8 + n) * 8 + (lane >> 2), sub);
-        if (lane == 0) {
-            a.scale8[(i64)sb * 16 + n] = lv.s;
-            a.scale8[(i64)sb * 16 + 8 + n] = lv.s_lo;
-        }
+        Act8Lane(v, mx).store(a, sb, n, lane);
     }
 }
 

@@ -55,21 +55,20 @@ __device__ __forceinline__ ActRef own_act(const Globals& g) {
     return a;
 }
 
-// One superblock's int8 levels of row 0 (lane l's positions 8l .. 8l + 7 in qh4 / ql4, its sub-block's sum of
-// what the mma sees in `seen` on lanes 4j) as Act8Stage::copy_all would have copied them to the batch's area.
-__device__ __forceinline__ void levels_to_smem(u8* st, const Act8Levels& lv, const u32 (&qh4)[2],
-                                               const u32 (&ql4)[2], float seen, int lane) {
-    u8* q = st + Act8Stage::SLOTS + 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
-    *reinterpret_cast<uint2*>(q) = make_uint2(qh4[0], qh4[1]);
-    *reinterpret_cast<uint2*>(q + I8_SLOT_PITCH) = make_uint2(ql4[0], ql4[1]);
+// One superblock's int8 levels of row 0 (lane l's positions 8l .. 8l + 7) as Act8Stage::copy_all would have
+// copied them from the act's int8 copy to the batch's area at st.
+__device__ __forceinline__ void levels_to_smem(u8* st, const Act8Lane& q, int lane) {
+    u8* at = st + Act8Stage::SLOTS + 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
+    *reinterpret_cast<uint2*>(at) = make_uint2(q.hi[0], q.hi[1]);
+    *reinterpret_cast<uint2*>(at + I8_SLOT_PITCH) = make_uint2(q.lo[0], q.lo[1]);
     if ((lane & 3) == 0) {
         f16* sums = reinterpret_cast<f16*>(st + Act8Stage::SUMS);
-        const f16 h = f32_to_f16(seen);
+        const f16 h = f32_to_f16(q.sub);
         sums[lane >> 2] = h;
-        sums[8 + (lane >> 2)] = f32_to_f16(seen - f16_to_f32(h));
+        sums[8 + (lane >> 2)] = f32_to_f16(q.sub - f16_to_f32(h));
     }
     if (lane < 8)  // rows 0-3 of each level; rows 1-3 zero
-        reinterpret_cast<float*>(st + Act8Stage::SCALES)[lane] = lane == 0 ? lv.s : lane == 4 ? lv.s_lo : 0.f;
+        reinterpret_cast<float*>(st + Act8Stage::SCALES)[lane] = lane == 0 ? q.lv.s : lane == 4 ? q.lv.s_lo : 0.f;
 }
 
 // Row 0 of the stage's x, RMSNorm(x) * weight, for this instruction's matmuls: with `smem`, the int8 levels
@@ -143,31 +142,11 @@ __device__ __noinline__ ActRef norm_into_own(const Globals& g, int stage, const 
             if ((lane & 3) == 0) store_f16_pair(a.sums, a.sums_lo, (i64)sb * 64 + (lane >> 2), sub);
         }
         if (!a.q8) continue;
-        const Act8Levels lv(warp_max(mx));
-        u32 qh4[2] = {0u, 0u}, ql4[2] = {0u, 0u};
-        float seen = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            float qh, ql;
-            seen += lv.quantize(v[e], qh, ql);
-            qh4[e >> 2] |= ((u32)(int)qh & 0xFFu) << (8 * (e & 3));
-            ql4[e >> 2] |= ((u32)(int)ql & 0xFFu) << (8 * (e & 3));
-        }
-        seen += __shfl_xor_sync(FULL_MASK, seen, 1);
-        seen += __shfl_xor_sync(FULL_MASK, seen, 2);
-        if (smem) {
-            levels_to_smem(reinterpret_cast<u8*>(s.scratch) + MK_RING_OFFSET + sb * Act8Stage::BYTES, lv, qh4, ql4,
-                           seen, lane);
-            continue;
-        }
-        i8* q = a.q8 + (i64)sb * 4096 + 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
-        *reinterpret_cast<uint2*>(q) = make_uint2(qh4[0], qh4[1]);
-        *reinterpret_cast<uint2*>(q + 2048) = make_uint2(ql4[0], ql4[1]);
-        if ((lane & 3) == 0) store_f16_pair(a.sums8, a.sums8_lo, (i64)sb * 64 + (lane >> 2), seen);
-        if (lane == 0) {
-            a.scale8[(i64)sb * 16] = lv.s;
-            a.scale8[(i64)sb * 16 + 8] = lv.s_lo;
-        }
+        const Act8Lane q(v, mx);
+        if (smem)
+            levels_to_smem(reinterpret_cast<u8*>(s.scratch) + MK_RING_OFFSET + sb * Act8Stage::BYTES, q, lane);
+        else
+            q.store(a, sb, 0, lane);
     }
     consumers_sync();
     if (MK_TIME_NORM == 2) record_first(g);
