@@ -154,7 +154,7 @@ def act8_checks(vm: VirtualMachine, gpu) -> list[tuple[str, tuple[int, Op], floa
     out = []
     for name, ops in writers:
         cut = next(((stage, op) for stage, op in points if stage == 0 and op in ops), None)
-        if cut is None or gpu.read_int8(name) is None:
+        if cut is None or name not in gpu.int8_acts:
             continue
         program = vm.programs["cycle"].truncated(*cut)
         diff_program(vm, gpu, program)

@@ -1,5 +1,5 @@
 // OP_FFN_UP: act_ffn[:, row_begin:row_end] = silu(ffn_gate act_h) * ffn_up act_h (at one row act_h is the normed x
-// it forms itself: norm_act.cuh norm_into_own), FFN_UP_CHUNK FFN indices at a
+// it forms itself: norm_own.cuh norm_into_own), FFN_UP_CHUNK FFN indices at a
 // time: whole 32-wide sub-blocks of the act layout (a sub-block's sum must come from one instruction, or from the
 // last piece of a split unit: run_piece), one matmul batch of MV_BATCH tiles of gate, then of up. VM:
 // solvers.ffn_up.

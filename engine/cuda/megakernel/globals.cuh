@@ -25,7 +25,8 @@ struct ActRef {
     f16* sums_lo;
     // The int8 copy (kernels/mmvq_i8.cu's act8 layout, one group of 8 rows), null where the act has none: act_h's
     // (its one writer, norm_into_act, keeps it), act_ffn's (and act_mix's, runner.py INT8_ACTS) at one row
-    // (mk_common.cuh act8_fill): q8 [nsb][2 levels][8][256], scale8 [nsb][2][8], sums8 / sums8_lo [nsb][8][8] (the f16 pair of each sub-block's sum of what the int8 mma sees).
+    // (mk_common.cuh act8_fill): q8 [nsb][2 levels][8][256], scale8 [nsb][2][8], sums8 / sums8_lo [nsb][8][8]
+    // (the f16 pair of each sub-block's sum of what the int8 mma sees).
     i8* q8;
     float* scale8;
     f16* sums8;
@@ -83,7 +84,7 @@ struct Globals {
     ActRef act_ffn;
     ActRef act_eh;
     // Each SM's own act of act_h's width ([num_sms] of them, row 0 used): at one row MIX_IN and FFN_UP norm x into
-    // it themselves (norm_act.cuh norm_into_own), and the norm groups do nothing
+    // it themselves (norm_own.cuh norm_into_own), and the norm groups do nothing
     ActRef act_own;
     // sizes
     i32 max_len;

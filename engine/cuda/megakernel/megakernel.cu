@@ -100,8 +100,11 @@ __device__ bool await_instruction(const Globals& g, i32* w, int i) {
     record(g, i, TIME_FETCHED);
     bool ok = true;
     // at one row a matmul that norms x itself waits on what the norm group it skips waits on (norm_own.cuh)
-    const int at = w[INST_WAIT1_COUNT] > 0 && norm_in_matmul(g, w[INST_STAGE]) ? INST_WAIT1_STAGE : INST_WAIT_STAGE;
-    if (w[at + 2] > 0) ok = wait_counter(g, w[at], w[at + 1], (u32)w[at + 2], blockIdx.x, i);
+    const bool one_row = w[INST_WAIT1_COUNT] > 0 && norm_in_matmul(g, w[INST_STAGE]);
+    const int count = w[one_row ? INST_WAIT1_COUNT : INST_WAIT_COUNT];
+    if (count > 0)
+        ok = wait_counter(g, w[one_row ? INST_WAIT1_STAGE : INST_WAIT_STAGE], w[one_row ? INST_WAIT1_OP : INST_WAIT_OP],
+                          (u32)count, blockIdx.x, i);
     ok = ok && !mk_failed(g);
     if (!ok) w[INST_OPCODE] = -1;
     record(g, i, TIME_READY);

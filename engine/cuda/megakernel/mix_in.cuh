@@ -1,5 +1,5 @@
 // OP_MIX_IN: rows [row_begin, row_end) of one mixer input matrix (a LW_* slot) times act_h (at one row the normed x
-// it forms itself: norm_act.cuh norm_into_own). Attention q/k/v and
+// it forms itself: norm_own.cuh norm_into_own). Attention q/k/v and
 // DeltaNet gate/alpha/beta land in proj at the matrix's column offset; DeltaNet attn_qkv rows (conv channels) go
 // through the causal conv: the window's committed rows (the last pass's accepted prefix applied first) and this
 // pass's rows, SiLU, into conv_out; the window then holds the committed rows and this pass's inputs.

@@ -9,8 +9,8 @@ tests/kernels/test_megakernel_diff.py are the first things to run on one.
 from __future__ import annotations
 
 import ctypes
-import weakref
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np

@@ -47,7 +47,7 @@ class ScheduleConfig:
     # (bench/MEGAKERNEL.md round 7: MIX_IN's step 37 us against 22-28 us an instruction); sharing the K-quants'
     # joint runs with them lost too (round 8: 13.05 against 12.69 ms at d = 0).
     register_tile_bytes: int = 393216
-    # MIX_IN: a layer's K-quant matrices (DeltaNet's attn_qkv and attn_gate; attention's q, k and v) share the SMs,
+    # MIX_IN: a layer's K-quant matrices (DeltaNet's attn_qkv and attn_gate; attention's q and v) share the SMs,
     # a run an SM, so each SM takes one instruction, not one per matrix; False cuts each matrix on its own.
     joint_rows: bool = True
     # FFN_DOWN / MIX_OUT (and FFN_UP's units): the tiles past a whole number per SM cut by superblocks. Off: on the
@@ -185,7 +185,7 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     keys = ("attn_q", "attn_k", "attn_v") if kind == "attention" else ("attn_qkv", "attn_gate", "ssm_alpha",
                                                                         "ssm_beta")
     mats = {k: spec.matrix(layer, k) for k in keys}
-    # the K-quant matrices share the SMs (attention's Q4_K q, k and Q6_K v too); the others get tiles of their own
+    # the K-quant matrices share the SMs (attention's Q4_K q and Q6_K v too); the others get tiles of their own
     sets = [[k for k, m in mats.items() if m.qtype in K_QUANT_TYPES]] if b.config.joint_rows else []
     sets = [same for same in sets if len(same) > 1]
     joint = {k for same in sets for k in same}

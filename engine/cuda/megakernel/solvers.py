@@ -62,9 +62,11 @@ NORM_OWN_MAX_WIDTH = 8 * 4 * SUPERBLOCK
 
 def norm_in_matmul(vm: VirtualMachine, stage: int) -> bool:
     """Whether the stage's ATTN_NORM / FFN_NORM leave their work to the matmuls that read act_h."""
+    # the cheap tests first: the VM asks this for most instructions, and the environment is parsed each time
+    if vm.rows(stage) != 1 or vm.cfg.hidden_size > NORM_OWN_MAX_WIDTH:
+        return False
     asked = build.tuning_define("MK_NORM_IN_MATMUL")
-    on = NORM_IN_MATMUL if asked is None else asked != "0"
-    return on and vm.cfg.hidden_size <= NORM_OWN_MAX_WIDTH and vm.rows(stage) == 1
+    return NORM_IN_MATMUL if asked is None else asked != "0"
 
 
 def _matmul_input(vm: VirtualMachine, inst, norm: str) -> np.ndarray:
