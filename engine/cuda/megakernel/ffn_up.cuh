@@ -82,13 +82,16 @@ struct FfnUpOp {
             if (p.pieces > 1) return run_piece(g, p, a, rows, gate, up, s);
             for (int f0 = p.row_begin; f0 < p.row_end; f0 += FFN_UP_CHUNK) {
                 const int f1 = min(f0 + FFN_UP_CHUNK, p.row_end);
+                int flags = 0;  // the up batch's, from the gate batch (MK_MV_CARRY: its first units primed)
                 for (int half = 0; half < 2; ++half) {
                     float* dst = half ? up : gate;
-                    mv_rows(g, L.w[half ? LW_FFN_UP : LW_FFN_GATE], f0, f1, a, 0, rows, s.scratch,
-                            [&](int r0, int n, const float* out) {
-                                for (int o = ctid(); o < n * rows; o += MK_CONSUMER_THREADS)
-                                    dst[(o % rows) * FFN_UP_CHUNK + r0 - f0 + o / rows] = out[(o / rows) * 8 + o % rows];
-                            });
+                    flags = mv_rows(g, L.w[half ? LW_FFN_UP : LW_FFN_GATE], f0, f1, a, 0, rows, s.scratch,
+                                    [&](int r0, int n, const float* out) {
+                                        for (int o = ctid(); o < n * rows; o += MK_CONSUMER_THREADS)
+                                            dst[(o % rows) * FFN_UP_CHUNK + r0 - f0 + o / rows] =
+                                                out[(o / rows) * 8 + o % rows];
+                                    },
+                                    half ? nullptr : &L.w[LW_FFN_UP], flags);
                 }
                 Storer::run(g, rows, f0, f1 - f0, gate, up);
                 consumers_sync();

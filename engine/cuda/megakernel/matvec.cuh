@@ -557,6 +557,22 @@ template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
     }
 };
 
+// MK_MV_CARRY=1 (a benchmark knob, off until measured): a batch whose successor is known and of the same staged
+// kind (FFN_DOWN's second superblock chunk, the next MV_BATCH tiles, FFN_UP's up batch after its gate) asks for
+// that batch's first NS - 1 units as soon as its own loop ends, so their weights fly during the barrier, the fold
+// and the store instead of after them; FFN_UP's up batch also keeps the gate batch's levels in the batch area.
+#ifndef MK_MV_CARRY
+#define MK_MV_CARRY 0
+#endif
+// The batch after this one (mv_rows decides, mv_carries checks): its weight, rows, tiles and superblocks.
+struct MvNext {
+    const WeightRef* w;
+    int row_begin, b0, nt, sb0, sb1;
+};
+// A batch's flags: MV_PRIMED, its first NS - 1 units are in its warps' rings already (the batch before issued
+// them); MV_KEEP_LEVELS, its A8_SMEM levels are those the batch before copied (same act, same superblocks).
+enum { MV_PRIMED = 1, MV_KEEP_LEVELS = 2 };
+
 // A batch: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight, over its superblocks [sb0, sb1)
 // (all of them but for a piece of a split tile). The warp takes units
 // [cw N / 8, (cw + 1) N / 8) of the batch's N (superblock, tile) units through its ring (filled at the start,
@@ -565,7 +581,9 @@ template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
 // units are runs of one tile's superblocks. (Superblock-major runs, one activation load for a superblock's tiles,
 // measured slower twice: 19.39 against 18.36 ms a d = 0 cycle in round 3, 22.55 against 17.52 in round 4, where
 // the activations held across a run spilled.)
-template <int QT, bool TWO, bool ACT, int A8>
+// FLAGS (MK_MV_CARRY): MV_PRIMED, MV_KEEP_LEVELS, an instance each (a run-time flag cost the plain instance's
+// loop a spilled register).
+template <int QT, bool TWO, bool ACT, int A8, int FLAGS = 0>
 __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
                                          const ActRef& a, int n0, int ncols, float* part, u8* rings) {
     using Q = QTraits<QT>;
@@ -602,10 +620,24 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         cp_async_commit();
     };
     const u8* act_area = rings;  // A8_SMEM: the batch's superblocks of the row's levels (a.in_smem: norm_into_own's)
-    if (A8 == A8_SMEM && !a.in_smem) Act8Stage::copy_all(smem_u32(rings), a, n0, sb0, sb1);
-    for (u32 k = 0; k + 1 < NS; ++k) issue();
+    constexpr bool primed = MK_MV_CARRY && (FLAGS & MV_PRIMED);
+    const bool copy_levels = A8 == A8_SMEM && !a.in_smem && !(MK_MV_CARRY && (FLAGS & MV_KEEP_LEVELS));
+    if (copy_levels) Act8Stage::copy_all(smem_u32(rings), a, n0, sb0, sb1);
+    if constexpr (primed) {  // units i0 .. i0 + NS - 2 are on their way (the batch before's prime): not copied
+        ci = i0 + NS - 1;
+        if (MK_MV_ROTATE) {
+            for (int k = i0; k < min(ci, i1); ++k) m.advance(cp, k);
+        } else {
+            cp = MvPos{sb0 + ci % ns, ci / ns};  // unit ci of the tile-major order (unused past i1)
+        }
+    } else {
+        for (u32 k = 0; k + 1 < NS; ++k) issue();
+    }
     if (A8 == A8_SMEM) {  // every thread's share landed (the ring's groups may still fly), then everyone's
-        cp_async_wait<NS - 1>();
+        if (primed && copy_levels)
+            cp_async_wait<0>();  // the levels' group is the newest, after the primed units'
+        else
+            cp_async_wait<NS - 1>();
         consumers_sync();
     }
     const MvCols mc = mv_cols(a, n0, ncols, g, c);
@@ -662,16 +694,69 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         m.advance(u, i);
     }
     if (RUN && i1 > i0) mv_run_flush(run, mine + (run_t - t_lo) * 128, g, c);
-    cp_async_wait<0>();  // nothing lands in the ring after the batch
+    if (!MK_MV_CARRY) cp_async_wait<0>();  // nothing lands in the ring after the batch (with the knob:
+                                            // mv_dispatch_batch waits, or primes the next batch)
+}
+
+// The first NS - 1 units of batch `next` into this warp's ring from its first slot, one cp.async group each, as
+// that batch's prologue would issue them (MK_MV_CARRY). Its own function: nothing of it stays live through the
+// batch's loop. Called when every unit of the batch before is read (its loop's last groups were empty).
+template <int QT, bool TWO, bool ACT, int A8>
+__device__ __noinline__ void mv_prime(const MvNext& next, const ActRef& a, int n0, u8* rings) {
+    using M = MvUnits<QT, ACT, A8>;
+    using S = typename M::S;
+    constexpr u32 NS = M::NS;
+    const int lane = threadIdx.x & 31;
+    __syncwarp();
+    const M m(*next.w, next.row_begin, next.b0, next.nt, next.sb0, next.sb1, rings);
+    const f16* const act_col[ActStage::COLS] = {a.x16 + 16 * n0, a.x16_lo + 16 * n0};
+    const f16* const act_sums[ActStage::COLS] = {a.sums + 8 * n0, a.sums_lo + 8 * n0};
+    const Act8Stage::Src act8 = A8 == A8_STAGED ? Act8Stage::source(a, n0, lane) : Act8Stage::Src{};
+    MvPos q = m.start;
+    for (int k = m.i0; k + 1 < m.i0 + (int)NS; ++k) {
+        if (k < m.i1) {
+            const u32 dst = m.stage(k);
+            m.copy_weights(dst, q, lane);
+            if (ACT) ActStage::copy(dst + S::BYTES, act_col, act_sums, q.sb, lane);
+            if (A8 == A8_STAGED) Act8Stage::copy(dst + S::BYTES, act8, q.sb, lane);
+            m.advance(q, k);
+        }
+        cp_async_commit();
+    }
 }
 
 __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin, int b0, int nt, int sb0, int sb1,
-                                               const ActRef& a, int n0, int ncols, float* part, u8* rings) {
+                                               const ActRef& a, int n0, int ncols, float* part, u8* rings,
+                                               const MvNext* next, int flags) {
     mv_staged_kind(w.qtype, ncols, mv_act_i8(a, ncols), sb1 - sb0, [&](auto kind) {
         using K = decltype(kind);
-        mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols,
-                                                                      part, rings);
+        if (!MK_MV_CARRY) {
+            mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(w, row_begin, b0, nt, sb0, sb1, a, n0,
+                                                                          ncols, part, rings);
+            return;
+        }
+        if (K::INT8 == A8_SMEM && flags == (MV_PRIMED | MV_KEEP_LEVELS))  // only A8_SMEM has levels to keep
+            mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8, MV_PRIMED | MV_KEEP_LEVELS>(
+                w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, part, rings);
+        else if (flags & MV_PRIMED)
+            mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8, MV_PRIMED>(w, row_begin, b0, nt, sb0, sb1, a,
+                                                                                      n0, ncols, part, rings);
+        else
+            mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(w, row_begin, b0, nt, sb0, sb1, a, n0,
+                                                                          ncols, part, rings);
+        if (next)
+            mv_prime<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(*next, a, n0, rings);
+        else
+            cp_async_wait<0>();
     });
+}
+
+// Whether a batch of w over nsb superblocks may prime the batch `next` (MK_MV_CARRY): the same staged kind
+// (mv_staged_kind's choice: the type, and the superblocks' fit in the levels' area; the act and its rows are the
+// same), so the primed stages have the layout and the ring slots that batch reads.
+__device__ __forceinline__ bool mv_carries(const WeightRef& w, int nsb, const MvNext& next) {
+    return MK_MV_CARRY && next.w->qtype == w.qtype && mv_staged(*next.w, next.row_begin) &&
+           (nsb <= MK_ACT8_MAX_SB) == (next.sb1 - next.sb0 <= MK_ACT8_MAX_SB);
 }
 
 // Tiles [b0, b0 + nt) (nt <= MV_BATCH) of rows from row_begin of a staged weight over superblocks [sb0, sb1):
@@ -680,11 +765,11 @@ __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin
 // other superblocks of these tiles, which this batch's add to.
 __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, int row_begin, int b0, int nt,
                                          int sb0, int sb1, const ActRef& a, int n0, int ncols, float* scratch,
-                                         bool add = false) {
+                                         bool add = false, const MvNext* next = nullptr, int flags = 0) {
     float* red = scratch + MV_OUT_FLOATS;
     record_time(g, TIME_BATCH);
     mv_dispatch_batch(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, red,
-                      reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET);
+                      reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET, next, flags);
     consumers_sync();
     record_time(g, TIME_LOOPS);
     record_first(g);
@@ -701,9 +786,13 @@ __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, i
 // 16 x MV_BATCH: every store spreads its rows over all consumer threads, so a store that reads before it writes -
 // the residual, the conv window - waits one L2 round trip a batch, not one a tile on 16 threads: ~15 us of a
 // DeltaNet MIX_IN's conv, bench/MEGAKERNEL.md round 7), else a 16-row tile at a time.
+// `then`: the weight the caller multiplies next over the same rows and act (FFN_UP's up after its gate); with
+// MK_MV_CARRY this call's last batch primes its first, and the flags returned are what the caller hands to that
+// call (`flags`: for this call's first batch). Stores must leave the ring area alone (they do: out, red, the
+// ops' buffers and global memory).
 template <class Store>
-__device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int row_end, const ActRef& a, int n0,
-                        int ncols, float* scratch, Store&& store) {
+__device__ int mv_rows(const Globals& g, const WeightRef& w, int row_begin, int row_end, const ActRef& a, int n0,
+                       int ncols, float* scratch, Store&& store, const WeightRef* then = nullptr, int flags = 0) {
     float* out = scratch;
     if (mv_staged(w, row_begin)) {  // batches of MV_BATCH tiles, one barrier before their sums
         const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS, nsb = w.cols / QK_SB;
@@ -713,17 +802,33 @@ __device__ void mv_rows(const Globals& g, const WeightRef& w, int row_begin, int
                                ? (nsb + MK_ACT8_MAX_SB - 1) / MK_ACT8_MAX_SB : 1;
         for (int b0 = 0; b0 < ntiles; b0 += MV_BATCH) {
             const int nt = min(MV_BATCH, ntiles - b0);
-            for (int c = 0; c < chunks; ++c)
-                mv_batch(g, w, row_begin, b0, nt, nsb * c / chunks, nsb * (c + 1) / chunks, a, n0, ncols, scratch, c > 0);
+            for (int c = 0; c < chunks; ++c) {
+                const int s0 = nsb * c / chunks, s1 = nsb * (c + 1) / chunks;
+                // the batch after this one: the next chunk, else the next tiles, else `then`'s first
+                MvNext nx{&w, row_begin, b0, nt, s1, nsb * (c + 2) / chunks};
+                if (c + 1 == chunks) {
+                    if (b0 + MV_BATCH < ntiles)
+                        nx = MvNext{&w, row_begin, b0 + MV_BATCH, min(MV_BATCH, ntiles - b0 - MV_BATCH), 0, nsb / chunks};
+                    else if (then && then->cols == w.cols)
+                        nx = MvNext{then, row_begin, 0, min(MV_BATCH, ntiles), 0, nsb / chunks};
+                    else
+                        nx.w = nullptr;
+                }
+                const bool carry = nx.w && mv_carries(w, s1 - s0, nx);
+                mv_batch(g, w, row_begin, b0, nt, s0, s1, a, n0, ncols, scratch, c > 0, carry ? &nx : nullptr, flags);
+                // one chunk: the next batch's superblocks are these, whose levels the area holds
+                flags = carry ? MV_PRIMED | (chunks == 1 ? MV_KEEP_LEVELS : 0) : 0;
+            }
             const int tr = row_begin + MK_TILE_ROWS * b0;  // out [tile][16][8] is [rows][8] of the batch's rows
             store(tr, min(MK_TILE_ROWS * nt, row_end - tr), out);
             consumers_sync();
         }
-        return;
+        return flags;  // nonzero only where the last batch primed `then`'s first
     }
     for (int r0 = row_begin; r0 < row_end; r0 += MK_TILE_ROWS) {
         mv_dispatch(g, w, r0, a, n0, ncols, out, scratch + MV_OUT_FLOATS);
         store(r0, min(MK_TILE_ROWS, row_end - r0), out);
         consumers_sync();
     }
+    return 0;
 }
