@@ -19,6 +19,12 @@ struct FfnDownOp {
             prefetch_rows(layer_refs(g, p.layer).w[LW_FFN_DOWN], p.row_begin, p.row_end);
         }
     };
+    struct Primer {  // MK_MV_PRIME_NEXT
+        static __device__ bool first(const Globals& g, const Parsed& p, int stage, MvFirst& f) {
+            f = MvFirst{&layer_refs(g, p.layer).w[LW_FFN_DOWN], p.row_begin, p.row_end, &g.act_ffn};
+            return p.pieces == 1;
+        }
+    };
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage);

@@ -29,6 +29,14 @@ struct FfnUpOp {
             prefetch_rows(L.w[LW_FFN_UP], p.row_begin, p.row_end);
         }
     };
+    struct Primer {  // the consumer's first matmul: the gate batch of its first chunk (MK_MV_PRIME_NEXT)
+        static __device__ bool first(const Globals& g, const Parsed& p, int stage, MvFirst& f) {
+            if (p.pieces > 1) return false;
+            f = MvFirst{&layer_refs(g, p.layer).w[LW_FFN_GATE], p.row_begin, min(p.row_begin + FFN_UP_CHUNK, p.row_end),
+                        norm_in_matmul(g, stage) ? &g.act_own : &g.act_h};
+            return true;
+        }
+    };
     struct Storer {  // vals[t][j] = silu(gate) * up for the chunk, then into the act layout
         static __device__ void run(const Globals& g, int rows, int f0, int n, const float* gate, float* vals) {
             for (int o = ctid(); o < rows * FFN_UP_CHUNK; o += MK_CONSUMER_THREADS) {

@@ -16,6 +16,12 @@ struct LmHeadOp {
     struct Loader {
         static __device__ void run(const Globals& g, const Parsed& p) { prefetch_rows(g.output, p.row_begin, p.row_end); }
     };
+    struct Primer {  // MK_MV_PRIME_NEXT
+        static __device__ bool first(const Globals& g, const Parsed& p, int stage, MvFirst& f) {
+            f = MvFirst{&g.output, p.row_begin, p.row_end, &g.act_h};
+            return true;
+        }
+    };
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage);

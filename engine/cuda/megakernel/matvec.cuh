@@ -573,6 +573,21 @@ struct MvNext {
 // them); MV_KEEP_LEVELS, its A8_SMEM levels are those the batch before copied (same act, same superblocks).
 enum { MV_PRIMED = 1, MV_KEEP_LEVELS = 2 };
 
+// MK_MV_PRIME_NEXT=1 (a benchmark knob, off until measured): while consumer thread 0 waits for an instruction's
+// dependencies, every warp asks for the first NS - 1 units of the instruction's first matmul batch (weights do not
+// depend on the group before; only kinds whose stages hold weights alone: not the act staged a unit). The DRAM
+// round trip of the ring's fill then hides in the wait. (Round 5's MK_MV_PRIME, an earlier form, lost 0.3 ms on
+// a kernel with a controller warp and f16 activations.)
+#ifndef MK_MV_PRIME_NEXT
+#define MK_MV_PRIME_NEXT 0
+#endif
+// Whether batches may start primed (an instance per flag, mv_dispatch_batch).
+#define MK_MV_PRIMING (MK_MV_CARRY || MK_MV_PRIME_NEXT)
+// The batch the wait primed: its weight and rows (null: none), for mv_rows's first batch to claim; thread 0 sets
+// it before the instruction's first barrier and clears it after the first batch's loops.
+__shared__ const WeightRef* mk_primed_w;
+__shared__ int mk_primed_rows[2];
+
 // A batch: tiles [b0, b0 + nt) of rows [row_begin, row_end) of a K-quant weight, over its superblocks [sb0, sb1)
 // (all of them but for a piece of a split tile). The warp takes units
 // [cw N / 8, (cw + 1) N / 8) of the batch's N (superblock, tile) units through its ring (filled at the start,
@@ -620,7 +635,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         cp_async_commit();
     };
     const u8* act_area = rings;  // A8_SMEM: the batch's superblocks of the row's levels (a.in_smem: norm_into_own's)
-    constexpr bool primed = MK_MV_CARRY && (FLAGS & MV_PRIMED);
+    constexpr bool primed = MK_MV_PRIMING && (FLAGS & MV_PRIMED);
     const bool copy_levels = A8 == A8_SMEM && !a.in_smem && !(MK_MV_CARRY && (FLAGS & MV_KEEP_LEVELS));
     if (copy_levels) Act8Stage::copy_all(smem_u32(rings), a, n0, sb0, sb1);
     if constexpr (primed) {  // units i0 .. i0 + NS - 2 are on their way (the batch before's prime): not copied
@@ -694,8 +709,8 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         m.advance(u, i);
     }
     if (RUN && i1 > i0) mv_run_flush(run, mine + (run_t - t_lo) * 128, g, c);
-    if (!MK_MV_CARRY) cp_async_wait<0>();  // nothing lands in the ring after the batch (with the knob:
-                                            // mv_dispatch_batch waits, or primes the next batch)
+    if (!MK_MV_PRIMING) cp_async_wait<0>();  // nothing lands in the ring after the batch (with the knobs:
+                                              // mv_dispatch_batch waits, or primes the next batch)
 }
 
 // The first NS - 1 units of batch `next` into this warp's ring from its first slot, one cp.async group each, as
@@ -730,7 +745,7 @@ __device__ __noinline__ void mv_dispatch_batch(const WeightRef& w, int row_begin
                                                const MvNext* next, int flags) {
     mv_staged_kind(w.qtype, ncols, mv_act_i8(a, ncols), sb1 - sb0, [&](auto kind) {
         using K = decltype(kind);
-        if (!MK_MV_CARRY) {
+        if (!MK_MV_PRIMING) {
             mv_batch_cp<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(w, row_begin, b0, nt, sb0, sb1, a, n0,
                                                                           ncols, part, rings);
             return;
@@ -771,6 +786,7 @@ __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, i
     mv_dispatch_batch(w, row_begin, b0, nt, sb0, sb1, a, n0, ncols, red,
                       reinterpret_cast<u8*>(scratch) + MK_RING_OFFSET, next, flags);
     consumers_sync();
+    if (MK_MV_PRIME_NEXT && ctid() == 0) mk_primed_w = nullptr;  // every thread has read it (mv_rows)
     record_time(g, TIME_LOOPS);
     record_first(g);
     mv_fold_batch(red, sb1 - sb0, nt, ncols, ncols <= 4, scratch, add);  // packed as mv_cols makes it
@@ -781,6 +797,50 @@ __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, i
 #ifndef MK_MV_CHUNKS
 #define MK_MV_CHUNKS 1  // 0 (a benchmark knob): a wide weight's superblocks in one batch, its levels staged a unit
 #endif
+// Batches a staged weight's superblocks take: one row's int8 levels in the batch's shared area hold
+// MK_ACT8_MAX_SB superblocks, so a wider weight (FFN_DOWN's 68) takes them in chunks, each a batch adding to the
+// last one's sums.
+__device__ __forceinline__ int mv_chunks(const WeightRef& w, const ActRef& a, int ncols) {
+    const int nsb = w.cols / QK_SB;
+    return MK_MV_CHUNKS && mv_act8_smem(w.qtype, ncols, mv_act_i8(a, ncols)) ? (nsb + MK_ACT8_MAX_SB - 1) / MK_ACT8_MAX_SB
+                                                                               : 1;
+}
+
+// The first batch of mv_rows(w, row_begin, row_end, a, 0, ncols) (MK_MV_PRIME_NEXT), as mv_rows cuts it.
+__device__ __forceinline__ MvNext mv_first_batch(const WeightRef& w, int row_begin, int row_end, const ActRef& a,
+                                                 int ncols) {
+    const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS;
+    return MvNext{&w, row_begin, 0, min(MV_BATCH, ntiles), 0, w.cols / QK_SB / mv_chunks(w, a, ncols)};
+}
+
+// An instruction's first matmul (its consumer's first mv_rows call), for MK_MV_PRIME_NEXT: the ops' Primer.
+struct MvFirst {
+    const WeightRef* w;
+    int row_begin, row_end;
+    const ActRef* a;
+};
+
+// The first NS - 1 units of f's first batch into every warp's ring, where its kind stages weights alone; records
+// the batch for mv_rows to claim. Every consumer thread calls it, before the instruction's wait.
+__device__ __noinline__ void mv_prime_first(const MvFirst& f, int ncols, u8* rings) {
+    const WeightRef& w = *f.w;
+    if (!mv_staged(w, f.row_begin) || f.row_end <= f.row_begin) return;
+    const MvNext nx = mv_first_batch(w, f.row_begin, f.row_end, *f.a, ncols);
+    bool primed = false;
+    mv_staged_kind(w.qtype, ncols, mv_act_i8(*f.a, ncols), nx.sb1 - nx.sb0, [&](auto kind) {
+        using K = decltype(kind);
+        if constexpr (!K::ACT_STAGED && K::INT8 != A8_STAGED) {  // the act is not ready before the wait
+            mv_prime<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(nx, *f.a, 0, rings);
+            primed = true;
+        }
+    });
+    if (primed && ctid() == 0) {
+        mk_primed_w = f.w;
+        mk_primed_rows[0] = f.row_begin;
+        mk_primed_rows[1] = f.row_end;
+    }
+}
+
 // The products of rows [row_begin, row_end), handed to store(first_row, n, out) with out[r * 8 + t] row
 // first_row + r's product with act row n0 + t: a batch's tiles at once where the weight is staged (n up to
 // 16 x MV_BATCH: every store spreads its rows over all consumer threads, so a store that reads before it writes -
@@ -794,12 +854,15 @@ template <class Store>
 __device__ int mv_rows(const Globals& g, const WeightRef& w, int row_begin, int row_end, const ActRef& a, int n0,
                        int ncols, float* scratch, Store&& store, const WeightRef* then = nullptr, int flags = 0) {
     float* out = scratch;
+    if (MK_MV_PRIME_NEXT && mk_primed_w) {  // the wait primed a batch: this call's first, or it lands unused first
+        if (mk_primed_w == &w && mk_primed_rows[0] == row_begin && mk_primed_rows[1] == row_end)
+            flags |= MV_PRIMED;
+        else
+            cp_async_wait<0>();
+    }
     if (mv_staged(w, row_begin)) {  // batches of MV_BATCH tiles, one barrier before their sums
         const int ntiles = (row_end - row_begin + MK_TILE_ROWS - 1) / MK_TILE_ROWS, nsb = w.cols / QK_SB;
-        // one row's int8 levels in the batch's shared area hold MK_ACT8_MAX_SB superblocks: a wider weight
-        // (FFN_DOWN's 68) takes its superblocks in chunks, each a batch adding to the last one's sums
-        const int chunks = MK_MV_CHUNKS && mv_act8_smem(w.qtype, ncols, mv_act_i8(a, ncols))
-                               ? (nsb + MK_ACT8_MAX_SB - 1) / MK_ACT8_MAX_SB : 1;
+        const int chunks = mv_chunks(w, a, ncols);
         for (int b0 = 0; b0 < ntiles; b0 += MV_BATCH) {
             const int nt = min(MV_BATCH, ntiles - b0);
             for (int c = 0; c < chunks; ++c) {

@@ -90,6 +90,27 @@ __device__ __noinline__ void prefetch(const Globals& g, const i32* w) {
     }
 }
 
+// MK_MV_PRIME_NEXT: the first batch of instruction w's first matmul into the rings, before its wait (matvec.cuh
+// mv_prime_first). Every consumer thread calls it, with w in global memory (the queue).
+__device__ __noinline__ void prime_instruction(const Globals& g, const i32* w, Smem& s) {
+    const int op = w[INST_OPCODE], stage = w[INST_STAGE];
+    if (op < 0 || !stage_active(g, stage)) return;
+    MvFirst f;
+    bool ok = false;
+    switch (op) {
+#define MK_PRIME(OPC, T) \
+    case OPC: ok = T::Primer::first(g, T::Parsed(w), stage, f); break;
+        MK_PRIME(OP_MIX_IN, MixInOp)
+        MK_PRIME(OP_MIX_OUT, MixOutOp)
+        MK_PRIME(OP_FFN_UP, FfnUpOp)
+        MK_PRIME(OP_FFN_DOWN, FfnDownOp)
+        MK_PRIME(OP_LM_HEAD, LmHeadOp)
+#undef MK_PRIME
+        default: break;
+    }
+    if (ok) mv_prime_first(f, stage_rows(g, stage), reinterpret_cast<u8*>(s.scratch) + MK_RING_OFFSET);
+}
+
 __device__ __forceinline__ void record(const Globals& g, int index, int slot) {
     if (g.timings) g.timings[((i64)blockIdx.x * g.max_len + index) * TIME_SLOTS + slot] = global_ns();
 }
@@ -230,6 +251,7 @@ struct SoloConsumer {
                 if (stage_active(g, w[INST_STAGE])) prefetch(g, w);
             }
             if (MK_WAIT_META && cwarp() == 1) prefetch_layer_refs(g, queue + (i64)i * INST_WORDS);
+            if (MK_MV_PRIME_NEXT) prime_instruction(g, queue + (i64)i * INST_WORDS, s);
             if (ctid() == 0) {
                 mk_inst_index = i;
                 mk_first_pending = 1;
@@ -253,6 +275,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const __grid_constan
         s.progress = -1;
         s.scratch = dynamic_smem;
         cache_rows(g);
+        if (MK_MV_PRIME_NEXT) mk_primed_w = nullptr;
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5;

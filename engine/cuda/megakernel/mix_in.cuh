@@ -21,6 +21,13 @@ struct MixInOp {
             prefetch_rows(layer_refs(g, p.layer).w[p.matrix], p.row_begin, p.row_end);
         }
     };
+    struct Primer {  // MK_MV_PRIME_NEXT
+        static __device__ bool first(const Globals& g, const Parsed& p, int stage, MvFirst& f) {
+            f = MvFirst{&layer_refs(g, p.layer).w[p.matrix], p.row_begin, p.row_end,
+                        norm_in_matmul(g, stage) ? &g.act_own : &g.act_h};
+            return true;
+        }
+    };
     struct Storer {
         static __device__ int proj_offset(const Globals& g, int matrix) {
             switch (matrix) {

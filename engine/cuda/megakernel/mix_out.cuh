@@ -30,6 +30,12 @@ struct MixOutOp {
     struct Loader {
         static __device__ void run(const Globals& g, const Parsed& p) { prefetch_rows(weight(g, p), p.row_begin, p.row_end); }
     };
+    struct Primer {  // MK_MV_PRIME_NEXT
+        static __device__ bool first(const Globals& g, const Parsed& p, int stage, MvFirst& f) {
+            f = MvFirst{&weight(g, p), p.row_begin, p.row_end, &g.act_mix};
+            return p.pieces == 1;
+        }
+    };
     struct Consumer {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const int rows = stage_rows(g, stage);
