@@ -139,10 +139,9 @@ __device__ __forceinline__ int ctl_get(const Globals& g, int word) {
 __device__ __forceinline__ float ctl_getf(const Globals& g, int word) { return __int_as_float(ctl_get(g, word)); }
 
 // The trunk's rows and first position: the host's words, which no instruction writes, so a launch may read them
-// once into shared memory at its start (MK_CACHE_ROWS=1, a knob) rather than from L2 after each wait. Off: with it
-// the d = 0 cycle took 13.29 / 13.30 ms against 12.71 / 12.70 (bench/MEGAKERNEL.md round 9), every matmul's loops
-// slower, most likely because its two ints move the dynamic shared memory (and every ring stage) by 16 bytes
-// (megakernel.cu MK_SMEM_ALIGN).
+// once into shared memory at its start (MK_CACHE_ROWS=1, a knob) rather than from L2 after each wait. Off: it
+// gains nothing measurable (12.73 against 12.67 ms with the dynamic shared memory on 128 bytes; its 13.30 against
+// 12.70 at 16 bytes was the alignment's, megakernel.cu MK_SMEM_ALIGN; bench/MEGAKERNEL.md round 9).
 #ifndef MK_CACHE_ROWS
 #define MK_CACHE_ROWS 0
 #endif

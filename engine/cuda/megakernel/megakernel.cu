@@ -268,10 +268,14 @@ struct SoloConsumer {
     }
 };
 
-// The dynamic shared memory's alignment (MK_SMEM_ALIGN, a benchmark knob): it starts after the static variables,
-// at 16 bytes by default, so a static variable more or less moves every ring stage by 16 bytes.
+// The dynamic shared memory starts after the static variables, on MK_SMEM_ALIGN bytes. At 16 (as before round 9)
+// two more static ints put it 16 bytes off a 32-byte sector, and every ring stage with it: the d = 0 cycle took
+// 13.30 against 12.70 ms, every matmul's loops 4-12 % slower, the SASS otherwise the same (the cp.async copies of a
+// 16-byte chunk then land in the other half of a sector than they come from: the likeliest reason). At 128 a static
+// variable more or less moves nothing: 12.67 ms, and MK_CACHE_ROWS=1 12.73 instead of 13.30
+// (bench/MEGAKERNEL.md round 9).
 #ifndef MK_SMEM_ALIGN
-#define MK_SMEM_ALIGN 16
+#define MK_SMEM_ALIGN 128
 #endif
 __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const __grid_constant__ Globals g) {
     extern __shared__ __align__(MK_SMEM_ALIGN) float dynamic_smem[];
