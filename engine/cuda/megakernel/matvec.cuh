@@ -738,6 +738,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !mc.packed
         }
         if (!RUN) mv_frag_add(acc, mine + (u.t - t_lo) * 128);
+        record_unit(i, i0);
         m.advance(u, i);
     }
     if (RUN && i1 > i0) mv_run_flush(run, mine + (run_t - t_lo) * 128, g, c);

@@ -203,7 +203,7 @@ struct Consumer {
             const i32* w = s.inst[slot];
             const int op = w[INST_OPCODE], stage = w[INST_STAGE];
             if (op < 0) return;  // the controller stopped: a wait timed out or another SM failed
-            if (ctid() == 0) mk_inst_index = i, mk_first_pending = 1;
+            if (ctid() == 0) mk_inst_index = i, mk_first_pending = 1, set_first_slot(g);
             if (stage_active(g, stage)) consume(g, w, s);
             record_time(g, TIME_BODY);
             count_instruction(g, stage, op, i);
@@ -255,6 +255,7 @@ struct SoloConsumer {
             if (ctid() == 0) {
                 mk_inst_index = i;
                 mk_first_pending = 1;
+                set_first_slot(g);
                 await_instruction(g, s.inst[0], i);
             }
             consumers_sync();
