@@ -62,6 +62,37 @@ template <class S, int ACT_BYTES = 0, int RESERVED = 0> struct MvRing {
     static_assert(MK_RING_OFFSET % 16 == 0 && BYTES % 16 == 0, "cp.async stages start on 16 bytes");
 };
 
+// MK_F16_SWAP=1 (a benchmark knob, off until measured): Q4_K's f16 stages (MIX_OUT at one row, every Q4_K matmul
+// at 2-5 rows) at the int8 stages' 160-byte pitch instead of 144. At 144 every odd row's 16-byte chunks land 16
+// bytes off the 32-byte sector they come from (round 9: the same offset on the whole ring cost the loops 4-12 %);
+// at 160 they do not, and an odd row's lanes read their second chunk first, which keeps a quarter-warp's reads of
+// two rows in different banks as the 144-byte pitch did (two rows' first loads: 0, 32, 64, 96 and 176, 208, 240,
+// 272 mod 128). The row's fragment is the same.
+#ifndef MK_F16_SWAP
+#define MK_F16_SWAP 0
+#endif
+template <int PITCH> struct Q4KStageSwap : Q4KStage<PITCH> {
+    using B = Q4KStage<PITCH>;
+    static __device__ __forceinline__ void read(QTraits<QT_Q4_K>::Row& r, const u8* st, int lr, int c, u32 idx) {
+        const int odd = lr & 1;
+        const u8* q = st + B::QS + lr * B::QS_PITCH + 32 * c;
+        const uint4 first = *reinterpret_cast<const uint4*>(q + 16 * odd);
+        const uint4 second = *reinterpret_cast<const uint4*>(q + 16 - 16 * odd);
+        r.q[0] = odd ? second : first;
+        r.q[1] = odd ? first : second;
+        const u32* sc = reinterpret_cast<const u32*>(st + B::SC + 12 * lr);
+        r.s[0] = sc[0];
+        r.s[1] = sc[1];
+        r.s[2] = sc[2];
+        r.dm = *reinterpret_cast<const u32*>(st + B::DM + 4 * lr);
+    }
+};
+// The stage of QT's f16 (not int8) kinds.
+template <int QT> struct MvF16Stage { using type = Stage<QT>; };
+#if MK_F16_SWAP
+template <> struct MvF16Stage<QT_Q4_K> { using type = Q4KStageSwap<160>; };
+#endif
+
 // The lane's activations for one superblock: the step operands of its column from act pointer `a` (null: a zero
 // column) and the sub-block sums word the K-quant offset term takes. Loaded apart from the multiply, so that the
 // staged matmul can have the next superblock's on their way (L2) while one is multiplied.
@@ -461,7 +492,7 @@ template <int QT, bool TWO, bool ACT = false, int A8 = A8_NONE> struct MvKind {
 #define MK_MV_ACT_MIN_STAGES 3
 #endif
 template <int QT> constexpr bool mv_act_stages() {
-    return MK_MV_ACT_STAGED && mv_ring_stages<Stage<QT>>(ActStage::BYTES, 0) >= MK_MV_ACT_MIN_STAGES;
+    return MK_MV_ACT_STAGED && mv_ring_stages<typename MvF16Stage<QT>::type>(ActStage::BYTES, 0) >= MK_MV_ACT_MIN_STAGES;
 }
 // Whether a matmul of ncols rows takes act a's int8 copy: an act8_fill act has it at one row only (the norms'
 // act_h at every row count).
@@ -546,7 +577,7 @@ template <bool B, class T, class F> struct MvPick { using type = T; };
 template <class T, class F> struct MvPick<false, T, F> { using type = F; };
 template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
     using S8 = typename MvPick<QT == QT_Q6_K, Q6KStage8, Q4KStage8>::type;  // the int8 readers' conflict-free pitches
-    using S = typename MvPick<A8 != A8_NONE, S8, Stage<QT>>::type;
+    using S = typename MvPick<A8 != A8_NONE, S8, typename MvF16Stage<QT>::type>::type;
     static constexpr int RESERVED = A8 == A8_SMEM ? MK_ACT8_MAX_SB * Act8Stage::BYTES : 0;  // the batch's levels
     using R = MvRing<S, A8 == A8_STAGED ? Act8Stage::BYTES : ACT ? ActStage::BYTES : 0, RESERVED>;
     static constexpr u32 NS = R::STAGES;
