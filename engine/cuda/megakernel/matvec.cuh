@@ -620,6 +620,17 @@ template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
     }
 };
 
+// One unit's copies into its stage at dst: the weights, then (ACT) one row's f16 activations or (I8) its int8
+// levels (act_col, act_sums, act8 as mv_batch_cp forms them), as the batch's copier and mv_prime issue them.
+template <bool ACT, bool I8, class M>
+__device__ __forceinline__ void mv_copy_unit(const M& m, u32 dst, const MvPos& q, int lane,
+                                             const f16* const (&act_col)[ActStage::COLS],
+                                             const f16* const (&act_sums)[ActStage::COLS], const Act8Stage::Src& act8) {
+    m.copy_weights(dst, q, lane);
+    if (ACT) ActStage::copy(dst + M::S::BYTES, act_col, act_sums, q.sb, lane);
+    if (I8) Act8Stage::copy(dst + M::S::BYTES, act8, q.sb, lane);
+}
+
 // MK_MV_CARRY=1 (a benchmark knob, off until measured): a batch whose successor is known and of the same staged
 // kind (FFN_DOWN's second superblock chunk, the next MV_BATCH tiles, FFN_UP's up batch after its gate) asks for
 // that batch's first NS - 1 units as soon as its own loop ends, so their weights fly during the barrier, the fold
@@ -688,10 +699,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     MvPos cp = m.start;
     auto issue = [&]() {
         if (ci < i1) {
-            const u32 dst = m.stage(ci);
-            m.copy_weights(dst, cp, lane);
-            if (ACT) ActStage::copy(dst + S::BYTES, act_col, act_sums, cp.sb, lane);
-            if (I8) Act8Stage::copy(dst + S::BYTES, act8, cp.sb, lane);
+            mv_copy_unit<ACT, I8>(m, m.stage(ci), cp, lane, act_col, act_sums, act8);
             m.advance(cp, ci);
         }
         ++ci;
@@ -783,7 +791,6 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
 template <int QT, bool TWO, bool ACT, int A8>
 __device__ __noinline__ void mv_prime(const MvNext& next, const ActRef& a, int n0, u8* rings) {
     using M = MvUnits<QT, ACT, A8>;
-    using S = typename M::S;
     constexpr u32 NS = M::NS;
     const int lane = threadIdx.x & 31;
     __syncwarp();
@@ -794,10 +801,7 @@ __device__ __noinline__ void mv_prime(const MvNext& next, const ActRef& a, int n
     MvPos q = m.start;
     for (int k = m.i0; k + 1 < m.i0 + (int)NS; ++k) {
         if (k < m.i1) {
-            const u32 dst = m.stage(k);
-            m.copy_weights(dst, q, lane);
-            if (ACT) ActStage::copy(dst + S::BYTES, act_col, act_sums, q.sb, lane);
-            if (A8 == A8_STAGED) Act8Stage::copy(dst + S::BYTES, act8, q.sb, lane);
+            mv_copy_unit<ACT, A8 == A8_STAGED>(m, m.stage(k), q, lane, act_col, act_sums, act8);
             m.advance(q, k);
         }
         cp_async_commit();
@@ -937,7 +941,7 @@ __device__ int mv_rows(const Globals& g, const WeightRef& w, int row_begin, int 
                     if (b0 + MV_BATCH < ntiles)
                         nx = MvNext{&w, row_begin, b0 + MV_BATCH, min(MV_BATCH, ntiles - b0 - MV_BATCH), 0, nsb / chunks};
                     else if (then && then->cols == w.cols)
-                        nx = MvNext{then, row_begin, 0, min(MV_BATCH, ntiles), 0, nsb / chunks};
+                        nx = mv_first_batch(*then, row_begin, row_end, a, ncols);
                     else
                         nx.w = nullptr;
                 }
