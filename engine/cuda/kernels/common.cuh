@@ -245,6 +245,34 @@ __device__ __forceinline__ void cp_async4(u32 dst, const void* src, u32 src_byte
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+// The weight streams' copies (stage.cuh). WEIGHT_EVICT_FIRST=1 (a benchmark knob; the megakernel's
+// MK_W_EVICT_FIRST) marks their lines first to go from L2: a pass reads each weight once, and at normal priority
+// its ~16 GB turn the 60 MB L2 over every ~15 us, taking with them what is read again (the megakernel's code, which
+// each layer then fetches from DRAM anew, its activations and counters).
+#ifndef WEIGHT_EVICT_FIRST
+#define WEIGHT_EVICT_FIRST 0
+#endif
+// The policy `createpolicy.fractional.L2::evict_first.b64 p, 1.0` makes (NVRTC 13 folds it to this constant on
+// sm_80, 89, 90 and 120), written as the constant: in the megakernel the instruction's result sat in a register
+// pair and moved to uniform registers before every copy.
+__device__ __forceinline__ u64 l2_evict_first() { return 0x12F0000000000000ull; }
+__device__ __forceinline__ void cp_async16_w(u32 dst, const void* src) {
+#if WEIGHT_EVICT_FIRST
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "l"(l2_evict_first()) : "memory");
+#else
+    cp_async16(dst, src);
+#endif
+}
+__device__ __forceinline__ void cp_async4_w(u32 dst, const void* src, u32 src_bytes) {
+#if WEIGHT_EVICT_FIRST
+    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2, %3;" ::"r"(dst), "l"(src),
+                 "r"(src_bytes), "l"(l2_evict_first()) : "memory");
+#else
+    cp_async4(dst, src, src_bytes);
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // Wait until at most N of this thread's committed groups are still in flight.

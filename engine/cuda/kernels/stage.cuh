@@ -22,7 +22,7 @@ __device__ __forceinline__ u32 stage_row_base(int row0, int lr, int rows, int nb
 // the tile's superblock 0 (tile_unit of its first row, a multiple of 16).
 __device__ __forceinline__ u32 stage_unit0(int row0, int nb) { return (u32)(row0 >> 4) * (u32)nb; }
 __device__ __forceinline__ void stage_words_copy(u32 dst_sc, const u8* words, u32 unit0, int sb, int lane) {
-    if (lane < 16) cp_async16(dst_sc + 16 * lane, words + ((u64)unit0 + sb) * TILE_UNIT + 16 * lane);
+    if (lane < 16) cp_async16_w(dst_sc + 16 * lane, words + ((u64)unit0 + sb) * TILE_UNIT + 16 * lane);
 }
 
 template <int QT> struct Stage;
@@ -47,7 +47,7 @@ template <int PITCH> struct Q4KStage {
         const int part = lane & 7;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            cp_async16(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
+            cp_async16_w(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
                        P.p[0] + (u64)(L.qrow[j] + sb) * 128 + 16 * part);
         stage_words_copy(dst + SC, P.p[1], L.unit0, sb, lane);
     }
@@ -87,9 +87,9 @@ template <> struct Stage<QT_Q5_K> {
         const int part = lane & 7, half = lane & 1;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            cp_async16(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
+            cp_async16_w(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
                        P.p[0] + (u64)(L.qrow[j] + sb) * 128 + 16 * part);
-        cp_async16(dst + QH + (lane >> 1) * 32 + 16 * half, P.p[1] + (u64)(L.hrow + sb) * 32 + 16 * half);
+        cp_async16_w(dst + QH + (lane >> 1) * 32 + 16 * half, P.p[1] + (u64)(L.hrow + sb) * 32 + 16 * half);
         stage_words_copy(dst + SC, P.p[2], L.unit0, sb, lane);
     }
     static __device__ __forceinline__ void read(QTraits<QT_Q5_K>::Row& r, const u8* st, int lr, int c, u32 idx) {
@@ -117,7 +117,7 @@ template <> struct Stage<QT_Q5_K> {
 // very end.
 __device__ __forceinline__ void q6k_d_word_copy(u32 dst, const u8* plane, u64 idx, u64 ntot) {
     const u64 word = (2 * idx) & ~3ull;
-    cp_async4(dst, plane + word, (u32)min((u64)4, 2 * ntot - word));
+    cp_async4_w(dst, plane + word, (u32)min((u64)4, 2 * ntot - word));
 }
 __device__ __forceinline__ u32 q6k_d_of_word(u32 word, u64 idx) { return (idx & 1u) ? word >> 16 : word & 0xFFFFu; }
 
@@ -138,15 +138,15 @@ template <int QL_P, int QH_P> struct Q6KStage {
         const int part8 = lane & 7, part4 = lane & 3, r = lane & 15;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            cp_async16(dst + QL + ((lane >> 3) + 4 * j) * QL_PITCH + 16 * part8,
+            cp_async16_w(dst + QL + ((lane >> 3) + 4 * j) * QL_PITCH + 16 * part8,
                        P.p[0] + (u64)(L.lrow[j] + sb) * 128 + 16 * part8);
 #pragma unroll
         for (int j = 0; j < 2; ++j)
-            cp_async16(dst + QH + ((lane >> 2) + 8 * j) * QH_PITCH + 16 * part4,
+            cp_async16_w(dst + QH + ((lane >> 2) + 8 * j) * QH_PITCH + 16 * part4,
                        P.p[1] + (u64)(L.hrow[j] + sb) * 64 + 16 * part4);
         const u64 idx = L.xrow + sb;
         if (lane < 16) {
-            cp_async16(dst + SC + 16 * r, P.p[2] + idx * 16);
+            cp_async16_w(dst + SC + 16 * r, P.p[2] + idx * 16);
         } else {
             q6k_d_word_copy(dst + D + 4 * r, P.p[3], idx, ntot);
         }
@@ -184,9 +184,9 @@ template <> struct Stage<QT_Q8_0> {
         const int part = lane & 15;
 #pragma unroll
         for (int k = 0; k < 8; ++k)
-            cp_async16(dst + QS + ((lane >> 4) + 2 * k) * QS_PITCH + 16 * part,
+            cp_async16_w(dst + QS + ((lane >> 4) + 2 * k) * QS_PITCH + 16 * part,
                        P.p[0] + ((u64)L.qrow[k] + 8 * sb) * 32 + 16 * part);
-        if (lane < 16) cp_async16(dst + D + 16 * lane, P.p[1] + ((u64)L.drow + 8 * sb) * 2);
+        if (lane < 16) cp_async16_w(dst + D + 16 * lane, P.p[1] + ((u64)L.drow + 8 * sb) * 2);
     }
     // Row lr, lane c's blocks 2c and 2c + 1, as QTraits<QT_Q8_0>::load reads them.
     static __device__ __forceinline__ void read(QTraits<QT_Q8_0>::Row& r, const u8* st, int lr, int c, u32 idx) {
@@ -217,10 +217,10 @@ template <> struct Stage<QT_Q5_0> {
         const int part = lane & 7, half = lane & 1;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            cp_async16(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
+            cp_async16_w(dst + QS + ((lane >> 3) + 4 * j) * QS_PITCH + 16 * part,
                        P.p[0] + ((u64)L.qrow[j] + 8 * sb) * 16 + 16 * part);
-        cp_async16(dst + QH + (lane >> 1) * 32 + 16 * half, P.p[1] + ((u64)L.hrow + 8 * sb) * 4 + 16 * half);
-        if (lane < 16) cp_async16(dst + D + 16 * lane, P.p[2] + ((u64)L.drow + 8 * sb) * 2);
+        cp_async16_w(dst + QH + (lane >> 1) * 32 + 16 * half, P.p[1] + ((u64)L.hrow + 8 * sb) * 4 + 16 * half);
+        if (lane < 16) cp_async16_w(dst + D + 16 * lane, P.p[2] + ((u64)L.drow + 8 * sb) * 2);
     }
     // Row lr, lane c's blocks 2c and 2c + 1, as QTraits<QT_Q5_0>::load reads them.
     static __device__ __forceinline__ void read(QTraits<QT_Q5_0>::Row& r, const u8* st, int lr, int c, u32 idx) {
