@@ -348,10 +348,16 @@ def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing, depths=r
 
 def phase_profile(mk, report: Report, tag: str) -> None:
     """The last cycle launch's critical path by opcode (bench/mk_profile.py), printed and kept in the report."""
-    from bench.mk_profile import critical_path, table
+    from bench.mk_profile import critical_path, table, trace_table, warp_trace
+    from engine.cuda.megakernel import build
 
-    profile = critical_path(mk.ex.programs["cycle"], mk.ex.read_timings("cycle"))
+    program, times = mk.ex.programs["cycle"], mk.ex.read_timings("cycle")
+    profile = critical_path(program, times)
     print(table(profile), flush=True)
+    if build.tuning_define("MK_TRACE") not in (None, "0"):  # a variant with the warp trace compiled in
+        trace = warp_trace(program, times, mk.ex.read_trace())
+        print(trace_table(trace), flush=True)
+        report.info.setdefault("mk_trace", {})[tag] = trace
     report.info.setdefault("mk_profile", {})[tag] = {
         "total_us": round(profile["total_us"], 1),
         "by_op": {op: {k: ({q: round(u, 2) for q, u in v.items()} if isinstance(v, dict) else round(v, 1))

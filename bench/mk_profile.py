@@ -111,3 +111,87 @@ def table(profile: dict, top: int = 12) -> str:
             lines.append("      median instruction: " + ", ".join(f"{k} {v:.1f}" for k, v in a["phases"].items())
                          + " us")
     return "\n".join(lines)
+
+
+# The warp trace (a build with MK_TRACE=1: engine/cuda/megakernel/opcodes.cuh TRACE_*, runner.read_trace).
+TRACE_START, TRACE_FIRST, TRACE_LAST, TRACE_FOLDED, TRACE_BODY = 0, 1, 7, 13, 14
+ENTER, PRIMED, UNIT0_READY, UNIT0_DONE, LOOP_DONE, UNITS = range(6)
+# A batch's segments: (name, from, to) as event offsets in its set; `per_unit` is apart (the units after the first).
+BATCH_SEGMENTS = (("primed", ENTER, PRIMED), ("wait0", PRIMED, UNIT0_READY), ("unit0", UNIT0_READY, UNIT0_DONE),
+                  ("loop", ENTER, LOOP_DONE))
+
+
+def instruction_trace(program, trace: np.ndarray) -> np.ndarray:
+    """[len(instructions), warps, events] from the [num_sms, max_len, warps, events] trace."""
+    out = np.zeros((len(program.instructions),) + trace.shape[2:], np.int64)
+    for sm, queue in enumerate(program.queues):
+        for slot, index in enumerate(queue):
+            out[index] = trace[sm, slot].astype(np.int64)
+    return out
+
+
+def warp_trace(program, times: np.ndarray, trace: np.ndarray) -> dict[str, dict]:
+    """Per opcode, medians over its instructions' consumer warps (microseconds): `start` (ready to the warp past
+    the first barrier), for the first and the last matmul batch (`first`, `last`: the last only where an
+    instruction ran two or more) `enter` (ready to the batch), the BATCH_SEGMENTS, `per_unit` (each unit after the
+    first), `units` (a warp's) and `spread` (an instruction's latest warp to finish the batch's units less its
+    earliest), then `fold` (the last batch's units done to the warp's share of the fold) and `body` (ready to the
+    warp done). Events outside their instruction's ready .. done (an earlier launch's, or none) are left out."""
+    t, tr = instruction_times(program, times), instruction_trace(program, trace)
+    ready, done = t[:, READY, None, None], t[:, DONE, None, None]
+    stamped = (tr > 0) & (tr >= ready) & (tr <= done) & (t[:, READY, None, None] > 0)
+    names = np.array([inst.OPCODE.name for inst in program.instructions])
+    us = lambda a: float(np.median(a)) / 1e3 if len(a) else None  # noqa: E731
+
+    def span(rows, a, b):  # b - a over the (instruction, warp) samples where both are stamped
+        ok = stamped[rows][..., a] & stamped[rows][..., b] & (tr[rows][..., b] >= tr[rows][..., a])
+        return us((tr[rows][..., b] - tr[rows][..., a])[ok])
+
+    out = {}
+    for op in sorted(set(names)):
+        rows = np.flatnonzero(names == op)
+        entered = stamped[rows][..., TRACE_FIRST + ENTER]
+        if not entered.any():  # no matmul batch in this opcode (or not traced)
+            continue
+        r = {"start": us((tr[rows][..., TRACE_START] - t[rows, READY, None])[stamped[rows][..., TRACE_START]]),
+             "body": us((tr[rows][..., TRACE_BODY] - t[rows, READY, None])[stamped[rows][..., TRACE_BODY]])}
+        for name, base in (("first", TRACE_FIRST), ("last", TRACE_LAST)):
+            ok = stamped[rows][..., base + ENTER]
+            if not ok.any():
+                continue
+            b = {"enter": us((tr[rows][..., base + ENTER] - t[rows, READY, None])[ok])}
+            for seg, a, z in BATCH_SEGMENTS:
+                b[seg] = span(rows, base + a, base + z)
+            units = tr[rows][..., base + UNITS]
+            many = ok & stamped[rows][..., base + UNIT0_DONE] & stamped[rows][..., base + LOOP_DONE] & (units > 1)
+            rest = (tr[rows][..., base + LOOP_DONE] - tr[rows][..., base + UNIT0_DONE]) / np.maximum(units - 1, 1)
+            b["per_unit"] = us(rest[many])
+            b["units"] = float(np.median(units[ok]))
+            fin = np.where(stamped[rows][..., base + LOOP_DONE], tr[rows][..., base + LOOP_DONE], -1)
+            has = (fin >= 0).any(axis=1)
+            latest = fin.max(axis=1)
+            earliest = np.where(fin >= 0, fin, np.iinfo(np.int64).max).min(axis=1)
+            b["spread"] = us((latest - earliest)[has])
+            r[name] = b
+        # the fold follows the last batch: the instruction's set 1 where it ran one, else its set 0
+        two = stamped[rows][..., TRACE_LAST + LOOP_DONE]
+        loops = np.where(two, tr[rows][..., TRACE_LAST + LOOP_DONE], tr[rows][..., TRACE_FIRST + LOOP_DONE])
+        ok = (two | stamped[rows][..., TRACE_FIRST + LOOP_DONE]) & stamped[rows][..., TRACE_FOLDED]
+        r["fold"] = us((tr[rows][..., TRACE_FOLDED] - loops)[ok & (tr[rows][..., TRACE_FOLDED] >= loops)])
+        out[str(op)] = r
+    return out
+
+
+def trace_table(trace: dict[str, dict]) -> str:
+    """warp_trace's figures, an opcode a line (first batch | last batch)."""
+    f = lambda v: "   -  " if v is None else f"{v:6.2f}"  # noqa: E731
+    lines = ["  warp trace, median us: start | batch: enter primed wait0 unit0 per_unit x units loop spread | fold body"]
+    for op, r in trace.items():
+        parts = []
+        for name in ("first", "last"):
+            if name in r:
+                b = r[name]
+                parts.append(f"{name} {f(b['enter'])}{f(b['primed'])}{f(b['wait0'])}{f(b['unit0'])}"
+                             f"{f(b['per_unit'])} x {b['units']:4.0f}{f(b['loop'])}{f(b['spread'])}")
+        lines.append(f"    {op:<13}{f(r['start'])} | " + " | ".join(parts) + f" | {f(r['fold'])}{f(r['body'])}")
+    return "\n".join(lines)

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bench.mk_profile import critical_path, groups_in_order
+from bench.mk_profile import critical_path, groups_in_order, trace_table, warp_trace
 
 
 def _inst(stage, name):
@@ -81,3 +81,47 @@ def test_the_first_batch_is_timed_beside_the_phases_where_recorded():
     assert p["by_op"]["A"]["phases"]["first"] == pytest.approx((8.0 + 16.0) / 2)
     assert "first" not in p["by_op"]["B"]["phases"]  # ready after the recorded first: an earlier launch's
     assert p["by_op"]["B"]["phases"]["loops"] == pytest.approx(1.0)
+
+
+def _traced(times_ready_done):
+    """Timing slots with the given (ready, done) ns per (sm, slot), and an empty trace of 2 warps."""
+    times = np.zeros((2, 3, 8), np.uint64)
+    for (sm, slot), (ready, done) in times_ready_done.items():
+        times[sm, slot, 1], times[sm, slot, 2] = ready, done
+    return times, np.zeros((2, 3, 2, 16), np.uint64)
+
+
+def test_the_warp_trace_splits_each_batch_and_leaves_out_stale_events():
+    us = 1000
+    times, trace = _traced({(0, 0): (1 * us, 40 * us), (1, 0): (1 * us, 40 * us), (0, 1): (50 * us, 60 * us),
+                            (1, 1): (50 * us, 60 * us)})
+    # A on SM 0: two batches; warp 0 starts at 2, enters at 3, primed 4, first unit landed 6, done 7, its 5 units
+    # done at 11 (1 us each after the first); warp 1 the same 2 us later. The last batch: 1 unit, 20 .. 25.
+    for w, lag in ((0, 0), (1, 2 * us)):
+        trace[0, 0, w, 0] = 2 * us + lag
+        trace[0, 0, w, 1:7] = (3 * us + lag, 4 * us + lag, 6 * us + lag, 7 * us + lag, 11 * us + lag, 5)
+        trace[0, 0, w, 7:13] = (20 * us, 21 * us, 22 * us, 24 * us, 24 * us, 1)
+        trace[0, 0, w, 13], trace[0, 0, w, 14] = 26 * us, 30 * us
+    # A on SM 1: one batch only; its last-batch events are an earlier launch's (before ready)
+    trace[1, 0, :, 0] = 2 * us
+    trace[1, 0, :, 1:7] = (3 * us, 4 * us, 6 * us, 7 * us, 11 * us, 5)
+    trace[1, 0, :, 7:13] = (500, 600, 700, 800, 900, 9)
+    trace[1, 0, :, 13], trace[1, 0, :, 14] = 12 * us, 14 * us
+    # B: no batch (a norm): start and body only, so it has no trace entry
+    trace[0, 1, :, 0], trace[0, 1, :, 14] = 51 * us, 55 * us
+    program = _program()
+    t = warp_trace(program, times, trace)
+    assert list(t) == ["A"]
+    a = t["A"]
+    assert a["start"] == pytest.approx(1.0)  # samples 1, 3 (SM 0) and 1, 1 (SM 1)
+    first = a["first"]
+    assert first["enter"] == pytest.approx(2.0) and first["primed"] == pytest.approx(1.0)
+    assert first["wait0"] == pytest.approx(2.0) and first["unit0"] == pytest.approx(1.0)
+    assert first["per_unit"] == pytest.approx(1.0) and first["units"] == 5 and first["loop"] == pytest.approx(8.0)
+    assert first["spread"] == pytest.approx((2.0 + 0.0) / 2)  # SM 0's warps 2 us apart, SM 1's together
+    last = a["last"]  # SM 0 only: SM 1's are stale
+    assert last["enter"] == pytest.approx(19.0) and last["unit0"] == pytest.approx(2.0) and last["units"] == 1
+    assert last["per_unit"] is None and last["spread"] == pytest.approx(0.0)
+    # fold from the last batch's units done where there is one (SM 0: 24 -> 26), else the first's (11 -> 12)
+    assert a["fold"] == pytest.approx((2.0 + 1.0) / 2)
+    assert "warp trace" in trace_table(t) and "A" in trace_table(t)

@@ -63,6 +63,21 @@ def test_limits_and_launch_shape_match_the_header() -> None:
     assert int(re.search(r"#define MK_SMEM_BYTES (\d+)", common).group(1)) == build.smem_bytes(86) == 96 * 1024
 
 
+def test_the_timing_slots_and_the_warp_trace_match_the_header() -> None:
+    """runner.py sizes the timings buffer and bench/mk_profile.py reads it by opcodes.cuh's TIME_* / TRACE_*."""
+    from bench import mk_profile
+    from engine.cuda.megakernel import runner
+
+    assert define("TIME_SLOTS") == runner.TIME_SLOTS
+    assert (define("TRACE_WARPS"), define("TRACE_EVENTS")) == (runner.TRACE_WARPS, runner.TRACE_EVENTS)
+    for name in ("START", "FIRST", "LAST", "FOLDED", "BODY"):
+        assert define(f"TRACE_{name}") == getattr(mk_profile, f"TRACE_{name}"), name
+    for name in ("ENTER", "PRIMED", "UNIT0_READY", "UNIT0_DONE", "LOOP_DONE", "UNITS"):
+        assert define(f"TRACE_{name}") == getattr(mk_profile, name), name
+    assert define("TRACE_LAST") + mk_profile.UNITS < define("TRACE_FOLDED") < define("TRACE_EVENTS")
+    assert (define("TIME_READY"), define("TIME_DONE")) == (mk_profile.READY, mk_profile.DONE)
+
+
 def test_shared_memory_stays_within_each_architectures_limit(monkeypatch) -> None:
     """The opt-in maximum a block may have (sm_80 163 KB, sm_86 / sm_89 / sm_120 99 KB, sm_90 / sm_100 227 KB),
     less the kernel's static shared memory (under 1 KB), whatever the override asks for."""

@@ -683,6 +683,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, cw = cwarp();
     const M m(w, row_begin, b0, nt, sb0, sb1, rings);
     const int i0 = m.i0, i1 = m.i1, first = m.first, end = m.end, nb = m.nb, ns = sb1 - sb0;
+    const int tset = trace_batch();  // MK_TRACE: this batch's events
     __builtin_assume(__isShared(m.ring));
     int t_lo, t_hi;  // the tiles this warp's units touch: its partials' slots in part (mv_fold_batch)
     mv_warp_tiles(cw, nt * ns, ns, t_lo, t_hi);
@@ -726,6 +727,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             cp_async_wait<NS - 1>();
         consumers_sync();
     }
+    trace_event(tset + TRACE_PRIMED);
     const MvCols mc = mv_cols(a, n0, ncols, g, c);
     MvPos u = m.start;
     constexpr bool RUN = A8 == A8_SMEM && (MK_MV_I8B || QT == QT_Q6_K);  // a tile's partial rows in registers
@@ -744,6 +746,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         issue();       // unit i + NS - 1
         cp_async_wait<NS - 1>();
         __syncwarp();
+        if (MK_TRACE && i == i0) trace_event(tset + TRACE_UNIT0_READY);
         const u8* st = m.ring + ((u32)(i - i0) % NS) * M::R::BYTES;
         if (ACT) ActStage::read(x, st + S::BYTES, g, c);
         if (A8 != A8_NONE && (MK_MV_PROBE & 1)) x = MvAct{};
@@ -778,9 +781,12 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         }
         if (!RUN) mv_frag_add(acc, mine + (u.t - t_lo) * 128);
         record_unit(i, i0);
+        if (MK_TRACE && i == i0) trace_event(tset + TRACE_UNIT0_DONE);
         m.advance(u, i);
     }
     if (RUN && i1 > i0) mv_run_flush(run, mine + (run_t - t_lo) * 128, g, c);
+    trace_event(tset + TRACE_LOOP_DONE);
+    trace_event(tset + TRACE_UNITS, i1 - i0);
     if (!MK_MV_PRIMING) cp_async_wait<0>();  // nothing lands in the ring after the batch (with the knobs:
                                               // mv_dispatch_batch waits, or primes the next batch)
 }
@@ -858,6 +864,7 @@ __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, i
     record_time(g, TIME_LOOPS);
     record_first(g);
     mv_fold_batch(red, sb1 - sb0, nt, ncols, ncols <= 4, scratch, add);  // packed as mv_cols makes it
+    trace_event(TRACE_FOLDED);
     consumers_sync();
     record_time(g, TIME_FOLDED);
 }

@@ -211,7 +211,9 @@ struct Consumer {
             const int op = w[INST_OPCODE], stage = w[INST_STAGE];
             if (op < 0) return;  // the controller stopped: a wait timed out or another SM failed
             if (ctid() == 0) mk_inst_index = i, mk_first_pending = 1, set_first_slot(g);
+            trace_start();
             if (stage_active(g, stage)) consume(g, w, s);
+            trace_event(TRACE_BODY);
             record_time(g, TIME_BODY);
             count_instruction(g, stage, op, i);
             bar_arrive(slot ? BAR_FREE1 : BAR_FREE0, both);
@@ -269,7 +271,9 @@ struct SoloConsumer {
             const i32* w = s.inst[0];
             const int op = w[INST_OPCODE], stage = w[INST_STAGE];
             if (op < 0) return;  // everyone stops here
+            trace_start();
             if (stage_active(g, stage)) consume(g, w, s);
+            trace_event(TRACE_BODY);
             record_time(g, TIME_BODY);
             count_instruction(g, stage, op, i);  // its barrier: nobody reads s.inst[0] any more
         }

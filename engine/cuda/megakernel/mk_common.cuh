@@ -99,11 +99,31 @@ __device__ __forceinline__ void record_time(const Globals& g, int slot) {
 #endif
 __shared__ u64* mk_first_at;  // MK_TIME_UNIT: the current instruction's TIME_FIRST slot, or null
 
+// MK_TRACE (a benchmark knob, 0 by default): each consumer warp's lane 0 records the events of opcodes.cuh TRACE_*
+// for every instruction (a launch's per-warp timeline: where an instruction's first batch, its units and its fold
+// spend their time, warp by warp). Consumer thread 0 points mk_trace_at at the instruction's events with the
+// index; each warp counts its batches in mk_trace_batches (its own word: no warp waits on another to read it).
+// With the controller (MK_CONTROLLER=1) the pointer is set without a barrier before the consumers read it.
+#ifndef MK_TRACE
+#define MK_TRACE 0
+#endif
+#if MK_TRACE
+static_assert(MK_CONSUMER_WARPS <= TRACE_WARPS, "the trace has room for TRACE_WARPS consumer warps");
+__shared__ u64* mk_trace_at;
+__shared__ int mk_trace_batches[MK_CONSUMER_WARPS];
+#endif
+
 __device__ __forceinline__ void set_first_slot(const Globals& g) {  // consumer thread 0, with mk_inst_index
     if (MK_TIME_UNIT)
         mk_first_at = g.timings ? g.timings + ((i64)blockIdx.x * g.max_len + mk_inst_index) * TIME_SLOTS + TIME_FIRST
                                 : nullptr;
+#if MK_TRACE
+    mk_trace_at = g.timings ? g.timings + (i64)gridDim.x * g.max_len * TIME_SLOTS +
+                                  ((i64)blockIdx.x * g.max_len + mk_inst_index) * TRACE_WARPS * TRACE_EVENTS
+                            : nullptr;
+#endif
 }
+
 
 // MK_TIME_UNIT: after a batch's unit i (warp's first i0).
 __device__ __forceinline__ void record_unit(int i, int i0) {
@@ -137,6 +157,33 @@ __device__ __forceinline__ void consumers_sync() { bar_sync(BAR_CONSUMERS, MK_CO
 // Consumer warp index 0 .. MK_CONSUMER_WARPS - 1 and thread index among the consumers.
 __device__ __forceinline__ int cwarp() { return (threadIdx.x >> 5) - MK_FIRST_CONSUMER; }
 __device__ __forceinline__ int ctid() { return threadIdx.x - MK_FIRST_CONSUMER * 32; }
+
+// MK_TRACE: event e of this warp in the current instruction: now, or `value` where given (lane 0 records).
+__device__ __forceinline__ void trace_event(int e, long long value = -1) {
+#if MK_TRACE
+    if ((threadIdx.x & 31) == 0 && mk_trace_at)
+        mk_trace_at[cwarp() * TRACE_EVENTS + e] = value < 0 ? global_ns() : (u64)value;
+#endif
+}
+// MK_TRACE: the warp starts an instruction (past its first barrier) / a matmul batch, whose events' first index
+// this returns (TRACE_FIRST for the instruction's first batch, TRACE_LAST after).
+__device__ __forceinline__ void trace_start() {
+#if MK_TRACE
+    if ((threadIdx.x & 31) == 0) mk_trace_batches[cwarp()] = 0;
+    trace_event(TRACE_START);
+#endif
+}
+__device__ __forceinline__ int trace_batch() {
+#if MK_TRACE
+    const int set = mk_trace_batches[cwarp()] ? TRACE_LAST : TRACE_FIRST;
+    __syncwarp();  // every lane has read the count before lane 0 moves it
+    if ((threadIdx.x & 31) == 0) mk_trace_batches[cwarp()] += 1;
+    trace_event(set + TRACE_ENTER);
+    return set;
+#else
+    return 0;
+#endif
+}
 
 // ---- failure: the first error wins, every spinning SM sees it and the launch winds down ----
 

@@ -174,6 +174,27 @@
 #define TIME_FIRST 7  // the instruction's first matmul batch: its warps' unit loops done
 #define TIME_SLOTS 8
 
+// ---- the warp trace (MK_TRACE, a benchmark knob: mk_common.cuh trace_event) ----
+// With MK_TRACE=1 the timings buffer holds, after its [num_sms][max_len][TIME_SLOTS] slots, [num_sms][max_len]
+// [TRACE_WARPS][TRACE_EVENTS] per consumer warp (runner.py allocates both; bench/mk_profile.py warp_trace reads
+// them): globaltimer ns but for the unit counts.
+#define TRACE_WARPS 8
+#define TRACE_EVENTS 16
+#define TRACE_START 0   // the warp past the instruction's first barrier (its dependencies met)
+// a matmul batch's events: set 0 from TRACE_FIRST (the instruction's first batch), set 1 from TRACE_LAST (its last
+// batch, if it has more than one): entered mv_batch_cp, its ring primed (and a one-row levels area copied), its
+// first unit's stage landed, that unit multiplied, the warp's last unit multiplied, and the warp's unit count
+#define TRACE_FIRST 1
+#define TRACE_LAST 7
+#define TRACE_ENTER 0
+#define TRACE_PRIMED 1
+#define TRACE_UNIT0_READY 2
+#define TRACE_UNIT0_DONE 3
+#define TRACE_LOOP_DONE 4
+#define TRACE_UNITS 5
+#define TRACE_FOLDED 13  // the warp's share of the last batch's fold done (before the barrier after it)
+#define TRACE_BODY 14    // the warp done with the instruction's body (before the count's barrier)
+
 // ---- errors ----
 #define ERR_NONE 0
 #define ERR_WAIT_TIMEOUT 1   // a counter did not reach its value in MK_WAIT_TIMEOUT_NS

@@ -26,6 +26,7 @@ from engine.cuda.megakernel.upload import DeviceModel, layer_tables, rope_inv_fr
 
 ELEMENT_BYTES = {"f32": 4, "i32": 4, "u32": 4, "u8": 1, "kv": 2}
 TIME_SLOTS = 8  # opcodes.cuh TIME_*
+TRACE_WARPS, TRACE_EVENTS = 8, 16  # opcodes.cuh: a build with MK_TRACE=1 writes them after the timing slots
 # Acts with an int8 copy (globals.cuh ActRef::q8), which the K-quant matmuls of one row take as two int8 levels
 # (matvec.cuh MK_MV_I8): the norms' output, and act_ffn, whose writers (FFN_UP's 128-160-position runs) each write
 # part of a superblock and the last of them forms its copy (FILL_ACTS: a count a superblock, mk_common.cuh
@@ -102,8 +103,12 @@ class GpuExecutor:
         self._rope = dev.to_device(rope_inv_freq(spec), "mk.rope_inv_freq")
         self._tables = layer_tables(spec, self.model, self.bufs)
         self._layers = dev.to_device(np.frombuffer(bytes(self._tables), np.uint8), "mk.layers")
-        self.timings = dev.alloc(8 * self.config.num_sms * self._max_len() * TIME_SLOTS, "mk.timings") \
-            if timings else None
+        # the timing slots, then room for a warp trace (a variant compiled with MK_TRACE=1 fills it); zeroed, so
+        # that what a launch did not record reads as 0
+        slots = TIME_SLOTS + TRACE_WARPS * TRACE_EVENTS
+        self.timings = dev.alloc(8 * self.config.num_sms * self._max_len() * slots, "mk.timings") if timings else None
+        if self.timings:
+            self._zero(self.timings)
         self._uploaded: dict[str, tuple[Buffer, Buffer, int]] = {}
         for name, program in self.programs.items():
             self._uploaded[name] = self._upload_program(program)
@@ -328,6 +333,15 @@ class GpuExecutor:
         if self.timings is None:
             raise ValueError("the executor was built without timings")
         return self.dev.download(self.timings, np.uint64, (self.config.num_sms, self._max_len(), TIME_SLOTS))
+
+    def read_trace(self) -> np.ndarray:
+        """[num_sms, max_len, TRACE_WARPS, TRACE_EVENTS] of the last run compiled with MK_TRACE=1 (opcodes.cuh
+        TRACE_*: globaltimer ns, unit counts; zero where nothing was recorded): bench/mk_profile.py warp_trace."""
+        if self.timings is None:
+            raise ValueError("the executor was built without timings")
+        sms, max_len = self.config.num_sms, self._max_len()
+        return self.dev.download(self.timings, np.uint64, (sms, max_len, TRACE_WARPS, TRACE_EVENTS),
+                                 offset=8 * sms * max_len * TIME_SLOTS)
 
     def recompile(self) -> None:
         """Compile and load the megakernel again, with OPENJET_MK_DEFINES / OPENJET_MK_SMEM_KB as they are now: a
