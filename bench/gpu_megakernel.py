@@ -357,7 +357,7 @@ def phase_profile(mk, report: Report, tag: str) -> None:
     if build.tuning_define("MK_TRACE") not in (None, "0"):  # a variant with the warp trace compiled in
         trace = warp_trace(program, times, mk.ex.read_trace())
         print(trace_table(trace), flush=True)
-        report.info.setdefault("mk_trace", {})[tag] = trace
+        report.info.setdefault("mk_warp_trace", {})[tag] = trace
     report.info.setdefault("mk_profile", {})[tag] = {
         "total_us": round(profile["total_us"], 1),
         "by_op": {op: {k: ({q: round(u, 2) for q, u in v.items()} if isinstance(v, dict) else round(v, 1))
