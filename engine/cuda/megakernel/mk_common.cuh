@@ -175,9 +175,8 @@ __device__ __forceinline__ void trace_start() {
 }
 __device__ __forceinline__ int trace_batch() {
 #if MK_TRACE
-    const int set = mk_trace_batches[cwarp()] ? TRACE_LAST : TRACE_FIRST;
-    __syncwarp();  // every lane has read the count before lane 0 moves it
-    if ((threadIdx.x & 31) == 0) mk_trace_batches[cwarp()] += 1;
+    int set = TRACE_FIRST;  // lane 0's is the one that counts: only lane 0 records
+    if ((threadIdx.x & 31) == 0) set = mk_trace_batches[cwarp()]++ ? TRACE_LAST : TRACE_FIRST;
     trace_event(set + TRACE_ENTER);
     return set;
 #else
