@@ -234,13 +234,15 @@ def part_cycle27b(dev, report: Report, args) -> None:
                       draft_vocab=args.draft_vocab, timings=True)
     report.info["open_s"] = round(time.perf_counter() - t0, 1)
     depths = [int(d) for d in args.depths.split(",")]
-    time_cycles(dev, report, mk, prompt, bw, depths)
     base = {key: os.environ.get(key) for key in ("OPENJET_MK_DEFINES", "OPENJET_MK_SMEM_KB")}
+    pool, ahead = precompile_variants(mk, variants, base)
+    time_cycles(dev, report, mk, prompt, bw, depths)
     for name, defines in variants:
         env = variant_environment(defines, base["OPENJET_MK_DEFINES"] or "")
         os.environ.update(env)
         print(f"  variant {name}: " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
         try:
+            wait_precompiled(ahead.get(name), name)
             mk.ex.recompile()
             time_cycles(dev, report, mk, prompt, bw, depths, label=name)
         except Exception:  # a variant that fails to build or run is reported, the others still run
@@ -251,7 +253,56 @@ def part_cycle27b(dev, report: Report, args) -> None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    if pool is not None:
+        pool.shutdown()
     report.info["variants"] = dict(variants)
+
+
+def precompile_variants(mk, variants: list[tuple[str, str]], base: dict[str, str | None]):
+    """Every variant's megakernel compiled into the disk cache by worker processes, started before the default's
+    timings, so that each variant's recompile loads it (NVRTC takes ~40 s of one CPU a build; one after the other
+    that was most of a call's device time). Returns the pool (or None) and a future per variant."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from engine.cuda.megakernel import build
+
+    if not variants:
+        return None, {}
+    jobs = {}
+    for name, defines in variants:
+        env = variant_environment(defines, base["OPENJET_MK_DEFINES"] or "")
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            jobs[name] = mk.ex.compile_args()
+        except ValueError as exc:  # a malformed define: the variant reports it when it runs
+            print(f"  variant {name}: not compiled ahead ({exc})", flush=True)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    workers = max(1, min(len(jobs), (os.cpu_count() or 2) - 1))  # a CPU left for the timings
+    # spawn, not fork: this process holds a CUDA context (the workers only ever touch NVRTC)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    return pool, {name: pool.submit(build.compile_megakernel, arch, extra, None, ptx)
+                  for name, (arch, extra, ptx) in jobs.items()}
+
+
+def wait_precompiled(future, name: str) -> None:
+    """Wait for a variant's compile ahead; its failure is left for the variant's own compile to report."""
+    if future is None:
+        return
+    t0 = time.perf_counter()
+    try:
+        future.result()
+    except Exception as exc:  # noqa: BLE001 - recompile raises it again, with the variant's name
+        print(f"  variant {name}: compile ahead failed ({type(exc).__name__})", flush=True)
+    waited = time.perf_counter() - t0
+    if waited > 1:
+        print(f"  variant {name}: waited {waited:.0f} s for its compile", flush=True)
 
 
 def variant_environment(defines: str, base: str) -> dict[str, str]:

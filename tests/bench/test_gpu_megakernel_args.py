@@ -1,8 +1,12 @@
 """bench/gpu_megakernel.py's options: the kernel variants cycle27b times on one upload of the model."""
 
+import concurrent.futures
+import os
+from types import SimpleNamespace
+
 import pytest
 
-from bench.gpu_megakernel import parse_args, parse_variants, variant_environment
+from bench.gpu_megakernel import parse_args, parse_variants, precompile_variants, variant_environment, wait_precompiled
 
 
 def test_variants_parse_into_names_and_define_lists():
@@ -26,3 +30,57 @@ def test_a_variant_compiles_with_its_defines_after_the_base_and_its_shared_memor
     assert variant_environment("MK_A=1,SMEM_KB=164,MK_B=2", "MK_C=0") == {
         "OPENJET_MK_DEFINES": "MK_C=0,MK_A=1,MK_B=2", "OPENJET_MK_SMEM_KB": "164"}
     assert variant_environment("MK_A=1", "") == {"OPENJET_MK_DEFINES": "MK_A=1"}
+
+
+class _InlinePool:
+    """concurrent.futures.ProcessPoolExecutor's interface, running each job at submit (no processes)."""
+
+    def __init__(self, max_workers, mp_context):
+        self.max_workers, self.closed = max_workers, False
+
+    def submit(self, fn, *args):
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:  # noqa: BLE001 - the future carries it, as a worker's would
+            future.set_exception(exc)
+        return future
+
+    def shutdown(self):
+        self.closed = True
+
+
+def test_variants_compile_ahead_each_under_its_own_environment(monkeypatch):
+    from engine.cuda.megakernel import build
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _InlinePool)
+    monkeypatch.setenv("OPENJET_MK_DEFINES", "MK_C=0")
+    monkeypatch.delenv("OPENJET_MK_SMEM_KB", raising=False)
+    seen, compiled = [], []
+
+    def compile_args():  # what the executor would compile with, read from the environment
+        seen.append((os.environ["OPENJET_MK_DEFINES"], os.environ.get("OPENJET_MK_SMEM_KB")))
+        if "MK_BAD" in os.environ["OPENJET_MK_DEFINES"]:
+            raise ValueError("OPENJET_MK_DEFINES: 'MK_BAD' is not MK_NAME=value")
+        return 90, (f"-D{os.environ['OPENJET_MK_DEFINES']}",), False
+
+    def fake_compile(arch, extra, directory, ptx):
+        if "MK_FAIL" in extra[0]:
+            raise RuntimeError("did not compile")
+        compiled.append(extra)
+        return "image"
+
+    monkeypatch.setattr(build, "compile_megakernel", fake_compile)
+    mk = SimpleNamespace(ex=SimpleNamespace(compile_args=compile_args))
+    variants = [("a", "MK_A=1,SMEM_KB=164"), ("b", "MK_B=2"), ("bad", "MK_BAD"), ("fail", "MK_FAIL=1")]
+    base = {"OPENJET_MK_DEFINES": "MK_C=0", "OPENJET_MK_SMEM_KB": None}
+    pool, ahead = precompile_variants(mk, variants, base)
+    assert seen == [("MK_C=0,MK_A=1", "164"), ("MK_C=0,MK_B=2", None), ("MK_C=0,MK_BAD", None),
+                    ("MK_C=0,MK_FAIL=1", None)]
+    assert compiled == [("-DMK_C=0,MK_A=1",), ("-DMK_C=0,MK_B=2",)]
+    assert set(ahead) == {"a", "b", "fail"}  # a variant whose options failed is compiled (and reported) later
+    assert os.environ["OPENJET_MK_DEFINES"] == "MK_C=0" and "OPENJET_MK_SMEM_KB" not in os.environ
+    wait_precompiled(ahead["a"], "a")
+    wait_precompiled(ahead["fail"], "fail")  # its failure is left for the variant's own compile
+    wait_precompiled(None, "bad")
+    assert precompile_variants(mk, [], base) == (None, {})

@@ -115,17 +115,26 @@ class GpuExecutor:
 
     # ---- setup ----
 
+    def compile_args(self) -> tuple[int, tuple[str, ...], bool]:
+        """(arch, options, ptx) of build.compile_megakernel for this GPU and model, under the environment as it is
+        now (OPENJET_MK_DEFINES, OPENJET_MK_SMEM_KB): a benchmark compiles its variants ahead with them."""
+        from engine.cuda import nvrtc
+
+        arch, ptx = self.dev.info.arch, False
+        # the shared memory this GPU allows, whatever architecture the code is compiled for
+        extra = build.model_options(self.spec) + build.arch_options(arch)
+        supported = nvrtc.supported_archs()
+        if arch not in supported:  # a GPU newer than this NVRTC: PTX, JIT-compiled by the driver
+            arch, ptx = max(a for a in supported if a <= arch), True
+        return arch, extra, ptx
+
     def _compile(self) -> None:
         """Compile (through the disk cache) and load the megakernel for this GPU and model."""
         from engine.cuda import nvrtc
 
-        arch, ptx = self.dev.info.arch, False
-        self.smem_bytes = build.smem_bytes(arch)  # what this GPU allows, whatever the code is compiled for
-        extra = build.model_options(self.spec) + build.arch_options(arch)
+        self.smem_bytes = build.smem_bytes(self.dev.info.arch)
+        arch, extra, ptx = self.compile_args()
         self.threads = build.threads(extra)
-        supported = nvrtc.supported_archs()
-        if arch not in supported:  # a GPU newer than this NVRTC: PTX, JIT-compiled by the driver
-            arch, ptx = max(a for a in supported if a <= arch), True
         try:
             compiled = build.compile_megakernel(arch, extra, ptx=ptx)
         except nvrtc.KernelCompileError as exc:
