@@ -780,7 +780,6 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !mc.packed
         }
         if (!RUN) mv_frag_add(acc, mine + (u.t - t_lo) * 128);
-        record_unit(i, i0);
         if (MK_TRACE && i == i0) trace_event(tset + TRACE_UNIT0_DONE);
         m.advance(u, i);
     }

@@ -210,7 +210,7 @@ struct Consumer {
             const i32* w = s.inst[slot];
             const int op = w[INST_OPCODE], stage = w[INST_STAGE];
             if (op < 0) return;  // the controller stopped: a wait timed out or another SM failed
-            if (ctid() == 0) mk_inst_index = i, mk_first_pending = 1, set_first_slot(g);
+            if (ctid() == 0) mk_inst_index = i, mk_first_pending = 1, set_trace_slot(g);
             trace_start();
             if (stage_active(g, stage)) consume(g, w, s);
             trace_event(TRACE_BODY);
@@ -264,7 +264,7 @@ struct SoloConsumer {
             if (ctid() == 0) {
                 mk_inst_index = i;
                 mk_first_pending = 1;
-                set_first_slot(g);
+                set_trace_slot(g);
                 await_instruction(g, s.inst[0], i);
             }
             consumers_sync();

@@ -89,16 +89,6 @@ __device__ __forceinline__ void record_time(const Globals& g, int slot) {
         g.timings[((i64)blockIdx.x * g.max_len + mk_inst_index) * TIME_SLOTS + slot] = global_ns();
 }
 
-// MK_TIME_UNIT (a benchmark knob, 0 by default): TIME_FIRST when consumer warp 0 has multiplied the first unit of
-// the instruction's first matmul batch (1) or, overwritten batch by batch, of its last (2), not when the first
-// batch's loops end: an instruction's first batch is slow beyond its bytes (~8 us, bench/MEGAKERNEL.md rounds 6
-// and 9), and the first unit's wait against the second batch's (warm code, warm ring) says whether that is the
-// ring's first DRAM round trip or the code's first fetch (run with MK_MV_PROBE=3 too: no weights at all).
-#ifndef MK_TIME_UNIT
-#define MK_TIME_UNIT 0
-#endif
-__shared__ u64* mk_first_at;  // MK_TIME_UNIT: the current instruction's TIME_FIRST slot, or null
-
 // MK_TRACE (a benchmark knob, 0 by default): each consumer warp's lane 0 records the events of opcodes.cuh TRACE_*
 // for every instruction (a launch's per-warp timeline: where an instruction's first batch, its units and its fold
 // spend their time, warp by warp). Consumer thread 0 points mk_trace_at at the instruction's events with the
@@ -113,25 +103,14 @@ __shared__ u64* mk_trace_at;
 __shared__ int mk_trace_batches[MK_CONSUMER_WARPS];
 #endif
 
-__device__ __forceinline__ void set_first_slot(const Globals& g) {  // consumer thread 0, with mk_inst_index
-    if (MK_TIME_UNIT)
-        mk_first_at = g.timings ? g.timings + ((i64)blockIdx.x * g.max_len + mk_inst_index) * TIME_SLOTS + TIME_FIRST
-                                : nullptr;
+// MK_TRACE: where the block's current instruction records its warps' events (consumer thread 0, with
+// mk_inst_index).
+__device__ __forceinline__ void set_trace_slot(const Globals& g) {
 #if MK_TRACE
     mk_trace_at = g.timings ? g.timings + (i64)gridDim.x * g.max_len * TIME_SLOTS +
                                   ((i64)blockIdx.x * g.max_len + mk_inst_index) * TRACE_WARPS * TRACE_EVENTS
                             : nullptr;
 #endif
-}
-
-
-// MK_TIME_UNIT: after a batch's unit i (warp's first i0).
-__device__ __forceinline__ void record_unit(int i, int i0) {
-    if (MK_TIME_UNIT && i == i0 && threadIdx.x == MK_FIRST_CONSUMER * 32 && mk_first_at &&
-        (MK_TIME_UNIT == 2 || mk_first_pending)) {
-        *mk_first_at = global_ns();
-        mk_first_pending = 0;
-    }
 }
 
 // TIME_FIRST of the block's current instruction, once: at its first matmul batch.
