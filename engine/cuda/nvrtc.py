@@ -16,6 +16,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,9 @@ KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 BASE_OPTIONS = ("-std=c++17", "--restrict", "-lineinfo")
 # Bump when the cache layout changes: old entries are simply never hit again.
 CACHE_FORMAT = 1
+# Defines every per-op kernel compiles with, "NAME=value,NAME2=value" (a benchmark knob: e.g. WEIGHT_EVICT_FIRST=1,
+# kernels/common.cuh); part of the options, so of the cache key.
+DEFINES_ENV = "OPENJET_CUDA_DEFINES"
 
 
 class KernelCompileError(EngineError):
@@ -190,13 +194,22 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def kernel_options() -> tuple[str, ...]:
+    """The per-op kernels' extra options: -D for each item of OPENJET_CUDA_DEFINES."""
+    items = [i.strip() for i in os.environ.get(DEFINES_ENV, "").split(",") if i.strip()]
+    for item in items:
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*(=[A-Za-z0-9_]+)?", item):
+            raise ValueError(f"{DEFINES_ENV}: {item!r} is not NAME=value")
+    return tuple(f"-D{i}" for i in items)
+
+
 def _compile_job(job: tuple[str, int, tuple[str, ...], bool, str | None]) -> tuple[str, int, float, bool]:
     """Worker of compile_all: (file, arch, expressions, ptx, cache directory) -> (file, arch, seconds, from_cache)."""
     import time
 
     file, arch, expressions, ptx, directory = job
     t0 = time.perf_counter()
-    out = compile_cached(KERNEL_DIR / f"{file}.cu", arch, expressions, ptx=ptx,
+    out = compile_cached(KERNEL_DIR / f"{file}.cu", arch, expressions, kernel_options(), ptx=ptx,
                          directory=Path(directory) if directory else None)
     return file, arch, time.perf_counter() - t0, out.from_cache
 

@@ -95,3 +95,22 @@ def test_ptx_for_gpus_newer_than_nvrtc(tmp_path: Path) -> None:
     text = compiled.image.decode(errors="replace")
     assert compiled.is_ptx and ".target sm_90" in text
     assert all(f".entry {compiled.symbols[i.expr]}" in text for i in insts)
+
+
+def test_the_defines_knob_reaches_every_per_op_compile_and_refuses_a_bad_item(monkeypatch, tmp_path: Path) -> None:
+    """OPENJET_CUDA_DEFINES: -D options for the per-op kernels (so a different cache entry); a malformed item is
+    refused with the variable and the item named."""
+    monkeypatch.delenv(nvrtc.DEFINES_ENV, raising=False)
+    assert nvrtc.kernel_options() == ()
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "WEIGHT_EVICT_FIRST=1, FLAG")
+    assert nvrtc.kernel_options() == ("-DWEIGHT_EVICT_FIRST=1", "-DFLAG")
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "WEIGHT_EVICT_FIRST=1")
+    file, arch, _, cached = nvrtc._compile_job(("norm", 86, tuple(i.expr for i in instances.files()["norm"]), False,
+                                                str(tmp_path)))
+    assert not cached and len(list(tmp_path.glob("norm-sm86-*.cubin"))) == 1
+    monkeypatch.delenv(nvrtc.DEFINES_ENV)
+    nvrtc._compile_job(("norm", 86, tuple(i.expr for i in instances.files()["norm"]), False, str(tmp_path)))
+    assert len(list(tmp_path.glob("norm-sm86-*.cubin"))) == 2  # another key without the define
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "evict=1")
+    with pytest.raises(ValueError, match="OPENJET_CUDA_DEFINES: 'evict=1'"):
+        nvrtc.kernel_options()

@@ -70,10 +70,10 @@ struct I8Copies {
     __device__ __forceinline__ void issue(u32 dst, int step, bool with_meta) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            cp_async16(dst + qdst + 4 * Q4KStage8::QS_PITCH * j, q[j]);
+            cp_async16_w(dst + qdst + 4 * Q4KStage8::QS_PITCH * j, q[j]);
             q[j] += 128 * step;
         }
-        if (words_on) cp_async16(dst + words_dst, words);
+        if (words_on) cp_async16_w(dst + words_dst, words);
         words += TILE_UNIT * step;
 #pragma unroll
         for (int m = 0; m < T; ++m) {

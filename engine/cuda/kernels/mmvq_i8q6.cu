@@ -73,16 +73,16 @@ struct Q6I8Copies {
     __device__ __forceinline__ void issue(u32 dst, int step, int lane) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            cp_async16(dst + ql_dst + 4 * Q6I8Stage::QL_PITCH * j, ql[j]);
+            cp_async16_w(dst + ql_dst + 4 * Q6I8Stage::QL_PITCH * j, ql[j]);
             ql[j] += 128 * step;
         }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            cp_async16(dst + qh_dst + 8 * Q6I8Stage::QH_PITCH * j, qh[j]);
+            cp_async16_w(dst + qh_dst + 8 * Q6I8Stage::QH_PITCH * j, qh[j]);
             qh[j] += 64 * step;
         }
         if (lane < 16) {
-            cp_async16(dst + sc_dst, sc);
+            cp_async16_w(dst + sc_dst, sc);
         } else {
             q6k_d_word_copy(dst + sc_dst, d, idx, ntot);
         }

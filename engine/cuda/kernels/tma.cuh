@@ -38,17 +38,27 @@ __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
     return done;
 }
 
-// bytes (a multiple of 16) from global src to shared dst, both 16-byte aligned, counted in at bar.
+// bytes (a multiple of 16) from global src to shared dst, both 16-byte aligned, counted in at bar. Weights only
+// (WEIGHT_EVICT_FIRST: their L2 policy, common.cuh).
 __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-#if __CUDA_ARCH__ >= 900
+#if __CUDA_ARCH__ >= 900 && WEIGHT_EVICT_FIRST
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
+                 "[%3], %4;" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(l2_evict_first()) : "memory");
+#elif __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 #endif
 }
 
 // The box of map at (x, y) (bytes, rows) to shared dst (1024-byte aligned for the swizzle), counted in at bar.
+// Weights only, as bulk_copy.
 __device__ __forceinline__ void tensor_copy_2d(u32 dst, const TensorMap& map, int x, int y, u32 bar) {
-#if __CUDA_ARCH__ >= 900
+#if __CUDA_ARCH__ >= 900 && WEIGHT_EVICT_FIRST
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+        "%3}], [%4], %5;" ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(x), "r"(y), "r"(bar),
+        "l"(l2_evict_first()) : "memory");
+#elif __CUDA_ARCH__ >= 900
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
         ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(x), "r"(y), "r"(bar) : "memory");
