@@ -406,7 +406,7 @@ def phase_profile(mk, report: Report, tag: str) -> None:
     profile = critical_path(program, times)
     print(table(profile), flush=True)
     if build.tuning_define("MK_TRACE") not in (None, "0"):  # a variant with the warp trace compiled in
-        trace = warp_trace(program, times, mk.ex.read_trace())
+        trace = warp_trace(program, times, mk.ex.read_trace("cycle"))
         print(trace_table(trace), flush=True)
         report.info.setdefault("mk_warp_trace", {})[tag] = trace
     report.info.setdefault("mk_profile", {})[tag] = {

@@ -338,17 +338,20 @@ class GpuExecutor:
                 self._zero(self.bufs[s.name])
 
     def read_timings(self, program: str) -> np.ndarray:
-        """[num_sms, max_len, TIME_SLOTS] globaltimer ns of the last run (timings=True)."""
+        """[num_sms, max_len, TIME_SLOTS] globaltimer ns of the last run of `program` (timings=True), max_len its
+        own: the kernel indexes the slots by the launched program's queue length (Globals.max_len)."""
         if self.timings is None:
             raise ValueError("the executor was built without timings")
-        return self.dev.download(self.timings, np.uint64, (self.config.num_sms, self._max_len(), TIME_SLOTS))
+        max_len = self._uploaded[program][2]
+        return self.dev.download(self.timings, np.uint64, (self.config.num_sms, max_len, TIME_SLOTS))
 
-    def read_trace(self) -> np.ndarray:
-        """[num_sms, max_len, TRACE_WARPS, TRACE_EVENTS] of the last run compiled with MK_TRACE=1 (opcodes.cuh
-        TRACE_*: globaltimer ns, unit counts; zero where nothing was recorded): bench/mk_profile.py warp_trace."""
+    def read_trace(self, program: str) -> np.ndarray:
+        """[num_sms, max_len, TRACE_WARPS, TRACE_EVENTS] of the last run of `program`, compiled with MK_TRACE=1
+        (opcodes.cuh TRACE_*: globaltimer ns, unit counts; zero where nothing was recorded), after its timing slots
+        as the kernel lays them out: bench/mk_profile.py warp_trace."""
         if self.timings is None:
             raise ValueError("the executor was built without timings")
-        sms, max_len = self.config.num_sms, self._max_len()
+        sms, max_len = self.config.num_sms, self._uploaded[program][2]
         return self.dev.download(self.timings, np.uint64, (sms, max_len, TRACE_WARPS, TRACE_EVENTS),
                                  offset=8 * sms * max_len * TIME_SLOTS)
 
