@@ -229,6 +229,8 @@ def part_cycle27b(dev, report: Report, args) -> None:
     path, prompt, bw = setup_27b(dev, report, args.context)
     report.info["mk_defines"] = os.environ.get("OPENJET_MK_DEFINES", "")
     config = schedule_config(dev, report, args)
+    for _, defines in variants:  # a malformed schedule item fails before the model is opened too
+        variant_schedule(defines, config)
     t0 = time.perf_counter()
     mk = open_backend(path, context_size=max(4096, args.context + 256), device=dev, config=config,
                       draft_vocab=args.draft_vocab, timings=True)
@@ -241,13 +243,18 @@ def part_cycle27b(dev, report: Report, args) -> None:
         env = variant_environment(defines, base["OPENJET_MK_DEFINES"] or "")
         os.environ.update(env)
         print(f"  variant {name}: " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
+        schedule = variant_schedule(defines, config)
         try:
             wait_precompiled(ahead.get(name), name)
             mk.ex.recompile()
+            if schedule != config:
+                mk.ex.reschedule(schedule)
             time_cycles(dev, report, mk, prompt, bw, depths, label=name)
         except Exception:  # a variant that fails to build or run is reported, the others still run
             report.notes.append(f"variant {name} raised: {traceback.format_exc(limit=4)}")
             traceback.print_exc()
+        if mk.ex.config != config:
+            mk.ex.reschedule(config)
         for key, value in base.items():  # the next variant starts from the default again
             if value is None:
                 os.environ.pop(key, None)
@@ -305,10 +312,28 @@ def wait_precompiled(future, name: str) -> None:
         print(f"  variant {name}: waited {waited:.0f} s for its compile", flush=True)
 
 
+SCHEDULE_PREFIX = "SCHED."  # a variant item SCHED.<ScheduleConfig field>=<value>: the schedule, not the kernel
+
+
+def variant_schedule(defines: str, config):
+    """The schedule a variant runs: `config` with the variant's SCHED.<field>=<value> items (integer fields, and
+    the flags as 0 / 1) in place; config itself without any."""
+    import dataclasses
+
+    changes = {}
+    for item in (d.strip() for d in defines.split(",") if d.strip().startswith(SCHEDULE_PREFIX)):
+        field, _, value = item[len(SCHEDULE_PREFIX):].partition("=")
+        kinds = {f.name: f.type for f in dataclasses.fields(config)}
+        if field not in kinds or not value.lstrip("-").isdigit():
+            raise ValueError(f"--variants: {item!r} is not SCHED.<one of {', '.join(kinds)}>=<integer>")
+        changes[field] = bool(int(value)) if kinds[field] in (bool, "bool") else int(value)
+    return dataclasses.replace(config, **changes) if changes else config
+
+
 def variant_environment(defines: str, base: str) -> dict[str, str]:
     """The environment a variant compiles under: its MK_ defines after the base ones in OPENJET_MK_DEFINES, and
-    its SMEM_KB=n (if any) as OPENJET_MK_SMEM_KB."""
-    items = [d.strip() for d in defines.split(",") if d.strip()]
+    its SMEM_KB=n (if any) as OPENJET_MK_SMEM_KB (its SCHED. items are its schedule: variant_schedule)."""
+    items = [d.strip() for d in defines.split(",") if d.strip() and not d.strip().startswith(SCHEDULE_PREFIX)]
     env = {"OPENJET_MK_DEFINES": ",".join(d for d in (base, *(i for i in items if not i.startswith("SMEM_KB="))) if d)}
     smem = [i.partition("=")[2] for i in items if i.startswith("SMEM_KB=")]
     if smem:
@@ -450,7 +475,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=33, help="cycle27b: prompt tokens before the timed cycles")
     parser.add_argument("--depths", default="0,1,2,3,4", help="cycle27b: draft depths timed")
     parser.add_argument("--variants", default="", help='cycle27b: "name:MK_A=1,MK_B=2;name2:..." kernel variants '
-                        "timed after the default on the same upload (SMEM_KB=n: n KB of shared memory)")
+                        "timed after the default on the same upload (SMEM_KB=n: n KB of shared memory; "
+                        "SCHED.<field>=<n>: a ScheduleConfig field, e.g. SCHED.split_tiles=1)")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.gpu_megakernel import parse_args, parse_variants, precompile_variants, variant_environment, wait_precompiled
+from bench.gpu_megakernel import (parse_args, parse_variants, precompile_variants, variant_environment,
+                                  variant_schedule, wait_precompiled)
 
 
 def test_variants_parse_into_names_and_define_lists():
@@ -84,3 +85,17 @@ def test_variants_compile_ahead_each_under_its_own_environment(monkeypatch):
     wait_precompiled(ahead["fail"], "fail")  # its failure is left for the variant's own compile
     wait_precompiled(None, "bad")
     assert precompile_variants(mk, [], base) == (None, {})
+
+
+def test_a_variant_may_change_the_schedule_apart_from_the_kernel():
+    from engine.cuda.megakernel.schedule import ScheduleConfig
+
+    base = ScheduleConfig(num_sms=132)
+    assert variant_schedule("MK_A=1", base) is base
+    split = variant_schedule("SCHED.split_tiles=1,MK_A=1, SCHED.tiles_per_sm=2", base)
+    assert split.split_tiles is True and split.tiles_per_sm == 2 and split.num_sms == 132 and not base.split_tiles
+    assert variant_environment("SCHED.split_tiles=1,MK_A=1", "") == {"OPENJET_MK_DEFINES": "MK_A=1"}
+    assert variant_environment("SCHED.joint_rows=0", "MK_C=0") == {"OPENJET_MK_DEFINES": "MK_C=0"}
+    for bad in ("SCHED.split=1", "SCHED.split_tiles=yes", "SCHED.tiles_per_sm"):
+        with pytest.raises(ValueError, match="--variants"):
+            variant_schedule(bad, base)

@@ -318,3 +318,68 @@ def test_split_tiles_cover_every_superblock_once_and_even_out_the_group(spec, pr
     whole = ScheduleConfig(split_tiles=False)
     loads, insts = group_loads(build_program(spec, "verify", whole), whole)
     assert all(i.pieces == 1 for i in insts) and loads.max() / loads.mean() > 1.2
+
+
+class _Memory:
+    def __init__(self):
+        self.live, self.freed = {}, []
+
+    def free(self, buf):
+        del self.live[buf.ptr]
+        self.freed.append(buf.what)
+
+
+class _Device:
+    """What GpuExecutor.reschedule touches of a Device: uploads, allocations and frees, counted (no GPU)."""
+
+    def __init__(self):
+        self.closed, self.memory, self.next = False, _Memory(), 0x1000
+
+    def _buffer(self, nbytes, what):
+        from engine.cuda.device import Buffer
+
+        self.next += 1 << 20
+        buf = Buffer(self.next, nbytes, what)
+        self.memory.live[buf.ptr] = buf
+        return buf
+
+    def to_device(self, array, what):
+        return self._buffer(array.nbytes, what)
+
+    def alloc(self, nbytes, what):
+        return self._buffer(nbytes, what)
+
+
+def test_a_benchmark_reschedules_one_executor_and_the_timings_grow_with_the_queues(spec, monkeypatch) -> None:
+    """GpuExecutor.reschedule (bench/gpu_megakernel.py's SCHED. variants): the programs rebuilt and uploaded anew
+    (the old ones freed), the timing slots re-allocated when a queue grows, and a schedule the buffers were not
+    sized for refused."""
+    from engine.cuda.megakernel.errors import MegakernelError
+    from engine.cuda.megakernel.runner import TIME_SLOTS, TRACE_EVENTS, TRACE_WARPS, GpuExecutor
+
+    ex = object.__new__(GpuExecutor)
+    ex.dev, ex.spec, ex.config = _Device(), spec, ScheduleConfig(num_sms=132)
+    ex.programs = {n: build_program(spec, n, ex.config) for n in ("cycle", "commit")}
+    ex.num_lm_parts = max(p.num_lm_parts for p in ex.programs.values())
+    ex.num_draft_parts = max(p.num_draft_parts for p in ex.programs.values())
+    ex._uploaded = {n: ex._upload_program(p) for n, p in ex.programs.items()}
+    ex.timings = ex.dev.alloc(8 * 132 * ex._max_len() * (TIME_SLOTS + TRACE_WARPS * TRACE_EVENTS), "mk.timings")
+    monkeypatch.setattr(GpuExecutor, "_zero", lambda self, buf: None)
+    before = ex._max_len()
+    old_words = ex._uploaded["cycle"][0].ptr
+
+    ex.reschedule(ScheduleConfig(num_sms=132, split_tiles=True))
+    assert ex.config.split_tiles and ex._uploaded["cycle"][0].ptr != old_words
+    assert ex._uploaded["cycle"][2] == max(len(q) for q in ex.programs["cycle"].queues) > before
+    assert ex.timings.nbytes == 8 * 132 * ex._max_len() * (TIME_SLOTS + TRACE_WARPS * TRACE_EVENTS)
+    assert ex.dev.memory.freed.count("mk.timings") == 1 and "mk.cycle.instructions" in ex.dev.memory.freed
+    assert set(ex.dev.memory.live) == {b.ptr for w, q, _ in ex._uploaded.values() for b in (w, q)} | {ex.timings.ptr}
+
+    ex.reschedule(ScheduleConfig(num_sms=132))  # back: shorter queues keep the larger timings
+    assert ex._uploaded["cycle"][2] == before and ex.dev.memory.freed.count("mk.timings") == 1
+    for other in (ScheduleConfig(num_sms=100), ScheduleConfig(num_sms=132, attn_splits=16)):
+        with pytest.raises(MegakernelError, match="SMs and the key splits"):
+            ex.reschedule(other)
+    with pytest.raises(MegakernelError, match="more head parts"):  # two runs an SM: twice the LM_HEAD parts
+        ex.reschedule(ScheduleConfig(num_sms=132, tiles_per_sm=2))
+    assert not ex.config.split_tiles and ex.config.tiles_per_sm == 1  # a refused schedule changes nothing

@@ -355,6 +355,26 @@ class GpuExecutor:
         return self.dev.download(self.timings, np.uint64, (sms, max_len, TRACE_WARPS, TRACE_EVENTS),
                                  offset=8 * sms * max_len * TIME_SLOTS)
 
+    def reschedule(self, config: ScheduleConfig) -> None:
+        """Build and upload the programs again under another schedule of the same SMs: a benchmark times schedules
+        on one upload of the model, as recompile does kernel variants. The buffers stay as they are, so a schedule
+        that would size them otherwise (SMs, key splits, more head parts) is refused."""
+        if (config.num_sms, config.attn_splits) != (self.config.num_sms, self.config.attn_splits):
+            raise MegakernelError("a new schedule must keep the SMs and the key splits the buffers were sized for")
+        programs = {n: build_program(self.spec, n, config) for n in self.programs}
+        if (max(p.num_lm_parts for p in programs.values()) > self.num_lm_parts
+                or max(p.num_draft_parts for p in programs.values()) > self.num_draft_parts):
+            raise MegakernelError("the new schedule takes more head parts than the buffers hold")
+        longer = max(max(len(q) for q in p.queues) for p in programs.values()) > self._max_len()
+        _free(self.dev, [buf for words, queues, _ in self._uploaded.values() for buf in (words, queues)])
+        self.config, self.programs = config, programs
+        self._uploaded = {name: self._upload_program(program) for name, program in programs.items()}
+        if self.timings is not None and longer:  # room for the longer queues' slots and trace
+            _free(self.dev, [self.timings])
+            slots = TIME_SLOTS + TRACE_WARPS * TRACE_EVENTS
+            self.timings = self.dev.alloc(8 * config.num_sms * self._max_len() * slots, "mk.timings")
+            self._zero(self.timings)
+
     def recompile(self) -> None:
         """Compile and load the megakernel again, with OPENJET_MK_DEFINES / OPENJET_MK_SMEM_KB as they are now: a
         benchmark times variants of the kernel on one upload of the model (bench/gpu_megakernel.py --variants).
