@@ -324,3 +324,25 @@ def test_at_one_row_the_matmuls_norm_x_themselves(model_path, monkeypatch) -> No
     assert not np.array_equal(apart["act_h"], before)
     for name in ("proj", "conv_out", "act_ffn"):
         assert np.array_equal(fused[name][:1], apart[name][:1]), name
+
+
+def test_smaller_key_splits_keep_the_reference_tokens(model_path, greedy_reference, monkeypatch) -> None:
+    """MK_ATTN_MIN_KEYS_LOG2 (a benchmark knob: more active key splits at a short context) moves only how the keys
+    are cut: 4 keys a split over 3 splits, the VM's split_range following OPENJET_MK_DEFINES as the device does,
+    gives the reference's greedy tokens and logits."""
+    from engine.cuda.megakernel.solvers import split_range
+
+    monkeypatch.setenv("OPENJET_MK_DEFINES", "MK_ATTN_MIN_KEYS_LOG2=2")
+    assert [split_range(9, s, 3) for s in range(3)] == [(0, 3), (3, 6), (6, 9)]  # 32-key splits: one active
+    monkeypatch.delenv("OPENJET_MK_DEFINES")
+    assert [split_range(9, s, 3) for s in range(3)] == [(0, 9), (9, 9), (9, 9)]
+    monkeypatch.setenv("OPENJET_MK_DEFINES", "MK_ATTN_MIN_KEYS_LOG2=2")
+    want_tokens, want_logits = greedy_reference
+    mk = on_vm(model_path, FINE_CONFIG)
+    seq = TokenSequence.start(PROMPT, GREEDY)
+    while len(seq.generated) < 24:
+        pos = len(seq.generated)
+        result = mk.cycle(seq, 2, GREEDY, rule=greedy_accept)
+        assert result.tokens == want_tokens[pos : pos + len(result.tokens)], f"cycle at token {pos}"
+        for i in range(len(result.tokens)):
+            np.testing.assert_allclose(mk.last_logits[i], want_logits[pos + i], rtol=1e-4, atol=2e-4)

@@ -92,7 +92,12 @@
 #define MK_MAX_DRAFT 4
 #define MK_CAND_MAX 4096          // candidates per row of the sampler (tokens within MK_SAMPLE_CUTOFF of the max)
 #define MK_SAMPLE_CUTOFF 30.0f    // logits (after temperature) this far below the max are left out: e^-30 each
-#define MK_ATTN_MIN_KEYS_LOG2 5   // a key split takes at least 32 keys
+// A key split takes at least 2^MK_ATTN_MIN_KEYS_LOG2 keys (32). At a short context that leaves one split a KV
+// head with all the keys: ATTN_CORE's slowest instruction ~2 x its median at 33 keys (24 against 11 us, round 9).
+// A benchmark knob (solvers.split_range mirrors OPENJET_MK_DEFINES's value for the diff harness).
+#ifndef MK_ATTN_MIN_KEYS_LOG2
+#define MK_ATTN_MIN_KEYS_LOG2 5
+#endif
 #define MK_TILE_ROWS 16           // weight rows of one mma block
 #define MK_PIECE_WIDTH 64         // outputs of a piece of a split unit (layout.PIECE_WIDTH): FFN_UP's 32 gate + 32 up
 

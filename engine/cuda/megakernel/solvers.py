@@ -191,8 +191,10 @@ def dn_commit(vm: VirtualMachine, inst: I.DnCommit) -> None:
 
 
 def split_range(kv_len: int, split: int, num_splits: int) -> tuple[int, int]:
-    """Keys [begin, end) of one split: at least 2^ATTN_MIN_KEYS_LOG2 keys per active split, the rest idle."""
-    min_keys = 1 << ATTN_MIN_KEYS_LOG2
+    """Keys [begin, end) of one split: at least 2^ATTN_MIN_KEYS_LOG2 keys per active split (OPENJET_MK_DEFINES's
+    MK_ATTN_MIN_KEYS_LOG2 where it sets one, as the device's), the rest idle."""
+    asked = build.tuning_define("MK_ATTN_MIN_KEYS_LOG2")
+    min_keys = 1 << (ATTN_MIN_KEYS_LOG2 if asked is None else int(asked))
     active = max(1, min(num_splits, (kv_len + min_keys - 1) // min_keys))
     if split >= active:
         return kv_len, kv_len
