@@ -504,11 +504,17 @@ __device__ __forceinline__ bool mv_act8_smem(int qtype, int ncols, bool i8) {
     return MK_MV_I8 && MK_MV_ACT8_SMEM && i8 && ncols == 1 &&
            ((qtype == QT_Q4_K && MK_HAS_QT(QT_Q4_K)) || (qtype == QT_Q6_K && MK_HAS_QT(QT_Q6_K) && MK_MV_I8Q6));
 }
+// Whether 2 to MK_ACT8_ROWS_MAX rows' int8 levels go to the batch's shared area (A8_ROWS, MK_MV_I8ROWS).
+__device__ __forceinline__ bool mv_act8_rows(int qtype, int ncols, bool i8) {
+    return MK_MV_I8ROWS && MK_MV_I8 && i8 && ncols >= 2 && ncols <= MK_ACT8_ROWS_MAX && qtype == QT_Q4_K &&
+           MK_HAS_QT(QT_Q4_K);
+}
 // i8: the act has its int8 copy (mv_act_i8); nsb: the batch's superblocks.
 template <class F>
 __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, int nsb, F&& f) {
     // int8 activations where the act has them (mv_int8.cuh), else f16: one row's in the stages where they fit
     const bool a8_smem = mv_act8_smem(qtype, ncols, i8) && nsb <= MK_ACT8_MAX_SB;
+    const bool a8_rows = mv_act8_rows(qtype, ncols, i8) && nsb <= MK_ACT8_ROWS_SB;
 #define MK_F16_KIND(QTYPE)                                              \
     if (ncols > 4)                                                      \
         f(MvKind<QTYPE, true>{});                                       \
@@ -521,6 +527,12 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, in
         case QT_Q4_K:
             if (a8_smem)
                 f(MvKind<QT_Q4_K, false, false, A8_SMEM>{});
+#if MK_MV_I8ROWS  // (instances only where the knob asks for them)
+            else if (a8_rows && ncols > 4)
+                f(MvKind<QT_Q4_K, true, false, A8_ROWS>{});  // a second mma for the rows past 4
+            else if (a8_rows)
+                f(MvKind<QT_Q4_K, false, false, A8_ROWS>{});
+#endif
             else if (MK_MV_I8 && i8 && ncols == 1)
                 f(MvKind<QT_Q4_K, false, false, A8_STAGED>{});
             else if (MK_MV_I8 >= 2 && i8 && ncols > 4)
@@ -578,7 +590,8 @@ template <class T, class F> struct MvPick<false, T, F> { using type = F; };
 template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
     using S8 = typename MvPick<QT == QT_Q6_K, Q6KStage8, Q4KStage8>::type;  // the int8 readers' conflict-free pitches
     using S = typename MvPick<A8 != A8_NONE, S8, typename MvF16Stage<QT>::type>::type;
-    static constexpr int RESERVED = A8 == A8_SMEM ? MK_ACT8_MAX_SB * Act8Stage::BYTES : 0;  // the batch's levels
+    static constexpr int RESERVED = A8 == A8_SMEM ? MK_ACT8_MAX_SB * Act8Stage::BYTES  // the batch's levels
+                                    : A8 == A8_ROWS ? Act8Rows::BYTES : 0;
     using R = MvRing<S, A8 == A8_STAGED ? Act8Stage::BYTES : ACT ? ActStage::BYTES : 0, RESERVED>;
     static constexpr u32 NS = R::STAGES;
     Planes P;
@@ -710,6 +723,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     constexpr bool primed = MK_MV_PRIMING && (FLAGS & MV_PRIMED);
     const bool copy_levels = A8 == A8_SMEM && !a.in_smem && !(MK_MV_CARRY && (FLAGS & MV_KEEP_LEVELS));
     if (copy_levels) Act8Stage::copy_all(smem_u32(rings), a, n0, sb0, sb1);
+    if (A8 == A8_ROWS) Act8Rows::copy_all(smem_u32(rings), a, n0, ncols, sb0, sb1);
     if constexpr (primed) {  // units i0 .. i0 + NS - 2 are on their way (the batch before's prime): not copied
         ci = i0 + NS - 1;
         if (MK_MV_ROTATE) {
@@ -720,8 +734,9 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     } else {
         for (u32 k = 0; k + 1 < NS; ++k) issue();
     }
-    if (A8 == A8_SMEM) {  // every thread's share landed (the ring's groups may still fly), then everyone's
-        if (primed && copy_levels)
+    if (A8 == A8_SMEM || A8 == A8_ROWS) {  // every thread's share landed (the ring's groups may still fly), then
+                                            // everyone's
+        if (primed && (copy_levels || A8 == A8_ROWS))
             cp_async_wait<0>();  // the levels' group is the newest, after the primed units'
         else
             cp_async_wait<NS - 1>();
@@ -770,6 +785,8 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             }
         } else if constexpr (A8 == A8_SMEM) {
             mv_unit_i8(st, act_area + (u.sb - sb0) * Act8Stage::BYTES, n0, g, c, acc);
+        } else if constexpr (A8 == A8_ROWS) {
+            mv_unit_i8rows<TWO ? 2 : 1>(st, act_area, u.sb - sb0, ncols, g, c, mine + (u.t - t_lo) * 128);
         } else if constexpr (A8 == A8_REGS) {
             mv_unit_i8_regs(st, x8, packed, g, c, acc);
         } else {
@@ -779,7 +796,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             S::read(r[1], st, g + 8, c, stage_row_base(r0, g + 8, end, nb) + u.sb);
             mv_superblock<QT, LO_REGS>(r, x, nullptr, nullptr, TWO, u.sb, c, acc, &x2);  // TWO == !mc.packed
         }
-        if (!RUN) mv_frag_add(acc, mine + (u.t - t_lo) * 128);
+        if (!RUN && A8 != A8_ROWS) mv_frag_add(acc, mine + (u.t - t_lo) * 128);
         if (MK_TRACE && i == i0) trace_event(tset + TRACE_UNIT0_DONE);
         m.advance(u, i);
     }
@@ -876,6 +893,8 @@ __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, i
 // last one's sums.
 __device__ __forceinline__ int mv_chunks(const WeightRef& w, const ActRef& a, int ncols) {
     const int nsb = w.cols / QK_SB;
+    if (MK_MV_I8ROWS && mv_act8_rows(w.qtype, ncols, mv_act_i8(a, ncols)))  // always in chunks: 10 superblocks
+        return (nsb + MK_ACT8_ROWS_SB - 1) / MK_ACT8_ROWS_SB;
     return MK_MV_CHUNKS && mv_act8_smem(w.qtype, ncols, mv_act_i8(a, ncols)) ? (nsb + MK_ACT8_MAX_SB - 1) / MK_ACT8_MAX_SB
                                                                                : 1;
 }

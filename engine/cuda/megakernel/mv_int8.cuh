@@ -16,8 +16,9 @@
 // (fewer instructions, but slower on the H200 at d = 4: 24.26 against 23.52 ms a cycle, bench/MEGAKERNEL.md round 6)
 #define MK_MV_I8 1
 #endif
-// No int8 activations; one row's in each unit's stage; rows' in registers; one row's staged once a batch.
-enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS, A8_SMEM };
+// No int8 activations; one row's in each unit's stage; rows' in registers; one row's staged once a batch; 2 to
+// MK_ACT8_ROWS_MAX rows' staged once a batch (MK_MV_I8ROWS).
+enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS, A8_SMEM, A8_ROWS };
 // MK_MV_ACT8_SMEM (default since round 7: d = 0 14.22 against 14.69 ms, bench/MEGAKERNEL.md): at one row, the
 // batch's superblocks of the row's levels are copied once into the start of the ring area (Act8Stage's layout a
 // superblock, up to MK_ACT8_MAX_SB of them) instead of with every unit: no activation copies in the unit loop, 1/8
@@ -83,6 +84,117 @@ struct Act8Stage {
         cp_async_commit();
     }
 };
+
+// MK_MV_I8ROWS=1 (a knob, off until measured): Q4_K matmuls of 2 to MK_ACT8_ROWS_MAX rows (the verify and draft
+// rows of d = 1..4) on the act's int8 levels too, kernels/mmvq_i8v.cu's arithmetic: whole rows in the int8 mma's
+// columns (4 rows a mma, a second past 4), each weight fragment masked once for all of them. At 5 rows the f16
+// matmul's unit loops are its arithmetic's (round 9, d = 4: FFN_UP's up batch 33.7 us against 14.6 at one row,
+// MIX_IN 34.6 against 15.4, for the same bytes), where the per-op path's int8 form costs ~1.3 x its one-row cost.
+// The batch's superblocks of the rows' levels go to the start of the ring area once (Act8Rows), at most
+// MK_ACT8_ROWS_SB of them (a wider weight takes them in chunks: mv_chunks), which leaves Q4_K 3 stages a warp in
+// 132 KB and 2 in 96 KB. Only acts with an int8 copy at several rows: act_h (the norms write it at every row).
+#ifndef MK_MV_I8ROWS
+#define MK_MV_I8ROWS 0
+#endif
+#define MK_ACT8_ROWS_MAX 5
+#ifndef MK_ACT8_ROWS_SB  // (20 with SMEM_KB=164 takes the 27B's 5,120-wide rows in one batch, 3 stages a warp)
+#define MK_ACT8_ROWS_SB 10
+#endif
+// The rows' levels of a batch's superblocks: row t's level l (0 hi, 1 lo) in region 2t + l, superblock r of the
+// batch 256 r bytes in (the act8 copy's byte order: a lane's 16 bytes of a 64-byte chunk hold its k of the chunk's
+// two sub-blocks), regions at a pitch of 64 mod 128 (a quarter-warp's hi and lo readers in other banks, as
+// mmvq_i8v's); then each (superblock, row)'s sums record (8 hi f16, 8 lo f16) and its two level scales (f32).
+struct Act8Rows {
+    static constexpr int PITCH = 256 * MK_ACT8_ROWS_SB + 64, SUMS = 2 * MK_ACT8_ROWS_MAX * PITCH;
+    static constexpr int SCALES = SUMS + 32 * MK_ACT8_ROWS_MAX * MK_ACT8_ROWS_SB;
+    static constexpr int BYTES = SCALES + 8 * MK_ACT8_ROWS_MAX * MK_ACT8_ROWS_SB;
+    static_assert(BYTES % 16 == 0, "the ring stages after it start on 16 bytes");
+    static __device__ __forceinline__ int rec(int r, int t) { return MK_ACT8_ROWS_MAX * r + t; }
+    // Every consumer thread's share of the copies of rows n0 .. n0 + rows - 1 over superblocks [sb0, sb1) into
+    // area, committed as one cp.async group (act8 layout: bytes [sb][level][8 rows][256], sums [sb][8 rows][8]
+    // f16, scales [sb][level][8 rows] f32).
+    static __device__ __forceinline__ void copy_all(u32 area, const ActRef& a, int n0, int rows, int sb0, int sb1) {
+        const u8* q = reinterpret_cast<const u8*>(a.q8);
+        const int items = (sb1 - sb0) * rows;  // (superblock, row) pairs: 32 level chunks, 2 sums halves, 2 scales
+        for (int k = ctid(); k < items * 36; k += MK_CONSUMER_THREADS) {
+            const int pair = k / 36, part = k % 36, r = pair / rows, t = pair % rows, sb = sb0 + r;
+            if (part < 32) {
+                const int l = part >> 4, chunk = part & 15;
+                cp_async16(area + (2 * t + l) * PITCH + 256 * r + 16 * chunk,
+                           q + (i64)sb * 4096 + 256 * (8 * l + n0 + t) + 16 * chunk);
+            } else if (part < 34) {
+                const int l = part - 32;
+                cp_async16(area + SUMS + 32 * rec(r, t) + 16 * l, (l ? a.sums8_lo : a.sums8) + (i64)sb * 64 + 8 * (n0 + t));
+            } else {
+                const int l = part - 34;
+                cp_async4(area + SCALES + 8 * rec(r, t) + 4 * l, a.scale8 + (i64)sb * 16 + 8 * l + n0 + t);
+            }
+        }
+        cp_async_commit();
+    }
+};
+
+// One Q4_K unit (Q4KStage8 weights at st) against `rows` rows' levels of superblock r of the batch (area:
+// Act8Rows), mmvq_i8v's i8v_superblock on the stage's layout: mma rows g and g + 8 are tile rows g and g + 8
+// (i8_read_row), mma m's B column n is row 4 m + n / 2 at level n % 2 (past the last row, the last again: no
+// branches; never stored). Adds tile row g + 8 i's product with row 4 m + c to dst[(g + 8 i) * 8 + 4 m + c] (the
+// warp's tile partials [16][8], as mv_fold_batch reads them), for 4 m + c < rows. NM = 2 past 4 rows.
+template <int NM>
+__device__ __forceinline__ void mv_unit_i8rows(const u8* st, const u8* area, int r, int rows, int g, int c,
+                                               float* dst) {
+    using A = Act8Rows;
+    __builtin_assume(__isShared(dst));  // the warp's partials: shared loads and stores, not generic ones
+    I8Row w0, w1;
+    i8_read_row(w0, st, g, c);
+    i8_read_row(w1, st, g + 8, c);
+    int tot[NM][4];  // per mma: (row g, hi), (row g, lo), (row g + 8, hi), (row g + 8, lo), x 16
+#pragma unroll
+    for (int m = 0; m < NM; ++m) tot[m][0] = tot[m][1] = tot[m][2] = tot[m][3] = 0;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles of chunk p) and 2p + 1 (its high nibbles)
+        uint4 b[NM];
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+            const int t = min(4 * m + (g >> 1), rows - 1);
+            b[m] = *reinterpret_cast<const uint4*>(area + (2 * t + (g & 1)) * A::PITCH + 256 * r + 64 * p + 16 * c);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 mask = h ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+            const u32 wq[4] = {w0.q[p].x & mask, w1.q[p].x & mask, w0.q[p].y & mask, w1.q[p].y & mask};
+            const int s0 = (int)w0.sc[2 * p + h] << (h ? 0 : 4), s1 = (int)w1.sc[2 * p + h] << (h ? 0 : 4);
+#pragma unroll
+            for (int m = 0; m < NM; ++m) {
+                int sums[4];
+                mma_u8s8_16832(sums, wq, h ? b[m].z : b[m].x, h ? b[m].w : b[m].y);
+                tot[m][0] += sums[0] * s0;
+                tot[m][1] += sums[1] * s0;
+                tot[m][2] += sums[2] * s1;
+                tot[m][3] += sums[3] * s1;
+            }
+        }
+    }
+    // the min term: the rows' mins x the act rows' sub-block sums, one f16 mma (B column g: row g / 2 + 4 (g % 2),
+    // the hi sums at k < 8, the lo at k >= 8): (row g, act row c), (row g, c + 4), (row g + 8, c), (row g + 8, c + 4)
+    const int tb = min((g >> 1) + 4 * (g & 1), rows - 1);
+    const u8* rec = area + A::SUMS + 32 * A::rec(r, tb);
+    const u32 am[4] = {w0.mins, w1.mins, w0.mins, w1.mins};
+    const u32 bm[2] = {*reinterpret_cast<const u32*>(rec + 4 * c), *reinterpret_cast<const u32*>(rec + 16 + 4 * c)};
+    float mt[4] = {0.f, 0.f, 0.f, 0.f};
+    mma_f16_16816(mt, am, bm);
+    const float d[2] = {0.0625f * w0.d, 0.0625f * w1.d}, dmin[2] = {w0.dmin, w1.dmin};  // the sums are 16 x
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+        const int t = 4 * m + c;
+        const float2 lv = *reinterpret_cast<const float2*>(area + A::SCALES + 8 * A::rec(r, min(t, rows - 1)));
+        if (t < rows) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                dst[(g + 8 * i) * 8 + t] += d[i] * ((float)tot[m][2 * i] * lv.x + (float)tot[m][2 * i + 1] * lv.y) -
+                                            dmin[i] * mt[2 * i + m];
+        }
+    }
+}
 
 // Several rows' int8 activations for one superblock, loaded from L2 into registers (A8_REGS), as mmvq_i8 lays
 // out its columns: packed (rows <= 4), lane (g, c) supplies column g = slot g (row g's hi level, then row g - n's
