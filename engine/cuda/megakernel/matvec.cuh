@@ -301,29 +301,28 @@ __device__ __forceinline__ void mv_warp_tiles(int w, int N, int ns, int& lo, int
 #endif
 __device__ __noinline__ void mv_fold_batch(const float* red, int ns, int nt, int ncols, bool packed, float* out,
                                            bool add) {
-    if (MK_FOLD_USED) {
-        const int N = nt * ns, per_tile = 16 * ncols;
-        for (int o = ctid(); o < per_tile * nt; o += MK_CONSUMER_THREADS) {
-            const int k = o / per_tile, e = o - k * per_tile, r = e / ncols, col = e - r * ncols;
-            const int u0 = k * ns, u1 = u0 + ns;  // tile k's units
-            float v = 0.f;
+#if MK_FOLD_USED
+    const int N = nt * ns, per_tile = 16 * ncols;
+    for (int o = ctid(); o < per_tile * nt; o += MK_CONSUMER_THREADS) {
+        const int k = o / per_tile, e = o - k * per_tile, r = e / ncols, col = e - r * ncols;
+        const int u0 = k * ns, u1 = u0 + ns;  // tile k's units
+        float v = 0.f;
 #pragma unroll
-            for (int w = 0; w < MK_CONSUMER_WARPS; ++w) {
-                int i0, i1;
-                mv_warp_units(w, N, i0, i1);
-                if (i0 < i1 && i0 < u1 && i1 > u0) {  // warp w has units of tile k, in slot k - i0 / ns
-                    int slot = 0;
+        for (int w = 0; w < MK_CONSUMER_WARPS; ++w) {
+            int i0, i1;
+            mv_warp_units(w, N, i0, i1);
+            if (i0 < i1 && i0 < u1 && i1 > u0) {  // warp w has units of tile k, in slot k - i0 / ns
+                int slot = 0;
 #pragma unroll
-                    for (int j = 0; j + 1 < MV_RED_TILES; ++j) slot += i0 < u0 - j * ns;
-                    const float* t = red + (w * MV_RED_TILES + slot) * 128;
-                    v += t[r * 8 + col] + (packed ? t[r * 8 + col + ncols] : 0.f);
-                }
+                for (int j = 0; j + 1 < MV_RED_TILES; ++j) slot += i0 < u0 - j * ns;
+                const float* t = red + (w * MV_RED_TILES + slot) * 128;
+                v += t[r * 8 + col] + (packed ? t[r * 8 + col + ncols] : 0.f);
             }
-            float* dst = out + k * 128 + r * 8 + col;
-            *dst = add ? *dst + v : v;  // add: a later superblock chunk of the same tiles (mv_rows)
         }
-        return;
+        float* dst = out + k * 128 + r * 8 + col;
+        *dst = add ? *dst + v : v;  // add: a later superblock chunk of the same tiles (mv_rows)
     }
+#else
     int lo[MK_CONSUMER_WARPS], hi[MK_CONSUMER_WARPS];
 #pragma unroll
     for (int w = 0; w < MK_CONSUMER_WARPS; ++w) mv_warp_tiles(w, nt * ns, ns, lo[w], hi[w]);
@@ -340,6 +339,7 @@ __device__ __noinline__ void mv_fold_batch(const float* red, int ns, int nt, int
         }
         out[o] = add ? out[o] + v : v;  // add: a later superblock chunk of the same tiles (mv_rows)
     }
+#endif
 }
 
 // Reduce the warps' fragments of one tile (red: [8 warps][16][8]) into out[16][8].
