@@ -2,6 +2,18 @@
 // residual stream (VM: solvers._norm_into_act).
 #pragma once
 #include "mk_common.cuh"
+#include "mv_int8.cuh"
+
+// Whether act_h gets its int8 copy at `rows` rows: wherever a matmul reads it - one row (MK_MV_I8), several with
+// MK_MV_I8=2 (A8_REGS) or MK_MV_I8ROWS. Until 2026-12-05 the norms wrote it at every row count, unread past one row
+// by default: ~2-3 us of a 5-row norm instruction (bench/MEGAKERNEL.md round 6), 136 of them a d = 4 cycle. Not
+// yet timed: MK_ACT8_ALL_ROWS=1 (a benchmark knob) writes it at every row count again, for the A/B.
+#ifndef MK_ACT8_ALL_ROWS
+#define MK_ACT8_ALL_ROWS 0
+#endif
+__device__ __forceinline__ bool act_h_int8_at(int rows) {
+    return rows == 1 || MK_MV_I8 >= 2 || MK_MV_I8ROWS || MK_ACT8_ALL_ROWS;
+}
 
 // act_h superblocks [sb_begin, sb_end) = RMSNorm(x rows) * weight; `hidden` (if given) gets the f32 values too.
 __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const float* weight, int sb_begin, int sb_end,
@@ -20,7 +32,7 @@ __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const fl
         }
         consumers_sync();
         act_store(g.act_h, sb * QK_SB, QK_SB, rows, vals, QK_SB);
-        if (g.act_h.q8) act8_store(g.act_h, sb, rows, vals, QK_SB);  // the int8 matmul's copy (MK_MV_I8)
+        if (g.act_h.q8 && act_h_int8_at(rows)) act8_store(g.act_h, sb, rows, vals, QK_SB);  // the int8 matmuls' copy
         consumers_sync();
     }
 }
