@@ -195,3 +195,56 @@ def trace_table(trace: dict[str, dict]) -> str:
                              f"{f(b['per_unit'])} x {b['units']:4.0f}{f(b['loop'])}{f(b['spread'])}")
         lines.append(f"    {op:<13}{f(r['start'])} | " + " | ".join(parts) + f" | {f(r['fold'])}{f(r['body'])}")
     return "\n".join(lines)
+
+
+PHASE_SHORT = (("first", "1st "), ("loops", "lp "), ("fold", "fd "), ("after", "af "))
+
+
+def compare_table(profiles: dict[str, dict], tags: list[str], top: int = 12) -> str:
+    """Kept profiles (a cycle27b result's info.mk_profile) side by side: the launch, then per opcode (the first
+    tag's largest steps first) each tag's step sum and, for the matmuls, its median first / loops / fold / after
+    (1st, lp, fd, af).
+    The first tag is the base: the others' steps also as differences from it."""
+    base = profiles[tags[0]]
+    lines = ["  " + " | ".join(f"{t}: {profiles[t]['total_us']:.0f} us" for t in tags)]
+    for op in list(base["by_op"])[:top]:
+        cells = []
+        for t in tags:
+            a = profiles[t]["by_op"].get(op)
+            if a is None:
+                cells.append(f"{'-':>8}")
+                continue
+            d = "" if t == tags[0] else f" ({a['step_us'] - base['by_op'][op]['step_us']:+.0f})"
+            ph = a.get("phases", {})
+            extra = "".join(f" {short}{ph[k]:.1f}" for k, short in PHASE_SHORT if k in ph)
+            cells.append(f"{a['step_us']:8.0f}{d}{extra}")
+        lines.append(f"    {op:<13}" + " | ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python bench/mk_profile.py RESULT.json [TAG ...]: a cycle27b result's kept profiles compared (TAG: d0,
+    d4.<variant>, ...; default every d = 0 one), and its warp traces where it kept them."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print(main.__doc__)
+        return 2
+    info = json.loads(open(args[0]).read())["parts"]["cycle27b"]["info"]
+    profiles = info["mk_profile"]
+    tags = args[1:] or [t for t in profiles if t.split(".")[0] == "d0"]
+    missing = [t for t in tags if t not in profiles]
+    if missing:
+        print(f"no profile {', '.join(missing)} in {args[0]}; it has {', '.join(profiles)}")
+        return 2
+    print(compare_table(profiles, tags))
+    for t in tags:
+        if t in info.get("mk_warp_trace", {}):
+            print(f"  {t}:\n" + trace_table(info["mk_warp_trace"][t]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -125,3 +125,29 @@ def test_the_warp_trace_splits_each_batch_and_leaves_out_stale_events():
     # fold from the last batch's units done where there is one (SM 0: 24 -> 26), else the first's (11 -> 12)
     assert a["fold"] == pytest.approx((2.0 + 1.0) / 2)
     assert "warp trace" in trace_table(t) and "A" in trace_table(t)
+
+
+def test_kept_profiles_compare_side_by_side_from_a_result_file(tmp_path, capsys):
+    from bench.mk_profile import main
+
+    def profile(total, up, down, loops):
+        return {"total_us": total, "by_op": {
+            "FFN_UP": {"step_us": up, "phases": {"first": 22.0, "loops": loops, "fold": 2.3, "after": 4.4}},
+            "DN_RULE": {"step_us": down}}}
+
+    trace = {"FFN_UP": {"start": 0.5, "body": 40.0, "fold": 1.0, "first": {
+        "enter": 2.0, "primed": 1.0, "wait0": 1.5, "unit0": 0.4, "per_unit": 0.3, "units": 20, "loop": 8.0,
+        "spread": 1.2}}}
+    result = {"parts": {"cycle27b": {"info": {
+        "mk_profile": {"d0": profile(12656, 3674, 769, 14.6), "d0.ef": profile(11000, 3000, 700, 14.0),
+                       "d4": profile(21421, 6817, 1195, 33.7)},
+        "mk_warp_trace": {"d0.ef": trace}}}}}
+    path = tmp_path / "cycle.json"
+    path.write_text(__import__("json").dumps(result))
+    assert main([str(path)]) == 0  # every d = 0 profile by default
+    out = capsys.readouterr().out
+    assert "d0: 12656 us | d0.ef: 11000 us" in out and "d4" not in out
+    up = next(line for line in out.splitlines() if "FFN_UP" in line and "lp" in line)
+    assert "3674" in up and "3000 (-674)" in up and "lp 14.6" in up and "lp 14.0" in up
+    assert "warp trace" in out and "first   2.00" in out
+    assert main([str(path), "d0", "d9"]) == 2 and "no profile d9" in capsys.readouterr().out
