@@ -734,8 +734,8 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     } else {
         for (u32 k = 0; k + 1 < NS; ++k) issue();
     }
-    if (A8 == A8_SMEM || A8 == A8_ROWS) {  // every thread's share landed (the ring's groups may still fly), then
-                                            // everyone's
+    // the batch's levels: every thread's share landed (the ring's groups may still fly), then everyone's
+    if (A8 == A8_SMEM || A8 == A8_ROWS) {
         if (primed && (copy_levels || A8 == A8_ROWS))
             cp_async_wait<0>();  // the levels' group is the newest, after the primed units'
         else
