@@ -25,6 +25,7 @@ Parts (each in its own process: a fault in one leaves the others' results):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -241,25 +242,20 @@ def part_cycle27b(dev, report: Report, args) -> None:
     time_cycles(dev, report, mk, prompt, bw, depths)
     for name, defines in variants:
         env = variant_environment(defines, base["OPENJET_MK_DEFINES"] or "")
-        os.environ.update(env)
         print(f"  variant {name}: " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
         schedule = variant_schedule(defines, config)
-        try:
-            wait_precompiled(ahead.get(name), name)
-            mk.ex.recompile()
-            if schedule != config:
-                mk.ex.reschedule(schedule)
-            time_cycles(dev, report, mk, prompt, bw, depths, label=name)
-        except Exception:  # a variant that fails to build or run is reported, the others still run
-            report.notes.append(f"variant {name} raised: {traceback.format_exc(limit=4)}")
-            traceback.print_exc()
+        with environment(env):  # the next variant starts from the default again
+            try:
+                wait_precompiled(ahead.get(name), name)
+                mk.ex.recompile()
+                if schedule != config:
+                    mk.ex.reschedule(schedule)
+                time_cycles(dev, report, mk, prompt, bw, depths, label=name)
+            except Exception:  # a variant that fails to build or run is reported, the others still run
+                report.notes.append(f"variant {name} raised: {traceback.format_exc(limit=4)}")
+                traceback.print_exc()
         if mk.ex.config != config:
             mk.ex.reschedule(config)
-        for key, value in base.items():  # the next variant starts from the default again
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     if pool is not None:
         pool.shutdown()
     report.info["variants"] = dict(variants)
@@ -278,24 +274,31 @@ def precompile_variants(mk, variants: list[tuple[str, str]], base: dict[str, str
         return None, {}
     jobs = {}
     for name, defines in variants:
-        env = variant_environment(defines, base["OPENJET_MK_DEFINES"] or "")
-        saved = {key: os.environ.get(key) for key in env}
-        os.environ.update(env)
-        try:
-            jobs[name] = mk.ex.compile_args()
-        except ValueError as exc:  # a malformed define: the variant reports it when it runs
-            print(f"  variant {name}: not compiled ahead ({exc})", flush=True)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        with environment(variant_environment(defines, base["OPENJET_MK_DEFINES"] or "")):
+            try:
+                jobs[name] = mk.ex.compile_args()
+            except ValueError as exc:  # a malformed define: the variant reports it when it runs
+                print(f"  variant {name}: not compiled ahead ({exc})", flush=True)
     workers = max(1, min(len(jobs), (os.cpu_count() or 2) - 1))  # a CPU left for the timings
     # spawn, not fork: this process holds a CUDA context (the workers only ever touch NVRTC)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
     return pool, {name: pool.submit(build.compile_megakernel, arch, extra, None, ptx)
                   for name, (arch, extra, ptx) in jobs.items()}
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str]):
+    """os.environ with env's values in place, and as it was again after (keys it lacked removed)."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def wait_precompiled(future, name: str) -> None:

@@ -139,45 +139,47 @@ def warp_trace(program, times: np.ndarray, trace: np.ndarray) -> dict[str, dict]
     warp done). Events outside their instruction's ready .. done (an earlier launch's, or none) are left out."""
     t, tr = instruction_times(program, times), instruction_trace(program, trace)
     ready, done = t[:, READY, None, None], t[:, DONE, None, None]
-    stamped = (tr > 0) & (tr >= ready) & (tr <= done) & (t[:, READY, None, None] > 0)
+    stamped = (tr > 0) & (ready > 0) & (tr >= ready) & (tr <= done)
     names = np.array([inst.OPCODE.name for inst in program.instructions])
     us = lambda a: float(np.median(a)) / 1e3 if len(a) else None  # noqa: E731
-
-    def span(rows, a, b):  # b - a over the (instruction, warp) samples where both are stamped
-        ok = stamped[rows][..., a] & stamped[rows][..., b] & (tr[rows][..., b] >= tr[rows][..., a])
-        return us((tr[rows][..., b] - tr[rows][..., a])[ok])
 
     out = {}
     for op in sorted(set(names)):
         rows = np.flatnonzero(names == op)
-        entered = stamped[rows][..., TRACE_FIRST + ENTER]
-        if not entered.any():  # no matmul batch in this opcode (or not traced)
+        ev, ok_ev, r0 = tr[rows], stamped[rows], t[rows, READY, None]  # [n, warps, events], [n, 1]
+        if not ok_ev[..., TRACE_FIRST + ENTER].any():  # no matmul batch in this opcode (or not traced)
             continue
-        r = {"start": us((tr[rows][..., TRACE_START] - t[rows, READY, None])[stamped[rows][..., TRACE_START]]),
-             "body": us((tr[rows][..., TRACE_BODY] - t[rows, READY, None])[stamped[rows][..., TRACE_BODY]])}
+
+        def span(a, b):  # b - a over the (instruction, warp) samples where both are stamped, in order
+            ok = ok_ev[..., a] & ok_ev[..., b] & (ev[..., b] >= ev[..., a])
+            return us((ev[..., b] - ev[..., a])[ok])
+
+        def since_ready(e):
+            return us((ev[..., e] - r0)[ok_ev[..., e]])
+
+        r = {"start": since_ready(TRACE_START), "body": since_ready(TRACE_BODY)}
         for name, base in (("first", TRACE_FIRST), ("last", TRACE_LAST)):
-            ok = stamped[rows][..., base + ENTER]
+            ok = ok_ev[..., base + ENTER]
             if not ok.any():
                 continue
-            b = {"enter": us((tr[rows][..., base + ENTER] - t[rows, READY, None])[ok])}
+            b = {"enter": since_ready(base + ENTER)}
             for seg, a, z in BATCH_SEGMENTS:
-                b[seg] = span(rows, base + a, base + z)
-            units = tr[rows][..., base + UNITS]
-            many = ok & stamped[rows][..., base + UNIT0_DONE] & stamped[rows][..., base + LOOP_DONE] & (units > 1)
-            rest = (tr[rows][..., base + LOOP_DONE] - tr[rows][..., base + UNIT0_DONE]) / np.maximum(units - 1, 1)
-            b["per_unit"] = us(rest[many])
+                b[seg] = span(base + a, base + z)
+            units, done_at = ev[..., base + UNITS], ev[..., base + LOOP_DONE]
+            many = ok & ok_ev[..., base + UNIT0_DONE] & ok_ev[..., base + LOOP_DONE] & (units > 1)
+            b["per_unit"] = us(((done_at - ev[..., base + UNIT0_DONE]) / np.maximum(units - 1, 1))[many])
             b["units"] = float(np.median(units[ok]))
-            fin = np.where(stamped[rows][..., base + LOOP_DONE], tr[rows][..., base + LOOP_DONE], -1)
+            fin = np.where(ok_ev[..., base + LOOP_DONE], done_at, -1)
             has = (fin >= 0).any(axis=1)
-            latest = fin.max(axis=1)
             earliest = np.where(fin >= 0, fin, np.iinfo(np.int64).max).min(axis=1)
-            b["spread"] = us((latest - earliest)[has])
+            b["spread"] = us((fin.max(axis=1) - earliest)[has])
             r[name] = b
         # the fold follows the last batch: the instruction's set 1 where it ran one, else its set 0
-        two = stamped[rows][..., TRACE_LAST + LOOP_DONE]
-        loops = np.where(two, tr[rows][..., TRACE_LAST + LOOP_DONE], tr[rows][..., TRACE_FIRST + LOOP_DONE])
-        ok = (two | stamped[rows][..., TRACE_FIRST + LOOP_DONE]) & stamped[rows][..., TRACE_FOLDED]
-        r["fold"] = us((tr[rows][..., TRACE_FOLDED] - loops)[ok & (tr[rows][..., TRACE_FOLDED] >= loops)])
+        two = ok_ev[..., TRACE_LAST + LOOP_DONE]
+        loops = np.where(two, ev[..., TRACE_LAST + LOOP_DONE], ev[..., TRACE_FIRST + LOOP_DONE])
+        folded = ev[..., TRACE_FOLDED]
+        ok = (two | ok_ev[..., TRACE_FIRST + LOOP_DONE]) & ok_ev[..., TRACE_FOLDED] & (folded >= loops)
+        r["fold"] = us((folded - loops)[ok])
         out[str(op)] = r
     return out
 

@@ -893,7 +893,7 @@ __device__ __forceinline__ void mv_batch(const Globals& g, const WeightRef& w, i
 // last one's sums.
 __device__ __forceinline__ int mv_chunks(const WeightRef& w, const ActRef& a, int ncols) {
     const int nsb = w.cols / QK_SB;
-    if (MK_MV_I8ROWS && mv_act8_rows(w.qtype, ncols, mv_act_i8(a, ncols)))  // always in chunks: 10 superblocks
+    if (mv_act8_rows(w.qtype, ncols, mv_act_i8(a, ncols)))  // always in chunks of MK_ACT8_ROWS_SB superblocks
         return (nsb + MK_ACT8_ROWS_SB - 1) / MK_ACT8_ROWS_SB;
     return MK_MV_CHUNKS && mv_act8_smem(w.qtype, ncols, mv_act_i8(a, ncols)) ? (nsb + MK_ACT8_MAX_SB - 1) / MK_ACT8_MAX_SB
                                                                                : 1;

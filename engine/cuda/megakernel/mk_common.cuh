@@ -144,14 +144,15 @@ __device__ __forceinline__ void trace_event(int e, long long value = -1) {
         mk_trace_at[cwarp() * TRACE_EVENTS + e] = value < 0 ? global_ns() : (u64)value;
 #endif
 }
-// MK_TRACE: the warp starts an instruction (past its first barrier) / a matmul batch, whose events' first index
-// this returns (TRACE_FIRST for the instruction's first batch, TRACE_LAST after).
+// MK_TRACE: the warp starts an instruction (past its first barrier).
 __device__ __forceinline__ void trace_start() {
 #if MK_TRACE
     if ((threadIdx.x & 31) == 0) mk_trace_batches[cwarp()] = 0;
     trace_event(TRACE_START);
 #endif
 }
+// MK_TRACE: the warp starts a matmul batch; returns the first index of its events (TRACE_FIRST for the
+// instruction's first batch, TRACE_LAST after).
 __device__ __forceinline__ int trace_batch() {
 #if MK_TRACE
     int set = TRACE_FIRST;  // lane 0's is the one that counts: only lane 0 records

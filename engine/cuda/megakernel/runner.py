@@ -103,12 +103,7 @@ class GpuExecutor:
         self._rope = dev.to_device(rope_inv_freq(spec), "mk.rope_inv_freq")
         self._tables = layer_tables(spec, self.model, self.bufs)
         self._layers = dev.to_device(np.frombuffer(bytes(self._tables), np.uint8), "mk.layers")
-        # the timing slots, then room for a warp trace (a variant compiled with MK_TRACE=1 fills it); zeroed, so
-        # that what a launch did not record reads as 0
-        slots = TIME_SLOTS + TRACE_WARPS * TRACE_EVENTS
-        self.timings = dev.alloc(8 * self.config.num_sms * self._max_len() * slots, "mk.timings") if timings else None
-        if self.timings:
-            self._zero(self.timings)
+        self.timings = self._alloc_timings() if timings else None
         self._uploaded: dict[str, tuple[Buffer, Buffer, int]] = {}
         for name, program in self.programs.items():
             self._uploaded[name] = self._upload_program(program)
@@ -181,6 +176,14 @@ class GpuExecutor:
 
     def _zero(self, buf: Buffer) -> None:
         check(_driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, self.dev.stream), f"memset {buf.what}")
+
+    def _alloc_timings(self) -> Buffer:
+        """The timing slots, then room for a warp trace (a variant compiled with MK_TRACE=1 fills it), for the
+        longest queue; zeroed, so that what a launch did not record reads as 0."""
+        slots = TIME_SLOTS + TRACE_WARPS * TRACE_EVENTS
+        buf = self.dev.alloc(8 * self.config.num_sms * self._max_len() * slots, "mk.timings")
+        self._zero(buf)
+        return buf
 
     def _max_len(self) -> int:
         return max(max(len(q) for q in p.queues) for p in self.programs.values())
@@ -371,9 +374,7 @@ class GpuExecutor:
         self._uploaded = {name: self._upload_program(program) for name, program in programs.items()}
         if self.timings is not None and longer:  # room for the longer queues' slots and trace
             _free(self.dev, [self.timings])
-            slots = TIME_SLOTS + TRACE_WARPS * TRACE_EVENTS
-            self.timings = self.dev.alloc(8 * config.num_sms * self._max_len() * slots, "mk.timings")
-            self._zero(self.timings)
+            self.timings = self._alloc_timings()
 
     def recompile(self) -> None:
         """Compile and load the megakernel again, with OPENJET_MK_DEFINES / OPENJET_MK_SMEM_KB as they are now: a
