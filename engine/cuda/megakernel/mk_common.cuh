@@ -70,6 +70,48 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
     return v;
 }
 
+// ---- the fences of the counter protocol ----
+//
+// MK_SYNC_ACQREL=1 (a benchmark knob, off; not yet run on a GPU): release and acquire operations where the protocol
+// had __threadfence(). __threadfence() is a sequentially consistent fence (SASS: MEMBAR.SC.GPU, then CCTL.IVALL,
+// which empties the SM's L1); the counters need only release (the writer's stores out before its count: `red.release`
+// is MEMBAR.ALL.GPU and the add, no L1 invalidation) and acquire (the waiter's loads after the count it saw: a
+// relaxed poll, then one fence.acq_rel, where ld.acquire invalidated L1 on every poll). Each SM signals ~8 times a
+// layer, on the step's critical path, and its poll made two dependent L2 round trips a turn (the counter, then the
+// error word); with the knob both loads are in flight at once. SASS checked with nvdisasm; the PTX memory model's
+// release / acquire patterns, so no result can change.
+#ifndef MK_SYNC_ACQREL
+#define MK_SYNC_ACQREL 0
+#endif
+
+__device__ __forceinline__ u32 ld_relaxed(const u32* p) {
+    u32 v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// This thread's stores (and, through a barrier before it, the block's) visible at GPU scope before what follows.
+__device__ __forceinline__ void fence_release() {
+#if MK_SYNC_ACQREL
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+    __threadfence();
+#endif
+}
+
+// Other SMs' stores, seen counted by a relaxed or atomic read before it, visible to this thread's loads after it.
+__device__ __forceinline__ void fence_acquire() { fence_release(); }
+
+// Counter += 1 after this thread's (and the barrier's) stores: a release add (no L1 invalidation) with the knob.
+__device__ __forceinline__ void add_release(u32* counter) {
+#if MK_SYNC_ACQREL
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+#else
+    __threadfence();
+    atomicAdd(counter, 1u);
+#endif
+}
+
 __device__ __forceinline__ u64 global_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -176,26 +218,42 @@ __device__ __forceinline__ void mk_fail(const Globals& g, int code, int sm, int 
 
 __device__ __forceinline__ bool mk_failed(const Globals& g) { return ctl_get(g, CTL_ERROR) != ERR_NONE; }
 
+// One turn of a wait: whether the counter has reached `expected` (have: its value; failed: another SM failed).
+__device__ __forceinline__ bool counter_reached(const Globals& g, const u32* counter, u32 expected, u32& have,
+                                                bool& failed) {
+#if MK_SYNC_ACQREL
+    have = ld_relaxed(counter);
+    failed = mk_failed(g);  // asked for with the counter: one round trip a turn
+    return have >= expected;
+#else
+    have = ld_acquire(counter);
+    if (have >= expected) return true;
+    failed = mk_failed(g);
+    return false;
+#endif
+}
+
 // Spin until counter (stage, op) reaches `expected`; false on timeout or when another SM failed.
 __device__ bool wait_counter(const Globals& g, int stage, int op, u32 expected, int sm, int index) {
     const u32* counter = g.counters + stage * NUM_OPCODES + op;
     const u64 t0 = global_ns();
     u32 have;
-    while ((have = ld_acquire(counter)) < expected) {
-        if (mk_failed(g)) return false;
+    bool failed = false;
+    while (!counter_reached(g, counter, expected, have, failed)) {
+        if (failed) return false;
         if (global_ns() - t0 > MK_WAIT_TIMEOUT_NS) {
             mk_fail(g, ERR_WAIT_TIMEOUT, sm, index, stage, op, (int)have, (int)expected);
             return false;
         }
         __nanosleep(64);
     }
+    if (MK_SYNC_ACQREL) fence_acquire();
     return true;
 }
 
 // After a consumer barrier: make this instruction's stores visible at GPU scope, then count it.
 __device__ __forceinline__ void signal_counter(const Globals& g, int stage, int op) {
-    __threadfence();
-    atomicAdd(g.counters + stage * NUM_OPCODES + op, 1u);
+    add_release(g.counters + stage * NUM_OPCODES + op);
 }
 
 // ---- the act layout (kernels/mmvq.cu): position k of token n ----
@@ -347,7 +405,7 @@ __device__ void act8_fill(const ActRef& a, int p0, int len) {
     consumers_sync();       // every warp's stores issued
     const int sb0 = p0 >> 8, end = min(p0 + len, a.width);
     if (ctid() == 0) {
-        __threadfence();
+        fence_release();
         int bits = 0;
         for (int sb = sb0; 256 * sb < end; ++sb) {
             const int lo = max(p0, 256 * sb), hi = min(end, 256 * sb + 256);
@@ -355,7 +413,7 @@ __device__ void act8_fill(const ActRef& a, int p0, int len) {
             if (atomicAdd(a.fill + sb, (u32)(hi - lo)) + (u32)(hi - lo) == want) bits |= 1 << (sb - sb0);
         }
         closed = bits;
-        __threadfence();  // the other writers' stores are visible to the loads below
+        fence_acquire();  // the other writers' stores are visible to the loads below
     }
     consumers_sync();
     const int bits = closed;

@@ -14,12 +14,12 @@ __device__ __forceinline__ float* piece_part(const Globals& g, int slot, int pie
 
 // Count this piece (after its part is written by every consumer); true in every consumer thread of the last one.
 __device__ __forceinline__ bool piece_arrive(const Globals& g, int slot, int pieces, Smem& s) {
-    __threadfence();  // the part is out before it is counted
+    fence_release();  // the part is out before it is counted
     consumers_sync();
     if (ctid() == 0) s.flag = atomicAdd(g.mv_count + slot, 1u) == (u32)(pieces - 1);
     consumers_sync();
     const bool last = s.flag;
-    if (last) __threadfence();  // every other piece, counted before ours, is visible (read through L2)
+    if (last) fence_acquire();  // every other piece, counted before ours, is visible (read through L2)
     return last;
 }
 
