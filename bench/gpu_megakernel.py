@@ -15,6 +15,9 @@ Parts (each in its own process: a fault in one leaves the others' results):
   cycle27b  the 27B-shaped file's cycle times at --depths alone (no greedy checks), each with the launch's
             critical path by opcode (bench/mk_profile.py); OPENJET_MK_DEFINES compiles a variant, and
             --variants "name:MK_A=1,MK_B=2;name2:..." times more variants after it on the same upload
+  latency   the per-instruction costs alone, one SM measuring while the others idle or stream DRAM: L2 and DRAM
+            round trips, fences, the counters' signal and wait (as built and with MK_SYNC_ACQREL=1), cold and warm
+            code (bench/gpu_latency.py)
   model27b  the Qwen3.8-27B-shaped file (generated once): 256 greedy tokens vs the per-op path (prefilled 8
             tokens at a time, so it runs its precise mmvq as the megakernel does, and as one chunk, which runs its
             f16 GEMM), the first differing position with each run's top-2 logits, cycle times at d = 0..4 against
@@ -40,7 +43,7 @@ import numpy as np  # noqa: E402
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, machine_info, median_time, record  # noqa: E402
 
-PARTS = ("compile", "diff", "diff27", "tiny", "sampling", "model27b")  # cycle27b: on request
+PARTS = ("compile", "diff", "diff27", "tiny", "sampling", "model27b")  # cycle27b, latency: on request
 PROMPT = [11, 201, 35, 90, 400, 17]
 PUBLISHED_ACCEPTANCE = {0: 1.0, 1: 1.90, 2: 2.68, 3: 3.28, 4: 3.79}  # Qwen3.8 MTP, tokens per cycle (REFERENCE.md)
 
@@ -213,6 +216,12 @@ def setup_27b(dev, report: Report, prompt_len: int) -> tuple[Path, list[int], Ti
     report.timings.append(bw)
     report.info["copy_gbps"] = round(bw.gbps, 1)
     return path, prompt, bw
+
+
+def part_latency(dev, report: Report, args) -> None:
+    from bench.gpu_latency import run_latency_probe
+
+    run_latency_probe(dev, report, np.random.default_rng(0))
 
 
 def part_model27b(dev, report: Report, args) -> None:

@@ -1,0 +1,53 @@
+"""The latency probe (bench/gpu_latency.py): its slots and constants agree with the kernel, its figures come from
+the right slots, and the kernel compiles with the code it claims to time."""
+
+from __future__ import annotations
+
+import re
+
+from bench import gpu_latency
+from bench.gpu_latency import CODE_KB, SLOTS, source_slots, summarize, table
+from engine.cuda import nvrtc
+from engine.cuda.megakernel import build
+
+SOURCE = gpu_latency.SOURCE.read_text()
+
+
+def define(name: str) -> int:
+    return int(re.search(rf"#define {name} (\d+)", SOURCE).group(1))
+
+
+def test_slots_and_constants_are_the_kernels() -> None:
+    assert source_slots(SOURCE) == SLOTS
+    assert define("CHASE_STEPS") == gpu_latency.CHASE_STEPS and define("PING_ROUNDS") == gpu_latency.PING_ROUNDS
+    blocks = re.search(r"CODE_BLOCKS\[5\] = \{([^}]*)\}", SOURCE).group(1)
+    assert tuple(4 * int(b) for b in blocks.split(",")) == CODE_KB
+    assert max(CODE_KB) == 4 * define("CODE_BLOCKS_ALL")
+
+
+def test_summary_reads_each_figure_from_its_slot() -> None:
+    # a 2 GHz clock; every other slot a distinct count of cycles
+    raw = {name: 1000 * (i + 1) for i, name in enumerate(SLOTS)}
+    raw.update(ns0=1_000, ns1=21_000, clk0=5_000, clk1=45_000, load_ns=2_000_000, load_bytes=9_000_000_000)
+    got = summarize(raw)
+    assert got["clock_ghz"] == 2.0
+    assert got["l2"] == round(raw["l2"] / gpu_latency.CHASE_STEPS / 2, 1)
+    assert got["dram"] == round(raw["dram"] / gpu_latency.CHASE_STEPS / 2, 1)
+    assert got["ping"] == round(raw["ping"] / gpu_latency.PING_ROUNDS / 2, 1)
+    assert (got["fence_idle"], got["sc_stores"]) == (raw["fence_idle"] / 2, raw["sc_stores"] / 2)
+    assert got["code_cold_8k"] == round(raw["code_cold0"] / 8 / 2, 1)
+    assert got["code_warm_128k"] == round(raw["code_warm4"] / 128 / 2, 1)
+    assert got["load_tb_s"] == 4.5 and got["error"] == raw["error"]
+    text = table({"a.idle": got, "b.load": got})
+    assert "a.idle" in text and "code_cold_128k" in text and "error" not in text
+
+
+def test_probe_compiles_with_the_release_protocol_and_unfolded_code() -> None:
+    ptx = nvrtc.compile_file(gpu_latency.SOURCE, 90, ("latency_probe", "latency_ring"),
+                             build.options() + ("-DMK_SYNC_ACQREL=1",), kernel_dir=build.MEGAKERNEL_DIR,
+                             ptx=True).image.decode()
+    # the ping runs the megakernel's knob protocol; the fence rows time both fences
+    assert "red.release.gpu.global.add.u32" in ptx and "ld.relaxed.gpu.global.u32" in ptx
+    assert "fence.acq_rel.gpu" in ptx and "membar.gl" in ptx
+    # 2 x 128 KB of straight-line code: 8192 FFMAs in each of code_run and code_other, none folded away
+    assert len(re.findall(r"\bfma\.rn\.f32\b", ptx)) == 2 * 128 * 1024 // 16
