@@ -6,7 +6,7 @@ and wait, and code run once a layer. bench/kernels/latency_probe.cu measures eac
 other SMs idle and with them streaming DRAM; it is built twice, with the megakernel's counter protocol as it is
 (mk_common.cuh) and with MK_SYNC_ACQREL=1. The figures, in ns at the SM clock measured in the same launch:
 
-  l2 / dram        one dependent load of a chain over 2 MB (L2) / 256 MB (DRAM)
+  l2 / dram / l1   one dependent load of a chain over 2 MB (L2) / 256 MB (DRAM) / 8 KB through L1
   fence            the build's fence_release() alone / after 16 KB of the block's stores and a barrier
   sc               __threadfence() likewise
   ping             one round trip: block 0 signals block 1 and waits for its answer, each side's signal after the
@@ -26,12 +26,12 @@ from bench.gpu_common import Report
 
 SOURCE = Path(__file__).resolve().parent / "kernels" / "latency_probe.cu"
 # latency_probe.cu's enum Slot, in order (tests/bench/test_gpu_latency.py checks)
-SLOTS = ("ns0", "ns1", "clk0", "clk1", "l2", "dram", "fence_idle", "fence_stores", "sc_idle", "sc_stores", "ping",
+SLOTS = ("ns0", "ns1", "clk0", "clk1", "l2", "dram", "l1", "fence_idle", "fence_stores", "sc_idle", "sc_stores", "ping",
          *(f"code_cold{i}" for i in range(5)), *(f"code_warm{i}" for i in range(5)), "load_ns", "load_bytes", "sink",
          "error")
 CODE_KB = (8, 16, 32, 64, 128)  # latency_probe.cu CODE_BLOCKS, 4 KB each
 CHASE_STEPS, PING_ROUNDS = 256, 64  # latency_probe.cu's #defines
-L2_RING, DRAM_RING = (2 << 20, 256), (256 << 20, 4096)  # (bytes, bytes between nodes)
+L2_RING, DRAM_RING, L1_RING = (2 << 20, 256), (256 << 20, 4096), (8 << 10, 128)  # (bytes, bytes between nodes)
 STREAM_BYTES, FLUSH_BYTES = 2 << 30, 256 << 20  # what the loaders read; what evicts L2 before a launch
 WORDS = 4096  # the probe's control words (latency_probe.cu Probe::words)
 
@@ -40,6 +40,7 @@ class ProbeArgs(ctypes.Structure):
     """latency_probe.cu's struct Probe."""
 
     _fields_ = [("words", ctypes.c_uint64), ("l2_ring", ctypes.c_uint64), ("dram_ring", ctypes.c_uint64),
+                ("l1_ring", ctypes.c_uint64),
                 ("stream", ctypes.c_uint64), ("stream_words", ctypes.c_int64), ("scratch", ctypes.c_uint64),
                 ("out", ctypes.c_uint64), ("y", ctypes.c_float), ("z", ctypes.c_float), ("load", ctypes.c_int32)]
 
@@ -49,6 +50,7 @@ def summarize(raw: dict[str, int]) -> dict[str, float]:
     per_ns = (raw["clk1"] - raw["clk0"]) / max(raw["ns1"] - raw["ns0"], 1)  # SM cycles per ns
     ns = lambda cycles, n=1: round(cycles / n / per_ns, 1)  # noqa: E731
     out = {"clock_ghz": round(per_ns, 3), "l2": ns(raw["l2"], CHASE_STEPS), "dram": ns(raw["dram"], CHASE_STEPS),
+           "l1": ns(raw["l1"], CHASE_STEPS),
            "fence_idle": ns(raw["fence_idle"]), "fence_stores": ns(raw["fence_stores"]),
            "sc_idle": ns(raw["sc_idle"]), "sc_stores": ns(raw["sc_stores"]), "ping": ns(raw["ping"], PING_ROUNDS)}
     for i, kb in enumerate(CODE_KB):
@@ -86,7 +88,7 @@ def run_latency_probe(dev, report: Report, rng: np.random.Generator) -> dict[str
     sms = dev.info.multiprocessors
     smem = build.smem_bytes(dev.info.arch)  # the megakernel's: one block an SM, its L1 left over
     bufs = {name: dev.alloc(nbytes, f"latency.{name}") for name, nbytes in (
-        ("l2", L2_RING[0]), ("dram", DRAM_RING[0]), ("stream", STREAM_BYTES), ("flush", FLUSH_BYTES),
+        ("l2", L2_RING[0]), ("dram", DRAM_RING[0]), ("l1", L1_RING[0]), ("stream", STREAM_BYTES), ("flush", FLUSH_BYTES),
         ("words", 4 * WORDS), ("scratch", 2 * 256 * 64), ("out", 8 * len(SLOTS)))}
     results: dict[str, dict[str, float]] = {}
     try:
@@ -100,11 +102,13 @@ def run_latency_probe(dev, report: Report, rng: np.random.Generator) -> dict[str
             if sync == 0:
                 _ring(dev, k["latency_ring"], bufs["l2"], *L2_RING, rng)
                 _ring(dev, k["latency_ring"], bufs["dram"], *DRAM_RING, rng)
+                _ring(dev, k["latency_ring"], bufs["l1"], *L1_RING, rng)
             for load in (0, 1) if sms >= 3 else (0,):
                 for name in ("words", "out", "flush"):
                     dev.fill_u32(bufs[name], 0)  # the flush's write evicts L2 (rings, code) before each launch
-                args = ProbeArgs(bufs["words"].ptr, bufs["l2"].ptr, bufs["dram"].ptr, bufs["stream"].ptr,
-                                 STREAM_BYTES // 16, bufs["scratch"].ptr, bufs["out"].ptr, 1.0001, 1e-7, load)
+                args = ProbeArgs(bufs["words"].ptr, bufs["l2"].ptr, bufs["dram"].ptr, bufs["l1"].ptr,
+                                 bufs["stream"].ptr, STREAM_BYTES // 16, bufs["scratch"].ptr, bufs["out"].ptr,
+                                 1.0001, 1e-7, load)
                 dev.launch(k["latency_probe"], sms, 256, [args], smem=smem)
                 raw = dict(zip(SLOTS, dev.download(bufs["out"], np.uint64, (len(SLOTS),)).tolist()))
                 tag = f"{'acqrel' if sync else 'default'}.{'load' if load else 'idle'}"

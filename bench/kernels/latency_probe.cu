@@ -3,6 +3,7 @@
 // streaming, in small steps that each take microseconds (bench/MEGAKERNEL.md "Where the skeleton's time may go").
 // One block an SM (the host asks for the megakernel's shared memory), 256 threads. Block 0 measures, in SM cycles:
 //   l2 / dram  a dependent chain of ld.global.cg over 2 MB (L2-resident) and over 256 MB (L2 misses), per load
+//   l1         the same through L1 over 8 KB (what a table read costs where no acquire emptied L1 since)
 //   fence      __threadfence() and fence.acq_rel.gpu alone, and after the block's 16 KB of stores and a barrier
 //   ping       a signal to block 1 and its answer, through the megakernel's own wait_counter / signal_counter
 //              (mk_common.cuh; this file is built once per MK_SYNC_ACQREL), after the block's stores and a barrier as
@@ -15,7 +16,7 @@
 // The result slots (bench/gpu_latency.py SLOTS, in this order).
 enum Slot {
     S_NS0, S_NS1, S_CLK0, S_CLK1,  // the global timer and clock64 around ~20 us of waiting: cycles per ns
-    S_L2, S_DRAM,                   // cycles for CHASE_STEPS dependent loads
+    S_L2, S_DRAM, S_L1,             // cycles for CHASE_STEPS dependent loads
     S_FENCE_IDLE, S_FENCE_STORES,   // the build's fence_release(), alone and after 16 KB of stores
     S_SC_IDLE, S_SC_STORES,         // __threadfence() likewise (the same as the above where MK_SYNC_ACQREL=0)
     S_PING,                         // cycles for PING_ROUNDS round trips
@@ -70,6 +71,7 @@ struct Probe {
     u32* words;         // [0] loaders' stop, [1] loaders started, then the counters (stage 0: the ping's) and ctl
     const u32* l2_ring;  // next index (in u32 words) at each node
     const u32* dram_ring;
+    const u32* l1_ring;
     const uint4* stream;  // what the loaders read
     long long stream_words;
     u32* scratch;        // [2][256 * 16] u32: blocks 0 and 1's stores before a fence or a signal
@@ -78,9 +80,11 @@ struct Probe {
     int load;            // the other blocks stream while block 0 measures
 };
 
-__device__ u64 chase(const u32* ring, int steps, u32& at) {
+// CHASE_STEPS dependent loads from `at` on (through L2 alone, or L1 where `cached`).
+__device__ u64 chase(const u32* ring, u32& at, bool cached) {
     const u64 c0 = clk();
-    for (int i = 0; i < steps; ++i) at = ld_cg(reinterpret_cast<const int*>(ring) + at);
+    for (int i = 0; i < CHASE_STEPS; ++i)
+        at = cached ? *(ring + at) : (u32)ld_cg(reinterpret_cast<const int*>(ring) + at);
     return clk() - c0 + (at == 0xFFFFFFFFu);  // `at` used: the chain stays
 }
 
@@ -181,10 +185,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) latency_probe(Probe p) {
         out[S_NS1] = global_ns();
         out[S_CLK1] = clk();
         u32 at = 0;
-        chase(p.l2_ring, CHASE_STEPS, at);  // brings the ring into L2
-        out[S_L2] = chase(p.l2_ring, CHASE_STEPS, at);
+        chase(p.l2_ring, at, false);  // brings the ring into L2
+        out[S_L2] = chase(p.l2_ring, at, false);
         at = 0;
-        out[S_DRAM] = chase(p.dram_ring, CHASE_STEPS, at);
+        out[S_DRAM] = chase(p.dram_ring, at, false);
+        at = 0;
+        chase(p.l1_ring, at, true);
+        out[S_L1] = chase(p.l1_ring, at, true);
     }
     u64 dt = time_fence<false>(p.scratch, false);
     if (t0) out[S_FENCE_IDLE] = dt;

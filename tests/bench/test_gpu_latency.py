@@ -25,6 +25,12 @@ def test_slots_and_constants_are_the_kernels() -> None:
     assert max(CODE_KB) == 4 * define("CODE_BLOCKS_ALL")
 
 
+def test_launch_arguments_are_the_kernels_struct() -> None:
+    body = re.search(r"struct Probe \{(.*?)\};", SOURCE, re.S).group(1)
+    members = [name for line in body.splitlines() for name in re.findall(r"(\w+)\s*[,;]", line.split("//")[0])]
+    assert [name for name, _ in gpu_latency.ProbeArgs._fields_] == members
+
+
 def test_summary_reads_each_figure_from_its_slot() -> None:
     # a 2 GHz clock; every other slot a distinct count of cycles
     raw = {name: 1000 * (i + 1) for i, name in enumerate(SLOTS)}
@@ -33,6 +39,7 @@ def test_summary_reads_each_figure_from_its_slot() -> None:
     assert got["clock_ghz"] == 2.0
     assert got["l2"] == round(raw["l2"] / gpu_latency.CHASE_STEPS / 2, 1)
     assert got["dram"] == round(raw["dram"] / gpu_latency.CHASE_STEPS / 2, 1)
+    assert got["l1"] == round(raw["l1"] / gpu_latency.CHASE_STEPS / 2, 1)
     assert got["ping"] == round(raw["ping"] / gpu_latency.PING_ROUNDS / 2, 1)
     assert (got["fence_idle"], got["sc_stores"]) == (raw["fence_idle"] / 2, raw["sc_stores"] / 2)
     assert got["code_cold_8k"] == round(raw["code_cold0"] / 8 / 2, 1)
