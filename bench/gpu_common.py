@@ -24,6 +24,20 @@ TOL_F32 = 1e-3  # ||out - ref|| / ||ref|| for float32 arithmetic
 TOL_F16 = 1e-2  # with f16 (or int8) operands
 
 
+def results_json(obj, depth: int = 0, flat_at: int = 4) -> str:
+    """obj as JSON for bench/results: indented down to depth flat_at, each value there on one line (the kept
+    profiles and traces, ~60 % of a cycle result's bytes as indented JSON; every call's files travel with the
+    working tree to the GPU machine, 64 MiB in all)."""
+    if depth >= flat_at or not isinstance(obj, (dict, list)) or not obj:
+        return json.dumps(obj, separators=(",", ":"), default=float)
+    pad = " " * (depth + 1)
+    if isinstance(obj, dict):
+        items = [f"{pad}{json.dumps(str(k))}: {results_json(v, depth + 1, flat_at)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * depth + "}"
+    items = [pad + results_json(v, depth + 1, flat_at) for v in obj]
+    return "[\n" + ",\n".join(items) + "\n" + " " * depth + "]"
+
+
 @dataclass(slots=True)
 class Check:
     """One correctness comparison."""
@@ -73,7 +87,7 @@ class Report:
         data = {"info": self.info, "notes": self.notes,
                 "checks": [asdict(c) | {"ok": c.ok} for c in self.checks],
                 "timings": [asdict(t) | {"gbps": t.gbps} for t in self.timings]}
-        path.write_text(json.dumps(data, indent=1, default=float))
+        path.write_text(results_json(data))
 
 
 def rel_err(out: np.ndarray, ref: np.ndarray) -> float:

@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from bench.gpu_common import Report, Timing, copy_bandwidth, machine_info, median_time, record  # noqa: E402
+from bench.gpu_common import (Report, Timing, copy_bandwidth, machine_info, median_time, record,  # noqa: E402
+                               results_json)
 
 PARTS = ("compile", "diff", "diff27", "tiny", "sampling", "model27b")  # cycle27b, latency: on request
 PROMPT = [11, 201, 35, 90, 400, 17]
@@ -513,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             merged["parts"][part] = json.loads(path.read_text())
             path.unlink()
     merged["exit_codes"] = codes
-    (Path(args.out) / "gpu_megakernel.json").write_text(json.dumps(merged, indent=1, default=float))
+    (Path(args.out) / "gpu_megakernel.json").write_text(results_json(merged))
     print(json.dumps({"exit_codes": codes}, indent=1))
     return 0 if all(c == 0 for c in codes.values()) else 1
 
