@@ -80,9 +80,17 @@ def _ring(dev, ring_kernel, buf, nbytes: int, stride: int, rng: np.random.Genera
     dev.memory.free(order_buf)
 
 
+def compile_probe(arch: int, sync: int):
+    """The probe's build with MK_SYNC_ACQREL=sync, through the kernel cache (bench/precompile.py fills it ahead)."""
+    from engine.cuda import nvrtc
+    from engine.cuda.megakernel import build
+
+    return nvrtc.compile_cached(SOURCE, arch, ("latency_probe", "latency_ring"),
+                                build.options() + (f"-DMK_SYNC_ACQREL={sync}",), kernel_dir=build.MEGAKERNEL_DIR)
+
+
 def run_latency_probe(dev, report: Report, rng: np.random.Generator) -> dict[str, dict[str, float]]:
     """Both builds, idle and loaded; printed and kept as report.info["latency_probe"]."""
-    from engine.cuda import nvrtc
     from engine.cuda.megakernel import build
 
     sms = dev.info.multiprocessors
@@ -93,9 +101,7 @@ def run_latency_probe(dev, report: Report, rng: np.random.Generator) -> dict[str
     results: dict[str, dict[str, float]] = {}
     try:
         for sync in (0, 1):
-            compiled = nvrtc.compile_file(SOURCE, dev.info.arch, ("latency_probe", "latency_ring"),
-                                          build.options() + (f"-DMK_SYNC_ACQREL={sync}",),
-                                          kernel_dir=build.MEGAKERNEL_DIR)
+            compiled = compile_probe(dev.info.arch, sync)
             k = dev.load_kernels(compiled.image, {n: compiled.symbols[n] for n in ("latency_probe", "latency_ring")},
                                  f"latency_probe.sync{sync}")
             dev.set_max_dynamic_smem(k["latency_probe"], smem)

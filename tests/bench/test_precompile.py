@@ -1,0 +1,41 @@
+"""bench/precompile.py: the specs and options it compiles for are the ones the GPU call's parts compute."""
+
+from __future__ import annotations
+
+import argparse
+
+from bench import precompile
+from engine.cuda.megakernel import build
+from engine.cuda.megakernel.layout import ModelSpec
+from engine.gguf.testmodel import write_test_model
+from engine.model.weights import load_model
+
+
+def test_specs_give_the_options_of_the_files_the_parts_open(tmp_path) -> None:
+    # the tiny part's file (gpu_megakernel tiny_path) read as the part reads it
+    path = write_test_model(tmp_path / "t.gguf", "qwen35", tokenizer=False, vocab_size=512)
+    specs = precompile.megakernel_specs()
+    assert build.model_options(specs["tiny"]) == build.model_options(ModelSpec.from_tensors(load_model(str(path))[2]))
+    # the 27B: Q5_0 (attn_k), Q8_0 (ssm_alpha / beta), Q4_K, Q6_K (attn_v / ffn_down of some layers, the output head)
+    assert build.model_options(specs["27b"]) == (
+        "-DMK_QT_MASK=" + str((1 << 6) | (1 << 8) | (1 << 12) | (1 << 14)), "-DMK_DN_DK=128", "-DMK_DN_DV=128")
+
+
+def test_jobs_compile_each_variant_as_its_part_would(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("OPENJET_MK_DEFINES", "MK_A=1")
+    spec = precompile.megakernel_specs()["27b"]
+    args = argparse.Namespace(out=str(tmp_path), nvrtc=None, arch=90, cuda_defines=["WEIGHT_EVICT_FIRST=1"],
+                              variants="sync:MK_SYNC_ACQREL=1;big:MK_B=2,SMEM_KB=164,SCHED.split_tiles=1")
+    todo = precompile.jobs(args, {"27b": spec})
+    mk = [job for fn, job in todo if fn is precompile._megakernel_job]
+    assert [job[-1] for job in mk] == ["megakernel 27b default", "megakernel 27b sync", "megakernel 27b big"]
+    _, cache, env, arch, extra, _ = mk[2]
+    assert cache == str(tmp_path.resolve()) and arch == 90
+    assert env == {"OPENJET_MK_DEFINES": "MK_A=1,MK_B=2", "OPENJET_MK_SMEM_KB": "164"}
+    # the options the call's GpuExecutor.compile_args gives under that environment: the variant's defines after
+    # the base's, its shared memory
+    assert extra[:3] == ("-DMK_QT_MASK=20800", "-DMK_A=1", "-DMK_B=2") and extra[-1] == f"-DMK_SMEM_BYTES={164 * 1024}"
+    assert mk[1][2] == {"OPENJET_MK_DEFINES": "MK_A=1,MK_SYNC_ACQREL=1"} and "-DMK_SYNC_ACQREL=1" in mk[1][4]
+    assert sorted(job[-1] for fn, job in todo if fn is precompile._latency_job) == [0, 1]
+    per_op = [job for fn, job in todo if fn is precompile._per_op_job]
+    assert {job[2]["OPENJET_CUDA_DEFINES"] for job in per_op} == {"", "WEIGHT_EVICT_FIRST=1"}
