@@ -7,6 +7,7 @@ other SMs idle and with them streaming DRAM; it is built twice, with the megaker
 (mk_common.cuh) and with MK_SYNC_ACQREL=1. The figures, in ns at the SM clock measured in the same launch:
 
   l2 / dram / l1   one dependent load of a chain over 2 MB (L2) / 256 MB (DRAM) / 8 KB through L1
+  solo_gb_s        one SM's stream of 8 MB (256 threads, 64 KB in flight), alone or beside the loaders
   fence            the build's fence_release() alone / after 16 KB of the block's stores and a barrier
   sc               __threadfence() likewise
   ping             one round trip: block 0 signals block 1 and waits for its answer, each side's signal after the
@@ -26,11 +27,11 @@ from bench.gpu_common import Report
 
 SOURCE = Path(__file__).resolve().parent / "kernels" / "latency_probe.cu"
 # latency_probe.cu's enum Slot, in order (tests/bench/test_gpu_latency.py checks)
-SLOTS = ("ns0", "ns1", "clk0", "clk1", "l2", "dram", "l1", "fence_idle", "fence_stores", "sc_idle", "sc_stores", "ping",
+SLOTS = ("ns0", "ns1", "clk0", "clk1", "l2", "dram", "l1", "solo", "fence_idle", "fence_stores", "sc_idle", "sc_stores", "ping",
          *(f"code_cold{i}" for i in range(5)), *(f"code_warm{i}" for i in range(5)), "load_ns", "load_bytes", "sink",
          "error")
 CODE_KB = (8, 16, 32, 64, 128)  # latency_probe.cu CODE_BLOCKS, 4 KB each
-CHASE_STEPS, PING_ROUNDS = 256, 64  # latency_probe.cu's #defines
+CHASE_STEPS, PING_ROUNDS, SOLO_BYTES = 256, 64, 8 << 20  # latency_probe.cu's #defines
 L2_RING, DRAM_RING, L1_RING = (2 << 20, 256), (256 << 20, 4096), (8 << 10, 128)  # (bytes, bytes between nodes)
 STREAM_BYTES, FLUSH_BYTES = 2 << 30, 256 << 20  # what the loaders read; what evicts L2 before a launch
 WORDS = 4096  # the probe's control words (latency_probe.cu Probe::words)
@@ -50,7 +51,7 @@ def summarize(raw: dict[str, int]) -> dict[str, float]:
     per_ns = (raw["clk1"] - raw["clk0"]) / max(raw["ns1"] - raw["ns0"], 1)  # SM cycles per ns
     ns = lambda cycles, n=1: round(cycles / n / per_ns, 1)  # noqa: E731
     out = {"clock_ghz": round(per_ns, 3), "l2": ns(raw["l2"], CHASE_STEPS), "dram": ns(raw["dram"], CHASE_STEPS),
-           "l1": ns(raw["l1"], CHASE_STEPS),
+           "l1": ns(raw["l1"], CHASE_STEPS), "solo_gb_s": round(SOLO_BYTES * per_ns / max(raw["solo"], 1), 1),
            "fence_idle": ns(raw["fence_idle"]), "fence_stores": ns(raw["fence_stores"]),
            "sc_idle": ns(raw["sc_idle"]), "sc_stores": ns(raw["sc_stores"]), "ping": ns(raw["ping"], PING_ROUNDS)}
     for i, kb in enumerate(CODE_KB):

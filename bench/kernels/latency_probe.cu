@@ -4,6 +4,8 @@
 // One block an SM (the host asks for the megakernel's shared memory), 256 threads. Block 0 measures, in SM cycles:
 //   l2 / dram  a dependent chain of ld.global.cg over 2 MB (L2-resident) and over 256 MB (L2 misses), per load
 //   l1         the same through L1 over 8 KB (what a table read costs where no acquire emptied L1 since)
+//   solo       8 MB streamed by block 0's 256 threads, 64 KB in flight: one SM's bandwidth, alone (a group's tail,
+//              where its last SMs stream) or beside the loaders (its share of DRAM)
 //   fence      __threadfence() and fence.acq_rel.gpu alone, and after the block's 16 KB of stores and a barrier
 //   ping       a signal to block 1 and its answer, through the megakernel's own wait_counter / signal_counter
 //              (mk_common.cuh; this file is built once per MK_SYNC_ACQREL), after the block's stores and a barrier as
@@ -17,6 +19,7 @@
 enum Slot {
     S_NS0, S_NS1, S_CLK0, S_CLK1,  // the global timer and clock64 around ~20 us of waiting: cycles per ns
     S_L2, S_DRAM, S_L1,             // cycles for CHASE_STEPS dependent loads
+    S_SOLO,                         // cycles for SOLO_BYTES
     S_FENCE_IDLE, S_FENCE_STORES,   // the build's fence_release(), alone and after 16 KB of stores
     S_SC_IDLE, S_SC_STORES,         // __threadfence() likewise (the same as the above where MK_SYNC_ACQREL=0)
     S_PING,                         // cycles for PING_ROUNDS round trips
@@ -29,6 +32,7 @@ enum Slot {
 #define CHASE_STEPS 256
 #define PING_ROUNDS 64
 #define LOAD_UNROLL 16
+#define SOLO_BYTES (8 << 20)
 #define PROBE_TIMEOUT_NS 2000000000ull
 
 __device__ __forceinline__ u64 clk() {
@@ -130,6 +134,15 @@ __device__ u64 ping(const Globals& g, int me, u32* scratch) {
     return me == 0 && threadIdx.x == 0 ? clk() - c0 : 0;
 }
 
+// One turn of a block's stream: LOAD_UNROLL 16-byte loads a thread from `src` on (64 KB), folded into `fold`.
+__device__ __forceinline__ void stream_turn(const uint4* src, u32& fold) {
+    uint4 v[LOAD_UNROLL];
+#pragma unroll
+    for (int j = 0; j < LOAD_UNROLL; ++j) v[j] = ld_cg_u4(src + j * 256 + threadIdx.x);
+#pragma unroll
+    for (int j = 0; j < LOAD_UNROLL; ++j) fold ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+}
+
 __device__ void stream_until_stopped(const Probe& p, const Globals& g) {
     const long long per_block = p.stream_words / (gridDim.x - 2);
     const long long begin = (blockIdx.x - 2) * per_block;
@@ -139,11 +152,7 @@ __device__ void stream_until_stopped(const Probe& p, const Globals& g) {
     for (int turn = 0;; ++turn) {
         if ((turn & 15) == 0 && (ld_cg(reinterpret_cast<const int*>(p.words)) != 0 || mk_failed(g))) break;
         const long long base = begin + (long long)(turn % (int)(per_block / (256 * LOAD_UNROLL))) * 256 * LOAD_UNROLL;
-        uint4 v[LOAD_UNROLL];
-#pragma unroll
-        for (int j = 0; j < LOAD_UNROLL; ++j) v[j] = ld_cg_u4(p.stream + base + j * 256 + threadIdx.x);
-#pragma unroll
-        for (int j = 0; j < LOAD_UNROLL; ++j) fold ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+        stream_turn(p.stream + base, fold);
         bytes += 16 * LOAD_UNROLL;
     }
     if (fold == 0x9E3779B9u) p.out[S_SINK] = fold;
@@ -192,6 +201,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) latency_probe(Probe p) {
         at = 0;
         chase(p.l1_ring, at, true);
         out[S_L1] = chase(p.l1_ring, at, true);
+    }
+    {  // one SM streaming: 8 MB from the middle of the DRAM ring's buffer (not in L2, not the loaders')
+        const uint4* src = reinterpret_cast<const uint4*>(p.dram_ring) + (64 << 20) / 16;
+        u32 fold = 0;
+        __syncthreads();
+        const u64 c0 = clk();
+        for (int t = 0; t < SOLO_BYTES / (16 * 256 * LOAD_UNROLL); ++t) stream_turn(src + t * 256 * LOAD_UNROLL, fold);
+        if (__syncthreads_or(fold == 0x9E3779B9u) && t0) out[S_SINK] = 1;
+        if (t0) out[S_SOLO] = clk() - c0;
     }
     u64 dt = time_fence<false>(p.scratch, false);
     if (t0) out[S_FENCE_IDLE] = dt;

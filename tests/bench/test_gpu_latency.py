@@ -20,6 +20,7 @@ def define(name: str) -> int:
 def test_slots_and_constants_are_the_kernels() -> None:
     assert source_slots(SOURCE) == SLOTS
     assert define("CHASE_STEPS") == gpu_latency.CHASE_STEPS and define("PING_ROUNDS") == gpu_latency.PING_ROUNDS
+    assert re.search(r"#define SOLO_BYTES \(8 << 20\)", SOURCE) and gpu_latency.SOLO_BYTES == 8 << 20
     blocks = re.search(r"CODE_BLOCKS\[5\] = \{([^}]*)\}", SOURCE).group(1)
     assert tuple(4 * int(b) for b in blocks.split(",")) == CODE_KB
     assert max(CODE_KB) == 4 * define("CODE_BLOCKS_ALL")
@@ -40,6 +41,7 @@ def test_summary_reads_each_figure_from_its_slot() -> None:
     assert got["l2"] == round(raw["l2"] / gpu_latency.CHASE_STEPS / 2, 1)
     assert got["dram"] == round(raw["dram"] / gpu_latency.CHASE_STEPS / 2, 1)
     assert got["l1"] == round(raw["l1"] / gpu_latency.CHASE_STEPS / 2, 1)
+    assert got["solo_gb_s"] == round((8 << 20) * 2 / raw["solo"], 1)
     assert got["ping"] == round(raw["ping"] / gpu_latency.PING_ROUNDS / 2, 1)
     assert (got["fence_idle"], got["sc_stores"]) == (raw["fence_idle"] / 2, raw["sc_stores"] / 2)
     assert got["code_cold_8k"] == round(raw["code_cold0"] / 8 / 2, 1)
