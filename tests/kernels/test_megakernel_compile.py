@@ -116,17 +116,6 @@ def device_parsers() -> dict[int, list[str]]:
     return out
 
 
-def test_the_ops_with_a_layer_first_are_the_ones_megakernel_cu_names() -> None:
-    """megakernel.cu op_has_layer (MK_WAIT_META's prefetch of the layer table) against the dataclasses: every op
-    whose first field is `layer`, and no other."""
-    dispatch = (build.MEGAKERNEL_DIR / "megakernel.cu").read_text()
-    body = re.search(r"bool op_has_layer\(int op\) \{\s*return (.*?);", dispatch, re.S).group(1)
-    env = {name: define(name) for name in re.findall(r"OP_\w+", body)}
-    expr = body.replace("&&", " and ").replace("||", " or ")
-    for op, cls in CLASSES.items():
-        assert eval(expr, dict(env, op=int(op))) == (cls.arg_names()[:1] == ("layer",)), op.name
-
-
 def test_every_instruction_parses_its_dataclass_fields_in_order() -> None:
     parsers = device_parsers()
     dispatch = (build.MEGAKERNEL_DIR / "megakernel.cu").read_text()

@@ -229,23 +229,6 @@ struct Consumer {
 #define MK_WAIT_PREFETCH 0
 #endif
 
-// MK_WAIT_META=1 (a benchmark knob, off; not yet run on a GPU): while thread 0 waits, warp 1 asks L1 for the
-// instruction's layer table (LayerRefs: its WeightRefs and vectors), which the consumer reads first thing after the
-// wait (an L2 round trip of the ~2-3 us `before` of a matmul instruction, bench/MEGAKERNEL.md round 8).
-#ifndef MK_WAIT_META
-#define MK_WAIT_META 0
-#endif
-// The opcodes whose first field is a layer (instructions.py; tests/kernels/test_megakernel_compile.py checks).
-__device__ __forceinline__ bool op_has_layer(int op) {
-    return (op >= OP_ATTN_NORM && op <= OP_FFN_DOWN) || op == OP_DN_COMMIT;
-}
-__device__ __forceinline__ void prefetch_layer_refs(const Globals& g, const i32* w) {
-    if (!op_has_layer(w[INST_OPCODE])) return;
-    const char* p = reinterpret_cast<const char*>(g.layers + w[INST_ARGS]);
-    const int at = 128 * (threadIdx.x & 31);
-    if (at < (int)sizeof(LayerRefs) + 127) asm volatile("prefetch.global.L1 [%0];" ::"l"(p + at));
-}
-
 // MK_CONTROLLER=0: the consumers alone. Consumer thread 0 fetches and waits for each instruction in turn (what
 // the controller does), the others wait for it at the consumer barrier.
 struct SoloConsumer {
@@ -259,7 +242,6 @@ struct SoloConsumer {
                 const i32* w = queue + (i64)i * INST_WORDS;
                 if (stage_active(g, w[INST_STAGE])) prefetch(g, w);
             }
-            if (MK_WAIT_META && cwarp() == 1) prefetch_layer_refs(g, queue + (i64)i * INST_WORDS);
             if (MK_MV_PRIME_NEXT) prime_instruction(g, queue + (i64)i * INST_WORDS, s);
             if (ctid() == 0) {
                 mk_inst_index = i;
