@@ -38,7 +38,10 @@ def load_nvrtc(directory: str | None) -> None:
     """Make cuda.bindings use the NVRTC in `directory` (this process: call before anything compiles)."""
     if directory:
         for name in NVRTC_LIBS:
-            ctypes.CDLL(str(Path(directory) / name), mode=ctypes.RTLD_GLOBAL)
+            path = Path(directory) / name
+            if not path.exists():
+                raise SystemExit(f"--nvrtc {directory}: no {name} there (the folder of the NVRTC wheel's libraries)")
+            ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
 
 def megakernel_specs() -> dict:
@@ -51,58 +54,46 @@ def megakernel_specs() -> dict:
             "27b": spec_from_config(PRESETS["qwen3.8-27b"]())}
 
 
-def _megakernel_job(job: tuple) -> tuple[str, float]:
-    nvrtc_dir, cache, env, arch, extra, tag = job
+def compile_job(job: tuple) -> float:
+    """One compilation into the cache, in a worker process: (label, nvrtc folder, cache, environment, kind, arch,
+    what) with kind "megakernel" (what: its options), "per-op" (what: a kernel file) or "latency" (what: sync)."""
+    _, nvrtc_dir, cache, env, kind, arch, what = job
     load_nvrtc(nvrtc_dir)
     os.environ.update(env | {"OPENJET_KERNEL_CACHE": cache})
+    from bench.gpu_latency import compile_probe
+    from engine.cuda import instances, nvrtc
     from engine.cuda.megakernel import build
 
     t0 = time.perf_counter()
-    build.compile_megakernel(arch, extra)
-    return tag, time.perf_counter() - t0
-
-
-def _per_op_job(job: tuple) -> tuple[str, float]:
-    nvrtc_dir, cache, env, arch, file = job
-    load_nvrtc(nvrtc_dir)
-    os.environ.update(env | {"OPENJET_KERNEL_CACHE": cache})
-    from engine.cuda import instances, nvrtc
-
-    t0 = time.perf_counter()
-    exprs = tuple(i.expr for i in instances.files()[file])
-    nvrtc.compile_cached(nvrtc.KERNEL_DIR / f"{file}.cu", arch, exprs, nvrtc.kernel_options())
-    return f"{file} {env.get('OPENJET_CUDA_DEFINES', '')}".strip(), time.perf_counter() - t0
-
-
-def _latency_job(job: tuple) -> tuple[str, float]:
-    nvrtc_dir, cache, arch, sync = job
-    load_nvrtc(nvrtc_dir)
-    os.environ["OPENJET_KERNEL_CACHE"] = cache
-    from bench.gpu_latency import compile_probe
-
-    t0 = time.perf_counter()
-    compile_probe(arch, sync)
-    return f"latency probe sync={sync}", time.perf_counter() - t0
+    if kind == "megakernel":
+        build.compile_megakernel(arch, what)
+    elif kind == "latency":
+        compile_probe(arch, what)
+    else:
+        exprs = tuple(i.expr for i in instances.files()[what])
+        nvrtc.compile_cached(nvrtc.KERNEL_DIR / f"{what}.cu", arch, exprs, nvrtc.kernel_options())
+    return time.perf_counter() - t0
 
 
 def jobs(args, specs: dict) -> list[tuple]:
-    """Every compilation, as (function, job) pairs: the megakernel builds first (the longest)."""
+    """Every compilation (compile_job's tuples), the megakernel builds first (the longest)."""
     from bench.gpu_megakernel import environment, parse_variants, variant_environment
     from engine.cuda import instances
     from engine.cuda.megakernel import build
 
-    cache, out = str(Path(args.out).resolve()), []
+    common = (args.nvrtc, str(Path(args.out).resolve()))
+    out = []
     base = os.environ.get("OPENJET_MK_DEFINES", "")
     for name, defines in [("default", "")] + parse_variants(args.variants):
         env = variant_environment(defines, base) if defines else {"OPENJET_MK_DEFINES": base}
         with environment(env):  # the options as the variant's parts compute them
             for model, spec in specs.items():
                 extra = build.model_options(spec) + build.arch_options(args.arch)
-                out.append((_megakernel_job, (args.nvrtc, cache, env, args.arch, extra, f"megakernel {model} {name}")))
-    out += [(_latency_job, (args.nvrtc, cache, args.arch, sync)) for sync in (0, 1)]
+                out.append((f"megakernel {model} {name}", *common, env, "megakernel", args.arch, extra))
+    out += [(f"latency probe sync={sync}", *common, {}, "latency", args.arch, sync) for sync in (0, 1)]
     for defines in ["", *args.cuda_defines]:
         env = {"OPENJET_CUDA_DEFINES": defines}
-        out += [(_per_op_job, (args.nvrtc, cache, env, args.arch, file)) for file in instances.files()]
+        out += [(f"{file} {defines}".strip(), *common, env, "per-op", args.arch, file) for file in instances.files()]
     return out
 
 
@@ -116,20 +107,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="", help="gpu_megakernel's --variants, each compiled too")
     parser.add_argument("--cuda-defines", action="append", default=[],
                         help="an OPENJET_CUDA_DEFINES value the per-op kernels are compiled with too (repeatable)")
+    parser.add_argument("--expect-nvrtc", default="13.0", help="the GPU machine's NVRTC (its results' info.nvrtc)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     load_nvrtc(args.nvrtc)
     from engine.cuda import nvrtc
 
-    print(f"NVRTC {'.'.join(map(str, nvrtc.nvrtc_version()))} -> {args.out}", flush=True)
+    version = ".".join(map(str, nvrtc.nvrtc_version()))
+    if version != args.expect_nvrtc:  # the key holds the version: these entries would never be found there
+        print(f"NVRTC {version} here, the GPU machine's is {args.expect_nvrtc}: --nvrtc names the wrong folder")
+        return 2
+    print(f"NVRTC {version} -> {args.out}", flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     todo = jobs(args, megakernel_specs())
-    t0 = time.perf_counter()
+    t0, failed = time.perf_counter(), []
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for future in [pool.submit(fn, job) for fn, job in todo]:
-            tag, seconds = future.result()
-            print(f"  {tag}: {seconds:.1f} s", flush=True)
-    print(f"{len(todo)} compilations in {time.perf_counter() - t0:.0f} s", flush=True)
+        for job, future in [(job, pool.submit(compile_job, job)) for job in todo]:
+            try:
+                print(f"  {job[0]}: {future.result():.1f} s", flush=True)
+            except Exception as exc:  # a build that fails here fails there too: say which, build the others
+                failed.append(job[0])
+                print(f"  {job[0]}: FAILED {exc}", flush=True)
+    print(f"{len(todo)} compilations in {time.perf_counter() - t0:.0f} s" +
+          (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
+    if failed:
+        return 1
     if args.archive:
         with tarfile.open(args.archive, "w:xz") as tar:
             tar.add(args.out, arcname=Path(args.out).name)

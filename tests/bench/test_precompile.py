@@ -27,15 +27,29 @@ def test_jobs_compile_each_variant_as_its_part_would(monkeypatch, tmp_path) -> N
     args = argparse.Namespace(out=str(tmp_path), nvrtc=None, arch=90, cuda_defines=["WEIGHT_EVICT_FIRST=1"],
                               variants="sync:MK_SYNC_ACQREL=1;big:MK_B=2,SMEM_KB=164,SCHED.split_tiles=1")
     todo = precompile.jobs(args, {"27b": spec})
-    mk = [job for fn, job in todo if fn is precompile._megakernel_job]
-    assert [job[-1] for job in mk] == ["megakernel 27b default", "megakernel 27b sync", "megakernel 27b big"]
-    _, cache, env, arch, extra, _ = mk[2]
-    assert cache == str(tmp_path.resolve()) and arch == 90
+    mk = [job for job in todo if job[4] == "megakernel"]
+    assert [job[0] for job in mk] == ["megakernel 27b default", "megakernel 27b sync", "megakernel 27b big"]
+    _, nvrtc_dir, cache, env, _, arch, extra = mk[2]
+    assert cache == str(tmp_path.resolve()) and arch == 90 and nvrtc_dir is None
     assert env == {"OPENJET_MK_DEFINES": "MK_A=1,MK_B=2", "OPENJET_MK_SMEM_KB": "164"}
     # the options the call's GpuExecutor.compile_args gives under that environment: the variant's defines after
     # the base's, its shared memory
     assert extra[:3] == ("-DMK_QT_MASK=20800", "-DMK_A=1", "-DMK_B=2") and extra[-1] == f"-DMK_SMEM_BYTES={164 * 1024}"
-    assert mk[1][2] == {"OPENJET_MK_DEFINES": "MK_A=1,MK_SYNC_ACQREL=1"} and "-DMK_SYNC_ACQREL=1" in mk[1][4]
-    assert sorted(job[-1] for fn, job in todo if fn is precompile._latency_job) == [0, 1]
-    per_op = [job for fn, job in todo if fn is precompile._per_op_job]
-    assert {job[2]["OPENJET_CUDA_DEFINES"] for job in per_op} == {"", "WEIGHT_EVICT_FIRST=1"}
+    assert mk[1][3] == {"OPENJET_MK_DEFINES": "MK_A=1,MK_SYNC_ACQREL=1"} and "-DMK_SYNC_ACQREL=1" in mk[1][6]
+    assert sorted(job[6] for job in todo if job[4] == "latency") == [0, 1]
+    per_op = [job for job in todo if job[4] == "per-op"]
+    assert {job[3]["OPENJET_CUDA_DEFINES"] for job in per_op} == {"", "WEIGHT_EVICT_FIRST=1"}
+    assert len(per_op) == 2 * len({job[6] for job in per_op})
+
+
+def test_a_job_leaves_the_entry_the_part_then_finds(monkeypatch, tmp_path) -> None:
+    from engine.cuda import instances, nvrtc
+
+    for key in ("OPENJET_KERNEL_CACHE", "OPENJET_CUDA_DEFINES"):  # the job sets them in this process
+        monkeypatch.setenv(key, "")
+    assert precompile.compile_job(("norm", None, str(tmp_path), {"OPENJET_CUDA_DEFINES": ""}, "per-op", 90,
+                                   "norm")) > 0
+    # what Device._load_file asks for, from the cache the call points OPENJET_KERNEL_CACHE at
+    exprs = tuple(i.expr for i in instances.files()["norm"])
+    hit = nvrtc.compile_cached(nvrtc.KERNEL_DIR / "norm.cu", 90, exprs, nvrtc.kernel_options(), directory=tmp_path)
+    assert hit.from_cache
