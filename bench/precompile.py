@@ -11,9 +11,9 @@ its entry loads it instead (a miss costs nothing but the compile the call would 
 DIR holds the GPU machine's libnvrtc.so.13 and libnvrtc-builtins.so.13.0 (`pip install --target T
 "nvidia-cuda-nvrtc==13.0.*"`: T/nvidia/cu13/lib). Compiled: the per-op kernels (each OPENJET_CUDA_DEFINES set
 asked for, and none), the latency probe's two builds, and the megakernel for the tiny qwen35 of the diff / tiny
-parts and for the 27B shape (its types from the generator's plan, costs.spec_from_config: no 16 GB file here), at
-the defaults and at each variant of --variants, under OPENJET_MK_DEFINES as set (run it once per setting the call
-uses: the folder accumulates).
+parts and for the 27B shape (its types from the generator's plan, costs.spec_from_config: no 16 GB file here)
+under OPENJET_MK_DEFINES as set (run it once per setting the call uses: the folder accumulates), and the 27B's at
+each variant of --variants (cycle27b's).
 The call carries the archive and starts with `tar -xJf .kcache.tar.xz && export OPENJET_KERNEL_CACHE=$PWD/.kcache`
 (bench/MEGAKERNEL.md Status).
 """
@@ -89,6 +89,8 @@ def jobs(args, specs: dict) -> list[tuple]:
         env = variant_environment(defines, base) if defines else {"OPENJET_MK_DEFINES": base}
         with environment(env):  # the options as the variant's parts compute them
             for model, spec in specs.items():
+                if defines and model != "27b":  # variants are cycle27b's; diff / tiny run OPENJET_MK_DEFINES's
+                    continue
                 extra = build.model_options(spec) + build.arch_options(args.arch)
                 out.append((f"megakernel {model} {name}", *common, env, "megakernel", args.arch, extra))
     out += [(f"latency probe sync={sync}", *common, {}, "latency", args.arch, sync) for sync in (0, 1)]

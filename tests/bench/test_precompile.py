@@ -26,9 +26,12 @@ def test_jobs_compile_each_variant_as_its_part_would(monkeypatch, tmp_path) -> N
     spec = precompile.megakernel_specs()["27b"]
     args = argparse.Namespace(out=str(tmp_path), nvrtc=None, arch=90, cuda_defines=["WEIGHT_EVICT_FIRST=1"],
                               variants="sync:MK_SYNC_ACQREL=1;big:MK_B=2,SMEM_KB=164,SCHED.split_tiles=1")
-    todo = precompile.jobs(args, {"27b": spec})
+    todo = precompile.jobs(args, {"27b": spec, "tiny": precompile.megakernel_specs()["tiny"]})
     mk = [job for job in todo if job[4] == "megakernel"]
-    assert [job[0] for job in mk] == ["megakernel 27b default", "megakernel 27b sync", "megakernel 27b big"]
+    # the variants are cycle27b's: the tiny model's parts build the default (under OPENJET_MK_DEFINES) alone
+    assert [job[0] for job in mk] == ["megakernel 27b default", "megakernel tiny default", "megakernel 27b sync",
+                                      "megakernel 27b big"]
+    mk = [job for job in mk if "27b" in job[0]]
     _, nvrtc_dir, cache, env, _, arch, extra = mk[2]
     assert cache == str(tmp_path.resolve()) and arch == 90 and nvrtc_dir is None
     assert env == {"OPENJET_MK_DEFINES": "MK_A=1,MK_B=2", "OPENJET_MK_SMEM_KB": "164"}
