@@ -97,25 +97,30 @@ __device__ __noinline__ void prefetch(const Globals& g, const i32* w) {
     }
 }
 
+// Instruction w's first matmul (its weight, rows and act: the ops' Primer), for the opcodes that have one.
+__device__ __forceinline__ bool first_matmul(const Globals& g, const i32* w, MvFirst& f) {
+    const int stage = w[INST_STAGE];
+    switch (w[INST_OPCODE]) {
+#define MK_FIRST(OPC, T) \
+    case OPC: return T::Primer::first(g, T::Parsed(w), stage, f);
+        MK_FIRST(OP_MIX_IN, MixInOp)
+        MK_FIRST(OP_MIX_OUT, MixOutOp)
+        MK_FIRST(OP_FFN_UP, FfnUpOp)
+        MK_FIRST(OP_FFN_DOWN, FfnDownOp)
+        MK_FIRST(OP_LM_HEAD, LmHeadOp)
+#undef MK_FIRST
+        default: return false;
+    }
+}
+
 // MK_MV_PRIME_NEXT: the first batch of instruction w's first matmul into the rings, before its wait (matvec.cuh
 // mv_prime_first). Every consumer thread calls it, with w in global memory (the queue).
 __device__ __noinline__ void prime_instruction(const Globals& g, const i32* w, Smem& s) {
     const int op = w[INST_OPCODE], stage = w[INST_STAGE];
     if (op < 0 || !stage_active(g, stage)) return;
     MvFirst f;
-    bool ok = false;
-    switch (op) {
-#define MK_PRIME(OPC, T) \
-    case OPC: ok = T::Primer::first(g, T::Parsed(w), stage, f); break;
-        MK_PRIME(OP_MIX_IN, MixInOp)
-        MK_PRIME(OP_MIX_OUT, MixOutOp)
-        MK_PRIME(OP_FFN_UP, FfnUpOp)
-        MK_PRIME(OP_FFN_DOWN, FfnDownOp)
-        MK_PRIME(OP_LM_HEAD, LmHeadOp)
-#undef MK_PRIME
-        default: break;
-    }
-    if (ok) mv_prime_first(f, stage_rows(g, stage), reinterpret_cast<u8*>(s.scratch) + MK_RING_OFFSET);
+    if (first_matmul(g, w, f))
+        mv_prime_first(f, stage_rows(g, stage), reinterpret_cast<u8*>(s.scratch) + MK_RING_OFFSET);
 }
 
 __device__ __forceinline__ void record(const Globals& g, int index, int slot) {
@@ -221,13 +226,43 @@ struct Consumer {
     }
 };
 
-// MK_WAIT_PREFETCH=1 (a benchmark knob, off; not yet run on a GPU): while consumer thread 0 waits for an
-// instruction's dependencies, warp 1 asks L2 for its weights (MK_PREFETCH_CAP_ROWS of them, if set): the wait is
-// mostly the group's stragglers, when DRAM has bandwidth to spare. (The loader warp's prefetch ran during the
-// instructions before and competed with their rings: 2 ms a cycle, round 3.)
+// MK_WAIT_PREFETCH=1 (a benchmark knob, off): while consumer thread 0 waits for an instruction's dependencies,
+// warp 1 asks L2 for its weights (MK_PREFETCH_CAP_ROWS of them, if set): the wait is mostly the group's stragglers,
+// when DRAM has bandwidth to spare. (The loader warp's prefetch ran during the instructions before and competed with
+// their rings: 2 ms a cycle, round 3.) It lost in round 8 (12.93 / 13.56 ms at 32 / 128 rows against 12.73): the
+// prefetches went out as each SM finished, into the tail of the group before, whose last SMs were still streaming.
+// MK_WAIT_PREFETCH=2 (not yet run on a GPU): only where DRAM is idle: an instruction after a norm group (MIX_IN,
+// FFN_UP: the one-row wait words name what the norms wait on) asks for its first batch's rows once the group
+// before the norms is complete, so they load during the norms' ~8 us (20 SMs normalising one row) and the batch
+// then reads them from L2; not at all if the norms are done first.
 #ifndef MK_WAIT_PREFETCH
 #define MK_WAIT_PREFETCH 0
 #endif
+
+// MK_WAIT_PREFETCH=2's prefetch by one warp: wait (relaxed reads: a hint needs no ordering) for the group before
+// the norms, then ask L2 for the first batch's rows.
+__device__ __noinline__ void prefetch_during_norms(const Globals& g, const i32* w) {
+    const u32 want_before = (u32)w[INST_WAIT1_COUNT], want_norms = (u32)w[INST_WAIT_COUNT];
+    if ((int)want_before <= 0) return;
+    const u32* before = g.counters + w[INST_WAIT1_STAGE] * NUM_OPCODES + w[INST_WAIT1_OP];
+    const u32* norms = g.counters + w[INST_WAIT_STAGE] * NUM_OPCODES + w[INST_WAIT_OP];
+    int go = 0;
+    if ((threadIdx.x & 31) == 0) {
+        for (;;) {
+            const u32 done = ld_relaxed(before), normed = ld_relaxed(norms);
+            if (normed >= want_norms || mk_failed(g)) break;  // too late: the instruction is ready
+            if (done >= want_before) {
+                go = 1;
+                break;
+            }
+            __nanosleep(64);
+        }
+    }
+    MvFirst f;
+    if (!__shfl_sync(FULL_MASK, go, 0) || !first_matmul(g, w, f)) return;
+    const MvNext nx = mv_first_batch(*f.w, f.row_begin, f.row_end, *f.a, stage_rows(g, w[INST_STAGE]));
+    prefetch_rows(*nx.w, nx.row_begin, min(f.row_end, nx.row_begin + MK_TILE_ROWS * nx.nt));
+}
 
 // MK_CONTROLLER=0: the consumers alone. Consumer thread 0 fetches and waits for each instruction in turn (what
 // the controller does), the others wait for it at the consumer barrier.
@@ -240,7 +275,12 @@ struct SoloConsumer {
             __syncwarp();
             if (MK_WAIT_PREFETCH && cwarp() == 1) {
                 const i32* w = queue + (i64)i * INST_WORDS;
-                if (stage_active(g, w[INST_STAGE])) prefetch(g, w);
+                if (stage_active(g, w[INST_STAGE])) {
+                    if (MK_WAIT_PREFETCH == 2)
+                        prefetch_during_norms(g, w);
+                    else
+                        prefetch(g, w);
+                }
             }
             if (MK_MV_PRIME_NEXT) prime_instruction(g, queue + (i64)i * INST_WORDS, s);
             if (ctid() == 0) {
