@@ -12,7 +12,8 @@ other SMs idle and with them streaming DRAM; it is built twice, with the megaker
   sc               __threadfence() likewise
   ping             one round trip: block 0 signals block 1 and waits for its answer, each side's signal after the
                    block's stores and a barrier (an instruction's end): two steps' synchronisation
-  code_cold / warm per KB of straight-line code run after 128 KB of other code, then again at once
+  code_dram / cold / warm   per KB of straight-line code: its first run (from DRAM), after 128 KB of other code
+                   (from L2, unless the loaders pushed it out), then again at once (the instruction cache)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from bench.gpu_common import Report
 SOURCE = Path(__file__).resolve().parent / "kernels" / "latency_probe.cu"
 # latency_probe.cu's enum Slot, in order (tests/bench/test_gpu_latency.py checks)
 SLOTS = ("ns0", "ns1", "clk0", "clk1", "l2", "dram", "l1", "solo", "fence_idle", "fence_stores", "sc_idle", "sc_stores",
-         "ping",
+         "ping", "code_dram",
          *(f"code_cold{i}" for i in range(5)), *(f"code_warm{i}" for i in range(5)), "load_ns", "load_bytes", "sink",
          "error")
 CODE_KB = (8, 16, 32, 64, 128)  # latency_probe.cu CODE_BLOCKS, 4 KB each
@@ -55,6 +56,7 @@ def summarize(raw: dict[str, int]) -> dict[str, float]:
            "l1": ns(raw["l1"], CHASE_STEPS), "solo_gb_s": round(SOLO_BYTES * per_ns / max(raw["solo"], 1), 1),
            "fence_idle": ns(raw["fence_idle"]), "fence_stores": ns(raw["fence_stores"]),
            "sc_idle": ns(raw["sc_idle"]), "sc_stores": ns(raw["sc_stores"]), "ping": ns(raw["ping"], PING_ROUNDS)}
+    out["code_dram_128k"] = ns(raw["code_dram"], max(CODE_KB))
     for i, kb in enumerate(CODE_KB):
         out[f"code_cold_{kb}k"] = ns(raw[f"code_cold{i}"], kb)
         out[f"code_warm_{kb}k"] = ns(raw[f"code_warm{i}"], kb)

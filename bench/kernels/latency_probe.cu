@@ -10,8 +10,10 @@
 //   ping       a signal to block 1 and its answer, through the megakernel's own wait_counter / signal_counter
 //              (mk_common.cuh; this file is built once per MK_SYNC_ACQREL), after the block's stores and a barrier as
 //              an instruction's end does: the per-step synchronisation
-//   code       straight-line code (FFMA chains) run once after 128 KB of other code, then again: an instruction's
-//              first pass through code it has not run lately (the instruction cache) against its warm cost
+//   code       straight-line code (FFMA chains): 128 KB of it the first time (from DRAM: the host's flush left
+//              nothing in L2), then 8-128 KB of it after 128 KB of other code (from L2 where nothing streams) and
+//              again at once (the instruction cache): an instruction's first pass through code it has not run
+//              lately against its warm cost
 // Blocks 2 .. grid - 1 stream a buffer until block 0 is done when `load` is set; block 1 only answers pings.
 #include "mk_common.cuh"
 
@@ -23,6 +25,7 @@ enum Slot {
     S_FENCE_IDLE, S_FENCE_STORES,   // the build's fence_release(), alone and after 16 KB of stores
     S_SC_IDLE, S_SC_STORES,         // __threadfence() likewise (the same as the above where MK_SYNC_ACQREL=0)
     S_PING,                         // cycles for PING_ROUNDS round trips
+    S_CODE_DRAM,                    // all CODE_BLOCKS_ALL blocks, their first run
     S_CODE_COLD0, S_CODE_COLD1, S_CODE_COLD2, S_CODE_COLD3, S_CODE_COLD4,  // CODE_BLOCKS[i] blocks, first pass
     S_CODE_WARM0, S_CODE_WARM1, S_CODE_WARM2, S_CODE_WARM3, S_CODE_WARM4,  // the same, again
     S_LOAD_NS, S_LOAD_BYTES,        // how long the loaders streamed, and how many bytes
@@ -222,11 +225,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) latency_probe(Probe p) {
     dt = ping(g, 0, p.scratch);
     if (t0) out[S_PING] = dt;
     if (threadIdx.x < 32) {  // one warp runs the code (the others would only share its fetches)
-        float sink = 0.f;
+        u64 c0 = clk();
+        float sink = code_run(0, p.y, p.z);
+        if (t0) out[S_CODE_DRAM] = clk() - c0;
         for (int i = 0; i < 5; ++i) {
             sink += code_other(p.y, p.z);
             const int first = CODE_BLOCKS_ALL - CODE_BLOCKS[i];
-            u64 c0 = clk();
+            c0 = clk();
             sink += code_run(first, p.y, p.z);
             const u64 cold = clk() - c0;
             c0 = clk();

@@ -45,6 +45,7 @@ def test_summary_reads_each_figure_from_its_slot() -> None:
     assert got["ping"] == round(raw["ping"] / gpu_latency.PING_ROUNDS / 2, 1)
     assert (got["fence_idle"], got["sc_stores"]) == (raw["fence_idle"] / 2, raw["sc_stores"] / 2)
     assert got["code_cold_8k"] == round(raw["code_cold0"] / 8 / 2, 1)
+    assert got["code_dram_128k"] == round(raw["code_dram"] / 128 / 2, 1)
     assert got["code_warm_128k"] == round(raw["code_warm4"] / 128 / 2, 1)
     assert got["load_tb_s"] == 4.5 and got["error"] == raw["error"]
     text = table({"a.idle": got, "b.load": got})
