@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
 PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream",
-         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8")
+         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8", "gemm_wg")
 # --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
@@ -99,6 +99,10 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_ops.run_act_checks(dev, report, rng)
         gpu_ops.time_producers(dev, report, rng)
+    elif name == "gemm_wg":  # an experiment, not in the default parts: the prefill GEMM on wgmma (sm_90a)
+        from bench import gpu_gemm_wg
+
+        gpu_gemm_wg.run_gemm_wg(dev, report, rng)
     elif name == "stream":  # diagnostic, not in the default parts: mmvq vs its loads alone vs a plain read
         from bench import gpu_stream
 

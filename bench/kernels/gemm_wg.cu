@@ -1,0 +1,188 @@
+// bench/gpu_gemm_wg.py: the prefill matmul on Hopper's warpgroup MMA (wgmma, sm_90a), an experiment beside
+// engine/cuda/kernels/gemm.cu's gemm_cp (mma.sync, ~220 TFLOP/s on the H200: 66 % of a prefill, bench/NOTES.md).
+//
+// y[T, rows] = x[T, K] @ W^T (+ residual) for a K-quant W with a Stage (Q4_K, Q6_K: gemm_cp's types), decoded
+// to scaled f16 (FullFrag). A block is two warpgroups, 128 rows x 128 tokens: each warp decodes its 16 rows of a
+// superblock (the weights staged by cp.async exactly as gemm_cp stages them) into the A registers of m64n128k16
+// (per warp the fragment of mma.sync's m16n8k16), and the 128 tokens' activations of the superblock wait in shared
+// memory as B, in wgmma's K-major core matrices without swizzle. The act layout keeps each token's 16 halves of a
+// step in the mma fragment's order, position p = 4 c + e holding k = 2 c + (e & 1) + 8 (e >> 1), so B's k' (what
+// wgmma takes for k) is that position: a token's 32 bytes of a step are its rows of two core matrices, copied as
+// they are, and the A registers are regrouped to match (wg_regroup). Two slots (weights + activations)
+// double-buffer the superblocks.
+#include "common.cuh"
+#include "quants.cuh"
+#include "stage.cuh"
+
+#define WG_WARPS 8                      // two warpgroups
+#define WG_ROWS (WG_WARPS * 16)         // 128 rows a block
+#define WG_TOKENS 128                   // a warpgroup's N
+#define WG_STEP_BYTES (WG_TOKENS * 32)  // one step's B: 16 token groups x 2 core matrices x 128 bytes
+#define WG_ACT_BYTES (SB_STEPS * WG_STEP_BYTES)  // 64 KB a superblock
+#define WG_SMEM_BYTES (2 * (WG_WARPS * 4096 + WG_ACT_BYTES) + 128)  // the launch's: two slots, any type, aligned
+
+template <int QT>
+struct WgStage {
+    static constexpr int WEIGHTS = WG_WARPS * Stage<QT>::BYTES, BYTES = WEIGHTS + WG_ACT_BYTES;
+    static_assert(WEIGHTS % 128 == 0, "the activations start 128-byte aligned");
+    static_assert(2 * BYTES + 127 <= WG_SMEM_BYTES, "two slots fit the launch's shared memory");
+};
+
+// Matrix descriptor of a K-major B without swizzle at shared address `addr`: core matrices of 8 tokens x 16 bytes,
+// the two k halves 128 bytes apart (leading dimension), the token groups 256 bytes apart (stride dimension).
+__device__ __forceinline__ u64 wg_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(128 >> 4) << 16) | ((u64)(256 >> 4) << 32);
+}
+
+// d[64] += A (this warp's 16 rows of the warpgroup's 64, in registers) x B (16 x 128 at desc).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const u32 (&a)[4], u64 desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#endif
+}
+
+__device__ __forceinline__ void wg_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void wg_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+// The generic proxy's writes to shared memory (the cp.async copies) visible to wgmma's (the async proxy's) reads.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+// The lane's A registers for k' = position (above) from its group of four lanes' mma fragments f (lane c: k 2 c,
+// 2 c + 1 in f[0] / f[1] (rows g / g + 8) and k 2 c + 8, 2 c + 9 in f[2] / f[3]): k' 2 c, 2 c + 1 is lane c / 2's
+// f[0] (c even) or f[2] (c odd), k' 2 c + 8, 2 c + 9 the same of lane 2 + c / 2.
+__device__ __forceinline__ void wg_regroup(const u32 (&f)[4], int c, u32* a) {
+    const int lo = ((threadIdx.x & 31) & ~3) | (c >> 1), hi = lo + 2;
+    const bool odd = c & 1;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // rows g and g + 8
+        const u32 lo0 = __shfl_sync(FULL_MASK, f[r], lo), lo2 = __shfl_sync(FULL_MASK, f[r + 2], lo);
+        const u32 hi0 = __shfl_sync(FULL_MASK, f[r], hi), hi2 = __shfl_sync(FULL_MASK, f[r + 2], hi);
+        a[r] = odd ? lo2 : lo0;
+        a[r + 2] = odd ? hi2 : hi0;
+    }
+}
+
+template <int QT>
+__global__ void __launch_bounds__(WG_WARPS * 32, 1)
+gemm_wg(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ y,
+        const float* __restrict__ residual, int rows, int K, int T, int ldy) {
+    using Q = QTraits<QT>;
+    using F = FullFrag<QT>;
+    using S = Stage<QT>;
+    using G = WgStage<QT>;
+    constexpr int THREADS = WG_WARPS * 32;
+    extern __shared__ __align__(128) u8 ring[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int row0 = blockIdx.y * WG_ROWS + warp * 16, tok0 = blockIdx.x * WG_TOKENS;
+    const int nsb = K / QK_SB, groups = (T + 7) / 8;
+    const u64 ntot = (u64)rows * nsb;
+    const Planes P = Q::planes(w, ntot);
+    const u32 ring_s = (smem_u32(ring) + 127) & ~127u;  // the descriptors address 16-byte units; keep 128
+    const u8* ring_g = ring + (ring_s - smem_u32(ring));
+    typename S::Lane L;
+    S::init(L, row0, rows, nsb, lane);
+    const u32 base[2] = {stage_row_base(row0, g, rows, nsb), stage_row_base(row0, g + 8, rows, nsb)};
+    const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout
+
+    // Superblock sb into slot: the warp's weight tile, then the activations as core matrices: 16-byte chunk q of
+    // the slot's 4096 is step s = q / 256, token group tg = (q / 16) % 16, token n = (q / 2) % 8, half kh = q % 2
+    // of the token's 32 bytes, which is row n of core matrix (tg, kh). Groups past T are zero-filled.
+    auto copy_stage = [&](int slot, int sb) {
+        const u32 dst = ring_s + slot * G::BYTES;
+        S::copy(dst + warp * S::BYTES, P, L, sb, lane, ntot);
+#pragma unroll
+        for (int j = 0; j < WG_ACT_BYTES / 16 / THREADS; ++j) {
+            const int q = tid + THREADS * j, st = q >> 8, tg = (q >> 4) & 15, n = (q >> 1) & 7, kh = q & 1;
+            const int grp = tok0 / 8 + tg;
+            const bool live = grp < groups;
+            const f16* src = live ? act + grp * group_halves + ((i64)sb * SB_STEPS + st) * 128 + n * 16 + kh * 8 : act;
+            cp_async16z(dst + G::WEIGHTS + st * WG_STEP_BYTES + tg * 256 + kh * 128 + n * 16, src, live ? 16u : 0u);
+        }
+    };
+    copy_stage(0, 0);
+    cp_async_commit();
+
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0.f;
+
+    for (int sb = 0; sb < nsb; ++sb) {
+        if (sb + 1 < nsb) copy_stage((sb + 1) & 1, sb + 1);  // its slot's wgmmas finished before the last barrier
+        cp_async_commit();
+        cp_async_wait<1>();   // this thread's copies of superblock sb have landed,
+        fence_proxy_async();  // are visible to the async proxy (wgmma's reads),
+        __syncthreads();      // and so are every other thread's
+        const u8* st = ring_g + (sb & 1) * G::BYTES;
+        typename Q::Row r[2];
+        typename F::Consts k[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            S::read(r[h], st + warp * S::BYTES, g + 8 * h, c, base[h] + sb);
+            F::prepare(r[h], c, k[h]);
+        }
+        const u32 act_s = ring_s + (sb & 1) * G::BYTES + G::WEIGHTS;
+        u32 a[2][4];
+#pragma unroll
+        for (int s = 0; s < SB_STEPS; ++s) {
+            u32* as = a[s & 1];
+            u32 f[4];
+            F::frag(r[0], k[0], c, s, f[0], f[2]);
+            F::frag(r[1], k[1], c, s, f[1], f[3]);
+            wg_regroup(f, c, as);
+            wg_fence();  // the A registers written above, before the wgmma reads them
+            wgmma_m64n128k16(d, a[s & 1], wg_desc(act_s + s * WG_STEP_BYTES));
+            wg_commit();
+            wg_wait<1>();  // the step before is done with a[(s + 1) & 1], which the next step rewrites
+        }
+        wg_wait<0>();
+        __syncthreads();  // every warpgroup is done with the slot the next iteration's copy refills
+    }
+    cp_async_wait<0>();
+    // d[4 i + e]: row g (e < 2) or g + 8 of the warp's 16, token 8 i + 2 c + (e & 1) of the block's 128
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = row0 + g + 8 * (e >> 1), tok = tok0 + 8 * i + 2 * c + (e & 1);
+            if (row >= rows || tok >= T) continue;
+            float v = d[4 * i + e];
+            if (residual) v += residual[(i64)tok * ldy + row];
+            y[(i64)tok * ldy + row] = v;
+        }
+}
+
+template __global__ void gemm_wg<QT_Q4_K>(const u8*, const f16*, float*, const float*, int, int, int, int);
+template __global__ void gemm_wg<QT_Q6_K>(const u8*, const f16*, float*, const float*, int, int, int, int);
