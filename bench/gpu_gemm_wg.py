@@ -45,8 +45,8 @@ def compile_gemm_wg(arch: int):
 
 
 def launch(dev, kernel, w, act, y, residual, num_tokens: int) -> None:
-    """y[T, rows] = act @ W^T (+ residual), one block per 128 rows x 128 tokens."""
-    grid = ((num_tokens + TOKENS - 1) // TOKENS, (w.rows + ROWS - 1) // ROWS)
+    """y[T, rows] = act @ W^T (+ residual), one block per 128 rows x 128 tokens (row tiles along x)."""
+    grid = ((w.rows + ROWS - 1) // ROWS, (num_tokens + TOKENS - 1) // TOKENS)
     dev.launch(kernel, grid, THREADS, [w.buf, act.x16, y, residual, w.rows, w.cols, num_tokens, w.rows], smem=SMEM)
 
 
