@@ -29,7 +29,8 @@ from engine.cuda.repack import device_nbytes, random_blocks  # noqa: E402
 SOURCE = Path(__file__).resolve().parent / "kernels" / "gemm_wg.cu"
 ROWS, TOKENS, THREADS = 128, 128, 256  # gemm_wg.cu: WG_ROWS, WG_TOKENS, WG_WARPS * 32
 SMEM = 2 * (8 * 4096 + 65536) + 128  # gemm_wg.cu WG_SMEM_BYTES: two slots of 8 weight stages and 64 KB of B
-QTYPES = {Q.Q4_K: 12, Q.Q6_K: 14}  # ggml type ids: the kernel's instances
+QTYPES = {Q.Q4_K: 12, Q.Q6_K: 14}  # ggml type ids: the kernel's instances, each drained and overlapped
+KINDS = {"wg": "false", "wgo": "true"}  # gemm_wg<QT, OVERLAP>
 CASES = (("ffn_up", Q.Q4_K), ("ffn_down", Q.Q6_K), ("ffn_down", Q.Q4_K), ("attn_q", Q.Q4_K))
 EDGES = (("odd_rows", Q.Q4_K, 300), ("odd_rows", Q.Q6_K, 77))  # a partial row tile, partial token tiles: checked
 TOL_SAME = 2e-3  # against gemm_cp: the same f16 fragments, f32 sums in another order
@@ -40,7 +41,7 @@ def compile_gemm_wg(arch: int):
     """Both instances for sm_<arch>a, through the kernel cache (bench/precompile.py fills it ahead)."""
     from engine.cuda import nvrtc
 
-    exprs = tuple(f"gemm_wg<{t}>" for t in QTYPES.values())
+    exprs = tuple(f"gemm_wg<{t}, {o}>" for t in QTYPES.values() for o in KINDS.values())
     return nvrtc.compile_cached(SOURCE, arch, exprs, (f"-arch=sm_{arch}a",))
 
 
@@ -56,8 +57,8 @@ def run_gemm_wg(dev, report: Report, rng: np.random.Generator, token_counts=(512
         report.notes.append(f"gemm_wg: sm_{dev.info.arch} has no wgmma (sm_90a only)")
         return
     compiled = compile_gemm_wg(dev.info.arch)
-    kernels = dev.load_kernels(compiled.image, {qt: compiled.symbols[f"gemm_wg<{t}>"] for qt, t in QTYPES.items()},
-                               "gemm_wg")
+    names = {f"{kind}.{qt.name}": f"gemm_wg<{t}, {o}>" for qt, t in QTYPES.items() for kind, o in KINDS.items()}
+    kernels = dev.load_kernels(compiled.image, {n: compiled.symbols[e] for n, e in names.items()}, "gemm_wg")
     for kernel in kernels.values():
         dev.set_max_dynamic_smem(kernel, SMEM)
     print("gemm_wg against gemm_cp (ms, TFLOP/s)", flush=True)
@@ -75,29 +76,38 @@ def run_gemm_wg(dev, report: Report, rng: np.random.Generator, token_counts=(512
             res = dev.to_device(rng.standard_normal((t, rows), dtype=np.float32), "res")
             y_cp, y_wg = dev.alloc(4 * t * rows, "y_cp"), dev.alloc(4 * t * rows, "y_wg")
             variant = f"{name}.{qtype.name}.T{t}"
-            for y, run in ((y_cp, lambda y: ops.matmul(dev, w, act, y, t, rows, residual=res)),
-                           (y_wg, lambda y: launch(dev, kernels[qtype], w, act, y, res, t))):
-                poison(dev, y)
-                run(y)
+            poison(dev, y_cp)
+            ops.matmul(dev, w, act, y_cp, t, rows, residual=res)
             out_cp = dev.download(y_cp, np.float32, (t, rows))
-            out_wg = dev.download(y_wg, np.float32, (t, rows))
             ref = x.astype(np.float64) @ ref_w + dev.download(res, np.float32, (t, rows))[:, pick]
-            ok = compare(report, "gemm_wg", variant, out_wg[:, pick], ref, TOL_F16).ok
-            ok = compare(report, "gemm_wg.same", variant + ".vs_cp", out_wg, out_cp, TOL_SAME).ok and ok
-            cells = [f"{variant:<24} {'ok' if ok else 'WRONG'}"]
-            for kind, fn in (("cp", lambda: ops.matmul(dev, w, act, y_cp, t, rows)),
-                             ("wg", lambda: launch(dev, kernels[qtype], w, act, y_wg, None, t))):
-                if kind == "wg" and not ok:
+            timed = median_time(dev, lambda: ops.matmul(dev, w, act, y_cp, t, rows), reps=10, warmup=2, inner=2)
+            cells = [f"{variant:<24} cp {_record(report, variant, 'cp', rows, cols, t, qtype, *timed)}"]
+            for kind in KINDS:
+                kernel = kernels[f"{kind}.{qtype.name}"]
+                poison(dev, y_wg)
+                launch(dev, kernel, w, act, y_wg, res, t)
+                out = dev.download(y_wg, np.float32, (t, rows))
+                ok = compare(report, f"gemm_{kind}", variant, out[:, pick], ref, TOL_F16).ok
+                ok = compare(report, f"gemm_{kind}.same", variant + ".vs_cp", out, out_cp, TOL_SAME).ok and ok
+                if not ok:  # a wrong kernel is not timed
+                    cells.append(f"{kind} WRONG")
                     continue
-                med, spread = median_time(dev, fn, reps=10, warmup=2, inner=2)
-                tflops = 2.0 * rows * cols * t / (med * 1e-3) / 1e12
-                report.timings.append(Timing("gemm_wg", f"{variant}.{kind}", f"{rows}x{cols}", med, spread,
-                                             device_nbytes(qtype, (rows, cols)), {"tflops": round(tflops, 1)}))
-                cells.append(f"{kind} {med:7.3f} ms {tflops:6.1f}")
+                timed = median_time(dev, lambda k=kernel: launch(dev, k, w, act, y_wg, None, t), reps=10, warmup=2,
+                                    inner=2)
+                cells.append(f"{kind} {_record(report, variant, kind, rows, cols, t, qtype, *timed)}")
             print("  " + " | ".join(cells), flush=True)
             for buf in act.buffers() + [res, y_cp, y_wg]:
                 dev.memory.free(buf)
         dev.memory.free(w.buf)
+
+
+def _record(report: Report, variant: str, kind: str, rows: int, cols: int, t: int, qtype: Q, med: float,
+            spread: float) -> str:
+    """One timing into the report (TFLOP/s over 2 rows cols T); its cell of the printed line."""
+    tflops = 2.0 * rows * cols * t / (med * 1e-3) / 1e12
+    report.timings.append(Timing("gemm_wg", f"{variant}.{kind}", f"{rows}x{cols}", med, spread,
+                                 device_nbytes(qtype, (rows, cols)), {"tflops": round(tflops, 1)}))
+    return f"{med:7.3f} ms {tflops:6.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,11 @@
 // step in the mma fragment's order, position p = 4 c + e holding k = 2 c + (e & 1) + 8 (e >> 1), so B's k' (what
 // wgmma takes for k) is that position: a token's 32 bytes of a step are its rows of two core matrices, copied as
 // they are, and the A registers are regrouped to match (wg_regroup). Two slots (weights + activations)
-// double-buffer the superblocks.
+// double-buffer the superblocks. OVERLAP = false asks for superblock sb + 1 before the barrier that says sb has
+// landed, and ends each superblock with a second barrier (every warpgroup done with its slot); true asks for sb + 1
+// right after that first barrier (which already says both warpgroups are done with sb - 1's slot: each drains its
+// wgmmas at the end of a superblock), one barrier a superblock. (Leaving the wgmmas in flight across superblocks
+// made ptxas serialise them: it cannot follow the A registers around the loop.)
 #include "common.cuh"
 #include "quants.cuh"
 #include "stage.cuh"
@@ -95,7 +99,7 @@ __device__ __forceinline__ void wg_regroup(const u32 (&f)[4], int c, u32* a) {
     }
 }
 
-template <int QT>
+template <int QT, bool OVERLAP>
 __global__ void __launch_bounds__(WG_WARPS * 32, 1)
 gemm_wg(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ y,
         const float* __restrict__ residual, int rows, int K, int T, int ldy) {
@@ -143,11 +147,19 @@ gemm_wg(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
     for (int i = 0; i < 64; ++i) d[i] = 0.f;
 
     for (int sb = 0; sb < nsb; ++sb) {
-        if (sb + 1 < nsb) copy_stage((sb + 1) & 1, sb + 1);  // its slot's wgmmas finished before the last barrier
-        cp_async_commit();
-        cp_async_wait<1>();   // this thread's copies of superblock sb have landed,
+        if (!OVERLAP) {
+            if (sb + 1 < nsb) copy_stage((sb + 1) & 1, sb + 1);  // its slot's wgmmas finished before the last barrier
+            cp_async_commit();
+            cp_async_wait<1>();  // this thread's copies of superblock sb have landed,
+        } else {
+            cp_async_wait<0>();  // (the only copies in flight)
+        }
         fence_proxy_async();  // are visible to the async proxy (wgmma's reads),
         __syncthreads();      // and so are every other thread's
+        if (OVERLAP) {        // and every warpgroup has drained superblock sb - 1, whose slot this refills
+            if (sb + 1 < nsb) copy_stage((sb + 1) & 1, sb + 1);
+            cp_async_commit();
+        }
         const u8* st = ring_g + (sb & 1) * G::BYTES;
         typename Q::Row r[2];
         typename F::Consts k[2];
@@ -171,7 +183,7 @@ gemm_wg(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
             wg_wait<1>();  // the step before is done with a[(s + 1) & 1], which the next step rewrites
         }
         wg_wait<0>();
-        __syncthreads();  // every warpgroup is done with the slot the next iteration's copy refills
+        if (!OVERLAP) __syncthreads();  // every warpgroup is done with the slot the next iteration's copy refills
     }
     cp_async_wait<0>();
     // d[4 i + e]: row g (e < 2) or g + 8 of the warp's 16, token 8 i + 2 c + (e & 1) of the block's 128
@@ -187,5 +199,9 @@ gemm_wg(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
         }
 }
 
-template __global__ void gemm_wg<QT_Q4_K>(const u8*, const f16*, float*, const float*, int, int, int, int);
-template __global__ void gemm_wg<QT_Q6_K>(const u8*, const f16*, float*, const float*, int, int, int, int);
+#define WG_INSTANCE(QT, OVERLAP) \
+    template __global__ void gemm_wg<QT, OVERLAP>(const u8*, const f16*, float*, const float*, int, int, int, int);
+WG_INSTANCE(QT_Q4_K, false)
+WG_INSTANCE(QT_Q4_K, true)
+WG_INSTANCE(QT_Q6_K, false)
+WG_INSTANCE(QT_Q6_K, true)
