@@ -10,7 +10,7 @@ its entry loads it instead (a miss costs nothing but the compile the call would 
 
 DIR holds the GPU machine's libnvrtc.so.13 and libnvrtc-builtins.so.13.0 (`pip install --target T
 "nvidia-cuda-nvrtc==13.0.*"`: T/nvidia/cu13/lib). Compiled: the per-op kernels (each OPENJET_CUDA_DEFINES set
-asked for, and none), the latency probe's two builds, the wgmma GEMM experiment, and the megakernel for the tiny
+asked for, and none; gemm_wg for sm_90a), the latency probe's two builds, and the megakernel for the tiny
 qwen35 of the diff / tiny parts and for the 27B shape (its types from the generator's plan,
 costs.spec_from_config: no 16 GB file here) under OPENJET_MK_DEFINES as set (run it once per setting the call
 uses: the folder accumulates), and the 27B's at each variant of --variants (cycle27b's).
@@ -57,12 +57,10 @@ def megakernel_specs() -> dict:
 
 def compile_job(job: tuple) -> float:
     """One compilation into the cache, in a worker process: (label, nvrtc folder, cache, environment, kind, arch,
-    what) with kind "megakernel" (what: its options), "per-op" (what: a kernel file), "latency" (what: sync) or
-    "gemm_wg"."""
+    what) with kind "megakernel" (what: its options), "per-op" (what: a kernel file) or "latency" (what: sync)."""
     _, nvrtc_dir, cache, env, kind, arch, what = job
     load_nvrtc(nvrtc_dir)
     os.environ.update(env | {"OPENJET_KERNEL_CACHE": cache})
-    from bench.gpu_gemm_wg import compile_gemm_wg
     from bench.gpu_latency import compile_probe
     from engine.cuda import instances, nvrtc
     from engine.cuda.megakernel import build
@@ -72,11 +70,9 @@ def compile_job(job: tuple) -> float:
         build.compile_megakernel(arch, what)
     elif kind == "latency":
         compile_probe(arch, what)
-    elif kind == "gemm_wg":
-        compile_gemm_wg(arch)
     else:
         exprs = tuple(i.expr for i in instances.files()[what])
-        nvrtc.compile_cached(nvrtc.KERNEL_DIR / f"{what}.cu", arch, exprs, nvrtc.kernel_options())
+        nvrtc.compile_cached(nvrtc.KERNEL_DIR / f"{what}.cu", arch, exprs, nvrtc.file_options(what, arch))
     return time.perf_counter() - t0
 
 
@@ -98,8 +94,6 @@ def jobs(args, specs: dict) -> list[tuple]:
                 extra = build.model_options(spec) + build.arch_options(args.arch)
                 out.append((f"megakernel {model} {name}", *common, env, "megakernel", args.arch, extra))
     out += [(f"latency probe sync={sync}", *common, {}, "latency", args.arch, sync) for sync in (0, 1)]
-    if args.arch == 90:
-        out.append(("gemm_wg", *common, {}, "gemm_wg", args.arch, None))
     for defines in ["", *args.cuda_defines]:
         env = {"OPENJET_CUDA_DEFINES": defines}
         out += [(f"{file} {defines}".strip(), *common, env, "per-op", args.arch, file) for file in instances.files()]

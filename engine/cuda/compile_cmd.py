@@ -3,8 +3,9 @@ architecture into the disk cache before the first model load, with progress.
 
 A unit is one NVRTC program: each kernels/<op>.cu file with the name expressions of its instances
 (engine/cuda/instances.py), plus the megakernel's programs once engine/cuda/megakernel exposes them
-(see megakernel_units). Units are compiled exactly as Device loads them (no extra options; a cubin, or PTX for a GPU
-newer than this NVRTC), so the first load afterwards is all cache hits.
+(see megakernel_units). Units are compiled exactly as Device loads them (no extra options but a file's feature set
+where it needs one, unit_options; a cubin, or PTX for a GPU newer than this NVRTC), so the first load afterwards is
+all cache hits.
 
 Progress is one line per file (compile time or "cached"); with --json it is JSON Lines on stdout for a parent
 process, one object per line:
@@ -157,11 +158,21 @@ def resolve_target(gpu_arch: int, supported: list[int]) -> Target:
     return Target(gpu_arch, max(a for a in supported if a <= gpu_arch), True)
 
 
+def unit_options(unit: CompileUnit, target: Target) -> tuple[str, ...]:
+    """The unit's options for this target: a per-op file's own feature set where it needs one (as Device adds it,
+    nvrtc.file_options), after the unit's."""
+    if unit.group != "cuda" or target.is_ptx:
+        return unit.options
+    from engine.cuda import instances
+
+    return unit.options + instances.arch_options(unit.name, target.arch)
+
+
 def cache_entry(unit: CompileUnit, target: Target, directory: Path) -> tuple[Path, Path, str]:
     """(metadata, image, key) of the unit's entry in the cache, named as nvrtc.compile_cached names it (a test
     checks the two agree); the metadata is written last, so its presence means the entry is complete."""
-    key = nvrtc.source_digest(unit.source, (*unit.options, f"ptx={target.is_ptx}"), target.arch, unit.expressions,
-                              unit.kernel_dir)
+    key = nvrtc.source_digest(unit.source, (*unit_options(unit, target), f"ptx={target.is_ptx}"), target.arch,
+                              unit.expressions, unit.kernel_dir)
     stem = directory / f"{unit.source.stem}-{'compute' if target.is_ptx else 'sm'}{target.arch}-{key[:24]}"
     return stem.with_suffix(".json"), stem.with_suffix(".ptx" if target.is_ptx else ".cubin"), key
 
@@ -184,8 +195,8 @@ def compile_unit(unit: CompileUnit, target: Target, directory: Path, is_forced: 
         meta_path.unlink(missing_ok=True)  # metadata first: a half-removed entry is never a hit
         image_path.unlink(missing_ok=True)
     try:
-        out = nvrtc.compile_cached(unit.source, target.arch, unit.expressions, unit.options, unit.kernel_dir,
-                                   directory, ptx=target.is_ptx)
+        out = nvrtc.compile_cached(unit.source, target.arch, unit.expressions, unit_options(unit, target),
+                                   unit.kernel_dir, directory, ptx=target.is_ptx)
     except nvrtc.KernelCompileError as exc:
         log = str(exc).partition("\n")[2] or str(exc)  # the first line repeats the file and target, named fully here
         return FileResult(unit.name, unit.group, "failed", time.perf_counter() - t0, len(unit.expressions),

@@ -281,7 +281,7 @@ class Device:
             # a GPU newer than this NVRTC: PTX for the newest architecture it knows, JIT-compiled by the driver
             arch, ptx = max(a for a in supported if a <= arch), True
         compiled = nvrtc.compile_cached(nvrtc.KERNEL_DIR / f"{file}.cu", arch, tuple(i.expr for i in insts),
-                                        nvrtc.kernel_options(), ptx=ptx)
+                                        nvrtc.file_options(file, arch, ptx), ptx=ptx)
         image = compiled.image + (b"\0" if ptx else b"")
         self._kernels.update(self.load_kernels(image, {i.name: compiled.symbols[i.expr] for i in insts}, file))
 

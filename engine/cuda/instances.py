@@ -64,6 +64,12 @@ ACT_STAGES = 2
 GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0)
 # ... of which these also have the GEMM with cp.async-staged operands (their weights have a kernels/stage.cuh Stage).
 GEMM_CP_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# Weight types of the prefill matmul on warpgroup MMA (kernels/gemm_wg.cu, sm_90a), each drained (gemm_wg_<qt>)
+# and overlapped (gemm_wg_<qt>_o): OPENJET_CUDA_GEMM_WG picks one (ops.py), off by default.
+GEMM_WG_QTYPES = (Q.Q4_K, Q.Q6_K)
+# Files built with an architecture's own feature set (-arch=sm_<arch>a: wgmma) where the GPU is that architecture;
+# for every other target they compile to kernels that trap.
+ARCH_FEATURE_FILES = {"gemm_wg": 90}
 # Weight types the embedding lookup reads (the matmul types plus F32).
 EMBED_QTYPES = (Q.F32,) + MATMUL_QTYPES
 # How the matmul input is produced (kernels/act.cu ACT_*), in template-argument order.
@@ -113,6 +119,8 @@ def _build() -> dict[str, Instance]:
                                 f"mmvq_persist<{int(qt)}, {flags}>"))
     out += [Instance(f"gemm_{qtype_tag(qt)}", "gemm", f"gemm<{int(qt)}>") for qt in GEMM_QTYPES]
     out += [Instance(f"gemm_{qtype_tag(qt)}_cp", "gemm", f"gemm_cp<{int(qt)}>") for qt in GEMM_CP_QTYPES]
+    out += [Instance(f"gemm_wg_{qtype_tag(qt)}{suffix}", "gemm_wg", f"gemm_wg<{int(qt)}, {overlap}>")
+            for qt in GEMM_WG_QTYPES for suffix, overlap in (("", "false"), ("_o", "true"))]
     out += [Instance("mmv_f32", "mmvq", "mmv_f32")]
     out += [Instance(f"act_{mode}", "act", f"act_from<{i}, {ACT_MIN_BLOCKS}, 8>") for i, mode in enumerate(ACT_MODES)]
     out += [Instance(f"act_{mode}_g1", "act", f"act_from<{i}, 1, 8>") for i, mode in enumerate(ACT_MODES)]  # one group
@@ -135,6 +143,11 @@ def _build() -> dict[str, Instance]:
 
 
 INSTANCES: dict[str, Instance] = _build()
+
+
+def arch_options(file: str, arch: int) -> tuple[str, ...]:
+    """NVRTC options a file needs on sm_<arch> beyond the plain target: its feature set where it has one there."""
+    return (f"-arch=sm_{arch}a",) if ARCH_FEATURE_FILES.get(file) == arch else ()
 
 
 def files() -> dict[str, tuple[Instance, ...]]:

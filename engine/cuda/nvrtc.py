@@ -203,13 +203,21 @@ def kernel_options() -> tuple[str, ...]:
     return tuple(f"-D{i}" for i in items)
 
 
+def file_options(file: str, arch: int, ptx: bool = False) -> tuple[str, ...]:
+    """The options a kernel file compiles with for sm_<arch>: OPENJET_CUDA_DEFINES's, and the architecture's
+    feature set where the file needs it (instances.ARCH_FEATURE_FILES; not for PTX, which a newer GPU JITs)."""
+    from engine.cuda import instances
+
+    return kernel_options() + (() if ptx else instances.arch_options(file, arch))
+
+
 def _compile_job(job: tuple[str, int, tuple[str, ...], bool, str | None]) -> tuple[str, int, float, bool]:
     """Worker of compile_all: (file, arch, expressions, ptx, cache directory) -> (file, arch, seconds, from_cache)."""
     import time
 
     file, arch, expressions, ptx, directory = job
     t0 = time.perf_counter()
-    out = compile_cached(KERNEL_DIR / f"{file}.cu", arch, expressions, kernel_options(), ptx=ptx,
+    out = compile_cached(KERNEL_DIR / f"{file}.cu", arch, expressions, file_options(file, arch, ptx), ptx=ptx,
                          directory=Path(directory) if directory else None)
     return file, arch, time.perf_counter() - t0, out.from_cache
 

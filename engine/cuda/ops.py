@@ -13,8 +13,9 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_flag, env_switch, i8b, persist
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, GEMM_CP_QTYPES, GEMM_QTYPES, I8_MAX_TOKENS,
-                                   MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
+from engine.cuda.instances import (ACT_MODES, ACT_STAGES, ARCH_FEATURE_FILES, EMBED_QTYPES, GEMM_CP_QTYPES,
+                                   GEMM_QTYPES, GEMM_WG_QTYPES, I8_MAX_TOKENS, MATMUL_QTYPES, PERSIST_QTYPES,
+                                   STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
 MMVQ_WARPS = 8
@@ -139,6 +140,38 @@ GEMM_STAGED = True
 def _gemm_cp_smem(qtype: Q) -> int:
     """gemm_cp's dynamic shared memory: GEMM_STAGES slots of 8 weight tiles and the activations."""
     return GEMM_STAGES * (8 * STAGE_SHAPE[qtype][1] + GEMM_ACT_BYTES)
+
+
+# The prefill matmul on warpgroup MMA (kernels/gemm_wg.cu: sm_90a, 128 rows x 128 tokens a block of two
+# warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained) or 2 (overlapped) runs it in place of gemm_cp for
+# its types from GEMM_WG_MIN_TOKENS tokens on; 0, the default, until bench/gpu_gemm_wg.py has checked and timed it
+# on the GPU (bench/NOTES.md Y3).
+GEMM_WG_ENV = "OPENJET_CUDA_GEMM_WG"
+GEMM_WG_MIN_TOKENS = 64
+GEMM_WG_ROWS, GEMM_WG_TOKENS, GEMM_WG_THREADS = 128, 128, 256
+GEMM_WG_SMEM = 2 * (8 * 4096 + 16 * GEMM_WG_TOKENS * 32) + 128  # gemm_wg.cu WG_SMEM_BYTES
+
+
+def _gemm_wg_mode() -> int:
+    """OPENJET_CUDA_GEMM_WG: 0 (unset), 1 or 2; anything else is an error naming the variable."""
+    import os
+
+    value = os.environ.get(GEMM_WG_ENV, "0")
+    if value not in ("0", "1", "2"):
+        raise ValueError(f"{GEMM_WG_ENV}={value!r}: expected 0 (off), 1 (drained) or 2 (overlapped)")
+    return int(value)
+
+
+GEMM_WG = _gemm_wg_mode()
+
+
+def gemm_wg_instance(arch: int, qtype: Q, num_tokens: int, cols: int, has_bias: bool) -> str | None:
+    """The gemm_wg instance a prefill matmul takes, or None: asked for, the GPU its file is built for (sm_90), a
+    type with it, enough tokens, whole superblocks, no bias (it adds a residual only)."""
+    if (not GEMM_WG or ARCH_FEATURE_FILES["gemm_wg"] != arch or qtype not in GEMM_WG_QTYPES
+            or num_tokens < GEMM_WG_MIN_TOKENS or cols % 256 or has_bias):
+        return None
+    return f"gemm_wg_{qtype_tag(qtype)}" + ("_o" if GEMM_WG == 2 else "")
 
 
 def gemm_runs_cp(qtype: Q, max_smem: int) -> bool:
@@ -280,6 +313,14 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         produce(dev, producer, act, num_tokens)
     gemm = DISPATCH.get(("gemm", w.qtype))
     if gemm is not None and num_tokens >= GEMM_MIN_TOKENS:
+        wg = gemm_wg_instance(dev.info.arch, w.qtype, num_tokens, w.cols, bias is not None)
+        if wg is not None:  # row tiles along x (gemm_wg.cu: the blocks in flight share a token tile)
+            kernel = dev.kernel(wg)
+            dev.set_max_dynamic_smem(kernel, GEMM_WG_SMEM)
+            grid = ((w.rows + GEMM_WG_ROWS - 1) // GEMM_WG_ROWS, (num_tokens + GEMM_WG_TOKENS - 1) // GEMM_WG_TOKENS)
+            dev.launch(kernel, grid, GEMM_WG_THREADS, [w.buf, act.x16, y, residual, w.rows, w.cols, num_tokens, ld_y],
+                       smem=GEMM_WG_SMEM)
+            return
         grid = ((num_tokens + GEMM_TOKENS - 1) // GEMM_TOKENS, (w.rows + GEMM_ROWS - 1) // GEMM_ROWS)
         args = [w.buf, act.x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y]
         if gemm_runs_cp(w.qtype, dev.info.max_smem_per_block):

@@ -52,7 +52,7 @@ def test_every_instance_compiles_for_sm90_and_a_second_run_is_all_cache_hits() -
     # The entries are the ones Device loads: same key, every instance's symbol in its cubin.
     for file, insts in files.items():
         loaded = nvrtc.compile_cached(nvrtc.KERNEL_DIR / f"{file}.cu", 90, tuple(i.expr for i in insts),
-                                      directory=cache)
+                                      nvrtc.file_options(file, 90), directory=cache)
         assert loaded.from_cache and loaded.image[:4] == b"\x7fELF", file
         assert all(loaded.symbols[i.expr].encode() + b"\0" in loaded.image for i in insts), file
     second = run_compile(cache, "--arch", "sm_90")

@@ -39,7 +39,7 @@ def test_every_instance_is_exported_from_its_cubin(kernel_cache) -> None:
     for file, insts in instances.files().items():
         for arch in ARCHS:
             compiled = nvrtc.compile_cached(nvrtc.KERNEL_DIR / f"{file}.cu", arch, tuple(i.expr for i in insts),
-                                            directory=directory)
+                                            nvrtc.file_options(file, arch), directory=directory)
             assert compiled.from_cache, f"{file} sm_{arch} was not cached by the first compilation"
             assert compiled.image[:4] == b"\x7fELF", f"{file} sm_{arch}: not an ELF cubin"
             for inst in insts:

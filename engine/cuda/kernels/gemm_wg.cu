@@ -1,5 +1,6 @@
-// bench/gpu_gemm_wg.py: the prefill matmul on Hopper's warpgroup MMA (wgmma, sm_90a), an experiment beside
-// engine/cuda/kernels/gemm.cu's gemm_cp (mma.sync, ~220 TFLOP/s on the H200: 66 % of a prefill, bench/NOTES.md).
+// The prefill matmul on Hopper's warpgroup MMA (wgmma): built for sm_90a alone (instances.ARCH_FEATURE_FILES; on
+// every other target the kernel traps), run by ops.matmul where OPENJET_CUDA_GEMM_WG asks for it (off by default:
+// bench/gpu_gemm_wg.py checks and times it against gemm_cp first, bench/NOTES.md Y3).
 //
 // y[T, rows] = x[T, K] @ W^T (+ residual) for a K-quant W with a Stage (Q4_K, Q6_K: gemm_cp's types), decoded
 // to scaled f16 (FullFrag). A block is two warpgroups, 128 rows x 128 tokens: each warp decodes its 16 rows of a
@@ -103,6 +104,8 @@ template <int QT, bool OVERLAP>
 __global__ void __launch_bounds__(WG_WARPS * 32, 1)
 gemm_wg(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ y,
         const float* __restrict__ residual, int rows, int K, int T, int ldy) {
+    PDL_ENTER();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Q = QTraits<QT>;
     using F = FullFrag<QT>;
     using S = Stage<QT>;
@@ -197,11 +200,7 @@ gemm_wg(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
             if (residual) v += residual[(i64)tok * ldy + row];
             y[(i64)tok * ldy + row] = v;
         }
+#else
+    __trap();  // a build for another target: launching it is a dispatch bug
+#endif
 }
-
-#define WG_INSTANCE(QT, OVERLAP) \
-    template __global__ void gemm_wg<QT, OVERLAP>(const u8*, const f16*, float*, const float*, int, int, int, int);
-WG_INSTANCE(QT_Q4_K, false)
-WG_INSTANCE(QT_Q4_K, true)
-WG_INSTANCE(QT_Q6_K, false)
-WG_INSTANCE(QT_Q6_K, true)

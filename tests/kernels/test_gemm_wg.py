@@ -1,0 +1,77 @@
+"""The prefill matmul on warpgroup MMA (kernels/gemm_wg.cu): built with sm_90a's feature set for sm_90 alone and a
+trapping stub elsewhere, compiled into asynchronous warpgroup MMAs with A in registers, launched by ops.matmul only
+where OPENJET_CUDA_GEMM_WG asks, with the kernel's own tile and shared-memory sizes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine.cuda import instances, nvrtc, ops
+
+SOURCE = (nvrtc.KERNEL_DIR / "gemm_wg.cu").read_text()
+EXPRS = tuple(i.expr for i in instances.files()["gemm_wg"])
+
+
+def define(name: str) -> str:
+    return re.search(rf"#define {name} (.+?)(?:\s+//|$)", SOURCE, re.M).group(1).strip()
+
+
+def test_launch_constants_are_the_kernels() -> None:
+    warps = int(define("WG_WARPS"))
+    assert ops.GEMM_WG_THREADS == 32 * warps and ops.GEMM_WG_TOKENS == int(define("WG_TOKENS"))
+    assert ops.GEMM_WG_ROWS == 16 * warps  # WG_ROWS: 16 rows a warp
+    assert define("WG_SMEM_BYTES") == "(2 * (WG_WARPS * 4096 + WG_ACT_BYTES) + 128)"
+    assert define("WG_ACT_BYTES") == "(SB_STEPS * WG_STEP_BYTES)" and define("WG_STEP_BYTES") == "(WG_TOKENS * 32)"
+    assert ops.GEMM_WG_SMEM == 2 * (warps * 4096 + 16 * ops.GEMM_WG_TOKENS * 32) + 128
+    assert {i.name for i in instances.files()["gemm_wg"]} == {
+        f"gemm_wg_{t}{o}" for t in ("q4_K", "q6_K") for o in ("", "_o")}
+
+
+def test_only_sm_90_builds_it_with_its_feature_set() -> None:
+    assert nvrtc.file_options("gemm_wg", 90) == ("-arch=sm_90a",)
+    assert nvrtc.file_options("gemm_wg", 90, ptx=True) == () and nvrtc.file_options("gemm_wg", 89) == ()
+    assert all(instances.arch_options(f, 90) == () for f in instances.files() if f != "gemm_wg")
+
+
+def test_sm_90a_build_is_asynchronous_warpgroup_mma_without_spills() -> None:
+    path = nvrtc.KERNEL_DIR / "gemm_wg.cu"
+    cubin = nvrtc.compile_file(path, 90, EXPRS, nvrtc.file_options("gemm_wg", 90) + ("--ptxas-options=-v",))
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", cubin.log)
+    assert len(spills) == 4 and all(s == ("0", "0") for s in spills), cubin.log
+    assert "serialized" not in cubin.log  # ptxas keeps the wgmmas asynchronous (its C7513 warning where it cannot)
+    ptx = nvrtc.compile_file(path, 90, EXPRS, nvrtc.file_options("gemm_wg", 90), ptx=True).image.decode()
+    assert ".target sm_90a" in ptx
+    mma = r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16 \{[^}]*\}, \{[^}]*\}"  # {d}, {a}: A in registers
+    assert len(re.findall(mma, ptx)) == 4 * 16  # a step's, 16 a superblock, in each of the four instances
+    for op in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
+               "fence.proxy.async.shared::cta"):
+        assert op in ptx
+    # anywhere else the kernels trap rather than leave y unwritten
+    other = nvrtc.compile_file(path, 80, EXPRS, nvrtc.file_options("gemm_wg", 80), ptx=True).image.decode()
+    assert "wgmma" not in other and other.count("trap;") >= len(EXPRS)
+
+
+def test_matmul_takes_it_only_where_asked(monkeypatch) -> None:
+    monkeypatch.setattr(ops, "GEMM_WG", 0)
+    assert ops.gemm_wg_instance(90, Q.Q4_K, 512, 5120, False) is None  # off by default
+    monkeypatch.setattr(ops, "GEMM_WG", 1)
+    assert ops.gemm_wg_instance(90, Q.Q4_K, 512, 5120, False) == "gemm_wg_q4_K"
+    assert ops.gemm_wg_instance(90, Q.Q6_K, ops.GEMM_WG_MIN_TOKENS, 17408, False) == "gemm_wg_q6_K"
+    for args in ((89, Q.Q4_K, 512, 5120, False), (120, Q.Q4_K, 512, 5120, False), (90, Q.Q5_K, 512, 5120, False),
+                 (90, Q.Q4_K, ops.GEMM_WG_MIN_TOKENS - 1, 5120, False), (90, Q.Q4_K, 512, 5000, False),
+                 (90, Q.Q4_K, 512, 5120, True)):
+        assert ops.gemm_wg_instance(*args) is None, args
+    monkeypatch.setattr(ops, "GEMM_WG", 2)
+    assert ops.gemm_wg_instance(90, Q.Q4_K, 8192, 5120, False) == "gemm_wg_q4_K_o"
+    assert all(name in instances.INSTANCES for name in ("gemm_wg_q4_K", "gemm_wg_q4_K_o", "gemm_wg_q6_K_o"))
+
+
+def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
+    monkeypatch.setenv(ops.GEMM_WG_ENV, "on")
+    with pytest.raises(ValueError, match="OPENJET_CUDA_GEMM_WG='on'"):
+        ops._gemm_wg_mode()
+    monkeypatch.setenv(ops.GEMM_WG_ENV, "2")
+    assert ops._gemm_wg_mode() == 2
