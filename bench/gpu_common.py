@@ -8,6 +8,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,19 @@ from engine.cuda.device import Buffer, Device  # noqa: E402
 NAN_BITS = 0x7FC00000  # f32 quiet NaN: outputs are poisoned with it before every checked launch
 TOL_F32 = 1e-3  # ||out - ref|| / ||ref|| for float32 arithmetic
 TOL_F16 = 1e-2  # with f16 (or int8) operands
+
+
+@contextmanager
+def patched(obj, **values):
+    """obj's attributes set to values for the block (a module's switches, e.g. ops.GEMM_STAGED), as they were after."""
+    saved = {name: getattr(obj, name) for name in values}
+    for name, value in values.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(obj, name, value)
 
 
 def results_json(obj, depth: int = 0, flat_at: int = 4) -> str:

@@ -10,12 +10,10 @@ the way there. The engine runs gemm_wg only where OPENJET_CUDA_GEMM_WG asks, unt
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from bench.gpu_common import TOL_F16, Report, Timing, compare, median_time, poison
+from bench.gpu_common import TOL_F16, Report, Timing, compare, median_time, patched, poison
 from bench.gpu_kernels import SHAPES_27B, _reference_rows
 from engine.cuda import ops
 from engine.cuda.repack import device_nbytes, random_blocks
@@ -27,14 +25,9 @@ TOL_SAME = 2e-3  # against gemm_cp: the same f16 fragments, f32 sums in another 
 REF_ROWS = 64
 
 
-@contextmanager
 def gemm_wg(mode: int):
     """ops.matmul's prefill GEMM: gemm_wg in this mode (0: gemm_cp), and as it was again after."""
-    saved, ops.GEMM_WG = ops.GEMM_WG, mode
-    try:
-        yield
-    finally:
-        ops.GEMM_WG = saved
+    return patched(ops, GEMM_WG=mode)
 
 
 def run_gemm_wg(dev, report: Report, rng: np.random.Generator, token_counts=(512, 2048, 8192)) -> None:

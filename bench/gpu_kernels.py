@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, poison
+from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, patched, poison
 from engine.cuda import i8b, instances, ops
 from engine.cuda.device import PDL_MIN_ARCH, Buffer, CudaError, Device
 from engine.cuda.repack import device_nbytes, random_blocks
@@ -201,14 +201,9 @@ def verify_i8(on: bool, warps: int | None = None, spare: int | None = None):
          i8b.VERIFY_FAST_TOKENS) = saved
 
 
-@contextmanager
 def gemm_staged(on: bool):
     """ops.GEMM_STAGED set to `on` for the block, restored after it."""
-    saved, ops.GEMM_STAGED = ops.GEMM_STAGED, on
-    try:
-        yield
-    finally:
-        ops.GEMM_STAGED = saved
+    return patched(ops, GEMM_STAGED=on)
 
 
 def _runs_gemm_cp(dev: Device, qtype: Q, num_tokens: int) -> bool:
