@@ -106,8 +106,11 @@ def run_latency_probe(dev, report: Report, rng: np.random.Generator) -> dict[str
     try:
         for sync in (0, 1):
             compiled = compile_probe(dev.info.arch, sync)
-            k = dev.load_kernels(compiled.image, {n: compiled.symbols[n] for n in ("latency_probe", "latency_ring")},
-                                 f"latency_probe.sync{sync}")
+            # a name per build: Device keeps a kernel's shared-memory opt-in by name (the second build's launch
+            # failed with CUDA_ERROR_INVALID_VALUE when both were "latency_probe", 2026-12-05)
+            loaded = dev.load_kernels(compiled.image, {f"{n}.sync{sync}": compiled.symbols[n]
+                                                       for n in ("latency_probe", "latency_ring")}, "latency_probe")
+            k = {n.split(".")[0]: kernel for n, kernel in loaded.items()}
             dev.set_max_dynamic_smem(k["latency_probe"], smem)
             if sync == 0:
                 _ring(dev, k["latency_ring"], bufs["l2"], *L2_RING, rng)
