@@ -13,13 +13,14 @@
 //                        the global counter (stage, opcode) that later instructions wait on.
 // The controller and the consumers meet through named barriers (ready / free per ring slot), so no role waits on
 // another for longer than the slot it needs.
-// MK_W_EVICT_FIRST=1 (a benchmark knob, off until measured): the rings' weight copies mark their L2 lines first to
-// go (kernels/common.cuh cp_async16_w), so that the kernel's code stays in L2 from one layer to the next instead of
-// being fetched from DRAM by every instruction's first warps (the leading suspect for an instruction's first batch
-// costing ~5-8 us beyond its bytes, and for the phases without weights being slow: bench/MEGAKERNEL.md Status).
-#ifdef MK_W_EVICT_FIRST
-#define WEIGHT_EVICT_FIRST MK_W_EVICT_FIRST
+// MK_W_EVICT_FIRST (default 1; 0 builds the old normal-priority copies for an A/B): the rings' weight copies mark
+// their L2 lines first to go (kernels/common.cuh cp_async16_w), so that the kernel's code, activations and counters
+// stay in L2 from one layer to the next instead of being pushed out by the weights' stream, which each pass reads
+// once (round 10, bench/MEGAKERNEL.md: the 27B d = 0 cycle 12.09 -> 10.81 ms, every phase faster).
+#ifndef MK_W_EVICT_FIRST
+#define MK_W_EVICT_FIRST 1
 #endif
+#define WEIGHT_EVICT_FIRST MK_W_EVICT_FIRST
 #include "mk_common.cuh"
 #include "matvec.cuh"
 #include "prefetch.cuh"
