@@ -17,7 +17,8 @@ struct HeadNormOp {
         static __device__ void run(const Globals& g, const Parsed& p, int stage, Smem& s) {
             const bool mtp = stage_is_mtp(g, stage);
             const float* weight = mtp ? layer_refs(g, g.num_layers).v[LV_HEAD_NORM] : g.output_norm;
-            norm_into_act(g, stage, weight, p.sb_begin, p.sb_end, mtp ? g.mtp_hidden : g.hidden, s);
+            // the MTP pass's act: OP_DRAFT_HEAD reads its last row alone, on the one-row int8 path
+            norm_into_act(g, stage, weight, p.sb_begin, p.sb_end, mtp ? g.mtp_hidden : g.hidden, s, mtp);
         }
     };
 };
