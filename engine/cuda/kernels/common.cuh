@@ -245,12 +245,14 @@ __device__ __forceinline__ void cp_async4(u32 dst, const void* src, u32 src_byte
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-// The weight streams' copies (stage.cuh). WEIGHT_EVICT_FIRST=1 (a benchmark knob; the megakernel's
-// MK_W_EVICT_FIRST) marks their lines first to go from L2: a pass reads each weight once, and at normal priority
-// its ~16 GB turn the 60 MB L2 over every ~15 us, taking with them what is read again (the megakernel's code, which
-// each layer then fetches from DRAM anew, its activations and counters).
+// The weight streams' copies (stage.cuh). WEIGHT_EVICT_FIRST (default 1; the megakernel's MK_W_EVICT_FIRST) marks
+// their lines first to go from L2: a pass reads each weight once, and at normal priority its ~16 GB turn the 60 MB
+// L2 over every ~15 us, taking with them what is read again (each launch's code and parameters, the activations,
+// the megakernel's code and counters). H200, 2026-12-05: the 27B pass 6.88 -> 6.74 ms at T = 1, 9.59 -> 9.37 at
+// T = 5 (bench/NOTES.md Y0); the megakernel's d = 0 cycle 12.10 -> 10.74 ms. The prefill GEMMs read each weight
+// tile again for every token tile, so they keep normal priority (gemm.cu, gemm_wg.cu: 0 before this header).
 #ifndef WEIGHT_EVICT_FIRST
-#define WEIGHT_EVICT_FIRST 0
+#define WEIGHT_EVICT_FIRST 1
 #endif
 // The policy `createpolicy.fractional.L2::evict_first.b64 p, 1.0` makes (NVRTC 13 folds it to this constant on
 // sm_80, 89, 90 and 120), written as the constant: in the megakernel the instruction's result sat in a register

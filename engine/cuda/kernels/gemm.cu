@@ -1,4 +1,7 @@
 // Prefill matmul on tensor cores (the act layout and fragment order are those of mmvq.cu / quants.cuh).
+#ifndef WEIGHT_EVICT_FIRST
+#define WEIGHT_EVICT_FIRST 0  // a weight tile is read again by every token tile (common.cuh)
+#endif
 #include "common.cuh"
 #include "quants.cuh"
 #include "stage.cuh"

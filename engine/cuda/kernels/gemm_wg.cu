@@ -15,6 +15,9 @@
 // right after that first barrier (which already says both warpgroups are done with sb - 1's slot: each drains its
 // wgmmas at the end of a superblock), one barrier a superblock. (Leaving the wgmmas in flight across superblocks
 // made ptxas serialise them: it cannot follow the A registers around the loop.)
+#ifndef WEIGHT_EVICT_FIRST
+#define WEIGHT_EVICT_FIRST 0  // a weight tile is read again by every token tile (common.cuh)
+#endif
 #include "common.cuh"
 #include "quants.cuh"
 #include "stage.cuh"
