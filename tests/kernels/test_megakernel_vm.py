@@ -346,3 +346,17 @@ def test_smaller_key_splits_keep_the_reference_tokens(model_path, greedy_referen
         assert result.tokens == want_tokens[pos : pos + len(result.tokens)], f"cycle at token {pos}"
         for i in range(len(result.tokens)):
             np.testing.assert_allclose(mk.last_logits[i], want_logits[pos + i], rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("defines, rows, alone, written", [
+    ("", 1, False, True), ("", 5, False, False), ("", 5, True, True),
+    ("MK_ACT8_ALL_ROWS=1", 5, False, True), ("MK_MV_I8ROWS=1", 3, False, True), ("MK_MV_I8=2", 2, False, True),
+    ("MK_ACT8_ALL_ROWS=0", 2, False, False)])
+def test_act_h_int8_copy_follows_the_kernels_rule(monkeypatch, defines: str, rows: int, alone: bool,
+                                                  written: bool) -> None:
+    """The VM's mirror of norm_act.cuh: the int8 copy at one row, at every row count under the knobs that read it
+    there, and for the MTP pass's head norm, whose last row OP_DRAFT_HEAD reads alone."""
+    from engine.cuda.megakernel.solvers import act_h_int8_written
+
+    monkeypatch.setenv("OPENJET_MK_DEFINES", defines)
+    assert act_h_int8_written(rows, alone) is written

@@ -77,12 +77,26 @@ def _matmul_input(vm: VirtualMachine, inst, norm: str) -> np.ndarray:
     return vm.mem["act_h"][:rows]
 
 
-def _norm_into_act(vm: VirtualMachine, inst, weight: np.ndarray, hidden: str | None) -> None:
-    """act_h (and `hidden`) superblocks of RMSNorm(x) * weight for the stage's rows."""
+def act_h_int8_written(rows: int, last_row_alone: bool) -> bool:
+    """Mirror of norm_act.cuh: whether a norm writes act_h's int8 copy at `rows` rows - where a matmul reads it
+    (one row; every row count with MK_MV_I8=2, MK_MV_I8ROWS or MK_ACT8_ALL_ROWS) and where its caller says one
+    row is read alone (the MTP pass's head norm: OP_DRAFT_HEAD)."""
+    if rows == 1 or last_row_alone:
+        return True
+    def knob(name: str) -> int:
+        return int(build.tuning_define(name) or 0)
+    return int(build.tuning_define("MK_MV_I8") or 1) >= 2 or bool(knob("MK_MV_I8ROWS") or knob("MK_ACT8_ALL_ROWS"))
+
+
+def _norm_into_act(vm: VirtualMachine, inst, weight: np.ndarray, hidden: str | None,
+                   last_row_alone: bool = False) -> None:
+    """act_h (and `hidden`) superblocks of RMSNorm(x) * weight for the stage's rows; vm.act_h_int8 says whether
+    the kernel's int8 copy of them is written too (its one-row readers check it)."""
     rows, x = vm.rows(inst.stage), vm.mem[vm.x_name(inst.stage)]
     normed = ops.rms_norm(x[:rows], weight, vm.cfg.rms_eps)
     cols = _cols(inst.sb_begin, inst.sb_end, vm.cfg.hidden_size)
     vm.mem["act_h"][:rows, cols] = normed[:, cols]
+    vm.act_h_int8 = act_h_int8_written(rows, last_row_alone)
     if hidden is not None:
         vm.mem[hidden][:rows, cols] = normed[:, cols]
 
@@ -106,7 +120,7 @@ def head_norm(vm: VirtualMachine, inst: I.HeadNorm) -> None:
     """act_h = hidden = RMSNorm(x) * output_norm (shared_head_norm in the MTP stages)."""
     is_mtp = inst.stage != head_stage(vm.cfg)
     weight = vm.vector(vm.spec.mtp_layer, "nextn.shared_head_norm") if is_mtp else vm.weights.output_norm
-    _norm_into_act(vm, inst, weight, "mtp_hidden" if is_mtp else "hidden")
+    _norm_into_act(vm, inst, weight, "mtp_hidden" if is_mtp else "hidden", last_row_alone=is_mtp)
 
 
 def conv_rows(vm: VirtualMachine, layer: int, c0: int, c1: int, qkv: np.ndarray) -> None:
@@ -400,6 +414,9 @@ def draft_head(vm: VirtualMachine, inst: I.DraftHead) -> None:
     if not vm.drafts(inst.stage):
         return
     last, r = vm.rows(inst.stage) - 1, slice(inst.row_begin, inst.row_end)
+    if not vm.act_h_int8:  # the kernel's one-row matmul would read a stale int8 copy of that row
+        raise RuntimeError(f"DRAFT_HEAD reads row {last} of act_h alone, whose int8 copy the head norm did not write "
+                           f"at {last + 1} rows (norm_act.cuh)")
     layer, key = vm.spec.mtp_output_key()
     logits = ops.matmul(vm.mem["act_h"][last : last + 1], vm.matrix(layer, key)[r])[0]
     vm.mem["draft_logits"][0, r] = logits

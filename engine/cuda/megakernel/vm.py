@@ -43,6 +43,7 @@ class VirtualMachine:
                                   self.config.num_sms)
         self.mem = {s.name: np.zeros(s.shape, NUMPY_DTYPES[s.kind]) for s in self.specs}
         self.ctl = self.mem["ctl"]
+        self.act_h_int8 = False  # whether act_h's int8 copy holds its current rows (solvers._norm_into_act)
         self.proj_offsets = proj_offsets(self.cfg)
         self.order, self._rng = order, np.random.default_rng(seed)
 
