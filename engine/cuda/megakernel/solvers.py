@@ -83,6 +83,7 @@ def act_h_int8_written(rows: int, last_row_alone: bool) -> bool:
     row is read alone (the MTP pass's head norm: OP_DRAFT_HEAD)."""
     if rows == 1 or last_row_alone:
         return True
+
     def knob(name: str) -> int:
         return int(build.tuning_define(name) or 0)
     return int(build.tuning_define("MK_MV_I8") or 1) >= 2 or bool(knob("MK_MV_I8ROWS") or knob("MK_ACT8_ALL_ROWS"))
