@@ -13,14 +13,13 @@
 //                        the global counter (stage, opcode) that later instructions wait on.
 // The controller and the consumers meet through named barriers (ready / free per ring slot), so no role waits on
 // another for longer than the slot it needs.
-// MK_W_EVICT_FIRST (default 1; 0 builds the old normal-priority copies for an A/B): the rings' weight copies mark
-// their L2 lines first to go (kernels/common.cuh cp_async16_w), so that the kernel's code, activations and counters
-// stay in L2 from one layer to the next instead of being pushed out by the weights' stream, which each pass reads
-// once (round 10, bench/MEGAKERNEL.md: the 27B d = 0 cycle 12.09 -> 10.81 ms, every phase faster).
-#ifndef MK_W_EVICT_FIRST
-#define MK_W_EVICT_FIRST 1
-#endif
+// The rings' weight copies mark their L2 lines first to go (kernels/common.cuh WEIGHT_EVICT_FIRST, default 1), so
+// that the kernel's code, activations and counters stay in L2 from one layer to the next instead of being pushed
+// out by the weights' stream, which each pass reads once (bench/MEGAKERNEL.md rounds 10-11: the 27B d = 0 cycle
+// 12.10 -> 10.74 ms, every phase faster). MK_W_EVICT_FIRST=0 builds the normal-priority copies for an A/B.
+#ifdef MK_W_EVICT_FIRST
 #define WEIGHT_EVICT_FIRST MK_W_EVICT_FIRST
+#endif
 #include "mk_common.cuh"
 #include "matvec.cuh"
 #include "prefetch.cuh"

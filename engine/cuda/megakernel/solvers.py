@@ -84,9 +84,10 @@ def act_h_int8_written(rows: int, last_row_alone: bool) -> bool:
     if rows == 1 or last_row_alone:
         return True
 
-    def knob(name: str) -> int:
-        return int(build.tuning_define(name) or 0)
-    return int(build.tuning_define("MK_MV_I8") or 1) >= 2 or bool(knob("MK_MV_I8ROWS") or knob("MK_ACT8_ALL_ROWS"))
+    def knob(name: str, default: int = 0) -> int:  # the kernel's value of a define (mv_int8.cuh, norm_act.cuh)
+        value = build.tuning_define(name)
+        return default if value is None else int(value)
+    return knob("MK_MV_I8", 1) >= 2 or knob("MK_MV_I8ROWS") != 0 or knob("MK_ACT8_ALL_ROWS") != 0
 
 
 def _norm_into_act(vm: VirtualMachine, inst, weight: np.ndarray, hidden: str | None,
