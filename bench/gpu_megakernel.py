@@ -104,11 +104,11 @@ def diff_sweeps(dev, report: Report, path: Path, op_name: str, detail_layers: in
     spec = ModelSpec.from_tensors(tensors)
     gpu = GpuExecutor(dev, spec, tensors, capacity_for(512))
     vm = VirtualMachine(spec, load_weights(tensors), capacity_for(512), gpu.config, order="program")
-    if 0 in depths:  # each int8 copy at one row: the encoding of the act its writer left (act8_store, act8_fill)
-        prepare(vm, PROMPT, [])
-        for name, (stage, op), frac in act8_checks(vm, gpu):
-            record(report, op_name + "_act8", f"{name}.s{stage}.{op.name}", "row 0 levels", frac, 1e-3)
     for drafts in ([7, 8, 9, 10][:d] for d in depths):
+        # each int8 copy its writer forms at 1 + d rows: the encoding of the act it left (act8_store, act8_fill)
+        prepare(vm, PROMPT, drafts)
+        for name, (stage, op), frac in act8_checks(vm, gpu):
+            record(report, op_name + "_act8", f"d{len(drafts)}.{name}.s{stage}.{op.name}", "levels", frac, 1e-3)
         prepare(vm, PROMPT, drafts)
         for (stage, op), diffs in sweep(vm, gpu, detail_layers=detail_layers):
             worst = max(diffs, key=lambda d: (not d.ok, d.rel_err))

@@ -360,3 +360,16 @@ def test_act_h_int8_copy_follows_the_kernels_rule(monkeypatch, defines: str, row
 
     monkeypatch.setenv("OPENJET_MK_DEFINES", defines)
     assert act_h_int8_written(rows, alone) is written
+
+
+@pytest.mark.parametrize("defines, rows, written", [
+    ("", 1, True), ("", 2, False), ("MK_MV_I8ROWS=1", 5, True), ("MK_MV_I8ROWS=1", 6, False),
+    ("MK_MV_I8ROWS=1,MK_ACT8_FILL_ROWS=0", 3, False), ("MK_ACT8_FILL_ROWS=1", 4, True), ("MK_ACT8_FILL=0", 1, False)])
+def test_fill_acts_int8_copy_follows_the_kernels_rule(monkeypatch, defines: str, rows: int, written: bool) -> None:
+    """The mirror of mk_common.cuh act8_fill_at (act_ffn's and act_mix's int8 copy, which the diff checks): one
+    row by default, 2 to 5 rows where MK_ACT8_FILL_ROWS (MK_MV_I8ROWS's value unless given) asks, none without
+    MK_ACT8_FILL."""
+    from engine.cuda.megakernel.solvers import act8_fill_written
+
+    monkeypatch.setenv("OPENJET_MK_DEFINES", defines)
+    assert act8_fill_written(rows) is written

@@ -19,7 +19,7 @@ from engine.cuda.megakernel.instructions import Op
 from engine.cuda.megakernel.errors import MegakernelError
 from engine.cuda.megakernel.layout import LW, MAX_DRAFT, MAX_ROWS, Ctl, Err, Mode
 from engine.cuda.megakernel.schedule import Program
-from engine.cuda.megakernel.solvers import norm_in_matmul
+from engine.cuda.megakernel.solvers import act8_fill_written, act_h_int8_written, norm_in_matmul
 from engine.cuda.megakernel.vm import VirtualMachine
 
 # The types whose one-row MIX_IN takes the normed row's int8 levels in shared memory (norm_own.cuh
@@ -72,7 +72,8 @@ def act8_mismatch(gpu, name: str, row: int = 0) -> float:
     """One row of an act's int8 copy on the GPU against formats.act8_encode of the act the GPU holds (its own
     decoded hi + lo: what the copy's writer, act8_store or act8_fill, quantises): the fraction of that row's level
     bytes that differ; 1.0 where a scale differs or a sub-block sum differs beyond f32 rounding; 0.0 where the act
-    has no int8 copy. Meaningful only where the act's last writer ran with one row (act8_fill forms no copy above)."""
+    has no int8 copy. Meaningful only where the act's last writer formed the copy at its row count
+    (solvers.act_h_int8_written, act8_fill_written)."""
     got = gpu.read_int8(name)
     return 0.0 if got is None else encoding_mismatch(gpu.read(name), got, row)
 
@@ -146,15 +147,17 @@ def act8_checks(vm: VirtualMachine, gpu) -> list[tuple[str, tuple[int, Op], floa
     """(act, cut, act8_mismatch) after stage 0's writers of each act with an int8 copy: ATTN_NORM (act_h; where
     MIX_IN norms x itself at one row, the own act of the SM of its first instruction that writes one - a matrix
     whose levels do not go to shared memory, norm_own.cuh levels_from_smem: "act_own.sm<k>"), the mixer
-    (act_mix), FFN_UP (act_ffn). The VM must be prepared for a one-row cycle (d = 0)."""
-    one_row = norm_in_matmul(vm, 0)
+    (act_mix), FFN_UP (act_ffn), at the rows the VM was prepared for: every row of each act whose writers form
+    the copy at that count ("<act>.row<t>" past one row), none of the others."""
+    rows, one_row = vm.rows(0), norm_in_matmul(vm, 0)
     writers = (("act_h", (Op.MIX_IN,) if one_row else (Op.ATTN_NORM,)), ("act_mix", (Op.DN_RULE, Op.ATTN_COMBINE)),
                ("act_ffn", (Op.FFN_UP,)))
     points = stop_points(vm, "cycle", detail_layers=1)
     out = []
     for name, ops in writers:
+        written = act_h_int8_written(rows, False) if name == "act_h" else act8_fill_written(rows)
         cut = next(((stage, op) for stage, op in points if stage == 0 and op in ops), None)
-        if cut is None or name not in gpu.int8_acts:
+        if not written or cut is None or name not in gpu.int8_acts:
             continue
         program = vm.programs["cycle"].truncated(*cut)
         diff_program(vm, gpu, program)
@@ -166,8 +169,10 @@ def act8_checks(vm: VirtualMachine, gpu) -> list[tuple[str, tuple[int, Op], floa
             sm = next(sm for sm, queue in enumerate(program.queues) if first in queue)
             values, got = gpu.read_own(sm)
             out.append((f"act_own.sm{sm}", cut, encoding_mismatch(values, got)))
-        else:
+        elif rows == 1:
             out.append((name, cut, act8_mismatch(gpu, name)))
+        else:
+            out += [(f"{name}.row{t}", cut, act8_mismatch(gpu, name, t)) for t in range(rows)]
     return out
 
 

@@ -494,10 +494,10 @@ template <int QT, bool TWO, bool ACT = false, int A8 = A8_NONE> struct MvKind {
 template <int QT> constexpr bool mv_act_stages() {
     return MK_MV_ACT_STAGED && mv_ring_stages<typename MvF16Stage<QT>::type>(ActStage::BYTES, 0) >= MK_MV_ACT_MIN_STAGES;
 }
-// Whether a matmul of ncols rows takes act a's int8 copy: an act8_fill act has it at one row only (the norms'
-// act_h at every row count).
+// Whether a matmul of ncols rows takes act a's int8 copy: an act8_fill act has it where act8_fill_at says (one
+// row; up to 5 with MK_ACT8_FILL_ROWS), the norms' act_h where norm_act.cuh writes it.
 __device__ __forceinline__ bool mv_act_i8(const ActRef& a, int ncols) {
-    return a.q8 != nullptr && (a.fill == nullptr || (MK_ACT8_FILL && ncols == 1));
+    return a.q8 != nullptr && (a.fill == nullptr || act8_fill_at(ncols));
 }
 // Whether one row's int8 levels go to the batch's shared area (A8_SMEM) for a weight of this type.
 __device__ __forceinline__ bool mv_act8_smem(int qtype, int ncols, bool i8) {

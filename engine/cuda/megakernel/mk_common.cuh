@@ -268,13 +268,30 @@ __device__ __forceinline__ i64 act_offset(int k, int n) {
 #ifndef MK_ACT8_FILL
 #define MK_ACT8_FILL 1
 #endif
-__device__ void act8_fill(const ActRef& a, int p0, int len);
+// MK_MV_I8ROWS (mv_int8.cuh): the Q4_K matmuls of 2 to MK_ACT8_ROWS_MAX rows on the act's int8 levels.
+#ifndef MK_MV_I8ROWS
+#define MK_MV_I8ROWS 0
+#endif
+#define MK_ACT8_ROWS_MAX 5
+// MK_ACT8_FILL_ROWS (MK_MV_I8ROWS unless given): act8_fill forms act_ffn's and act_mix's int8 copy at 2 to
+// MK_ACT8_ROWS_MAX rows too, so FFN_DOWN's and MIX_OUT's Q4_K matmuls of the verify rows take the int8 path as
+// MIX_IN's and FFN_UP's do (round 11, d = 4 with MK_MV_I8ROWS: FFN_DOWN's loops 39.6 us against 11.3 at one row,
+// f16 at 5 rows). 0 (a benchmark knob): one row only.
+#ifndef MK_ACT8_FILL_ROWS
+#define MK_ACT8_FILL_ROWS MK_MV_I8ROWS
+#endif
+// Whether an act whose writers form its int8 copy (ActRef::fill) has it at `rows` rows: its writers (act_store)
+// and its readers (matvec.cuh mv_act_i8) ask the same question. VM mirror: solvers.act8_fill_written.
+__device__ __forceinline__ bool act8_fill_at(int rows) {
+    return MK_ACT8_FILL && (rows == 1 || (MK_ACT8_FILL_ROWS && rows <= MK_ACT8_ROWS_MAX));
+}
+__device__ void act8_fill(const ActRef& a, int p0, int len, int rows);
 
 // Store values vals[n * ld + j] (shared memory) of positions p0 + j, j < len, rows n < rows, into an act buffer:
 // f16 hi and lo parts, and per 32-position sub-block the hi + lo f16 pair of the sum of exactly what the matmul
 // will multiply. p0 is a multiple of 32; positions at or past the act's width are left alone (they stay zero).
-// An act whose writers form its int8 copy (ActRef::fill) gets it at one row: act8_fill. Called by every consumer
-// warp; a warp handles whole sub-blocks.
+// An act whose writers form its int8 copy (ActRef::fill) gets it where act8_fill_at says: act8_fill. Called by
+// every consumer warp; a warp handles whole sub-blocks.
 __device__ __noinline__ void act_store(const ActRef& a, int p0, int len, int rows, const float* vals, int ld) {
     const int lane = threadIdx.x & 31, num_sub = (len + 31) / 32;
     for (int item = cwarp(); item < rows * num_sub; item += MK_CONSUMER_WARPS) {
@@ -297,7 +314,7 @@ __device__ __noinline__ void act_store(const ActRef& a, int p0, int len, int row
             a.sums_lo[si] = f32_to_f16(sub - f16_to_f32(sh));
         }
     }
-    if (MK_ACT8_FILL && a.fill && rows == 1) act8_fill(a, p0, len);
+    if (a.fill && act8_fill_at(rows)) act8_fill(a, p0, len, rows);
 }
 
 // The int8 copy (ActRef::q8) of superblock sb of rows [0, rows) from vals[n * ld + j], j < 256 (shared memory),
@@ -394,16 +411,16 @@ __device__ __noinline__ void act8_store(const ActRef& a, int sb, int rows, const
 }
 
 // The int8 copy of an act whose superblocks are written in parts by several instructions (act_ffn: FFN_UP's
-// 128-160-position runs; act_mix: DN_RULE's 128-wide heads), at one row: each act_store of positions [p0, p0 +
-// len) counts them into their superblocks' fill (after a fence, as signal_counter does), and the instruction whose
-// count completes a superblock forms its levels from the f16 hi + lo of all its writers (read back from L2, so
-// the copy is the same whichever instruction closes it) and zeroes the count for the next layer. The matmuls of
-// one row then take these acts as int8 levels too (FFN_DOWN, MIX_OUT; bench/MEGAKERNEL.md round 7). Every consumer
-// thread calls it, after its act stores.
-__device__ void act8_fill(const ActRef& a, int p0, int len) {
+// 128-160-position runs; act_mix: DN_RULE's 128-wide heads), at the rows act8_fill_at names: each act_store of
+// positions [p0, p0 + len) of all rows counts them into their superblocks' fill (after a fence, as signal_counter
+// does), and the instruction whose count completes a superblock forms every row's levels from the f16 hi + lo of
+// all its writers (read back from L2, so the copy is the same whichever instruction closes it) and zeroes the
+// count for the next layer. The matmuls then take these acts as int8 levels too (FFN_DOWN, MIX_OUT; one row:
+// bench/MEGAKERNEL.md round 7). Every consumer thread calls it, after its act stores.
+__device__ void act8_fill(const ActRef& a, int p0, int len, int rows) {
     __shared__ int closed;  // the superblocks (bits from p0's) this call completed
     consumers_sync();       // every warp's stores issued
-    const int sb0 = p0 >> 8, end = min(p0 + len, a.width);
+    const int sb0 = p0 >> 8, end = min(p0 + len, a.width), lane = threadIdx.x & 31;
     if (ctid() == 0) {
         fence_release();
         int bits = 0;
@@ -417,12 +434,24 @@ __device__ void act8_fill(const ActRef& a, int p0, int len) {
     }
     consumers_sync();
     const int bits = closed;
+    const auto held = [&](int k, int n) {  // position k of row n as the act's f16 pair holds it
+        const i64 o = act_offset(k, n);
+        return f16_to_f32(ld_cg_f16(a.x16 + o)) + f16_to_f32(ld_cg_f16(a.x16_lo + o));
+    };
     for (int sb = sb0; bits >> (sb - sb0); ++sb) {
         if (!((bits >> (sb - sb0)) & 1)) continue;
-        act8_one_row(a, sb, [&](int p) {
-            const i64 o = act_offset(256 * sb + p, 0);
-            return f16_to_f32(ld_cg_f16(a.x16 + o)) + f16_to_f32(ld_cg_f16(a.x16_lo + o));
-        });
+        if (rows == 1) {
+            act8_one_row(a, sb, [&](int p) { return held(256 * sb + p, 0); });
+        } else {  // a warp a row, as act8_store: lane l's positions 8l .. 8l + 7, all loads before any is used
+            for (int n = cwarp(); n < rows; n += MK_CONSUMER_WARPS) {
+                float v[8], mx = 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) v[e] = held(256 * sb + 8 * lane + e, n);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(v[e]));
+                Act8Lane(v, mx).store(a, sb, n, lane);
+            }
+        }
         if (ctid() == 0) a.fill[sb] = 0u;
     }
     consumers_sync();  // `closed` is read before the next call writes it

@@ -92,11 +92,8 @@ struct Act8Stage {
 // MIX_IN 34.6 against 15.4, for the same bytes), where the per-op path's int8 form costs ~1.3 x its one-row cost.
 // The batch's superblocks of the rows' levels go to the start of the ring area once (Act8Rows), at most
 // MK_ACT8_ROWS_SB of them (a wider weight takes them in chunks: mv_chunks), which leaves Q4_K 3 stages a warp in
-// 132 KB and 2 in 96 KB. Only acts with an int8 copy at several rows: act_h (the norms write it at every row).
-#ifndef MK_MV_I8ROWS
-#define MK_MV_I8ROWS 0
-#endif
-#define MK_ACT8_ROWS_MAX 5
+// 132 KB and 2 in 96 KB. Only acts with an int8 copy at several rows: act_h (the norms write it at every row) and,
+// with MK_ACT8_FILL_ROWS (its default follows this knob), act_ffn and act_mix. (Both defines: mk_common.cuh.)
 #ifndef MK_ACT8_ROWS_SB  // (20 with SMEM_KB=164 takes the 27B's 5,120-wide rows in one batch, 3 stages a warp)
 #define MK_ACT8_ROWS_SB 10
 #endif

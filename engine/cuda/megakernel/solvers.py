@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from engine.cuda.megakernel.vm import VirtualMachine
 
 F32 = np.float32
+ACT8_ROWS_MAX = 5  # mk_common.cuh MK_ACT8_ROWS_MAX: the most rows an int8 copy of several rows serves
 Solver = Callable[["VirtualMachine", I.Instruction], None]
 SOLVERS: dict[Op, Solver] = {}
 
@@ -77,17 +78,27 @@ def _matmul_input(vm: VirtualMachine, inst, norm: str) -> np.ndarray:
     return vm.mem["act_h"][:rows]
 
 
+def _knob(name: str, default: int = 0) -> int:
+    """The kernel's value of a tuning define (OPENJET_MK_DEFINES, else the kernel's own default)."""
+    value = build.tuning_define(name)
+    return default if value is None else int(value)
+
+
 def act_h_int8_written(rows: int, last_row_alone: bool) -> bool:
     """Mirror of norm_act.cuh: whether a norm writes act_h's int8 copy at `rows` rows - where a matmul reads it
     (one row; every row count with MK_MV_I8=2, MK_MV_I8ROWS or MK_ACT8_ALL_ROWS) and where its caller says one
     row is read alone (the MTP pass's head norm: OP_DRAFT_HEAD)."""
     if rows == 1 or last_row_alone:
         return True
+    return _knob("MK_MV_I8", 1) >= 2 or _knob("MK_MV_I8ROWS") != 0 or _knob("MK_ACT8_ALL_ROWS") != 0
 
-    def knob(name: str, default: int = 0) -> int:  # the kernel's value of a define (mv_int8.cuh, norm_act.cuh)
-        value = build.tuning_define(name)
-        return default if value is None else int(value)
-    return knob("MK_MV_I8", 1) >= 2 or knob("MK_MV_I8ROWS") != 0 or knob("MK_ACT8_ALL_ROWS") != 0
+
+def act8_fill_written(rows: int) -> bool:
+    """Mirror of mk_common.cuh act8_fill_at: whether act_ffn's and act_mix's writers form their int8 copy at
+    `rows` rows (one row; 2 to 5 with MK_ACT8_FILL_ROWS, whose default is MK_MV_I8ROWS's value)."""
+    if _knob("MK_ACT8_FILL", 1) == 0:
+        return False
+    return rows == 1 or (_knob("MK_ACT8_FILL_ROWS", _knob("MK_MV_I8ROWS")) != 0 and rows <= ACT8_ROWS_MAX)
 
 
 def _norm_into_act(vm: VirtualMachine, inst, weight: np.ndarray, hidden: str | None,
