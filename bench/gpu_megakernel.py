@@ -396,13 +396,18 @@ def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
     mk.keep_logits = False
     # Only the first pair is a check: the per-op path prefilled through its f16 GEMM parts from the same path
     # prefilled precisely (the H200 run of 2026-12-01: both at token 51, a near-tie), so the other two pairs
-    # measure the GEMM's rounding, not the megakernel; they stay as first-difference lines.
+    # measure the GEMM's rounding, not the megakernel; they stay as first-difference lines. The random 27B-shaped
+    # file has near-ties every few dozen tokens (top-2 gaps of 0.003 on logits of ~30), which the int8 levels'
+    # rounding may turn either way: the check is that the runs part only at one (compare_runs: both margins within
+    # the logit noise before it) and that the noise stays small; a wrong op moves the logits by far more.
     for a, b, check in ((got, precise, "vs_per_op"), (got, gemm, None), (precise, gemm, None)):
         rep = compare_runs(a, b)
         report.info.setdefault("mk27_first_difference", []).append(rep)
         print("  27B: " + describe(rep), flush=True)
         if check:
-            record(report, "mk_greedy_27b", check, "256 tokens", 256 - rep["first_difference"], 1)
+            apart = 0 if rep["equal"] or rep["near_tie"] else 256 - rep["first_difference"]
+            record(report, "mk_greedy_27b", check, "tokens after a split", apart, 1)
+            record(report, "mk_greedy_27b", check, "max |dlogit| before", rep["max_abs_dlogit_before"], 0.1)
     return mk, got.tokens
 
 

@@ -349,9 +349,9 @@ def test_smaller_key_splits_keep_the_reference_tokens(model_path, greedy_referen
 
 
 @pytest.mark.parametrize("defines, rows, alone, written", [
-    ("", 1, False, True), ("", 5, False, False), ("", 5, True, True),
-    ("MK_ACT8_ALL_ROWS=1", 5, False, True), ("MK_MV_I8ROWS=1", 3, False, True), ("MK_MV_I8=2", 2, False, True),
-    ("MK_ACT8_ALL_ROWS=0", 2, False, False)])
+    ("", 1, False, True), ("", 5, False, True), ("MK_MV_I8ROWS=0", 5, False, False), ("MK_MV_I8ROWS=0", 5, True, True),
+    ("MK_MV_I8ROWS=0,MK_ACT8_ALL_ROWS=1", 5, False, True), ("MK_MV_I8ROWS=0,MK_MV_I8=2", 2, False, True),
+    ("MK_MV_I8ROWS=0,MK_ACT8_ALL_ROWS=0", 2, False, False)])
 def test_act_h_int8_copy_follows_the_kernels_rule(monkeypatch, defines: str, rows: int, alone: bool,
                                                   written: bool) -> None:
     """The VM's mirror of norm_act.cuh: the int8 copy at one row, at every row count under the knobs that read it
@@ -363,12 +363,11 @@ def test_act_h_int8_copy_follows_the_kernels_rule(monkeypatch, defines: str, row
 
 
 @pytest.mark.parametrize("defines, rows, written", [
-    ("", 1, True), ("", 2, False), ("MK_MV_I8ROWS=1", 5, True), ("MK_MV_I8ROWS=1", 6, False),
-    ("MK_MV_I8ROWS=1,MK_ACT8_FILL_ROWS=0", 3, False), ("MK_ACT8_FILL_ROWS=1", 4, True), ("MK_ACT8_FILL=0", 1, False)])
+    ("", 1, True), ("", 2, False), ("MK_ACT8_FILL_ROWS=1", 5, True), ("MK_ACT8_FILL_ROWS=1", 6, False),
+    ("MK_MV_I8ROWS=0", 3, False), ("MK_ACT8_FILL_ROWS=1,MK_MV_I8ROWS=0", 4, True), ("MK_ACT8_FILL=0", 1, False)])
 def test_fill_acts_int8_copy_follows_the_kernels_rule(monkeypatch, defines: str, rows: int, written: bool) -> None:
     """The mirror of mk_common.cuh act8_fill_at (act_ffn's and act_mix's int8 copy, which the diff checks): one
-    row by default, 2 to 5 rows where MK_ACT8_FILL_ROWS (MK_MV_I8ROWS's value unless given) asks, none without
-    MK_ACT8_FILL."""
+    row by default, 2 to 5 rows where MK_ACT8_FILL_ROWS asks, none without MK_ACT8_FILL."""
     from engine.cuda.megakernel.solvers import act8_fill_written
 
     monkeypatch.setenv("OPENJET_MK_DEFINES", defines)

@@ -268,17 +268,20 @@ __device__ __forceinline__ i64 act_offset(int k, int n) {
 #ifndef MK_ACT8_FILL
 #define MK_ACT8_FILL 1
 #endif
-// MK_MV_I8ROWS (mv_int8.cuh): the Q4_K matmuls of 2 to MK_ACT8_ROWS_MAX rows on the act's int8 levels.
+// MK_MV_I8ROWS (mv_int8.cuh; 0: a benchmark knob): the Q4_K matmuls of 2 to MK_ACT8_ROWS_MAX rows on the act's
+// int8 levels.
 #ifndef MK_MV_I8ROWS
-#define MK_MV_I8ROWS 0
+#define MK_MV_I8ROWS 1
 #endif
 #define MK_ACT8_ROWS_MAX 5
-// MK_ACT8_FILL_ROWS (MK_MV_I8ROWS unless given): act8_fill forms act_ffn's and act_mix's int8 copy at 2 to
-// MK_ACT8_ROWS_MAX rows too, so FFN_DOWN's and MIX_OUT's Q4_K matmuls of the verify rows take the int8 path as
-// MIX_IN's and FFN_UP's do (round 11, d = 4 with MK_MV_I8ROWS: FFN_DOWN's loops 39.6 us against 11.3 at one row,
-// f16 at 5 rows). 0 (a benchmark knob): one row only.
+// MK_ACT8_FILL_ROWS=1 (a benchmark knob, off: it lost): act8_fill forms act_ffn's and act_mix's int8 copy at 2 to
+// MK_ACT8_ROWS_MAX rows too, so FFN_DOWN's and MIX_OUT's Q4_K matmuls of the verify rows take the int8 rows path
+// as MIX_IN's and FFN_UP's do. Round 12 (H100, d = 4): 19.57 ms against 18.77 without it (FFN_DOWN 51.5 against
+// 41.0 us a group, MIX_OUT 20.5 / 20.0): their 68 and 24 superblocks go through the rows' shared levels in chunks
+// of MK_ACT8_ROWS_SB, each chunk a batch of a few units a warp that pays the ring's start and the levels' copy
+// again (bench/MEGAKERNEL.md round 12).
 #ifndef MK_ACT8_FILL_ROWS
-#define MK_ACT8_FILL_ROWS MK_MV_I8ROWS
+#define MK_ACT8_FILL_ROWS 0
 #endif
 // Whether an act whose writers form its int8 copy (ActRef::fill) has it at `rows` rows: its writers (act_store)
 // and its readers (matvec.cuh mv_act_i8) ask the same question. VM mirror: solvers.act8_fill_written.

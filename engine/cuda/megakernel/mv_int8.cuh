@@ -85,15 +85,16 @@ struct Act8Stage {
     }
 };
 
-// MK_MV_I8ROWS=1 (a knob, off until measured): Q4_K matmuls of 2 to MK_ACT8_ROWS_MAX rows (the verify and draft
-// rows of d = 1..4) on the act's int8 levels too, kernels/mmvq_i8v.cu's arithmetic: whole rows in the int8 mma's
+// MK_MV_I8ROWS=1 (the default since round 12: d = 4 -1.6 ms on the H200 in round 11, -1.5 on the H100 in round 12,
+// d = 0 unchanged): Q4_K matmuls of 2 to MK_ACT8_ROWS_MAX rows (the verify and draft rows of d = 1..4) on the
+// act's int8 levels too, kernels/mmvq_i8v.cu's arithmetic: whole rows in the int8 mma's
 // columns (4 rows a mma, a second past 4), each weight fragment masked once for all of them. At 5 rows the f16
 // matmul's unit loops are its arithmetic's (round 9, d = 4: FFN_UP's up batch 33.7 us against 14.6 at one row,
 // MIX_IN 34.6 against 15.4, for the same bytes), where the per-op path's int8 form costs ~1.3 x its one-row cost.
 // The batch's superblocks of the rows' levels go to the start of the ring area once (Act8Rows), at most
 // MK_ACT8_ROWS_SB of them (a wider weight takes them in chunks: mv_chunks), which leaves Q4_K 3 stages a warp in
 // 132 KB and 2 in 96 KB. Only acts with an int8 copy at several rows: act_h (the norms write it at every row) and,
-// with MK_ACT8_FILL_ROWS (its default follows this knob), act_ffn and act_mix. (Both defines: mk_common.cuh.)
+// with MK_ACT8_FILL_ROWS (off: it lost), act_ffn and act_mix. (Both defines: mk_common.cuh.)
 #ifndef MK_ACT8_ROWS_SB  // (20 with SMEM_KB=164 takes the 27B's 5,120-wide rows in one batch, 3 stages a warp)
 #define MK_ACT8_ROWS_SB 10
 #endif

@@ -90,15 +90,15 @@ def act_h_int8_written(rows: int, last_row_alone: bool) -> bool:
     row is read alone (the MTP pass's head norm: OP_DRAFT_HEAD)."""
     if rows == 1 or last_row_alone:
         return True
-    return _knob("MK_MV_I8", 1) >= 2 or _knob("MK_MV_I8ROWS") != 0 or _knob("MK_ACT8_ALL_ROWS") != 0
+    return _knob("MK_MV_I8", 1) >= 2 or _knob("MK_MV_I8ROWS", 1) != 0 or _knob("MK_ACT8_ALL_ROWS") != 0
 
 
 def act8_fill_written(rows: int) -> bool:
     """Mirror of mk_common.cuh act8_fill_at: whether act_ffn's and act_mix's writers form their int8 copy at
-    `rows` rows (one row; 2 to 5 with MK_ACT8_FILL_ROWS, whose default is MK_MV_I8ROWS's value)."""
+    `rows` rows (one row; 2 to 5 with MK_ACT8_FILL_ROWS=1, a benchmark knob)."""
     if _knob("MK_ACT8_FILL", 1) == 0:
         return False
-    return rows == 1 or (_knob("MK_ACT8_FILL_ROWS", _knob("MK_MV_I8ROWS")) != 0 and rows <= ACT8_ROWS_MAX)
+    return rows == 1 or (_knob("MK_ACT8_FILL_ROWS") != 0 and rows <= ACT8_ROWS_MAX)
 
 
 def _norm_into_act(vm: VirtualMachine, inst, weight: np.ndarray, hidden: str | None,
