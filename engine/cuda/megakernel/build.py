@@ -47,15 +47,18 @@ SMEM_LIMITS = {80: 162 * 1024, 86: 98 * 1024, 89: 98 * 1024, 90: 226 * 1024, 100
 
 
 def smem_bytes(arch: int) -> int:
-    """Dynamic shared memory the megakernel takes on sm_<arch>: 132 KB on sm_90, where a matmul batch can take 8
-    tiles (matvec.cuh MV_BATCH) and every warp still has a ring of 4 Q4_K stages, 96 KB (which every GPU from sm_80
-    on allows) elsewhere. Not more: shared memory and L1 share one 256 KB array, and the kernel's spills and the
-    norms' weights live in L1. Measured on the H200 (bench/MEGAKERNEL.md, rounds 2 and 3), d = 0 cycle: 96 KB 23.8 ms,
-    132 KB 22.4, 224 KB 29.1 (round 2's matmul); 200 KB with 8-stage rings 26.3 against 19.3 at 132 KB (round 3).
-    OPENJET_MK_SMEM_KB overrides it, up to the architecture's limit (a benchmark knob)."""
+    """Dynamic shared memory the megakernel takes on sm_<arch>: 140 KB on sm_90, where a matmul batch can take 8
+    tiles (matvec.cuh MV_BATCH), every warp still has a ring of 4 Q4_K stages, and the 2-5-row int8 matmuls hold
+    the levels of a 5,120-wide act in one batch with 2 stages a warp beside them (mv_int8.cuh MK_ACT8_ROWS_SB); 96
+    KB (which every GPU from sm_80 on allows) elsewhere. Not more: shared memory and L1 share one 256 KB array, and
+    the kernel's spills and the norms' weights live in L1. Measured (bench/MEGAKERNEL.md), d = 0 cycle on the H200:
+    96 KB 23.8 ms, 132 KB 22.4, 224 KB 29.1 (round 2's matmul); 200 KB with 8-stage rings 26.3 against 19.3 at 132
+    KB (round 3); on the H100 (round 12), d = 0 / d = 4: 132 KB (10 superblocks a batch) 12.34 / 18.72 ms, 140 KB
+    12.37 / 17.79, 148 12.45 / 17.79, 164 (3 stages) 12.65 / 18.03. OPENJET_MK_SMEM_KB overrides it, up to the
+    architecture's limit (a benchmark knob)."""
     want = os.environ.get("OPENJET_MK_SMEM_KB")
     if want is None:
-        return 132 * 1024 if arch == 90 else 96 * 1024
+        return 140 * 1024 if arch == 90 else 96 * 1024
     return min(int(want) * 1024, SMEM_LIMITS.get(arch, 96 * 1024))
 
 

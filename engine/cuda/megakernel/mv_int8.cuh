@@ -92,11 +92,12 @@ struct Act8Stage {
 // matmul's unit loops are its arithmetic's (round 9, d = 4: FFN_UP's up batch 33.7 us against 14.6 at one row,
 // MIX_IN 34.6 against 15.4, for the same bytes), where the per-op path's int8 form costs ~1.3 x its one-row cost.
 // The batch's superblocks of the rows' levels go to the start of the ring area once (Act8Rows), at most
-// MK_ACT8_ROWS_SB of them (a wider weight takes them in chunks: mv_chunks), which leaves Q4_K 3 stages a warp in
-// 132 KB and 2 in 96 KB. Only acts with an int8 copy at several rows: act_h (the norms write it at every row) and,
+// MK_ACT8_ROWS_SB of them (a wider weight takes them in chunks: mv_chunks): 20 where the kernel has 140 KB (sm_90:
+// the 27B's 5,120-wide rows in one batch, 2 Q4_K stages a warp; round 12 on the H100, d = 4 17.79 ms against 18.72
+// with 10 in 132 KB and 3 stages, d = 0 unchanged), else 10 (2 stages in 96 KB). Only acts with an int8 copy at several rows: act_h (the norms write it at every row) and,
 // with MK_ACT8_FILL_ROWS (off: it lost), act_ffn and act_mix. (Both defines: mk_common.cuh.)
-#ifndef MK_ACT8_ROWS_SB  // (20 with SMEM_KB=164 takes the 27B's 5,120-wide rows in one batch, 3 stages a warp)
-#define MK_ACT8_ROWS_SB 10
+#ifndef MK_ACT8_ROWS_SB
+#define MK_ACT8_ROWS_SB (MK_SMEM_BYTES >= 140 * 1024 ? 20 : 10)
 #endif
 // The rows' levels of a batch's superblocks: row t's level l (0 hi, 1 lo) in region 2t + l, superblock r of the
 // batch 256 r bytes in (the act8 copy's byte order: a lane's 16 bytes of a 64-byte chunk hold its k of the chunk's
