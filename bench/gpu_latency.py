@@ -6,7 +6,7 @@ and wait, and code run once a layer. bench/kernels/latency_probe.cu measures eac
 other SMs idle and with them streaming DRAM; it is built twice, with the megakernel's counter protocol as it is
 (mk_common.cuh) and with MK_SYNC_ACQREL=1. The figures, in ns at the SM clock measured in the same launch:
 
-  l2 / dram / l1   one dependent load of a chain over 2 MB (L2) / 256 MB (DRAM) / 8 KB through L1
+  l2 / dram / l1   one dependent load of a chain over 2 MB (L2) / 1 GB (DRAM) / 8 KB through L1
   solo_gb_s        one SM's stream of 8 MB (256 threads, 64 KB in flight), alone or beside the loaders
   fence            the build's fence_release() alone / after 16 KB of the block's stores and a barrier
   sc               __threadfence() likewise
@@ -34,7 +34,10 @@ SLOTS = ("ns0", "ns1", "clk0", "clk1", "l2", "dram", "l1", "solo", "fence_idle",
          "error")
 CODE_KB = (8, 16, 32, 64, 128)  # latency_probe.cu CODE_BLOCKS, 4 KB each
 CHASE_STEPS, PING_ROUNDS, SOLO_BYTES = 256, 64, 8 << 20  # latency_probe.cu's #defines
-L2_RING, DRAM_RING, L1_RING = (2 << 20, 256), (256 << 20, 4096), (8 << 10, 128)  # (bytes, bytes between nodes)
+# (bytes, bytes between nodes). The DRAM ring's nodes each in a line of their own, 8 M lines (1 GB) against the
+# L2's ~0.5 M: at 4,096 bytes apart over 256 MB its 65,536 nodes were 2 MB of sectors, which stayed in L2 after
+# the ring's own writes, and the walk measured L2 (345 ns, round 11)
+L2_RING, DRAM_RING, L1_RING = (2 << 20, 256), (1 << 30, 128), (8 << 10, 128)
 STREAM_BYTES, FLUSH_BYTES = 2 << 30, 256 << 20  # what the loaders read; what evicts L2 before a launch
 WORDS = 4096  # the probe's control words (latency_probe.cu Probe::words)
 

@@ -2,7 +2,7 @@
 // while the other SMs idle or stream DRAM (`load`): a d = 0 cycle spends ~8 of its 12.7 ms outside the weights'
 // streaming, in small steps that each take microseconds (bench/MEGAKERNEL.md "Where the skeleton's time may go").
 // One block an SM (the host asks for the megakernel's shared memory), 256 threads. Block 0 measures, in SM cycles:
-//   l2 / dram  a dependent chain of ld.global.cg over 2 MB (L2-resident) and over 256 MB (L2 misses), per load
+//   l2 / dram  a dependent chain of ld.global.cg over 2 MB (L2-resident) and over 1 GB (L2 misses), per load
 //   l1         the same through L1 over 8 KB (what a table read costs where no acquire emptied L1 since)
 //   solo       8 MB streamed by block 0's 256 threads, 64 KB in flight: one SM's bandwidth, alone (a group's tail,
 //              where its last SMs stream) or beside the loaders (its share of DRAM)

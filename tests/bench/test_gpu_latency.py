@@ -26,6 +26,16 @@ def test_slots_and_constants_are_the_kernels() -> None:
     assert max(CODE_KB) == 4 * define("CODE_BLOCKS_ALL")
 
 
+def test_the_dram_walk_cannot_be_served_from_l2() -> None:
+    """Every node of the DRAM ring in a 128-byte line of its own, and the lines far more than the largest L2 we run
+    on (the H200's 60 MB): round 11's ring (65,536 nodes, 2 MB of sectors) stayed in L2 and measured it."""
+    nbytes, stride = gpu_latency.DRAM_RING
+    assert stride >= 128 and nbytes % stride == 0
+    assert (nbytes // stride) * 128 >= 8 * (60 << 20)
+    assert (nbytes // 4) < 2**32  # the ring's u32 links address every word of it
+    assert gpu_latency.DRAM_RING[0] >= (64 << 20) + gpu_latency.SOLO_BYTES  # the solo stream reads 64 MB in
+
+
 def test_launch_arguments_are_the_kernels_struct() -> None:
     body = re.search(r"struct Probe \{(.*?)\};", SOURCE, re.S).group(1)
     members = [name for line in body.splitlines() for name in re.findall(r"(\w+)\s*[,;]", line.split("//")[0])]
