@@ -87,6 +87,32 @@ def _ring(dev, ring_kernel, buf, nbytes: int, stride: int, rng: np.random.Genera
     dev.memory.free(order_buf)
 
 
+def launch_coresident(dev, kernel, blocks: int, args: ProbeArgs, smem: int) -> None:
+    """A cooperative launch: every block resident at once or a launch error, never blocks queued behind others.
+    The loaded runs of round 11 (a plain launch) read as if block 0's wait for its loaders timed out after 2 s (the
+    error set, the ping broken before its clock started, the loaders' 2 s of bytes over block 0's ~1 ms: 17,000
+    TB/s), which a cooperative launch rules out."""
+    from cuda.bindings import driver as drv
+
+    from engine.cuda.device import check
+
+    ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+    check(drv.cuLaunchCooperativeKernel(kernel.handle, blocks, 1, 1, 256, 1, 1, smem, dev.stream,
+                                        ctypes.addressof(ptrs)), "launch latency_probe")
+    dev.synchronize()
+
+
+def error_line(words: np.ndarray) -> str:
+    """The megakernel's error word and its six info words (sm, instruction, wait stage, wait op, counter,
+    expected) from the probe's control words (latency_probe.cu: ctl after two stages of counters)."""
+    from engine.cuda.megakernel.instructions import NUM_OPCODES
+    from engine.cuda.megakernel.layout import Ctl, Err
+
+    ctl = words[2 + 2 * NUM_OPCODES:]
+    info = ", ".join(str(int(v)) for v in ctl[Ctl.ERROR_INFO : Ctl.ERROR_INFO + 6])
+    return f"{Err(int(ctl[Ctl.ERROR])).name} (sm, instruction, stage, op, counter, expected = {info})"
+
+
 def compile_probe(arch: int, sync: int):
     """The probe's build with MK_SYNC_ACQREL=sync, through the kernel cache (bench/precompile.py fills it ahead)."""
     from engine.cuda import nvrtc
@@ -125,12 +151,15 @@ def run_latency_probe(dev, report: Report, rng: np.random.Generator) -> dict[str
                 args = ProbeArgs(bufs["words"].ptr, bufs["l2"].ptr, bufs["dram"].ptr, bufs["l1"].ptr,
                                  bufs["stream"].ptr, STREAM_BYTES // 16, bufs["scratch"].ptr, bufs["out"].ptr,
                                  1.0001, 1e-7, load)
-                dev.launch(k["latency_probe"], sms, 256, [args], smem=smem)
+                launch_coresident(dev, k["latency_probe"], sms, args, smem)
                 raw = dict(zip(SLOTS, dev.download(bufs["out"], np.uint64, (len(SLOTS),)).tolist()))
                 tag = f"{'acqrel' if sync else 'default'}.{'load' if load else 'idle'}"
                 results[tag] = summarize(raw) | {"raw": raw}
-                if raw["error"]:  # a wait timed out (blocks not all resident?): the figures after it are missing
-                    report.notes.append(f"latency probe {tag}: error {raw['error']}")
+                if raw["error"]:  # a wait timed out: the figures after it are missing
+                    words = dev.download(bufs["words"], np.int32, (WORDS,))
+                    line = f"latency probe {tag}: {error_line(words)}"
+                    report.notes.append(line)
+                    print(line, flush=True)
     finally:
         for buf in bufs.values():
             dev.memory.free(buf)

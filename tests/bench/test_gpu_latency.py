@@ -71,3 +71,20 @@ def test_probe_compiles_with_the_release_protocol_and_unfolded_code() -> None:
     assert "fence.acq_rel.gpu" in ptx and "membar.gl" in ptx
     # 2 x 128 KB of straight-line code: 8192 FFMAs in each of code_run and code_other, none folded away
     assert len(re.findall(r"\bfma\.rn\.f32\b", ptx)) == 2 * 128 * 1024 // 16
+
+
+def test_error_line_reads_the_control_words_the_kernel_writes() -> None:
+    """The probe's ctl sits after two stages of counters (latency_probe.cu: g.ctl = words + 2 + 2 NUM_OPCODES):
+    the error and its info words come from there."""
+    import numpy as np
+
+    from engine.cuda.megakernel.instructions import NUM_OPCODES
+    from engine.cuda.megakernel.layout import Ctl, Err
+
+    assert re.search(r"g\.ctl = reinterpret_cast<i32\*>\(p\.words \+ 2 \+ 2 \* NUM_OPCODES\)", SOURCE)
+    words = np.zeros(gpu_latency.WORDS, np.int32)
+    ctl = 2 + 2 * NUM_OPCODES
+    words[ctl + Ctl.ERROR] = int(Err.WAIT_TIMEOUT)
+    words[ctl + Ctl.ERROR_INFO : ctl + Ctl.ERROR_INFO + 6] = [0, -1, 0, 0, 7, 130]
+    assert gpu_latency.error_line(words) == ("WAIT_TIMEOUT (sm, instruction, stage, op, counter, expected = "
+                                             "0, -1, 0, 0, 7, 130)")
