@@ -494,8 +494,8 @@ template <int QT, bool TWO, bool ACT = false, int A8 = A8_NONE> struct MvKind {
 template <int QT> constexpr bool mv_act_stages() {
     return MK_MV_ACT_STAGED && mv_ring_stages<typename MvF16Stage<QT>::type>(ActStage::BYTES, 0) >= MK_MV_ACT_MIN_STAGES;
 }
-// Whether a matmul of ncols rows takes act a's int8 copy: an act8_fill act has it where act8_fill_at says (one
-// row; up to 5 with MK_ACT8_FILL_ROWS), the norms' act_h where norm_act.cuh writes it.
+// Whether a matmul of ncols rows takes act a's int8 copy: an act8_fill act has it where act8_fill_at says
+// (one row; up to 5 with MK_ACT8_FILL_ROWS), the norms' act_h where norm_act.cuh writes it.
 __device__ __forceinline__ bool mv_act_i8(const ActRef& a, int ncols) {
     return a.q8 != nullptr && (a.fill == nullptr || act8_fill_at(ncols));
 }
@@ -918,7 +918,8 @@ __device__ __forceinline__ int mv_chunks(const WeightRef& w, const ActRef& a, in
     if (mv_act8_rows(w.qtype, ncols, mv_act_i8(a, ncols)))  // always in chunks of MK_ACT8_ROWS_SB superblocks
         return (nsb + MK_ACT8_ROWS_SB - 1) / MK_ACT8_ROWS_SB;
 #if MK_ACT8_WIDE_SB
-    if (mv_act8_wide(w.qtype, nsb) && mv_act8_smem(w.qtype, ncols, mv_act_i8(a, ncols))) return 1;  // A8_SMEM_WIDE
+    if (mv_act8_wide(w.qtype, nsb) && mv_act8_smem(w.qtype, ncols, mv_act_i8(a, ncols)))
+        return 1;  // one batch: A8_SMEM_WIDE
 #endif
     return MK_MV_CHUNKS && mv_act8_smem(w.qtype, ncols, mv_act_i8(a, ncols)) ? (nsb + MK_ACT8_MAX_SB - 1) / MK_ACT8_MAX_SB
                                                                                : 1;

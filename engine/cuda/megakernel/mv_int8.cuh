@@ -39,7 +39,8 @@ __host__ __device__ constexpr bool a8_one_row_area(int a8) { return a8 == A8_SME
 // beyond its ~6 us of streaming (first 17.2 us, the second chunk's loops 12.5), 68 groups a d = 0 cycle.
 #ifndef MK_ACT8_WIDE_SB
 #define MK_ACT8_WIDE_SB 0
-#endif// MK_MV_I8B (with MK_MV_ACT8_SMEM; default since round 7, 271 against 312 instructions a unit: FFN_UP's loops
+#endif
+// MK_MV_I8B (with MK_MV_ACT8_SMEM; default since round 7, 271 against 312 instructions a unit: FFN_UP's loops
 // 14.4 against 14.9 us): kernels/mmvq_i8b.cu's arithmetic for the unit - each
 // mma's B carries one sub-block of a group of four in its two columns (hi, lo level), so four mmas fill one set
 // of sums and 8 IMADs apply the sub-block scales (32 with i8_level); each lane's partial rows stay in registers
@@ -104,8 +105,9 @@ struct Act8Stage {
 // The batch's superblocks of the rows' levels go to the start of the ring area once (Act8Rows), at most
 // MK_ACT8_ROWS_SB of them (a wider weight takes them in chunks: mv_chunks): 20 where the kernel has 140 KB (sm_90:
 // the 27B's 5,120-wide rows in one batch, 2 Q4_K stages a warp; round 12 on the H100, d = 4 17.79 ms against 18.72
-// with 10 in 132 KB and 3 stages, d = 0 unchanged), else 10 (2 stages in 96 KB). Only acts with an int8 copy at several rows: act_h (the norms write it at every row) and,
-// with MK_ACT8_FILL_ROWS (off: it lost), act_ffn and act_mix. (Both defines: mk_common.cuh.)
+// with 10 in 132 KB and 3 stages, d = 0 unchanged), else 10 (2 stages in 96 KB). Only acts with an int8 copy at
+// several rows: act_h (the norms write it at every row) and, with MK_ACT8_FILL_ROWS (off: it lost), act_ffn and
+// act_mix. (MK_MV_I8ROWS and MK_ACT8_ROWS_MAX: mk_common.cuh.)
 #ifndef MK_ACT8_ROWS_SB
 #define MK_ACT8_ROWS_SB (MK_SMEM_BYTES >= 140 * 1024 ? 20 : 10)
 #endif
