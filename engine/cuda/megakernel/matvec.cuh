@@ -509,21 +509,11 @@ __device__ __forceinline__ bool mv_act8_rows(int qtype, int ncols, bool i8) {
     return MK_MV_I8ROWS && MK_MV_I8 && i8 && ncols >= 2 && ncols <= MK_ACT8_ROWS_MAX && qtype == QT_Q4_K &&
            MK_HAS_QT(QT_Q4_K);
 }
-// Whether one row's levels of MK_ACT8_WIDE_SB superblocks leave a weight type's int8 ring 2 stages a warp (Q6_K's
-// larger stages need 144 KB where Q4_K's fit in 140): that type's wide weights take A8_SMEM_WIDE, else chunks.
-template <class S> constexpr bool mv_wide_fits() {
-    return MK_ACT8_WIDE_SB > 0 && mv_ring_stages<S>(0, MK_ACT8_WIDE_SB * Act8Stage::BYTES) >= 2;
-}
-__device__ __forceinline__ bool mv_act8_wide(int qtype, int nsb) {
-    return nsb > MK_ACT8_MAX_SB && nsb <= MK_ACT8_WIDE_SB &&
-           (qtype == QT_Q4_K ? mv_wide_fits<Q4KStage8>() : qtype == QT_Q6_K && mv_wide_fits<Q6KStage8>());
-}
 // i8: the act has its int8 copy (mv_act_i8); nsb: the batch's superblocks.
 template <class F>
 __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, int nsb, F&& f) {
     // int8 activations where the act has them (mv_int8.cuh), else f16: one row's in the stages where they fit
     const bool a8_smem = mv_act8_smem(qtype, ncols, i8) && nsb <= MK_ACT8_MAX_SB;
-    const bool a8_wide = mv_act8_smem(qtype, ncols, i8) && mv_act8_wide(qtype, nsb);
     const bool a8_rows = mv_act8_rows(qtype, ncols, i8) && nsb <= MK_ACT8_ROWS_SB;
 #define MK_F16_KIND(QTYPE)                                              \
     if (ncols > 4)                                                      \
@@ -537,11 +527,6 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, in
         case QT_Q4_K:
             if (a8_smem)
                 f(MvKind<QT_Q4_K, false, false, A8_SMEM>{});
-#if MK_ACT8_WIDE_SB
-            else if (a8_wide) {  // (instantiated only where the ring keeps 2 stages)
-                if constexpr (mv_wide_fits<Q4KStage8>()) f(MvKind<QT_Q4_K, false, false, A8_SMEM_WIDE>{});
-            }
-#endif
 #if MK_MV_I8ROWS  // (instances only where the knob asks for them)
             else if (a8_rows && ncols > 4)
                 f(MvKind<QT_Q4_K, true, false, A8_ROWS>{});  // a second mma for the rows past 4
@@ -567,11 +552,6 @@ __device__ __forceinline__ void mv_staged_kind(int qtype, int ncols, bool i8, in
         case QT_Q6_K:
             if (a8_smem)  // mv_act8_smem: with MK_MV_I8Q6
                 f(MvKind<QT_Q6_K, false, false, A8_SMEM>{});
-#if MK_ACT8_WIDE_SB
-            else if (a8_wide) {  // (instantiated only where the ring keeps 2 stages)
-                if constexpr (mv_wide_fits<Q6KStage8>()) f(MvKind<QT_Q6_K, false, false, A8_SMEM_WIDE>{});
-            }
-#endif
             else
                 MK_F16_KIND(QT_Q6_K)
             break;
@@ -610,10 +590,8 @@ template <class T, class F> struct MvPick<false, T, F> { using type = F; };
 template <int QT, bool ACT, int A8 = A8_NONE> struct MvUnits {
     using S8 = typename MvPick<QT == QT_Q6_K, Q6KStage8, Q4KStage8>::type;  // the int8 readers' conflict-free pitches
     using S = typename MvPick<A8 != A8_NONE, S8, typename MvF16Stage<QT>::type>::type;
-    static constexpr int RESERVED = A8 == A8_SMEM        ? MK_ACT8_MAX_SB * Act8Stage::BYTES  // the batch's levels
-                                    : A8 == A8_SMEM_WIDE ? MK_ACT8_WIDE_SB * Act8Stage::BYTES
-                                    : A8 == A8_ROWS      ? Act8Rows::BYTES
-                                                         : 0;
+    static constexpr int RESERVED = A8 == A8_SMEM ? MK_ACT8_MAX_SB * Act8Stage::BYTES  // the batch's levels
+                                    : A8 == A8_ROWS ? Act8Rows::BYTES : 0;
     using R = MvRing<S, A8 == A8_STAGED ? Act8Stage::BYTES : ACT ? ActStage::BYTES : 0, RESERVED>;
     static constexpr u32 NS = R::STAGES;
     Planes P;
@@ -743,7 +721,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     };
     const u8* act_area = rings;  // A8_SMEM: the batch's superblocks of the row's levels (a.in_smem: norm_into_own's)
     constexpr bool primed = MK_MV_PRIMING && (FLAGS & MV_PRIMED);
-    const bool copy_levels = a8_one_row_area(A8) && !a.in_smem && !(MK_MV_CARRY && (FLAGS & MV_KEEP_LEVELS));
+    const bool copy_levels = A8 == A8_SMEM && !a.in_smem && !(MK_MV_CARRY && (FLAGS & MV_KEEP_LEVELS));
     if (copy_levels) Act8Stage::copy_all(smem_u32(rings), a, n0, sb0, sb1);
     if (A8 == A8_ROWS) Act8Rows::copy_all(smem_u32(rings), a, n0, ncols, sb0, sb1);
     if constexpr (primed) {  // units i0 .. i0 + NS - 2 are on their way (the batch before's prime): not copied
@@ -757,7 +735,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
         for (u32 k = 0; k + 1 < NS; ++k) issue();
     }
     // the batch's levels: every thread's share landed (the ring's groups may still fly), then everyone's
-    if (a8_one_row_area(A8) || A8 == A8_ROWS) {
+    if (A8 == A8_SMEM || A8 == A8_ROWS) {
         if (primed && (copy_levels || A8 == A8_ROWS))
             cp_async_wait<0>();  // the levels' group is the newest, after the primed units'
         else
@@ -767,7 +745,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
     trace_event(tset + TRACE_PRIMED);
     const MvCols mc = mv_cols(a, n0, ncols, g, c);
     MvPos u = m.start;
-    constexpr bool RUN = a8_one_row_area(A8) && (MK_MV_I8B || QT == QT_Q6_K);  // a tile's partial rows in registers
+    constexpr bool RUN = A8 == A8_SMEM && (MK_MV_I8B || QT == QT_Q6_K);  // a tile's partial rows in registers
     float run[2] = {0.f, 0.f};
     int run_t = u.t;
     for (int i = i0; i < i1; ++i) {
@@ -805,7 +783,7 @@ __device__ __noinline__ void mv_batch_cp(const WeightRef& w, int row_begin, int 
             } else {
                 mv_unit_i8b(st, act_sb, n0, g, c, run);
             }
-        } else if constexpr (a8_one_row_area(A8)) {
+        } else if constexpr (A8 == A8_SMEM) {
             mv_unit_i8(st, act_area + (u.sb - sb0) * Act8Stage::BYTES, n0, g, c, acc);
         } else if constexpr (A8 == A8_ROWS) {
             mv_unit_i8rows<TWO ? 2 : 1>(st, act_area, u.sb - sb0, ncols, g, c, mine + (u.t - t_lo) * 128);
@@ -917,10 +895,6 @@ __device__ __forceinline__ int mv_chunks(const WeightRef& w, const ActRef& a, in
     const int nsb = w.cols / QK_SB;
     if (mv_act8_rows(w.qtype, ncols, mv_act_i8(a, ncols)))  // always in chunks of MK_ACT8_ROWS_SB superblocks
         return (nsb + MK_ACT8_ROWS_SB - 1) / MK_ACT8_ROWS_SB;
-#if MK_ACT8_WIDE_SB
-    if (mv_act8_wide(w.qtype, nsb) && mv_act8_smem(w.qtype, ncols, mv_act_i8(a, ncols)))
-        return 1;  // one batch: A8_SMEM_WIDE
-#endif
     return MK_MV_CHUNKS && mv_act8_smem(w.qtype, ncols, mv_act_i8(a, ncols)) ? (nsb + MK_ACT8_MAX_SB - 1) / MK_ACT8_MAX_SB
                                                                                : 1;
 }

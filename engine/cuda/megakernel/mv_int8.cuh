@@ -17,11 +17,8 @@
 #define MK_MV_I8 1
 #endif
 // No int8 activations; one row's in each unit's stage; rows' in registers; one row's staged once a batch; 2 to
-// MK_ACT8_ROWS_MAX rows' staged once a batch (MK_MV_I8ROWS); one row's staged once a batch of more than
-// MK_ACT8_MAX_SB superblocks (MK_ACT8_WIDE_SB).
-enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS, A8_SMEM, A8_ROWS, A8_SMEM_WIDE };
-// Whether a kind holds one row's levels in the batch's shared area (A8_SMEM's arithmetic, either area size).
-__host__ __device__ constexpr bool a8_one_row_area(int a8) { return a8 == A8_SMEM || a8 == A8_SMEM_WIDE; }
+// MK_ACT8_ROWS_MAX rows' staged once a batch (MK_MV_I8ROWS).
+enum MvAct8 { A8_NONE, A8_STAGED, A8_REGS, A8_SMEM, A8_ROWS };
 // MK_MV_ACT8_SMEM (default since round 7: d = 0 14.22 against 14.69 ms, bench/MEGAKERNEL.md): at one row, the
 // batch's superblocks of the row's levels are copied once into the start of the ring area (Act8Stage's layout a
 // superblock, up to MK_ACT8_MAX_SB of them) instead of with every unit: no activation copies in the unit loop, 1/8
@@ -32,14 +29,6 @@ __host__ __device__ constexpr bool a8_one_row_area(int a8) { return a8 == A8_SME
 // Superblocks of a row the area holds: the 27B's 5,120 / 6,144-wide acts in one batch, act_ffn's 68 in two (and
 // still 3 Q4_K stages a warp in 132 KB; in 96 KB, 24 leaves Q6_K its 2)
 #define MK_ACT8_MAX_SB (MK_SMEM_BYTES >= 128 * 1024 ? 34 : 24)
-// MK_ACT8_WIDE_SB=n (a benchmark knob, 0: off): one row's levels of a weight wider than MK_ACT8_MAX_SB superblocks,
-// up to n, in one batch (A8_SMEM_WIDE, its own instances with n superblocks of area and the ring stages left beside
-// it) instead of in chunks. For FFN_DOWN's 68 (n = 68, at 140 KB: 2 Q4_K / Q6_K stages a warp against 3): round 12
-// on the H100 priced each chunk of FFN_DOWN at one row at ~6 us of the ring's start, the levels' copy and the fold
-// beyond its ~6 us of streaming (first 17.2 us, the second chunk's loops 12.5), 68 groups a d = 0 cycle.
-#ifndef MK_ACT8_WIDE_SB
-#define MK_ACT8_WIDE_SB 0
-#endif
 // MK_MV_I8B (with MK_MV_ACT8_SMEM; default since round 7, 271 against 312 instructions a unit: FFN_UP's loops
 // 14.4 against 14.9 us): kernels/mmvq_i8b.cu's arithmetic for the unit - each
 // mma's B carries one sub-block of a group of four in its two columns (hi, lo level), so four mmas fill one set
