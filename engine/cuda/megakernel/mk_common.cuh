@@ -469,12 +469,26 @@ struct Smem {
     float* scratch;           // MK_SMEM_BYTES of dynamic shared memory
 };
 
+// Four floats of x from L2, or (SMEM) from shared memory.
+template <bool SMEM>
+__device__ __forceinline__ void ld_x4(const float* p, float (&v)[4]) {
+    if (SMEM) {
+        const float4 q = *reinterpret_cast<const float4*>(p);
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+        ld_cg_f4(p, v);
+    }
+}
+
 // Row-wise 1/rms of `rows` rows of x [rows, width] (row stride ld), into inv[rows] (shared); every consumer thread
-// sums a slice of every row with independent (16-byte where aligned) loads, all rows' at once, so the rows cost
-// about one L2 round trip together (a warp a row took width / 32 dependent turns: ~9.7 us an ATTN_NORM at T = 1
-// on the H200, bench/MEGAKERNEL.md round 4; a row after another, 11.2 us at 5 rows against 10.3, round 5); each row's sums run
-// in the same order either way, and the warps' sums then add up in warp order. red: [MK_MAX_ROWS]
-// [MK_CONSUMER_WARPS] floats of scratch.
+// sums a slice of every row with independent (16-byte where aligned) loads, all rows' at once (a warp a row took
+// width / 32 dependent turns: ~9.7 us an ATTN_NORM at T = 1 on the H200, bench/MEGAKERNEL.md round 4; a row after
+// another, 11.2 us at 5 rows against 10.3, round 5). From L2 the compiler keeps only ~3 of a thread's loads in
+// flight here (a called function's few registers), so each 4,096 positions of every row cost a round trip: SMEM,
+// x already in shared memory (norm_act.cuh's staged rows), avoids that. Each row's sums run in the same order
+// either way, and the warps' sums then add up in warp order. red: [MK_MAX_ROWS][MK_CONSUMER_WARPS] floats of
+// scratch.
+template <bool SMEM = false>
 __device__ __noinline__ void rows_inv_rms(const float* x, int rows, int width, int ld, float eps, float* inv,
                                           float* red) {
     const bool vec = (width & 3) == 0 && (ld & 3) == 0 && (reinterpret_cast<u64>(x) & 15) == 0;
@@ -485,7 +499,7 @@ __device__ __noinline__ void rows_inv_rms(const float* x, int rows, int width, i
 #pragma unroll 4
         for (int k = 4 * ctid(); k < width; k += 4 * MK_CONSUMER_THREADS) {
             float v[4];
-            ld_cg_f4(x + k, v);
+            ld_x4<SMEM>(x + k, v);
             ss[0] += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
         }
     } else if (vec) {
@@ -494,7 +508,7 @@ __device__ __noinline__ void rows_inv_rms(const float* x, int rows, int width, i
             for (int n = 0; n < MK_MAX_ROWS; ++n)
                 if (n < rows) {
                     float v[4];
-                    ld_cg_f4(x + (i64)n * ld + k, v);
+                    ld_x4<SMEM>(x + (i64)n * ld + k, v);
                     ss[n] += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
                 }
         }
@@ -503,7 +517,7 @@ __device__ __noinline__ void rows_inv_rms(const float* x, int rows, int width, i
 #pragma unroll
             for (int n = 0; n < MK_MAX_ROWS; ++n)
                 if (n < rows) {
-                    const float v = ld_cg(x + (i64)n * ld + k);
+                    const float v = SMEM ? x[(i64)n * ld + k] : ld_cg(x + (i64)n * ld + k);
                     ss[n] += v * v;
                 }
         }

@@ -3,6 +3,7 @@
 #pragma once
 #include "mk_common.cuh"
 #include "mv_int8.cuh"
+#include "matvec.cuh"  // MK_RING_OFFSET
 
 // Whether act_h gets its int8 copy at `rows` rows: wherever a matmul reads it - one row (MK_MV_I8), several with
 // MK_MV_I8=2 (A8_REGS) or MK_MV_I8ROWS. Until 2026-12-05 the norms wrote it at every row count, unread past one row
@@ -17,6 +18,34 @@ __device__ __forceinline__ bool act_h_int8_at(int rows) {
     return rows == 1 || MK_MV_I8 >= 2 || MK_MV_I8ROWS || MK_ACT8_ALL_ROWS;
 }
 
+// MK_NORM_STAGE (1, the default; 0: x through registers from L2 as before, a benchmark knob): the norm copies its
+// rows of x into the ring area with cp.async, every copy in flight at once, then sums and scales them from shared
+// memory: one L2 round trip an instruction. From L2 the sum of squares waited a round trip for every 4,096
+// positions of all rows (rows_inv_rms) and the values one a row: ~10 at 5 rows, where an ATTN_NORM / FFN_NORM took
+// ~10.8 us against ~5.9 at one row (bench/MEGAKERNEL.md round 13). Rows that do not fit beside the scratch area
+// (more than 5 of the 27B's 5,120 at 140 KB) take the L2 path.
+#ifndef MK_NORM_STAGE
+#define MK_NORM_STAGE 1
+#endif
+
+// Whether `rows` rows of x (width H) are copied to shared memory (norm_stage_rows) rather than read from L2.
+__device__ __forceinline__ bool norm_staged(const float* x, int rows, int H) {
+    return MK_NORM_STAGE && (H & 3) == 0 && (reinterpret_cast<u64>(x) & 15) == 0 &&
+           (i64)rows * H * 4 <= MK_SMEM_BYTES - MK_RING_OFFSET;
+}
+
+// x [rows, H] into the ring area (free between an instruction's matmuls), 16 bytes a copy, all issued before any
+// lands; the consumers wait for all of them.
+__device__ __forceinline__ float* norm_stage_rows(const float* x, int rows, int H, Smem& s) {
+    u8* area = reinterpret_cast<u8*>(s.scratch) + MK_RING_OFFSET;
+    const u32 dst = smem_u32(area);
+    for (int i = ctid(); i < rows * H / 4; i += MK_CONSUMER_THREADS) cp_async16(dst + 16u * i, x + 4 * i);
+    cp_async_commit();
+    cp_async_wait<0>();
+    consumers_sync();
+    return reinterpret_cast<float*>(area);
+}
+
 // act_h superblocks [sb_begin, sb_end) = RMSNorm(x rows) * weight; `hidden` (if given) gets the f32 values too.
 __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const float* weight, int sb_begin, int sb_end,
                               float* hidden, Smem& s, bool last_row_alone = false) {
@@ -24,11 +53,17 @@ __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const fl
     const float* x = stage_x(g, stage);
     float* inv = s.scratch;  // [MK_MAX_ROWS]
     float* vals = s.scratch + MK_MAX_ROWS;  // [rows][256]
-    rows_inv_rms(x, rows, H, H, g.eps, inv, vals);  // vals is free until the values go in
+    const bool staged = norm_staged(x, rows, H);
+    const float* xs = staged ? norm_stage_rows(x, rows, H, s) : nullptr;
+    if (staged)
+        rows_inv_rms<true>(xs, rows, H, H, g.eps, inv, vals);  // vals is free until the values go in
+    else
+        rows_inv_rms(x, rows, H, H, g.eps, inv, vals);
     for (int sb = sb_begin; sb < sb_end; ++sb) {
         for (int o = ctid(); o < rows * QK_SB; o += MK_CONSUMER_THREADS) {
             const int t = o / QK_SB, k = sb * QK_SB + o % QK_SB;
-            const float v = k < H ? ld_cg(x + (i64)t * H + k) * inv[t] * weight[k] : 0.f;
+            const float xv = k >= H ? 0.f : staged ? xs[(i64)t * H + k] : ld_cg(x + (i64)t * H + k);
+            const float v = k < H ? xv * inv[t] * weight[k] : 0.f;
             vals[o] = v;
             if (hidden && k < H) hidden[(i64)t * H + k] = v;
         }
