@@ -153,7 +153,7 @@ __device__ void stream_until_stopped(const Probe& p, const Globals& g) {
     long long bytes = 0;
     if (threadIdx.x == 0) atomicAdd(p.words + 1, 1u);
     for (int turn = 0;; ++turn) {
-        if ((turn & 15) == 0 && (ld_cg(reinterpret_cast<const int*>(p.words)) != 0 || mk_failed(g))) break;
+        if ((turn & 15) == 0 && (ld_acquire(p.words) != 0 || mk_failed(g))) break;
         const long long base = begin + (long long)(turn % (int)(per_block / (256 * LOAD_UNROLL))) * 256 * LOAD_UNROLL;
         stream_turn(p.stream + base, fold);
         bytes += 16 * LOAD_UNROLL;
@@ -177,8 +177,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) latency_probe(Probe p) {
     const bool t0 = threadIdx.x == 0;
     if (t0 && p.load) {  // every loader streaming, then ~50 us for DRAM to fill up
         const u64 t = global_ns();
+        // ld_acquire, not ld_cg: the compiler hoisted ld_cg's asm (no memory clobber) out of this loop, so the
+        // count was read once, before any loader had started (round 13: 0 of 130 after 2 s, every load run)
         int started = 0;
-        while ((started = ld_cg(reinterpret_cast<const int*>(p.words + 1))) < (int)gridDim.x - 2) {
+        while ((started = (int)ld_acquire(p.words + 1)) < (int)gridDim.x - 2) {
             if (global_ns() - t > PROBE_TIMEOUT_NS) {  // not every loader counted: no loaded figures
                 mk_fail(g, ERR_WAIT_TIMEOUT, 0, -1, 0, 0, started, (int)gridDim.x - 2);
                 break;

@@ -22,21 +22,28 @@ __device__ __forceinline__ bool act_h_int8_at(int rows) {
 // rows of x into the ring area with cp.async, every copy in flight at once, then sums and scales them from shared
 // memory: one L2 round trip an instruction. From L2 the sum of squares waited a round trip for every 4,096
 // positions of all rows (rows_inv_rms) and the values one a row: ~10 at 5 rows, where an ATTN_NORM / FFN_NORM took
-// ~10.8 us against ~5.9 at one row (bench/MEGAKERNEL.md round 13). Rows that do not fit beside the scratch area
-// (more than 5 of the 27B's 5,120 at 140 KB) take the L2 path.
+// ~10.8 us against ~5.9 at one row (bench/MEGAKERNEL.md round 13). Measured there on the H100: 5 rows 10.9 ->
+// 9.7 us, 2 rows 8.4 -> 7.3; one row 5.9 -> 6.2 (two round trips cost less than the copies' wait and barrier), so
+// one row keeps the L2 path. Rows that do not fit beside the scratch area (more than 5 of the 27B's 5,120 at 140
+// KB) take it too.
 #ifndef MK_NORM_STAGE
 #define MK_NORM_STAGE 1
 #endif
 
 // Whether `rows` rows of x (width H) are copied to shared memory (norm_stage_rows) rather than read from L2.
 __device__ __forceinline__ bool norm_staged(const float* x, int rows, int H) {
-    return MK_NORM_STAGE && (H & 3) == 0 && (reinterpret_cast<u64>(x) & 15) == 0 &&
+    return MK_NORM_STAGE && rows >= 2 && (H & 3) == 0 && (reinterpret_cast<u64>(x) & 15) == 0 &&
            (i64)rows * H * 4 <= MK_SMEM_BYTES - MK_RING_OFFSET;
 }
 
 // x [rows, H] into the ring area (free between an instruction's matmuls), 16 bytes a copy, all issued before any
-// lands; the consumers wait for all of them.
+// lands; the consumers wait for all of them. With MK_MV_PRIME_NEXT a primed batch that no matmul claimed may still
+// be landing in the rings: it lands first.
 __device__ __forceinline__ float* norm_stage_rows(const float* x, int rows, int H, Smem& s) {
+    if (MK_MV_PRIMING) {
+        cp_async_wait<0>();
+        consumers_sync();
+    }
     u8* area = reinterpret_cast<u8*>(s.scratch) + MK_RING_OFFSET;
     const u32 dst = smem_u32(area);
     for (int i = ctid(); i < rows * H / 4; i += MK_CONSUMER_THREADS) cp_async16(dst + 16u * i, x + 4 * i);
