@@ -665,9 +665,10 @@ enum { MV_PRIMED = 1, MV_KEEP_LEVELS = 2 };
 // depend on the group before; only kinds whose stages hold weights alone: not the act staged a unit). The DRAM
 // round trip of the ring's fill then hides in the wait. (Round 5's MK_MV_PRIME, an earlier form, lost 0.3 ms on
 // a kernel with a controller warp and f16 activations.) MK_MV_PRIME_NEXT=2 primes only the kinds with f16
-// activations (A8_NONE: FFN_DOWN and MIX_OUT at 2-5 rows), and only at 2 rows or more: round 13 on the H100, =1
-// took FFN_DOWN 41.1 -> 38.7 us and MIX_OUT 19.9 -> 17.5 at d = 4, but FFN_UP (int8 rows) 60.0 -> 62.7 and every
-// one-row int8 matmul slower; =2 without the row rule: d = 4 17.63 -> 17.46 ms, d = 0 12.46 -> 12.66.
+// activations (A8_NONE), of FFN_DOWN and MIX_OUT at 2 rows or more (megakernel.cu prime_instruction): round 13 on
+// the H100, =1 took FFN_DOWN 41.1 -> 38.7 us and MIX_OUT 19.9 -> 17.5 at d = 4, but FFN_UP (int8 rows) 60.0 ->
+// 62.7 and every one-row int8 matmul slower; the kind rule alone: d = 4 17.63 -> 17.46 ms, d = 0 12.46 -> 12.66
+// (the unprimed FFN_UP still paid for the call).
 #ifndef MK_MV_PRIME_NEXT
 #define MK_MV_PRIME_NEXT 0
 #endif
