@@ -664,11 +664,10 @@ enum { MV_PRIMED = 1, MV_KEEP_LEVELS = 2 };
 // dependencies, every warp asks for the first NS - 1 units of the instruction's first matmul batch (weights do not
 // depend on the group before; only kinds whose stages hold weights alone: not the act staged a unit). The DRAM
 // round trip of the ring's fill then hides in the wait. (Round 5's MK_MV_PRIME, an earlier form, lost 0.3 ms on
-// a kernel with a controller warp and f16 activations.) MK_MV_PRIME_NEXT=2 primes only the kinds with f16
-// activations (A8_NONE), of FFN_DOWN and MIX_OUT at 2 rows or more (megakernel.cu prime_instruction): round 13 on
-// the H100, =1 took FFN_DOWN 41.1 -> 38.7 us and MIX_OUT 19.9 -> 17.5 at d = 4, but FFN_UP (int8 rows) 60.0 ->
-// 62.7 and every one-row int8 matmul slower; the kind rule alone: d = 4 17.63 -> 17.46 ms, d = 0 12.46 -> 12.66
-// (the unprimed FFN_UP still paid for the call).
+// a kernel with a controller warp and f16 activations.) Round 13 (H100): FFN_DOWN 41.1 -> 38.7 us and MIX_OUT
+// 19.9 -> 17.5 at d = 4, FFN_UP (int8 rows) 60.0 -> 62.7 and the one-row int8 matmuls slower; a form priming only
+// FFN_DOWN's and MIX_OUT's f16 kinds from 2 rows gained at most 0.17 ms at d = 4 and cost up to 0.2 at d = 0
+// (removed; bench/MEGAKERNEL.md round 13).
 #ifndef MK_MV_PRIME_NEXT
 #define MK_MV_PRIME_NEXT 0
 #endif
@@ -926,8 +925,7 @@ __device__ __noinline__ void mv_prime_first(const MvFirst& f, int ncols, u8* rin
     bool primed = false;
     mv_staged_kind(w.qtype, ncols, mv_act_i8(*f.a, ncols), nx.sb1 - nx.sb0, [&](auto kind) {
         using K = decltype(kind);
-        // the act is not ready before the wait; =2: f16 activations only
-        if constexpr (!K::ACT_STAGED && K::INT8 != A8_STAGED && (MK_MV_PRIME_NEXT != 2 || K::INT8 == A8_NONE)) {
+        if constexpr (!K::ACT_STAGED && K::INT8 != A8_STAGED) {  // the act is not ready before the wait
             mv_prime<K::QTYPE, K::RESIDUE_MMA, K::ACT_STAGED, K::INT8>(nx, *f.a, 0, rings);
             primed = true;
         }

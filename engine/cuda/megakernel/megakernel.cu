@@ -117,10 +117,7 @@ __device__ __forceinline__ bool first_matmul(const Globals& g, const i32* w, MvF
 // mv_prime_first). Every consumer thread calls it, with w in global memory (the queue).
 __device__ __noinline__ void prime_instruction(const Globals& g, const i32* w, Smem& s) {
     const int op = w[INST_OPCODE], stage = w[INST_STAGE];
-    // =2: FFN_DOWN's and MIX_OUT's f16 kinds alone (2 rows and more): elsewhere the call only cost its time, on
-    // the SMs that come to the instruction straight from the group it waits on (FFN_UP +1-2 us, d = 0 +0.2 ms)
     if (op < 0 || !stage_active(g, stage)) return;
-    if (MK_MV_PRIME_NEXT == 2 && ((op != OP_FFN_DOWN && op != OP_MIX_OUT) || stage_rows(g, stage) < 2)) return;
     MvFirst f;
     if (first_matmul(g, w, f))
         mv_prime_first(f, stage_rows(g, stage), reinterpret_cast<u8*>(s.scratch) + MK_RING_OFFSET);

@@ -396,21 +396,25 @@ struct Act8Lane {
     }
 };
 
-__device__ __noinline__ void act8_store(const ActRef& a, int sb, int rows, const float* vals, int ld) {
+// Every row's int8 copy of superblock sb from get(p, n), position p < 256 of row n: a warp a row, lane l taking
+// positions 8l .. 8l + 7, all its values asked for before any is used (one round trip where get loads).
+template <class Get> __device__ __forceinline__ void act8_rows(const ActRef& a, int sb, int rows, Get&& get) {
     const int lane = threadIdx.x & 31;
-    if (rows == 1) {
-        act8_one_row(a, sb, [&](int p) { return act_held(vals[p]); });
-        return;
-    }
     for (int n = cwarp(); n < rows; n += MK_CONSUMER_WARPS) {
         float v[8], mx = 0.f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            v[e] = act_held(vals[n * ld + 8 * lane + e]);
-            mx = fmaxf(mx, fabsf(v[e]));
-        }
+        for (int e = 0; e < 8; ++e) v[e] = get(8 * lane + e, n);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(v[e]));
         Act8Lane(v, mx).store(a, sb, n, lane);
     }
+}
+
+__device__ __noinline__ void act8_store(const ActRef& a, int sb, int rows, const float* vals, int ld) {
+    if (rows == 1)
+        act8_one_row(a, sb, [&](int p) { return act_held(vals[p]); });
+    else
+        act8_rows(a, sb, rows, [&](int p, int n) { return act_held(vals[n * ld + p]); });
 }
 
 // The int8 copy of an act whose superblocks are written in parts by several instructions (act_ffn: FFN_UP's
@@ -423,7 +427,7 @@ __device__ __noinline__ void act8_store(const ActRef& a, int sb, int rows, const
 __device__ void act8_fill(const ActRef& a, int p0, int len, int rows) {
     __shared__ int closed;  // the superblocks (bits from p0's) this call completed
     consumers_sync();       // every warp's stores issued
-    const int sb0 = p0 >> 8, end = min(p0 + len, a.width), lane = threadIdx.x & 31;
+    const int sb0 = p0 >> 8, end = min(p0 + len, a.width);
     if (ctid() == 0) {
         fence_release();
         int bits = 0;
@@ -443,18 +447,10 @@ __device__ void act8_fill(const ActRef& a, int p0, int len, int rows) {
     };
     for (int sb = sb0; bits >> (sb - sb0); ++sb) {
         if (!((bits >> (sb - sb0)) & 1)) continue;
-        if (rows == 1) {
+        if (rows == 1)
             act8_one_row(a, sb, [&](int p) { return held(256 * sb + p, 0); });
-        } else {  // a warp a row, as act8_store: lane l's positions 8l .. 8l + 7, all loads before any is used
-            for (int n = cwarp(); n < rows; n += MK_CONSUMER_WARPS) {
-                float v[8], mx = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) v[e] = held(256 * sb + 8 * lane + e, n);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(v[e]));
-                Act8Lane(v, mx).store(a, sb, n, lane);
-            }
-        }
+        else
+            act8_rows(a, sb, rows, [&](int p, int n) { return held(256 * sb + p, n); });
         if (ctid() == 0) a.fill[sb] = 0u;
     }
     consumers_sync();  // `closed` is read before the next call writes it

@@ -69,8 +69,8 @@ __device__ __noinline__ void norm_into_act(const Globals& g, int stage, const fl
     for (int sb = sb_begin; sb < sb_end; ++sb) {
         for (int o = ctid(); o < rows * QK_SB; o += MK_CONSUMER_THREADS) {
             const int t = o / QK_SB, k = sb * QK_SB + o % QK_SB;
-            const float xv = k >= H ? 0.f : staged ? xs[(i64)t * H + k] : ld_cg(x + (i64)t * H + k);
-            const float v = k < H ? xv * inv[t] * weight[k] : 0.f;
+            const i64 at = (i64)t * H + k;
+            const float v = k < H ? (staged ? xs[at] : ld_cg(x + at)) * inv[t] * weight[k] : 0.f;
             vals[o] = v;
             if (hidden && k < H) hidden[(i64)t * H + k] = v;
         }
