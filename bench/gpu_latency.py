@@ -12,8 +12,12 @@ other SMs idle and with them streaming DRAM; it is built twice, with the megaker
   sc               __threadfence() likewise
   ping             one round trip: block 0 signals block 1 and waits for its answer, each side's signal after the
                    block's stores and a barrier (an instruction's end): two steps' synchronisation
-  code_dram / cold / warm   per KB of straight-line code: its first run (from DRAM), after 128 KB of other code
-                   (from L2, unless the loaders pushed it out), then again at once (the instruction cache)
+  code_dram        per KB of 128 KB of straight-line code, its first run (from DRAM: L2 was flushed)
+  code_warm        per KB of a 16 KB body run right after itself (the instruction cache)
+  code_after_<n>k  per KB of the same body after n KB of other code ran (the caches between L2 and the SM, then
+                   L2, unless the loaders pushed it out)
+Loaded runs: `load` streams at normal L2 priority, `load_ef` (default build only) evict-first, as the megakernel's
+rings do (its code and tables then stay in L2).
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ SOURCE = Path(__file__).resolve().parent / "kernels" / "latency_probe.cu"
 # latency_probe.cu's enum Slot, in order (tests/bench/test_gpu_latency.py checks)
 SLOTS = ("ns0", "ns1", "clk0", "clk1", "l2", "dram", "l1", "solo", "fence_idle", "fence_stores", "sc_idle", "sc_stores",
          "ping", "code_dram",
-         *(f"code_cold{i}" for i in range(5)), *(f"code_warm{i}" for i in range(5)), "load_ns", "load_bytes", "sink",
-         "error")
-CODE_KB = (8, 16, 32, 64, 128)  # latency_probe.cu CODE_BLOCKS, 4 KB each
+         "code_warm", *(f"code_after{i}" for i in range(5)), "load_ns", "load_bytes", "sink", "error")
+CODE_KB, BODY_KB = 128, 16  # latency_probe.cu CODE_BLOCKS_ALL and BODY_BLOCKS, 4 KB each
+OTHER_KB = (16, 32, 64, 128, 256)  # latency_probe.cu OTHER_BLOCKS
 CHASE_STEPS, PING_ROUNDS, SOLO_BYTES = 256, 64, 8 << 20  # latency_probe.cu's #defines
 # (bytes, bytes between nodes). The DRAM ring's nodes each in a line of their own, 8 M lines (1 GB) against the
 # L2's ~0.5 M: at 4,096 bytes apart over 256 MB its 65,536 nodes were 2 MB of sectors, which stayed in L2 after
@@ -59,10 +63,10 @@ def summarize(raw: dict[str, int]) -> dict[str, float]:
            "l1": ns(raw["l1"], CHASE_STEPS), "solo_gb_s": round(SOLO_BYTES * per_ns / max(raw["solo"], 1), 1),
            "fence_idle": ns(raw["fence_idle"]), "fence_stores": ns(raw["fence_stores"]),
            "sc_idle": ns(raw["sc_idle"]), "sc_stores": ns(raw["sc_stores"]), "ping": ns(raw["ping"], PING_ROUNDS)}
-    out["code_dram_128k"] = ns(raw["code_dram"], max(CODE_KB))
-    for i, kb in enumerate(CODE_KB):
-        out[f"code_cold_{kb}k"] = ns(raw[f"code_cold{i}"], kb)
-        out[f"code_warm_{kb}k"] = ns(raw[f"code_warm{i}"], kb)
+    out["code_dram"] = ns(raw["code_dram"], CODE_KB)
+    out["code_warm"] = ns(raw["code_warm"], BODY_KB)
+    for i, kb in enumerate(OTHER_KB):
+        out[f"code_after_{kb}k"] = ns(raw[f"code_after{i}"], BODY_KB)
     out["load_tb_s"] = round(raw["load_bytes"] / max(raw["load_ns"], 1) / 1e3, 2)
     out["error"] = raw["error"]
     return out
@@ -145,7 +149,7 @@ def run_latency_probe(dev, report: Report, rng: np.random.Generator) -> dict[str
                 _ring(dev, k["latency_ring"], bufs["l2"], *L2_RING, rng)
                 _ring(dev, k["latency_ring"], bufs["dram"], *DRAM_RING, rng)
                 _ring(dev, k["latency_ring"], bufs["l1"], *L1_RING, rng)
-            for load in (0, 1) if sms >= 3 else (0,):
+            for load in ((0, 1, 2) if sync == 0 else (0, 1)) if sms >= 3 else (0,):
                 for name in ("words", "out", "flush"):
                     dev.fill_u32(bufs[name], 0)  # the flush's write evicts L2 (rings, code) before each launch
                 args = ProbeArgs(bufs["words"].ptr, bufs["l2"].ptr, bufs["dram"].ptr, bufs["l1"].ptr,
@@ -153,7 +157,7 @@ def run_latency_probe(dev, report: Report, rng: np.random.Generator) -> dict[str
                                  1.0001, 1e-7, load)
                 launch_coresident(dev, k["latency_probe"], sms, args, smem)
                 raw = dict(zip(SLOTS, dev.download(bufs["out"], np.uint64, (len(SLOTS),)).tolist()))
-                tag = f"{'acqrel' if sync else 'default'}.{'load' if load else 'idle'}"
+                tag = f"{'acqrel' if sync else 'default'}.{('idle', 'load', 'load_ef')[load]}"
                 results[tag] = summarize(raw) | {"raw": raw}
                 if raw["error"]:  # a wait timed out: the figures after it are missing
                     words = dev.download(bufs["words"], np.int32, (WORDS,))

@@ -11,9 +11,9 @@
 //              (mk_common.cuh; this file is built once per MK_SYNC_ACQREL), after the block's stores and a barrier as
 //              an instruction's end does: the per-step synchronisation
 //   code       straight-line code (FFMA chains): 128 KB of it the first time (from DRAM: the host's flush left
-//              nothing in L2), then 8-128 KB of it after 128 KB of other code (from L2 where nothing streams) and
-//              again at once (the instruction cache): an instruction's first pass through code it has not run
-//              lately against its warm cost
+//              nothing in L2), then a 16 KB body right after itself (warm: the instruction cache) and after 16-256
+//              KB of other code: what an instruction's code costs when the layer's other instructions ran between
+//              (the megakernel runs ~7 instructions' code a layer); the loaders stream evict-first, as its rings do
 // Blocks 2 .. grid - 1 stream a buffer until block 0 is done when `load` is set; block 1 only answers pings.
 #include "mk_common.cuh"
 
@@ -25,9 +25,9 @@ enum Slot {
     S_FENCE_IDLE, S_FENCE_STORES,   // the build's fence_release(), alone and after 16 KB of stores
     S_SC_IDLE, S_SC_STORES,         // __threadfence() likewise (the same as the above where MK_SYNC_ACQREL=0)
     S_PING,                         // cycles for PING_ROUNDS round trips
-    S_CODE_DRAM,                    // all CODE_BLOCKS_ALL blocks, their first run
-    S_CODE_COLD0, S_CODE_COLD1, S_CODE_COLD2, S_CODE_COLD3, S_CODE_COLD4,  // CODE_BLOCKS[i] blocks, first pass
-    S_CODE_WARM0, S_CODE_WARM1, S_CODE_WARM2, S_CODE_WARM3, S_CODE_WARM4,  // the same, again
+    S_CODE_DRAM,                    // all CODE_BLOCKS_ALL blocks of code_run, their first run
+    S_CODE_WARM,                    // the last BODY_BLOCKS of them right after themselves
+    S_CODE_AFTER0, S_CODE_AFTER1, S_CODE_AFTER2, S_CODE_AFTER3, S_CODE_AFTER4,  // after OTHER_BLOCKS[i] of code_other
     S_LOAD_NS, S_LOAD_BYTES,        // how long the loaders streamed, and how many bytes
     S_SINK, S_ERROR, NUM_SLOTS
 };
@@ -44,7 +44,7 @@ __device__ __forceinline__ u64 clk() {
     return c;
 }
 
-// ---- straight-line code: 32 blocks of 4 KB (256 FFMAs on 8 chains, which no compiler may fold) ----
+// ---- straight-line code: blocks of 4 KB (256 FFMAs on 8 chains, which no compiler may fold) ----
 
 #define FMA8(y, z) a0 = fmaf(a0, y, z); a1 = fmaf(a1, y, z); a2 = fmaf(a2, y, z); a3 = fmaf(a3, y, z); \
                    a4 = fmaf(a4, y, z); a5 = fmaf(a5, y, z); a6 = fmaf(a6, y, z); a7 = fmaf(a7, y, z);
@@ -55,22 +55,32 @@ __device__ __forceinline__ u64 clk() {
     case k + 3: BLOCK_4K(y, z) case k + 4: BLOCK_4K(y, z) case k + 5: BLOCK_4K(y, z) case k + 6: BLOCK_4K(y, z) \
     case k + 7: BLOCK_4K(y, z)
 #define CODE_BLOCKS_ALL 32
+#define OTHER_BLOCKS_ALL 64
+#define BODY_BLOCKS 4
 
-// The last CODE_BLOCKS_ALL - first of the blocks (a switch falling through: one straight run of code).
+// Both functions run the blocks from `first` to their end (a switch falling through: one straight run of code).
+// The empty asm with a memory clobber makes each call a side effect: without it NVVM took them for pure functions,
+// ran code_other once for all five passes and merged each timed pair of code_run calls into one, so every figure
+// of rounds 11-13 but the 128 KB one timed no code at all (the PTX had 6 calls of code_run for 11 in the source).
 __device__ __noinline__ float code_run(int first, float y, float z) {
+    asm volatile("" ::: "memory");
     float a0 = y, a1 = z, a2 = y + z, a3 = y - z, a4 = 2.f * y, a5 = 2.f * z, a6 = y * z, a7 = y + 1.f;
     switch (first) { CASES8(0, y, z) CASES8(8, y, z) CASES8(16, y, z) CASES8(24, y, z) default: break; }
     return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
 }
 
-// 128 KB of other code, to push code_run's lines out of the instruction caches.
-__device__ __noinline__ float code_other(float y, float z) {
+// 256 KB of other code, to push code_run's lines out of the instruction caches.
+__device__ __noinline__ float code_other(int first, float y, float z) {
+    asm volatile("" ::: "memory");
     float a0 = z, a1 = y, a2 = y * z, a3 = z - y, a4 = 3.f * y, a5 = 3.f * z, a6 = y + z, a7 = z + 1.f;
-    X4(X4(X2(BLOCK_4K(z, y))))
+    switch (first) {
+        CASES8(0, z, y) CASES8(8, z, y) CASES8(16, z, y) CASES8(24, z, y)
+        CASES8(32, z, y) CASES8(40, z, y) CASES8(48, z, y) CASES8(56, z, y) default: break;
+    }
     return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
 }
 
-__constant__ int CODE_BLOCKS[5] = {2, 4, 8, 16, 32};  // 8 .. 128 KB
+__constant__ int OTHER_BLOCKS[5] = {4, 8, 16, 32, 64};  // 16 .. 256 KB
 
 // ---- the measurements ----
 
@@ -84,7 +94,7 @@ struct Probe {
     u32* scratch;        // [2][256 * 16] u32: blocks 0 and 1's stores before a fence or a signal
     u64* out;            // [NUM_SLOTS]
     float y, z;          // the code's operands (run-time values)
-    int load;            // the other blocks stream while block 0 measures
+    int load;            // the other blocks stream while block 0 measures: 1 normal, 2 evict-first lines
 };
 
 // CHASE_STEPS dependent loads from `at` on (through L2 alone, or L1 where `cached`).
@@ -138,10 +148,19 @@ __device__ u64 ping(const Globals& g, int me, u32* scratch) {
 }
 
 // One turn of a block's stream: LOAD_UNROLL 16-byte loads a thread from `src` on (64 KB), folded into `fold`.
-__device__ __forceinline__ void stream_turn(const uint4* src, u32& fold) {
+// With `evict_first` the lines carry the L2 policy the megakernel's weight copies carry (common.cuh).
+__device__ __forceinline__ uint4 ld_ef_u4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(l2_evict_first()));
+    return v;
+}
+
+template <bool EVICT_FIRST = false> __device__ __forceinline__ void stream_turn(const uint4* src, u32& fold) {
     uint4 v[LOAD_UNROLL];
 #pragma unroll
-    for (int j = 0; j < LOAD_UNROLL; ++j) v[j] = ld_cg_u4(src + j * 256 + threadIdx.x);
+    for (int j = 0; j < LOAD_UNROLL; ++j)
+        v[j] = EVICT_FIRST ? ld_ef_u4(src + j * 256 + threadIdx.x) : ld_cg_u4(src + j * 256 + threadIdx.x);
 #pragma unroll
     for (int j = 0; j < LOAD_UNROLL; ++j) fold ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
 }
@@ -155,7 +174,10 @@ __device__ void stream_until_stopped(const Probe& p, const Globals& g) {
     for (int turn = 0;; ++turn) {
         if ((turn & 15) == 0 && (ld_acquire(p.words) != 0 || mk_failed(g))) break;
         const long long base = begin + (long long)(turn % (int)(per_block / (256 * LOAD_UNROLL))) * 256 * LOAD_UNROLL;
-        stream_turn(p.stream + base, fold);
+        if (p.load == 2)
+            stream_turn<true>(p.stream + base, fold);
+        else
+            stream_turn(p.stream + base, fold);
         bytes += 16 * LOAD_UNROLL;
     }
     if (fold == 0x9E3779B9u) p.out[S_SINK] = fold;
@@ -229,19 +251,19 @@ extern "C" __global__ void __launch_bounds__(256, 1) latency_probe(Probe p) {
     dt = ping(g, 0, p.scratch);
     if (t0) out[S_PING] = dt;
     if (threadIdx.x < 32) {  // one warp runs the code (the others would only share its fetches)
+        const int body = CODE_BLOCKS_ALL - BODY_BLOCKS;
         u64 c0 = clk();
         float sink = code_run(0, p.y, p.z);
         if (t0) out[S_CODE_DRAM] = clk() - c0;
+        c0 = clk();
+        sink += code_run(body, p.y, p.z);
+        if (t0) out[S_CODE_WARM] = clk() - c0;
         for (int i = 0; i < 5; ++i) {
-            sink += code_other(p.y, p.z);
-            const int first = CODE_BLOCKS_ALL - CODE_BLOCKS[i];
+            sink += code_run(body, p.y, p.z);  // the body in the instruction cache, then the other code over it
+            sink += code_other(OTHER_BLOCKS_ALL - OTHER_BLOCKS[i], p.y, p.z);
             c0 = clk();
-            sink += code_run(first, p.y, p.z);
-            const u64 cold = clk() - c0;
-            c0 = clk();
-            sink += code_run(first, p.y, p.z);
-            const u64 warm = clk() - c0;
-            if (t0) out[S_CODE_COLD0 + i] = cold, out[S_CODE_WARM0 + i] = warm;
+            sink += code_run(body, p.y, p.z);
+            if (t0) out[S_CODE_AFTER0 + i] = clk() - c0;
         }
         if (t0 && sink == 1.2345f) out[S_SINK] = 1;
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from bench import gpu_latency
-from bench.gpu_latency import CODE_KB, SLOTS, source_slots, summarize, table
+from bench.gpu_latency import BODY_KB, CODE_KB, OTHER_KB, SLOTS, source_slots, summarize, table
 from engine.cuda import nvrtc
 from engine.cuda.megakernel import build
 
@@ -21,9 +21,10 @@ def test_slots_and_constants_are_the_kernels() -> None:
     assert source_slots(SOURCE) == SLOTS
     assert define("CHASE_STEPS") == gpu_latency.CHASE_STEPS and define("PING_ROUNDS") == gpu_latency.PING_ROUNDS
     assert re.search(r"#define SOLO_BYTES \(8 << 20\)", SOURCE) and gpu_latency.SOLO_BYTES == 8 << 20
-    blocks = re.search(r"CODE_BLOCKS\[5\] = \{([^}]*)\}", SOURCE).group(1)
-    assert tuple(4 * int(b) for b in blocks.split(",")) == CODE_KB
-    assert max(CODE_KB) == 4 * define("CODE_BLOCKS_ALL")
+    blocks = re.search(r"OTHER_BLOCKS\[5\] = \{([^}]*)\}", SOURCE).group(1)
+    assert tuple(4 * int(b) for b in blocks.split(",")) == OTHER_KB
+    assert max(OTHER_KB) == 4 * define("OTHER_BLOCKS_ALL")
+    assert CODE_KB == 4 * define("CODE_BLOCKS_ALL") and BODY_KB == 4 * define("BODY_BLOCKS")
 
 
 def test_the_dram_walk_cannot_be_served_from_l2() -> None:
@@ -54,12 +55,13 @@ def test_summary_reads_each_figure_from_its_slot() -> None:
     assert got["solo_gb_s"] == round((8 << 20) * 2 / raw["solo"], 1)
     assert got["ping"] == round(raw["ping"] / gpu_latency.PING_ROUNDS / 2, 1)
     assert (got["fence_idle"], got["sc_stores"]) == (raw["fence_idle"] / 2, raw["sc_stores"] / 2)
-    assert got["code_cold_8k"] == round(raw["code_cold0"] / 8 / 2, 1)
-    assert got["code_dram_128k"] == round(raw["code_dram"] / 128 / 2, 1)
-    assert got["code_warm_128k"] == round(raw["code_warm4"] / 128 / 2, 1)
+    assert got["code_after_16k"] == round(raw["code_after0"] / 16 / 2, 1)
+    assert got["code_after_256k"] == round(raw["code_after4"] / 16 / 2, 1)
+    assert got["code_dram"] == round(raw["code_dram"] / 128 / 2, 1)
+    assert got["code_warm"] == round(raw["code_warm"] / 16 / 2, 1)
     assert got["load_tb_s"] == 4.5 and got["error"] == raw["error"]
     text = table({"a.idle": got, "b.load": got})
-    assert "a.idle" in text and "code_cold_128k" in text and "error" not in text
+    assert "a.idle" in text and "code_after_128k" in text and "error" not in text
 
 
 def test_probe_compiles_with_the_release_protocol_and_unfolded_code() -> None:
@@ -69,8 +71,12 @@ def test_probe_compiles_with_the_release_protocol_and_unfolded_code() -> None:
     # the ping runs the megakernel's knob protocol; the fence rows time both fences
     assert "red.release.gpu.global.add.u32" in ptx and "ld.relaxed.gpu.global.u32" in ptx
     assert "fence.acq_rel.gpu" in ptx and "membar.gl" in ptx
-    # 2 x 128 KB of straight-line code: 8192 FFMAs in each of code_run and code_other, none folded away
-    assert len(re.findall(r"\bfma\.rn\.f32\b", ptx)) == 2 * 128 * 1024 // 16
+    # 128 + 256 KB of straight-line code (code_run, code_other), none folded away
+    assert len(re.findall(r"\bfma\.rn\.f32\b", ptx)) == (128 + 256) * 1024 // 16
+    # every call the source makes is in the PTX: taken for pure functions, the calls were merged and hoisted
+    # (rounds 11-13: 6 calls of code_run for 11, one of code_other for 5), and the timed spans held no code
+    assert len(re.findall(r"call\.uni[^;]*code_run", ptx)) == 2 + 2 * len(OTHER_KB)
+    assert len(re.findall(r"call\.uni[^;]*code_other", ptx)) == len(OTHER_KB)
 
 
 def test_error_line_reads_the_control_words_the_kernel_writes() -> None:
