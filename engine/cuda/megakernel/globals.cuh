@@ -178,22 +178,4 @@ __device__ __forceinline__ bool stage_drafts(const Globals& g, int stage) {
     return step >= 0 && step < ctl_get(g, CTL_DRAFT_NEXT);
 }
 
-// MK_REFS_SMEM (a benchmark knob, 0: off): each instruction's layer table (LayerRefs, 568 bytes) copied into shared
-// memory by the consumers before the wait (the table is constant for the launch), so the op's first weight and
-// vector pointers after the wait come from shared memory. Read from global memory they are an L2 round trip: the
-// wait's acquire empties L1, and under the others' streams a dependent L2 load takes ~1.4 us against ~0.35 idle
-// (the latency probe, bench/MEGAKERNEL.md round 13). mk_refs_layer (set by consumer thread 0 after its wait,
-// before the barrier) names the layer mk_refs holds; a read for another layer goes to the global table.
-#ifndef MK_REFS_SMEM
-#define MK_REFS_SMEM 0
-#endif
-#if MK_REFS_SMEM
-__shared__ LayerRefs mk_refs;
-__shared__ int mk_refs_layer;
-#endif
-__device__ __forceinline__ const LayerRefs& layer_refs(const Globals& g, int layer) {
-#if MK_REFS_SMEM
-    if (layer == mk_refs_layer) return mk_refs;
-#endif
-    return g.layers[layer];
-}
+__device__ __forceinline__ const LayerRefs& layer_refs(const Globals& g, int layer) { return g.layers[layer]; }

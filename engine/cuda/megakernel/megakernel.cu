@@ -264,41 +264,6 @@ __device__ __noinline__ void prefetch_during_norms(const Globals& g, const i32* 
     prefetch_rows(*nx.w, nx.row_begin, min(f.row_end, nx.row_begin + MK_TILE_ROWS * nx.nt));
 }
 
-// MK_REFS_SMEM (globals.cuh): the copy is written before the wait, where the primer and the wait's prefetches read
-// the table through layer_refs, and the controller's consumers take no part in it.
-#if MK_REFS_SMEM && (MK_MV_PRIME_NEXT || MK_WAIT_PREFETCH || MK_CONTROLLER)
-#error "MK_REFS_SMEM goes with MK_MV_PRIME_NEXT=0, MK_WAIT_PREFETCH=0 and MK_CONTROLLER=0 only"
-#endif
-
-// The layer an instruction's words name (its first argument, instructions.py), or -1 where its opcode has none
-// (tests/kernels/test_megakernel_compile.py checks the list against the instruction classes).
-__device__ __forceinline__ int inst_layer(const i32* w) {
-    switch (w[INST_OPCODE]) {
-        case OP_ATTN_NORM: case OP_MIX_IN: case OP_DN_RULE: case OP_ATTN_CORE: case OP_ATTN_COMBINE:
-        case OP_MIX_OUT: case OP_FFN_NORM: case OP_FFN_UP: case OP_FFN_DOWN: case OP_DN_COMMIT:
-            return w[INST_ARGS];
-        default:
-            return -1;
-    }
-}
-
-// MK_REFS_SMEM: every consumer thread copies its share of the layer table of the instruction at w (global memory)
-// into mk_refs, before the wait; returns the layer (-1: none, nothing copied). The previous instruction's barrier
-// (count_instruction) has passed, so nobody reads mk_refs for it any more.
-__device__ __forceinline__ int copy_layer_refs(const Globals& g, const i32* w) {
-#if MK_REFS_SMEM
-    const int layer = inst_layer(w);
-    if (layer >= 0) {
-        const u32* src = reinterpret_cast<const u32*>(g.layers + layer);
-        u32* dst = reinterpret_cast<u32*>(&mk_refs);
-        for (int k = ctid(); k < (int)(sizeof(LayerRefs) / 4); k += MK_CONSUMER_THREADS) dst[k] = src[k];
-    }
-    return layer;
-#else
-    return -1;
-#endif
-}
-
 // MK_CONTROLLER=0: the consumers alone. Consumer thread 0 fetches and waits for each instruction in turn (what
 // the controller does), the others wait for it at the consumer barrier.
 struct SoloConsumer {
@@ -317,16 +282,12 @@ struct SoloConsumer {
                         prefetch(g, w);
                 }
             }
-            [[maybe_unused]] const int refs_layer = copy_layer_refs(g, queue + (i64)i * INST_WORDS);
             if (MK_MV_PRIME_NEXT) prime_instruction(g, queue + (i64)i * INST_WORDS, s);
             if (ctid() == 0) {
                 mk_inst_index = i;
                 mk_first_pending = 1;
                 set_trace_slot(g);
                 await_instruction(g, s.inst[0], i);
-#if MK_REFS_SMEM
-                mk_refs_layer = refs_layer;  // the copy is whole after the barrier below
-#endif
             }
             consumers_sync();
             const i32* w = s.inst[0];
@@ -358,9 +319,6 @@ __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const __grid_constan
         s.scratch = dynamic_smem;
         cache_rows(g);
         if (MK_MV_PRIME_NEXT) mk_primed_w = nullptr;
-#if MK_REFS_SMEM
-        mk_refs_layer = -1;
-#endif
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5;
