@@ -53,3 +53,51 @@ def test_the_table_lists_the_busiest_function_first(tmp_path, capsys):
     assert main([str(path), "--top", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and lines[1].split()[:2] == ["91.0%", "0"] and "HMMA1" in lines[2]
+
+
+LISTING = """
+\t.section\t.text._Z10megakernel7Globals,"ax",@progbits
+_Z10megakernel7Globals:
+.text._Z10megakernel7Globals:
+        /*0000*/                   LDS.64 R6, [R0] ;
+.L_x_1:
+        /*0010*/               @P0 RET.REL.NODEC R2 ;
+        /*0020*/                   RET.REL.NODEC R20 ;
+        .type           $_Z10megakernel7Globals$_Z6matvecv,@function
+$_Z10megakernel7Globals$_Z6matvecv:
+        /*0030*/                   HMMA.16816.F32 R8, R8, R4, R8 ;
+        /*0040*/              @!P1 LDGSTS.E.BYPASS.128 [R7], desc[UR4][R8.64] ;
+        /*0050*/                   RET.REL.NODEC R2 ;
+$_Z10megakernel7Globals$_Z4tailv:
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_a_listing_names_the_functions_and_sizes_their_code(tmp_path, capsys):
+    from bench.ncu_functions import sass_functions
+
+    named = sass_functions(LISTING)
+    assert [n for _, n in named] == [3, 3, 1]  # local labels (.L_x_1) do not cut a function
+    path = tmp_path / "sass.csv"
+    write(path, gz=False)
+    functions = split_functions(*read_rows(path), named)
+    assert [f.name for f in functions][1:] in (["matvec()", "tail()"], ["_Z6matvecv", "_Z4tailv"])  # c++filt or not
+    assert functions[1].ran == 3 and functions[1].kb(functions[1].ran) == 3 * 16 / 1024
+    listing = tmp_path / "mk.sass"
+    listing.write_text(LISTING)
+    assert main([str(path), "--sass", str(listing)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("code that ran: 0.1 KB of 0.1 KB")  # 7 instructions, all run: 112 bytes
+    lines = out.splitlines()  # the busiest function first, by name
+    assert "megakernel" in lines[2] and "91.0%" in lines[2] and "matvec" in lines[3]
+
+
+def test_a_listing_of_another_cubin_is_refused(tmp_path):
+    import pytest
+
+    from bench.ncu_functions import sass_functions
+
+    path = tmp_path / "sass.csv"
+    write(path, gz=False)
+    with pytest.raises(ValueError, match="not the cubin"):
+        split_functions(*read_rows(path), sass_functions(LISTING)[:2])
