@@ -442,12 +442,15 @@ def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing, depths=r
 
 def phase_profile(mk, report: Report, tag: str) -> None:
     """The last cycle launch's critical path by opcode (bench/mk_profile.py), printed and kept in the report."""
-    from bench.mk_profile import critical_path, table, trace_table, warp_trace
+    from bench.mk_profile import code_split, code_split_table, critical_path, table, trace_table, warp_trace
     from engine.cuda.megakernel import build
 
     program, times = mk.ex.programs["cycle"], mk.ex.read_timings("cycle")
     profile = critical_path(program, times)
     print(table(profile), flush=True)
+    split = code_split(program, times)
+    print(code_split_table(split), flush=True)
+    report.info.setdefault("mk_code_split", {})[tag] = split
     if build.tuning_define("MK_TRACE") not in (None, "0"):  # a variant with the warp trace compiled in
         trace = warp_trace(program, times, mk.ex.read_trace("cycle"))
         print(trace_table(trace), flush=True)

@@ -100,6 +100,62 @@ def matmul_phases(program, t: np.ndarray) -> dict[str, dict[str, float]]:
     return out
 
 
+# The groups of few instructions whose code an SM runs beside its matmuls in a layer: on the SMs that run one, a
+# layer's code (~125-150 KB against ~100 KB on the others: bench/MEGAKERNEL.md round 14) passes the ~128 KB the SM
+# keeps of it, so its matmuls' code would come from L2 every layer.
+SMALL_OPS = frozenset({"ATTN_NORM", "FFN_NORM", "DN_RULE", "ATTN_CORE", "ATTN_COMBINE"})
+MATMUL_OPS = ("MIX_IN", "MIX_OUT", "FFN_UP", "FFN_DOWN")
+
+
+def code_split(program, times: np.ndarray) -> dict[str, dict]:
+    """Per matmul opcode, its instructions' median exec, first batch and epilogue (us) on the SMs that also ran a
+    small group's instruction (SMALL_OPS) in the same stage (`with`) and on the others (`without`), at the row
+    count both have most of (an SM's tiles set most of its time); `n` counts each side. Where the code a layer
+    runs is what an SM keeps, the two sides match; where it is not, `with` is slower by what its code costs."""
+    t = instruction_times(program, times)
+    insts = program.instructions
+    small = {(sm, insts[i].stage) for sm, queue in enumerate(program.queues) for i in queue
+             if insts[i].OPCODE.name in SMALL_OPS}
+    out: dict[str, dict] = {}
+    for op in MATMUL_OPS:
+        rows: dict[tuple[bool, int], list[np.ndarray]] = {}
+        for sm, queue in enumerate(program.queues):
+            for i in queue:
+                inst = insts[i]
+                if inst.OPCODE.name != op or not (0 < t[i, READY] <= t[i, DONE]):
+                    continue
+                n = getattr(inst, "row_end", 0) - getattr(inst, "row_begin", 0)
+                rows.setdefault(((sm, inst.stage) in small, n), []).append(t[i])
+        shared = [n for (w, n) in rows if w and (False, n) in rows]
+        if not shared:
+            continue
+        n = max(shared, key=lambda k: min(len(rows[(True, k)]), len(rows[(False, k)])))
+        out[op] = {"rows": n}
+        for side, key in (("with", True), ("without", False)):
+            m = np.array(rows[(key, n)])
+            fig = {"n": len(m), "exec": float(np.median(m[:, DONE] - m[:, READY])) / 1e3}
+            if t.shape[1] > FIRST:
+                ok = (m[:, READY] <= m[:, FIRST]) & (m[:, FIRST] <= m[:, DONE])
+                if ok.any():
+                    fig["first"] = float(np.median(m[ok, FIRST] - m[ok, READY])) / 1e3
+            if t.shape[1] > BODY:
+                ok = (m[:, FOLDED] > 0) & (m[:, FOLDED] <= m[:, BODY])
+                if ok.any():
+                    fig["after"] = float(np.median(m[ok, BODY] - m[ok, FOLDED])) / 1e3
+            out[op][side] = fig
+    return out
+
+
+def code_split_table(split: dict[str, dict]) -> str:
+    """code_split's figures, an opcode a line."""
+    lines = ["  matmuls on SMs that also ran a small group in the layer (with) against the others, at equal rows:"]
+    for op, a in split.items():
+        cells = [f"{side} n={a[side]['n']}: " + " ".join(f"{k} {v:.1f}" for k, v in a[side].items() if k != "n")
+                 for side in ("with", "without")]
+        lines.append(f"    {op:<9} {a['rows']:5d} rows | " + " | ".join(cells) + " us")
+    return "\n".join(lines)
+
+
 def table(profile: dict, top: int = 12) -> str:
     """The opcodes' share of the launch, largest first: one line each."""
     lines = [f"  launch {profile['total_us']:.0f} us over {len(profile['groups'])} groups; per opcode: "

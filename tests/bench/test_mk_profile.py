@@ -151,3 +151,29 @@ def test_kept_profiles_compare_side_by_side_from_a_result_file(tmp_path, capsys)
     assert "3674" in up and "3000 (-674)" in up and "lp 14.6" in up and "lp 14.0" in up
     assert "warp trace" in out and "first   2.00" in out
     assert main([str(path), "d0", "d9"]) == 2 and "no profile d9" in capsys.readouterr().out
+
+
+def test_code_split_compares_matmuls_on_sms_with_and_without_a_small_group_at_equal_rows(capsys):
+    from bench.mk_profile import code_split, code_split_table
+
+    def mm(stage, name, rows):
+        return SimpleNamespace(stage=stage, OPCODE=SimpleNamespace(name=name), row_begin=0, row_end=rows)
+
+    # three SMs, one layer: SM 0 runs the norm, then all run FFN_UP (SM 2's tile larger); then a norm of the next
+    # layer on SM 1, which must not count for this layer's FFN_UP
+    instructions = [_inst(0, "FFN_NORM"), mm(0, "FFN_UP", 32), mm(0, "FFN_UP", 32), mm(0, "FFN_UP", 64),
+                    _inst(1, "FFN_NORM")]
+    program = SimpleNamespace(instructions=instructions, queues=[[0, 1], [2, 4], [3]])
+    us = 1000
+    times = np.zeros((3, 2, 8), np.uint64)
+    times[0, 0] = (0, 1 * us, 5 * us, 0, 0, 0, 0, 0)
+    # FFN_UP: fetched, ready, done, batch, loops, folded, body, first
+    times[0, 1] = (5 * us, 6 * us, 30 * us, 10 * us, 20 * us, 22 * us, 27 * us, 18 * us)  # with: exec 24
+    times[1, 0] = (0, 6 * us, 22 * us, 8 * us, 16 * us, 17 * us, 19 * us, 13 * us)        # without: exec 16
+    times[2, 0] = (0, 6 * us, 40 * us, 8 * us, 30 * us, 31 * us, 33 * us, 20 * us)        # 64 rows: left out
+    times[1, 1] = (22 * us, 31 * us, 35 * us, 0, 0, 0, 0, 0)
+    split = code_split(program, times)
+    assert list(split) == ["FFN_UP"] and split["FFN_UP"]["rows"] == 32
+    assert split["FFN_UP"]["with"] == pytest.approx({"n": 1, "exec": 24.0, "first": 12.0, "after": 5.0})
+    assert split["FFN_UP"]["without"] == pytest.approx({"n": 1, "exec": 16.0, "first": 7.0, "after": 2.0})
+    assert "FFN_UP" in code_split_table(split) and "with n=1: exec 24.0" in code_split_table(split)
