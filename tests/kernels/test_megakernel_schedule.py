@@ -320,6 +320,24 @@ def test_split_tiles_cover_every_superblock_once_and_even_out_the_group(spec, pr
     assert all(i.pieces == 1 for i in insts) and loads.max() / loads.mean() > 1.2
 
 
+def test_split_ops_cuts_only_the_matmuls_it_names(spec) -> None:
+    """ScheduleConfig.split_ops: FFN_UP's remaining 32-index units cut into superblock pieces (544 units on 132 SMs:
+    four whole an SM, 16 cut), FFN_DOWN and MIX_OUT left in whole tiles; and the bits add up."""
+    from engine.cuda.megakernel.schedule import SPLIT_FFN_DOWN, SPLIT_FFN_UP, SPLIT_MIX_OUT
+
+    def pieces(config: ScheduleConfig) -> dict[Op, int]:
+        program = build_program(spec, "cycle", config)
+        return {op: sum(1 for inst in program.instructions if inst.stage == 3 and inst.OPCODE == op
+                        and inst.pieces > 1) for op in (Op.FFN_UP, Op.FFN_DOWN, Op.MIX_OUT)}
+
+    up = pieces(ScheduleConfig(split_ops=SPLIT_FFN_UP))
+    assert up[Op.FFN_UP] == 16 * (132 // 16) and up[Op.FFN_DOWN] == up[Op.MIX_OUT] == 0
+    down = pieces(ScheduleConfig(split_ops=SPLIT_FFN_DOWN | SPLIT_MIX_OUT))
+    assert down[Op.FFN_UP] == 0 and down[Op.FFN_DOWN] == down[Op.MIX_OUT] == 2 * (320 - 2 * 132)
+    assert pieces(ScheduleConfig(split_ops=SPLIT_FFN_UP | SPLIT_FFN_DOWN | SPLIT_MIX_OUT)) == pieces(CONFIG)
+    assert sum(pieces(WHOLE).values()) == 0
+
+
 class _Memory:
     def __init__(self):
         self.live, self.freed = {}, []

@@ -28,6 +28,7 @@ from engine.cuda.megakernel.layout import (LW, MAX_DRAFT, SUPERBLOCK, TILE_ROWS,
 from engine.gguf.quants import K_QUANT_TYPES, row_bytes
 
 PROGRAMS = ("cycle", "verify", "mtp", "commit")
+SPLIT_MIX_OUT, SPLIT_FFN_UP, SPLIT_FFN_DOWN = 1, 2, 4  # ScheduleConfig.split_ops's bits
 FFN_UNIT = 32  # FFN indices an FFN_UP instruction takes whole: one sub-block of act_ffn's sums
 
 
@@ -54,6 +55,9 @@ class ScheduleConfig:
     # H200 the pieces' own costs (a ring fill, a partial store, the last piece's sum) outweighed the balance they
     # buy (d = 0 cycle 18.97 split against 18.13 ms whole at 3c76e7a; bench/MEGAKERNEL.md round 4).
     split_tiles: bool = False
+    # The same cut for some of those matmuls alone (a bit each: SPLIT_MIX_OUT, SPLIT_FFN_UP, SPLIT_FFN_DOWN): round 9
+    # measured the three together (+2.0 ms at d = 0), not one at a time.
+    split_ops: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_sms", "tiles_per_sm", "attn_splits"):
@@ -120,7 +124,8 @@ class _Builder:
         runs = self.split(num_tiles, self.config.num_sms * self.config.tiles_per_sm)
         return [(b * align, min(rows, e * align)) for b, e in runs]
 
-    def split_tiles(self, rows: int, cols: int, qtype: int, unit: int = TILE_ROWS) -> list[tuple[int, ...]]:
+    def split_tiles(self, rows: int, cols: int, qtype: int, unit: int = TILE_ROWS,
+                    op_bit: int = 0) -> list[tuple[int, ...]]:
         """(row_begin, row_end, sb_begin, sb_end, piece, pieces, slot) of the instructions of a matmul whose
         `unit`-row units may be split by superblocks (FFN_DOWN, MIX_OUT: tiles; FFN_UP: 32 FFN indices). Whole
         units leave the group's busiest SM up to one unit more than the mean (320 tiles on 132 SMs: 3 against
@@ -132,8 +137,8 @@ class _Builder:
         nsb, units, sms = -(-cols // SUPERBLOCK), -(-rows // unit), self.config.num_sms
         whole, rest = divmod(units, sms)
         pieces = min(sms // rest, nsb) if rest else 1
-        if (not self.config.split_tiles or self.config.tiles_per_sm != 1 or pieces < 2
-                or qtype not in K_QUANT_TYPES):
+        split = self.config.split_tiles or bool(self.config.split_ops & op_bit)
+        if not split or self.config.tiles_per_sm != 1 or pieces < 2 or qtype not in K_QUANT_TYPES:
             return [(b, e, 0, nsb, 0, 1, 0) for b, e in self.row_tiles(rows, unit)]
         out = [(b * unit, e * unit, 0, nsb, 0, 1, 0) for b, e in self.split(whole * sms, sms)] if whole else []
         for slot, tile in enumerate(range(whole * sms, units)):
@@ -216,16 +221,16 @@ def _layer_groups(b: _Builder, stage: int, layer: int) -> None:
     out_key = "attn_output" if kind == "attention" else "ssm_out"
     m = spec.matrix(layer, out_key)
     b.group([I.MixOut(stage, layer=layer, **dict(zip(fields, f, strict=True)))
-             for f in b.split_tiles(m.rows, m.cols, m.qtype)])
+             for f in b.split_tiles(m.rows, m.cols, m.qtype, op_bit=SPLIT_MIX_OUT)])
     norms = [I.FfnNorm(stage, layer=layer, sb_begin=s, sb_end=e) for s, e in b.superblocks(h)]
     b.group(norms)
     # 32 FFN indices a unit: a sub-block of the act layout's sums must be one instruction's (or one piece's sum)
     m = spec.matrix(layer, "ffn_gate")
     b.group(_skipping(norms, [I.FfnUp(stage, layer=layer, **dict(zip(fields, f, strict=True)))
-                              for f in b.split_tiles(cfg.ffn_size, m.cols, m.qtype, FFN_UNIT)]))
+                              for f in b.split_tiles(cfg.ffn_size, m.cols, m.qtype, FFN_UNIT, SPLIT_FFN_UP)]))
     m = spec.matrix(layer, "ffn_down")
     b.group([I.FfnDown(stage, layer=layer, **dict(zip(fields, f, strict=True)))
-             for f in b.split_tiles(m.rows, m.cols, m.qtype)])
+             for f in b.split_tiles(m.rows, m.cols, m.qtype, op_bit=SPLIT_FFN_DOWN)])
 
 
 def _skipping(norms: list[Instruction], matmuls: list[Instruction]) -> list[Instruction]:
