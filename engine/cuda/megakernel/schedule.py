@@ -140,15 +140,12 @@ class _Builder:
         split = self.config.split_tiles or bool(self.config.split_ops & op_bit)
         if not split or self.config.tiles_per_sm != 1 or pieces < 2 or qtype not in K_QUANT_TYPES:
             return [(b, e, 0, nsb, 0, 1, 0) for b, e in self.row_tiles(rows, unit)]
-        # the pieces first in program order, so first in each SM's queue: the last of a unit's pieces to arrive sums
-        # them (SwiGLU, the residual) while the SMs stream their whole units, not after them (pieces last, the
-        # group's tail grew 6.4 -> 17.6 us for FFN_UP and 5.7 -> 14.0 for FFN_DOWN: bench/MEGAKERNEL.md round 14)
-        out = []
+        out = [(b * unit, e * unit, 0, nsb, 0, 1, 0) for b, e in self.split(whole * sms, sms)] if whole else []
         for slot, tile in enumerate(range(whole * sms, units)):
             r0, r1 = tile * unit, min(rows, (tile + 1) * unit)
             out += [(r0, r1, s0, s1, piece, pieces, slot)
                     for piece, (s0, s1) in enumerate(self.split(nsb, pieces))]
-        return out + ([(b * unit, e * unit, 0, nsb, 0, 1, 0) for b, e in self.split(whole * sms, sms)] if whole else [])
+        return out
 
     def joint_row_tiles(self, matrices: list[tuple[str, int, int]], sms: int) -> list[tuple[str, int, int]]:
         """(key, row_begin, row_end) of the instructions of several matrices (key, rows, bytes a row) on `sms` SMs,
