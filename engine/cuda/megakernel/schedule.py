@@ -55,8 +55,9 @@ class ScheduleConfig:
     # H200 the pieces' own costs (a ring fill, a partial store, the last piece's sum) outweighed the balance they
     # buy (d = 0 cycle 18.97 split against 18.13 ms whole at 3c76e7a; bench/MEGAKERNEL.md round 4).
     split_tiles: bool = False
-    # The same cut for some of those matmuls alone (a bit each: SPLIT_MIX_OUT, SPLIT_FFN_UP, SPLIT_FFN_DOWN): round 9
-    # measured the three together (+2.0 ms at d = 0), not one at a time.
+    # The same cut for some of those matmuls alone (a bit each: SPLIT_MIX_OUT, SPLIT_FFN_UP, SPLIT_FFN_DOWN). Each
+    # loses on its own too (H100 d = 0 +0.4 to +0.9 ms: the last piece's sum lengthens the group's tail more than
+    # the balance shortens its busiest SM; bench/MEGAKERNEL.md round 14).
     split_ops: int = 0
 
     def __post_init__(self) -> None:
