@@ -146,12 +146,56 @@ def code_split(program, times: np.ndarray) -> dict[str, dict]:
     return out
 
 
-def code_split_table(split: dict[str, dict]) -> str:
-    """code_split's figures, an opcode a line."""
-    lines = ["  matmuls on SMs that also ran a small group in the layer (with) against the others, at equal rows:"]
+def repeat_split(program, times: np.ndarray) -> dict[str, dict]:
+    """Per matmul opcode, where an SM runs two or more of a group's instructions in a row (a schedule with
+    tiles_per_sm > 1): the medians (us) of its first of them (`first_on_sm`: its code and the layer's tables last
+    used a layer ago) and of the later ones (`again`: the same code and tables just used), at the row count both have
+    most of. What `first_on_sm` costs beyond `again` in `before` and `first` is what a cold start costs; `n` counts
+    each side."""
+    t = instruction_times(program, times)
+    insts = program.instructions
+    out: dict[str, dict] = {}
+    for op in MATMUL_OPS:
+        rows: dict[tuple[bool, int], list[np.ndarray]] = {}
+        for queue in program.queues:
+            seen: set[int] = set()
+            for i in queue:
+                inst = insts[i]
+                if inst.OPCODE.name != op:
+                    continue
+                again = inst.stage in seen
+                seen.add(inst.stage)
+                if 0 < t[i, READY] <= t[i, DONE]:
+                    n = getattr(inst, "row_end", 0) - getattr(inst, "row_begin", 0)
+                    rows.setdefault((again, n), []).append(t[i])
+        shared = [n for (again, n) in rows if again and (False, n) in rows]
+        if not shared:
+            continue
+        n = max(shared, key=lambda k: min(len(rows[(True, k)]), len(rows[(False, k)])))
+        out[op] = {"rows": n}
+        for side, key in (("first_on_sm", False), ("again", True)):
+            m = np.array(rows[(key, n)])
+            fig = {"n": len(m), "exec": float(np.median(m[:, DONE] - m[:, READY])) / 1e3}
+            if t.shape[1] > BATCH:
+                ok = (m[:, READY] <= m[:, BATCH]) & (m[:, BATCH] <= m[:, DONE])
+                if ok.any():
+                    fig["before"] = float(np.median(m[ok, BATCH] - m[ok, READY])) / 1e3
+            if t.shape[1] > FIRST:
+                ok = (m[:, READY] <= m[:, FIRST]) & (m[:, FIRST] <= m[:, DONE])
+                if ok.any():
+                    fig["first"] = float(np.median(m[ok, FIRST] - m[ok, READY])) / 1e3
+            out[op][side] = fig
+    return out
+
+
+def code_split_table(split: dict[str, dict], sides: tuple[str, str] = ("with", "without"),
+                     title: str = "matmuls on SMs that also ran a small group in the layer (with) against the others"
+                     ) -> str:
+    """code_split's (or repeat_split's, with its sides and title) figures, an opcode a line."""
+    lines = [f"  {title}, at equal rows:"]
     for op, a in split.items():
         cells = [f"{side} n={a[side]['n']}: " + " ".join(f"{k} {v:.1f}" for k, v in a[side].items() if k != "n")
-                 for side in ("with", "without")]
+                 for side in sides]
         lines.append(f"    {op:<9} {a['rows']:5d} rows | " + " | ".join(cells) + " us")
     return "\n".join(lines)
 

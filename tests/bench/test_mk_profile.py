@@ -177,3 +177,31 @@ def test_code_split_compares_matmuls_on_sms_with_and_without_a_small_group_at_eq
     assert split["FFN_UP"]["with"] == pytest.approx({"n": 1, "exec": 24.0, "first": 12.0, "after": 5.0})
     assert split["FFN_UP"]["without"] == pytest.approx({"n": 1, "exec": 16.0, "first": 7.0, "after": 2.0})
     assert "FFN_UP" in code_split_table(split) and "with n=1: exec 24.0" in code_split_table(split)
+
+
+def test_repeat_split_compares_an_sms_first_instruction_of_a_group_with_its_next_ones():
+    from bench.mk_profile import code_split_table, repeat_split
+
+    def mm(stage, rows):
+        return SimpleNamespace(stage=stage, OPCODE=SimpleNamespace(name="MIX_OUT"), row_begin=0, row_end=rows)
+
+    # SM 0 runs two MIX_OUT instructions of layer 0 (the second "again"), SM 1 one of layer 0 and one of layer 1
+    # (each the first of its layer there: neither is "again")
+    instructions = [mm(0, 16), mm(0, 16), mm(0, 16), mm(1, 16)]
+    program = SimpleNamespace(instructions=instructions, queues=[[0, 1], [2, 3]])
+    us = 1000
+    times = np.zeros((2, 2, 8), np.uint64)
+    # fetched, ready, done, batch, loops, folded, body, first
+    times[0, 0] = (0, 1 * us, 20 * us, 4 * us, 15 * us, 16 * us, 18 * us, 15 * us)   # first: before 3, first 14
+    times[0, 1] = (20 * us, 21 * us, 33 * us, 22 * us, 30 * us, 31 * us, 32 * us, 30 * us)  # again: before 1
+    times[1, 0] = (0, 1 * us, 22 * us, 6 * us, 17 * us, 18 * us, 20 * us, 17 * us)   # first: before 5, first 16
+    times[1, 1] = (22 * us, 40 * us, 60 * us, 45 * us, 55 * us, 56 * us, 58 * us, 55 * us)  # first (layer 1)
+    split = repeat_split(program, times)
+    a = split["MIX_OUT"]
+    assert a["rows"] == 16 and a["again"] == pytest.approx({"n": 1, "exec": 12.0, "before": 1.0, "first": 9.0})
+    assert a["first_on_sm"]["n"] == 3 and a["first_on_sm"]["before"] == pytest.approx(5.0)  # median of 3, 5, 5
+    text = code_split_table(split, ("first_on_sm", "again"), "first against next")
+    assert "first against next" in text and "again n=1: exec 12.0 before 1.0" in text
+    # a schedule of one instruction an SM and group has nothing to compare
+    single = SimpleNamespace(instructions=instructions[:1] + instructions[2:3], queues=[[0], [1]])
+    assert repeat_split(single, times[:, :1]) == {}
