@@ -107,6 +107,33 @@ SMALL_OPS = frozenset({"ATTN_NORM", "FFN_NORM", "DN_RULE", "ATTN_CORE", "ATTN_CO
 MATMUL_OPS = ("MIX_IN", "MIX_OUT", "FFN_UP", "FFN_DOWN")
 
 
+# An instruction's spans the splits below compare: (from slot, to slot).
+SPLIT_PHASES = {"before": (READY, BATCH), "first": (READY, FIRST), "after": (FOLDED, BODY)}
+
+
+def _compare(rows: dict[tuple[bool, int], list[np.ndarray]], width: int, sides: tuple[tuple[str, bool], ...],
+             phases: tuple[str, ...]) -> dict | None:
+    """Timing rows by (side, row count): at the row count every side has most of, each side's count `n`, median
+    exec and median `phases` (us; from the rows whose slots are in order), or None where the sides share none."""
+    keys = [key for _, key in sides]
+    shared = {n for (key, n) in rows if all((k, n) in rows for k in keys)}
+    if not shared:
+        return None
+    n = max(sorted(shared), key=lambda r: min(len(rows[(k, r)]) for k in keys))
+    out: dict = {"rows": n}
+    for name, key in sides:
+        m = np.array(rows[(key, n)])
+        fig = {"n": len(m), "exec": float(np.median(m[:, DONE] - m[:, READY])) / 1e3}
+        for phase in phases:
+            a, b = SPLIT_PHASES[phase]
+            if width > max(a, b):
+                ok = (m[:, a] > 0) & (m[:, a] <= m[:, b]) & (m[:, b] <= m[:, DONE])
+                if ok.any():
+                    fig[phase] = float(np.median(m[ok, b] - m[ok, a])) / 1e3
+        out[name] = fig
+    return out
+
+
 def code_split(program, times: np.ndarray) -> dict[str, dict]:
     """Per matmul opcode, its instructions' median exec, first batch and epilogue (us) on the SMs that also ran a
     small group's instruction (SMALL_OPS) in the same stage (`with`) and on the others (`without`), at the row
@@ -122,27 +149,12 @@ def code_split(program, times: np.ndarray) -> dict[str, dict]:
         for sm, queue in enumerate(program.queues):
             for i in queue:
                 inst = insts[i]
-                if inst.OPCODE.name != op or not (0 < t[i, READY] <= t[i, DONE]):
-                    continue
-                n = getattr(inst, "row_end", 0) - getattr(inst, "row_begin", 0)
-                rows.setdefault(((sm, inst.stage) in small, n), []).append(t[i])
-        shared = [n for (w, n) in rows if w and (False, n) in rows]
-        if not shared:
-            continue
-        n = max(shared, key=lambda k: min(len(rows[(True, k)]), len(rows[(False, k)])))
-        out[op] = {"rows": n}
-        for side, key in (("with", True), ("without", False)):
-            m = np.array(rows[(key, n)])
-            fig = {"n": len(m), "exec": float(np.median(m[:, DONE] - m[:, READY])) / 1e3}
-            if t.shape[1] > FIRST:
-                ok = (m[:, READY] <= m[:, FIRST]) & (m[:, FIRST] <= m[:, DONE])
-                if ok.any():
-                    fig["first"] = float(np.median(m[ok, FIRST] - m[ok, READY])) / 1e3
-            if t.shape[1] > BODY:
-                ok = (m[:, FOLDED] > 0) & (m[:, FOLDED] <= m[:, BODY])
-                if ok.any():
-                    fig["after"] = float(np.median(m[ok, BODY] - m[ok, FOLDED])) / 1e3
-            out[op][side] = fig
+                if inst.OPCODE.name == op and 0 < t[i, READY] <= t[i, DONE]:
+                    n = getattr(inst, "row_end", 0) - getattr(inst, "row_begin", 0)
+                    rows.setdefault(((sm, inst.stage) in small, n), []).append(t[i])
+        got = _compare(rows, t.shape[1], (("with", True), ("without", False)), ("first", "after"))
+        if got:
+            out[op] = got
     return out
 
 
@@ -168,23 +180,9 @@ def repeat_split(program, times: np.ndarray) -> dict[str, dict]:
                 if 0 < t[i, READY] <= t[i, DONE]:
                     n = getattr(inst, "row_end", 0) - getattr(inst, "row_begin", 0)
                     rows.setdefault((again, n), []).append(t[i])
-        shared = [n for (again, n) in rows if again and (False, n) in rows]
-        if not shared:
-            continue
-        n = max(shared, key=lambda k: min(len(rows[(True, k)]), len(rows[(False, k)])))
-        out[op] = {"rows": n}
-        for side, key in (("first_on_sm", False), ("again", True)):
-            m = np.array(rows[(key, n)])
-            fig = {"n": len(m), "exec": float(np.median(m[:, DONE] - m[:, READY])) / 1e3}
-            if t.shape[1] > BATCH:
-                ok = (m[:, READY] <= m[:, BATCH]) & (m[:, BATCH] <= m[:, DONE])
-                if ok.any():
-                    fig["before"] = float(np.median(m[ok, BATCH] - m[ok, READY])) / 1e3
-            if t.shape[1] > FIRST:
-                ok = (m[:, READY] <= m[:, FIRST]) & (m[:, FIRST] <= m[:, DONE])
-                if ok.any():
-                    fig["first"] = float(np.median(m[ok, FIRST] - m[ok, READY])) / 1e3
-            out[op][side] = fig
+        got = _compare(rows, t.shape[1], (("first_on_sm", False), ("again", True)), ("before", "first"))
+        if got:
+            out[op] = got
     return out
 
 
