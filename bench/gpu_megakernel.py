@@ -442,7 +442,7 @@ def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing, depths=r
 
 def phase_profile(mk, report: Report, tag: str) -> None:
     """The last cycle launch's critical path by opcode (bench/mk_profile.py), printed and kept in the report."""
-    from bench.mk_profile import (code_split, code_split_table, critical_path, repeat_split, table, trace_table,
+    from bench.mk_profile import (code_split, critical_path, repeat_split, split_table, table, trace_table,
                                   warp_trace)
     from engine.cuda.megakernel import build
 
@@ -450,12 +450,12 @@ def phase_profile(mk, report: Report, tag: str) -> None:
     profile = critical_path(program, times)
     print(table(profile), flush=True)
     split = code_split(program, times)
-    print(code_split_table(split), flush=True)
+    print(split_table(split), flush=True)
     report.info.setdefault("mk_code_split", {})[tag] = split
     again = repeat_split(program, times)  # only where an SM runs a group's instructions twice (SCHED.tiles_per_sm=2)
     if again:
-        print(code_split_table(again, ("first_on_sm", "again"), "an SM's first instruction of a group against its "
-                               "next ones (code and tables just used)"), flush=True)
+        print(split_table(again, ("first_on_sm", "again"), "an SM's first instruction of a group against its "
+                          "next ones (code and tables just used)"), flush=True)
         report.info.setdefault("mk_repeat_split", {})[tag] = again
     if build.tuning_define("MK_TRACE") not in (None, "0"):  # a variant with the warp trace compiled in
         trace = warp_trace(program, times, mk.ex.read_trace("cycle"))

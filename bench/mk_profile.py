@@ -111,6 +111,11 @@ MATMUL_OPS = ("MIX_IN", "MIX_OUT", "FFN_UP", "FFN_DOWN")
 SPLIT_PHASES = {"before": (READY, BATCH), "first": (READY, FIRST), "after": (FOLDED, BODY)}
 
 
+def _rows(inst) -> int:
+    """The rows a matmul instruction computes."""
+    return inst.row_end - inst.row_begin
+
+
 def _compare(rows: dict[tuple[bool, int], list[np.ndarray]], width: int, sides: tuple[tuple[str, bool], ...],
              phases: tuple[str, ...]) -> dict | None:
     """Timing rows by (side, row count): at the row count every side has most of, each side's count `n`, median
@@ -150,8 +155,7 @@ def code_split(program, times: np.ndarray) -> dict[str, dict]:
             for i in queue:
                 inst = insts[i]
                 if inst.OPCODE.name == op and 0 < t[i, READY] <= t[i, DONE]:
-                    n = getattr(inst, "row_end", 0) - getattr(inst, "row_begin", 0)
-                    rows.setdefault(((sm, inst.stage) in small, n), []).append(t[i])
+                    rows.setdefault(((sm, inst.stage) in small, _rows(inst)), []).append(t[i])
         got = _compare(rows, t.shape[1], (("with", True), ("without", False)), ("first", "after"))
         if got:
             out[op] = got
@@ -178,17 +182,15 @@ def repeat_split(program, times: np.ndarray) -> dict[str, dict]:
                 again = inst.stage in seen
                 seen.add(inst.stage)
                 if 0 < t[i, READY] <= t[i, DONE]:
-                    n = getattr(inst, "row_end", 0) - getattr(inst, "row_begin", 0)
-                    rows.setdefault((again, n), []).append(t[i])
+                    rows.setdefault((again, _rows(inst)), []).append(t[i])
         got = _compare(rows, t.shape[1], (("first_on_sm", False), ("again", True)), ("before", "first"))
         if got:
             out[op] = got
     return out
 
 
-def code_split_table(split: dict[str, dict], sides: tuple[str, str] = ("with", "without"),
-                     title: str = "matmuls on SMs that also ran a small group in the layer (with) against the others"
-                     ) -> str:
+def split_table(split: dict[str, dict], sides: tuple[str, str] = ("with", "without"),
+                title: str = "matmuls on SMs that also ran a small group in the layer (with) against the others") -> str:
     """code_split's (or repeat_split's, with its sides and title) figures, an opcode a line."""
     lines = [f"  {title}, at equal rows:"]
     for op, a in split.items():

@@ -33,6 +33,11 @@ from pathlib import Path
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 INSTRUCTION_BYTES = 16  # every sm_70+ SASS instruction
+
+
+def kb(instructions: int) -> float:
+    """The KB that many SASS instructions take."""
+    return instructions * INSTRUCTION_BYTES / 1024
 SIGNATURE = ("HMMA", "IMMA", "LDGSTS", "MUFU", "DMUL", "F2F", "SHFL", "BAR", "ATOM", "RED")
 
 
@@ -47,9 +52,6 @@ class Function:
     stalls: dict[str, int]
     name: str = ""
     ran: int = 0  # instructions executed at least once
-
-    def kb(self, instructions: int) -> float:
-        return instructions * INSTRUCTION_BYTES / 1024
 
     def signature(self) -> str:
         return " ".join(f"{op}{self.opcodes[op]}" for op in SIGNATURE if self.opcodes[op])
@@ -137,13 +139,12 @@ def table(functions: list[Function], top: int) -> str:
     total = sum(f.samples for f in functions) or 1
     if any(f.name for f in functions):  # named: the code's size beside the stalls
         ran = sum(f.ran for f in functions)
-        lines = [f"code that ran: {ran * INSTRUCTION_BYTES / 1024:.1f} KB of "
-                 f"{sum(f.instructions for f in functions) * INSTRUCTION_BYTES / 1024:.1f} KB; no_inst "
+        lines = [f"code that ran: {kb(ran):.1f} KB of {kb(sum(f.instructions for f in functions)):.1f} KB; no_inst "
                  f"{sum(f.stalls.get('no_inst', 0) for f in functions) / total:.1%} of the samples",
                  f"{'share':>6} {'KB':>6} {'ran KB':>6} {'no_inst':>7}  function | top stalls"]
         for f in sorted(functions, key=lambda f: -f.samples)[:top]:
             stalls = ", ".join(f"{k} {v / max(f.samples, 1):.0%}" for k, v in f.top_stalls())
-            lines.append(f"{f.samples / total:6.1%} {f.kb(f.instructions):6.1f} {f.kb(f.ran):6.1f} "
+            lines.append(f"{f.samples / total:6.1%} {kb(f.instructions):6.1f} {kb(f.ran):6.1f} "
                          f"{f.stalls.get('no_inst', 0) / total:7.2%}  {f.name[:100]} | {stalls}")
         return "\n".join(lines)
     lines = [f"{'share':>6} {'fn':>4} {'address':>8} {'insts':>6} {'executed':>12}  signature / top stalls"]

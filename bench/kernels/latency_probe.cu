@@ -147,8 +147,7 @@ __device__ u64 ping(const Globals& g, int me, u32* scratch) {
     return me == 0 && threadIdx.x == 0 ? clk() - c0 : 0;
 }
 
-// One turn of a block's stream: LOAD_UNROLL 16-byte loads a thread from `src` on (64 KB), folded into `fold`.
-// With `evict_first` the lines carry the L2 policy the megakernel's weight copies carry (common.cuh).
+// ld_cg_u4 with the L2 evict-first policy the megakernel's weight copies carry (common.cuh l2_evict_first).
 __device__ __forceinline__ uint4 ld_ef_u4(const void* p) {
     uint4 v;
     asm volatile("ld.global.cg.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
@@ -156,6 +155,8 @@ __device__ __forceinline__ uint4 ld_ef_u4(const void* p) {
     return v;
 }
 
+// One turn of a block's stream: LOAD_UNROLL 16-byte loads a thread from `src` on (64 KB), folded into `fold`;
+// EVICT_FIRST: the lines marked first to go from L2.
 template <bool EVICT_FIRST = false> __device__ __forceinline__ void stream_turn(const uint4* src, u32& fold) {
     uint4 v[LOAD_UNROLL];
 #pragma unroll

@@ -154,7 +154,7 @@ def test_kept_profiles_compare_side_by_side_from_a_result_file(tmp_path, capsys)
 
 
 def test_code_split_compares_matmuls_on_sms_with_and_without_a_small_group_at_equal_rows(capsys):
-    from bench.mk_profile import code_split, code_split_table
+    from bench.mk_profile import code_split, split_table
 
     def mm(stage, name, rows):
         return SimpleNamespace(stage=stage, OPCODE=SimpleNamespace(name=name), row_begin=0, row_end=rows)
@@ -176,11 +176,11 @@ def test_code_split_compares_matmuls_on_sms_with_and_without_a_small_group_at_eq
     assert list(split) == ["FFN_UP"] and split["FFN_UP"]["rows"] == 32
     assert split["FFN_UP"]["with"] == pytest.approx({"n": 1, "exec": 24.0, "first": 12.0, "after": 5.0})
     assert split["FFN_UP"]["without"] == pytest.approx({"n": 1, "exec": 16.0, "first": 7.0, "after": 2.0})
-    assert "FFN_UP" in code_split_table(split) and "with n=1: exec 24.0" in code_split_table(split)
+    assert "FFN_UP" in split_table(split) and "with n=1: exec 24.0" in split_table(split)
 
 
 def test_repeat_split_compares_an_sms_first_instruction_of_a_group_with_its_next_ones():
-    from bench.mk_profile import code_split_table, repeat_split
+    from bench.mk_profile import repeat_split, split_table
 
     def mm(stage, rows):
         return SimpleNamespace(stage=stage, OPCODE=SimpleNamespace(name="MIX_OUT"), row_begin=0, row_end=rows)
@@ -200,7 +200,7 @@ def test_repeat_split_compares_an_sms_first_instruction_of_a_group_with_its_next
     a = split["MIX_OUT"]
     assert a["rows"] == 16 and a["again"] == pytest.approx({"n": 1, "exec": 12.0, "before": 1.0, "first": 9.0})
     assert a["first_on_sm"]["n"] == 3 and a["first_on_sm"]["before"] == pytest.approx(5.0)  # median of 3, 5, 5
-    text = code_split_table(split, ("first_on_sm", "again"), "first against next")
+    text = split_table(split, ("first_on_sm", "again"), "first against next")
     assert "first against next" in text and "again n=1: exec 12.0 before 1.0" in text
     # a schedule of one instruction an SM and group has nothing to compare
     single = SimpleNamespace(instructions=instructions[:1] + instructions[2:3], queues=[[0], [1]])

@@ -74,7 +74,7 @@ $_Z10megakernel7Globals$_Z4tailv:
 
 
 def test_a_listing_names_the_functions_and_sizes_their_code(tmp_path, capsys):
-    from bench.ncu_functions import sass_functions
+    from bench.ncu_functions import kb, sass_functions
 
     named = sass_functions(LISTING)
     assert [n for _, n in named] == [3, 3, 1]  # local labels (.L_x_1) do not cut a function
@@ -82,7 +82,7 @@ def test_a_listing_names_the_functions_and_sizes_their_code(tmp_path, capsys):
     write(path, gz=False)
     functions = split_functions(*read_rows(path), named)
     assert [f.name for f in functions][1:] in (["matvec()", "tail()"], ["_Z6matvecv", "_Z4tailv"])  # c++filt or not
-    assert functions[1].ran == 3 and functions[1].kb(functions[1].ran) == 3 * 16 / 1024
+    assert functions[1].ran == 3 and kb(functions[1].ran) == 3 * 16 / 1024
     listing = tmp_path / "mk.sass"
     listing.write_text(LISTING)
     assert main([str(path), "--sass", str(listing)]) == 0
