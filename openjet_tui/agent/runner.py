@@ -130,15 +130,26 @@ async def run_command(command: str, cwd: Path, timeout_s: float, max_output_byte
                       env: dict[str, str] | None = None) -> CommandResult:
     """Run `bash -c command` in cwd, in a new session so the group can be killed on timeout or cancel."""
     started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
+    spawning = asyncio.ensure_future(asyncio.create_subprocess_exec(
         "/bin/bash", "-c", command, cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-        env=child_environment(env))
+        env=child_environment(env)))
+    # The shell runs (and may start children) before asyncio has connected its pipes. Cancelled in that window,
+    # asyncio would kill the shell alone and wait for the orphans to close the pipes: let the spawn finish instead,
+    # then cancel through the path below that kills the whole group.
+    cancelled_while_spawning = False
+    try:
+        process = await asyncio.shield(spawning)
+    except asyncio.CancelledError:
+        process = await spawning
+        cancelled_while_spawning = True
     cap = OutputCap(max_output_bytes)
     assert process.stdout is not None
     pump = asyncio.create_task(_pump(process.stdout, cap))
     timed_out = False
     try:
+        if cancelled_while_spawning:
+            raise asyncio.CancelledError
         try:
             await asyncio.wait_for(_exited(process), timeout_s)
         except TimeoutError:

@@ -26,6 +26,19 @@ async def wait_dead(pid: int, timeout_s: float = 3.0) -> bool:
     return True
 
 
+def our_children() -> list[int]:
+    """Processes whose parent is this one."""
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().split(")")[-1].split()[1]) == os.getpid():
+                    children.append(int(entry))
+        except (ValueError, OSError):
+            continue
+    return children
+
+
 def test_output_cap_keeps_head_and_tail():
     cap = OutputCap(20)
     for i in range(100):
@@ -68,6 +81,24 @@ async def test_cancel_kills_the_whole_group(tmp_path):
         pass
     else:
         raise AssertionError("the run was not cancelled")
+    assert await wait_dead(int((tmp_path / "child.pid").read_text()))
+
+
+async def test_cancel_while_the_shell_starts_kills_the_whole_group(tmp_path):
+    """Cancelled while asyncio still connects the pipes: asyncio's own clean-up kills the shell alone, so the
+    runner must still get hold of the process and kill its group (a CI run once left such a child alive)."""
+    task = asyncio.create_task(run_command("sleep 120 & echo $! > child.pid; wait", tmp_path, 60, 1000))
+    deadline = time.monotonic() + 10
+    while not our_children():  # the step that forks the shell ends waiting for its pipes: the loop is ours
+        assert time.monotonic() < deadline, "the shell never started"
+        await asyncio.sleep(0)
+    while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text().strip():
+        assert time.monotonic() < deadline, "the shell never started its child"
+        time.sleep(0.01)  # blocking on purpose: the pipes stay unconnected until the cancel
+    task.cancel()
+    # the orphaned child holds the pipes, so a runner that lost it hangs until the child ends on its own
+    done, _ = await asyncio.wait({task}, timeout=15)
+    assert task in done and task.cancelled()
     assert await wait_dead(int((tmp_path / "child.pid").read_text()))
 
 
