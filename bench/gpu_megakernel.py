@@ -22,7 +22,8 @@ Parts (each in its own process: a fault in one leaves the others' results):
             tokens at a time, so it runs its precise mmvq as the megakernel does, and as one chunk, which runs its
             f16 GEMM), the first differing position with each run's top-2 logits, cycle times at d = 0..4 against
             the copy bandwidth of the same run, the bandwidth floor of each cycle, per-phase times, and tokens/s
-            projected with Qwen3.8's published MTP acceptance (labelled as a projection)
+            projected with Qwen3.8's published MTP acceptance (labelled as a projection); also the per-op path's
+            shipped int8 form against its f16 one: the yardstick for the megakernel's own int8 copies
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def diff_sweeps(dev, report: Report, path: Path, op_name: str, detail_layers: in
 
 
 def part_diff27(dev, report: Report, args) -> None:
-    """Every width of the 27B file: the VM diff, then greedy megakernel vs reference vs per-op (64 tokens)."""
+    """Every width of the 27B file: the VM diff, then greedy megakernel vs reference vs per-op (64 tokens), and the
+    per-op path's shipped int8 form against the reference (how far int8 levels move these logits)."""
     _per_op_precise()
     from bench.mk_trace import compare_runs, describe, trace_host, trace_megakernel, wide_path
     from engine.cuda.backend import CudaBackend
@@ -134,11 +136,14 @@ def part_diff27(dev, report: Report, args) -> None:
     path = wide_path(Path(args.work) / "qwen38-27b-widths-4layers.gguf", workers=os.cpu_count())
     diff_sweeps(dev, report, path, "mk_diff27", args.wide_detail, (0, 4))  # the VM takes seconds a cycle here
     ref = trace_host(ReferenceBackend.from_gguf(path, context_size=512), "reference", PROMPT, 64)
-    per_op = trace_host(CudaBackend.from_gguf(path, context_size=512, device=dev), "per_op", PROMPT, 64, 8)
+    per_op_backend = CudaBackend.from_gguf(path, context_size=512, device=dev)
+    per_op = trace_host(per_op_backend, "per_op", PROMPT, 64, 8)
+    shipped = trace_per_op_int8(per_op_backend, PROMPT, 64, 8)  # the int8 yardstick against the reference
+    per_op_backend.close()
     mk_backend = open_backend(path, context_size=512, device=dev)
     mk = trace_megakernel(mk_backend, "megakernel", PROMPT, 64)
     mk_backend.ex.close()
-    for a, b in ((mk, ref), (mk, per_op), (per_op, ref)):
+    for a, b in ((mk, ref), (mk, per_op), (per_op, ref), (shipped, ref)):
         rep = compare_runs(a, b)
         report.info.setdefault("wide_first_difference", []).append(rep)
         print("  27B widths: " + describe(rep), flush=True)
@@ -390,6 +395,7 @@ def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
     precise = trace_host(per_op, "per_op", prompt, 256, PREFILL_PRECISE)
     per_op.reset()
     gemm = trace_host(per_op, "per_op_gemm_prefill", prompt, 256)
+    shipped = trace_per_op_int8(per_op, prompt, 256, PREFILL_PRECISE)
     config = schedule_config(dev, report, args)
     mk = open_backend(path, context_size=4096, device=dev, config=config, draft_vocab=args.draft_vocab, timings=True)
     got = trace_megakernel(mk, "megakernel", prompt, 256)
@@ -400,7 +406,11 @@ def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
     # file has near-ties every few dozen tokens (top-2 gaps of 0.003 on logits of ~30), which the int8 levels'
     # rounding may turn either way: the check is that the runs part only at one (compare_runs: both margins within
     # the logit noise before it) and that the noise stays small; a wrong op moves the logits by far more.
-    for a, b, check in ((got, precise, "vs_per_op"), (got, gemm, None), (precise, gemm, None)):
+    # The per-op path as it ships (int8 levels for its 1-4-token matmuls) against its f16 form is the yardstick for
+    # the megakernel's own int8 copies: how far the same kind of rounding moves these logits there.
+    pairs = ((got, precise, "vs_per_op"), (got, gemm, None), (precise, gemm, None), (shipped, precise, None),
+             (got, shipped, None))
+    for a, b, check in pairs:
         rep = compare_runs(a, b)
         report.info.setdefault("mk27_first_difference", []).append(rep)
         print("  27B: " + describe(rep), flush=True)
@@ -409,6 +419,23 @@ def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
             record(report, "mk_greedy_27b", check, "tokens after a split", apart, 1)
             record(report, "mk_greedy_27b", check, "max |dlogit| before", rep["max_abs_dlogit_before"], 0.1)
     return mk, got.tokens
+
+
+def trace_per_op_int8(per_op, prompt: list[int], num_tokens: int, chunk: int):
+    """Greedy tokens of the per-op path with its int8 matmuls on (its default), prefilled `chunk` tokens at a time;
+    the backend is left in f16 again, its graphs (which hold the launches) dropped both times."""
+    from bench.mk_trace import trace_host
+    from engine.cuda import ops
+
+    saved = ops.I8_MATMUL, ops.I8_TOKENS
+    ops.set_i8(True)
+    try:
+        per_op.drop_graphs()
+        per_op.reset()
+        return trace_host(per_op, "per_op_int8", prompt, num_tokens, chunk)
+    finally:
+        ops.set_i8(*saved)
+        per_op.drop_graphs()
 
 
 def time_cycles(dev, report: Report, mk, tokens: list[int], bw: Timing, depths=range(5), label: str = "") -> None:
