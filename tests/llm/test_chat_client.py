@@ -114,7 +114,7 @@ async def test_cancel_mid_stream_closes_the_connection_quickly(server):
     started = time.monotonic()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # the server holds the stream open for good: a cancel that waited hangs
     await client.aclose()
     deadline = time.monotonic() + 3
     while server.disconnects == 0 and time.monotonic() < deadline:
