@@ -138,11 +138,12 @@ async def run_command(command: str, cwd: Path, timeout_s: float, max_output_byte
     # asyncio would kill the shell alone and wait for the orphans to close the pipes: let the spawn finish instead,
     # then cancel through the path below that kills the whole group.
     cancelled_while_spawning = False
-    try:
-        process = await asyncio.shield(spawning)
-    except asyncio.CancelledError:
-        process = await spawning
-        cancelled_while_spawning = True
+    while not spawning.done():  # a few milliseconds, however many cancels arrive meanwhile
+        try:
+            await asyncio.shield(spawning)
+        except asyncio.CancelledError:
+            cancelled_while_spawning = True
+    process = spawning.result()
     cap = OutputCap(max_output_bytes)
     assert process.stdout is not None
     pump = asyncio.create_task(_pump(process.stdout, cap))
