@@ -100,12 +100,20 @@ def stable_run_dir(task: TaskSpec) -> Path:
 
 
 @contextmanager
-def _task_slot(task: TaskSpec) -> Iterator[Path]:
-    """The task's stable run folder, empty, held under an exclusive lock: a concurrent suite waits its turn."""
+def task_lock(task: TaskSpec) -> Iterator[None]:
+    """The exclusive lock on a task's stable run folder: a concurrent suite's attempt at the task waits its turn."""
     run_dir = stable_run_dir(task)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{task.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        yield
+
+
+@contextmanager
+def _task_slot(task: TaskSpec) -> Iterator[Path]:
+    """The task's stable run folder, empty, held under its lock."""
+    run_dir = stable_run_dir(task)
+    with task_lock(task):
         shutil.rmtree(run_dir, ignore_errors=True)  # left by a run that was killed
         try:
             yield run_dir

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from openjet_tui.benchtasks.runner import stable_run_dir
+from openjet_tui.benchtasks.runner import stable_run_dir, task_lock
 from openjet_tui.benchtasks.suite import load_suite
 from openjet_tui.cli import main
 from tests.agent.scripted_server import ScriptedServer, reply
@@ -28,4 +28,5 @@ def test_attempts_send_identical_requests_and_keep_copies_each(tmp_path, capsys)
         kept = keep / f"{task.name}-{attempt}"
         assert (kept / "workspace" / "config" / "app.toml").is_file()
         assert "turn_finished" in (kept / "logs" / "events.jsonl").read_text()
-    assert not stable_run_dir(task).exists()  # the shared folder is cleared after the attempt
+    with task_lock(task):  # another test's attempt at the task (another worker) may hold the folder meanwhile
+        assert not stable_run_dir(task).exists()  # the shared folder is cleared after the attempt
