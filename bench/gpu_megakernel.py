@@ -424,17 +424,15 @@ def greedy_27b(dev, report: Report, args, path: Path, prompt: list[int]):
 def trace_per_op_int8(per_op, prompt: list[int], num_tokens: int, chunk: int):
     """Greedy tokens of the per-op path with its int8 matmuls on (its default), prefilled `chunk` tokens at a time;
     the backend is left in f16 again, its graphs (which hold the launches) dropped both times."""
+    from bench.gpu_kernels import i8_matmul
     from bench.mk_trace import trace_host
-    from engine.cuda import ops
 
-    saved = ops.I8_MATMUL, ops.I8_TOKENS
-    ops.set_i8(True)
     try:
-        per_op.drop_graphs()
-        per_op.reset()
-        return trace_host(per_op, "per_op_int8", prompt, num_tokens, chunk)
+        with i8_matmul(True):
+            per_op.drop_graphs()
+            per_op.reset()
+            return trace_host(per_op, "per_op_int8", prompt, num_tokens, chunk)
     finally:
-        ops.set_i8(*saved)
         per_op.drop_graphs()
 
 

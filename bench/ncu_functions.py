@@ -33,12 +33,12 @@ from pathlib import Path
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 INSTRUCTION_BYTES = 16  # every sm_70+ SASS instruction
+SIGNATURE = ("HMMA", "IMMA", "LDGSTS", "MUFU", "DMUL", "F2F", "SHFL", "BAR", "ATOM", "RED")
 
 
 def kb(instructions: int) -> float:
     """The KB that many SASS instructions take."""
     return instructions * INSTRUCTION_BYTES / 1024
-SIGNATURE = ("HMMA", "IMMA", "LDGSTS", "MUFU", "DMUL", "F2F", "SHFL", "BAR", "ATOM", "RED")
 
 
 @dataclass
