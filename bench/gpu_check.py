@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
 PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream",
-         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8", "gemm_wg")
+         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8", "gemm_wg", "close")
 # --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
@@ -57,11 +57,12 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         report.info["copy_gbps"] = round(t.gbps, 1)
         print(f"copy bandwidth: {t.gbps:.0f} GB/s (read + write, {t.median_ms:.3f} ms for {t.shape})", flush=True)
     elif name == "kernels":
-        from bench import gpu_fused, gpu_kernels, gpu_ops
+        from bench import gpu_close, gpu_fused, gpu_kernels, gpu_ops
 
         gpu_kernels.run_matmul_checks(dev, report, rng)
         gpu_fused.run_fused_checks(dev, report, rng)
         gpu_ops.run_op_checks(dev, report, rng)
+        gpu_close.run_close_checks(dev, report, rng)  # the newest kernel last: a fault loses no older check
     elif name == "persist":  # the persistent mmvq (bench/NOTES.md v8), in its own process: a fault stays here
         from bench import gpu_persist
 
@@ -94,6 +95,11 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_fused.run_fused_checks(dev, report, rng)
         gpu_fused.time_fused(dev, report, rng)
+    elif name == "close":  # the one-token int8 matmul forming the next one's input behind it (also in "kernels")
+        from bench import gpu_close
+
+        gpu_close.run_close_checks(dev, report, rng)
+        gpu_close.time_close(dev, report, rng)
     elif name == "producers":  # the producers' checks (also inside "kernels"), each timed at 1-8 tokens
         from bench import gpu_ops
 

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch
-from engine.cuda.instances import I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES, I8V_SHAPE, I8V_TOKENS
+from engine.cuda.instances import (I8B_CLOSE_MODES, I8B_CLOSE_SHAPES, I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES,
+                                   I8V_SHAPE, I8V_TOKENS)
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
-    from engine.cuda.ops import Act, DeviceWeight, Producer
+    from engine.cuda.ops import Act, Closer, DeviceWeight, Producer
 
 ENV = "OPENJET_CUDA_I8B"
 MIN_ARCH = 90  # tensor copies (cp.async.bulk.tensor) and mbarrier transaction counts
@@ -49,6 +50,17 @@ def _fuse_default() -> bool:
 
 
 FUSE = _fuse_default()
+# The next matmul's producer formed behind a one-token matmul, at its tail (kernels/act8_close.cuh, ops.Closer:
+# the FFN norm behind the mixer's output projection, SwiGLU behind gate | up). Off unless OPENJET_CUDA_CLOSE=1 until
+# the GPU has checked and timed it (bench/NOTES.md Z1).
+CLOSE_ENV = "OPENJET_CUDA_CLOSE"
+
+
+def _close_default() -> bool:
+    return env_switch(CLOSE_ENV, False)
+
+
+CLOSE = _close_default()
 # (superblocks a stage, stages a warp): one of instances.I8B_SHAPES. (2, 2) measured fastest: 3 stages a warp or
 # 3 superblocks a stage leave fewer blocks an SM (gate|up 44.2 / 40.7 against 32.6 us, bench/NOTES.md v16).
 DEFAULT_SHAPE = (2, 2)
@@ -115,6 +127,15 @@ def fuses(dev: Device, w: DeviceWeight, num_tokens: int, producer: Producer) -> 
     return -(-nb // warps(dev, w)) <= PRODUCE_MAX
 
 
+def closes(dev: Device, w: DeviceWeight, num_tokens: int, mode: str) -> bool:
+    """Whether a matmul can form the next one's input by `mode` behind itself (ops.closer_for checks the rest):
+    CLOSE, the int8 matmul on, mmvq_i8b's conditions, and an instance of the mode at SHAPE."""
+    from engine.cuda import ops
+
+    return (CLOSE and ops.I8_MATMUL and mode in I8B_CLOSE_MODES and SHAPE in I8B_CLOSE_SHAPES
+            and _takes(dev, w, num_tokens))
+
+
 def warps(dev: Device, w: DeviceWeight) -> int:
     """Warps per block of a launch on w: WARPS, else mmvq_i8's choice; never more than the superblocks."""
     from engine.cuda import ops
@@ -137,6 +158,24 @@ class I8bSrc(ctypes.Structure):
     """Mirror of struct I8bSrc in kernels/mmvq_i8b.cu: what a fused producer reads."""
 
     _fields_ = [(n, ctypes.c_uint64) for n in ("x", "x2", "w")] + [("head", ctypes.c_int32), ("eps", ctypes.c_float)]
+
+
+class CloseDst(ctypes.Structure):
+    """Mirror of struct Act8Close in kernels/act8_close.cuh (all zero: no closer)."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in ("w", "q", "scale", "sums", "sums_lo", "count", "part")] + [
+        ("width", ctypes.c_int32), ("eps", ctypes.c_float)]
+
+
+def close_dst(closer: Closer | None) -> CloseDst:
+    """The kernel's view of a closer: its act's int8 copy (group 0), its scratch's counters and partial sums."""
+    if closer is None:
+        return CloseDst()
+    from engine.cuda import ops
+
+    act, base = closer.act, closer.scratch.ptr
+    return CloseDst(closer.w.ptr if closer.w is not None else 0, act.q8.ptr, act.scale8.ptr, act.sums8.ptr,
+                    act.sums8_lo.ptr, base, base + ops.close_count_bytes(act.width), act.width, closer.eps)
 
 
 class TensorMap(ctypes.Structure):
@@ -170,12 +209,15 @@ def quant_map(w: DeviceWeight) -> TensorMap:
 
 
 def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer] | None, y: Buffer,
-           bias: Buffer | None, residual: Buffer | None, producer: Producer | None = None) -> None:
+           bias: Buffer | None, residual: Buffer | None, producer: Producer | None = None,
+           closer: Closer | None = None) -> None:
     """One launch of mmvq_i8b: blocks of warps walking 16-row tiles (grid), each warp a contiguous share of the
-    row; its activations the int8 copy group8, or computed from producer (fuses() said so; group8 None)."""
+    row; its activations the int8 copy group8, or computed from producer (fuses() said so; group8 None); with
+    closer, the next matmul's input formed from y at its tail."""
     from engine.cuda import ops
 
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
+    assert producer is None or closer is None, "no mmvq_i8b instance both fuses a producer and closes one"
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, warps(dev, w)
     name = f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}"
     if producer is None:
@@ -184,9 +226,12 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
         a = producer.src
         src, (q8, scale8, sums8, sums8_lo) = I8bSrc(a.x, a.x2, a.w, a.head, a.eps), (None,) * 4
         name += f"_{producer.mode}"
+    if closer is not None:
+        name += f"_close_{closer.mode}"
     kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
-    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols]
+    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols,
+            close_dst(closer)]
     dev.launch(kernel, grid(dev, tiles, num_warps, smem), 32 * num_warps, args, smem=smem)
 
 

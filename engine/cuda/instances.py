@@ -50,6 +50,10 @@ I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2))
 # slower (bench/NOTES.md v17, dad12b5).
 I8B_FUSED_MODES = ("plain", "rmsnorm", "gatednorm")
 I8B_FUSED_SHAPES = ((2, 2),)
+# Producers it can form behind itself for the next matmul (kernels/act8_close.cuh: engine/cuda/ops.py Closer), and
+# the shapes built with them: mmvq_q4_K_i8b_s{S}n{NS}_close_{mode}.
+I8B_CLOSE_MODES = ("rmsnorm", "swiglu")
+I8B_CLOSE_SHAPES = ((2, 2),)
 # Tokens of its form for the verify passes (kernels/mmvq_i8v.cu: whole tokens in the mma columns, a second mma past
 # 4), an instance each in mmvq_i8b's default shape: mmvq_q4_K_i8v_t{T}.
 I8V_TOKENS = tuple(range(2, 9))
@@ -107,9 +111,13 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{tiles}" if tiles > 1 else ""), "mmvq_i8",
                      f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}>")  # int8 activations, 1..TILES row tiles a block
             for t in range(1, I8_MAX_TOKENS + 1) for tiles in I8_TILE_COUNTS if tiles == 1 or t <= 4]
-    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1>") for s, n in I8B_SHAPES]
-    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_{mode}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, {ACT_MODES.index(mode)}>")
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1, -1>") for s, n in I8B_SHAPES]
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_{mode}", "mmvq_i8b",
+                     f"mmvq_i8b<{s}, {n}, {ACT_MODES.index(mode)}, -1>")
             for s, n in I8B_FUSED_SHAPES for mode in I8B_FUSED_MODES]  # a producer fused in front
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_close_{mode}", "mmvq_i8b",
+                     f"mmvq_i8b<{s}, {n}, -1, {ACT_MODES.index(mode)}>")
+            for s, n in I8B_CLOSE_SHAPES for mode in I8B_CLOSE_MODES]  # the next matmul's producer behind
     out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}>")
             for t in I8V_TOKENS]
     out += [Instance(f"mmvq_q6_K_i8_t{t}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}>") for t in Q6_I8_TOKENS]

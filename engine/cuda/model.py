@@ -67,6 +67,9 @@ class Workspace:
             if cfg.ssm_inner_size else None
         self.ffn = dev.alloc(4 * p * cfg.ffn_size, "ffn_h")
         self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn, precise=True)
+        # the closers' counters and sums (ops.Closer): the FFN norm into act_h, SwiGLU into act_ffn
+        self.close_h = ops.alloc_close_scratch(dev, h, "close.ffn_norm")
+        self.close_ffn = ops.alloc_close_scratch(dev, cfg.ffn_size, "close.swiglu")
         acts = [self.act_h, self.act_q, self.act_ffn] + ([self.act_inner] if self.act_inner else [])
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
         self.conv_out = dev.alloc(4 * p * self.conv_dim, "conv_out")
@@ -169,11 +172,12 @@ class CudaModel:
         ops.get_rows(dev, self.weights.token_embd, ws.ids, ws.x, num_tokens, h)
         for i, lw in enumerate(self.weights.layers):
             normed = ops.rmsnorm_of(ws.x, lw.vectors["attn_norm"], h, cfg.rms_eps, out32=ws.xn)
+            ffn_norm = self._ffn_norm_closer(lw, num_tokens)
             if lw.kind == "attention":
-                self._attention(lw, self.kv[i], num_tokens, ws.pos, normed)
+                self._attention(lw, self.kv[i], num_tokens, ws.pos, normed, ffn_norm)
             else:
-                self._deltanet(i, lw, num_tokens, commit, normed)
-            self._ffn(lw, num_tokens)
+                self._deltanet(i, lw, num_tokens, commit, normed, ffn_norm)
+            self._ffn(lw, num_tokens, norm_closed=ffn_norm is not None)
             if trace is not None:
                 trace.append(dev.download(ws.x, np.float32, (num_tokens, h)))
         if self.weights.mtp is not None:  # every token's output-normed hidden, for the MTP head
@@ -203,9 +207,10 @@ class CudaModel:
         ops.act_rmsnorm(dev, prev, vec["nextn.hnorm"], ws.act_hh, num_tokens, h, eps, out32=ws.cat.view(4 * h))
         ops.act_f16(dev, ws.cat, ws.act_cat, num_tokens, 2 * h)
         ops.matmul(dev, mtp.eh_proj, ws.act_cat, ws.x, num_tokens, h)
+        ffn_norm = self._ffn_norm_closer(mtp.layer, num_tokens)
         self._attention(mtp.layer, self.mtp_kv, num_tokens, pos, ops.rmsnorm_of(ws.x, vec["attn_norm"], h, eps,
-                                                                                out32=ws.xn))
-        self._ffn(mtp.layer, num_tokens)
+                                                                                out32=ws.xn), ffn_norm)
+        self._ffn(mtp.layer, num_tokens, norm_closed=ffn_norm is not None)
 
     def _mtp_catch_up(self, num_tokens: int, commit: bool) -> None:
         """Feed the head this pass's pairs (token p, trunk hidden of p - 1), as the reference's _mtp_catch_up; a
@@ -243,23 +248,49 @@ class CudaModel:
         tokens = [int(t) for t in dev.download(ws.draft_ids, np.int32, (num_draft + 1,))[1:]]
         return tokens, dev.download(ws.logits, np.float32, (num_draft, vocab)) if with_logits else None
 
-    def _ffn(self, lw: LayerWeights, num_tokens: int) -> None:
-        """x += ffn_down(silu(gate) * up) of RMSNorm(x)."""
+    def _ffn_norm_closer(self, lw: LayerWeights, num_tokens: int) -> ops.Closer | None:
+        """The FFN norm formed into act_h by the mixer's output projection behind itself (ops.Closer), where it
+        can be; None: _ffn launches it."""
+        cfg, ws = self.cfg, self.ws
+        return ops.closer_for(self.dev, lw.mix_out, num_tokens, "rmsnorm", ws.act_h,
+                              [part.weight for part in lw.ffn_in.parts], ws.close_h, norm=self._ffn_norm(lw),
+                              eps=cfg.rms_eps)
+
+    def _ffn_norm(self, lw: LayerWeights) -> Buffer:
+        return lw.vectors["post_attention_norm" if self.cfg.arch == "qwen35" else "ffn_norm"]
+
+    def _swiglu_closer(self, lw: LayerWeights, num_tokens: int) -> ops.Closer | None:
+        """SwiGLU formed into act_ffn by gate | up behind itself (ops.Closer), where they are one launch of the
+        gate rows then the up rows; None: _ffn launches it."""
+        ffn_in, f = lw.ffn_in, self.cfg.ffn_size
+        if len(ffn_in.parts) != 1 or ffn_in.parts[0].bias is not None:
+            return None
+        first = ffn_in.parts[0].offset
+        if (ffn_in.offsets["ffn_gate"], ffn_in.offsets["ffn_up"]) != (first, first + f):
+            return None
+        return ops.closer_for(self.dev, ffn_in.parts[0].weight, num_tokens, "swiglu", self.ws.act_ffn, [lw.ffn_down],
+                              self.ws.close_ffn)
+
+    def _ffn(self, lw: LayerWeights, num_tokens: int, norm_closed: bool = False) -> None:
+        """x += ffn_down(silu(gate) * up) of RMSNorm(x); norm_closed: act_h already holds the norm (the mixer's
+        output projection formed it)."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
-        h, f = cfg.hidden_size, cfg.ffn_size
-        norm = lw.vectors["post_attention_norm" if cfg.arch == "qwen35" else "ffn_norm"]
-        normed = ops.rmsnorm_of(ws.x, norm, h, cfg.rms_eps, out32=ws.xn)
-        lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE, producer=normed)
+        h = cfg.hidden_size
+        normed = None if norm_closed else ops.rmsnorm_of(ws.x, self._ffn_norm(lw), h, cfg.rms_eps, out32=ws.xn)
+        swiglu = self._swiglu_closer(lw, num_tokens)
+        lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE, producer=normed,
+                      closer=swiglu)
         dev.join()
-        gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
-        up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
-        ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=ws.ffn)
+        if swiglu is None:
+            gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
+            up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
+            ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=ws.ffn)
         ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x)
 
     def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer,
-                   normed: ops.Producer) -> None:
+                   normed: ops.Producer, ffn_norm: ops.Closer | None = None) -> None:
         """x += attn_output(attention(q, k, v)) of normed (the input norm of x) with q/k norm, rope, the KV write
-        at positions pos and qwen35's output gate."""
+        at positions pos and qwen35's output gate; ffn_norm: the closer behind attn_output."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         d, hq, hkv, width = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, ws.proj_width
         lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE, producer=normed)
@@ -278,11 +309,12 @@ class CudaModel:
                          q_stride, cfg.q_size, d ** -0.5, gate=q.view(4 * d) if cfg.has_attn_gate else None,
                          ld_gate=width, gate_head_stride=q_stride, scratch=ws.attn_scratch, splits=splits)
         ops.matmul(dev, lw.mix_out, ws.act_q, ws.x, num_tokens, cfg.hidden_size, residual=ws.x,
-                   producer=ops.plain_of(ws.mix2, cfg.q_size))
+                   producer=ops.plain_of(ws.mix2, cfg.q_size), closer=ffn_norm)
 
-    def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer) -> None:
+    def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer,
+                  ffn_norm: ops.Closer | None = None) -> None:
         """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)) of normed (the input norm of x); a verify pass keeps
-        its inputs in the layer."""
+        its inputs in the layer; ffn_norm: the closer behind ssm_out."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         width, c, hk, hv = ws.proj_width, cfg.ssm_conv_dim, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads
         dk, dv, inner, key = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size, hk * cfg.ssm_head_dim
@@ -305,7 +337,8 @@ class CudaModel:
                 qk_out=None if commit else layer.qk_norm, **gates)
         normed = ops.gatednorm_of(ws.mix, ws.proj.view(4 * off["attn_gate"]), lw.vectors["ssm_norm"], dv, inner,
                                   width, cfg.rms_eps, out32=ws.mix2)
-        ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x, producer=normed)
+        ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x, producer=normed,
+                   closer=ffn_norm)
 
     def accept(self, num_pass_tokens: int, n: int) -> None:
         """Commit the first n tokens of the last non-committing pass (DeltaNet layers and the MTP head's starting

@@ -7,7 +7,8 @@ they never synchronise. Shapes in comments are logical: [T, K] means T rows of K
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from gguf import GGMLQuantizationType as Q
 
@@ -236,6 +237,63 @@ def plain_of(x: Buffer, ld_in: int, out32: Buffer | None = None, ld_out32: int =
     return Producer("plain", ActSrc(x.ptr, 0, 0, _p(out32), ld_in, 0, ld_out32, 0, 0.0))
 
 
+# ---- closers (kernels/act8_close.cuh) ----
+# A one-token matmul on mmvq_i8b forms the next matmul's int8 input at its own tail, where a producer launch would
+# have formed it from the matmul's output (the FFN norm of the row the mixer's output projection writes; SwiGLU
+# of gate | up): the launch and the kernel boundary in front of it go. Off unless OPENJET_CUDA_CLOSE=1 until the
+# GPU has checked and timed it (i8b.CLOSE; bench/NOTES.md Z1).
+CLOSE_PART = 12  # mirror of kernels/act8_close.cuh CLOSE_PART: floats a superblock in the partial sums
+INT8_KERNELS = frozenset({"i8b", "i8v", "i8", "i8q6"})  # _group_kernel's kernels that read only the int8 copy
+
+
+@dataclass(frozen=True, slots=True)
+class Closer:
+    """The producer of `act` formed behind the one-token matmul that writes its input y (closer_for says where it
+    can be): "rmsnorm", RMSNorm(y) * w; "swiglu", silu(y[:width]) * y[width:], the matmul's rows the gate then the
+    up half. act gets its int8 copy only (no f16 form, no f32 rows), so every matmul that reads it must take that.
+    scratch: the kernel's counters and partial sums (alloc_close_scratch), zero between launches."""
+
+    mode: str
+    act: Act
+    scratch: Buffer
+    w: Buffer | None = None
+    eps: float = 0.0
+
+
+def close_count_bytes(width: int) -> int:
+    """A closer's counters for an input `width` wide: one a superblock and one the row, 16-byte aligned."""
+    return -(-4 * (width // SUPERBLOCK + 1) // 16) * 16
+
+
+def alloc_close_scratch(dev: Device, width: int, what: str) -> Buffer:
+    """A closer's scratch for an input `width` wide (counters, then CLOSE_PART floats a superblock), zeroed: each
+    launch leaves it so."""
+    buf = dev.alloc(close_count_bytes(width) + 4 * CLOSE_PART * (width // SUPERBLOCK), what)
+    dev.fill_u32(buf, 0)
+    return buf
+
+
+def closer_for(dev: Device, w: DeviceWeight, num_tokens: int, mode: str, act: Act,
+               consumers: Sequence[DeviceWeight], scratch: Buffer, norm: Buffer | None = None, eps: float = 0.0
+               ) -> Closer | None:
+    """A Closer for the matmul on w whose output makes act by `mode`, or None where the producer must be launched:
+    closers on and w's launch on mmvq_i8b with the mode built (i8b.closes), w's rows act's width (rmsnorm) or
+    twice it (swiglu), act in whole superblocks with an int8 copy, and every consumer a matmul that reads only
+    that copy at num_tokens."""
+    if not i8b.closes(dev, w, num_tokens, mode) or act.q8 is None or act.width % SUPERBLOCK:
+        return None
+    if w.rows != (2 if mode == "swiglu" else 1) * act.width or (mode == "rmsnorm") != (norm is not None):
+        return None
+    if norm is not None and norm.ptr % 16:  # its lanes load 8 weights at a time
+        return None
+    assert scratch.nbytes >= close_count_bytes(act.width) + 4 * CLOSE_PART * (act.width // SUPERBLOCK), scratch.what
+    written = replace(act, i8_tokens=num_tokens)  # as the closer leaves it
+    if not all(c.cols == act.width and _group_kernel(dev, c, written, num_tokens, num_tokens) in INT8_KERNELS
+               for c in consumers):
+        return None
+    return Closer(mode, act, scratch, norm, eps)
+
+
 def produce(dev: Device, producer: Producer, act: Act, num_tokens: int) -> None:
     """Launch the producer into act (its out32 rows at act.ld where the caller gave no stride)."""
     src = producer.src
@@ -294,23 +352,32 @@ def act_gatednorm(dev: Device, o: Buffer, z: Buffer, w: Buffer, act: Act, num_to
 
 
 def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, ld_y: int,
-           bias: Buffer | None = None, residual: Buffer | None = None, producer: Producer | None = None) -> None:
+           bias: Buffer | None = None, residual: Buffer | None = None, producer: Producer | None = None,
+           closer: Closer | None = None) -> None:
     """y[T, rows] = act[T, cols] @ w^T (+ bias[rows]) (+ residual[T, rows]); 8 tokens per launch.
 
     y and residual are f32 [T, ld_y]; residual may be y itself (each element is read once before it is written).
     producer: the op that makes act, launched first, or computed by the matmul's own blocks where i8b.fuses says
     it can (act is then left unwritten: its i8_tokens 0); it must not read y.
+    closer: the next matmul's producer, formed from y by this launch's blocks at its tail (closer_for made it).
     """
     assert 1 <= num_tokens <= act.max_tokens, f"{w.name}: {num_tokens} tokens for {act.max_tokens}"
     if w.cols != act.width:
         raise ValueError(f"{w.name}: {w.cols} columns but activations of width {act.width}")
     if producer is not None:
         assert y.ptr not in (producer.src.x, producer.src.x2), f"{w.name}: the producer reads the matmul's output"
-        if i8b.fuses(dev, w, num_tokens, producer):
+        if closer is None and i8b.fuses(dev, w, num_tokens, producer):
             act.i8_tokens = 0
             i8b.launch(dev, w, None, y, bias, residual, producer)
             return
         produce(dev, producer, act, num_tokens)
+    if closer is not None:
+        kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
+        assert kernel == "i8b", f"{w.name}: a closer needs the launch on mmvq_i8b, not {kernel}"
+        assert y.ptr % 16 == 0, f"{w.name}: the closer loads y 16 bytes at a time"
+        i8b.launch(dev, w, act.group8(0), y, bias, residual, closer=closer)
+        closer.act.i8_tokens = num_tokens
+        return
     gemm = DISPATCH.get(("gemm", w.qtype))
     if gemm is not None and num_tokens >= GEMM_MIN_TOKENS:
         wg = gemm_wg_instance(dev.info.arch, w.qtype, num_tokens, w.cols, bias is not None)

@@ -66,7 +66,7 @@ def test_the_launcher_mirrors_the_kernels_layout() -> None:
 
 def test_every_shape_has_an_instance() -> None:
     for s, n in instances.I8B_SHAPES:
-        assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}"].expr == f"mmvq_i8b<{s}, {n}, -1>"
+        assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}"].expr == f"mmvq_i8b<{s}, {n}, -1, -1>"
     assert i8b.SHAPE in instances.I8B_SHAPES
 
 
@@ -79,7 +79,7 @@ def test_each_fused_mode_has_an_instance_of_the_producers_number() -> None:
     for s, n in instances.I8B_FUSED_SHAPES:
         for mode in instances.I8B_FUSED_MODES:
             inst = instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_{mode}"]
-            assert inst.expr == f"mmvq_i8b<{s}, {n}, {numbers[mode]}>"
+            assert inst.expr == f"mmvq_i8b<{s}, {n}, {numbers[mode]}, -1>"
     assert i8b.SHAPE in instances.I8B_FUSED_SHAPES
 
 

@@ -26,9 +26,13 @@
 // act8 copy a producer launch wrote (kernels/act.cu): that launch and its gap go. Each warp computes only the
 // superblocks it reads (its share), with the producer's arithmetic (act8.cuh); an RMSNorm adds one block-wide sum.
 //
+// A closer behind (CLOSE != CLOSE_NONE, kernels/act8_close.cuh): the block's warp 0 counts its tiles once it has
+// stored them, and closes the superblocks of the next matmul's int8 input that its count completes.
+//
 // Not built before sm_90 (no tensor copies): the launcher (engine/cuda/i8b.py) takes it on sm_90+ only, and the
 // body compiles to a trap elsewhere so that every architecture still builds the file.
 #include "act8.cuh"
+#include "act8_close.cuh"
 #include "i8q4k.cuh"
 #include "tma.cuh"
 
@@ -221,13 +225,14 @@ __device__ __forceinline__ void i8b_superblock(const u8* qst, const u8* words, c
 // 16-row tiles b, b + gridDim.x, ... (one each when the grid is the tile count), staging the row's activations
 // once; warp w takes the w-th contiguous share of each tile's superblocks (ceil(nb / W), the last ones fewer)
 // through its own ring of NS stages of S superblocks, which runs on from one tile into the next; dynamic shared
-// memory 1024 (alignment) + i8b_x_bytes(nb) + W NS S (2048 + 256).
-template <int S, int NS, int MODE>
+// memory 1024 (alignment) + i8b_x_bytes(nb) + W NS S (2048 + 256). CLOSE: the producer (ACT_RMSNORM, ACT_SWIGLU)
+// whose output for the next matmul `close` describes, formed from y at the tail (CLOSE_NONE: none).
+template <int S, int NS, int MODE, int CLOSE>
 __global__ void __launch_bounds__(I8B_MAX_WARPS * 32)
 mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          const I8bSrc src, float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual,
-         int rows, int K) {
+         int rows, int K, const Act8Close close) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(1024) u8 smem[];
     __shared__ __align__(8) u64 bars[I8B_MAX_WARPS][NS];
@@ -286,6 +291,7 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
             y[row] = v;
         }
     }
+    if (CLOSE != CLOSE_NONE && warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, my_tiles);
 #else
     __trap();  // the launcher takes this kernel on sm_90+ only
 #endif

@@ -1,0 +1,232 @@
+"""Closers (kernels/act8_close.cuh, engine/cuda/ops.py Closer): the one-token int8 matmul that forms the next
+matmul's int8 input behind itself, checked against the producer launched apart on the same output and against
+the float64 reference, then both forms timed at the 27B pairs (bench/NOTES.md Z1).
+
+Every check draws fresh random inputs (never zeros) and poisons what it compares: y and the scales and sums with
+NaN, the levels with -128 (a level the producers never write: they clamp to +-127).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from bench.gpu_common import Report, Timing, compare, median_time, poison, record
+from bench.gpu_fused import LEVEL_ERROR_MARGIN, TOL_APART, level_error
+from bench.gpu_kernels import REF_ROWS, SHAPES_27B, _reference_rows, bulk_i8, i8_matmul
+from engine.cuda import i8b, ops
+from engine.cuda.device import Buffer, Device
+from engine.cuda.repack import random_blocks
+
+EPS = 1e-6
+UNWRITTEN_LEVEL = 0x80  # -128 as a byte
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """A matmul whose output the closer turns into the next matmul's input: (rows, cols) of both, the mode, the
+    consumer's type."""
+
+    name: str
+    producer: tuple[int, int]
+    consumer: tuple[int, int]
+    mode: str
+    consumer_qtype: Q
+
+
+# The pass's pairs at 27B (ssm_out -> FFN norm -> gate | up: 20 superblocks of one tile a block; gate | up ->
+# SwiGLU -> ffn_down in both of its types: 2,176 tiles, several a block) and small ones (two superblocks: a row
+# closed by whichever closes last; a consumer on mmvq_i8b)
+PAIRS = [Pair("ffn_norm", SHAPES_27B["ssm_out"], SHAPES_27B["ffn_gate_up"], "rmsnorm", Q.Q4_K),
+         Pair("swiglu", SHAPES_27B["ffn_gate_up"], SHAPES_27B["ffn_down"], "swiglu", Q.Q4_K),
+         Pair("swiglu_q6", SHAPES_27B["ffn_gate_up"], SHAPES_27B["ffn_down"], "swiglu", Q.Q6_K),
+         Pair("small_norm", (512, 768), (1024, 512), "rmsnorm", Q.Q4_K),
+         Pair("small_swiglu", (1024, 768), (512, 512), "swiglu", Q.Q4_K)]
+# Levels that differ from the producer's: SwiGLU none (the same float operations on the same values), a count;
+# RMSNorm's are the levels of x * w, the producer's of x * w / rms, which round differently at a tie's edge (in
+# numpy 4 of 8.2 M hi levels and 1,264 lo levels, bench/MEGAKERNEL.md eighth session), a fraction. Levels off
+# their places or unwritten differ at about half the positions.
+LEVEL_MISMATCH_TOL = {("swiglu", "hi"): 0.5, ("swiglu", "lo"): 0.5, ("rmsnorm", "hi"): 1e-3, ("rmsnorm", "lo"): 1e-2}
+TOL_SCALES = 1e-5  # scales and sums times 1 / rms summed in another order: ~1e-7
+TOL_Y = 1e-6  # the matmul's own output: the same sums as without the closer (a closer writing into y: 1e-2 or more)
+
+
+@contextmanager
+def closing(on: bool):
+    """Closers switched for the block, with the int8 matmuls they need on; restored after it."""
+    saved = i8b.CLOSE
+    try:
+        i8b.CLOSE = on
+        with i8_matmul(True), bulk_i8(True):
+            i8b.MAX_SUPERBLOCKS = i8b.DEFAULT_MAX_SUPERBLOCKS  # as the pass runs them: ffn_down on mmvq_i8
+            yield
+    finally:
+        i8b.CLOSE = saved
+
+
+def _int8_copy(dev: Device, act: ops.Act) -> dict[str, np.ndarray]:
+    """Token 0's part of act's int8 copy: hi and lo levels [nsb, 256], scales [nsb, 2], sums (hi + lo) [nsb, 8]."""
+    nsb = act.num_superblocks
+    q = dev.download(act.q8, np.int8, (nsb, 4096))
+    scale = dev.download(act.scale8, np.float32, (nsb, 16))
+    sums = dev.download(act.sums8, np.float16, (nsb, 64)).astype(np.float64)
+    sums += dev.download(act.sums8_lo, np.float16, (nsb, 64)).astype(np.float64)
+    return {"hi": q[:, :256], "lo": q[:, 2048:2304], "scale": scale[:, [0, 8]], "sums": sums[:, :8]}
+
+
+def _poison_int8(dev: Device, act: ops.Act) -> None:
+    dev.fill_u32(act.q8, UNWRITTEN_LEVEL * 0x01010101)
+    for buf in (act.scale8, act.sums8, act.sums8_lo):
+        poison(dev, buf)
+
+
+def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pair) -> None:
+    """One closer launch against the same matmul with its producer launched apart: y bit for bit, the int8 copy
+    (levels, scales, sums), the consumer's output, a second launch equal to the first (the counters left zero);
+    and the consumer's output against the float64 reference."""
+    (rows, cols), (c_rows, width) = pair.producer, pair.consumer
+    data = random_blocks(Q.Q4_K, (rows, cols), rng)
+    c_data = random_blocks(pair.consumer_qtype, (c_rows, width), rng)
+    w = ops.upload_weight(dev, data, Q.Q4_K, (rows, cols), f"{pair.name}.w")
+    consumer = ops.upload_weight(dev, c_data, pair.consumer_qtype, (c_rows, width), f"{pair.name}.consumer")
+    x = ops.alloc_act(dev, 1, cols, "x", precise=True)
+    dev.upload(x.f32, (rng.standard_normal(cols) * rng.uniform(0.5, 2.0)).astype(np.float32))
+    res = dev.to_device((3.0 * rng.standard_normal(rows)).astype(np.float32), "res")  # rms far from 1
+    norm = dev.to_device((1.0 + 0.2 * rng.standard_normal(width)).astype(np.float32), "norm")
+    closed, apart = (ops.alloc_act(dev, 1, width, f"{pair.name}.{k}", precise=True) for k in ("closed", "apart"))
+    scratch = ops.alloc_close_scratch(dev, width, "close.scratch")
+    y, y_apart, out = dev.alloc(4 * rows, "y"), dev.alloc(4 * rows, "y_apart"), dev.alloc(4 * c_rows, "out")
+    variant = f"{pair.name}.{pair.mode}.{pair.consumer_qtype.name}"
+    rms = pair.mode == "rmsnorm"
+
+    def consume(act: ops.Act) -> np.ndarray:
+        poison(dev, out)
+        ops.matmul(dev, consumer, act, out, 1, c_rows)
+        return dev.download(out, np.float32, (c_rows,))
+
+    try:
+        with closing(True):
+            closer = ops.closer_for(dev, w, 1, pair.mode, closed, [consumer], scratch, norm if rms else None, EPS)
+            if closer is None:
+                raise AssertionError(f"{variant}: closer_for found no closer with CLOSE on")
+            launches = []
+            for _ in range(2):
+                poison(dev, y)
+                _poison_int8(dev, closed)
+                ops.act_f16(dev, x.f32, x, 1, cols)
+                ops.matmul(dev, w, x, y, 1, rows, residual=res, closer=closer)
+                launches.append((dev.download(y, np.float32, (rows,)), _int8_copy(dev, closed)))
+            out_closed = consume(closed)
+        with closing(False):
+            poison(dev, y_apart)
+            ops.act_f16(dev, x.f32, x, 1, cols)
+            ops.matmul(dev, w, x, y_apart, 1, rows, residual=res)
+            _poison_int8(dev, apart)
+            if rms:
+                ops.act_rmsnorm(dev, y_apart, norm, apart, 1, width, EPS)
+            else:
+                ops.act_swiglu(dev, y_apart, y_apart.view(4 * width), apart, 1, rows)
+            ref8 = _int8_copy(dev, apart)
+            out_apart = consume(apart)
+        (y_closed, got), (y_again, again) = launches
+        yv = dev.download(y_apart, np.float32, (rows,))
+        compare(report, "close.y", variant, y_closed, yv, TOL_Y)
+        _compare_int8(report, variant, got, ref8, pair.mode)
+        same = sum(int(np.count_nonzero(got[k] != again[k])) for k in got)
+        record(report, "close.again", variant, "int8 copy", float(same + np.count_nonzero(y_again != y_closed)), 0.5)
+        values = _values(yv.astype(np.float64), dev.download(norm, np.float32, (width,)), pair.mode, width)
+        tol_apart = max(TOL_APART, 0.5 * level_error(values))
+        compare(report, "close.consumer", variant + ".vs_apart", out_closed, out_apart, tol_apart)
+        pick = np.sort(rng.choice(c_rows, size=min(c_rows, REF_ROWS), replace=False))
+        ref = _reference_rows(c_data, pair.consumer_qtype, (c_rows, width), pick) @ values
+        compare(report, "close.consumer", variant, out_closed[pick], ref, LEVEL_ERROR_MARGIN * level_error(values))
+    finally:
+        for buf in [w.buf, consumer.buf, res, norm, scratch, y, y_apart, out, *x.buffers(), *closed.buffers(),
+                    *apart.buffers()]:
+            dev.memory.free(buf)
+
+
+def _values(y: np.ndarray, norm: np.ndarray, mode: str, width: int) -> np.ndarray:
+    """What the producer makes of the matmul's output y, in float64."""
+    if mode == "rmsnorm":
+        return y / np.sqrt(np.mean(y * y) + EPS) * norm
+    gate, up = y[:width], y[width:]
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
+def _compare_int8(report: Report, variant: str, got: dict, ref: dict, mode: str) -> None:
+    """The closer's int8 copy against the producer's: levels equal (RMSNorm: but for rare ties), none unwritten,
+    scales and sums within rounding."""
+    total = got["hi"].size
+    unwritten = sum(int(np.count_nonzero(got[k] == -128)) for k in ("hi", "lo"))
+    record(report, "close.levels", variant + ".unwritten", f"{total}x2", float(unwritten), 0.5)
+    for level in ("hi", "lo"):
+        differ = int(np.count_nonzero(got[level] != ref[level]))
+        value = differ if mode == "swiglu" else differ / total
+        record(report, "close.levels", f"{variant}.{level}", f"{total}", float(value), LEVEL_MISMATCH_TOL[mode, level])
+    compare(report, "close.scales", variant, got["scale"], ref["scale"], TOL_SCALES)
+    compare(report, "close.sums", variant, got["sums"], ref["sums"], TOL_SCALES)
+
+
+def run_close_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
+    """PAIRS, on GPUs with the tensor-copy matmul (sm_90+); elsewhere one record says they were not run."""
+    if dev.info.arch < i8b.MIN_ARCH:
+        record(report, "close", f"not run on sm_{dev.info.arch}", "-", 0.0, 1.0)
+        return
+    print("closer checks", flush=True)
+    for pair in PAIRS:
+        check_close(dev, report, rng, pair)
+
+
+def time_close(dev: Device, report: Report, rng: np.random.Generator) -> None:
+    """The 27B pairs' matmul with its consumer's producer launched apart against the closer behind it (us),
+    without PDL, from HBM: what the closer adds to the matmul's tail against what the producer launch costs."""
+    if dev.info.arch < i8b.MIN_ARCH:
+        return
+    print("closer timings (us): matmul + producer launch | matmul with the closer", flush=True)
+    for pair in PAIRS[:2]:
+        _time_pair(dev, report, rng, pair)
+
+
+def _time_pair(dev: Device, report: Report, rng: np.random.Generator, pair: Pair) -> None:
+    (rows, cols), (c_rows, width) = pair.producer, pair.consumer
+    data = random_blocks(Q.Q4_K, (rows, cols), rng)
+    copies = max(1, min(8, (256 << 20) // data.nbytes))  # together past the L2: each launch streams from HBM
+    ws = [ops.upload_weight(dev, data, Q.Q4_K, (rows, cols), f"{pair.name}.{i}") for i in range(copies)]
+    consumer = ops.DeviceWeight(Buffer(0, 0, "consumer"), pair.consumer_qtype, c_rows, width, "consumer")
+    x = ops.alloc_act(dev, 1, cols, "x", precise=True)
+    dev.upload(x.f32, rng.standard_normal(cols).astype(np.float32))
+    norm = dev.to_device((1.0 + 0.2 * rng.standard_normal(width)).astype(np.float32), "norm")
+    dst = ops.alloc_act(dev, 1, width, "dst", precise=True)
+    scratch = ops.alloc_close_scratch(dev, width, "close.scratch")
+    y = dev.alloc(4 * rows, "y")
+    rms = pair.mode == "rmsnorm"
+    cells = []
+    try:
+        for on in (False, True):
+            with closing(on):
+                ops.act_f16(dev, x.f32, x, 1, cols)
+                closer = ops.closer_for(dev, ws[0], 1, pair.mode, dst, [consumer], scratch, norm if rms else None,
+                                        EPS) if on else None
+                count = {"i": 0}
+
+                def run(closer=closer):
+                    ops.matmul(dev, ws[count["i"] % len(ws)], x, y, 1, rows, closer=closer)
+                    if closer is None and rms:
+                        ops.act_rmsnorm(dev, y, norm, dst, 1, width, EPS)
+                    elif closer is None:
+                        ops.act_swiglu(dev, y, y.view(4 * width), dst, 1, rows)
+                    count["i"] += 1
+
+                med, spread = median_time(dev, run, reps=20, warmup=3, inner=2 * len(ws))
+            label = "closed" if on else "apart"
+            report.timings.append(Timing("close", f"{pair.name}.{pair.mode}.{label}", f"{rows}x{cols}", med, spread,
+                                         data.nbytes))
+            cells.append(f"{label} {med * 1e3:6.1f}")
+    finally:
+        for buf in [*(w.buf for w in ws), norm, scratch, y, *x.buffers(), *dst.buffers()]:
+            dev.memory.free(buf)
+    print(f"  {pair.name:<10} {pair.mode:<8} " + " | ".join(cells), flush=True)

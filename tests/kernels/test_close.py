@@ -1,0 +1,258 @@
+"""Host-side rules of the closers (kernels/act8_close.cuh, engine/cuda/ops.py Closer): when a one-token matmul
+forms the next matmul's int8 input behind itself, what its launch hands the kernel against the kernel's struct,
+and which launches the FFN of a one-token pass makes with them. The kernel itself is checked on the GPU
+(bench/gpu_close.py: against the producer launched apart and the float64 reference)."""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine.cuda import i8b, instances, nvrtc, ops
+from engine.cuda.memory import Buffer
+from engine.cuda.model import CudaModel
+from engine.cuda.weights import Part, Projection
+
+H, FFN = 5120, 17408
+
+
+class _Dev:
+    """What the launchers ask of a device, launches recorded as (kernel name, args)."""
+
+    def __init__(self, arch: int = 90) -> None:
+        self.info = SimpleNamespace(arch=arch, max_smem_per_block=232448, multiprocessors=132)
+        self.launches: list[tuple[str, list]] = []
+        self.filled: list[tuple[Buffer, int]] = []
+
+    def kernel(self, name: str) -> SimpleNamespace:
+        return SimpleNamespace(name=name)
+
+    def set_max_dynamic_smem(self, kernel, nbytes: int) -> None:
+        pass
+
+    def launch(self, kernel, grid, block, args, smem: int = 0) -> None:
+        self.launches.append((kernel.name, args))
+
+    def alloc(self, nbytes: int, what: str) -> Buffer:
+        return Buffer(0x7000_0000, nbytes, what)
+
+    def fill_u32(self, buf: Buffer, value: int) -> None:
+        self.filled.append((buf, value))
+
+    def join(self) -> None:
+        pass
+
+    @contextmanager
+    def beside(self):
+        yield
+
+
+_next = [0x1000_0000]
+
+
+def _buf(nbytes: int = 1 << 20, what: str = "", align: int = 256) -> Buffer:
+    ptr = _next[0]
+    _next[0] += -(-nbytes // align) * align + align
+    return Buffer(ptr, nbytes, what)
+
+
+def _weight(qtype: Q, rows: int, cols: int, name: str = "w") -> ops.DeviceWeight:
+    return ops.DeviceWeight(_buf(what=name), qtype, rows, cols, name)
+
+
+def _act(width: int, i8_tokens: int = 0, int8: bool = True) -> ops.Act:
+    act = ops.Act(_buf(), _buf(), _buf(), width, width, 8, _buf(), _buf(), i8_tokens=i8_tokens)
+    if int8:
+        act.q8, act.scale8, act.sums8, act.sums8_lo = _buf(), _buf(), _buf(), _buf()
+    return act
+
+
+@pytest.fixture
+def closing(monkeypatch):
+    """Closers on, with the int8 matmuls and their defaults that the pass runs with."""
+    monkeypatch.setattr(i8b, "CLOSE", True)
+    monkeypatch.setattr(i8b, "ON", True)
+    monkeypatch.setattr(i8b, "FUSE", False)
+    monkeypatch.setattr(i8b, "SHAPE", i8b.DEFAULT_SHAPE)
+    monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", i8b.DEFAULT_MAX_SUPERBLOCKS)
+    monkeypatch.setattr(ops, "I8_MATMUL", True)
+    monkeypatch.setattr(ops, "Q6_I8", True)
+    monkeypatch.setattr(ops, "Q6_I8_COUNTS", ops.DEFAULT_Q6_I8_COUNTS)
+    monkeypatch.setattr(i8b, "quant_map", lambda w: i8b.TensorMap())  # the driver encodes it on the GPU
+
+
+def _norm_closer(dev, mix_out, consumers, num_tokens=1, act=None, norm=None):
+    norm = _buf(4 * H) if norm is None else norm
+    return ops.closer_for(dev, mix_out, num_tokens, "rmsnorm", act or _act(H), consumers, _buf(), norm, 1e-6)
+
+
+def test_the_ffn_norm_closes_behind_a_q4k_output_projection_only_where_every_consumer_reads_int8(closing) -> None:
+    dev, mix_out, gate_up = _Dev(), _weight(Q.Q4_K, H, 6144), _weight(Q.Q4_K, 2 * FFN, H)
+    closer = _norm_closer(dev, mix_out, [gate_up])
+    assert closer is not None and closer.mode == "rmsnorm" and closer.eps == 1e-6
+    assert _norm_closer(dev, mix_out, [gate_up, _weight(Q.Q4_K, 1024, H)]) is not None
+    assert _norm_closer(dev, mix_out, [gate_up, _weight(Q.Q8_0, 96, H)]) is None  # DeltaNet's gates read f16
+    assert _norm_closer(dev, mix_out, [_weight(Q.F32, 1024, H)]) is None  # the f32 rows, which it never writes
+    assert _norm_closer(dev, mix_out, [_weight(Q.Q4_K, 1024, 4096)]) is None  # another width
+    assert _norm_closer(dev, mix_out, [gate_up], num_tokens=2) is None  # one token only
+    assert _norm_closer(dev, _weight(Q.Q6_K, H, 6144), [gate_up]) is None  # not on mmvq_i8b
+    assert _norm_closer(dev, _weight(Q.Q4_K, H, FFN), [gate_up]) is None  # wider than mmvq_i8b takes
+    assert _norm_closer(dev, _weight(Q.Q4_K, 4096, 6144), [gate_up]) is None  # rows != the norm's width
+    assert _norm_closer(_Dev(89), mix_out, [gate_up]) is None  # no tensor copies
+    assert _norm_closer(dev, mix_out, [gate_up], act=_act(H, int8=False)) is None
+    assert _norm_closer(dev, mix_out, [gate_up], norm=Buffer(_buf().ptr + 8, 4 * H)) is None  # float4 loads
+    assert ops.closer_for(dev, mix_out, 1, "rmsnorm", _act(H), [gate_up], _buf()) is None  # no norm weight
+
+
+@pytest.mark.parametrize("switch", [(i8b, "CLOSE"), (ops, "I8_MATMUL"), (i8b, "ON")])
+def test_no_closer_with_a_switch_off(closing, monkeypatch, switch) -> None:
+    monkeypatch.setattr(*switch, False)
+    assert _norm_closer(_Dev(), _weight(Q.Q4_K, H, 6144), [_weight(Q.Q4_K, 2 * FFN, H)]) is None
+
+
+def test_no_closer_in_a_shape_built_without_them(closing, monkeypatch) -> None:
+    other = next(shape for shape in instances.I8B_SHAPES if shape not in instances.I8B_CLOSE_SHAPES)
+    monkeypatch.setattr(i8b, "SHAPE", other)
+    assert _norm_closer(_Dev(), _weight(Q.Q4_K, H, 6144), [_weight(Q.Q4_K, 2 * FFN, H)]) is None
+
+
+def test_swiglu_closes_behind_gate_up_where_ffn_down_reads_int8(closing, monkeypatch) -> None:
+    dev, gate_up = _Dev(), _weight(Q.Q4_K, 2 * FFN, H)
+
+    def closer(w, down):
+        return ops.closer_for(dev, w, 1, "swiglu", _act(FFN), [down], _buf())
+
+    assert closer(gate_up, _weight(Q.Q4_K, H, FFN)).mode == "swiglu"  # mmvq_i8
+    assert closer(gate_up, _weight(Q.Q6_K, H, FFN)) is not None  # mmvq_q6_i8
+    assert closer(gate_up, _weight(Q.Q5_K, H, FFN)) is None  # the f16 kernels
+    assert closer(_weight(Q.Q4_K, FFN, H), _weight(Q.Q4_K, H, FFN)) is None  # the gate rows alone
+    monkeypatch.setattr(ops, "Q6_I8", False)
+    assert closer(gate_up, _weight(Q.Q6_K, H, FFN)) is None
+
+
+def test_the_scratch_is_zeroed_counters_then_sums() -> None:
+    dev = _Dev()
+    buf = ops.alloc_close_scratch(dev, H, "scratch")
+    nsb = H // 256
+    assert ops.close_count_bytes(H) == 96  # nsb + 1 counters, 16-byte aligned
+    assert buf.nbytes == 96 + 4 * ops.CLOSE_PART * nsb
+    assert dev.filled == [(buf, 0)]
+
+
+def test_the_launch_hands_the_kernel_its_closer_and_marks_the_input_written(closing) -> None:
+    dev, mix_out, gate_up = _Dev(), _weight(Q.Q4_K, H, 6144), _weight(Q.Q4_K, 2 * FFN, H)
+    act_h, scratch, norm = _act(H), _buf(), _buf(4 * H)
+    closer = ops.closer_for(dev, mix_out, 1, "rmsnorm", act_h, [gate_up], scratch, norm, 1e-5)
+    x, y = _act(6144, i8_tokens=1), _buf(4 * H)
+    ops.matmul(dev, mix_out, x, y, 1, H, residual=y, closer=closer)
+    ((name, args),) = dev.launches
+    assert name == "mmvq_q4_K_i8b_s2n2_close_rmsnorm"
+    dst = args[-1]
+    assert isinstance(dst, i8b.CloseDst)
+    assert (dst.w, dst.q, dst.scale, dst.sums, dst.sums_lo) == (norm.ptr, act_h.q8.ptr, act_h.scale8.ptr,
+                                                                 act_h.sums8.ptr, act_h.sums8_lo.ptr)
+    assert (dst.count, dst.part, dst.width) == (scratch.ptr, scratch.ptr + ops.close_count_bytes(H), H)
+    assert dst.eps == pytest.approx(1e-5)
+    assert act_h.i8_tokens == 1  # gate | up then take the int8 copy
+    assert i8b.runs(dev, gate_up, 1, act_h)
+
+
+def test_a_producer_in_front_is_launched_apart_even_where_it_would_fuse(closing, monkeypatch) -> None:
+    monkeypatch.setattr(i8b, "FUSE", True)
+    monkeypatch.setattr(ops, "I8_WARPS_AT", {})
+    dev, mix_out = _Dev(), _weight(Q.Q4_K, H, 6144)
+    closer = _norm_closer(dev, mix_out, [_weight(Q.Q4_K, 2 * FFN, H)])
+    x, y, src = _act(6144), _buf(4 * H), _buf(4 * 6144)
+    ops.matmul(dev, mix_out, x, y, 1, H, residual=y, producer=ops.plain_of(src, 6144), closer=closer)
+    assert [name for name, _ in dev.launches] == ["act_plain_t1", "mmvq_q4_K_i8b_s2n2_close_rmsnorm"]
+
+
+def test_a_launch_that_does_not_take_mmvq_i8b_refuses_the_closer(closing) -> None:
+    dev, mix_out = _Dev(), _weight(Q.Q4_K, H, 6144)
+    closer = _norm_closer(dev, mix_out, [_weight(Q.Q4_K, 2 * FFN, H)])
+    with pytest.raises(AssertionError, match="mmvq_i8b"):
+        ops.matmul(dev, mix_out, _act(6144, i8_tokens=0), _buf(4 * H), 1, H, closer=closer)  # no int8 copy
+    with pytest.raises(AssertionError, match="16 bytes"):
+        ops.matmul(dev, mix_out, _act(6144, i8_tokens=1), Buffer(_buf().ptr + 4, 4 * H), 1, H, closer=closer)
+
+
+def _model(down_qtype: Q = Q.Q4_K) -> tuple[CudaModel, SimpleNamespace]:
+    """A CudaModel with a recording device and the 27B FFN's shapes: enough for _ffn and its closers."""
+    model = CudaModel.__new__(CudaModel)
+    model.dev = _Dev()
+    model.cfg = SimpleNamespace(hidden_size=H, ffn_size=FFN, rms_eps=1e-6, arch="qwen35")
+    model.ws = SimpleNamespace(act_h=_act(H), act_ffn=_act(FFN), close_h=_buf(), close_ffn=_buf(),
+                               proj=_buf(4 * 8 * 2 * FFN), x=_buf(4 * 8 * H), xn=_buf(4 * 8 * H),
+                               ffn=_buf(4 * 8 * FFN), proj_width=2 * FFN)
+    gate_up = _weight(Q.Q4_K, 2 * FFN, H, "gate|up")
+    lw = SimpleNamespace(ffn_in=Projection([Part(gate_up, None, 0)], 2 * FFN, {"ffn_gate": 0, "ffn_up": FFN}),
+                         ffn_down=_weight(down_qtype, H, FFN, "ffn_down"), mix_out=_weight(Q.Q4_K, H, 6144, "ssm_out"),
+                         vectors={"post_attention_norm": _buf(4 * H)})
+    return model, lw
+
+
+def _ffn_launches(monkeypatch, model, lw, num_tokens: int, norm_closed: bool) -> list[tuple]:
+    seen = []
+    monkeypatch.setattr(ops, "matmul", lambda dev, w, act, y, t, ld, producer=None, closer=None, **k: seen.append(
+        (w.name, producer and producer.mode, closer and closer.mode)))
+    monkeypatch.setattr(ops, "act_swiglu", lambda *a, **k: seen.append(("act_swiglu",)))
+    model._ffn(lw, num_tokens, norm_closed=norm_closed)
+    return seen
+
+
+def test_a_one_token_ffn_with_both_closers_launches_no_producer(closing, monkeypatch) -> None:
+    model, lw = _model()
+    assert model._ffn_norm_closer(lw, 1).mode == "rmsnorm"
+    assert _ffn_launches(monkeypatch, model, lw, 1, norm_closed=True) == [
+        ("gate|up", None, "swiglu"), ("ffn_down", None, None)]
+
+
+def test_a_verify_pass_or_closers_off_launch_the_producers(closing, monkeypatch) -> None:
+    model, lw = _model()
+    assert model._ffn_norm_closer(lw, 2) is None
+    producers = [("gate|up", "rmsnorm", None), ("act_swiglu",), ("ffn_down", None, None)]
+    assert _ffn_launches(monkeypatch, model, lw, 2, norm_closed=False) == producers
+    monkeypatch.setattr(i8b, "CLOSE", False)
+    assert model._ffn_norm_closer(lw, 1) is None
+    assert _ffn_launches(monkeypatch, model, lw, 1, norm_closed=False) == producers
+
+
+def test_swiglu_stays_a_launch_where_gate_and_up_are_not_one_launch_in_order(closing, monkeypatch) -> None:
+    model, lw = _model()
+    lw.ffn_in.offsets = {"ffn_up": 0, "ffn_gate": FFN}  # up rows first
+    assert _ffn_launches(monkeypatch, model, lw, 1, norm_closed=True) == [
+        ("gate|up", None, None), ("act_swiglu",), ("ffn_down", None, None)]
+
+
+def test_the_launcher_mirrors_the_kernels_struct() -> None:
+    src = (nvrtc.KERNEL_DIR / "act8_close.cuh").read_text()
+    body = re.search(r"struct Act8Close \{(.*?)\};", src, re.S).group(1)
+    fields = re.findall(r"\b(\w+);", re.sub(r"//[^\n]*", "", body))
+    assert fields == [name for name, _ in i8b.CloseDst._fields_]
+    assert int(re.search(r"#define CLOSE_PART (\d+)", src).group(1)) == ops.CLOSE_PART
+    kernel = (nvrtc.KERNEL_DIR / "mmvq_i8b.cu").read_text()
+    assert re.search(r"int rows, int K, const Act8Close close\)", kernel)  # the launcher's last argument
+
+
+def test_each_close_mode_has_an_instance_of_the_producers_number() -> None:
+    numbers = {name.lower(): int(v) for name, v in
+               re.findall(r"#define ACT_(\w+) (\d+)", (nvrtc.KERNEL_DIR / "act8.cuh").read_text())}
+    for s, n in instances.I8B_CLOSE_SHAPES:
+        for mode in instances.I8B_CLOSE_MODES:
+            assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_close_{mode}"].expr == \
+                f"mmvq_i8b<{s}, {n}, -1, {numbers[mode]}>"
+    assert i8b.DEFAULT_SHAPE in instances.I8B_CLOSE_SHAPES
+
+
+def test_closers_are_off_by_default_and_the_switch_is_checked(monkeypatch) -> None:
+    monkeypatch.delenv(i8b.CLOSE_ENV, raising=False)
+    assert i8b._close_default() is False
+    monkeypatch.setenv(i8b.CLOSE_ENV, "1")
+    assert i8b._close_default() is True
+    monkeypatch.setenv(i8b.CLOSE_ENV, "on")
+    with pytest.raises(ValueError, match=i8b.CLOSE_ENV):
+        i8b._close_default()
