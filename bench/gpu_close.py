@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from bench.gpu_common import Report, Timing, compare, median_time, poison, record
+from bench.gpu_common import Report, Timing, compare, median_time, patched, poison, record
 from bench.gpu_fused import LEVEL_ERROR_MARGIN, TOL_APART, level_error
 from bench.gpu_kernels import REF_ROWS, SHAPES_27B, _reference_rows, bulk_i8, i8_matmul
 from engine.cuda import i8b, ops
@@ -28,21 +28,27 @@ UNWRITTEN_LEVEL = 0x80  # -128 as a byte
 @dataclass(frozen=True, slots=True)
 class Pair:
     """A matmul whose output the closer turns into the next matmul's input: (rows, cols) of both, the mode, the
-    consumer's type."""
+    consumer's type, the producing matmul's type."""
 
     name: str
     producer: tuple[int, int]
     consumer: tuple[int, int]
     mode: str
     consumer_qtype: Q
+    producer_qtype: Q = Q.Q4_K
 
 
-# The pass's pairs at 27B (ssm_out -> FFN norm -> gate | up: 20 superblocks of one tile a block; gate | up ->
-# SwiGLU -> ffn_down in both of its types: 2,176 tiles, several a block) and small ones (two superblocks: a row
-# closed by whichever closes last; a consumer on mmvq_i8b)
+# The pass's pairs at 27B, one of each kernel, mode and consumer kernel: ssm_out -> FFN norm -> gate | up (mmvq_i8b,
+# 20 superblocks of one tile a block); gate | up -> SwiGLU -> ffn_down in both of its types (2,176 tiles, several
+# a block); ffn_down in both of its types (mmvq_i8, mmvq_q6_i8) -> the next layer's input norm -> attention's q
+# (mmvq_i8b), attn_v (mmvq_q6_i8) or the DeltaNet's alpha | beta (mmvq_q8_0_i8). Small ones: two superblocks (a
+# row closed by whichever closes last), a consumer on mmvq_i8b.
 PAIRS = [Pair("ffn_norm", SHAPES_27B["ssm_out"], SHAPES_27B["ffn_gate_up"], "rmsnorm", Q.Q4_K),
          Pair("swiglu", SHAPES_27B["ffn_gate_up"], SHAPES_27B["ffn_down"], "swiglu", Q.Q4_K),
          Pair("swiglu_q6", SHAPES_27B["ffn_gate_up"], SHAPES_27B["ffn_down"], "swiglu", Q.Q6_K),
+         Pair("input_norm", SHAPES_27B["ffn_down"], SHAPES_27B["attn_q"], "rmsnorm", Q.Q4_K),
+         Pair("input_norm_q6", SHAPES_27B["ffn_down"], SHAPES_27B["attn_kv"], "rmsnorm", Q.Q6_K, Q.Q6_K),
+         Pair("input_norm_gates", SHAPES_27B["ffn_down"], (96, 5120), "rmsnorm", Q.Q8_0),
          Pair("small_norm", (512, 768), (1024, 512), "rmsnorm", Q.Q4_K),
          Pair("small_swiglu", (1024, 768), (512, 512), "swiglu", Q.Q4_K)]
 # Levels that differ from the producer's: SwiGLU none (the same float operations on the same values), a count;
@@ -51,20 +57,22 @@ PAIRS = [Pair("ffn_norm", SHAPES_27B["ssm_out"], SHAPES_27B["ffn_gate_up"], "rms
 # their places or unwritten differ at about half the positions.
 LEVEL_MISMATCH_TOL = {("swiglu", "hi"): 0.5, ("swiglu", "lo"): 0.5, ("rmsnorm", "hi"): 1e-3, ("rmsnorm", "lo"): 1e-2}
 TOL_SCALES = 1e-5  # scales and sums times 1 / rms summed in another order: ~1e-7
+TOL_I8_VS_F16 = 1e-4  # mmvq_q8_0_i8 against the precise f16 kernel: the int8 levels keep 1.5e-5 of a superblock
+TIMED = ("ffn_norm", "swiglu", "input_norm", "input_norm_q6")  # one pair of each producing kernel and mode
 TOL_Y = 1e-6  # the matmul's own output: the same sums as without the closer (a closer writing into y: 1e-2 or more)
 
 
 @contextmanager
 def closing(on: bool):
-    """Closers switched for the block, with the int8 matmuls they need on; restored after it."""
-    saved = i8b.CLOSE
+    """Closers switched for the block, with the int8 matmuls they need on (Q8_0's too); restored after it."""
+    saved = i8b.CLOSE, ops.Q8_I8
     try:
-        i8b.CLOSE = on
+        i8b.CLOSE, ops.Q8_I8 = on, True
         with i8_matmul(True), bulk_i8(True):
             i8b.MAX_SUPERBLOCKS = i8b.DEFAULT_MAX_SUPERBLOCKS  # as the pass runs them: ffn_down on mmvq_i8
             yield
     finally:
-        i8b.CLOSE = saved
+        i8b.CLOSE, ops.Q8_I8 = saved
 
 
 def _int8_copy(dev: Device, act: ops.Act) -> dict[str, np.ndarray]:
@@ -88,9 +96,9 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
     (levels, scales, sums), the consumer's output, a second launch equal to the first (the counters left zero);
     and the consumer's output against the float64 reference."""
     (rows, cols), (c_rows, width) = pair.producer, pair.consumer
-    data = random_blocks(Q.Q4_K, (rows, cols), rng)
+    data = random_blocks(pair.producer_qtype, (rows, cols), rng)
     c_data = random_blocks(pair.consumer_qtype, (c_rows, width), rng)
-    w = ops.upload_weight(dev, data, Q.Q4_K, (rows, cols), f"{pair.name}.w")
+    w = ops.upload_weight(dev, data, pair.producer_qtype, (rows, cols), f"{pair.name}.w")
     consumer = ops.upload_weight(dev, c_data, pair.consumer_qtype, (c_rows, width), f"{pair.name}.consumer")
     x = ops.alloc_act(dev, 1, cols, "x", precise=True)
     dev.upload(x.f32, (rng.standard_normal(cols) * rng.uniform(0.5, 2.0)).astype(np.float32))
@@ -99,7 +107,7 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
     closed, apart = (ops.alloc_act(dev, 1, width, f"{pair.name}.{k}", precise=True) for k in ("closed", "apart"))
     scratch = ops.alloc_close_scratch(dev, width, "close.scratch")
     y, y_apart, out = dev.alloc(4 * rows, "y"), dev.alloc(4 * rows, "y_apart"), dev.alloc(4 * c_rows, "out")
-    variant = f"{pair.name}.{pair.mode}.{pair.consumer_qtype.name}"
+    variant = f"{pair.name}.{pair.producer_qtype.name}.{pair.mode}.{pair.consumer_qtype.name}"
     rms = pair.mode == "rmsnorm"
 
     def consume(act: ops.Act) -> np.ndarray:
@@ -140,6 +148,9 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
         values = _values(yv.astype(np.float64), dev.download(norm, np.float32, (width,)), pair.mode, width)
         tol_apart = max(TOL_APART, 0.5 * level_error(values))
         compare(report, "close.consumer", variant + ".vs_apart", out_closed, out_apart, tol_apart)
+        if pair.consumer_qtype == Q.Q8_0:  # the new kernel against the f16 one on the producer's act
+            with patched(ops, Q8_I8=False):
+                compare(report, "close.consumer", variant + ".q8_i8_vs_f16", out_apart, consume(apart), TOL_I8_VS_F16)
         pick = np.sort(rng.choice(c_rows, size=min(c_rows, REF_ROWS), replace=False))
         ref = _reference_rows(c_data, pair.consumer_qtype, (c_rows, width), pick) @ values
         compare(report, "close.consumer", variant, out_closed[pick], ref, LEVEL_ERROR_MARGIN * level_error(values))
@@ -187,15 +198,16 @@ def time_close(dev: Device, report: Report, rng: np.random.Generator) -> None:
     if dev.info.arch < i8b.MIN_ARCH:
         return
     print("closer timings (us): matmul + producer launch | matmul with the closer", flush=True)
-    for pair in PAIRS[:2]:
-        _time_pair(dev, report, rng, pair)
+    for pair in PAIRS:
+        if pair.name in TIMED:
+            _time_pair(dev, report, rng, pair)
 
 
 def _time_pair(dev: Device, report: Report, rng: np.random.Generator, pair: Pair) -> None:
     (rows, cols), (c_rows, width) = pair.producer, pair.consumer
-    data = random_blocks(Q.Q4_K, (rows, cols), rng)
+    data = random_blocks(pair.producer_qtype, (rows, cols), rng)
     copies = max(1, min(8, (256 << 20) // data.nbytes))  # together past the L2: each launch streams from HBM
-    ws = [ops.upload_weight(dev, data, Q.Q4_K, (rows, cols), f"{pair.name}.{i}") for i in range(copies)]
+    ws = [ops.upload_weight(dev, data, pair.producer_qtype, (rows, cols), f"{pair.name}.{i}") for i in range(copies)]
     consumer = ops.DeviceWeight(Buffer(0, 0, "consumer"), pair.consumer_qtype, c_rows, width, "consumer")
     x = ops.alloc_act(dev, 1, cols, "x", precise=True)
     dev.upload(x.f32, rng.standard_normal(cols).astype(np.float32))

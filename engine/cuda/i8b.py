@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch
-from engine.cuda.instances import (I8B_CLOSE_MODES, I8B_CLOSE_SHAPES, I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES,
-                                   I8V_SHAPE, I8V_TOKENS)
+from engine.cuda.instances import I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES, I8V_SHAPE, I8V_TOKENS
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
@@ -50,9 +49,9 @@ def _fuse_default() -> bool:
 
 
 FUSE = _fuse_default()
-# The next matmul's producer formed behind a one-token matmul, at its tail (kernels/act8_close.cuh, ops.Closer:
-# the FFN norm behind the mixer's output projection, SwiGLU behind gate | up). Off unless OPENJET_CUDA_CLOSE=1 until
-# the GPU has checked and timed it (bench/NOTES.md Z1).
+# The next matmul's producer formed behind a one-token int8 matmul, at its tail (kernels/act8_close.cuh,
+# ops.Closer, ops.closing_kernel). Off unless OPENJET_CUDA_CLOSE=1 until the GPU has checked and timed it
+# (bench/NOTES.md Z1).
 CLOSE_ENV = "OPENJET_CUDA_CLOSE"
 
 
@@ -127,15 +126,6 @@ def fuses(dev: Device, w: DeviceWeight, num_tokens: int, producer: Producer) -> 
     return -(-nb // warps(dev, w)) <= PRODUCE_MAX
 
 
-def closes(dev: Device, w: DeviceWeight, num_tokens: int, mode: str) -> bool:
-    """Whether a matmul can form the next one's input by `mode` behind itself (ops.closer_for checks the rest):
-    CLOSE, the int8 matmul on, mmvq_i8b's conditions, and an instance of the mode at SHAPE."""
-    from engine.cuda import ops
-
-    return (CLOSE and ops.I8_MATMUL and mode in I8B_CLOSE_MODES and SHAPE in I8B_CLOSE_SHAPES
-            and _takes(dev, w, num_tokens))
-
-
 def warps(dev: Device, w: DeviceWeight) -> int:
     """Warps per block of a launch on w: WARPS, else mmvq_i8's choice; never more than the superblocks."""
     from engine.cuda import ops
@@ -158,24 +148,6 @@ class I8bSrc(ctypes.Structure):
     """Mirror of struct I8bSrc in kernels/mmvq_i8b.cu: what a fused producer reads."""
 
     _fields_ = [(n, ctypes.c_uint64) for n in ("x", "x2", "w")] + [("head", ctypes.c_int32), ("eps", ctypes.c_float)]
-
-
-class CloseDst(ctypes.Structure):
-    """Mirror of struct Act8Close in kernels/act8_close.cuh (all zero: no closer)."""
-
-    _fields_ = [(n, ctypes.c_uint64) for n in ("w", "q", "scale", "sums", "sums_lo", "count", "part")] + [
-        ("width", ctypes.c_int32), ("eps", ctypes.c_float)]
-
-
-def close_dst(closer: Closer | None) -> CloseDst:
-    """The kernel's view of a closer: its act's int8 copy (group 0), its scratch's counters and partial sums."""
-    if closer is None:
-        return CloseDst()
-    from engine.cuda import ops
-
-    act, base = closer.act, closer.scratch.ptr
-    return CloseDst(closer.w.ptr if closer.w is not None else 0, act.q8.ptr, act.scale8.ptr, act.sums8.ptr,
-                    act.sums8_lo.ptr, base, base + ops.close_count_bytes(act.width), act.width, closer.eps)
 
 
 class TensorMap(ctypes.Structure):
@@ -231,7 +203,7 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols,
-            close_dst(closer)]
+            ops.close_dst(closer)]
     dev.launch(kernel, grid(dev, tiles, num_warps, smem), 32 * num_warps, args, smem=smem)
 
 

@@ -54,6 +54,9 @@ I8B_FUSED_SHAPES = ((2, 2),)
 # the shapes built with them: mmvq_q4_K_i8b_s{S}n{NS}_close_{mode}.
 I8B_CLOSE_MODES = ("rmsnorm", "swiglu")
 I8B_CLOSE_SHAPES = ((2, 2),)
+# ... and the one-token int8 matmuls of ffn_down (68 superblocks: mmvq_i8 for Q4_K, mmvq_q6_i8 for Q6_K) behind which
+# the next layer's input norm closes: mmvq_q4_K_i8_t1_close_{mode}, mmvq_q6_K_i8_t1_close_{mode}.
+I8_CLOSE_MODES = ("rmsnorm",)
 # Tokens of its form for the verify passes (kernels/mmvq_i8v.cu: whole tokens in the mma columns, a second mma past
 # 4), an instance each in mmvq_i8b's default shape: mmvq_q4_K_i8v_t{T}.
 I8V_TOKENS = tuple(range(2, 9))
@@ -109,8 +112,10 @@ def _build() -> dict[str, Instance]:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_cpa{'2' if tiles == 2 else ''}{suffix}", "mmvq",
                                 f"mmvq_cpa<{int(qt)}, {lo}, {tiles}, {ACT_STAGES}>"))
     out += [Instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{tiles}" if tiles > 1 else ""), "mmvq_i8",
-                     f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}>")  # int8 activations, 1..TILES row tiles a block
+                     f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}, -1>")  # int8 activations, 1..TILES row tiles a block
             for t in range(1, I8_MAX_TOKENS + 1) for tiles in I8_TILE_COUNTS if tiles == 1 or t <= 4]
+    out += [Instance(f"mmvq_q4_K_i8_t1_close_{mode}", "mmvq_i8",
+                     f"mmvq_i8<1, {ACT_STAGES}, 1, {ACT_MODES.index(mode)}>") for mode in I8_CLOSE_MODES]
     out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1, -1>") for s, n in I8B_SHAPES]
     out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_{mode}", "mmvq_i8b",
                      f"mmvq_i8b<{s}, {n}, {ACT_MODES.index(mode)}, -1>")
@@ -120,7 +125,10 @@ def _build() -> dict[str, Instance]:
             for s, n in I8B_CLOSE_SHAPES for mode in I8B_CLOSE_MODES]  # the next matmul's producer behind
     out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}>")
             for t in I8V_TOKENS]
-    out += [Instance(f"mmvq_q6_K_i8_t{t}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}>") for t in Q6_I8_TOKENS]
+    out += [Instance(f"mmvq_q6_K_i8_t{t}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, -1>") for t in Q6_I8_TOKENS]
+    out += [Instance(f"mmvq_q6_K_i8_t1_close_{mode}", "mmvq_i8q6",
+                     f"mmvq_q6_i8<1, {ACT_STAGES}, {ACT_MODES.index(mode)}>") for mode in I8_CLOSE_MODES]
+    out += [Instance("mmvq_q8_0_i8", "mmvq_i8q8", "mmvq_q8_0_i8")]  # Q8_0, one token of int8 activations
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

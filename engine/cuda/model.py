@@ -67,8 +67,10 @@ class Workspace:
             if cfg.ssm_inner_size else None
         self.ffn = dev.alloc(4 * p * cfg.ffn_size, "ffn_h")
         self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn, precise=True)
-        # the closers' counters and sums (ops.Closer): the FFN norm into act_h, SwiGLU into act_ffn
+        # the closers' counters and sums (ops.Closer): the FFN norm and the input norm into act_h, SwiGLU into
+        # act_ffn
         self.close_h = ops.alloc_close_scratch(dev, h, "close.ffn_norm")
+        self.close_in = ops.alloc_close_scratch(dev, h, "close.input_norm")
         self.close_ffn = ops.alloc_close_scratch(dev, cfg.ffn_size, "close.swiglu")
         acts = [self.act_h, self.act_q, self.act_ffn] + ([self.act_inner] if self.act_inner else [])
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
@@ -170,14 +172,16 @@ class CudaModel:
         h = cfg.hidden_size
         dev.pdl = pdl_for(dev.pdl_policy, num_tokens, VERIFY_MAX)
         ops.get_rows(dev, self.weights.token_embd, ws.ids, ws.x, num_tokens, h)
-        for i, lw in enumerate(self.weights.layers):
-            normed = ops.rmsnorm_of(ws.x, lw.vectors["attn_norm"], h, cfg.rms_eps, out32=ws.xn)
+        layers, input_norm = self.weights.layers, None  # input_norm: the layer's, formed behind the last ffn_down
+        for i, lw in enumerate(layers):
+            normed = None if input_norm else ops.rmsnorm_of(ws.x, lw.vectors["attn_norm"], h, cfg.rms_eps, out32=ws.xn)
             ffn_norm = self._ffn_norm_closer(lw, num_tokens)
             if lw.kind == "attention":
                 self._attention(lw, self.kv[i], num_tokens, ws.pos, normed, ffn_norm)
             else:
                 self._deltanet(i, lw, num_tokens, commit, normed, ffn_norm)
-            self._ffn(lw, num_tokens, norm_closed=ffn_norm is not None)
+            input_norm = self._input_norm_closer(layers[i + 1], lw, num_tokens) if i + 1 < len(layers) else None
+            self._ffn(lw, num_tokens, norm_closed=ffn_norm is not None, closer=input_norm)
             if trace is not None:
                 trace.append(dev.download(ws.x, np.float32, (num_tokens, h)))
         if self.weights.mtp is not None:  # every token's output-normed hidden, for the MTP head
@@ -259,6 +263,14 @@ class CudaModel:
     def _ffn_norm(self, lw: LayerWeights) -> Buffer:
         return lw.vectors["post_attention_norm" if self.cfg.arch == "qwen35" else "ffn_norm"]
 
+    def _input_norm_closer(self, lw: LayerWeights, before: LayerWeights, num_tokens: int) -> ops.Closer | None:
+        """lw's input norm formed into act_h by the ffn_down of the layer before it, behind itself (ops.Closer),
+        where it can be; None: the forward pass launches it."""
+        cfg, ws = self.cfg, self.ws
+        return ops.closer_for(self.dev, before.ffn_down, num_tokens, "rmsnorm", ws.act_h,
+                              [part.weight for part in lw.mix_in.parts], ws.close_in, norm=lw.vectors["attn_norm"],
+                              eps=cfg.rms_eps)
+
     def _swiglu_closer(self, lw: LayerWeights, num_tokens: int) -> ops.Closer | None:
         """SwiGLU formed into act_ffn by gate | up behind itself (ops.Closer), where they are one launch of the
         gate rows then the up rows; None: _ffn launches it."""
@@ -271,9 +283,10 @@ class CudaModel:
         return ops.closer_for(self.dev, ffn_in.parts[0].weight, num_tokens, "swiglu", self.ws.act_ffn, [lw.ffn_down],
                               self.ws.close_ffn)
 
-    def _ffn(self, lw: LayerWeights, num_tokens: int, norm_closed: bool = False) -> None:
+    def _ffn(self, lw: LayerWeights, num_tokens: int, norm_closed: bool = False,
+             closer: ops.Closer | None = None) -> None:
         """x += ffn_down(silu(gate) * up) of RMSNorm(x); norm_closed: act_h already holds the norm (the mixer's
-        output projection formed it)."""
+        output projection formed it); closer: the next layer's input norm, formed behind ffn_down."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         h = cfg.hidden_size
         normed = None if norm_closed else ops.rmsnorm_of(ws.x, self._ffn_norm(lw), h, cfg.rms_eps, out32=ws.xn)
@@ -285,12 +298,13 @@ class CudaModel:
             gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
             up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
             ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=ws.ffn)
-        ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x)
+        ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x, closer=closer)
 
     def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer,
-                   normed: ops.Producer, ffn_norm: ops.Closer | None = None) -> None:
-        """x += attn_output(attention(q, k, v)) of normed (the input norm of x) with q/k norm, rope, the KV write
-        at positions pos and qwen35's output gate; ffn_norm: the closer behind attn_output."""
+                   normed: ops.Producer | None, ffn_norm: ops.Closer | None = None) -> None:
+        """x += attn_output(attention(q, k, v)) of normed (the input norm of x; None: act_h holds it already) with
+        q/k norm, rope, the KV write at positions pos and qwen35's output gate; ffn_norm: the closer behind
+        attn_output."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         d, hq, hkv, width = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, ws.proj_width
         lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE, producer=normed)
@@ -311,10 +325,10 @@ class CudaModel:
         ops.matmul(dev, lw.mix_out, ws.act_q, ws.x, num_tokens, cfg.hidden_size, residual=ws.x,
                    producer=ops.plain_of(ws.mix2, cfg.q_size), closer=ffn_norm)
 
-    def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer,
+    def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer | None,
                   ffn_norm: ops.Closer | None = None) -> None:
-        """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)) of normed (the input norm of x); a verify pass keeps
-        its inputs in the layer; ffn_norm: the closer behind ssm_out."""
+        """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)) of normed (the input norm of x; None: act_h holds it
+        already); a verify pass keeps its inputs in the layer; ffn_norm: the closer behind ssm_out."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         width, c, hk, hv = ws.proj_width, cfg.ssm_conv_dim, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads
         dk, dv, inner, key = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size, hk * cfg.ssm_head_dim

@@ -15,8 +15,8 @@ from gguf import GGMLQuantizationType as Q
 from engine.cuda import env_flag, env_switch, i8b, persist
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ACT_MODES, ACT_STAGES, ARCH_FEATURE_FILES, EMBED_QTYPES, GEMM_CP_QTYPES,
-                                   GEMM_QTYPES, GEMM_WG_QTYPES, I8_MAX_TOKENS, MATMUL_QTYPES, PERSIST_QTYPES,
-                                   STAGED_QTYPES, qtype_tag)
+                                   GEMM_QTYPES, GEMM_WG_QTYPES, I8_CLOSE_MODES, I8_MAX_TOKENS, I8B_CLOSE_MODES,
+                                   I8B_CLOSE_SHAPES, MATMUL_QTYPES, PERSIST_QTYPES, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
 MMVQ_WARPS = 8
@@ -238,12 +238,22 @@ def plain_of(x: Buffer, ld_in: int, out32: Buffer | None = None, ld_out32: int =
 
 
 # ---- closers (kernels/act8_close.cuh) ----
-# A one-token matmul on mmvq_i8b forms the next matmul's int8 input at its own tail, where a producer launch would
-# have formed it from the matmul's output (the FFN norm of the row the mixer's output projection writes; SwiGLU
-# of gate | up): the launch and the kernel boundary in front of it go. Off unless OPENJET_CUDA_CLOSE=1 until the
-# GPU has checked and timed it (i8b.CLOSE; bench/NOTES.md Z1).
+# A one-token int8 matmul forms the next matmul's int8 input at its own tail, where a producer launch would have
+# formed it from the matmul's output: the FFN norm behind the mixer's output projection, SwiGLU behind gate | up
+# (both on mmvq_i8b), the next layer's input norm behind ffn_down (mmvq_i8, mmvq_q6_i8); the launch and the
+# kernel boundary in front of it go. Off unless OPENJET_CUDA_CLOSE=1 until the GPU has checked and timed it
+# (i8b.CLOSE; bench/NOTES.md Z1).
 CLOSE_PART = 12  # mirror of kernels/act8_close.cuh CLOSE_PART: floats a superblock in the partial sums
-INT8_KERNELS = frozenset({"i8b", "i8v", "i8", "i8q6"})  # _group_kernel's kernels that read only the int8 copy
+# _group_kernel's kernels that read only the int8 copy, and the modes each closes behind itself
+INT8_KERNELS = frozenset({"i8b", "i8v", "i8", "i8q6", "i8q8"})
+CLOSE_MODES = {"i8b": I8B_CLOSE_MODES, "i8": I8_CLOSE_MODES, "i8q6": I8_CLOSE_MODES}
+
+
+class CloseDst(ctypes.Structure):
+    """Mirror of struct Act8Close in kernels/act8_close.cuh (all zero: no closer)."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in ("w", "q", "scale", "sums", "sums_lo", "count", "part")] + [
+        ("width", ctypes.c_int32), ("eps", ctypes.c_float)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,14 +283,34 @@ def alloc_close_scratch(dev: Device, width: int, what: str) -> Buffer:
     return buf
 
 
+def close_dst(closer: Closer | None) -> CloseDst:
+    """The kernel's view of a closer: its act's int8 copy (group 0), its scratch's counters and partial sums."""
+    if closer is None:
+        return CloseDst()
+    act, base = closer.act, closer.scratch.ptr
+    return CloseDst(closer.w.ptr if closer.w is not None else 0, act.q8.ptr, act.scale8.ptr, act.sums8.ptr,
+                    act.sums8_lo.ptr, base, base + close_count_bytes(act.width), act.width, closer.eps)
+
+
+def closing_kernel(dev: Device, w: DeviceWeight, num_tokens: int, mode: str) -> str | None:
+    """The int8 matmul a launch on w takes (its input's int8 copy written) where that kernel can close `mode`
+    behind itself, else None: closers on, one token, mmvq_i8b in a shape built with them, mmvq_i8 a tile a block."""
+    if not (i8b.CLOSE and I8_MATMUL and num_tokens == 1):
+        return None
+    kernel = _group_kernel(dev, w, Act(None, None, None, w.cols, w.cols, 1, i8_tokens=1), 1, 1)
+    if (kernel == "i8b" and i8b.SHAPE not in I8B_CLOSE_SHAPES) or (kernel == "i8" and I8_TILES != 1):
+        return None
+    return kernel if mode in CLOSE_MODES.get(kernel, ()) else None
+
+
 def closer_for(dev: Device, w: DeviceWeight, num_tokens: int, mode: str, act: Act,
                consumers: Sequence[DeviceWeight], scratch: Buffer, norm: Buffer | None = None, eps: float = 0.0
                ) -> Closer | None:
     """A Closer for the matmul on w whose output makes act by `mode`, or None where the producer must be launched:
-    closers on and w's launch on mmvq_i8b with the mode built (i8b.closes), w's rows act's width (rmsnorm) or
-    twice it (swiglu), act in whole superblocks with an int8 copy, and every consumer a matmul that reads only
-    that copy at num_tokens."""
-    if not i8b.closes(dev, w, num_tokens, mode) or act.q8 is None or act.width % SUPERBLOCK:
+    w's launch on a kernel that closes the mode (closing_kernel), w's rows act's width (rmsnorm) or twice it
+    (swiglu), act in whole superblocks with an int8 copy, and every consumer a matmul that reads only that copy
+    at num_tokens."""
+    if closing_kernel(dev, w, num_tokens, mode) is None or act.q8 is None or act.width % SUPERBLOCK:
         return None
     if w.rows != (2 if mode == "swiglu" else 1) * act.width or (mode == "rmsnorm") != (norm is not None):
         return None
@@ -373,9 +403,15 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         produce(dev, producer, act, num_tokens)
     if closer is not None:
         kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
-        assert kernel == "i8b", f"{w.name}: a closer needs the launch on mmvq_i8b, not {kernel}"
+        assert num_tokens == 1 and closer.mode in CLOSE_MODES.get(kernel, ()), \
+            f"{w.name}: no closer of {closer.mode} behind {num_tokens} tokens on {kernel}"
         assert y.ptr % 16 == 0, f"{w.name}: the closer loads y 16 bytes at a time"
-        i8b.launch(dev, w, act.group8(0), y, bias, residual, closer=closer)
+        if kernel == "i8b":
+            i8b.launch(dev, w, act.group8(0), y, bias, residual, closer=closer)
+        elif kernel == "i8":
+            _mmvq_i8(dev, w, act.group8(0), y, bias, residual, 1, ld_y, closer)
+        else:
+            _mmvq_q6_i8(dev, w, act.group8(0), y, bias, residual, 1, ld_y, closer)
         closer.act.i8_tokens = num_tokens
         return
     gemm = DISPATCH.get(("gemm", w.qtype))
@@ -419,6 +455,9 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         if pipelined == "i8q6":
             _mmvq_q6_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
             continue
+        if pipelined == "i8q8":
+            _mmvq_q8_i8(dev, w, act.group8(0), y_t, bias, res_t)
+            continue
         if pipelined is not None:
             group = act.group(t0 // ACT_GROUP)
             if pipelined == "persist":
@@ -437,10 +476,12 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
 
 
 def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: int) -> str | None:
-    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8b", "i8v", "i8" or "i8q6" (int8
-    activations), a pipelined one (PIPELINE_KERNELS), or None for the plain one."""
+    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8b", "i8v", "i8", "i8q6" or "i8q8"
+    (int8 activations), a pipelined one (PIPELINE_KERNELS), or None for the plain one."""
     if q6_i8_runs(dev, w, num_tokens, act):
         return "i8q6"
+    if q8_i8_runs(w, num_tokens, act):
+        return "i8q8"
     if i8b.verify_runs(dev, w, num_tokens, act):  # (2-8 tokens: one group, t == num_tokens)
         return "i8v"
     if i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block):
@@ -636,16 +677,18 @@ def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
 
 
 def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-             bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int) -> None:
-    """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
+             bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None) -> None:
+    """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
+    closer (one token, one tile a block), the next matmul's input formed from y behind it."""
     q8, scale8, sums8, sums8_lo = group8
     blocks = -(-((w.rows + 15) // 16) // I8_TILES)
     warps = i8_warps(w.cols, blocks * I8_TILES, t, dev.info.multiprocessors)
     name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "")
+    name += f"_close_{closer.mode}" if closer is not None else ""
     kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
-                                            ld_y], smem=smem)
+                                            ld_y, close_dst(closer)], smem=smem)
 
 
 # ---- int8 activations for Q6_K (kernels/mmvq_i8q6.cu) ----
@@ -686,13 +729,38 @@ def q6_i8_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
 
 
 def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-                bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int) -> None:
-    """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights."""
+                bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None) -> None:
+    """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
+    closer (one token), the next matmul's input formed from y behind it."""
     q8, scale8, _, _ = group8
     blocks, warps, smem = _q6_i8_shape(dev, w, t)
-    kernel = dev.kernel(f"mmvq_q6_K_i8_t{t}")
+    kernel = dev.kernel(f"mmvq_q6_K_i8_t{t}" + (f"_close_{closer.mode}" if closer is not None else ""))
     dev.set_max_dynamic_smem(kernel, smem)
-    dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y], smem=smem)
+    dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y,
+                                            close_dst(closer)], smem=smem)
+
+
+# ---- int8 activations for Q8_0 (kernels/mmvq_i8q8.cu) ----
+# One-token Q8_0 launches (the DeltaNet's 96-row alpha | beta) multiply the int8 copy by dp4a: needed where a closer
+# wrote only that copy (the next layer's input norm behind ffn_down), measured nowhere yet. Off unless
+# OPENJET_CUDA_Q8I8=1 (the bench's close variant turns it on with the closers).
+Q8_I8_ENV = "OPENJET_CUDA_Q8I8"
+Q8_I8 = env_switch(Q8_I8_ENV, False)
+Q8_I8_WARPS = 8  # mirror of kernels/mmvq_i8q8.cu I8Q8_WARPS: rows a block
+
+
+def q8_i8_runs(w: DeviceWeight, num_tokens: int, act: Act) -> bool:
+    """Whether a matmul takes mmvq_q8_0_i8: it and the int8 matmuls on, a Q8_0 weight, one token whose int8 copy
+    the last producer (or closer) of act wrote."""
+    return I8_MATMUL and Q8_I8 and w.qtype == Q.Q8_0 and num_tokens == 1 and act.i8_tokens >= 1
+
+
+def _mmvq_q8_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
+                bias: Buffer | None, residual: Buffer | None) -> None:
+    """One launch of mmvq_q8_0_i8: a warp a row."""
+    q8, scale8, _, _ = group8
+    dev.launch(dev.kernel("mmvq_q8_0_i8"), -(-w.rows // Q8_I8_WARPS), 32 * Q8_I8_WARPS,
+               [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols])
 
 
 def i8_warps(cols: int, tiles: int, num_tokens: int, multiprocessors: int) -> int:

@@ -82,6 +82,8 @@ def closing(monkeypatch):
     monkeypatch.setattr(ops, "I8_MATMUL", True)
     monkeypatch.setattr(ops, "Q6_I8", True)
     monkeypatch.setattr(ops, "Q6_I8_COUNTS", ops.DEFAULT_Q6_I8_COUNTS)
+    monkeypatch.setattr(ops, "Q8_I8", False)
+    monkeypatch.setattr(ops, "I8_TILES", 1)
     monkeypatch.setattr(i8b, "quant_map", lambda w: i8b.TensorMap())  # the driver encodes it on the GPU
 
 
@@ -99,19 +101,27 @@ def test_the_ffn_norm_closes_behind_a_q4k_output_projection_only_where_every_con
     assert _norm_closer(dev, mix_out, [_weight(Q.F32, 1024, H)]) is None  # the f32 rows, which it never writes
     assert _norm_closer(dev, mix_out, [_weight(Q.Q4_K, 1024, 4096)]) is None  # another width
     assert _norm_closer(dev, mix_out, [gate_up], num_tokens=2) is None  # one token only
-    assert _norm_closer(dev, _weight(Q.Q6_K, H, 6144), [gate_up]) is None  # not on mmvq_i8b
-    assert _norm_closer(dev, _weight(Q.Q4_K, H, FFN), [gate_up]) is None  # wider than mmvq_i8b takes
+    assert _norm_closer(dev, _weight(Q.Q5_K, H, 6144), [gate_up]) is None  # on the f16 kernels
     assert _norm_closer(dev, _weight(Q.Q4_K, 4096, 6144), [gate_up]) is None  # rows != the norm's width
-    assert _norm_closer(_Dev(89), mix_out, [gate_up]) is None  # no tensor copies
+    assert ops.closing_kernel(_Dev(89), mix_out, 1, "rmsnorm") == "i8"  # no tensor copies: mmvq_i8 closes it
     assert _norm_closer(dev, mix_out, [gate_up], act=_act(H, int8=False)) is None
     assert _norm_closer(dev, mix_out, [gate_up], norm=Buffer(_buf().ptr + 8, 4 * H)) is None  # float4 loads
     assert ops.closer_for(dev, mix_out, 1, "rmsnorm", _act(H), [gate_up], _buf()) is None  # no norm weight
 
 
-@pytest.mark.parametrize("switch", [(i8b, "CLOSE"), (ops, "I8_MATMUL"), (i8b, "ON")])
+@pytest.mark.parametrize("switch", [(i8b, "CLOSE"), (ops, "I8_MATMUL")])
 def test_no_closer_with_a_switch_off(closing, monkeypatch, switch) -> None:
     monkeypatch.setattr(*switch, False)
     assert _norm_closer(_Dev(), _weight(Q.Q4_K, H, 6144), [_weight(Q.Q4_K, 2 * FFN, H)]) is None
+
+
+def test_each_int8_kernel_closes_only_the_modes_built_into_it(closing, monkeypatch) -> None:
+    dev, mix_out = _Dev(), _weight(Q.Q4_K, H, 6144)
+    assert ops.closing_kernel(dev, mix_out, 1, "rmsnorm") == "i8b"
+    assert ops.closing_kernel(dev, mix_out, 1, "gatednorm") is None
+    monkeypatch.setattr(i8b, "ON", False)  # the launch moves to mmvq_i8: the norm, not SwiGLU
+    assert ops.closing_kernel(dev, mix_out, 1, "rmsnorm") == "i8"
+    assert ops.closing_kernel(dev, _weight(Q.Q4_K, 2 * FFN, H), 1, "swiglu") is None
 
 
 def test_no_closer_in_a_shape_built_without_them(closing, monkeypatch) -> None:
@@ -152,7 +162,7 @@ def test_the_launch_hands_the_kernel_its_closer_and_marks_the_input_written(clos
     ((name, args),) = dev.launches
     assert name == "mmvq_q4_K_i8b_s2n2_close_rmsnorm"
     dst = args[-1]
-    assert isinstance(dst, i8b.CloseDst)
+    assert isinstance(dst, ops.CloseDst)
     assert (dst.w, dst.q, dst.scale, dst.sums, dst.sums_lo) == (norm.ptr, act_h.q8.ptr, act_h.scale8.ptr,
                                                                  act_h.sums8.ptr, act_h.sums8_lo.ptr)
     assert (dst.count, dst.part, dst.width) == (scratch.ptr, scratch.ptr + ops.close_count_bytes(H), H)
@@ -174,10 +184,61 @@ def test_a_producer_in_front_is_launched_apart_even_where_it_would_fuse(closing,
 def test_a_launch_that_does_not_take_mmvq_i8b_refuses_the_closer(closing) -> None:
     dev, mix_out = _Dev(), _weight(Q.Q4_K, H, 6144)
     closer = _norm_closer(dev, mix_out, [_weight(Q.Q4_K, 2 * FFN, H)])
-    with pytest.raises(AssertionError, match="mmvq_i8b"):
+    with pytest.raises(AssertionError, match="no closer of rmsnorm"):
         ops.matmul(dev, mix_out, _act(6144, i8_tokens=0), _buf(4 * H), 1, H, closer=closer)  # no int8 copy
     with pytest.raises(AssertionError, match="16 bytes"):
         ops.matmul(dev, mix_out, _act(6144, i8_tokens=1), Buffer(_buf().ptr + 4, 4 * H), 1, H, closer=closer)
+
+
+def _input_norm_closer(dev, down, consumers):
+    return ops.closer_for(dev, down, 1, "rmsnorm", _act(H), consumers, _buf(), _buf(4 * H), 1e-6)
+
+
+def test_the_next_input_norm_closes_behind_ffn_down_of_either_type(closing, monkeypatch) -> None:
+    dev = _Dev()
+    attention_in = [_weight(Q.Q4_K, 13312, H), _weight(Q.Q6_K, 1024, H)]  # q | k, then v
+    deltanet_in = [_weight(Q.Q4_K, 16384, H), _weight(Q.Q8_0, 96, H)]  # qkv | gate, then alpha | beta
+    for down, kernel in ((_weight(Q.Q4_K, H, FFN), "i8"), (_weight(Q.Q6_K, H, FFN), "i8q6")):
+        assert ops.closing_kernel(dev, down, 1, "rmsnorm") == kernel
+        assert ops.closing_kernel(dev, down, 1, "swiglu") is None  # built for the norm only
+        assert _input_norm_closer(dev, down, attention_in) is not None
+        assert _input_norm_closer(dev, down, deltanet_in) is None  # the gates read the f16 form
+    monkeypatch.setattr(ops, "Q8_I8", True)
+    assert _input_norm_closer(dev, _weight(Q.Q4_K, H, FFN), deltanet_in) is not None
+    monkeypatch.setattr(ops, "I8_TILES", 2)  # mmvq_i8 walking two tiles a block: no closer instance
+    assert ops.closing_kernel(dev, _weight(Q.Q4_K, H, FFN), 1, "rmsnorm") is None
+
+
+@pytest.mark.parametrize("qtype, name", [(Q.Q4_K, "mmvq_q4_K_i8_t1_close_rmsnorm"),
+                                         (Q.Q6_K, "mmvq_q6_K_i8_t1_close_rmsnorm")])
+def test_ffn_down_launches_its_close_instance_with_the_closer(closing, qtype: Q, name: str) -> None:
+    dev, down, act_h, scratch = _Dev(), _weight(qtype, H, FFN), _act(H), _buf()
+    closer = ops.closer_for(dev, down, 1, "rmsnorm", act_h, [_weight(Q.Q4_K, 13312, H)], scratch, _buf(4 * H), 1e-6)
+    x, y = _act(FFN, i8_tokens=1), _buf(4 * H)
+    ops.matmul(dev, down, x, y, 1, H, residual=y, closer=closer)
+    ((launched, args),) = dev.launches
+    assert launched == name
+    assert (args[-1].q, args[-1].count, args[-1].width) == (act_h.q8.ptr, scratch.ptr, H)
+    assert act_h.i8_tokens == 1
+    dev.launches.clear()
+    ops.matmul(dev, down, x, y, 1, H, residual=y)  # without: the plain instance, a zero closer
+    ((launched, args),) = dev.launches
+    assert launched == name.removesuffix("_close_rmsnorm") and args[-1].q == 0
+
+
+def test_q8_0_takes_the_int8_kernel_for_one_token_of_an_int8_copy(closing, monkeypatch) -> None:
+    gates = _weight(Q.Q8_0, 96, H)
+    assert not ops.q8_i8_runs(gates, 1, _act(H, i8_tokens=1))  # off by default
+    monkeypatch.setattr(ops, "Q8_I8", True)
+    assert ops.q8_i8_runs(gates, 1, _act(H, i8_tokens=1))
+    assert not ops.q8_i8_runs(gates, 1, _act(H, i8_tokens=0))  # no int8 copy written
+    assert not ops.q8_i8_runs(gates, 2, _act(H, i8_tokens=2))  # one token only
+    assert not ops.q8_i8_runs(_weight(Q.Q4_0, 96, H), 1, _act(H, i8_tokens=1))
+    dev, y = _Dev(), _buf(4 * 96)
+    ops.matmul(dev, gates, _act(H, i8_tokens=1), y, 1, 96)
+    assert [name for name, _ in dev.launches] == ["mmvq_q8_0_i8"]
+    monkeypatch.setattr(ops, "I8_MATMUL", False)
+    assert not ops.q8_i8_runs(gates, 1, _act(H, i8_tokens=1))
 
 
 def _model(down_qtype: Q = Q.Q4_K) -> tuple[CudaModel, SimpleNamespace]:
@@ -232,10 +293,13 @@ def test_the_launcher_mirrors_the_kernels_struct() -> None:
     src = (nvrtc.KERNEL_DIR / "act8_close.cuh").read_text()
     body = re.search(r"struct Act8Close \{(.*?)\};", src, re.S).group(1)
     fields = re.findall(r"\b(\w+);", re.sub(r"//[^\n]*", "", body))
-    assert fields == [name for name, _ in i8b.CloseDst._fields_]
+    assert fields == [name for name, _ in ops.CloseDst._fields_]
     assert int(re.search(r"#define CLOSE_PART (\d+)", src).group(1)) == ops.CLOSE_PART
-    kernel = (nvrtc.KERNEL_DIR / "mmvq_i8b.cu").read_text()
-    assert re.search(r"int rows, int K, const Act8Close close\)", kernel)  # the launcher's last argument
+    for file in ("mmvq_i8b", "mmvq_i8", "mmvq_i8q6"):  # the launchers' last argument
+        assert re.search(r"int rows, int K,(\s*int ldy,)?\s*const Act8Close close\)",
+                         (nvrtc.KERNEL_DIR / f"{file}.cu").read_text()), file
+    q8 = (nvrtc.KERNEL_DIR / "mmvq_i8q8.cu").read_text()
+    assert int(re.search(r"#define I8Q8_WARPS (\d+)", q8).group(1)) == ops.Q8_I8_WARPS
 
 
 def test_each_close_mode_has_an_instance_of_the_producers_number() -> None:
@@ -245,7 +309,24 @@ def test_each_close_mode_has_an_instance_of_the_producers_number() -> None:
         for mode in instances.I8B_CLOSE_MODES:
             assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_close_{mode}"].expr == \
                 f"mmvq_i8b<{s}, {n}, -1, {numbers[mode]}>"
+    stages = instances.ACT_STAGES
+    for mode in instances.I8_CLOSE_MODES:
+        assert instances.INSTANCES[f"mmvq_q4_K_i8_t1_close_{mode}"].expr == f"mmvq_i8<1, {stages}, 1, {numbers[mode]}>"
+        assert instances.INSTANCES[f"mmvq_q6_K_i8_t1_close_{mode}"].expr == f"mmvq_q6_i8<1, {stages}, {numbers[mode]}>"
     assert i8b.DEFAULT_SHAPE in instances.I8B_CLOSE_SHAPES
+
+
+def test_a_one_token_layers_input_norm_closes_behind_the_ffn_down_before_it(closing, monkeypatch) -> None:
+    model, before = _model()
+    model.ws.close_in = _buf()
+    lw = SimpleNamespace(mix_in=Projection([Part(_weight(Q.Q4_K, 16384, H), None, 0),
+                                            Part(_weight(Q.Q8_0, 96, H), None, 16384)], 16480),
+                         vectors={"attn_norm": _buf(4 * H)})
+    assert model._input_norm_closer(lw, before, 1) is None  # a DeltaNet layer: its gates on the f16 kernel
+    monkeypatch.setattr(ops, "Q8_I8", True)
+    closer = model._input_norm_closer(lw, before, 1)
+    assert closer.act is model.ws.act_h and closer.w is lw.vectors["attn_norm"] and closer.scratch is model.ws.close_in
+    assert model._input_norm_closer(lw, before, 2) is None
 
 
 def test_closers_are_off_by_default_and_the_switch_is_checked(monkeypatch) -> None:
