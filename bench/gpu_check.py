@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
 PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream",
-         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8", "gemm_wg", "close")
+         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8", "gemm_wg", "close", "timeline")
 # --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
@@ -100,6 +100,10 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_close.run_close_checks(dev, report, rng)
         gpu_close.time_close(dev, report, rng)
+    elif name == "timeline":  # the 27B passes kernel by kernel (CUPTI through torch.profiler): where the time goes
+        from bench import gpu_timeline
+
+        gpu_timeline.run_timeline(report, args)
     elif name == "producers":  # the producers' checks (also inside "kernels"), each timed at 1-8 tokens
         from bench import gpu_ops
 

@@ -1,0 +1,193 @@
+"""The kernels of a graph-replayed 27B pass on one timeline: where a pass's time goes, kernel by kernel.
+
+CUPTI (through torch.profiler, which the GPU machine has) records each kernel of a CUDA graph replay with its
+start and end on the GPU. Under programmatic dependent launch a kernel's blocks start before its predecessor ends
+and wait, so a kernel's own span overstates it; what it adds to the pass is how much later it ends than the
+kernel before it on the main stream (its `increment`: its boundary, its wait and its work). The increments of a
+replay add up to the replay's wall time, so their sums by kernel name split the pass exactly, with PDL on, where
+the ablation's figures do not (bench/NOTES.md: under PDL a producer class came out negative). Kernels beside the
+main stream (Device.beside) are listed with their spans; their cost to the main stream shows in the increment of
+the kernel after the join.
+
+  python bench/gpu_check.py --parts model27b,timeline      (the 27B file from model27b, or OPENJET_27B)
+  OPENJET_BENCH_VARIANTS=v7,close ... --parts timeline    (each variant of bench/gpu_bench27b.py in turn)
+
+summarize() is plain Python over spans, tested without a GPU (tests/bench/test_gpu_timeline.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import tempfile
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+TOKEN_COUNTS = (1, 5)  # the passes issue 4's targets name
+REPLAYS = 5  # profiled replays a pass, each in a profiler session of its own; the one of median wall is reported
+TOP = 12  # kernel names and gaps a pass prints
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One kernel on the GPU: its instance name (kernels/*.cu, engine/cuda/instances.py) where known, its start
+    and end (us) and its stream."""
+
+    name: str
+    start: float
+    end: float
+    stream: int
+
+
+def instance_names() -> dict[str, str]:
+    """NVRTC name expression -> instance name, to read CUPTI's demangled kernel names ("void mmvq_i8b<2, 2, -1,
+    -1>(TensorMap, ...)")."""
+    from engine.cuda import instances
+
+    return {inst.expr.replace(" ", ""): inst.name for inst in instances.INSTANCES.values()}
+
+
+def kernel_name(raw: str, names: dict[str, str]) -> str:
+    """The instance name of a demangled kernel name, or the name without its return type and arguments."""
+    base = re.sub(r"^void\s+", "", raw)
+    depth, cut = 0, len(base)
+    for i, ch in enumerate(base):  # the argument list: the first "(" outside template brackets
+        depth += (ch == "<") - (ch == ">")
+        if ch == "(" and depth == 0:
+            cut = i
+            break
+    base = base[:cut].strip()
+    return names.get(base.replace(" ", ""), base)
+
+
+def spans_of_trace(trace: dict, names: dict[str, str]) -> list[Span]:
+    """The kernels of a Chrome trace as torch.profiler exports it (events of category "kernel"), by start."""
+    spans = [Span(kernel_name(e["name"], names), float(e["ts"]), float(e["ts"]) + float(e["dur"]),
+                  int(e.get("args", {}).get("stream", 0)))
+             for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    return sorted(spans, key=lambda s: (s.start, s.end))
+
+
+@dataclass(slots=True)
+class Summary:
+    """One replay: its wall time (first start to last end), the main stream's kernels, each name's count, sum of
+    increments and of spans, the side streams' spans by name, and the largest increments with the kernel before."""
+
+    wall_us: float
+    kernels: int
+    by_name: dict[str, tuple[int, float, float]]  # name -> (count, sum of increments, sum of spans)
+    beside: dict[str, tuple[int, float]]  # name -> (count, sum of spans) of kernels on other streams
+    largest: list[tuple[float, str, str]]  # (increment, kernel, the kernel before it on the main stream)
+
+
+def summarize(spans: list[Span]) -> Summary:
+    """The increments of one replay's main stream (the stream with the most kernels), ordered by end: each
+    kernel's end minus the previous one's (the first: its own span), so they sum to the main stream's wall."""
+    if not spans:
+        raise ValueError("no kernels in the replay: did the profiler see the graph's kernels?")
+    main = Counter(s.stream for s in spans).most_common(1)[0][0]
+    ordered = sorted((s for s in spans if s.stream == main), key=lambda s: s.end)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    largest = []
+    prev_end, prev_name = ordered[0].start, "(start)"
+    for s in ordered:
+        inc = s.end - prev_end
+        entry = by_name[s.name]
+        entry[0] += 1
+        entry[1] += inc
+        entry[2] += s.end - s.start
+        largest.append((inc, s.name, prev_name))
+        prev_end, prev_name = s.end, s.name
+    beside: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for s in spans:
+        if s.stream != main:
+            beside[s.name][0] += 1
+            beside[s.name][1] += s.end - s.start
+    wall = max(s.end for s in spans) - min(s.start for s in spans)
+    return Summary(wall, len(ordered), {k: (int(v[0]), v[1], v[2]) for k, v in by_name.items()},
+                   {k: (int(v[0]), v[1]) for k, v in beside.items()}, sorted(largest, reverse=True)[:TOP])
+
+
+def table(summary: Summary, title: str) -> str:
+    """The summary as lines: the wall, then the names by their share of it, then the largest increments."""
+    lines = [f"{title}: {summary.wall_us / 1e3:.3f} ms wall, {summary.kernels} kernels on the main stream",
+             "  name                                   count  increments ms  (share)  mean us  spans ms"]
+    for name, (count, inc, span) in sorted(summary.by_name.items(), key=lambda kv: -kv[1][1])[:TOP]:
+        lines.append(f"  {name:<38} {count:5d}  {inc / 1e3:13.3f}  ({inc / summary.wall_us:5.1%})  "
+                     f"{inc / count:7.2f}  {span / 1e3:8.3f}")
+    for name, (count, span) in sorted(summary.beside.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"  beside: {name:<30} {count:5d}  spans {span / 1e3:.3f} ms")
+    lines.append("  largest increments (us, kernel, after):")
+    lines += [f"    {inc:7.2f}  {name}  after {before}" for inc, name, before in summary.largest]
+    return "\n".join(lines)
+
+
+def as_json(summary: Summary) -> dict:
+    return {"wall_us": round(summary.wall_us, 2), "kernels": summary.kernels,
+            "by_name": {k: {"count": c, "increments_us": round(i, 2), "spans_us": round(s, 2)}
+                        for k, (c, i, s) in summary.by_name.items()},
+            "beside": {k: {"count": c, "spans_us": round(s, 2)} for k, (c, s) in summary.beside.items()},
+            "largest": [[round(i, 2), n, b] for i, n, b in summary.largest]}
+
+
+def profile_replays(dev, graph, replays: int = REPLAYS) -> list[list[Span]]:
+    """Each replay's kernels, one profiler session a replay (after warm-up replays outside the profiler)."""
+    import torch  # the GPU machine's; CUPTI's records arrive through its profiler
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.init()
+    names = instance_names()
+    for _ in range(3):
+        graph.launch()
+    dev.synchronize()
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(replays):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                graph.launch()
+                dev.synchronize()
+            path = Path(tmp) / f"replay{r}.json"
+            prof.export_chrome_trace(str(path))
+            out.append(spans_of_trace(json.loads(path.read_text()), names))
+    return out
+
+
+def run_timeline(report, args) -> None:
+    """Each variant's passes of TOKEN_COUNTS tokens after a 512-token prompt: the median replay's summary."""
+    import numpy as np
+
+    from bench.gpu_bench27b import CONTEXT, VARIANTS, _decode_sanity, _model_file, _use_variant
+    from engine.cuda.backend import CudaBackend
+
+    path = _model_file(report)
+    backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=512, mtp=False)
+    chosen = [v for v in os.environ.get("OPENJET_BENCH_VARIANTS", "v7").split(",") if v]
+    results = report.info.setdefault("timeline", {})
+    try:
+        for name in chosen:
+            if name not in VARIANTS:
+                raise SystemExit(f"OPENJET_BENCH_VARIANTS: no variant {name!r} in bench/gpu_bench27b.py")
+            _use_variant(backend, name)
+            _decode_sanity(backend, report, f".timeline.{name}")
+            rng = np.random.default_rng(7)
+            for t in TOKEN_COUNTS:
+                tokens = [int(x) for x in rng.integers(0, backend.vocab_size, size=t)]
+                backend.verify(tokens)  # eager run + capture
+                backend.verify(tokens)
+                replays = profile_replays(backend.dev, backend._graphs[(t, False, t)])
+                if not all(replays):
+                    report.notes.append(f"timeline {name} T={t}: the profiler saw no kernels")
+                    print(f"timeline {name} T={t}: the profiler saw no kernels", flush=True)
+                    continue
+                summaries = sorted((summarize(spans) for spans in replays), key=lambda s: s.wall_us)
+                median = summaries[len(summaries) // 2]
+                results[f"{name}.T{t}"] = as_json(median) | {
+                    "walls_us": [round(s.wall_us, 2) for s in summaries],
+                    "wall_median_us": round(statistics.median(s.wall_us for s in summaries), 2)}
+                print(table(median, f"timeline {name} T={t} (median of {len(summaries)} replays)"), flush=True)
+    finally:
+        _use_variant(backend, "v7")
+        backend.close()

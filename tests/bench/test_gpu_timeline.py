@@ -1,0 +1,54 @@
+"""The timeline's analysis (bench/gpu_timeline.py) on made-up replays: CUPTI's demangled names read as instance
+names, a Chrome trace's kernels as spans, and a replay split into increments that add up to its wall time with
+overlapping (PDL) spans and a kernel beside the main stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.gpu_timeline import Span, instance_names, kernel_name, spans_of_trace, summarize, table
+
+
+def test_demangled_names_read_as_instance_names() -> None:
+    names = instance_names()
+    assert kernel_name("void mmvq_i8b<2, 2, -1, -1>(TensorMap, unsigned char const*, signed char const*)",
+                       names) == "mmvq_q4_K_i8b_s2n2"
+    assert kernel_name("void mmvq_i8b<2, 2, -1, 1>(TensorMap, unsigned char const*)", names) == \
+        "mmvq_q4_K_i8b_s2n2_close_rmsnorm"
+    assert kernel_name("void act_from<1, 1, 1>(ActSrc, unsigned short*, Act8, int, int)", names) == "act_rmsnorm_t1"
+    assert kernel_name("rms_norm(float const*, float const*, float*, int, int, int, float)", names) == "rms_norm"
+    assert kernel_name("void something_else<Foo<1>, 2>(int)", names) == "something_else<Foo<1>, 2>"
+
+
+def test_a_chrome_traces_kernels_become_spans_in_start_order() -> None:
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "rms_norm(float const*)", "ts": 20.0, "dur": 3.0, "args": {"stream": 7}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cuGraphLaunch", "ts": 1.0, "dur": 5.0},
+        {"ph": "X", "cat": "kernel", "name": "void act_from<1, 1, 1>(ActSrc)", "ts": 10.0, "dur": 4.5,
+         "args": {"stream": 7}}]}
+    spans = spans_of_trace(trace, instance_names())
+    assert spans == [Span("act_rmsnorm_t1", 10.0, 14.5, 7), Span("rms_norm", 20.0, 23.0, 7)]
+
+
+def test_increments_split_the_wall_time_under_overlap_and_a_side_stream() -> None:
+    spans = [Span("a", 0.0, 10.0, 1),
+             Span("b", 8.0, 15.0, 1),   # started under PDL before a ended: adds 5 us
+             Span("g", 9.0, 12.0, 2),   # beside: not on the main stream
+             Span("a", 14.0, 24.0, 1),  # adds 9 us
+             Span("c", 25.0, 26.0, 1)]  # a 1 us gap, then 1 us of work: adds 2 us
+    summary = summarize(spans)
+    assert summary.wall_us == 26.0 and summary.kernels == 4
+    assert summary.by_name["a"] == (2, 19.0, 20.0)
+    assert summary.by_name["b"] == (1, 5.0, 7.0)
+    assert summary.by_name["c"] == (1, 2.0, 1.0)
+    assert sum(inc for _, inc, _ in summary.by_name.values()) == pytest.approx(summary.wall_us)
+    assert summary.beside == {"g": (1, 3.0)}
+    assert summary.largest[0] == (10.0, "a", "(start)") and summary.largest[1] == (9.0, "a", "b")
+    text = table(summary, "T=1")
+    assert text.splitlines()[0] == "T=1: 0.026 ms wall, 4 kernels on the main stream"
+    assert "beside: g" in text
+
+
+def test_an_empty_replay_is_an_error_that_says_so() -> None:
+    with pytest.raises(ValueError, match="no kernels"):
+        summarize([])
