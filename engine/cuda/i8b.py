@@ -203,7 +203,7 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols,
-            ops.close_dst(closer)]
+            ops.close_dst(closer, 1, w.rows)]
     dev.launch(kernel, grid(dev, tiles, num_warps, smem), 32 * num_warps, args, smem=smem)
 
 
@@ -300,14 +300,18 @@ def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int) -> int:
 
 
 def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-                  bias: Buffer | None, residual: Buffer | None, num_tokens: int, ld_y: int) -> None:
-    """One launch of mmvq_i8v for num_tokens (2-8) tokens: mmvq_i8b's walking grid, y and residual [T, ld_y]."""
+                  bias: Buffer | None, residual: Buffer | None, num_tokens: int, ld_y: int,
+                  closer: Closer | None = None) -> None:
+    """One launch of mmvq_i8v for num_tokens (2-8) tokens: mmvq_i8b's walking grid, y and residual [T, ld_y]; with
+    closer, the next matmul's input formed from y behind it."""
     from engine.cuda import ops
 
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w, num_tokens)
-    kernel, smem = dev.kernel(f"mmvq_q4_K_i8v_t{num_tokens}"), verify_smem_bytes(nb, num_tokens, num_warps)
+    name = f"mmvq_q4_K_i8v_t{num_tokens}" + (f"_close_{closer.mode}" if closer is not None else "")
+    kernel, smem = dev.kernel(name), verify_smem_bytes(nb, num_tokens, num_warps)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8
-    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y]
+    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y,
+            ops.close_dst(closer, num_tokens, ld_y)]
     blocks = grid(dev, tiles, num_warps, smem, verify_static_smem(num_tokens), VERIFY_SPARE_PER_SM)
     dev.launch(kernel, blocks, 32 * num_warps, args, smem=smem)

@@ -54,9 +54,14 @@ I8B_FUSED_SHAPES = ((2, 2),)
 # the shapes built with them: mmvq_q4_K_i8b_s{S}n{NS}_close_{mode}.
 I8B_CLOSE_MODES = ("rmsnorm", "swiglu")
 I8B_CLOSE_SHAPES = ((2, 2),)
-# ... and the one-token int8 matmuls of ffn_down (68 superblocks: mmvq_i8 for Q4_K, mmvq_q6_i8 for Q6_K) behind which
-# the next layer's input norm closes: mmvq_q4_K_i8_t1_close_{mode}, mmvq_q6_K_i8_t1_close_{mode}.
-I8_CLOSE_MODES = ("rmsnorm",)
+# ... and the int8 matmuls of more tokens or wider rows: the verify form (mmvq_q4_K_i8v_t{T}_close_{mode}), mmvq_i8
+# (gate | up at 3 tokens, ffn_down Q4_K: mmvq_q4_K_i8_t{T}_close_{mode}) and mmvq_q6_i8 (ffn_down Q6_K behind which
+# the next layer's input norm closes: mmvq_q6_K_i8_t{T}_close_rmsnorm), at the token counts whose consumers read
+# the int8 copy; the delta rule closes the gated norm (gdn_k{D}_close_gatednorm).
+I8V_CLOSE_MODES = ("rmsnorm", "swiglu")
+I8_CLOSE_MODES = ("rmsnorm", "swiglu")
+I8_CLOSE_TOKENS = (1, 2, 3, 4)
+Q6_I8_CLOSE_MODES = ("rmsnorm",)
 # Tokens of its form for the verify passes (kernels/mmvq_i8v.cu: whole tokens in the mma columns, a second mma past
 # 4), an instance each in mmvq_i8b's default shape: mmvq_q4_K_i8v_t{T}.
 I8V_TOKENS = tuple(range(2, 9))
@@ -114,8 +119,9 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{tiles}" if tiles > 1 else ""), "mmvq_i8",
                      f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}, -1>")  # int8 activations, 1..TILES row tiles a block
             for t in range(1, I8_MAX_TOKENS + 1) for tiles in I8_TILE_COUNTS if tiles == 1 or t <= 4]
-    out += [Instance(f"mmvq_q4_K_i8_t1_close_{mode}", "mmvq_i8",
-                     f"mmvq_i8<1, {ACT_STAGES}, 1, {ACT_MODES.index(mode)}>") for mode in I8_CLOSE_MODES]
+    out += [Instance(f"mmvq_q4_K_i8_t{t}_close_{mode}", "mmvq_i8",
+                     f"mmvq_i8<{t}, {ACT_STAGES}, 1, {ACT_MODES.index(mode)}>")
+            for t in I8_CLOSE_TOKENS for mode in I8_CLOSE_MODES]
     out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1, -1>") for s, n in I8B_SHAPES]
     out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_{mode}", "mmvq_i8b",
                      f"mmvq_i8b<{s}, {n}, {ACT_MODES.index(mode)}, -1>")
@@ -123,11 +129,15 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_close_{mode}", "mmvq_i8b",
                      f"mmvq_i8b<{s}, {n}, -1, {ACT_MODES.index(mode)}>")
             for s, n in I8B_CLOSE_SHAPES for mode in I8B_CLOSE_MODES]  # the next matmul's producer behind
-    out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}>")
+    out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, -1>")
             for t in I8V_TOKENS]
+    out += [Instance(f"mmvq_q4_K_i8v_t{t}_close_{mode}", "mmvq_i8v",
+                     f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, {ACT_MODES.index(mode)}>")
+            for t in I8V_TOKENS for mode in I8V_CLOSE_MODES]
     out += [Instance(f"mmvq_q6_K_i8_t{t}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, -1>") for t in Q6_I8_TOKENS]
-    out += [Instance(f"mmvq_q6_K_i8_t1_close_{mode}", "mmvq_i8q6",
-                     f"mmvq_q6_i8<1, {ACT_STAGES}, {ACT_MODES.index(mode)}>") for mode in I8_CLOSE_MODES]
+    out += [Instance(f"mmvq_q6_K_i8_t{t}_close_{mode}", "mmvq_i8q6",
+                     f"mmvq_q6_i8<{t}, {ACT_STAGES}, {ACT_MODES.index(mode)}>")
+            for t in I8_CLOSE_TOKENS for mode in Q6_I8_CLOSE_MODES]
     out += [Instance("mmvq_q8_0_i8", "mmvq_i8q8", "mmvq_q8_0_i8")]  # Q8_0, one token of int8 activations
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
@@ -151,7 +161,9 @@ def _build() -> dict[str, Instance]:
             for n in ATTN_DECODE_QPW]
     out += [Instance(f"attn_mma_d{d}", "attention_prefill", f"attn_mma<{d}>") for d in ATTN_MMA_DIMS]
     out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]
-    out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}>") for d in GDN_KEY_DIMS]
+    out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}, -1>") for d in GDN_KEY_DIMS]
+    out += [Instance(f"gdn_k{d}_close_gatednorm", "deltanet",
+                     f"gdn_recurrent<{d // 32}, {ACT_MODES.index('gatednorm')}>") for d in GDN_KEY_DIMS]
     out += [Instance(f"gdn_chunk_{step}_k{d}", "deltanet_chunked", f"gdn_chunk_{step}<{d}>")
             for step in ("prep", "scan") for d in GDN_CHUNK_DIMS]
     out += [Instance(n, "sample", n) for n in ("argmax_partial", "argmax_final", "sample_topk_topp")]

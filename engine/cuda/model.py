@@ -68,9 +68,11 @@ class Workspace:
         self.ffn = dev.alloc(4 * p * cfg.ffn_size, "ffn_h")
         self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn, precise=True)
         # the closers' counters and sums (ops.Closer): the FFN norm and the input norm into act_h, SwiGLU into
-        # act_ffn
+        # act_ffn, the DeltaNet's gated norm into act_inner
         self.close_h = ops.alloc_close_scratch(dev, h, "close.ffn_norm")
         self.close_in = ops.alloc_close_scratch(dev, h, "close.input_norm")
+        self.close_inner = ops.alloc_close_scratch(dev, cfg.ssm_inner_size, "close.gated_norm") \
+            if cfg.ssm_inner_size else None
         self.close_ffn = ops.alloc_close_scratch(dev, cfg.ffn_size, "close.swiglu")
         acts = [self.act_h, self.act_q, self.act_ffn] + ([self.act_inner] if self.act_inner else [])
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
@@ -258,7 +260,7 @@ class CudaModel:
         cfg, ws = self.cfg, self.ws
         return ops.closer_for(self.dev, lw.mix_out, num_tokens, "rmsnorm", ws.act_h,
                               [part.weight for part in lw.ffn_in.parts], ws.close_h, norm=self._ffn_norm(lw),
-                              eps=cfg.rms_eps)
+                              eps=cfg.rms_eps, x=ws.act_q if lw.kind == "attention" else ws.act_inner)
 
     def _ffn_norm(self, lw: LayerWeights) -> Buffer:
         return lw.vectors["post_attention_norm" if self.cfg.arch == "qwen35" else "ffn_norm"]
@@ -269,7 +271,7 @@ class CudaModel:
         cfg, ws = self.cfg, self.ws
         return ops.closer_for(self.dev, before.ffn_down, num_tokens, "rmsnorm", ws.act_h,
                               [part.weight for part in lw.mix_in.parts], ws.close_in, norm=lw.vectors["attn_norm"],
-                              eps=cfg.rms_eps)
+                              eps=cfg.rms_eps, x=ws.act_ffn)
 
     def _swiglu_closer(self, lw: LayerWeights, num_tokens: int) -> ops.Closer | None:
         """SwiGLU formed into act_ffn by gate | up behind itself (ops.Closer), where they are one launch of the
@@ -281,7 +283,7 @@ class CudaModel:
         if (ffn_in.offsets["ffn_gate"], ffn_in.offsets["ffn_up"]) != (first, first + f):
             return None
         return ops.closer_for(self.dev, ffn_in.parts[0].weight, num_tokens, "swiglu", self.ws.act_ffn, [lw.ffn_down],
-                              self.ws.close_ffn)
+                              self.ws.close_ffn, x=self.ws.act_h)
 
     def _ffn(self, lw: LayerWeights, num_tokens: int, norm_closed: bool = False,
              closer: ops.Closer | None = None) -> None:
@@ -341,16 +343,20 @@ class CudaModel:
         dev.join()  # the gates (alpha | beta) are the delta rule's input
         gates = dict(alpha=ws.proj.view(4 * off["ssm_alpha"]), b=ws.proj.view(4 * off["ssm_beta"]),
                      a=lw.vectors["ssm_a"], dt_bias=lw.vectors["ssm_dt.bias"], ld_gate=width, eps=cfg.rms_eps)
+        gated = None
+        z = ws.proj.view(4 * off["attn_gate"])
         if commit and ws.gdn_chunked and num_tokens >= mixers.GDN_CHUNKED_MIN_TOKENS:  # a long prefill run
             mixers.gdn_chunked(dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix,
                                ws.gdn_work, num_tokens, hk, hv, dk, c, c, inner, **gates)
         else:
+            gated = ops.gated_closer_for(dev, num_tokens, ws.act_inner, [lw.mix_out], ws.close_inner, ws.mix, inner,
+                                         z, width, lw.vectors["ssm_norm"], dv, cfg.rms_eps)
             mixers.gdn_recurrent(
                 dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv,
                 dk, dv, c, c, inner, commit, g=ws.g if commit else layer.g, beta=ws.beta if commit else layer.beta,
-                qk_out=None if commit else layer.qk_norm, **gates)
-        normed = ops.gatednorm_of(ws.mix, ws.proj.view(4 * off["attn_gate"]), lw.vectors["ssm_norm"], dv, inner,
-                                  width, cfg.rms_eps, out32=ws.mix2)
+                qk_out=None if commit else layer.qk_norm, closer=gated, **gates)
+        normed = None if gated else ops.gatednorm_of(ws.mix, z, lw.vectors["ssm_norm"], dv, inner, width, cfg.rms_eps,
+                                                     out32=ws.mix2)
         ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x, producer=normed,
                    closer=ffn_norm)
 

@@ -87,9 +87,9 @@ def closing(monkeypatch):
     monkeypatch.setattr(i8b, "quant_map", lambda w: i8b.TensorMap())  # the driver encodes it on the GPU
 
 
-def _norm_closer(dev, mix_out, consumers, num_tokens=1, act=None, norm=None):
+def _norm_closer(dev, mix_out, consumers, num_tokens=1, act=None, norm=None, x=None):
     norm = _buf(4 * H) if norm is None else norm
-    return ops.closer_for(dev, mix_out, num_tokens, "rmsnorm", act or _act(H), consumers, _buf(), norm, 1e-6)
+    return ops.closer_for(dev, mix_out, num_tokens, "rmsnorm", act or _act(H), consumers, _buf(), norm, 1e-6, x=x)
 
 
 def test_the_ffn_norm_closes_behind_a_q4k_output_projection_only_where_every_consumer_reads_int8(closing) -> None:
@@ -100,7 +100,7 @@ def test_the_ffn_norm_closes_behind_a_q4k_output_projection_only_where_every_con
     assert _norm_closer(dev, mix_out, [gate_up, _weight(Q.Q8_0, 96, H)]) is None  # DeltaNet's gates read f16
     assert _norm_closer(dev, mix_out, [_weight(Q.F32, 1024, H)]) is None  # the f32 rows, which it never writes
     assert _norm_closer(dev, mix_out, [_weight(Q.Q4_K, 1024, 4096)]) is None  # another width
-    assert _norm_closer(dev, mix_out, [gate_up], num_tokens=2) is None  # one token only
+    assert _norm_closer(dev, mix_out, [gate_up], num_tokens=9) is None  # past one token group
     assert _norm_closer(dev, _weight(Q.Q5_K, H, 6144), [gate_up]) is None  # on the f16 kernels
     assert _norm_closer(dev, _weight(Q.Q4_K, 4096, 6144), [gate_up]) is None  # rows != the norm's width
     assert ops.closing_kernel(_Dev(89), mix_out, 1, "rmsnorm") == "i8"  # no tensor copies: mmvq_i8 closes it
@@ -119,9 +119,10 @@ def test_each_int8_kernel_closes_only_the_modes_built_into_it(closing, monkeypat
     dev, mix_out = _Dev(), _weight(Q.Q4_K, H, 6144)
     assert ops.closing_kernel(dev, mix_out, 1, "rmsnorm") == "i8b"
     assert ops.closing_kernel(dev, mix_out, 1, "gatednorm") is None
-    monkeypatch.setattr(i8b, "ON", False)  # the launch moves to mmvq_i8: the norm, not SwiGLU
+    monkeypatch.setattr(i8b, "ON", False)  # the launch moves to mmvq_i8, which closes both
     assert ops.closing_kernel(dev, mix_out, 1, "rmsnorm") == "i8"
-    assert ops.closing_kernel(dev, _weight(Q.Q4_K, 2 * FFN, H), 1, "swiglu") is None
+    assert ops.closing_kernel(dev, _weight(Q.Q4_K, 2 * FFN, H), 1, "swiglu") == "i8"
+    assert ops.closing_kernel(dev, _weight(Q.Q6_K, H, FFN), 1, "swiglu") is None  # mmvq_q6_i8: the norm only
 
 
 def test_no_closer_in_a_shape_built_without_them(closing, monkeypatch) -> None:
@@ -144,12 +145,77 @@ def test_swiglu_closes_behind_gate_up_where_ffn_down_reads_int8(closing, monkeyp
     assert closer(gate_up, _weight(Q.Q6_K, H, FFN)) is None
 
 
+def test_verify_passes_close_where_the_writer_and_every_consumer_take_int8(closing) -> None:
+    dev, mix_out, gate_up = _Dev(), _weight(Q.Q4_K, H, 6144), _weight(Q.Q4_K, 2 * FFN, H)
+    down, x_mix, x_h, x_ffn = _weight(Q.Q4_K, H, FFN), _act(6144), _act(H), _act(FFN)  # precise acts
+    expected = {1: "i8b", 2: "i8v", 3: "i8", 4: "i8v", 5: "i8v", 8: "i8v"}  # gate | up's kernel at each count
+    for t, kernel in expected.items():
+        assert ops.closing_kernel(dev, mix_out, t, "rmsnorm", x_mix) == kernel
+        assert _norm_closer(dev, mix_out, [gate_up], num_tokens=t, x=x_mix) is not None
+    # SwiGLU behind gate | up and the input norm behind ffn_down while ffn_down takes int8 (up to 4 tokens)
+    for t in (1, 2, 3, 4):
+        assert ops.closer_for(dev, gate_up, t, "swiglu", _act(FFN), [down], _buf(), x=x_h) is not None
+        assert ops.closing_kernel(dev, down, t, "rmsnorm", x_ffn) == "i8"
+    assert ops.closer_for(dev, gate_up, 5, "swiglu", _act(FFN), [down], _buf(), x=x_h) is None  # f16 ffn_down
+    assert ops.closing_kernel(dev, down, 5, "rmsnorm", x_ffn) is None  # ffn_down itself on the f16 kernels
+    assert ops.closing_kernel(dev, mix_out, 5, "rmsnorm") is None  # a fast-mode probe: 5 tokens on f16
+
+
+def test_the_verify_launch_hands_the_kernel_its_tokens_and_row_stride(closing) -> None:
+    dev, mix_out, act_h, scratch = _Dev(), _weight(Q.Q4_K, H, 6144), _act(H), _buf()
+    x = _act(6144, i8_tokens=5)
+    closer = ops.closer_for(dev, mix_out, 5, "rmsnorm", act_h, [_weight(Q.Q4_K, 2 * FFN, H)], scratch, _buf(4 * H),
+                            1e-6, x=x)
+    y = _buf(4 * 8 * 6144)
+    ops.matmul(dev, mix_out, x, y, 5, 6144, residual=y, closer=closer)
+    ((name, args),) = dev.launches
+    assert name == "mmvq_q4_K_i8v_t5_close_rmsnorm"
+    assert (args[-1].tokens, args[-1].ld, args[-1].width) == (5, 6144, H)
+    assert act_h.i8_tokens == 5
+
+
+def test_the_gated_norm_closes_behind_the_delta_rule(closing, monkeypatch) -> None:
+    dev, ssm_out, inner = _Dev(), _weight(Q.Q4_K, H, 6144), 6144
+    o, z, norm = _buf(4 * 8 * inner), _buf(4 * 8 * 4 * FFN), _buf(4 * 128)
+
+    def closer(t=1, head=128, z_ld=2 * FFN, consumers=(ssm_out,), act=None):
+        return ops.gated_closer_for(dev, t, act or _act(inner), list(consumers), _buf(), o, inner, z, z_ld, norm,
+                                    head, 1e-6)
+
+    assert closer().mode == "gatednorm" and closer(t=5) is not None and closer(t=8) is not None
+    assert closer(t=9) is None
+    assert closer(head=96) is None  # a head size the closer's lanes do not split
+    assert closer(z_ld=2 * FFN + 2) is None  # z's rows not 16-byte aligned
+    assert closer(consumers=(_weight(Q.Q5_K, H, inner),)) is None  # the f16 kernels
+    assert closer(act=_act(inner, int8=False)) is None
+    monkeypatch.setattr(i8b, "CLOSE", False)
+    assert closer() is None
+
+
+def test_the_delta_rule_launches_its_close_instance(closing) -> None:
+    from engine.cuda import mixers
+
+    dev, act = _Dev(), _act(6144)
+    o, z, norm = _buf(4 * 8 * 6144), _buf(4 * 8 * 4 * FFN), _buf(4 * 128)
+    gated = ops.gated_closer_for(dev, 3, act, [_weight(Q.Q4_K, H, 6144)], _buf(), o, 6144, z, 2 * FFN, norm, 128,
+                                 1e-6)
+    b = _buf(1 << 22)
+    mixers.gdn_recurrent(dev, b, b, b, b, o, 3, 16, 48, 128, 128, 2 * 16 * 128, 10240, 6144, False, g=b, beta=b,
+                         qk_out=b, closer=gated)
+    mixers.gdn_recurrent(dev, b, b, b, b, o, 3, 16, 48, 128, 128, 2 * 16 * 128, 10240, 6144, True, g=b, beta=b)
+    (first, args), (second, args2) = dev.launches
+    assert first == "gdn_k128_close_gatednorm" and second == "gdn_k128"
+    dst = args[-1]
+    assert (dst.x2, dst.w, dst.tokens, dst.ld, dst.ld2, dst.head) == (z.ptr, norm.ptr, 3, 6144, 2 * FFN, 128)
+    assert args2[-1].q == 0 and act.i8_tokens == 3
+
+
 def test_the_scratch_is_zeroed_counters_then_sums() -> None:
     dev = _Dev()
     buf = ops.alloc_close_scratch(dev, H, "scratch")
     nsb = H // 256
     assert ops.close_count_bytes(H) == 96  # nsb + 1 counters, 16-byte aligned
-    assert buf.nbytes == 96 + 4 * ops.CLOSE_PART * nsb
+    assert buf.nbytes == 96 + 4 * ops.CLOSE_PART * ops.CLOSE_TOKENS * nsb  # a part per superblock and token
     assert dev.filled == [(buf, 0)]
 
 
@@ -200,7 +266,7 @@ def test_the_next_input_norm_closes_behind_ffn_down_of_either_type(closing, monk
     deltanet_in = [_weight(Q.Q4_K, 16384, H), _weight(Q.Q8_0, 96, H)]  # qkv | gate, then alpha | beta
     for down, kernel in ((_weight(Q.Q4_K, H, FFN), "i8"), (_weight(Q.Q6_K, H, FFN), "i8q6")):
         assert ops.closing_kernel(dev, down, 1, "rmsnorm") == kernel
-        assert ops.closing_kernel(dev, down, 1, "swiglu") is None  # built for the norm only
+        assert ops.closer_for(dev, down, 1, "swiglu", _act(H), attention_in, _buf()) is None  # rows != 2 x width
         assert _input_norm_closer(dev, down, attention_in) is not None
         assert _input_norm_closer(dev, down, deltanet_in) is None  # the gates read the f16 form
     monkeypatch.setattr(ops, "Q8_I8", True)
@@ -246,11 +312,13 @@ def _model(down_qtype: Q = Q.Q4_K) -> tuple[CudaModel, SimpleNamespace]:
     model = CudaModel.__new__(CudaModel)
     model.dev = _Dev()
     model.cfg = SimpleNamespace(hidden_size=H, ffn_size=FFN, rms_eps=1e-6, arch="qwen35")
-    model.ws = SimpleNamespace(act_h=_act(H), act_ffn=_act(FFN), close_h=_buf(), close_ffn=_buf(),
+    model.ws = SimpleNamespace(act_h=_act(H), act_ffn=_act(FFN), act_q=_act(6144), act_inner=_act(6144),
+                               close_h=_buf(), close_ffn=_buf(),
                                proj=_buf(4 * 8 * 2 * FFN), x=_buf(4 * 8 * H), xn=_buf(4 * 8 * H),
                                ffn=_buf(4 * 8 * FFN), proj_width=2 * FFN)
     gate_up = _weight(Q.Q4_K, 2 * FFN, H, "gate|up")
-    lw = SimpleNamespace(ffn_in=Projection([Part(gate_up, None, 0)], 2 * FFN, {"ffn_gate": 0, "ffn_up": FFN}),
+    lw = SimpleNamespace(kind="deltanet",
+                         ffn_in=Projection([Part(gate_up, None, 0)], 2 * FFN, {"ffn_gate": 0, "ffn_up": FFN}),
                          ffn_down=_weight(down_qtype, H, FFN, "ffn_down"), mix_out=_weight(Q.Q4_K, H, 6144, "ssm_out"),
                          vectors={"post_attention_norm": _buf(4 * H)})
     return model, lw
@@ -272,14 +340,15 @@ def test_a_one_token_ffn_with_both_closers_launches_no_producer(closing, monkeyp
         ("gate|up", None, "swiglu"), ("ffn_down", None, None)]
 
 
-def test_a_verify_pass_or_closers_off_launch_the_producers(closing, monkeypatch) -> None:
+def test_a_five_token_ffn_keeps_swiglu_and_closers_off_keep_every_producer(closing, monkeypatch) -> None:
     model, lw = _model()
-    assert model._ffn_norm_closer(lw, 2) is None
-    producers = [("gate|up", "rmsnorm", None), ("act_swiglu",), ("ffn_down", None, None)]
-    assert _ffn_launches(monkeypatch, model, lw, 2, norm_closed=False) == producers
+    assert model._ffn_norm_closer(lw, 5) is not None  # gate | up on mmvq_i8v reads the int8 copy
+    assert _ffn_launches(monkeypatch, model, lw, 5, norm_closed=True) == [  # ffn_down on f16 at 5 tokens
+        ("gate|up", None, None), ("act_swiglu",), ("ffn_down", None, None)]
     monkeypatch.setattr(i8b, "CLOSE", False)
     assert model._ffn_norm_closer(lw, 1) is None
-    assert _ffn_launches(monkeypatch, model, lw, 1, norm_closed=False) == producers
+    assert _ffn_launches(monkeypatch, model, lw, 1, norm_closed=False) == [
+        ("gate|up", "rmsnorm", None), ("act_swiglu",), ("ffn_down", None, None)]
 
 
 def test_swiglu_stays_a_launch_where_gate_and_up_are_not_one_launch_in_order(closing, monkeypatch) -> None:
@@ -295,9 +364,11 @@ def test_the_launcher_mirrors_the_kernels_struct() -> None:
     fields = re.findall(r"\b(\w+);", re.sub(r"//[^\n]*", "", body))
     assert fields == [name for name, _ in ops.CloseDst._fields_]
     assert int(re.search(r"#define CLOSE_PART (\d+)", src).group(1)) == ops.CLOSE_PART
-    for file in ("mmvq_i8b", "mmvq_i8", "mmvq_i8q6"):  # the launchers' last argument
-        assert re.search(r"int rows, int K,(\s*int ldy,)?\s*const Act8Close close\)",
+    assert int(re.search(r"#define CLOSE_TOKENS (\d+)", src).group(1)) == ops.CLOSE_TOKENS
+    for file in ("mmvq_i8b", "mmvq_i8", "mmvq_i8q6", "mmvq_i8v"):  # the launchers' last argument
+        assert re.search(r"int rows, int K,(\s*int ld_?y,)?\s*const Act8Close close\)",
                          (nvrtc.KERNEL_DIR / f"{file}.cu").read_text()), file
+    assert "gdn_recurrent(GdnArgs p, const Act8Close close)" in (nvrtc.KERNEL_DIR / "deltanet.cu").read_text()
     q8 = (nvrtc.KERNEL_DIR / "mmvq_i8q8.cu").read_text()
     assert int(re.search(r"#define I8Q8_WARPS (\d+)", q8).group(1)) == ops.Q8_I8_WARPS
 
@@ -309,10 +380,21 @@ def test_each_close_mode_has_an_instance_of_the_producers_number() -> None:
         for mode in instances.I8B_CLOSE_MODES:
             assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_close_{mode}"].expr == \
                 f"mmvq_i8b<{s}, {n}, -1, {numbers[mode]}>"
-    stages = instances.ACT_STAGES
-    for mode in instances.I8_CLOSE_MODES:
-        assert instances.INSTANCES[f"mmvq_q4_K_i8_t1_close_{mode}"].expr == f"mmvq_i8<1, {stages}, 1, {numbers[mode]}>"
-        assert instances.INSTANCES[f"mmvq_q6_K_i8_t1_close_{mode}"].expr == f"mmvq_q6_i8<1, {stages}, {numbers[mode]}>"
+    stages, (s, n) = instances.ACT_STAGES, instances.I8V_SHAPE
+    for t in instances.I8_CLOSE_TOKENS:
+        for mode in instances.I8_CLOSE_MODES:
+            assert instances.INSTANCES[f"mmvq_q4_K_i8_t{t}_close_{mode}"].expr == \
+                f"mmvq_i8<{t}, {stages}, 1, {numbers[mode]}>"
+        for mode in instances.Q6_I8_CLOSE_MODES:
+            assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}_close_{mode}"].expr == \
+                f"mmvq_q6_i8<{t}, {stages}, {numbers[mode]}>"
+    for t in instances.I8V_TOKENS:
+        for mode in instances.I8V_CLOSE_MODES:
+            assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}_close_{mode}"].expr == \
+                f"mmvq_i8v<{t}, {s}, {n}, {numbers[mode]}>"
+    for d in instances.GDN_KEY_DIMS:
+        assert instances.INSTANCES[f"gdn_k{d}_close_gatednorm"].expr == \
+            f"gdn_recurrent<{d // 32}, {numbers['gatednorm']}>"
     assert i8b.DEFAULT_SHAPE in instances.I8B_CLOSE_SHAPES
 
 
@@ -337,3 +419,46 @@ def test_closers_are_off_by_default_and_the_switch_is_checked(monkeypatch) -> No
     monkeypatch.setenv(i8b.CLOSE_ENV, "on")
     with pytest.raises(ValueError, match=i8b.CLOSE_ENV):
         i8b._close_default()
+
+
+def _deltanet_model() -> tuple[CudaModel, SimpleNamespace]:
+    """A CudaModel with the 27B's DeltaNet shapes and a recording device: enough for _deltanet."""
+    model = CudaModel.__new__(CudaModel)
+    model.dev = _Dev()
+    inner, width = 6144, 16480
+    model.cfg = SimpleNamespace(hidden_size=H, rms_eps=1e-6, ssm_conv_dim=10240, ssm_num_k_heads=16,
+                                ssm_num_v_heads=48, ssm_head_dim=128, ssm_v_head_dim=128, ssm_inner_size=inner,
+                                ssm_conv_kernel=4)
+    model.ws = SimpleNamespace(act_h=_act(H), act_inner=_act(inner), close_inner=_buf(), proj_width=width,
+                               proj=_buf(4 * 8 * width), conv_out=_buf(), mix=_buf(4 * 8 * inner),
+                               mix2=_buf(4 * 8 * inner), x=_buf(4 * 8 * H), g=_buf(), beta=_buf(), gdn_chunked=True)
+    model.deltanet = {0: SimpleNamespace(window=_buf(), conv_out=_buf(), qk_norm=_buf(), g=_buf(), beta=_buf(),
+                                         ssm=_buf())}
+    offsets = {"attn_qkv": 0, "attn_gate": 10240, "ssm_beta": 16384, "ssm_alpha": 16432}
+    lw = SimpleNamespace(mix_in=Projection([Part(_weight(Q.Q4_K, 16384, H, "qkv|gate"), None, 0),
+                                            Part(_weight(Q.Q8_0, 96, H, "beta|alpha"), None, 16384)], width, offsets),
+                         mix_out=_weight(Q.Q4_K, H, inner, "ssm_out"),
+                         vectors={k: _buf(4 * 128) for k in ("ssm_conv1d", "ssm_a", "ssm_dt.bias", "ssm_norm")})
+    return model, lw
+
+
+def _deltanet_launches(monkeypatch, model, lw, num_tokens: int) -> list[tuple]:
+    from engine.cuda import mixers
+
+    seen = []
+    monkeypatch.setattr(ops, "matmul", lambda dev, w, act, y, t, ld, producer=None, closer=None, **k: seen.append(
+        (w.name, producer and producer.mode, closer and closer.mode)))
+    monkeypatch.setattr(mixers, "conv1d_silu", lambda *a, **k: None)
+    monkeypatch.setattr(mixers, "gdn_recurrent", lambda *a, closer=None, **k: seen.append(
+        ("gdn", closer and closer.mode)))
+    model._deltanet(0, lw, num_tokens, False, ops.rmsnorm_of(model.ws.x, _buf(4 * H), H, 1e-6))
+    return seen
+
+
+def test_a_deltanet_layer_forms_its_gated_norm_behind_the_delta_rule(closing, monkeypatch) -> None:
+    model, lw = _deltanet_model()
+    for t in (1, 5):
+        assert _deltanet_launches(monkeypatch, model, lw, t) == [
+            ("beta|alpha", None, None), ("qkv|gate", None, None), ("gdn", "gatednorm"), ("ssm_out", None, None)]
+    monkeypatch.setattr(i8b, "CLOSE", False)
+    assert _deltanet_launches(monkeypatch, model, lw, 1)[2:] == [("gdn", None), ("ssm_out", "gatednorm", None)]

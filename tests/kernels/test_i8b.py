@@ -203,7 +203,7 @@ def test_the_verify_layout_mirrors_the_kernel() -> None:
     assert int(re.search(r"#define I8V_MAX_WARPS (\d+)", src).group(1)) >= i8b.MAX_WARPS
     for t in instances.I8V_TOKENS:
         s, n = instances.I8V_SHAPE
-        assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}"].expr == f"mmvq_i8v<{t}, {s}, {n}>"
+        assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}"].expr == f"mmvq_i8v<{t}, {s}, {n}, -1>"
 
 
 def test_a_verify_launch_of_q4k_takes_the_verify_form_before_mmvq_i8(monkeypatch) -> None:

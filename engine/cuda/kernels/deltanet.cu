@@ -5,6 +5,7 @@
 // buffer, and the delta rule leaves the recurrent state untouched. Accepting n tokens then shifts the window
 // (conv_commit) and re-runs the rule over the first n tokens with commit on (state written back); prefill and
 // plain decode commit directly.
+#include "act8_close.cuh"
 #include "common.cuh"
 
 #define CONV_CHUNK 16  // tokens per thread: chunks of a long prefill run in parallel
@@ -91,6 +92,9 @@ struct GdnArgs {
 // unless `prepared` (then q, k, g, beta are read as given). `save` writes the normalised q/k and the gates for
 // a later commit. A warp keeps GDN_COLS columns of S in registers (lane holds rows lane + 32 i, i < KL), so the
 // whole chunk of tokens runs on-chip and S is read once and (if commit) written once. Grid (ceil(Dv / 32), Hv).
+// CLOSE (ACT_GATEDNORM): the gated norm of o for the output projection, formed behind the launch (kernels/
+// act8_close.cuh): each warp counts its GDN_COLS columns of the inner dimension (h Dv + j0 ..) into their
+// superblock once its tokens' outputs are stored, 32 warps a superblock.
 // One token's inputs for the lane: raw (or prepared) q/k rows, its GDN_COLS values of v, the gate inputs.
 template <int KL>
 struct GdnToken {
@@ -113,8 +117,8 @@ __device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk,
     in.gb = p.prepared ? p.beta[(i64)t * p.num_v_heads + h] : p.b[(i64)t * p.ld_gate + h];
 }
 
-template <int KL>
-__global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p) {
+template <int KL, int CLOSE>
+__global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p, const Act8Close close) {
     PDL_ENTER();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, hk = h % p.num_k_heads, Dk = p.Dk, Dv = p.Dv;
@@ -204,5 +208,11 @@ __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p) {
             for (int cj = 0; cj < GDN_COLS; ++cj)
                 if (row < Dk && j0 + cj < Dv) sh[(i64)row * Dv + j0 + cj] = s[i][cj];
         }
+    }
+    if (CLOSE != CLOSE_NONE) {
+        static_assert(QK_SB % GDN_COLS == 0, "a warp's columns lie in one superblock");
+        __threadfence();  // the warp's outputs (its lanes below GDN_COLS stored them) before its count
+        __syncwarp();
+        close_arrive_call<CLOSE>(close, p.o, (h * Dv + j0) / QK_SB, lane == 0, QK_SB / GDN_COLS);
     }
 }

@@ -94,9 +94,9 @@ struct I8Copies {
 // group's bases). Launch: one block of W warps per TILES consecutive 16-row tiles (the last block may have
 // fewer); warp w takes superblocks w, w + W, ... of each tile in turn through a ring of NS stages (weights and
 // activation columns by cp.async) that runs on across the tiles, so a warp pays the ring's first wait once per
-// block, not once per tile; dynamic shared memory W * (NS * i8_stage_bytes(T) + I8_ZERO_BYTES). CLOSE (one token,
-// one tile a block): the producer whose int8 output for the next matmul `close` describes, formed from y behind
-// the launch (kernels/act8_close.cuh; CLOSE_NONE: none).
+// block, not once per tile; dynamic shared memory W * (NS * i8_stage_bytes(T) + I8_ZERO_BYTES). CLOSE (one tile a
+// block): the producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
+// (kernels/act8_close.cuh; CLOSE_NONE: none).
 template <int T, int NS, int TILES, int CLOSE>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
@@ -104,7 +104,7 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int ldy,
         const Act8Close close) {
     PDL_ENTER();  // the activations are the previous kernel's output (the first weights wait too: one stage)
-    static_assert(CLOSE == CLOSE_NONE || (T == 1 && TILES == 1), "a closer behind one token, one tile a block");
+    static_assert(CLOSE == CLOSE_NONE || TILES == 1, "a closer behind one tile a block");
     using S = Q4KStage8;
     constexpr int STAGE = i8_stage_bytes(T), NSLOT = i8_slots(T);
     constexpr int META = S::BYTES + I8_SLOT_PITCH * NSLOT;

@@ -100,8 +100,8 @@ struct Q6I8Copies {
 };
 
 // Launch: a block of W warps per 16-row tile; warp w takes superblocks w, w + W, ... (any W: the last warps may
-// take one fewer) through a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T). CLOSE (one
-// token): the producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
+// take one fewer) through a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T). CLOSE: the
+// producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
 // (kernels/act8_close.cuh; CLOSE_NONE: none).
 template <int T, int NS, int CLOSE>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
@@ -109,7 +109,6 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
            float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
            int ldy, const Act8Close close) {
     PDL_ENTER();  // the activations are the previous kernel's output
-    static_assert(CLOSE == CLOSE_NONE || T == 1, "a closer behind one token");
     using S = Q6I8Stage;
     constexpr int L = 2 * T <= MMVQ_NCOLS ? 1 : 2;          // passes: one, or a level each
     constexpr int P = L == 1 ? 2 * T : T;                   // columns a sub-block

@@ -17,6 +17,7 @@
 // token n / 2 + 4 (n % 2), so the lane's two C columns are again its own tokens c and c + 4.
 //
 // Not built before sm_90 (no tensor copies): the launcher (engine/cuda/i8b.py) takes it on sm_90+ only.
+#include "act8_close.cuh"
 #include "mmvq.cuh"
 #include "tma.cuh"
 
@@ -144,13 +145,14 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
 // engine/cuda/i8b.py), K a multiple of 256, x the act8 copy of T tokens (group 0's bases). Launch as mmvq_i8b's:
 // blocks of W <= I8V_MAX_WARPS warps walking the 16-row tiles b, b + gridDim.x, ..., each warp its share of a
 // tile's superblocks through a ring of NS stages of S; dynamic shared memory 1024 + i8v_x_bytes<T>(nb) +
-// W NS S (2048 + 256).
-template <int T, int S, int NS>
+// W NS S (2048 + 256). CLOSE: the producer whose int8 output of the T tokens for the next matmul `close`
+// describes, formed from y behind the launch (kernels/act8_close.cuh; CLOSE_NONE: none).
+template <int T, int S, int NS, int CLOSE>
 __global__ void __launch_bounds__(I8V_MAX_WARPS * 32)
 mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
-         int ld_y) {
+         int ld_y, const Act8Close close) {
 #if __CUDA_ARCH__ >= 900
     constexpr int NM = (T + 3) / 4;
     extern __shared__ __align__(1024) u8 smem[];
@@ -207,6 +209,11 @@ mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
             if (residual) v += residual[(i64)t * ld_y + row];
             y[(i64)t * ld_y + row] = v;
         }
+    }
+    if (CLOSE != CLOSE_NONE) {  // the next matmul's input behind the launch (kernels/act8_close.cuh)
+        __threadfence();  // the block's rows (stored by several warps) before warp 0 counts them
+        __syncthreads();
+        if (warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, my_tiles);
     }
 #else
     __trap();  // the launcher takes this kernel on sm_90+ only
