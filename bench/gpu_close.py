@@ -53,11 +53,13 @@ PAIRS = [Pair("ffn_norm", SHAPES_27B["ssm_out"], SHAPES_27B["ffn_gate_up"], "rms
          Pair("small_norm", (512, 768), (1024, 512), "rmsnorm", Q.Q4_K),
          Pair("small_swiglu", (1024, 768), (512, 512), "swiglu", Q.Q4_K),
          # verify passes: the FFN norm behind mmvq_i8v (5 tokens, gate | up on mmvq_i8v), SwiGLU behind mmvq_i8 at
-         # 3 tokens (its ffn_down on mmvq_i8 too), the input norm behind ffn_down at 2 and (Q6_K) 4 tokens
+         # 3 tokens (its ffn_down on mmvq_i8 too), the input norm behind ffn_down at 2, (Q6_K) 4 and (into the
+         # gates' mmvq_q8_0_i8) 3 tokens
          Pair("ffn_norm", SHAPES_27B["ssm_out"], SHAPES_27B["ffn_gate_up"], "rmsnorm", Q.Q4_K, tokens=5),
          Pair("swiglu", SHAPES_27B["ffn_gate_up"], SHAPES_27B["ffn_down"], "swiglu", Q.Q4_K, tokens=3),
          Pair("input_norm", SHAPES_27B["ffn_down"], SHAPES_27B["attn_q"], "rmsnorm", Q.Q4_K, tokens=2),
-         Pair("input_norm_q6", SHAPES_27B["ffn_down"], SHAPES_27B["attn_kv"], "rmsnorm", Q.Q6_K, Q.Q6_K, tokens=4)]
+         Pair("input_norm_q6", SHAPES_27B["ffn_down"], SHAPES_27B["attn_kv"], "rmsnorm", Q.Q6_K, Q.Q6_K, tokens=4),
+         Pair("input_norm_gates", SHAPES_27B["ffn_down"], (96, 5120), "rmsnorm", Q.Q8_0, tokens=3)]
 GATED_TOKENS = (1, 5)  # the delta rule with the gated norm closed behind it (check_gated)
 # Levels that differ from the producer's: SwiGLU none (the same float operations on the same values), a count;
 # RMSNorm's are the levels of x * w, the producer's of x * w / rms, which round differently at a tie's edge (in

@@ -498,7 +498,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
             _mmvq_q6_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
             continue
         if pipelined == "i8q8":
-            _mmvq_q8_i8(dev, w, act.group8(0), y_t, bias, res_t)
+            _mmvq_q8_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
             continue
         if pipelined is not None:
             group = act.group(t0 // ACT_GROUP)
@@ -783,8 +783,8 @@ def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buff
 
 
 # ---- int8 activations for Q8_0 (kernels/mmvq_i8q8.cu) ----
-# One-token Q8_0 launches (the DeltaNet's 96-row alpha | beta) multiply the int8 copy by dp4a: needed where a closer
-# wrote only that copy (the next layer's input norm behind ffn_down), measured nowhere yet. Off unless
+# Q8_0 launches of 1-8 tokens (the DeltaNet's 96-row alpha | beta) multiply the int8 copy by dp4a: needed where a
+# closer wrote only that copy (the next layer's input norm behind ffn_down), measured nowhere yet. Off unless
 # OPENJET_CUDA_Q8I8=1 (the bench's close variant turns it on with the closers).
 Q8_I8_ENV = "OPENJET_CUDA_Q8I8"
 Q8_I8 = env_switch(Q8_I8_ENV, False)
@@ -792,17 +792,18 @@ Q8_I8_WARPS = 8  # mirror of kernels/mmvq_i8q8.cu I8Q8_WARPS: rows a block
 
 
 def q8_i8_runs(w: DeviceWeight, num_tokens: int, act: Act) -> bool:
-    """Whether a matmul takes mmvq_q8_0_i8: it and the int8 matmuls on, a Q8_0 weight, one token whose int8 copy
-    the last producer (or closer) of act wrote."""
-    return I8_MATMUL and Q8_I8 and w.qtype == Q.Q8_0 and num_tokens == 1 and act.i8_tokens >= 1
+    """Whether a matmul takes mmvq_q8_0_i8: it and the int8 matmuls on, a Q8_0 weight, up to one group of tokens
+    whose int8 copy the last producer (or closer) of act wrote."""
+    return (I8_MATMUL and Q8_I8 and w.qtype == Q.Q8_0 and num_tokens <= ACT_GROUP
+            and act.i8_tokens >= num_tokens)
 
 
 def _mmvq_q8_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-                bias: Buffer | None, residual: Buffer | None) -> None:
-    """One launch of mmvq_q8_0_i8: a warp a row."""
+                bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int) -> None:
+    """One launch of mmvq_q8_0_i8 for t tokens: a warp a row."""
     q8, scale8, _, _ = group8
     dev.launch(dev.kernel("mmvq_q8_0_i8"), -(-w.rows // Q8_I8_WARPS), 32 * Q8_I8_WARPS,
-               [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols])
+               [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, t, ld_y])
 
 
 def i8_warps(cols: int, tiles: int, num_tokens: int, multiprocessors: int) -> int:

@@ -292,17 +292,20 @@ def test_ffn_down_launches_its_close_instance_with_the_closer(closing, qtype: Q,
     assert launched == name.removesuffix("_close_rmsnorm") and args[-1].q == 0
 
 
-def test_q8_0_takes_the_int8_kernel_for_one_token_of_an_int8_copy(closing, monkeypatch) -> None:
+def test_q8_0_takes_the_int8_kernel_for_up_to_a_token_group_of_an_int8_copy(closing, monkeypatch) -> None:
     gates = _weight(Q.Q8_0, 96, H)
     assert not ops.q8_i8_runs(gates, 1, _act(H, i8_tokens=1))  # off by default
     monkeypatch.setattr(ops, "Q8_I8", True)
     assert ops.q8_i8_runs(gates, 1, _act(H, i8_tokens=1))
     assert not ops.q8_i8_runs(gates, 1, _act(H, i8_tokens=0))  # no int8 copy written
-    assert not ops.q8_i8_runs(gates, 2, _act(H, i8_tokens=2))  # one token only
+    assert ops.q8_i8_runs(gates, 8, _act(H, i8_tokens=8))
+    assert not ops.q8_i8_runs(gates, 9, _act(H, i8_tokens=9))  # one token group
+    assert not ops.q8_i8_runs(gates, 3, _act(H, i8_tokens=2))  # the copy holds fewer tokens than the launch
     assert not ops.q8_i8_runs(_weight(Q.Q4_0, 96, H), 1, _act(H, i8_tokens=1))
-    dev, y = _Dev(), _buf(4 * 96)
-    ops.matmul(dev, gates, _act(H, i8_tokens=1), y, 1, 96)
-    assert [name for name, _ in dev.launches] == ["mmvq_q8_0_i8"]
+    dev, y = _Dev(), _buf(4 * 8 * 16480)
+    ops.matmul(dev, gates, _act(H, i8_tokens=3), y, 3, 16480)
+    ((name, args),) = dev.launches
+    assert name == "mmvq_q8_0_i8" and args[-2:] == [3, 16480]  # tokens, row stride
     monkeypatch.setattr(ops, "I8_MATMUL", False)
     assert not ops.q8_i8_runs(gates, 1, _act(H, i8_tokens=1))
 
@@ -408,7 +411,8 @@ def test_a_one_token_layers_input_norm_closes_behind_the_ffn_down_before_it(clos
     monkeypatch.setattr(ops, "Q8_I8", True)
     closer = model._input_norm_closer(lw, before, 1)
     assert closer.act is model.ws.act_h and closer.w is lw.vectors["attn_norm"] and closer.scratch is model.ws.close_in
-    assert model._input_norm_closer(lw, before, 2) is None
+    assert model._input_norm_closer(lw, before, 4) is not None  # ffn_down on mmvq_i8 up to 4 tokens
+    assert model._input_norm_closer(lw, before, 5) is None  # then on the f16 kernels
 
 
 def test_closers_are_off_by_default_and_the_switch_is_checked(monkeypatch) -> None:
