@@ -127,9 +127,7 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
     rms = pair.mode == "rmsnorm"
 
     def consume(act: ops.Act) -> np.ndarray:
-        poison(dev, out)
-        ops.matmul(dev, consumer, act, out, t, c_rows)
-        return dev.download(out, np.float32, (t, c_rows))
+        return _consume(dev, consumer, act, out, t)
 
     try:
         with closing(True):
@@ -157,12 +155,8 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
                 ops.act_swiglu(dev, y_apart, y_apart.view(4 * width), apart, t, rows)
             ref8 = _int8_copy(dev, apart, t)
             out_apart = consume(apart)
-        (y_closed, got), (y_again, again) = launches
         yv = dev.download(y_apart, np.float32, (t, rows))
-        compare(report, "close.y", variant, y_closed, yv, TOL_Y)
-        _compare_int8(report, variant, got, ref8, pair.mode)
-        same = sum(int(np.count_nonzero(got[k] != again[k])) for k in got)
-        record(report, "close.again", variant, "int8 copy", float(same + np.count_nonzero(y_again != y_closed)), 0.5)
+        _compare_launches(report, variant, pair.mode, launches, yv, ref8)
         values = _values(yv.astype(np.float64), dev.download(norm, np.float32, (width,)), pair.mode, width)
         _compare_consumer(report, variant, out_closed, out_apart, values, c_data, pair.consumer_qtype, rng)
         if pair.consumer_qtype == Q.Q8_0:  # the new kernel against the f16 one on the producer's act
@@ -172,6 +166,25 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
         for buf in [w.buf, consumer.buf, res, norm, scratch, y, y_apart, out, *x.buffers(), *closed.buffers(),
                     *apart.buffers()]:
             dev.memory.free(buf)
+
+
+def _consume(dev: Device, consumer: ops.DeviceWeight, act: ops.Act, out: Buffer, tokens: int) -> np.ndarray:
+    """The consumer's output [T, rows] from act (out poisoned first)."""
+    poison(dev, out)
+    ops.matmul(dev, consumer, act, out, tokens, consumer.rows)
+    return dev.download(out, np.float32, (tokens, consumer.rows))
+
+
+def _compare_launches(report: Report, variant: str, mode: str, launches: list, own_apart: np.ndarray,
+                      ref8: dict) -> None:
+    """The two launches with the closer, each (the writer's own output, the int8 copy), against the writer's output
+    without it and the producer's int8 copy: the output unchanged, the copy as the producer's, the second launch
+    bit for bit the first (the counters left zero)."""
+    (own, got), (own_again, again) = launches
+    compare(report, "close.own", variant, own, own_apart, TOL_Y)
+    _compare_int8(report, variant, got, ref8, mode)
+    same = sum(int(np.count_nonzero(got[k] != again[k])) for k in got)
+    record(report, "close.again", variant, "int8 copy", float(same + np.count_nonzero(own_again != own)), 0.5)
 
 
 def _compare_consumer(report: Report, variant: str, out_closed: np.ndarray, out_apart: np.ndarray,
@@ -229,9 +242,7 @@ def check_gated(dev: Device, report: Report, rng: np.random.Generator, tokens: i
                              inner, False, closer=closer, **gates)
 
     def consume(act: ops.Act) -> np.ndarray:
-        poison(dev, out)
-        ops.matmul(dev, consumer, act, out, t, rows)
-        return dev.download(out, np.float32, (t, rows))
+        return _consume(dev, consumer, act, out, t)
 
     try:
         with closing(True):
@@ -252,12 +263,8 @@ def check_gated(dev: Device, report: Report, rng: np.random.Generator, tokens: i
             ops.act_gatednorm(dev, o_apart, z, norm, apart, t, dv, inner, ld_z, EPS)
             ref8 = _int8_copy(dev, apart, t)
             out_apart = consume(apart)
-        (o_closed, got), (o_again, again) = launches
         ov = dev.download(o_apart, np.float32, (t, inner))
-        compare(report, "close.o", variant, o_closed, ov, TOL_Y)
-        _compare_int8(report, variant, got, ref8, "gatednorm")
-        same = sum(int(np.count_nonzero(got[k] != again[k])) for k in got)
-        record(report, "close.again", variant, "int8 copy", float(same + np.count_nonzero(o_again != o_closed)), 0.5)
+        _compare_launches(report, variant, "gatednorm", launches, ov, ref8)
         heads = ov.astype(np.float64).reshape(t, hv, dv)
         zv = dev.download(z, np.float32, (t, ld_z))[:, :inner].astype(np.float64)
         normed = heads / np.sqrt(np.mean(heads * heads, axis=2, keepdims=True) + EPS)

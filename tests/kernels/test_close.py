@@ -415,15 +415,6 @@ def test_a_one_token_layers_input_norm_closes_behind_the_ffn_down_before_it(clos
     assert model._input_norm_closer(lw, before, 5) is None  # then on the f16 kernels
 
 
-def test_closers_are_off_by_default_and_the_switch_is_checked(monkeypatch) -> None:
-    monkeypatch.delenv(i8b.CLOSE_ENV, raising=False)
-    assert i8b._close_default() is False
-    monkeypatch.setenv(i8b.CLOSE_ENV, "1")
-    assert i8b._close_default() is True
-    monkeypatch.setenv(i8b.CLOSE_ENV, "on")
-    with pytest.raises(ValueError, match=i8b.CLOSE_ENV):
-        i8b._close_default()
-
 
 def _deltanet_model() -> tuple[CudaModel, SimpleNamespace]:
     """A CudaModel with the 27B's DeltaNet shapes and a recording device: enough for _deltanet."""

@@ -39,7 +39,8 @@ def test_taken_only_when_on_for_one_q4k_token_on_sm90(monkeypatch) -> None:
     assert not i8b.runs(_dev(90), _weight(), 1, _act(1))
 
 
-@pytest.mark.parametrize("env, default, on", [(i8b.ENV, i8b._default, True), (i8b.FUSE_ENV, i8b._fuse_default, False)])
+@pytest.mark.parametrize("env, default, on", [(i8b.ENV, i8b._default, True), (i8b.FUSE_ENV, i8b._fuse_default, False),
+                                              (i8b.CLOSE_ENV, i8b._close_default, False)])  # closers: test_close.py
 def test_defaults_and_the_switch_is_checked(monkeypatch, env: str, default, on: bool) -> None:
     monkeypatch.delenv(env, raising=False)
     assert default() is on
