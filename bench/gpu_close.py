@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as Q
 from bench.gpu_common import Report, Timing, compare, median_time, patched, poison, record
 from bench.gpu_fused import LEVEL_ERROR_MARGIN, TOL_APART, level_error
 from bench.gpu_kernels import REF_ROWS, SHAPES_27B, _reference_rows, bulk_i8, i8_matmul
-from engine.cuda import i8b, ops
+from engine.cuda import closers, i8b, ops
 from engine.cuda.device import Buffer, Device
 from engine.cuda.repack import random_blocks
 
@@ -120,7 +120,7 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
     res = dev.to_device((3.0 * rng.standard_normal((t, rows))).astype(np.float32), "res")  # rms far from 1
     norm = dev.to_device((1.0 + 0.2 * rng.standard_normal(width)).astype(np.float32), "norm")
     closed, apart = (ops.alloc_act(dev, t, width, f"{pair.name}.{k}", precise=True) for k in ("closed", "apart"))
-    scratch = ops.alloc_close_scratch(dev, width, "close.scratch")
+    scratch = closers.alloc_close_scratch(dev, width, "close.scratch")
     y, y_apart = dev.alloc(4 * t * rows, "y"), dev.alloc(4 * t * rows, "y_apart")
     out = dev.alloc(4 * t * c_rows, "out")
     variant = f"{pair.name}.{pair.producer_qtype.name}.{pair.mode}.{pair.consumer_qtype.name}.T{t}"
@@ -132,8 +132,8 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
     try:
         with closing(True):
             ops.act_f16(dev, x.f32, x, t, cols)
-            closer = ops.closer_for(dev, w, t, pair.mode, closed, [consumer], scratch, norm if rms else None, EPS,
-                                    x=x)
+            closer = closers.closer_for(dev, w, t, pair.mode, closed, [consumer], scratch, norm if rms else None,
+                                        EPS, x=x)
             if closer is None:
                 raise AssertionError(f"{variant}: closer_for found no closer with CLOSE on")
             launches = []
@@ -233,7 +233,7 @@ def check_gated(dev: Device, report: Report, rng: np.random.Generator, tokens: i
     c_data = random_blocks(Q.Q4_K, (rows, inner), rng)
     consumer = ops.upload_weight(dev, c_data, Q.Q4_K, (rows, inner), "ssm_out")
     closed, apart = (ops.alloc_act(dev, t, inner, f"gated.{k}", precise=True) for k in ("closed", "apart"))
-    scratch = ops.alloc_close_scratch(dev, inner, "close.scratch")
+    scratch = closers.alloc_close_scratch(dev, inner, "close.scratch")
     out = dev.alloc(4 * t * rows, "out")
     variant = f"gated.T{t}"
 
@@ -246,7 +246,8 @@ def check_gated(dev: Device, report: Report, rng: np.random.Generator, tokens: i
 
     try:
         with closing(True):
-            closer = ops.gated_closer_for(dev, t, closed, [consumer], scratch, o, inner, z, ld_z, norm, dv, EPS)
+            closer = closers.gated_closer_for(dev, t, closed, [consumer], scratch, o, inner, z, ld_z, norm, dv,
+                                              EPS)
             if closer is None:
                 raise AssertionError(f"{variant}: gated_closer_for found no closer with CLOSE on")
             launches = []
@@ -322,7 +323,7 @@ def _time_pair(dev: Device, report: Report, rng: np.random.Generator, pair: Pair
     dev.upload(x.f32, rng.standard_normal(cols).astype(np.float32))
     norm = dev.to_device((1.0 + 0.2 * rng.standard_normal(width)).astype(np.float32), "norm")
     dst = ops.alloc_act(dev, 1, width, "dst", precise=True)
-    scratch = ops.alloc_close_scratch(dev, width, "close.scratch")
+    scratch = closers.alloc_close_scratch(dev, width, "close.scratch")
     y = dev.alloc(4 * rows, "y")
     rms = pair.mode == "rmsnorm"
     cells = []
@@ -330,8 +331,8 @@ def _time_pair(dev: Device, report: Report, rng: np.random.Generator, pair: Pair
         for on in (False, True):
             with closing(on):
                 ops.act_f16(dev, x.f32, x, 1, cols)
-                closer = ops.closer_for(dev, ws[0], 1, pair.mode, dst, [consumer], scratch, norm if rms else None,
-                                        EPS) if on else None
+                closer = closers.closer_for(dev, ws[0], 1, pair.mode, dst, [consumer], scratch,
+                                            norm if rms else None, EPS) if on else None
                 count = {"i": 0}
 
                 def run(closer=closer):

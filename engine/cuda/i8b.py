@@ -21,7 +21,8 @@ from engine.cuda.instances import I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES,
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
-    from engine.cuda.ops import Act, Closer, DeviceWeight, Producer
+    from engine.cuda.closers import Closer
+    from engine.cuda.ops import Act, DeviceWeight, Producer
 
 ENV = "OPENJET_CUDA_I8B"
 MIN_ARCH = 90  # tensor copies (cp.async.bulk.tensor) and mbarrier transaction counts
@@ -49,8 +50,8 @@ def _fuse_default() -> bool:
 
 
 FUSE = _fuse_default()
-# The next matmul's producer formed behind a one-token int8 matmul, at its tail (kernels/act8_close.cuh,
-# ops.Closer, ops.closing_kernel). Off unless OPENJET_CUDA_CLOSE=1 until the GPU has checked and timed it
+# The next matmul's producer formed behind an int8 matmul or the delta rule, at its tail (kernels/act8_close.cuh,
+# engine/cuda/closers.py). Off unless OPENJET_CUDA_CLOSE=1 until the GPU has checked and timed it
 # (bench/NOTES.md Z1).
 CLOSE_ENV = "OPENJET_CUDA_CLOSE"
 
@@ -188,6 +189,8 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     closer, the next matmul's input formed from y at its tail."""
     from engine.cuda import ops
 
+    from engine.cuda.closers import close_dst
+
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
     assert producer is None or closer is None, "no mmvq_i8b instance both fuses a producer and closes one"
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, warps(dev, w)
@@ -203,7 +206,7 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols,
-            ops.close_dst(closer, 1, w.rows)]
+            close_dst(closer, 1, w.rows)]
     dev.launch(kernel, grid(dev, tiles, num_warps, smem), 32 * num_warps, args, smem=smem)
 
 
@@ -306,12 +309,14 @@ def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Bu
     closer, the next matmul's input formed from y behind it."""
     from engine.cuda import ops
 
+    from engine.cuda.closers import close_dst
+
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w, num_tokens)
     name = f"mmvq_q4_K_i8v_t{num_tokens}" + (f"_close_{closer.mode}" if closer is not None else "")
     kernel, smem = dev.kernel(name), verify_smem_bytes(nb, num_tokens, num_warps)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y,
-            ops.close_dst(closer, num_tokens, ld_y)]
+            close_dst(closer, num_tokens, ld_y)]
     blocks = grid(dev, tiles, num_warps, smem, verify_static_smem(num_tokens), VERIFY_SPARE_PER_SM)
     dev.launch(kernel, blocks, 32 * num_warps, args, smem=smem)

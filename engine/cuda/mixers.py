@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 
-from engine.cuda import ops
+from engine.cuda import closers
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import ATTN_DECODE_QPW, ATTN_HEAD_DIMS, ATTN_MMA_DIMS, GDN_CHUNK_DIMS, GDN_KEY_DIMS
 
@@ -221,13 +221,13 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                   num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, ld_qk: int, ld_v: int, ld_o: int,
                   commit: bool, *, g: Buffer, beta: Buffer, alpha: Buffer | None = None, b: Buffer | None = None,
                   a: Buffer | None = None, dt_bias: Buffer | None = None, ld_gate: int = 0,
-                  qk_out: Buffer | None = None, eps: float = 1e-6, closer: ops.Closer | None = None) -> None:
+                  qk_out: Buffer | None = None, eps: float = 1e-6, closer: closers.Closer | None = None) -> None:
     """The gated delta rule over T tokens from state [Hv, Dk, Dv]; writes o, and the state only if commit.
 
     With alpha/b/a/dt_bias given, q and k are raw (L2-normalised here, q scaled by Dk^-0.5) and the gates are
     computed here; qk_out then also receives the normalised q|k rows and g/beta the gates (for a later commit).
     Without them the inputs are prepared: q, k normalised and g, beta read from their buffers. closer: the gated
-    norm of o for the output projection, formed behind the launch (ops.gated_closer_for made it).
+    norm of o for the output projection, formed behind the launch (closers.gated_closer_for made it).
     """
     fitting = [d for d in GDN_KEY_DIMS if d >= k_dim]
     if not fitting:
@@ -239,7 +239,7 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                    float(k_dim ** -0.5))
     grid = ((v_dim + 31) // 32, num_v_heads)
     name = f"gdn_k{fitting[0]}" + (f"_close_{closer.mode}" if closer is not None else "")
-    dev.launch(dev.kernel(name), grid, 128, [args, ops.close_dst(closer, num_tokens, ld_o)])
+    dev.launch(dev.kernel(name), grid, 128, [args, closers.close_dst(closer, num_tokens, ld_o)])
     if closer is not None:
         closer.act.i8_tokens = num_tokens
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.cuda import mixers, ops
+from engine.cuda import closers, mixers, ops
 from engine.cuda.device import Buffer, Device, pdl_for
 from engine.cuda.weights import CudaWeights, LayerWeights
 from engine.model.config import ModelConfig
@@ -67,13 +67,13 @@ class Workspace:
             if cfg.ssm_inner_size else None
         self.ffn = dev.alloc(4 * p * cfg.ffn_size, "ffn_h")
         self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn, precise=True)
-        # the closers' counters and sums (ops.Closer): the FFN norm and the input norm into act_h, SwiGLU into
+        # the closers' counters and sums (closers.Closer): the FFN norm and the input norm into act_h, SwiGLU into
         # act_ffn, the DeltaNet's gated norm into act_inner
-        self.close_h = ops.alloc_close_scratch(dev, h, "close.ffn_norm")
-        self.close_in = ops.alloc_close_scratch(dev, h, "close.input_norm")
-        self.close_inner = ops.alloc_close_scratch(dev, cfg.ssm_inner_size, "close.gated_norm") \
+        self.close_h = closers.alloc_close_scratch(dev, h, "close.ffn_norm")
+        self.close_in = closers.alloc_close_scratch(dev, h, "close.input_norm")
+        self.close_inner = closers.alloc_close_scratch(dev, cfg.ssm_inner_size, "close.gated_norm") \
             if cfg.ssm_inner_size else None
-        self.close_ffn = ops.alloc_close_scratch(dev, cfg.ffn_size, "close.swiglu")
+        self.close_ffn = closers.alloc_close_scratch(dev, cfg.ffn_size, "close.swiglu")
         acts = [self.act_h, self.act_q, self.act_ffn] + ([self.act_inner] if self.act_inner else [])
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
         self.conv_out = dev.alloc(4 * p * self.conv_dim, "conv_out")
@@ -254,27 +254,27 @@ class CudaModel:
         tokens = [int(t) for t in dev.download(ws.draft_ids, np.int32, (num_draft + 1,))[1:]]
         return tokens, dev.download(ws.logits, np.float32, (num_draft, vocab)) if with_logits else None
 
-    def _ffn_norm_closer(self, lw: LayerWeights, num_tokens: int) -> ops.Closer | None:
-        """The FFN norm formed into act_h by the mixer's output projection behind itself (ops.Closer), where it
+    def _ffn_norm_closer(self, lw: LayerWeights, num_tokens: int) -> closers.Closer | None:
+        """The FFN norm formed into act_h by the mixer's output projection behind itself (closers.Closer), where it
         can be; None: _ffn launches it."""
         cfg, ws = self.cfg, self.ws
-        return ops.closer_for(self.dev, lw.mix_out, num_tokens, "rmsnorm", ws.act_h,
-                              [part.weight for part in lw.ffn_in.parts], ws.close_h, norm=self._ffn_norm(lw),
-                              eps=cfg.rms_eps, x=ws.act_q if lw.kind == "attention" else ws.act_inner)
+        return closers.closer_for(self.dev, lw.mix_out, num_tokens, "rmsnorm", ws.act_h,
+                                  [part.weight for part in lw.ffn_in.parts], ws.close_h, norm=self._ffn_norm(lw),
+                                  eps=cfg.rms_eps, x=ws.act_q if lw.kind == "attention" else ws.act_inner)
 
     def _ffn_norm(self, lw: LayerWeights) -> Buffer:
         return lw.vectors["post_attention_norm" if self.cfg.arch == "qwen35" else "ffn_norm"]
 
-    def _input_norm_closer(self, lw: LayerWeights, before: LayerWeights, num_tokens: int) -> ops.Closer | None:
-        """lw's input norm formed into act_h by the ffn_down of the layer before it, behind itself (ops.Closer),
+    def _input_norm_closer(self, lw: LayerWeights, before: LayerWeights, num_tokens: int) -> closers.Closer | None:
+        """lw's input norm formed into act_h by the ffn_down of the layer before it, behind itself (closers.Closer),
         where it can be; None: the forward pass launches it."""
         cfg, ws = self.cfg, self.ws
-        return ops.closer_for(self.dev, before.ffn_down, num_tokens, "rmsnorm", ws.act_h,
-                              [part.weight for part in lw.mix_in.parts], ws.close_in, norm=lw.vectors["attn_norm"],
-                              eps=cfg.rms_eps, x=ws.act_ffn)
+        return closers.closer_for(self.dev, before.ffn_down, num_tokens, "rmsnorm", ws.act_h,
+                                  [part.weight for part in lw.mix_in.parts], ws.close_in,
+                                  norm=lw.vectors["attn_norm"], eps=cfg.rms_eps, x=ws.act_ffn)
 
-    def _swiglu_closer(self, lw: LayerWeights, num_tokens: int) -> ops.Closer | None:
-        """SwiGLU formed into act_ffn by gate | up behind itself (ops.Closer), where they are one launch of the
+    def _swiglu_closer(self, lw: LayerWeights, num_tokens: int) -> closers.Closer | None:
+        """SwiGLU formed into act_ffn by gate | up behind itself (closers.Closer), where they are one launch of the
         gate rows then the up rows; None: _ffn launches it."""
         ffn_in, f = lw.ffn_in, self.cfg.ffn_size
         if len(ffn_in.parts) != 1 or ffn_in.parts[0].bias is not None:
@@ -282,11 +282,11 @@ class CudaModel:
         first = ffn_in.parts[0].offset
         if (ffn_in.offsets["ffn_gate"], ffn_in.offsets["ffn_up"]) != (first, first + f):
             return None
-        return ops.closer_for(self.dev, ffn_in.parts[0].weight, num_tokens, "swiglu", self.ws.act_ffn, [lw.ffn_down],
-                              self.ws.close_ffn, x=self.ws.act_h)
+        return closers.closer_for(self.dev, ffn_in.parts[0].weight, num_tokens, "swiglu", self.ws.act_ffn,
+                                  [lw.ffn_down], self.ws.close_ffn, x=self.ws.act_h)
 
     def _ffn(self, lw: LayerWeights, num_tokens: int, norm_closed: bool = False,
-             closer: ops.Closer | None = None) -> None:
+             closer: closers.Closer | None = None) -> None:
         """x += ffn_down(silu(gate) * up) of RMSNorm(x); norm_closed: act_h already holds the norm (the mixer's
         output projection formed it); closer: the next layer's input norm, formed behind ffn_down."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
@@ -303,7 +303,7 @@ class CudaModel:
         ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x, closer=closer)
 
     def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer,
-                   normed: ops.Producer | None, ffn_norm: ops.Closer | None = None) -> None:
+                   normed: ops.Producer | None, ffn_norm: closers.Closer | None = None) -> None:
         """x += attn_output(attention(q, k, v)) of normed (the input norm of x; None: act_h holds it already) with
         q/k norm, rope, the KV write at positions pos and qwen35's output gate; ffn_norm: the closer behind
         attn_output."""
@@ -328,7 +328,7 @@ class CudaModel:
                    producer=ops.plain_of(ws.mix2, cfg.q_size), closer=ffn_norm)
 
     def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer | None,
-                  ffn_norm: ops.Closer | None = None) -> None:
+                  ffn_norm: closers.Closer | None = None) -> None:
         """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)) of normed (the input norm of x; None: act_h holds it
         already); a verify pass keeps its inputs in the layer; ffn_norm: the closer behind ssm_out."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
@@ -349,8 +349,8 @@ class CudaModel:
             mixers.gdn_chunked(dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix,
                                ws.gdn_work, num_tokens, hk, hv, dk, c, c, inner, **gates)
         else:
-            gated = ops.gated_closer_for(dev, num_tokens, ws.act_inner, [lw.mix_out], ws.close_inner, ws.mix, inner,
-                                         z, width, lw.vectors["ssm_norm"], dv, cfg.rms_eps)
+            gated = closers.gated_closer_for(dev, num_tokens, ws.act_inner, [lw.mix_out], ws.close_inner, ws.mix,
+                                             inner, z, width, lw.vectors["ssm_norm"], dv, cfg.rms_eps)
             mixers.gdn_recurrent(
                 dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv,
                 dk, dv, c, c, inner, commit, g=ws.g if commit else layer.g, beta=ws.beta if commit else layer.beta,

@@ -7,18 +7,20 @@ they never synchronise. Shapes in comments are logical: [T, K] means T rows of K
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_flag, env_switch, i8b, persist
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ACT_MODES, ACT_STAGES, ARCH_FEATURE_FILES, EMBED_QTYPES, GEMM_CP_QTYPES,
-                                   GEMM_QTYPES, GEMM_WG_QTYPES, I8_CLOSE_MODES, I8_CLOSE_TOKENS, I8_MAX_TOKENS,
-                                   I8B_CLOSE_MODES, I8B_CLOSE_SHAPES, I8V_CLOSE_MODES, I8V_TOKENS, MATMUL_QTYPES,
-                                   PERSIST_QTYPES, Q6_I8_CLOSE_MODES, STAGED_QTYPES, qtype_tag)
+                                   GEMM_QTYPES, GEMM_WG_QTYPES, I8_MAX_TOKENS, MATMUL_QTYPES, PERSIST_QTYPES,
+                                   STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
+
+if TYPE_CHECKING:
+    from engine.cuda.closers import Closer
 
 MMVQ_WARPS = 8
 # Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type it stages.
@@ -238,131 +240,6 @@ def plain_of(x: Buffer, ld_in: int, out32: Buffer | None = None, ld_out32: int =
     return Producer("plain", ActSrc(x.ptr, 0, 0, _p(out32), ld_in, 0, ld_out32, 0, 0.0))
 
 
-# ---- closers (kernels/act8_close.cuh) ----
-# A kernel forms the next matmul's int8 input at its own tail, where a producer launch would have formed it from the
-# kernel's output: the FFN norm behind the mixer's output projection, SwiGLU behind gate | up, the next layer's
-# input norm behind ffn_down, the DeltaNet's gated norm behind the delta rule; the launch and the kernel boundary in
-# front of it go. For passes of up to CLOSE_TOKENS tokens whose consumers all read the int8 copy. Off unless
-# OPENJET_CUDA_CLOSE=1 until the GPU has checked and timed it (i8b.CLOSE; bench/NOTES.md Z1).
-CLOSE_PART = 12  # mirror of kernels/act8_close.cuh: floats a (superblock, token) in the partial sums
-CLOSE_TOKENS = 8  # ... and the tokens a closer takes
-# _group_kernel's kernels that read only the int8 copy
-INT8_KERNELS = frozenset({"i8b", "i8v", "i8", "i8q6", "i8q8"})
-# the matmul kernels with close instances: kernel -> (token counts, modes) (instances.py)
-CLOSE_INSTANCES = {"i8b": ((1,), I8B_CLOSE_MODES), "i8v": (I8V_TOKENS, I8V_CLOSE_MODES),
-                   "i8": (I8_CLOSE_TOKENS, I8_CLOSE_MODES), "i8q6": (I8_CLOSE_TOKENS, Q6_I8_CLOSE_MODES)}
-GATED_HEADS = (32, 64, 128, 256)  # the gated norm's head sizes a closer takes (a warp's lanes split by 8 positions)
-
-
-class CloseDst(ctypes.Structure):
-    """Mirror of struct Act8Close in kernels/act8_close.cuh (all zero: no closer)."""
-
-    _fields_ = [(n, ctypes.c_uint64) for n in ("w", "x2", "q", "scale", "sums", "sums_lo", "count", "part")] + [
-        (n, ctypes.c_int32) for n in ("width", "tokens", "ld", "ld2", "head")] + [("eps", ctypes.c_float)]
-
-
-@dataclass(frozen=True, slots=True)
-class Closer:
-    """The producer of `act` formed behind the kernel that writes its input (closer_for / gated_closer_for say where
-    it can be): "rmsnorm", RMSNorm(y) * w; "swiglu", silu(y[:width]) * y[width:], the matmul's rows the gate then
-    the up half; "gatednorm", RMSNorm(o per head of `head`) * w * silu(x2), o the delta rule's output. act gets its
-    int8 copy only (no f16 form, no f32 rows), so every matmul that reads it must take that. scratch: the kernel's
-    counters and partial sums (alloc_close_scratch), zero between launches."""
-
-    mode: str
-    act: Act
-    scratch: Buffer
-    w: Buffer | None = None
-    eps: float = 0.0
-    x2: Buffer | None = None  # gated norm: the gate z, rows ld2 apart
-    ld2: int = 0
-    head: int = 0
-
-
-def close_count_bytes(width: int) -> int:
-    """A closer's counters for an input `width` wide: one a superblock and one the row, 16-byte aligned."""
-    return -(-4 * (width // SUPERBLOCK + 1) // 16) * 16
-
-
-def close_scratch_bytes(width: int) -> int:
-    """The counters, then CLOSE_PART floats a superblock and token (RMSNorm's partial sums)."""
-    return close_count_bytes(width) + 4 * CLOSE_PART * CLOSE_TOKENS * (width // SUPERBLOCK)
-
-
-def alloc_close_scratch(dev: Device, width: int, what: str) -> Buffer:
-    """A closer's scratch for an input `width` wide, zeroed: each launch leaves it so."""
-    buf = dev.alloc(close_scratch_bytes(width), what)
-    dev.fill_u32(buf, 0)
-    return buf
-
-
-def close_dst(closer: Closer | None, num_tokens: int = 0, ld: int = 0) -> CloseDst:
-    """The kernel's view of a closer for a launch of num_tokens tokens whose output rows are ld apart: its act's
-    int8 copy (group 0), its scratch's counters and partial sums."""
-    if closer is None:
-        return CloseDst()
-    act, base = closer.act, closer.scratch.ptr
-    return CloseDst(closer.w.ptr if closer.w is not None else 0, closer.x2.ptr if closer.x2 is not None else 0,
-                    act.q8.ptr, act.scale8.ptr, act.sums8.ptr, act.sums8_lo.ptr, base,
-                    base + close_count_bytes(act.width), act.width, num_tokens, ld, closer.ld2, closer.head,
-                    closer.eps)
-
-
-def closing_kernel(dev: Device, w: DeviceWeight, num_tokens: int, mode: str, x: Act | None = None) -> str | None:
-    """The int8 matmul a launch on w of num_tokens tokens takes (its input x's int8 copy written; x None: a
-    one-token probe) where that kernel has a close instance of `mode` for that count, else None: closers on,
-    mmvq_i8b in a shape built with them, mmvq_i8 a tile a block."""
-    if not (i8b.CLOSE and I8_MATMUL and 1 <= num_tokens <= CLOSE_TOKENS):
-        return None
-    probe = Act(None, None, None, w.cols, w.cols, num_tokens) if x is None else x
-    kernel = _group_kernel(dev, w, replace(probe, i8_tokens=num_tokens), num_tokens, num_tokens)
-    if (kernel == "i8b" and i8b.SHAPE not in I8B_CLOSE_SHAPES) or (kernel == "i8" and I8_TILES != 1):
-        return None
-    counts, modes = CLOSE_INSTANCES.get(kernel, ((), ()))
-    return kernel if num_tokens in counts and mode in modes else None
-
-
-def _int8_consumers(dev: Device, act: Act, consumers: Sequence[DeviceWeight], num_tokens: int) -> bool:
-    """Whether every consumer is a matmul of act's width that takes act's int8 copy at num_tokens (as a closer
-    leaves act: that copy written, nothing else)."""
-    written = replace(act, i8_tokens=num_tokens)
-    return all(c.cols == act.width and num_tokens < GEMM_MIN_TOKENS
-               and _group_kernel(dev, c, written, num_tokens, num_tokens) in INT8_KERNELS for c in consumers)
-
-
-def closer_for(dev: Device, w: DeviceWeight, num_tokens: int, mode: str, act: Act,
-               consumers: Sequence[DeviceWeight], scratch: Buffer, norm: Buffer | None = None, eps: float = 0.0,
-               x: Act | None = None) -> Closer | None:
-    """A Closer for the matmul on w (input x) whose output makes act by `mode` ("rmsnorm", "swiglu"), or None where
-    the producer must be launched: w's launch on a kernel that closes the mode at that count (closing_kernel), w's
-    rows act's width (rmsnorm) or twice it (swiglu), act in whole superblocks with an int8 copy, and every
-    consumer a matmul that reads only that copy at num_tokens."""
-    if closing_kernel(dev, w, num_tokens, mode, x) is None or act.q8 is None or act.width % SUPERBLOCK:
-        return None
-    if w.rows != (2 if mode == "swiglu" else 1) * act.width or (mode == "rmsnorm") != (norm is not None):
-        return None
-    if norm is not None and norm.ptr % 16:  # its lanes load 8 weights at a time
-        return None
-    assert scratch.nbytes >= close_scratch_bytes(act.width), scratch.what
-    return Closer(mode, act, scratch, norm, eps) if _int8_consumers(dev, act, consumers, num_tokens) else None
-
-
-def gated_closer_for(dev: Device, num_tokens: int, act: Act, consumers: Sequence[DeviceWeight], scratch: Buffer,
-                     o: Buffer, ld_o: int, z: Buffer, ld_z: int, norm: Buffer, head: int, eps: float
-                     ) -> Closer | None:
-    """A Closer of the DeltaNet's gated norm behind the delta rule (o [T, ld_o], z [T, ld_z], norm [head]), or None
-    where it must be launched: closers on, up to CLOSE_TOKENS tokens, a head size it takes, act in whole
-    superblocks with an int8 copy, every row and the norm 16-byte aligned, and every consumer a matmul that
-    reads only the int8 copy at num_tokens."""
-    if not (i8b.CLOSE and I8_MATMUL and 1 <= num_tokens <= CLOSE_TOKENS and head in GATED_HEADS):
-        return None
-    if act.q8 is None or act.width % SUPERBLOCK or any(p % 16 for p in (o.ptr, z.ptr, norm.ptr, 4 * ld_o, 4 * ld_z)):
-        return None
-    assert scratch.nbytes >= close_scratch_bytes(act.width), scratch.what
-    closer = Closer("gatednorm", act, scratch, norm, eps, z, ld_z, head)
-    return closer if _int8_consumers(dev, act, consumers, num_tokens) else None
-
-
 def produce(dev: Device, producer: Producer, act: Act, num_tokens: int) -> None:
     """Launch the producer into act (its out32 rows at act.ld where the caller gave no stride)."""
     src = producer.src
@@ -428,7 +305,8 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
     y and residual are f32 [T, ld_y]; residual may be y itself (each element is read once before it is written).
     producer: the op that makes act, launched first, or computed by the matmul's own blocks where i8b.fuses says
     it can (act is then left unwritten: its i8_tokens 0); it must not read y.
-    closer: the next matmul's producer, formed from y by this launch's blocks at its tail (closer_for made it).
+    closer: the next matmul's producer, formed from y by this launch's blocks at its tail (closers.closer_for made
+    it).
     """
     assert 1 <= num_tokens <= act.max_tokens, f"{w.name}: {num_tokens} tokens for {act.max_tokens}"
     if w.cols != act.width:
@@ -441,6 +319,8 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
             return
         produce(dev, producer, act, num_tokens)
     if closer is not None:
+        from engine.cuda.closers import CLOSE_INSTANCES
+
         kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
         counts, modes = CLOSE_INSTANCES.get(kernel, ((), ()))
         assert num_tokens in counts and closer.mode in modes, \
@@ -722,6 +602,8 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
              bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None) -> None:
     """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
     closer (one token, one tile a block), the next matmul's input formed from y behind it."""
+    from engine.cuda.closers import close_dst
+
     q8, scale8, sums8, sums8_lo = group8
     blocks = -(-((w.rows + 15) // 16) // I8_TILES)
     warps = i8_warps(w.cols, blocks * I8_TILES, t, dev.info.multiprocessors)
@@ -774,6 +656,8 @@ def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buff
                 bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None) -> None:
     """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
     closer (one token), the next matmul's input formed from y behind it."""
+    from engine.cuda.closers import close_dst
+
     q8, scale8, _, _ = group8
     blocks, warps, smem = _q6_i8_shape(dev, w, t)
     kernel = dev.kernel(f"mmvq_q6_K_i8_t{t}" + (f"_close_{closer.mode}" if closer is not None else ""))

@@ -20,6 +20,7 @@ from engine.errors import UnsupportedModelError
 from engine.gguf.quants import dequantize
 
 if TYPE_CHECKING:
+    from engine.cuda.closers import Closer
     from engine.gguf.reader import TensorInfo
     from engine.model.config import ModelConfig
     from engine.model.weights import ModelTensors
@@ -45,11 +46,11 @@ class Projection:
     offsets: dict[str, int] = field(default_factory=dict)  # member key -> first output column
 
     def run(self, dev: Device, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int, beside: bool = False,
-            producer: ops.Producer | None = None, closer: ops.Closer | None = None) -> None:
+            producer: ops.Producer | None = None, closer: Closer | None = None) -> None:
         """y[:, offset:offset + rows] = act @ W^T (+ bias) for every part.
 
         producer: the op that makes act (ops.matmul fuses it into a lone part's launch where it can; with several
-        parts it is launched first). closer: the next matmul's producer behind a lone part's launch (ops.Closer).
+        parts it is launched first). closer: the next matmul's producer behind a lone part's launch (closers.Closer).
 
         beside: the parts other than the largest run on the device's side stream (Device.beside), so that a small
         one (DeltaNet's 96-row alpha | beta) overlaps the large one instead of following it; the caller joins

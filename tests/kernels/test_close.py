@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import i8b, instances, nvrtc, ops
+from engine.cuda import closers, i8b, instances, nvrtc, ops
 from engine.cuda.memory import Buffer
 from engine.cuda.model import CudaModel
 from engine.cuda.weights import Part, Projection
@@ -89,7 +89,8 @@ def closing(monkeypatch):
 
 def _norm_closer(dev, mix_out, consumers, num_tokens=1, act=None, norm=None, x=None):
     norm = _buf(4 * H) if norm is None else norm
-    return ops.closer_for(dev, mix_out, num_tokens, "rmsnorm", act or _act(H), consumers, _buf(), norm, 1e-6, x=x)
+    return closers.closer_for(dev, mix_out, num_tokens, "rmsnorm", act or _act(H), consumers, _buf(), norm, 1e-6,
+                              x=x)
 
 
 def test_the_ffn_norm_closes_behind_a_q4k_output_projection_only_where_every_consumer_reads_int8(closing) -> None:
@@ -103,10 +104,10 @@ def test_the_ffn_norm_closes_behind_a_q4k_output_projection_only_where_every_con
     assert _norm_closer(dev, mix_out, [gate_up], num_tokens=9) is None  # past one token group
     assert _norm_closer(dev, _weight(Q.Q5_K, H, 6144), [gate_up]) is None  # on the f16 kernels
     assert _norm_closer(dev, _weight(Q.Q4_K, 4096, 6144), [gate_up]) is None  # rows != the norm's width
-    assert ops.closing_kernel(_Dev(89), mix_out, 1, "rmsnorm") == "i8"  # no tensor copies: mmvq_i8 closes it
+    assert closers.closing_kernel(_Dev(89), mix_out, 1, "rmsnorm") == "i8"  # no tensor copies: mmvq_i8 closes it
     assert _norm_closer(dev, mix_out, [gate_up], act=_act(H, int8=False)) is None
     assert _norm_closer(dev, mix_out, [gate_up], norm=Buffer(_buf().ptr + 8, 4 * H)) is None  # float4 loads
-    assert ops.closer_for(dev, mix_out, 1, "rmsnorm", _act(H), [gate_up], _buf()) is None  # no norm weight
+    assert closers.closer_for(dev, mix_out, 1, "rmsnorm", _act(H), [gate_up], _buf()) is None  # no norm weight
 
 
 @pytest.mark.parametrize("switch", [(i8b, "CLOSE"), (ops, "I8_MATMUL")])
@@ -117,12 +118,12 @@ def test_no_closer_with_a_switch_off(closing, monkeypatch, switch) -> None:
 
 def test_each_int8_kernel_closes_only_the_modes_built_into_it(closing, monkeypatch) -> None:
     dev, mix_out = _Dev(), _weight(Q.Q4_K, H, 6144)
-    assert ops.closing_kernel(dev, mix_out, 1, "rmsnorm") == "i8b"
-    assert ops.closing_kernel(dev, mix_out, 1, "gatednorm") is None
+    assert closers.closing_kernel(dev, mix_out, 1, "rmsnorm") == "i8b"
+    assert closers.closing_kernel(dev, mix_out, 1, "gatednorm") is None
     monkeypatch.setattr(i8b, "ON", False)  # the launch moves to mmvq_i8, which closes both
-    assert ops.closing_kernel(dev, mix_out, 1, "rmsnorm") == "i8"
-    assert ops.closing_kernel(dev, _weight(Q.Q4_K, 2 * FFN, H), 1, "swiglu") == "i8"
-    assert ops.closing_kernel(dev, _weight(Q.Q6_K, H, FFN), 1, "swiglu") is None  # mmvq_q6_i8: the norm only
+    assert closers.closing_kernel(dev, mix_out, 1, "rmsnorm") == "i8"
+    assert closers.closing_kernel(dev, _weight(Q.Q4_K, 2 * FFN, H), 1, "swiglu") == "i8"
+    assert closers.closing_kernel(dev, _weight(Q.Q6_K, H, FFN), 1, "swiglu") is None  # mmvq_q6_i8: the norm only
 
 
 def test_no_closer_in_a_shape_built_without_them(closing, monkeypatch) -> None:
@@ -135,7 +136,7 @@ def test_swiglu_closes_behind_gate_up_where_ffn_down_reads_int8(closing, monkeyp
     dev, gate_up = _Dev(), _weight(Q.Q4_K, 2 * FFN, H)
 
     def closer(w, down):
-        return ops.closer_for(dev, w, 1, "swiglu", _act(FFN), [down], _buf())
+        return closers.closer_for(dev, w, 1, "swiglu", _act(FFN), [down], _buf())
 
     assert closer(gate_up, _weight(Q.Q4_K, H, FFN)).mode == "swiglu"  # mmvq_i8
     assert closer(gate_up, _weight(Q.Q6_K, H, FFN)) is not None  # mmvq_q6_i8
@@ -150,22 +151,22 @@ def test_verify_passes_close_where_the_writer_and_every_consumer_take_int8(closi
     down, x_mix, x_h, x_ffn = _weight(Q.Q4_K, H, FFN), _act(6144), _act(H), _act(FFN)  # precise acts
     expected = {1: "i8b", 2: "i8v", 3: "i8", 4: "i8v", 5: "i8v", 8: "i8v"}  # gate | up's kernel at each count
     for t, kernel in expected.items():
-        assert ops.closing_kernel(dev, mix_out, t, "rmsnorm", x_mix) == kernel
+        assert closers.closing_kernel(dev, mix_out, t, "rmsnorm", x_mix) == kernel
         assert _norm_closer(dev, mix_out, [gate_up], num_tokens=t, x=x_mix) is not None
     # SwiGLU behind gate | up and the input norm behind ffn_down while ffn_down takes int8 (up to 4 tokens)
     for t in (1, 2, 3, 4):
-        assert ops.closer_for(dev, gate_up, t, "swiglu", _act(FFN), [down], _buf(), x=x_h) is not None
-        assert ops.closing_kernel(dev, down, t, "rmsnorm", x_ffn) == "i8"
-    assert ops.closer_for(dev, gate_up, 5, "swiglu", _act(FFN), [down], _buf(), x=x_h) is None  # f16 ffn_down
-    assert ops.closing_kernel(dev, down, 5, "rmsnorm", x_ffn) is None  # ffn_down itself on the f16 kernels
-    assert ops.closing_kernel(dev, mix_out, 5, "rmsnorm") is None  # a fast-mode probe: 5 tokens on f16
+        assert closers.closer_for(dev, gate_up, t, "swiglu", _act(FFN), [down], _buf(), x=x_h) is not None
+        assert closers.closing_kernel(dev, down, t, "rmsnorm", x_ffn) == "i8"
+    assert closers.closer_for(dev, gate_up, 5, "swiglu", _act(FFN), [down], _buf(), x=x_h) is None  # f16 ffn_down
+    assert closers.closing_kernel(dev, down, 5, "rmsnorm", x_ffn) is None  # ffn_down itself on the f16 kernels
+    assert closers.closing_kernel(dev, mix_out, 5, "rmsnorm") is None  # a fast-mode probe: 5 tokens on f16
 
 
 def test_the_verify_launch_hands_the_kernel_its_tokens_and_row_stride(closing) -> None:
     dev, mix_out, act_h, scratch = _Dev(), _weight(Q.Q4_K, H, 6144), _act(H), _buf()
     x = _act(6144, i8_tokens=5)
-    closer = ops.closer_for(dev, mix_out, 5, "rmsnorm", act_h, [_weight(Q.Q4_K, 2 * FFN, H)], scratch, _buf(4 * H),
-                            1e-6, x=x)
+    closer = closers.closer_for(dev, mix_out, 5, "rmsnorm", act_h, [_weight(Q.Q4_K, 2 * FFN, H)], scratch,
+                                _buf(4 * H), 1e-6, x=x)
     y = _buf(4 * 8 * 6144)
     ops.matmul(dev, mix_out, x, y, 5, 6144, residual=y, closer=closer)
     ((name, args),) = dev.launches
@@ -179,8 +180,8 @@ def test_the_gated_norm_closes_behind_the_delta_rule(closing, monkeypatch) -> No
     o, z, norm = _buf(4 * 8 * inner), _buf(4 * 8 * 4 * FFN), _buf(4 * 128)
 
     def closer(t=1, head=128, z_ld=2 * FFN, consumers=(ssm_out,), act=None):
-        return ops.gated_closer_for(dev, t, act or _act(inner), list(consumers), _buf(), o, inner, z, z_ld, norm,
-                                    head, 1e-6)
+        return closers.gated_closer_for(dev, t, act or _act(inner), list(consumers), _buf(), o, inner, z, z_ld,
+                                        norm, head, 1e-6)
 
     assert closer().mode == "gatednorm" and closer(t=5) is not None and closer(t=8) is not None
     assert closer(t=9) is None
@@ -197,8 +198,8 @@ def test_the_delta_rule_launches_its_close_instance(closing) -> None:
 
     dev, act = _Dev(), _act(6144)
     o, z, norm = _buf(4 * 8 * 6144), _buf(4 * 8 * 4 * FFN), _buf(4 * 128)
-    gated = ops.gated_closer_for(dev, 3, act, [_weight(Q.Q4_K, H, 6144)], _buf(), o, 6144, z, 2 * FFN, norm, 128,
-                                 1e-6)
+    gated = closers.gated_closer_for(dev, 3, act, [_weight(Q.Q4_K, H, 6144)], _buf(), o, 6144, z, 2 * FFN, norm,
+                                     128, 1e-6)
     b = _buf(1 << 22)
     mixers.gdn_recurrent(dev, b, b, b, b, o, 3, 16, 48, 128, 128, 2 * 16 * 128, 10240, 6144, False, g=b, beta=b,
                          qk_out=b, closer=gated)
@@ -212,26 +213,26 @@ def test_the_delta_rule_launches_its_close_instance(closing) -> None:
 
 def test_the_scratch_is_zeroed_counters_then_sums() -> None:
     dev = _Dev()
-    buf = ops.alloc_close_scratch(dev, H, "scratch")
+    buf = closers.alloc_close_scratch(dev, H, "scratch")
     nsb = H // 256
-    assert ops.close_count_bytes(H) == 96  # nsb + 1 counters, 16-byte aligned
-    assert buf.nbytes == 96 + 4 * ops.CLOSE_PART * ops.CLOSE_TOKENS * nsb  # a part per superblock and token
+    assert closers.close_count_bytes(H) == 96  # nsb + 1 counters, 16-byte aligned
+    assert buf.nbytes == 96 + 4 * closers.CLOSE_PART * closers.CLOSE_TOKENS * nsb  # a part per superblock and token
     assert dev.filled == [(buf, 0)]
 
 
 def test_the_launch_hands_the_kernel_its_closer_and_marks_the_input_written(closing) -> None:
     dev, mix_out, gate_up = _Dev(), _weight(Q.Q4_K, H, 6144), _weight(Q.Q4_K, 2 * FFN, H)
     act_h, scratch, norm = _act(H), _buf(), _buf(4 * H)
-    closer = ops.closer_for(dev, mix_out, 1, "rmsnorm", act_h, [gate_up], scratch, norm, 1e-5)
+    closer = closers.closer_for(dev, mix_out, 1, "rmsnorm", act_h, [gate_up], scratch, norm, 1e-5)
     x, y = _act(6144, i8_tokens=1), _buf(4 * H)
     ops.matmul(dev, mix_out, x, y, 1, H, residual=y, closer=closer)
     ((name, args),) = dev.launches
     assert name == "mmvq_q4_K_i8b_s2n2_close_rmsnorm"
     dst = args[-1]
-    assert isinstance(dst, ops.CloseDst)
+    assert isinstance(dst, closers.CloseDst)
     assert (dst.w, dst.q, dst.scale, dst.sums, dst.sums_lo) == (norm.ptr, act_h.q8.ptr, act_h.scale8.ptr,
                                                                  act_h.sums8.ptr, act_h.sums8_lo.ptr)
-    assert (dst.count, dst.part, dst.width) == (scratch.ptr, scratch.ptr + ops.close_count_bytes(H), H)
+    assert (dst.count, dst.part, dst.width) == (scratch.ptr, scratch.ptr + closers.close_count_bytes(H), H)
     assert dst.eps == pytest.approx(1e-5)
     assert act_h.i8_tokens == 1  # gate | up then take the int8 copy
     assert i8b.runs(dev, gate_up, 1, act_h)
@@ -257,7 +258,7 @@ def test_a_launch_that_does_not_take_mmvq_i8b_refuses_the_closer(closing) -> Non
 
 
 def _input_norm_closer(dev, down, consumers):
-    return ops.closer_for(dev, down, 1, "rmsnorm", _act(H), consumers, _buf(), _buf(4 * H), 1e-6)
+    return closers.closer_for(dev, down, 1, "rmsnorm", _act(H), consumers, _buf(), _buf(4 * H), 1e-6)
 
 
 def test_the_next_input_norm_closes_behind_ffn_down_of_either_type(closing, monkeypatch) -> None:
@@ -265,21 +266,22 @@ def test_the_next_input_norm_closes_behind_ffn_down_of_either_type(closing, monk
     attention_in = [_weight(Q.Q4_K, 13312, H), _weight(Q.Q6_K, 1024, H)]  # q | k, then v
     deltanet_in = [_weight(Q.Q4_K, 16384, H), _weight(Q.Q8_0, 96, H)]  # qkv | gate, then alpha | beta
     for down, kernel in ((_weight(Q.Q4_K, H, FFN), "i8"), (_weight(Q.Q6_K, H, FFN), "i8q6")):
-        assert ops.closing_kernel(dev, down, 1, "rmsnorm") == kernel
-        assert ops.closer_for(dev, down, 1, "swiglu", _act(H), attention_in, _buf()) is None  # rows != 2 x width
+        assert closers.closing_kernel(dev, down, 1, "rmsnorm") == kernel
+        assert closers.closer_for(dev, down, 1, "swiglu", _act(H), attention_in, _buf()) is None  # rows != 2 x width
         assert _input_norm_closer(dev, down, attention_in) is not None
         assert _input_norm_closer(dev, down, deltanet_in) is None  # the gates read the f16 form
     monkeypatch.setattr(ops, "Q8_I8", True)
     assert _input_norm_closer(dev, _weight(Q.Q4_K, H, FFN), deltanet_in) is not None
     monkeypatch.setattr(ops, "I8_TILES", 2)  # mmvq_i8 walking two tiles a block: no closer instance
-    assert ops.closing_kernel(dev, _weight(Q.Q4_K, H, FFN), 1, "rmsnorm") is None
+    assert closers.closing_kernel(dev, _weight(Q.Q4_K, H, FFN), 1, "rmsnorm") is None
 
 
 @pytest.mark.parametrize("qtype, name", [(Q.Q4_K, "mmvq_q4_K_i8_t1_close_rmsnorm"),
                                          (Q.Q6_K, "mmvq_q6_K_i8_t1_close_rmsnorm")])
 def test_ffn_down_launches_its_close_instance_with_the_closer(closing, qtype: Q, name: str) -> None:
     dev, down, act_h, scratch = _Dev(), _weight(qtype, H, FFN), _act(H), _buf()
-    closer = ops.closer_for(dev, down, 1, "rmsnorm", act_h, [_weight(Q.Q4_K, 13312, H)], scratch, _buf(4 * H), 1e-6)
+    closer = closers.closer_for(dev, down, 1, "rmsnorm", act_h, [_weight(Q.Q4_K, 13312, H)], scratch, _buf(4 * H),
+                                1e-6)
     x, y = _act(FFN, i8_tokens=1), _buf(4 * H)
     ops.matmul(dev, down, x, y, 1, H, residual=y, closer=closer)
     ((launched, args),) = dev.launches
@@ -365,9 +367,9 @@ def test_the_launcher_mirrors_the_kernels_struct() -> None:
     src = (nvrtc.KERNEL_DIR / "act8_close.cuh").read_text()
     body = re.search(r"struct Act8Close \{(.*?)\};", src, re.S).group(1)
     fields = re.findall(r"\b(\w+);", re.sub(r"//[^\n]*", "", body))
-    assert fields == [name for name, _ in ops.CloseDst._fields_]
-    assert int(re.search(r"#define CLOSE_PART (\d+)", src).group(1)) == ops.CLOSE_PART
-    assert int(re.search(r"#define CLOSE_TOKENS (\d+)", src).group(1)) == ops.CLOSE_TOKENS
+    assert fields == [name for name, _ in closers.CloseDst._fields_]
+    assert int(re.search(r"#define CLOSE_PART (\d+)", src).group(1)) == closers.CLOSE_PART
+    assert int(re.search(r"#define CLOSE_TOKENS (\d+)", src).group(1)) == closers.CLOSE_TOKENS
     for file in ("mmvq_i8b", "mmvq_i8", "mmvq_i8q6", "mmvq_i8v"):  # the launchers' last argument
         assert re.search(r"int rows, int K,(\s*int ld_?y,)?\s*const Act8Close close\)",
                          (nvrtc.KERNEL_DIR / f"{file}.cu").read_text()), file
