@@ -48,7 +48,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
                for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5",
                          "q6c5", "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all",
-                         "close", "q8i8")},
+                         "close", "q8i8", "close5")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -57,10 +57,10 @@ I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
                          "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto",
-                         "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8"} |
+                         "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
-I8_TOKEN_VARIANTS = {"i8t5": 5}
+I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5}
 # v7 with the int8 matmuls' warps a block by token count (ops.I8_WARPS_AT; v7: 4 at one token since v19): w4t1 that
 # default, named as it was measured; apart and fused mmvq_i8's own choice (5 at K = 5,120)
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
@@ -116,13 +116,15 @@ PIPELINE_TABLE_VARIANTS = {"q6persist": {(Q.Q6_K, True): ((8, "persist"),)},
 # v7 with the Q6_K matmuls off the int8 kernel (noq6i8: on the f16 ones, as before v21) or on it at 1 (q6i8t1),
 # 1-4 (q6i8t4, v7's since v21) or 1-8 tokens (q6i8all) (ops.Q6_I8_COUNTS)
 Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4": frozenset(range(1, 5)),
-                        "q6i8all": frozenset(Q6_I8_TOKENS)}
+                        "q6i8all": frozenset(Q6_I8_TOKENS), "close5": frozenset(range(1, 6))}
 # v7 with the closers (engine/cuda/i8b.py CLOSE, off in v7 until measured: bench/NOTES.md Z1): the one-token pass's
 # FFN norm formed behind the mixer's output projection, SwiGLU behind gate | up and the next layer's input norm
 # behind ffn_down, their producer launches gone; with the Q8_0 gates on int8 (ops.Q8_I8), which the DeltaNet
-# layers' input norm needs. q8i8: the Q8_0 gates on int8 alone.
-CLOSE_VARIANTS = frozenset({"close"})
-Q8_I8_VARIANTS = frozenset({"close", "q8i8"})
+# layers' input norm needs. q8i8: the Q8_0 gates on int8 alone. close5: close with ffn_down (Q4_K and Q6_K) and
+# attn_v on the int8 kernels at 5 tokens too (ops.I8_TOKENS, Q6_I8_COUNTS), so that SwiGLU and the input norms close
+# in the 5-token pass as well (each lost alone: i8t5, q6i8all).
+CLOSE_VARIANTS = frozenset({"close", "close5"})
+Q8_I8_VARIANTS = frozenset({"close", "q8i8", "close5"})
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7", "close"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)

@@ -37,6 +37,7 @@ class Pair:
     consumer_qtype: Q
     producer_qtype: Q = Q.Q4_K
     tokens: int = 1
+    five: bool = False  # the int8 matmuls (Q4_K and Q6_K) take 5 tokens too, as gpu_bench27b's close5 runs them
 
 
 # The pass's pairs at 27B, one of each kernel, mode and consumer kernel: ssm_out -> FFN norm -> gate | up (mmvq_i8b,
@@ -59,7 +60,12 @@ PAIRS = [Pair("ffn_norm", SHAPES_27B["ssm_out"], SHAPES_27B["ffn_gate_up"], "rms
          Pair("swiglu", SHAPES_27B["ffn_gate_up"], SHAPES_27B["ffn_down"], "swiglu", Q.Q4_K, tokens=3),
          Pair("input_norm", SHAPES_27B["ffn_down"], SHAPES_27B["attn_q"], "rmsnorm", Q.Q4_K, tokens=2),
          Pair("input_norm_q6", SHAPES_27B["ffn_down"], SHAPES_27B["attn_kv"], "rmsnorm", Q.Q6_K, Q.Q6_K, tokens=4),
-         Pair("input_norm_gates", SHAPES_27B["ffn_down"], (96, 5120), "rmsnorm", Q.Q8_0, tokens=3)]
+         Pair("input_norm_gates", SHAPES_27B["ffn_down"], (96, 5120), "rmsnorm", Q.Q8_0, tokens=3),
+         # close5: ffn_down and attn_v on int8 at 5 tokens, so SwiGLU and the input norm close there too
+         Pair("swiglu", SHAPES_27B["ffn_gate_up"], SHAPES_27B["ffn_down"], "swiglu", Q.Q6_K, tokens=5, five=True),
+         Pair("input_norm", SHAPES_27B["ffn_down"], SHAPES_27B["attn_kv"], "rmsnorm", Q.Q6_K, tokens=5, five=True),
+         Pair("input_norm_q6", SHAPES_27B["ffn_down"], SHAPES_27B["attn_q"], "rmsnorm", Q.Q4_K, Q.Q6_K, tokens=5,
+              five=True)]
 GATED_TOKENS = (1, 5)  # the delta rule with the gated norm closed behind it (check_gated)
 # Levels that differ from the producer's: SwiGLU none (the same float operations on the same values), a count;
 # RMSNorm's are the levels of x * w, the producer's of x * w / rms, which round differently at a tie's edge (in
@@ -75,16 +81,18 @@ TOL_Y = 1e-6  # the matmul's own output: the same sums as without the closer (a 
 
 
 @contextmanager
-def closing(on: bool):
-    """Closers switched for the block, with the int8 matmuls they need on (Q8_0's too); restored after it."""
-    saved = i8b.CLOSE, ops.Q8_I8
+def closing(on: bool, five: bool = False):
+    """Closers switched for the block, with the int8 matmuls they need on (Q8_0's too; five: Q4_K's and Q6_K's at 5
+    tokens as well); restored after it."""
+    saved = i8b.CLOSE, ops.Q8_I8, ops.Q6_I8_COUNTS
     try:
         i8b.CLOSE, ops.Q8_I8 = on, True
-        with i8_matmul(True), bulk_i8(True):
+        ops.Q6_I8_COUNTS = frozenset(range(1, 6)) if five else ops.DEFAULT_Q6_I8_COUNTS
+        with i8_matmul(True, 5 if five else None), bulk_i8(True):
             i8b.MAX_SUPERBLOCKS = i8b.DEFAULT_MAX_SUPERBLOCKS  # as the pass runs them: ffn_down on mmvq_i8
             yield
     finally:
-        i8b.CLOSE, ops.Q8_I8 = saved
+        i8b.CLOSE, ops.Q8_I8, ops.Q6_I8_COUNTS = saved
 
 
 def _int8_copy(dev: Device, act: ops.Act, tokens: int) -> dict[str, np.ndarray]:
@@ -124,13 +132,14 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
     y, y_apart = dev.alloc(4 * t * rows, "y"), dev.alloc(4 * t * rows, "y_apart")
     out = dev.alloc(4 * t * c_rows, "out")
     variant = f"{pair.name}.{pair.producer_qtype.name}.{pair.mode}.{pair.consumer_qtype.name}.T{t}"
+    variant += ".five" if pair.five else ""
     rms = pair.mode == "rmsnorm"
 
     def consume(act: ops.Act) -> np.ndarray:
         return _consume(dev, consumer, act, out, t)
 
     try:
-        with closing(True):
+        with closing(True, pair.five):
             ops.act_f16(dev, x.f32, x, t, cols)
             closer = closers.closer_for(dev, w, t, pair.mode, closed, [consumer], scratch, norm if rms else None,
                                         EPS, x=x)
@@ -144,7 +153,7 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
                 ops.matmul(dev, w, x, y, t, rows, residual=res, closer=closer)
                 launches.append((dev.download(y, np.float32, (t, rows)), _int8_copy(dev, closed, t)))
             out_closed = consume(closed)
-        with closing(False):
+        with closing(False, pair.five):
             poison(dev, y_apart)
             ops.act_f16(dev, x.f32, x, t, cols)
             ops.matmul(dev, w, x, y_apart, t, rows, residual=res)

@@ -60,7 +60,7 @@ I8B_CLOSE_SHAPES = ((2, 2),)
 # the int8 copy; the delta rule closes the gated norm (gdn_k{D}_close_gatednorm).
 I8V_CLOSE_MODES = ("rmsnorm", "swiglu")
 I8_CLOSE_MODES = ("rmsnorm", "swiglu")
-I8_CLOSE_TOKENS = (1, 2, 3, 4)
+I8_CLOSE_TOKENS = (1, 2, 3, 4, 5)  # 5: where ffn_down runs int8 at 5 tokens (bench variant close5)
 Q6_I8_CLOSE_MODES = ("rmsnorm",)
 # Tokens of its form for the verify passes (kernels/mmvq_i8v.cu: whole tokens in the mma columns, a second mma past
 # 4), an instance each in mmvq_i8b's default shape: mmvq_q4_K_i8v_t{T}.

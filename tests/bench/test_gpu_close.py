@@ -127,7 +127,8 @@ def test_the_check_runs_through_on_a_device_that_computes_nothing(monkeypatch) -
              gpu_close.Pair("small_swiglu", (1024, 768), (512, 512), "swiglu", Q.Q4_K, tokens=3),
              gpu_close.Pair("small_gates", (512, 768), (96, 512), "rmsnorm", Q.Q8_0, tokens=2),
              gpu_close.Pair("small_q6", (512, 768), (64, 512), "rmsnorm", Q.Q6_K, Q.Q6_K, tokens=4),
-             gpu_close.Pair("small_verify", (512, 768), (1024, 512), "rmsnorm", Q.Q4_K, tokens=5)]
+             gpu_close.Pair("small_verify", (512, 768), (1024, 512), "rmsnorm", Q.Q4_K, tokens=5),
+             gpu_close.Pair("small_five", (512, 7168), (64, 512), "rmsnorm", Q.Q6_K, Q.Q6_K, tokens=5, five=True)]
     monkeypatch.setattr(gpu_close, "PAIRS", small)
     monkeypatch.setattr(gpu_close, "GATED_TOKENS", (5,))
     dev, report = _HostDevice(), Report()
@@ -135,6 +136,7 @@ def test_the_check_runs_through_on_a_device_that_computes_nothing(monkeypatch) -
     launched = set(dev.launched)
     for name in ("mmvq_q4_K_i8b_s2n2_close_rmsnorm", "mmvq_q4_K_i8_t3_close_swiglu", "mmvq_q8_0_i8",
                  "mmvq_q6_K_i8_t4_close_rmsnorm", "mmvq_q4_K_i8v_t5_close_rmsnorm", "gdn_k128_close_gatednorm",
+                 "mmvq_q6_K_i8_t5_close_rmsnorm", "mmvq_q6_K_i8_t5",
                  "act_rmsnorm_t1", "act_swiglu_t1", "act_gatednorm_t1"):
         assert name in launched, name
     ops_seen = {c.op for c in report.checks}

@@ -162,6 +162,18 @@ def test_verify_passes_close_where_the_writer_and_every_consumer_take_int8(closi
     assert closers.closing_kernel(dev, mix_out, 5, "rmsnorm") is None  # a fast-mode probe: 5 tokens on f16
 
 
+def test_with_int8_at_five_tokens_swiglu_and_the_input_norm_close_there_too(closing, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "I8_TOKENS", 5)  # gpu_bench27b's close5
+    monkeypatch.setattr(ops, "Q6_I8_COUNTS", frozenset(range(1, 6)))
+    dev, gate_up, x_h, x_ffn = _Dev(), _weight(Q.Q4_K, 2 * FFN, H), _act(H), _act(FFN)
+    for down in (_weight(Q.Q4_K, H, FFN), _weight(Q.Q6_K, H, FFN)):
+        assert closers.closer_for(dev, gate_up, 5, "swiglu", _act(FFN), [down], _buf(), x=x_h) is not None
+        attention_in = [_weight(Q.Q4_K, 13312, H), _weight(Q.Q6_K, 1024, H)]
+        assert closers.closer_for(dev, down, 5, "rmsnorm", _act(H), attention_in, _buf(), _buf(4 * H), 1e-6,
+                                  x=x_ffn) is not None
+    assert closers.closing_kernel(dev, _weight(Q.Q4_K, H, FFN), 6, "rmsnorm", x_ffn) is None  # mmvq_i8 stops at 5
+
+
 def test_the_verify_launch_hands_the_kernel_its_tokens_and_row_stride(closing) -> None:
     dev, mix_out, act_h, scratch = _Dev(), _weight(Q.Q4_K, H, 6144), _act(H), _buf()
     x = _act(6144, i8_tokens=5)
