@@ -2,12 +2,12 @@
 
 CUPTI (through torch.profiler, which the GPU machine has) records each kernel of a CUDA graph replay with its
 start and end on the GPU. Under programmatic dependent launch a kernel's blocks start before its predecessor ends
-and wait, so a kernel's own span overstates it; what it adds to the pass is how much later it ends than the
-kernel before it on the main stream (its `increment`: its boundary, its wait and its work). The increments of a
-replay add up to the replay's wall time, so their sums by kernel name split the pass exactly, with PDL on, where
-the ablation's figures do not (bench/NOTES.md: under PDL a producer class came out negative). Kernels beside the
-main stream (Device.beside) are listed with their spans; their cost to the main stream shows in the increment of
-the kernel after the join.
+and wait, so a kernel's own span overstates it; what it adds to the pass is how much later it ends than every
+kernel that ended before it (its `increment`: its boundary, its wait and its work). The increments of a replay add
+up to the replay's wall time, so their sums by kernel name split the pass exactly, with PDL on, where the
+ablation's figures do not (bench/NOTES.md: under PDL a producer class came out negative). Streams are not used:
+CUPTI reports a graph's kernels on whatever streams the graph executor picked, so a kernel beside the chain
+(Device.beside) simply takes the time by which it ends later than the chain had got to.
 
   python bench/gpu_check.py --parts model27b,timeline      (the 27B file from model27b, or OPENJET_27B)
   OPENJET_BENCH_VARIANTS=v7,close ... --parts timeline    (each variant of bench/gpu_bench27b.py in turn)
@@ -22,7 +22,7 @@ import os
 import re
 import statistics
 import tempfile
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,63 +73,55 @@ def spans_of_trace(trace: dict, names: dict[str, str]) -> list[Span]:
 
 @dataclass(slots=True)
 class Summary:
-    """One replay: its wall time (first start to last end), the main stream's kernels, each name's count, sum of
-    increments and of spans, the side streams' spans by name, and the largest increments with the kernel before."""
+    """One replay: its wall time (first start to last end), its kernels and the streams CUPTI put them on, each
+    name's count, sum of increments and of spans, and the largest increments with the kernel that ended before."""
 
     wall_us: float
     kernels: int
+    streams: int
     by_name: dict[str, tuple[int, float, float]]  # name -> (count, sum of increments, sum of spans)
-    beside: dict[str, tuple[int, float]]  # name -> (count, sum of spans) of kernels on other streams
-    largest: list[tuple[float, str, str]]  # (increment, kernel, the kernel before it on the main stream)
+    largest: list[tuple[float, str, str]]  # (increment, kernel, the kernel that ended last before it)
 
 
 def summarize(spans: list[Span]) -> Summary:
-    """The increments of one replay's main stream (the stream with the most kernels), ordered by end: each
-    kernel's end minus the previous one's (the first: its own span), so they sum to the main stream's wall."""
+    """The increments of one replay's kernels, ordered by end: how much later each ends than all before it (none
+    for a kernel ending inside the others' time; the first: its own span), so that they sum to the wall time."""
     if not spans:
         raise ValueError("no kernels in the replay: did the profiler see the graph's kernels?")
-    main = Counter(s.stream for s in spans).most_common(1)[0][0]
-    ordered = sorted((s for s in spans if s.stream == main), key=lambda s: s.end)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     largest = []
-    prev_end, prev_name = ordered[0].start, "(start)"
-    for s in ordered:
-        inc = s.end - prev_end
+    frontier, before = min(s.start for s in spans), "(start)"
+    for s in sorted(spans, key=lambda s: s.end):
+        inc = max(0.0, s.end - frontier)
         entry = by_name[s.name]
         entry[0] += 1
         entry[1] += inc
         entry[2] += s.end - s.start
-        largest.append((inc, s.name, prev_name))
-        prev_end, prev_name = s.end, s.name
-    beside: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for s in spans:
-        if s.stream != main:
-            beside[s.name][0] += 1
-            beside[s.name][1] += s.end - s.start
+        largest.append((inc, s.name, before))
+        if s.end >= frontier:
+            frontier, before = s.end, s.name
     wall = max(s.end for s in spans) - min(s.start for s in spans)
-    return Summary(wall, len(ordered), {k: (int(v[0]), v[1], v[2]) for k, v in by_name.items()},
-                   {k: (int(v[0]), v[1]) for k, v in beside.items()}, sorted(largest, reverse=True)[:TOP])
+    return Summary(wall, len(spans), len({s.stream for s in spans}),
+                   {k: (int(v[0]), v[1], v[2]) for k, v in by_name.items()}, sorted(largest, reverse=True)[:TOP])
 
 
 def table(summary: Summary, title: str) -> str:
     """The summary as lines: the wall, then the names by their share of it, then the largest increments."""
-    lines = [f"{title}: {summary.wall_us / 1e3:.3f} ms wall, {summary.kernels} kernels on the main stream",
+    lines = [f"{title}: {summary.wall_us / 1e3:.3f} ms wall, {summary.kernels} kernels on {summary.streams} "
+             f"stream(s)",
              "  name                                   count  increments ms  (share)  mean us  spans ms"]
     for name, (count, inc, span) in sorted(summary.by_name.items(), key=lambda kv: -kv[1][1])[:TOP]:
         lines.append(f"  {name:<38} {count:5d}  {inc / 1e3:13.3f}  ({inc / summary.wall_us:5.1%})  "
                      f"{inc / count:7.2f}  {span / 1e3:8.3f}")
-    for name, (count, span) in sorted(summary.beside.items(), key=lambda kv: -kv[1][1]):
-        lines.append(f"  beside: {name:<30} {count:5d}  spans {span / 1e3:.3f} ms")
-    lines.append("  largest increments (us, kernel, after):")
+    lines.append("  largest increments (us, kernel, after the kernel that ended last before it):")
     lines += [f"    {inc:7.2f}  {name}  after {before}" for inc, name, before in summary.largest]
     return "\n".join(lines)
 
 
 def as_json(summary: Summary) -> dict:
-    return {"wall_us": round(summary.wall_us, 2), "kernels": summary.kernels,
+    return {"wall_us": round(summary.wall_us, 2), "kernels": summary.kernels, "streams": summary.streams,
             "by_name": {k: {"count": c, "increments_us": round(i, 2), "spans_us": round(s, 2)}
                         for k, (c, i, s) in summary.by_name.items()},
-            "beside": {k: {"count": c, "spans_us": round(s, 2)} for k, (c, s) in summary.beside.items()},
             "largest": [[round(i, 2), n, b] for i, n, b in summary.largest]}
 
 

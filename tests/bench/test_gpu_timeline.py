@@ -1,6 +1,6 @@
 """The timeline's analysis (bench/gpu_timeline.py) on made-up replays: CUPTI's demangled names read as instance
 names, a Chrome trace's kernels as spans, and a replay split into increments that add up to its wall time with
-overlapping (PDL) spans and a kernel beside the main stream."""
+overlapping (PDL) spans and kernels on a second stream."""
 
 from __future__ import annotations
 
@@ -30,23 +30,23 @@ def test_a_chrome_traces_kernels_become_spans_in_start_order() -> None:
     assert spans == [Span("act_rmsnorm_t1", 10.0, 14.5, 7), Span("rms_norm", 20.0, 23.0, 7)]
 
 
-def test_increments_split_the_wall_time_under_overlap_and_a_side_stream() -> None:
+def test_increments_split_the_wall_time_under_overlap_and_a_second_stream() -> None:
     spans = [Span("a", 0.0, 10.0, 1),
              Span("b", 8.0, 15.0, 1),   # started under PDL before a ended: adds 5 us
-             Span("g", 9.0, 12.0, 2),   # beside: not on the main stream
+             Span("g", 9.0, 12.0, 2),   # beside, ending inside b's time: adds 2 of b's 5
+             Span("h", 9.0, 11.0, 2),   # ... and inside g's: adds 1
              Span("a", 14.0, 24.0, 1),  # adds 9 us
-             Span("c", 25.0, 26.0, 1)]  # a 1 us gap, then 1 us of work: adds 2 us
+             Span("c", 25.0, 26.0, 2)]  # a 1 us gap, then 1 us of work, on another stream: adds 2 us
     summary = summarize(spans)
-    assert summary.wall_us == 26.0 and summary.kernels == 4
+    assert summary.wall_us == 26.0 and summary.kernels == 6 and summary.streams == 2
     assert summary.by_name["a"] == (2, 19.0, 20.0)
-    assert summary.by_name["b"] == (1, 5.0, 7.0)
+    assert summary.by_name["h"] == (1, 1.0, 2.0) and summary.by_name["g"] == (1, 1.0, 3.0)
+    assert summary.by_name["b"] == (1, 3.0, 7.0)
     assert summary.by_name["c"] == (1, 2.0, 1.0)
     assert sum(inc for _, inc, _ in summary.by_name.values()) == pytest.approx(summary.wall_us)
-    assert summary.beside == {"g": (1, 3.0)}
     assert summary.largest[0] == (10.0, "a", "(start)") and summary.largest[1] == (9.0, "a", "b")
     text = table(summary, "T=1")
-    assert text.splitlines()[0] == "T=1: 0.026 ms wall, 4 kernels on the main stream"
-    assert "beside: g" in text
+    assert text.splitlines()[0] == "T=1: 0.026 ms wall, 6 kernels on 2 stream(s)"
 
 
 def test_an_empty_replay_is_an_error_that_says_so() -> None:
