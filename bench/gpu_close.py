@@ -166,6 +166,7 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
             out_apart = consume(apart)
         yv = dev.download(y_apart, np.float32, (t, rows))
         _compare_launches(report, variant, pair.mode, launches, yv, ref8)
+        _check_counters(dev, report, variant, scratch, width)
         values = _values(yv.astype(np.float64), dev.download(norm, np.float32, (width,)), pair.mode, width)
         _compare_consumer(report, variant, out_closed, out_apart, values, c_data, pair.consumer_qtype, rng)
         if pair.consumer_qtype == Q.Q8_0:  # the new kernel against the f16 one on the producer's act
@@ -194,6 +195,12 @@ def _compare_launches(report: Report, variant: str, mode: str, launches: list, o
     _compare_int8(report, variant, got, ref8, mode)
     same = sum(int(np.count_nonzero(got[k] != again[k])) for k in got)
     record(report, "close.again", variant, "int8 copy", float(same + np.count_nonzero(own_again != own)), 0.5)
+
+
+def _check_counters(dev: Device, report: Report, variant: str, scratch: Buffer, width: int) -> None:
+    """Every counter of the closer's scratch back at zero after its launches (the next launch starts from them)."""
+    counts = dev.download(scratch, np.uint32, (width // 256 + 1,))
+    record(report, "close.counters", variant, f"{counts.size}", float(np.count_nonzero(counts)), 0.5)
 
 
 def _compare_consumer(report: Report, variant: str, out_closed: np.ndarray, out_apart: np.ndarray,
@@ -275,6 +282,7 @@ def check_gated(dev: Device, report: Report, rng: np.random.Generator, tokens: i
             out_apart = consume(apart)
         ov = dev.download(o_apart, np.float32, (t, inner))
         _compare_launches(report, variant, "gatednorm", launches, ov, ref8)
+        _check_counters(dev, report, variant, scratch, inner)
         heads = ov.astype(np.float64).reshape(t, hv, dv)
         zv = dev.download(z, np.float32, (t, ld_z))[:, :inner].astype(np.float64)
         normed = heads / np.sqrt(np.mean(heads * heads, axis=2, keepdims=True) + EPS)

@@ -140,5 +140,6 @@ def test_the_check_runs_through_on_a_device_that_computes_nothing(monkeypatch) -
                  "act_rmsnorm_t1", "act_swiglu_t1", "act_gatednorm_t1"):
         assert name in launched, name
     ops_seen = {c.op for c in report.checks}
-    assert {"close.own", "close.levels", "close.scales", "close.sums", "close.again", "close.consumer"} <= ops_seen
+    assert {"close.own", "close.levels", "close.scales", "close.sums", "close.again", "close.consumer",
+            "close.counters"} <= ops_seen
     assert not any(c.ok for c in report.checks if c.op == "close.levels" and c.variant.endswith(".unwritten"))
