@@ -57,12 +57,11 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         report.info["copy_gbps"] = round(t.gbps, 1)
         print(f"copy bandwidth: {t.gbps:.0f} GB/s (read + write, {t.median_ms:.3f} ms for {t.shape})", flush=True)
     elif name == "kernels":
-        from bench import gpu_close, gpu_fused, gpu_kernels, gpu_ops
+        from bench import gpu_fused, gpu_kernels, gpu_ops
 
         gpu_kernels.run_matmul_checks(dev, report, rng)
         gpu_fused.run_fused_checks(dev, report, rng)
         gpu_ops.run_op_checks(dev, report, rng)
-        gpu_close.run_close_checks(dev, report, rng)  # the newest kernel last: a fault loses no older check
     elif name == "persist":  # the persistent mmvq (bench/NOTES.md v8), in its own process: a fault stays here
         from bench import gpu_persist
 
@@ -95,7 +94,7 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_fused.run_fused_checks(dev, report, rng)
         gpu_fused.time_fused(dev, report, rng)
-    elif name == "close":  # the one-token int8 matmul forming the next one's input behind it (also in "kernels")
+    elif name == "close":  # closers (off by default, so not in "kernels" until they are on): checks and timings
         from bench import gpu_close
 
         gpu_close.run_close_checks(dev, report, rng)
