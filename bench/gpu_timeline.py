@@ -29,6 +29,15 @@ from pathlib import Path
 TOKEN_COUNTS = (1, 5)  # the passes issue 4's targets name
 REPLAYS = 5  # profiled replays a pass, each in a profiler session of its own; the one of median wall is reported
 TOP = 12  # kernel names and gaps a pass prints
+# Kernel classes by instance-name prefix, summed first (the first class whose prefix matches takes a kernel): the
+# pass split as the ablation classes split it (bench/gpu_bench27b.py ABLATION), here from one replay's timeline.
+CLASSES = (("matmuls", ("mmvq", "mmv_", "gemm")), ("producers", ("act_",)),
+           ("attention", ("attn", "qk_prep", "kv_store")), ("deltanet", ("gdn", "conv")))
+
+
+def class_of(name: str) -> str:
+    """The CLASSES entry a kernel's instance name falls in, else "other" (norms, rope, embedding, argmax)."""
+    return next((label for label, prefixes in CLASSES if name.startswith(prefixes)), "other")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +116,14 @@ def summarize(spans: list[Span]) -> Summary:
 
 def table(summary: Summary, title: str) -> str:
     """The summary as lines: the wall, then the names by their share of it, then the largest increments."""
+    classes: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for name, (count, inc, _) in summary.by_name.items():
+        classes[class_of(name)][0] += count
+        classes[class_of(name)][1] += inc
+    split = ", ".join(f"{label} {inc / 1e3:.3f} ms / {int(count)}" for label, (count, inc) in
+                      sorted(classes.items(), key=lambda kv: -kv[1][1]))
     lines = [f"{title}: {summary.wall_us / 1e3:.3f} ms wall, {summary.kernels} kernels on {summary.streams} "
-             f"stream(s)",
+             f"stream(s)", f"  by class (increments / kernels): {split}",
              "  name                                   count  increments ms  (share)  mean us  spans ms"]
     for name, (count, inc, span) in sorted(summary.by_name.items(), key=lambda kv: -kv[1][1])[:TOP]:
         lines.append(f"  {name:<38} {count:5d}  {inc / 1e3:13.3f}  ({inc / summary.wall_us:5.1%})  "

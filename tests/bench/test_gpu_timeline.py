@@ -49,6 +49,14 @@ def test_increments_split_the_wall_time_under_overlap_and_a_second_stream() -> N
     assert text.splitlines()[0] == "T=1: 0.026 ms wall, 6 kernels on 2 stream(s)"
 
 
+def test_the_table_splits_the_pass_by_kernel_class() -> None:
+    spans = [Span("mmvq_q4_K_i8b_s2n2", 0.0, 10.0, 1), Span("act_rmsnorm_t1", 8.0, 13.0, 1),
+             Span("gdn_k128", 12.0, 20.0, 1), Span("rms_norm", 20.0, 21.0, 1)]
+    line = table(summarize(spans), "T=1").splitlines()[1]
+    assert line == ("  by class (increments / kernels): matmuls 0.010 ms / 1, deltanet 0.007 ms / 1, "
+                    "producers 0.003 ms / 1, other 0.001 ms / 1")
+
+
 def test_an_empty_replay_is_an_error_that_says_so() -> None:
     with pytest.raises(ValueError, match="no kernels"):
         summarize([])
