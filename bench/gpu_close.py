@@ -67,13 +67,16 @@ PAIRS = [Pair("ffn_norm", SHAPES_27B["ssm_out"], SHAPES_27B["ffn_gate_up"], "rms
          Pair("input_norm_q6", SHAPES_27B["ffn_down"], SHAPES_27B["attn_q"], "rmsnorm", Q.Q4_K, Q.Q6_K, tokens=5,
               five=True)]
 GATED_TOKENS = (1, 5)  # the delta rule with the gated norm closed behind it (check_gated)
-# Levels that differ from the producer's: SwiGLU none (the same float operations on the same values), a count;
-# RMSNorm's are the levels of x * w, the producer's of x * w / rms, which round differently at a tie's edge (in
-# numpy 4 of 8.2 M hi levels and 1,264 lo levels, bench/MEGAKERNEL.md eighth session), and the gated norm sums a
-# head's squares in another order (its 1 / rms may differ in the last bit), both a fraction. Levels off their
-# places or unwritten differ at about half the positions.
-LEVEL_MISMATCH_TOL = {("swiglu", "hi"): 0.5, ("swiglu", "lo"): 0.5, ("gatednorm", "hi"): 1e-3,
-                      ("gatednorm", "lo"): 1e-2, ("rmsnorm", "hi"): 1e-3, ("rmsnorm", "lo"): 1e-2}
+PLAIN_TOKENS = (1, 5)  # attention with its output's copy closed behind attn_combine (check_plain)
+# Levels that differ from the producer's: SwiGLU and the plain copy none (the same float operations on the same
+# values), a count; RMSNorm's are the levels of x * w, the producer's of x * w / rms, which round differently at a
+# tie's edge (in numpy 4 of 8.2 M hi levels and 1,264 lo levels, bench/MEGAKERNEL.md eighth session), and the gated
+# norm sums a head's squares in another order (its 1 / rms may differ in the last bit), both a fraction
+# (FRACTION_MODES). Levels off their places or unwritten differ at about half the positions.
+LEVEL_MISMATCH_TOL = {("swiglu", "hi"): 0.5, ("swiglu", "lo"): 0.5, ("plain", "hi"): 0.5, ("plain", "lo"): 0.5,
+                      ("gatednorm", "hi"): 1e-3, ("gatednorm", "lo"): 1e-2, ("rmsnorm", "hi"): 1e-3,
+                      ("rmsnorm", "lo"): 1e-2}
+FRACTION_MODES = frozenset({"rmsnorm", "gatednorm"})
 TOL_SCALES = 1e-5  # scales and sums times 1 / rms summed in another order: ~1e-7
 TOL_I8_VS_F16 = 1e-4  # mmvq_q8_0_i8 against the precise f16 kernel: the int8 levels keep 1.5e-5 of a superblock
 TIMED = ("ffn_norm", "swiglu", "input_norm", "input_norm_q6")  # one-token pairs, one of each kernel and mode
@@ -197,6 +200,70 @@ def _compare_launches(report: Report, variant: str, mode: str, launches: list, o
     record(report, "close.again", variant, "int8 copy", float(same + np.count_nonzero(own_again != own)), 0.5)
 
 
+def check_plain(dev: Device, report: Report, rng: np.random.Generator, tokens: int, context: int = 512) -> None:
+    """Attention (the 27B's gated heads over a `context`-key cache, keys split) with its output's copy closed behind
+    attn_combine, against the same attention with the copy launched apart (act_plain): the output unchanged, the
+    int8 copy (levels equal: the same values), attn_output's output; and that against the float64 reference."""
+    from engine.cuda import mixers
+
+    hq, hkv, d, cap, t = 24, 4, 256, 4096, tokens
+    width, rows, stride = hq * d, 5120, 2 * d  # qwen35 packs [Q | gate] per head
+    s = []
+
+    def put(a: np.ndarray, what: str, dtype=np.float32):
+        s.append(dev.to_device(np.ascontiguousarray(a, dtype), what))
+        return s[-1]
+
+    total = context + t
+    kcache = put(rng.standard_normal((hkv, cap, d)), "k", np.float16)
+    vcache = put(rng.standard_normal((hkv, cap, d)), "v", np.float16)
+    q = put(rng.standard_normal((t, hq * stride)), "q")
+    pos = put(np.arange(context, total), "pos", np.int32)
+    splits = mixers.attn_splits(t, hkv, mixers.attn_tile_tokens(hq, hkv, d, t), dev.info.multiprocessors)
+    scratch_attn = dev.alloc(mixers.attn_scratch_bytes(splits, t, hq, d), "attn_scratch")
+    s.append(scratch_attn)
+    out, out_apart = put(np.zeros((t, width)), "out"), put(np.zeros((t, width)), "out_apart")
+    c_data = random_blocks(Q.Q4_K, (rows, width), rng)
+    consumer = ops.upload_weight(dev, c_data, Q.Q4_K, (rows, width), "attn_output")
+    closed, apart = (ops.alloc_act(dev, t, width, f"plain.{k}", precise=True) for k in ("closed", "apart"))
+    scratch = closers.alloc_close_scratch(dev, width, "close.scratch")
+    o_buf = dev.alloc(4 * t * rows, "consumer_out")
+    variant = f"plain.T{t}.s{splits}"
+
+    def attend(o: Buffer, closer) -> None:
+        mixers.attention(dev, q, kcache, vcache, pos, o, t, hq, hkv, d, cap, hq * stride, stride, width, d ** -0.5,
+                         gate=q.view(4 * d), ld_gate=hq * stride, gate_head_stride=stride, scratch=scratch_attn,
+                         splits=splits, closer=closer)
+
+    try:
+        with closing(True):
+            combined = splits > 1 and not mixers.attn_runs_mma(t, d, dev.info.max_smem_per_block)
+            closer = closers.plain_closer_for(dev, t, closed, [consumer], scratch, out, width, d, combined)
+            if closer is None:
+                raise AssertionError(f"{variant}: plain_closer_for found no closer with CLOSE on")
+            launches = []
+            for _ in range(2):
+                poison(dev, out)
+                _poison_int8(dev, closed)
+                attend(out, closer)
+                launches.append((dev.download(out, np.float32, (t, width)), _int8_copy(dev, closed, t)))
+            out_closed = _consume(dev, consumer, closed, o_buf, t)
+        with closing(False):
+            poison(dev, out_apart)
+            attend(out_apart, None)
+            _poison_int8(dev, apart)
+            ops.act_f16(dev, out_apart, apart, t, width)
+            ref8 = _int8_copy(dev, apart, t)
+            out_apart_c = _consume(dev, consumer, apart, o_buf, t)
+        ov = dev.download(out_apart, np.float32, (t, width))
+        _compare_launches(report, variant, "plain", launches, ov, ref8)
+        _check_counters(dev, report, variant, scratch, width)
+        _compare_consumer(report, variant, out_closed, out_apart_c, ov.astype(np.float64), c_data, Q.Q4_K, rng)
+    finally:
+        for buf in [*s, consumer.buf, scratch, o_buf, *closed.buffers(), *apart.buffers()]:
+            dev.memory.free(buf)
+
+
 def _check_counters(dev: Device, report: Report, variant: str, scratch: Buffer, width: int) -> None:
     """Every counter of the closer's scratch back at zero after its launches (the next launch starts from them)."""
     counts = dev.download(scratch, np.uint32, (width // 256 + 1,))
@@ -301,7 +368,7 @@ def _compare_int8(report: Report, variant: str, got: dict, ref: dict, mode: str)
     record(report, "close.levels", variant + ".unwritten", f"{total}x2", float(unwritten), 0.5)
     for level in ("hi", "lo"):
         differ = int(np.count_nonzero(got[level] != ref[level]))
-        value = differ if mode != "rmsnorm" else differ / total
+        value = differ / total if mode in FRACTION_MODES else differ
         record(report, "close.levels", f"{variant}.{level}", f"{total}", float(value), LEVEL_MISMATCH_TOL[mode, level])
     compare(report, "close.scales", variant, got["scale"], ref["scale"], TOL_SCALES)
     compare(report, "close.sums", variant, got["sums"], ref["sums"], TOL_SCALES)
@@ -317,6 +384,8 @@ def run_close_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
         check_close(dev, report, rng, pair)
     for t in GATED_TOKENS:
         check_gated(dev, report, rng, t)
+    for t in PLAIN_TOKENS:
+        check_plain(dev, report, rng, t)
 
 
 def time_close(dev: Device, report: Report, rng: np.random.Generator) -> None:

@@ -1,13 +1,13 @@
 """Closers (kernels/act8_close.cuh): a kernel forms the next matmul's int8 input at its own tail, where a producer
 launch (ops.produce) would have formed it from the kernel's output, so that launch and the kernel boundary in front
 of it go: the FFN norm behind the mixer's output projection, SwiGLU behind gate | up, the next layer's input norm
-behind ffn_down, the DeltaNet's gated norm behind the delta rule. For passes of up to CLOSE_TOKENS tokens whose
-consumers all read the int8 copy. Off unless OPENJET_CUDA_CLOSE=1 until the GPU has checked and timed it
-(i8b.CLOSE; bench/NOTES.md Z1).
+behind ffn_down, the DeltaNet's gated norm behind the delta rule, attention's output copy behind attn_combine. For
+passes of up to CLOSE_TOKENS tokens whose consumers all read the int8 copy. Off unless OPENJET_CUDA_CLOSE=1 until
+the GPU has checked and timed it (i8b.CLOSE; bench/NOTES.md Z1).
 
 Here: what a closer is (Closer), its scratch, the kernel's view of it (CloseDst), and where one can stand in a pass
-(closing_kernel, closer_for, gated_closer_for). engine/cuda/model.py asks for them; ops.matmul, i8b's launchers and
-mixers.gdn_recurrent hand them to their close instances."""
+(closing_kernel, closer_for, gated_closer_for, plain_closer_for). engine/cuda/model.py asks for them; ops.matmul,
+i8b's launchers, mixers.gdn_recurrent and mixers.attention hand them to their close instances."""
 
 from __future__ import annotations
 
@@ -39,9 +39,10 @@ class CloseDst(ctypes.Structure):
 
 @dataclass(frozen=True, slots=True)
 class Closer:
-    """The producer of `act` formed behind the kernel that writes its input (closer_for / gated_closer_for say where
-    it can be): "rmsnorm", RMSNorm(y) * w; "swiglu", silu(y[:width]) * y[width:], the matmul's rows the gate then
-    the up half; "gatednorm", RMSNorm(o per head of `head`) * w * silu(x2), o the delta rule's output. act gets its
+    """The producer of `act` formed behind the kernel that writes its input (closer_for, gated_closer_for,
+    plain_closer_for say where it can be): "rmsnorm", RMSNorm(y) * w; "swiglu", silu(y[:width]) * y[width:], the
+    matmul's rows the gate then the up half; "gatednorm", RMSNorm(o per head of `head`) * w * silu(x2), o the delta
+    rule's output; "plain", y itself (attention's output). act gets its
     int8 copy only (no f16 form, no f32 rows), so every matmul that reads it must take that. scratch: the kernel's
     counters and partial sums (alloc_close_scratch), zero between launches."""
 
@@ -138,4 +139,21 @@ def gated_closer_for(dev: Device, num_tokens: int, act: ops.Act, consumers: Sequ
         return None
     assert scratch.nbytes >= close_scratch_bytes(act.width), scratch.what
     closer = Closer("gatednorm", act, scratch, norm, eps, z, ld_z, head)
+    return closer if _int8_consumers(dev, act, consumers, num_tokens) else None
+
+
+def plain_closer_for(dev: Device, num_tokens: int, act: ops.Act, consumers: Sequence[ops.DeviceWeight],
+                     scratch: Buffer, out: Buffer, ld_out: int, head_dim: int, combined: bool) -> Closer | None:
+    """A Closer of attention's output copy (out [T, ld_out], heads of head_dim) behind attn_combine, or None where
+    it must be launched: closers on, up to CLOSE_TOKENS tokens, the output written by attn_combine (combined: the
+    keys split, not the prefill mma path), heads that tile a superblock, act in whole superblocks with an int8 copy,
+    rows 16-byte aligned, and every consumer a matmul that reads only the int8 copy at num_tokens."""
+    if not (i8b.CLOSE and ops.I8_MATMUL and 1 <= num_tokens <= CLOSE_TOKENS and combined):
+        return None
+    if head_dim > ops.SUPERBLOCK or ops.SUPERBLOCK % head_dim or out.ptr % 16 or (4 * ld_out) % 16:
+        return None
+    if act.q8 is None or act.width % ops.SUPERBLOCK:
+        return None
+    assert scratch.nbytes >= close_scratch_bytes(act.width), scratch.what
+    closer = Closer("plain", act, scratch)
     return closer if _int8_consumers(dev, act, consumers, num_tokens) else None

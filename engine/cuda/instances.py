@@ -155,7 +155,9 @@ def _build() -> dict[str, Instance]:
     out += [Instance("rope_neox", "rope", "rope<true>"), Instance("rope_norm", "rope", "rope<false>")]
     out += [Instance(n, "elementwise", n) for n in ("swiglu", "sigmoid_mul")]
     out += [Instance(f"get_rows_{qtype_tag(qt)}", "elementwise", f"get_rows<{int(qt)}>") for qt in EMBED_QTYPES]
-    out += [Instance(n, "attention", n) for n in ("kv_store", "qk_prep", "attn_combine")]
+    out += [Instance(n, "attention", n) for n in ("kv_store", "qk_prep")]
+    out += [Instance("attn_combine", "attention", "attn_combine<-1>"),  # and with the plain copy closed behind it
+            Instance("attn_combine_close_plain", "attention", f"attn_combine<{ACT_MODES.index('plain')}>")]
     out += [Instance(f"attn_d{d}", "attention", f"attn<{d}, {qpw}>") for d, qpw in ATTN_HEAD_DIMS.items()]
     out += [Instance(f"attn_d{d}_q{n}", "attention", f"attn<{d}, {n}>") for d in ATTN_HEAD_DIMS
             for n in ATTN_DECODE_QPW]

@@ -147,12 +147,13 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
               num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity: int, ld_q: int,
               q_head_stride: int, ld_out: int, scale: float, gate: Buffer | None = None, ld_gate: int = 0,
               gate_head_stride: int = 0, scratch: Buffer | None = None, splits: int = 1,
-              min_keys: int | None = None) -> None:
+              min_keys: int | None = None, closer: closers.Closer | None = None) -> None:
     """out[t, h] = causal attention of query (t, h) over cache keys 0..positions[t] (times sigmoid(gate) if given).
 
     q, gate: f32 rows with per-head strides (qwen35 packs Q and its gate per head); caches: f16 [Hkv, capacity, D].
     With splits > 1 the keys are split over blocks and merged by attn_combine through scratch; a split takes at
-    least min_keys keys (default ATTN_MIN_KEYS), the splits past those stay idle.
+    least min_keys keys (default ATTN_MIN_KEYS), the splits past those stay idle. closer: out's int8 copy for the
+    output projection, formed behind attn_combine (closers.plain_closer_for made it: splits > 1, no mma path).
     """
     min_keys = ATTN_MIN_KEYS if min_keys is None else min_keys
     if min_keys < 1 or min_keys & (min_keys - 1):
@@ -167,6 +168,7 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
                     _ptr(gate), num_tokens, num_heads, num_kv_heads, capacity, ld_q, q_head_stride, ld_out, ld_gate,
                     gate_head_stride, tile, min_keys.bit_length() - 1, float(scale))
     if attn_runs_mma(num_tokens, head_dim, dev.info.max_smem_per_block):  # a prefill run: no splits needed
+        assert closer is None, "the attention output's closer runs behind attn_combine"
         kernel, smem = dev.kernel(f"attn_mma_d{head_dim}"), _attn_mma_smem(head_dim)
         dev.set_max_dynamic_smem(kernel, smem)
         rows = num_tokens * (num_heads // num_kv_heads)
@@ -178,8 +180,13 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
         dev.set_max_dynamic_smem(kernel, smem)
     grid = (num_kv_heads, (num_tokens + tile - 1) // tile, splits)
     dev.launch(kernel, grid, ATTN_WARPS * 32, [args], smem=smem)
+    assert closer is None or splits > 1, "the attention output's closer runs behind attn_combine"
     if splits > 1:
-        dev.launch(dev.kernel("attn_combine"), (num_tokens, num_heads), 256, [args, splits, head_dim])
+        name = "attn_combine" + (f"_close_{closer.mode}" if closer is not None else "")
+        dev.launch(dev.kernel(name), (num_tokens, num_heads), 256,
+                   [args, splits, head_dim, closers.close_dst(closer, num_tokens, ld_out)])
+        if closer is not None:
+            closer.act.i8_tokens = num_tokens
 
 
 def kv_store(dev: Device, k: Buffer, v: Buffer, kcache: Buffer, vcache: Buffer, positions: Buffer, num_tokens: int,

@@ -68,11 +68,12 @@ class Workspace:
         self.ffn = dev.alloc(4 * p * cfg.ffn_size, "ffn_h")
         self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn, precise=True)
         # the closers' counters and sums (closers.Closer): the FFN norm and the input norm into act_h, SwiGLU into
-        # act_ffn, the DeltaNet's gated norm into act_inner
+        # act_ffn, the DeltaNet's gated norm into act_inner, attention's output into act_q
         self.close_h = closers.alloc_close_scratch(dev, h, "close.ffn_norm")
         self.close_in = closers.alloc_close_scratch(dev, h, "close.input_norm")
         self.close_inner = closers.alloc_close_scratch(dev, cfg.ssm_inner_size, "close.gated_norm") \
             if cfg.ssm_inner_size else None
+        self.close_q = closers.alloc_close_scratch(dev, cfg.q_size, "close.attn_out")
         self.close_ffn = closers.alloc_close_scratch(dev, cfg.ffn_size, "close.swiglu")
         acts = [self.act_h, self.act_q, self.act_ffn] + ([self.act_inner] if self.act_inner else [])
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
@@ -321,11 +322,15 @@ class CudaModel:
         tile = mixers.attn_tile_tokens(hq, hkv, d, num_tokens)
         splits = mixers.attn_splits(num_tokens, hkv, tile, dev.info.multiprocessors)
         splits = max(1, min(splits, (mixers.MAX_SPLITS * VERIFY_MAX) // num_tokens))  # what the scratch holds
+        combined = splits > 1 and not mixers.attn_runs_mma(num_tokens, d, dev.info.max_smem_per_block)
+        plain = closers.plain_closer_for(dev, num_tokens, ws.act_q, [lw.mix_out], ws.close_q, ws.mix2, cfg.q_size, d,
+                                         combined)
         mixers.attention(dev, q, cache.k, cache.v, pos, ws.mix2, num_tokens, hq, hkv, d, self.capacity, width,
                          q_stride, cfg.q_size, d ** -0.5, gate=q.view(4 * d) if cfg.has_attn_gate else None,
-                         ld_gate=width, gate_head_stride=q_stride, scratch=ws.attn_scratch, splits=splits)
+                         ld_gate=width, gate_head_stride=q_stride, scratch=ws.attn_scratch, splits=splits,
+                         closer=plain)
         ops.matmul(dev, lw.mix_out, ws.act_q, ws.x, num_tokens, cfg.hidden_size, residual=ws.x,
-                   producer=ops.plain_of(ws.mix2, cfg.q_size), closer=ffn_norm)
+                   producer=None if plain else ops.plain_of(ws.mix2, cfg.q_size), closer=ffn_norm)
 
     def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer | None,
                   ffn_norm: closers.Closer | None = None) -> None:

@@ -65,6 +65,30 @@ def test_a_gated_norms_last_bit_moves_few_levels() -> None:
     assert np.mean(lo != lo2) < gpu_close.LEVEL_MISMATCH_TOL["gatednorm", "lo"] / 10
 
 
+def _copy(rng: np.random.Generator, tokens: int = 1, nsb: int = 20) -> dict[str, np.ndarray]:
+    levels = rng.integers(-127, 128, (tokens, nsb, 256)).astype(np.int8)
+    return {"hi": levels, "lo": levels.copy(), "scale": rng.uniform(0.1, 1, (tokens, nsb, 2)),
+            "sums": rng.standard_normal((tokens, nsb, 8))}
+
+
+@pytest.mark.parametrize("mode, ties_pass", [("rmsnorm", True), ("gatednorm", True), ("swiglu", False),
+                                             ("plain", False)])
+def test_level_ties_pass_where_the_closer_computes_otherwise_and_misplaced_levels_fail(mode: str,
+                                                                                       ties_pass: bool) -> None:
+    rng = np.random.default_rng(23)
+    ref = _copy(rng)
+    tie = {k: v.copy() for k, v in ref.items()}
+    tie["lo"][0, 3, 17] += 1  # one level a step off: a rounding tie
+    report = Report()
+    gpu_close._compare_int8(report, "x", tie, ref, mode)
+    assert all(c.ok for c in report.checks if c.variant == "x.lo") is ties_pass
+    moved = {k: v.copy() for k, v in ref.items()}
+    moved["hi"] = np.roll(moved["hi"], 8, axis=2)  # levels off their places
+    report = Report()
+    gpu_close._compare_int8(report, "x", moved, ref, mode)
+    assert not all(c.ok for c in report.checks if c.variant == "x.hi")
+
+
 class _HostDevice:
     """Buffers in host memory at made-up addresses; kernels are looked up and launched as nothing."""
 
@@ -131,12 +155,13 @@ def test_the_check_runs_through_on_a_device_that_computes_nothing(monkeypatch) -
              gpu_close.Pair("small_five", (512, 7168), (64, 512), "rmsnorm", Q.Q6_K, Q.Q6_K, tokens=5, five=True)]
     monkeypatch.setattr(gpu_close, "PAIRS", small)
     monkeypatch.setattr(gpu_close, "GATED_TOKENS", (5,))
+    monkeypatch.setattr(gpu_close, "PLAIN_TOKENS", (1,))
     dev, report = _HostDevice(), Report()
     gpu_close.run_close_checks(dev, report, np.random.default_rng(3))
     launched = set(dev.launched)
     for name in ("mmvq_q4_K_i8b_s2n2_close_rmsnorm", "mmvq_q4_K_i8_t3_close_swiglu", "mmvq_q8_0_i8",
                  "mmvq_q6_K_i8_t4_close_rmsnorm", "mmvq_q4_K_i8v_t5_close_rmsnorm", "gdn_k128_close_gatednorm",
-                 "mmvq_q6_K_i8_t5_close_rmsnorm", "mmvq_q6_K_i8_t5",
+                 "mmvq_q6_K_i8_t5_close_rmsnorm", "mmvq_q6_K_i8_t5", "attn_combine_close_plain", "act_plain_t1",
                  "act_rmsnorm_t1", "act_swiglu_t1", "act_gatednorm_t1"):
         assert name in launched, name
     ops_seen = {c.op for c in report.checks}

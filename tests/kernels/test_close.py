@@ -386,6 +386,8 @@ def test_the_launcher_mirrors_the_kernels_struct() -> None:
         assert re.search(r"int rows, int K,(\s*int ld_?y,)?\s*const Act8Close close\)",
                          (nvrtc.KERNEL_DIR / f"{file}.cu").read_text()), file
     assert "gdn_recurrent(GdnArgs p, const Act8Close close)" in (nvrtc.KERNEL_DIR / "deltanet.cu").read_text()
+    assert "attn_combine(AttnArgs a, int splits, int D, const Act8Close close)" in \
+        (nvrtc.KERNEL_DIR / "attention.cu").read_text()
     q8 = (nvrtc.KERNEL_DIR / "mmvq_i8q8.cu").read_text()
     assert int(re.search(r"#define I8Q8_WARPS (\d+)", q8).group(1)) == ops.Q8_I8_WARPS
 
@@ -412,6 +414,8 @@ def test_each_close_mode_has_an_instance_of_the_producers_number() -> None:
     for d in instances.GDN_KEY_DIMS:
         assert instances.INSTANCES[f"gdn_k{d}_close_gatednorm"].expr == \
             f"gdn_recurrent<{d // 32}, {numbers['gatednorm']}>"
+    assert instances.INSTANCES["attn_combine_close_plain"].expr == f"attn_combine<{numbers['plain']}>"
+    assert instances.INSTANCES["attn_combine"].expr == "attn_combine<-1>"
     assert i8b.DEFAULT_SHAPE in instances.I8B_CLOSE_SHAPES
 
 
@@ -471,3 +475,59 @@ def test_a_deltanet_layer_forms_its_gated_norm_behind_the_delta_rule(closing, mo
             ("beta|alpha", None, None), ("qkv|gate", None, None), ("gdn", "gatednorm"), ("ssm_out", None, None)]
     monkeypatch.setattr(i8b, "CLOSE", False)
     assert _deltanet_launches(monkeypatch, model, lw, 1)[2:] == [("gdn", None), ("ssm_out", "gatednorm", None)]
+
+
+def test_attentions_output_copy_closes_behind_attn_combine_only(closing, monkeypatch) -> None:
+    from engine.cuda import mixers
+
+    dev, out_proj, width = _Dev(), _weight(Q.Q4_K, H, 6144), 6144
+    out = _buf(4 * 8 * width)
+
+    def closer(t=1, combined=True, d=256, ld=width, consumers=(out_proj,)):
+        return closers.plain_closer_for(dev, t, _act(width), list(consumers), _buf(), out, ld, d, combined)
+
+    assert closer().mode == "plain" and closer(t=8, d=128) is not None
+    assert closer(combined=False) is None  # one split (attn writes the output) or the prefill mma path
+    assert closer(d=96) is None and closer(ld=width + 2) is None and closer(t=9) is None
+    assert closer(consumers=(_weight(Q.Q5_K, H, width),)) is None
+    plain = closer(t=3)
+    b = _buf(1 << 22)
+    mixers.attention(dev, b, b, b, b, out, 3, 24, 4, 256, 4096, 24 * 512, 512, width, 0.0625, gate=b,
+                     ld_gate=24 * 512, gate_head_stride=512, scratch=_buf(1 << 24), splits=4, closer=plain)
+    (attn, _), (combine, args) = dev.launches
+    assert combine == "attn_combine_close_plain" and (args[-1].tokens, args[-1].ld) == (3, width)
+    assert plain.act.i8_tokens == 3
+    with pytest.raises(AssertionError, match="attn_combine"):
+        mixers.attention(dev, b, b, b, b, out, 1, 24, 4, 256, 4096, 24 * 512, 512, width, 0.0625, splits=1,
+                         closer=closer())
+
+
+def test_an_attention_layer_closes_its_output_copy_and_its_ffn_norm(closing, monkeypatch) -> None:
+    from engine.cuda import mixers
+
+    model = CudaModel.__new__(CudaModel)
+    model.dev, model.capacity = _Dev(), 4096
+    model.cfg = SimpleNamespace(hidden_size=H, rms_eps=1e-6, head_dim=256, num_heads=24, num_kv_heads=4, q_size=6144,
+                                has_attn_gate=True, rope_dim=64, rope_theta=1e7, rope_neox=True)
+    width = 13312 + 1024
+    model.ws = SimpleNamespace(act_h=_act(H), act_q=_act(6144), close_q=_buf(), proj_width=width,
+                               proj=_buf(4 * 8 * width), mix2=_buf(4 * 8 * 6144), x=_buf(4 * 8 * H),
+                               attn_scratch=_buf(1 << 24))
+    lw = SimpleNamespace(mix_in=Projection([Part(_weight(Q.Q4_K, 13312, H, "q|k"), None, 0),
+                                            Part(_weight(Q.Q6_K, 1024, H, "v"), None, 13312)], width,
+                                           {"attn_q": 0, "attn_k": 12288, "attn_v": 13312}),
+                         mix_out=_weight(Q.Q4_K, H, 6144, "attn_output"), vectors={})
+    seen = []
+    monkeypatch.setattr(ops, "matmul", lambda dev, w, act, y, t, ld, producer=None, closer=None, **k: seen.append(
+        (w.name, producer and producer.mode, closer and closer.mode)))
+    monkeypatch.setattr(mixers, "qk_prep", lambda *a, **k: None)
+    monkeypatch.setattr(mixers, "attention", lambda *a, closer=None, **k: seen.append(("attention",
+                                                                                       closer and closer.mode)))
+    kv = SimpleNamespace(k=_buf(), v=_buf())
+    ffn_norm = closers.Closer("rmsnorm", model.ws.act_h, _buf(), _buf(4 * H))
+    model._attention(lw, kv, 1, _buf(), None, ffn_norm)
+    assert seen[-2:] == [("attention", "plain"), ("attn_output", None, "rmsnorm")]
+    monkeypatch.setattr(i8b, "CLOSE", False)
+    seen.clear()
+    model._attention(lw, kv, 1, _buf(), None, None)
+    assert seen[-2:] == [("attention", None), ("attn_output", "plain", None)]

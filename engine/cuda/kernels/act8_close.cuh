@@ -1,12 +1,14 @@
 // Closers: a kernel forms the int8 input of the matmul after it at its own tail, where a producer launch
 // (kernels/act.cu, PER = 1) would have formed it from the kernel's output; that launch and the kernel boundary in
-// front of it go (engine/cuda/ops.py Closer says when). Three producers close this way:
+// front of it go (engine/cuda/closers.py says when). Four producers close this way:
 //   SwiGLU    silu(gate) * up, the matmul's rows being the gate half, then the up half (gate | up of the FFN);
 //   RMSNorm   x / rms(x) * w of the matmul's row x (the FFN norm of the residual row, the next layer's input norm);
-//   gated     o / rms(o per head) * w[head] * silu(z), o the delta rule's output (kernels/deltanet.cu), z the gate.
+//   gated     o / rms(o per head) * w[head] * silu(z), o the delta rule's output (kernels/deltanet.cu), z the gate;
+//   plain     the values themselves (attention's output, kernels/attention.cu attn_combine).
 //
 // A superblock of the consumer's input (256 positions) is the output of several writers (a matmul's 16-row tiles,
-// SwiGLU's 32: gate's and up's; the delta rule's 8-column warps), each of which counts itself in the superblock's
+// SwiGLU's 32: gate's and up's; the delta rule's 8-column warps; attn_combine's (token, head) blocks), each of
+// which counts itself in the superblock's
 // counter once its values are stored (a fence, then an atomic); the writer whose count completes a superblock
 // reads it back from L2 and writes its two int8 levels, scales and sub-block sums for every token in act.cu's Act8
 // layout (tokens 0 .. T-1 of group 0) with the producer's own arithmetic (act8.cuh), so the consumer reads what
@@ -103,13 +105,13 @@ __device__ __forceinline__ void close_superblock(const Act8Close& c, const float
             const float r = rsqrtf(sq / (float)c.head + c.eps);
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[e] = v[e] * r * wk[e] * siluf_(u[e]);
-        } else {
+        } else if (MODE == ACT_RMSNORM) {
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 ss = fmaf(v[e], v[e], ss);
                 v[e] *= wk[e];
             }
-        }
+        }  // ACT_PLAIN: the values as they are
         float mx = 0.f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) mx = fmaxf(mx, fabsf(v[e]));
