@@ -117,6 +117,45 @@ def _poison_int8(dev: Device, act: ops.Act) -> None:
         poison(dev, buf)
 
 
+@dataclass(slots=True)
+class Runs:
+    """What a writer did with its closer (two launches: its own output and the int8 copy each; the consumer's
+    output from that copy) and without it (its own output, the producer's copy, the consumer's output)."""
+
+    launches: list
+    out_closed: np.ndarray
+    own_apart: np.ndarray
+    ref8: dict
+    out_apart: np.ndarray
+
+
+def _closed_then_apart(dev: Device, variant: str, t: int, make_closer, write, produce, own: Buffer, own_apart: Buffer,
+                       shape: tuple[int, int], closed: ops.Act, apart: ops.Act, consumer: ops.DeviceWeight,
+                       out: Buffer, five: bool = False) -> Runs:
+    """The writer (write(buffer, closer)) twice with the closer make_closer() gives under closing(True), each launch
+    poisoned first; then once without, its producer (produce(buffer)) launched apart into `apart`; the consumer on
+    each int8 copy."""
+    with closing(True, five):
+        closer = make_closer()
+        if closer is None:
+            raise AssertionError(f"{variant}: no closer with CLOSE on")
+        launches = []
+        for _ in range(2):
+            poison(dev, own)
+            _poison_int8(dev, closed)
+            write(own, closer)
+            launches.append((dev.download(own, np.float32, shape), _int8_copy(dev, closed, t)))
+        out_closed = _consume(dev, consumer, closed, out, t)
+    with closing(False, five):
+        poison(dev, own_apart)
+        write(own_apart, None)
+        _poison_int8(dev, apart)
+        produce(own_apart)
+        ref8 = _int8_copy(dev, apart, t)
+        out_apart = _consume(dev, consumer, apart, out, t)
+    return Runs(launches, out_closed, dev.download(own_apart, np.float32, shape), ref8, out_apart)
+
+
 def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pair) -> None:
     """One closer launch of pair.tokens tokens against the same matmul with its producer launched apart: y
     unchanged, the int8 copy (levels, scales, sums), the consumer's output, a second launch equal to the first (the
@@ -138,43 +177,32 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
     variant += ".five" if pair.five else ""
     rms = pair.mode == "rmsnorm"
 
-    def consume(act: ops.Act) -> np.ndarray:
-        return _consume(dev, consumer, act, out, t)
+    def make_closer():
+        ops.act_f16(dev, x.f32, x, t, cols)  # x's int8 copy: the writer's launch takes it
+        return closers.closer_for(dev, w, t, pair.mode, closed, [consumer], scratch, norm if rms else None, EPS, x=x)
+
+    def write(buf: Buffer, closer) -> None:
+        ops.act_f16(dev, x.f32, x, t, cols)
+        ops.matmul(dev, w, x, buf, t, rows, residual=res, closer=closer)
+
+    def produce(buf: Buffer) -> None:
+        if rms:
+            ops.act_rmsnorm(dev, buf, norm, apart, t, rows, EPS)
+        else:
+            ops.act_swiglu(dev, buf, buf.view(4 * width), apart, t, rows)
 
     try:
-        with closing(True, pair.five):
-            ops.act_f16(dev, x.f32, x, t, cols)
-            closer = closers.closer_for(dev, w, t, pair.mode, closed, [consumer], scratch, norm if rms else None,
-                                        EPS, x=x)
-            if closer is None:
-                raise AssertionError(f"{variant}: closer_for found no closer with CLOSE on")
-            launches = []
-            for _ in range(2):
-                poison(dev, y)
-                _poison_int8(dev, closed)
-                ops.act_f16(dev, x.f32, x, t, cols)
-                ops.matmul(dev, w, x, y, t, rows, residual=res, closer=closer)
-                launches.append((dev.download(y, np.float32, (t, rows)), _int8_copy(dev, closed, t)))
-            out_closed = consume(closed)
-        with closing(False, pair.five):
-            poison(dev, y_apart)
-            ops.act_f16(dev, x.f32, x, t, cols)
-            ops.matmul(dev, w, x, y_apart, t, rows, residual=res)
-            _poison_int8(dev, apart)
-            if rms:
-                ops.act_rmsnorm(dev, y_apart, norm, apart, t, rows, EPS)
-            else:
-                ops.act_swiglu(dev, y_apart, y_apart.view(4 * width), apart, t, rows)
-            ref8 = _int8_copy(dev, apart, t)
-            out_apart = consume(apart)
-        yv = dev.download(y_apart, np.float32, (t, rows))
-        _compare_launches(report, variant, pair.mode, launches, yv, ref8)
+        runs = _closed_then_apart(dev, variant, t, make_closer, write, produce, y, y_apart, (t, rows), closed, apart,
+                                  consumer, out, pair.five)
+        _compare_launches(report, variant, pair.mode, runs.launches, runs.own_apart, runs.ref8)
         _check_counters(dev, report, variant, scratch, width)
-        values = _values(yv.astype(np.float64), dev.download(norm, np.float32, (width,)), pair.mode, width)
-        _compare_consumer(report, variant, out_closed, out_apart, values, c_data, pair.consumer_qtype, rng)
+        values = _values(runs.own_apart.astype(np.float64), dev.download(norm, np.float32, (width,)), pair.mode,
+                         width)
+        _compare_consumer(report, variant, runs.out_closed, runs.out_apart, values, c_data, pair.consumer_qtype, rng)
         if pair.consumer_qtype == Q.Q8_0:  # the new kernel against the f16 one on the producer's act
-            with patched(ops, Q8_I8=False):
-                compare(report, "close.consumer", variant + ".q8_i8_vs_f16", out_apart, consume(apart), TOL_I8_VS_F16)
+            with closing(False), patched(ops, Q8_I8=False):
+                f16 = _consume(dev, consumer, apart, out, t)
+            compare(report, "close.consumer", variant + ".q8_i8_vs_f16", runs.out_apart, f16, TOL_I8_VS_F16)
     finally:
         for buf in [w.buf, consumer.buf, res, norm, scratch, y, y_apart, out, *x.buffers(), *closed.buffers(),
                     *apart.buffers()]:
@@ -223,11 +251,7 @@ def check_plain(dev: Device, report: Report, rng: np.random.Generator, tokens: i
     scratch_attn = dev.alloc(mixers.attn_scratch_bytes(splits, t, hq, d), "attn_scratch")
     s.append(scratch_attn)
     out, out_apart = put(np.zeros((t, width)), "out"), put(np.zeros((t, width)), "out_apart")
-    c_data = random_blocks(Q.Q4_K, (rows, width), rng)
-    consumer = ops.upload_weight(dev, c_data, Q.Q4_K, (rows, width), "attn_output")
-    closed, apart = (ops.alloc_act(dev, t, width, f"plain.{k}", precise=True) for k in ("closed", "apart"))
-    scratch = closers.alloc_close_scratch(dev, width, "close.scratch")
-    o_buf = dev.alloc(4 * t * rows, "consumer_out")
+    c_data, consumer, closed, apart, scratch, o_buf = _consumer_side(dev, rng, t, rows, width, "attn_output")
     variant = f"plain.T{t}.s{splits}"
 
     def attend(o: Buffer, closer) -> None:
@@ -235,33 +259,30 @@ def check_plain(dev: Device, report: Report, rng: np.random.Generator, tokens: i
                          gate=q.view(4 * d), ld_gate=hq * stride, gate_head_stride=stride, scratch=scratch_attn,
                          splits=splits, closer=closer)
 
+    combined = splits > 1 and not mixers.attn_runs_mma(t, d, dev.info.max_smem_per_block)
     try:
-        with closing(True):
-            combined = splits > 1 and not mixers.attn_runs_mma(t, d, dev.info.max_smem_per_block)
-            closer = closers.plain_closer_for(dev, t, closed, [consumer], scratch, out, width, d, combined)
-            if closer is None:
-                raise AssertionError(f"{variant}: plain_closer_for found no closer with CLOSE on")
-            launches = []
-            for _ in range(2):
-                poison(dev, out)
-                _poison_int8(dev, closed)
-                attend(out, closer)
-                launches.append((dev.download(out, np.float32, (t, width)), _int8_copy(dev, closed, t)))
-            out_closed = _consume(dev, consumer, closed, o_buf, t)
-        with closing(False):
-            poison(dev, out_apart)
-            attend(out_apart, None)
-            _poison_int8(dev, apart)
-            ops.act_f16(dev, out_apart, apart, t, width)
-            ref8 = _int8_copy(dev, apart, t)
-            out_apart_c = _consume(dev, consumer, apart, o_buf, t)
-        ov = dev.download(out_apart, np.float32, (t, width))
-        _compare_launches(report, variant, "plain", launches, ov, ref8)
+        runs = _closed_then_apart(
+            dev, variant, t,
+            lambda: closers.plain_closer_for(dev, t, closed, [consumer], scratch, out, width, d, combined), attend,
+            lambda buf: ops.act_f16(dev, buf, apart, t, width), out, out_apart, (t, width), closed, apart, consumer,
+            o_buf)
+        _compare_launches(report, variant, "plain", runs.launches, runs.own_apart, runs.ref8)
         _check_counters(dev, report, variant, scratch, width)
-        _compare_consumer(report, variant, out_closed, out_apart_c, ov.astype(np.float64), c_data, Q.Q4_K, rng)
+        _compare_consumer(report, variant, runs.out_closed, runs.out_apart, runs.own_apart.astype(np.float64),
+                          c_data, Q.Q4_K, rng)
     finally:
         for buf in [*s, consumer.buf, scratch, o_buf, *closed.buffers(), *apart.buffers()]:
             dev.memory.free(buf)
+
+
+def _consumer_side(dev: Device, rng: np.random.Generator, tokens: int, rows: int, width: int, name: str):
+    """A random Q4_K consumer [rows, width] (its data too, for the reference), the closed and the apart act, the
+    closer's scratch, and the consumer's output buffer."""
+    c_data = random_blocks(Q.Q4_K, (rows, width), rng)
+    consumer = ops.upload_weight(dev, c_data, Q.Q4_K, (rows, width), name)
+    closed, apart = (ops.alloc_act(dev, tokens, width, f"{name}.{k}", precise=True) for k in ("closed", "apart"))
+    scratch = closers.alloc_close_scratch(dev, width, "close.scratch")
+    return c_data, consumer, closed, apart, scratch, dev.alloc(4 * tokens * rows, f"{name}.out")
 
 
 def _check_counters(dev: Device, report: Report, variant: str, scratch: Buffer, width: int) -> None:
@@ -313,48 +334,27 @@ def check_gated(dev: Device, report: Report, rng: np.random.Generator, tokens: i
     z = put(rng.standard_normal((t, ld_z)), "z")
     norm = put(1.0 + 0.2 * rng.standard_normal(dv), "ssm_norm")
     o, o_apart = put(np.zeros((t, inner)), "o"), put(np.zeros((t, inner)), "o_apart")
-    c_data = random_blocks(Q.Q4_K, (rows, inner), rng)
-    consumer = ops.upload_weight(dev, c_data, Q.Q4_K, (rows, inner), "ssm_out")
-    closed, apart = (ops.alloc_act(dev, t, inner, f"gated.{k}", precise=True) for k in ("closed", "apart"))
-    scratch = closers.alloc_close_scratch(dev, inner, "close.scratch")
-    out = dev.alloc(4 * t * rows, "out")
+    c_data, consumer, closed, apart, scratch, out = _consumer_side(dev, rng, t, rows, inner, "ssm_out")
     variant = f"gated.T{t}"
 
     def rule(o_buf: Buffer, closer) -> None:
         mixers.gdn_recurrent(dev, qk, qk.view(4 * hk * dk), v, state, o_buf, t, hk, hv, dk, dv, 2 * hk * dk, inner,
                              inner, False, closer=closer, **gates)
 
-    def consume(act: ops.Act) -> np.ndarray:
-        return _consume(dev, consumer, act, out, t)
-
     try:
-        with closing(True):
-            closer = closers.gated_closer_for(dev, t, closed, [consumer], scratch, o, inner, z, ld_z, norm, dv,
-                                              EPS)
-            if closer is None:
-                raise AssertionError(f"{variant}: gated_closer_for found no closer with CLOSE on")
-            launches = []
-            for _ in range(2):
-                poison(dev, o)
-                _poison_int8(dev, closed)
-                rule(o, closer)
-                launches.append((dev.download(o, np.float32, (t, inner)), _int8_copy(dev, closed, t)))
-            out_closed = consume(closed)
-        with closing(False):
-            poison(dev, o_apart)
-            rule(o_apart, None)
-            _poison_int8(dev, apart)
-            ops.act_gatednorm(dev, o_apart, z, norm, apart, t, dv, inner, ld_z, EPS)
-            ref8 = _int8_copy(dev, apart, t)
-            out_apart = consume(apart)
-        ov = dev.download(o_apart, np.float32, (t, inner))
-        _compare_launches(report, variant, "gatednorm", launches, ov, ref8)
+        runs = _closed_then_apart(
+            dev, variant, t,
+            lambda: closers.gated_closer_for(dev, t, closed, [consumer], scratch, o, inner, z, ld_z, norm, dv, EPS),
+            rule, lambda buf: ops.act_gatednorm(dev, buf, z, norm, apart, t, dv, inner, ld_z, EPS), o, o_apart,
+            (t, inner), closed, apart, consumer, out)
+        ov = runs.own_apart
+        _compare_launches(report, variant, "gatednorm", runs.launches, ov, runs.ref8)
         _check_counters(dev, report, variant, scratch, inner)
         heads = ov.astype(np.float64).reshape(t, hv, dv)
         zv = dev.download(z, np.float32, (t, ld_z))[:, :inner].astype(np.float64)
         normed = heads / np.sqrt(np.mean(heads * heads, axis=2, keepdims=True) + EPS)
         values = (normed * dev.download(norm, np.float32, (dv,))).reshape(t, inner) * zv / (1.0 + np.exp(-zv))
-        _compare_consumer(report, variant, out_closed, out_apart, values, c_data, Q.Q4_K, rng)
+        _compare_consumer(report, variant, runs.out_closed, runs.out_apart, values, c_data, Q.Q4_K, rng)
     finally:
         for buf in [*s, consumer.buf, scratch, out, *closed.buffers(), *apart.buffers()]:
             dev.memory.free(buf)

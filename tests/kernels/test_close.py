@@ -395,27 +395,19 @@ def test_the_launcher_mirrors_the_kernels_struct() -> None:
 def test_each_close_mode_has_an_instance_of_the_producers_number() -> None:
     numbers = {name.lower(): int(v) for name, v in
                re.findall(r"#define ACT_(\w+) (\d+)", (nvrtc.KERNEL_DIR / "act8.cuh").read_text())}
-    for s, n in instances.I8B_CLOSE_SHAPES:
-        for mode in instances.I8B_CLOSE_MODES:
-            assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_close_{mode}"].expr == \
-                f"mmvq_i8b<{s}, {n}, -1, {numbers[mode]}>"
-    stages, (s, n) = instances.ACT_STAGES, instances.I8V_SHAPE
-    for t in instances.I8_CLOSE_TOKENS:
-        for mode in instances.I8_CLOSE_MODES:
-            assert instances.INSTANCES[f"mmvq_q4_K_i8_t{t}_close_{mode}"].expr == \
-                f"mmvq_i8<{t}, {stages}, 1, {numbers[mode]}>"
-        for mode in instances.Q6_I8_CLOSE_MODES:
-            assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}_close_{mode}"].expr == \
-                f"mmvq_q6_i8<{t}, {stages}, {numbers[mode]}>"
-    for t in instances.I8V_TOKENS:
-        for mode in instances.I8V_CLOSE_MODES:
-            assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}_close_{mode}"].expr == \
-                f"mmvq_i8v<{t}, {s}, {n}, {numbers[mode]}>"
-    for d in instances.GDN_KEY_DIMS:
-        assert instances.INSTANCES[f"gdn_k{d}_close_gatednorm"].expr == \
-            f"gdn_recurrent<{d // 32}, {numbers['gatednorm']}>"
-    assert instances.INSTANCES["attn_combine_close_plain"].expr == f"attn_combine<{numbers['plain']}>"
-    assert instances.INSTANCES["attn_combine"].expr == "attn_combine<-1>"
+    ins, stages, (vs, vn) = instances, instances.ACT_STAGES, instances.I8V_SHAPE
+    expected = {f"mmvq_q4_K_i8b_s{s}n{n}_close_{m}": f"mmvq_i8b<{s}, {n}, -1, {numbers[m]}>"
+                for s, n in ins.I8B_CLOSE_SHAPES for m in ins.I8B_CLOSE_MODES}
+    expected |= {f"mmvq_q4_K_i8_t{t}_close_{m}": f"mmvq_i8<{t}, {stages}, 1, {numbers[m]}>"
+                 for t in ins.I8_CLOSE_TOKENS for m in ins.I8_CLOSE_MODES}
+    expected |= {f"mmvq_q6_K_i8_t{t}_close_{m}": f"mmvq_q6_i8<{t}, {stages}, {numbers[m]}>"
+                 for t in ins.I8_CLOSE_TOKENS for m in ins.Q6_I8_CLOSE_MODES}
+    expected |= {f"mmvq_q4_K_i8v_t{t}_close_{m}": f"mmvq_i8v<{t}, {vs}, {vn}, {numbers[m]}>"
+                 for t in ins.I8V_TOKENS for m in ins.I8V_CLOSE_MODES}
+    expected |= {f"gdn_k{d}_close_gatednorm": f"gdn_recurrent<{d // 32}, {numbers['gatednorm']}>"
+                 for d in ins.GDN_KEY_DIMS}
+    expected |= {"attn_combine_close_plain": f"attn_combine<{numbers['plain']}>", "attn_combine": "attn_combine<-1>"}
+    assert {name: ins.INSTANCES[name].expr for name in expected} == expected
     assert i8b.DEFAULT_SHAPE in instances.I8B_CLOSE_SHAPES
 
 
