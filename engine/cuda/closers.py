@@ -42,9 +42,9 @@ class Closer:
     """The producer of `act` formed behind the kernel that writes its input (closer_for, gated_closer_for,
     plain_closer_for say where it can be): "rmsnorm", RMSNorm(y) * w; "swiglu", silu(y[:width]) * y[width:], the
     matmul's rows the gate then the up half; "gatednorm", RMSNorm(o per head of `head`) * w * silu(x2), o the delta
-    rule's output; "plain", y itself (attention's output). act gets its
-    int8 copy only (no f16 form, no f32 rows), so every matmul that reads it must take that. scratch: the kernel's
-    counters and partial sums (alloc_close_scratch), zero between launches."""
+    rule's output; "plain", y itself (attention's output). act gets its int8 copy only (no f16 form, no f32 rows),
+    so every matmul that reads it must take that. scratch: the kernel's counters and partial sums
+    (alloc_close_scratch), zero between launches."""
 
     mode: str
     act: ops.Act
@@ -90,7 +90,7 @@ def closing_kernel(dev: Device, w: ops.DeviceWeight, num_tokens: int, mode: str,
     """The int8 matmul a launch on w of num_tokens tokens takes (its input x's int8 copy written; x None: a
     one-token probe) where that kernel has a close instance of `mode` for that count, else None: closers on,
     mmvq_i8b in a shape built with them, mmvq_i8 a tile a block."""
-    if not (i8b.CLOSE and ops.I8_MATMUL and 1 <= num_tokens <= CLOSE_TOKENS):
+    if not _on(num_tokens):
         return None
     probe = ops.Act(None, None, None, w.cols, w.cols, num_tokens) if x is None else x
     kernel = ops._group_kernel(dev, w, replace(probe, i8_tokens=num_tokens), num_tokens, num_tokens)
@@ -100,9 +100,18 @@ def closing_kernel(dev: Device, w: ops.DeviceWeight, num_tokens: int, mode: str,
     return kernel if num_tokens in counts and mode in modes else None
 
 
-def _int8_consumers(dev: Device, act: ops.Act, consumers: Sequence[ops.DeviceWeight], num_tokens: int) -> bool:
-    """Whether every consumer is a matmul of act's width that takes act's int8 copy at num_tokens (as a closer
-    leaves act: that copy written, nothing else)."""
+def _on(num_tokens: int) -> bool:
+    """Closers and the int8 matmuls on, and a pass they take (one token group)."""
+    return i8b.CLOSE and ops.I8_MATMUL and 1 <= num_tokens <= CLOSE_TOKENS
+
+
+def _admits(dev: Device, act: ops.Act, consumers: Sequence[ops.DeviceWeight], num_tokens: int,
+            scratch: Buffer) -> bool:
+    """Whether a closer may form act: act in whole superblocks with an int8 copy, and every consumer a matmul of
+    act's width that takes that copy at num_tokens (as a closer leaves act: that copy written, nothing else)."""
+    if act.q8 is None or act.width % ops.SUPERBLOCK:
+        return False
+    assert scratch.nbytes >= close_scratch_bytes(act.width), scratch.what
     written = replace(act, i8_tokens=num_tokens)
     return all(c.cols == act.width and num_tokens < ops.GEMM_MIN_TOKENS
                and ops._group_kernel(dev, c, written, num_tokens, num_tokens) in INT8_KERNELS for c in consumers)
@@ -115,14 +124,13 @@ def closer_for(dev: Device, w: ops.DeviceWeight, num_tokens: int, mode: str, act
     the producer must be launched: w's launch on a kernel that closes the mode at that count (closing_kernel), w's
     rows act's width (rmsnorm) or twice it (swiglu), act in whole superblocks with an int8 copy, and every
     consumer a matmul that reads only that copy at num_tokens."""
-    if closing_kernel(dev, w, num_tokens, mode, x) is None or act.q8 is None or act.width % ops.SUPERBLOCK:
+    if closing_kernel(dev, w, num_tokens, mode, x) is None:
         return None
     if w.rows != (2 if mode == "swiglu" else 1) * act.width or (mode == "rmsnorm") != (norm is not None):
         return None
     if norm is not None and norm.ptr % 16:  # its lanes load 8 weights at a time
         return None
-    assert scratch.nbytes >= close_scratch_bytes(act.width), scratch.what
-    return Closer(mode, act, scratch, norm, eps) if _int8_consumers(dev, act, consumers, num_tokens) else None
+    return Closer(mode, act, scratch, norm, eps) if _admits(dev, act, consumers, num_tokens, scratch) else None
 
 
 def gated_closer_for(dev: Device, num_tokens: int, act: ops.Act, consumers: Sequence[ops.DeviceWeight], scratch: Buffer,
@@ -132,14 +140,11 @@ def gated_closer_for(dev: Device, num_tokens: int, act: ops.Act, consumers: Sequ
     where it must be launched: closers on, up to CLOSE_TOKENS tokens, a head size it takes, act in whole
     superblocks with an int8 copy, every row and the norm 16-byte aligned, and every consumer a matmul that
     reads only the int8 copy at num_tokens."""
-    if not (i8b.CLOSE and ops.I8_MATMUL and 1 <= num_tokens <= CLOSE_TOKENS and head in GATED_HEADS):
-        return None
     aligned = all(p % 16 == 0 for p in (o.ptr, z.ptr, norm.ptr, 4 * ld_o, 4 * ld_z))
-    if act.q8 is None or act.width % ops.SUPERBLOCK or not aligned:
+    if not (_on(num_tokens) and head in GATED_HEADS and aligned):
         return None
-    assert scratch.nbytes >= close_scratch_bytes(act.width), scratch.what
     closer = Closer("gatednorm", act, scratch, norm, eps, z, ld_z, head)
-    return closer if _int8_consumers(dev, act, consumers, num_tokens) else None
+    return closer if _admits(dev, act, consumers, num_tokens, scratch) else None
 
 
 def plain_closer_for(dev: Device, num_tokens: int, act: ops.Act, consumers: Sequence[ops.DeviceWeight],
@@ -148,12 +153,8 @@ def plain_closer_for(dev: Device, num_tokens: int, act: ops.Act, consumers: Sequ
     it must be launched: closers on, up to CLOSE_TOKENS tokens, the output written by attn_combine (combined: the
     keys split, not the prefill mma path), heads that tile a superblock, act in whole superblocks with an int8 copy,
     rows 16-byte aligned, and every consumer a matmul that reads only the int8 copy at num_tokens."""
-    if not (i8b.CLOSE and ops.I8_MATMUL and 1 <= num_tokens <= CLOSE_TOKENS and combined):
+    heads_fit = head_dim <= ops.SUPERBLOCK and ops.SUPERBLOCK % head_dim == 0
+    aligned = out.ptr % 16 == 0 and (4 * ld_out) % 16 == 0
+    if not (_on(num_tokens) and combined and heads_fit and aligned):
         return None
-    if head_dim > ops.SUPERBLOCK or ops.SUPERBLOCK % head_dim or out.ptr % 16 or (4 * ld_out) % 16:
-        return None
-    if act.q8 is None or act.width % ops.SUPERBLOCK:
-        return None
-    assert scratch.nbytes >= close_scratch_bytes(act.width), scratch.what
-    closer = Closer("plain", act, scratch)
-    return closer if _int8_consumers(dev, act, consumers, num_tokens) else None
+    return Closer("plain", act, scratch) if _admits(dev, act, consumers, num_tokens, scratch) else None

@@ -188,7 +188,6 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     row; its activations the int8 copy group8, or computed from producer (fuses() said so; group8 None); with
     closer, the next matmul's input formed from y at its tail."""
     from engine.cuda import ops
-
     from engine.cuda.closers import close_dst
 
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
@@ -308,7 +307,6 @@ def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Bu
     """One launch of mmvq_i8v for num_tokens (2-8) tokens: mmvq_i8b's walking grid, y and residual [T, ld_y]; with
     closer, the next matmul's input formed from y behind it."""
     from engine.cuda import ops
-
     from engine.cuda.closers import close_dst
 
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w, num_tokens)

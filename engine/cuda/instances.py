@@ -50,7 +50,7 @@ I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2))
 # slower (bench/NOTES.md v17, dad12b5).
 I8B_FUSED_MODES = ("plain", "rmsnorm", "gatednorm")
 I8B_FUSED_SHAPES = ((2, 2),)
-# Producers it can form behind itself for the next matmul (kernels/act8_close.cuh: engine/cuda/ops.py Closer), and
+# Producers it can form behind itself for the next matmul (kernels/act8_close.cuh, engine/cuda/closers.py), and
 # the shapes built with them: mmvq_q4_K_i8b_s{S}n{NS}_close_{mode}.
 I8B_CLOSE_MODES = ("rmsnorm", "swiglu")
 I8B_CLOSE_SHAPES = ((2, 2),)
@@ -138,7 +138,7 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q6_K_i8_t{t}_close_{mode}", "mmvq_i8q6",
                      f"mmvq_q6_i8<{t}, {ACT_STAGES}, {ACT_MODES.index(mode)}>")
             for t in I8_CLOSE_TOKENS for mode in Q6_I8_CLOSE_MODES]
-    out += [Instance("mmvq_q8_0_i8", "mmvq_i8q8", "mmvq_q8_0_i8")]  # Q8_0, one token of int8 activations
+    out += [Instance("mmvq_q8_0_i8", "mmvq_i8q8", "mmvq_q8_0_i8")]  # Q8_0, 1-8 tokens of int8 activations
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",

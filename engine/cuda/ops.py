@@ -318,7 +318,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
             i8b.launch(dev, w, None, y, bias, residual, producer)
             return
         produce(dev, producer, act, num_tokens)
-    if closer is not None:
+    if closer is not None:  # one launch (a token group) on a kernel with a close instance: the loop below
         from engine.cuda.closers import CLOSE_INSTANCES
 
         kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
@@ -326,16 +326,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         assert num_tokens in counts and closer.mode in modes, \
             f"{w.name}: no closer of {closer.mode} behind {num_tokens} tokens on {kernel}"
         assert y.ptr % 16 == 0 and ld_y % 4 == 0, f"{w.name}: the closer loads y 16 bytes at a time"
-        if kernel == "i8b":
-            i8b.launch(dev, w, act.group8(0), y, bias, residual, closer=closer)
-        elif kernel == "i8v":
-            i8b.launch_verify(dev, w, act.group8(0), y, bias, residual, num_tokens, ld_y, closer=closer)
-        elif kernel == "i8":
-            _mmvq_i8(dev, w, act.group8(0), y, bias, residual, num_tokens, ld_y, closer)
-        else:
-            _mmvq_q6_i8(dev, w, act.group8(0), y, bias, residual, num_tokens, ld_y, closer)
         closer.act.i8_tokens = num_tokens
-        return
     gemm = DISPATCH.get(("gemm", w.qtype))
     if gemm is not None and num_tokens >= GEMM_MIN_TOKENS:
         wg = gemm_wg_instance(dev.info.arch, w.qtype, num_tokens, w.cols, bias is not None)
@@ -366,16 +357,16 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
         pipelined = _group_kernel(dev, w, act, num_tokens, t)
         if pipelined == "i8b":
-            i8b.launch(dev, w, act.group8(0), y_t, bias, res_t)
+            i8b.launch(dev, w, act.group8(0), y_t, bias, res_t, closer=closer)
             continue
         if pipelined == "i8v":
-            i8b.launch_verify(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
+            i8b.launch_verify(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer=closer)
             continue
         if pipelined == "i8":
-            _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
+            _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer)
             continue
         if pipelined == "i8q6":
-            _mmvq_q6_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
+            _mmvq_q6_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer)
             continue
         if pipelined == "i8q8":
             _mmvq_q8_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
@@ -601,7 +592,7 @@ def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
 def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
              bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None) -> None:
     """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
-    closer (one token, one tile a block), the next matmul's input formed from y behind it."""
+    closer (one tile a block), the next matmul's input formed from y behind it."""
     from engine.cuda.closers import close_dst
 
     q8, scale8, sums8, sums8_lo = group8
@@ -655,7 +646,7 @@ def q6_i8_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
 def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
                 bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None) -> None:
     """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
-    closer (one token), the next matmul's input formed from y behind it."""
+    closer, the next matmul's input formed from y behind it."""
     from engine.cuda.closers import close_dst
 
     q8, scale8, _, _ = group8
