@@ -78,7 +78,9 @@ LEVEL_MISMATCH_TOL = {("swiglu", "hi"): 0.5, ("swiglu", "lo"): 0.5, ("plain", "h
                       ("rmsnorm", "lo"): 1e-2}
 FRACTION_MODES = frozenset({"rmsnorm", "gatednorm"})
 TOL_SCALES = 1e-5  # scales and sums times 1 / rms summed in another order: ~1e-7
-TOL_I8_VS_F16 = 1e-4  # mmvq_q8_0_i8 against the precise f16 kernel: the int8 levels keep 1.5e-5 of a superblock
+# mmvq_q8_0_i8 against the precise f16 Q8_0 kernel. On the H100 (4e6f40a) the int8 kernel was 3.4e-5 from the
+# float64 reference and 2.3e-4 from the f16 one: the difference is the f16 kernel's own, so the bound is its class.
+TOL_I8_VS_F16 = 1e-3
 TIMED = ("ffn_norm", "swiglu", "input_norm", "input_norm_q6")  # one-token pairs, one of each kernel and mode
 TOL_Y = 1e-6  # the matmul's own output: the same sums as without the closer (a closer writing into y: 1e-2 or more)
 
@@ -166,8 +168,13 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
     w = ops.upload_weight(dev, data, pair.producer_qtype, (rows, cols), f"{pair.name}.w")
     consumer = ops.upload_weight(dev, c_data, pair.consumer_qtype, (c_rows, width), f"{pair.name}.consumer")
     x = ops.alloc_act(dev, t, cols, "x", precise=True)
-    dev.upload(x.f32, (rng.standard_normal((t, cols)) * rng.uniform(0.5, 2.0, (t, 1))).astype(np.float32))
-    res = dev.to_device((3.0 * rng.standard_normal((t, rows))).astype(np.float32), "res")  # rms far from 1
+    # SwiGLU takes gate | up as a model's are (O(1): random Q4_K rows times N(0, 1) gave ~200, whose SwiGLU
+    # sub-block sums overflowed the f16 pair, the producer's as the closer's: NaN on both sides, 4e6f40a); RMSNorm
+    # does not depend on the scale, and gets a residual so that its rms is far from 1
+    scale = 0.01 if pair.mode == "swiglu" else 1.0
+    dev.upload(x.f32, (scale * rng.standard_normal((t, cols)) * rng.uniform(0.5, 2.0, (t, 1))).astype(np.float32))
+    res = None if pair.mode == "swiglu" else dev.to_device((3.0 * rng.standard_normal((t, rows))).astype(np.float32),
+                                                           "res")
     norm = dev.to_device((1.0 + 0.2 * rng.standard_normal(width)).astype(np.float32), "norm")
     closed, apart = (ops.alloc_act(dev, t, width, f"{pair.name}.{k}", precise=True) for k in ("closed", "apart"))
     scratch = closers.alloc_close_scratch(dev, width, "close.scratch")
@@ -204,7 +211,8 @@ def check_close(dev: Device, report: Report, rng: np.random.Generator, pair: Pai
                 f16 = _consume(dev, consumer, apart, out, t)
             compare(report, "close.consumer", variant + ".q8_i8_vs_f16", runs.out_apart, f16, TOL_I8_VS_F16)
     finally:
-        for buf in [w.buf, consumer.buf, res, norm, scratch, y, y_apart, out, *x.buffers(), *closed.buffers(),
+        for buf in [w.buf, consumer.buf, *([res] if res is not None else []), norm, scratch, y, y_apart, out,
+                    *x.buffers(), *closed.buffers(),
                     *apart.buffers()]:
             dev.memory.free(buf)
 
