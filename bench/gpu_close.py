@@ -401,7 +401,7 @@ def time_close(dev: Device, report: Report, rng: np.random.Generator) -> None:
     without PDL, from HBM: what the closer adds to the matmul's tail against what the producer launch costs."""
     if dev.info.arch < i8b.MIN_ARCH:
         return
-    print("closer timings (us): matmul + producer launch | matmul with the closer", flush=True)
+    print("closer timings (us): matmul alone | matmul + producer launch | matmul with the closer", flush=True)
     for pair in PAIRS:
         if pair.name in TIMED and pair.tokens == 1:
             _time_pair(dev, report, rng, pair)
@@ -422,23 +422,24 @@ def _time_pair(dev: Device, report: Report, rng: np.random.Generator, pair: Pair
     rms = pair.mode == "rmsnorm"
     cells = []
     try:
-        for on in (False, True):
+        # alone: the matmul without its consumer's input (what the producer and the closer each add to it)
+        for label in ("alone", "apart", "closed"):
+            on = label == "closed"
             with closing(on):
                 ops.act_f16(dev, x.f32, x, 1, cols)
                 closer = closers.closer_for(dev, ws[0], 1, pair.mode, dst, [consumer], scratch,
                                             norm if rms else None, EPS) if on else None
                 count = {"i": 0}
 
-                def run(closer=closer):
+                def run(closer=closer, produce=label == "apart"):
                     ops.matmul(dev, ws[count["i"] % len(ws)], x, y, 1, rows, closer=closer)
-                    if closer is None and rms:
+                    if produce and rms:
                         ops.act_rmsnorm(dev, y, norm, dst, 1, width, EPS)
-                    elif closer is None:
+                    elif produce:
                         ops.act_swiglu(dev, y, y.view(4 * width), dst, 1, rows)
                     count["i"] += 1
 
                 med, spread = median_time(dev, run, reps=20, warmup=3, inner=2 * len(ws))
-            label = "closed" if on else "apart"
             report.timings.append(Timing("close", f"{pair.name}.{pair.mode}.{label}", f"{rows}x{cols}", med, spread,
                                          data.nbytes))
             cells.append(f"{label} {med * 1e3:6.1f}")
