@@ -59,23 +59,49 @@ __device__ __forceinline__ void close_weights8(const float* p, float (&v)[8]) {
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
+// The counters' fences: release before a count, acquire after the count that completes (PTX's release and acquire
+// patterns; one thread's fence after a __syncthreads orders the whole block's stores, as CUTLASS's semaphores
+// rely on). __threadfence() is sequentially consistent (SASS MEMBAR.SC.GPU, then CCTL.IVALL emptying the SM's
+// L1), more than either needs; CLOSE_FENCE_ACQREL=1 (a benchmark knob, off) takes fence.acq_rel.gpu for both. The
+// closers read what other blocks stored with ld.global.cg (L2), so L1's state never matters to them.
+#ifndef CLOSE_FENCE_ACQREL
+#define CLOSE_FENCE_ACQREL 0
+#endif
+
+__device__ __forceinline__ void close_fence() {
+#if CLOSE_FENCE_ACQREL
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+    __threadfence();
+#endif
+}
+
+// A (superblock, token)'s partial sums from L2 in three loads (CLOSE_PART floats, 16-byte aligned).
+__device__ __forceinline__ void close_load_part(const float* p, float4 (&v)[3]) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) v[i] = __ldcg(reinterpret_cast<const float4*>(p) + i);
+}
+
 // RMSNorm, by the warp that closed the row's last superblock: each token's 1 / rms from every superblock's sum of
-// squares, then each (superblock, token)'s scales and sub-block sums times it (9 stores each, over the lanes).
+// squares, then each (superblock, token)'s scales and sub-block sums times it, lane l taking superblocks l, l + 32,
+// ... Each lane loads its first superblock's part whole before anything is stored: the compiler cannot know the
+// stores miss `part`, so a load after a store waits for it, and this is the tail of the launch (a round trip each).
 __device__ __forceinline__ void close_row(const Act8Close& c, int lane) {
     const int nsb = c.width / QK_SB;
     for (int t = 0; t < c.tokens; ++t) {
-        float total = 0.f;
-        for (int s = lane; s < nsb; s += 32) total += __ldcg(c.part + CLOSE_PART * (CLOSE_TOKENS * s + t));
+        float4 own[3] = {};
+        if (lane < nsb) close_load_part(c.part + CLOSE_PART * (CLOSE_TOKENS * lane + t), own);
+        float total = own[0].x;
+        for (int s = lane + 32; s < nsb; s += 32) total += __ldcg(c.part + CLOSE_PART * (CLOSE_TOKENS * s + t));
         const float inv = rsqrtf(warp_sum(total) / (float)c.width + c.eps);
-        for (int i = lane; i < 9 * nsb; i += 32) {
-            const int s = i / 9, j = i % 9;
-            const float* p = c.part + CLOSE_PART * (CLOSE_TOKENS * s + t);
-            if (j == 8) {
-                c.scale[16 * s + t] = __ldcg(p + 1) * inv;
-                c.scale[16 * s + 8 + t] = __ldcg(p + 2) * inv;
-            } else {
-                store_f16_pair(c.sums, c.sums_lo, 64 * s + 8 * t + j, __ldcg(p + 4 + j) * inv);
-            }
+        for (int s = lane; s < nsb; s += 32) {
+            float4 v[3] = {own[0], own[1], own[2]};
+            if (s != lane) close_load_part(c.part + CLOSE_PART * (CLOSE_TOKENS * s + t), v);
+            c.scale[16 * s + t] = v[0].y * inv;
+            c.scale[16 * s + 8 + t] = v[0].z * inv;
+            const float sums[8] = {v[1].x, v[1].y, v[1].z, v[1].w, v[2].x, v[2].y, v[2].z, v[2].w};
+#pragma unroll
+            for (int j = 0; j < 8; ++j) store_f16_pair(c.sums, c.sums_lo, 64 * s + 8 * t + j, sums[j] * inv);
         }
     }
 }
@@ -149,13 +175,13 @@ __device__ __forceinline__ void close_superblock(const Act8Close& c, const float
         if ((lane & 3) == 0) p[4 + (lane >> 2)] = sub;
     }
     if (MODE != ACT_RMSNORM) return;
-    __threadfence();  // this superblock's parts before the row's count
+    close_fence();  // this superblock's parts before the row's count
     __syncwarp();
     const int nsb = c.width / QK_SB;
     u32 closed = 0u;
     if (lane == 0) closed = atomicAdd(c.count + nsb, 1u);
     if (__shfl_sync(FULL_MASK, closed, 0) != (u32)(nsb - 1)) return;
-    __threadfence();  // every other superblock's parts
+    close_fence();  // every other superblock's parts
     __syncwarp();
     if (lane == 0) c.count[nsb] = 0u;
     close_row(c, lane);
@@ -172,7 +198,7 @@ __device__ __forceinline__ void close_arrive(const Act8Close& c, const float* y,
     if (counts && atomicAdd(c.count + sb_of_lane, 1u) == writers - 1) sb = sb_of_lane;
     u32 full = __ballot_sync(FULL_MASK, sb >= 0);
     if (full) {
-        __threadfence();  // the other writers' values of those superblocks
+        close_fence();  // the other writers' values of those superblocks
         __syncwarp();
     }
     while (full) {
@@ -198,7 +224,7 @@ __device__ __noinline__ void close_arrive_call(const Act8Close& c, const float* 
 template <int MODE>
 __device__ __forceinline__ void close_tiles(const Act8Close& c, const float* y, int first, int step, int tiles) {
     const int lane = threadIdx.x & 31, half = c.width / 16;  // tiles of the gate half (RMSNorm: every tile)
-    __threadfence();  // the block's rows before their counts
+    close_fence();  // the block's rows before their counts
     __syncwarp();
     for (int t0 = 0; t0 < tiles; t0 += 32) {
         const int tile = first + (t0 + lane) * step;

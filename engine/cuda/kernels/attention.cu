@@ -307,9 +307,10 @@ __global__ void __launch_bounds__(256) attn_combine(AttnArgs a, int splits, int 
         a.out[(i64)t * a.ld_out + (i64)h * D + d] = val;
     }
     if (CLOSE != CLOSE_NONE) {
-        __threadfence();  // the block's values (every thread stored some) before warp 0 counts them
-        __syncthreads();
-        if (threadIdx.x < 32)
+        __syncthreads();  // the block's values (every thread stored some), then warp 0's fence and count
+        if (threadIdx.x < 32) {
+            close_fence();
             close_arrive<CLOSE>(close, a.out, h * D / QK_SB, threadIdx.x == 0, (u32)(a.T * (QK_SB / D)));
+        }
     }
 }

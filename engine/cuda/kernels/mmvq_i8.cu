@@ -195,8 +195,7 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
     if constexpr (TILES == 1) mmvq_store(acc, y, bias, residual, 16 * tile0, rows, T, ldy, PACKED);
     if constexpr (CLOSE != CLOSE_NONE) {
-        __threadfence();  // the block's rows (stored by several warps) before warp 0 counts them
-        __syncthreads();
+        __syncthreads();  // the block's rows (stored by several warps), then warp 0's fence and counts
         if (warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, 1);
     }
 }

@@ -211,8 +211,7 @@ mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
         }
     }
     if (CLOSE != CLOSE_NONE) {  // the next matmul's input behind the launch (kernels/act8_close.cuh)
-        __threadfence();  // the block's rows (stored by several warps) before warp 0 counts them
-        __syncthreads();
+        __syncthreads();  // the block's rows (stored by several warps), then warp 0's fence and counts
         if (warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, my_tiles);
     }
 #else
