@@ -106,6 +106,16 @@ __device__ __forceinline__ void close_row(const Act8Close& c, int lane) {
     }
 }
 
+// Token t's values at the lane's positions k .. k + 7 (SwiGLU: the gate's in v, the up's in u; the gated norm: o
+// in v, z in u).
+template <int MODE>
+__device__ __forceinline__ void close_load_token(const Act8Close& c, const float* y, int k, int t, float (&v)[8],
+                                                 float (&u)[8]) {
+    close_load8(y + (i64)t * c.ld + k, v);
+    if (MODE == ACT_SWIGLU) close_load8(y + (i64)t * c.ld + c.width + k, u);
+    if (MODE == ACT_GATEDNORM) close_load8(c.x2 + (i64)t * c.ld2 + k, u);
+}
+
 // Superblock sb of the consumer's input for every token, from y (the writer's output, every writer of sb stored),
 // by one warp: lane l takes positions 8 l .. 8 l + 7, which are 8 contiguous bytes of each level in the Act8 order
 // and, by quads, the superblock's eight sub-blocks; RMSNorm's closer then counts the superblock into the row's.
@@ -115,15 +125,17 @@ __device__ __forceinline__ void close_superblock(const Act8Close& c, const float
     float wk[8];  // RMSNorm's weights, or the gated norm's head weights at these positions
     if (MODE == ACT_RMSNORM) close_weights8(c.w + k, wk);
     if (MODE == ACT_GATEDNORM) close_weights8(c.w + (8 * lane) % c.head, wk);
+    float v[8], u[8];  // this token's values (and SwiGLU's up, the gated norm's z); the next token's in nv, nu
+    close_load_token<MODE>(c, y, k, 0, v, u);
     for (int t = 0; t < c.tokens; ++t) {
-        float v[8], u[8], ss = 0.f;
-        close_load8(y + (i64)t * c.ld + k, v);
+        float nv[8], nu[8], ss = 0.f;
+        // The next token's loads before this token's stores: issued after them, they would wait for this
+        // token's loads and arithmetic (the compiler cannot know the stores miss y), a round trip a token.
+        if (t + 1 < c.tokens) close_load_token<MODE>(c, y, k, t + 1, nv, nu);
         if (MODE == ACT_SWIGLU) {
-            close_load8(y + (i64)t * c.ld + c.width + k, u);
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[e] = siluf_(v[e]) * u[e];
         } else if (MODE == ACT_GATEDNORM) {  // a head's sum of squares over its head / 8 lanes
-            close_load8(c.x2 + (i64)t * c.ld2 + k, u);
             float sq = 0.f;
 #pragma unroll
             for (int e = 0; e < 8; ++e) sq = fmaf(v[e], v[e], sq);
@@ -163,16 +175,18 @@ __device__ __forceinline__ void close_superblock(const Act8Close& c, const float
                 c.scale[16 * sb + 8 + t] = lv.s_lo;
             }
             if ((lane & 3) == 0) store_f16_pair(c.sums, c.sums_lo, 64 * sb + 8 * t + (lane >> 2), sub);
-            continue;
+        } else {
+            ss = warp_sum(ss);
+            float* p = c.part + CLOSE_PART * (CLOSE_TOKENS * sb + t);
+            if (lane == 0) {
+                p[0] = ss;
+                p[1] = lv.s;
+                p[2] = lv.s_lo;
+            }
+            if ((lane & 3) == 0) p[4 + (lane >> 2)] = sub;
         }
-        ss = warp_sum(ss);
-        float* p = c.part + CLOSE_PART * (CLOSE_TOKENS * sb + t);
-        if (lane == 0) {
-            p[0] = ss;
-            p[1] = lv.s;
-            p[2] = lv.s_lo;
-        }
-        if ((lane & 3) == 0) p[4 + (lane >> 2)] = sub;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = nv[e], u[e] = nu[e];
     }
     if (MODE != ACT_RMSNORM) return;
     close_fence();  // this superblock's parts before the row's count
