@@ -13,7 +13,8 @@ DIR holds the GPU machine's libnvrtc.so.13 and libnvrtc-builtins.so.13.0 (`pip i
 asked for, and none; gemm_wg for sm_90a), the latency probe's two builds, and the megakernel for the tiny
 qwen35 of the diff / tiny parts and for the 27B shape (its types from the generator's plan,
 costs.spec_from_config: no 16 GB file here) under OPENJET_MK_DEFINES as set (run it once per setting the call
-uses: the folder accumulates), and the 27B's at each variant of --variants (cycle27b's).
+uses: the megakernel's entries accumulate), and the 27B's at each variant of --variants (cycle27b's). Per-op
+entries of any other source or define set are removed before packing (every header edit makes new ones).
 The call carries the archive and starts with `tar -xJf .kcache.tar.xz && export OPENJET_KERNEL_CACHE=$PWD/.kcache`
 (bench/MEGAKERNEL.md Status).
 """
@@ -100,6 +101,37 @@ def jobs(args, specs: dict) -> list[tuple]:
     return out
 
 
+def per_op_stems(arch: int, cuda_defines: list[str]) -> set[str]:
+    """The cache entries' names (without suffix) of every per-op file at each OPENJET_CUDA_DEFINES set ("" and
+    cuda_defines), as nvrtc.compile_cached names them for the NVRTC loaded now."""
+    from bench.gpu_megakernel import environment
+    from engine.cuda import instances, nvrtc
+
+    stems = set()
+    for defines in ["", *cuda_defines]:
+        with environment({"OPENJET_CUDA_DEFINES": defines}):
+            for file, insts in instances.files().items():
+                options = (*nvrtc.file_options(file, arch), "ptx=False")
+                key = nvrtc.source_digest(nvrtc.KERNEL_DIR / f"{file}.cu", options, arch,
+                                          tuple(i.expr for i in insts))
+                stems.add(f"{file}-sm{arch}-{key[:24]}")
+    return stems
+
+
+def prune_per_op(out: Path, keep: set[str], arch: int) -> list[Path]:
+    """Remove the per-op entries in `out` that are not in `keep` (an earlier source's, or another define set's):
+    every header edit gives each per-op file a new key, and the call carries the folder (64 MiB in all). The
+    megakernel's and the latency probe's entries stay (variants accumulate across runs)."""
+    from engine.cuda import instances
+
+    prefixes = tuple(f"{file}-sm{arch}-" for file in instances.files())
+    stale = [p for p in sorted(out.iterdir())
+             if p.name.startswith(prefixes) and p.name.split(".")[0] not in keep]
+    for p in stale:
+        p.unlink()
+    return stale
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nvrtc", required=True, help="folder of the GPU machine's libnvrtc (13.0)")
@@ -109,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--variants", default="", help="gpu_megakernel's --variants, each compiled too")
     parser.add_argument("--cuda-defines", action="append", default=[],
-                        help="an OPENJET_CUDA_DEFINES value the per-op kernels are compiled with too (repeatable)")
+                        help="an OPENJET_CUDA_DEFINES value the per-op kernels are compiled with too (repeatable; "
+                        "per-op entries of any other set are removed, so give every set the call uses)")
     parser.add_argument("--expect-nvrtc", default="13.0", help="the GPU machine's NVRTC (its results' info.nvrtc)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
@@ -135,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
           (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
     if failed:
         return 1
+    stale = prune_per_op(Path(args.out), per_op_stems(args.arch, args.cuda_defines), args.arch)
+    print(f"{len(stale)} stale per-op files removed (an earlier source's or define set's)", flush=True)
     if args.archive:
         with tarfile.open(args.archive, "w:xz") as tar:
             tar.add(args.out, arcname=Path(args.out).name)

@@ -57,3 +57,25 @@ def test_a_job_leaves_the_entry_the_part_then_finds(monkeypatch, tmp_path) -> No
     exprs = tuple(i.expr for i in instances.files()["norm"])
     hit = nvrtc.compile_cached(nvrtc.KERNEL_DIR / "norm.cu", 90, exprs, nvrtc.kernel_options(), directory=tmp_path)
     assert hit.from_cache
+
+
+def test_pruning_keeps_this_sources_entries_and_drops_a_stale_one(monkeypatch, tmp_path) -> None:
+    for key in ("OPENJET_KERNEL_CACHE", "OPENJET_CUDA_DEFINES"):
+        monkeypatch.setenv(key, "")
+    precompile.compile_job(("norm", None, str(tmp_path), {"OPENJET_CUDA_DEFINES": ""}, "per-op", 90, "norm"))
+    built = sorted(p.name for p in tmp_path.iterdir())
+    assert len(built) == 2  # the cubin and its metadata
+    # an earlier source's norm, another define set's act, a megakernel and the latency probe beside it
+    others = ["norm-sm90-000000000000000000000000", "act-sm90-111111111111111111111111",
+              "megakernel-sm90-222222222222222222222222", "latency_probe-sm90-333333333333333333333333"]
+    for stem in others:
+        for suffix in (".cubin", ".json"):
+            (tmp_path / (stem + suffix)).write_bytes(b"x")
+    keep = precompile.per_op_stems(90, [])
+    assert built[0].split(".")[0] in keep
+    removed = precompile.prune_per_op(tmp_path, keep, 90)
+    assert sorted(p.name.split(".")[0] for p in removed) == sorted([others[1]] * 2 + [others[0]] * 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        built + [stem + suffix for stem in others[2:] for suffix in (".cubin", ".json")])
+    # a define set is another key for every file: both sets' entries are kept
+    assert len(precompile.per_op_stems(90, ["CLOSE_FENCE_ACQREL=1"]) - keep) == len(keep)
