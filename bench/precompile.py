@@ -111,10 +111,9 @@ def per_op_stems(arch: int, cuda_defines: list[str]) -> set[str]:
     for defines in ["", *cuda_defines]:
         with environment({"OPENJET_CUDA_DEFINES": defines}):
             for file, insts in instances.files().items():
-                options = (*nvrtc.file_options(file, arch), "ptx=False")
-                key = nvrtc.source_digest(nvrtc.KERNEL_DIR / f"{file}.cu", options, arch,
-                                          tuple(i.expr for i in insts))
-                stems.add(f"{file}-sm{arch}-{key[:24]}")
+                _, stem = nvrtc.cache_entry(nvrtc.KERNEL_DIR / f"{file}.cu", arch, tuple(i.expr for i in insts),
+                                            nvrtc.file_options(file, arch))
+                stems.add(stem)
     return stems
 
 

@@ -73,6 +73,11 @@ def alloc_close_scratch(dev: Device, width: int, what: str) -> Buffer:
     return buf
 
 
+def instance(base: str, closer: Closer | None) -> str:
+    """The kernel instance a launch takes: base, or its close instance of the closer's mode (instances.py)."""
+    return base if closer is None else f"{base}_close_{closer.mode}"
+
+
 def close_dst(closer: Closer | None, num_tokens: int = 0, ld: int = 0) -> CloseDst:
     """The kernel's view of a closer for a launch of num_tokens tokens whose output rows are ld apart: its act's
     int8 copy (group 0), its scratch's counters and partial sums."""

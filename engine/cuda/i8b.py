@@ -188,7 +188,7 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     row; its activations the int8 copy group8, or computed from producer (fuses() said so; group8 None); with
     closer, the next matmul's input formed from y at its tail."""
     from engine.cuda import ops
-    from engine.cuda.closers import close_dst
+    from engine.cuda.closers import close_dst, instance
 
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
     assert producer is None or closer is None, "no mmvq_i8b instance both fuses a producer and closes one"
@@ -200,9 +200,7 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
         a = producer.src
         src, (q8, scale8, sums8, sums8_lo) = I8bSrc(a.x, a.x2, a.w, a.head, a.eps), (None,) * 4
         name += f"_{producer.mode}"
-    if closer is not None:
-        name += f"_close_{closer.mode}"
-    kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
+    kernel, smem = dev.kernel(instance(name, closer)), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols,
             close_dst(closer, 1, w.rows)]
@@ -307,10 +305,10 @@ def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Bu
     """One launch of mmvq_i8v for num_tokens (2-8) tokens: mmvq_i8b's walking grid, y and residual [T, ld_y]; with
     closer, the next matmul's input formed from y behind it."""
     from engine.cuda import ops
-    from engine.cuda.closers import close_dst
+    from engine.cuda.closers import close_dst, instance
 
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w, num_tokens)
-    name = f"mmvq_q4_K_i8v_t{num_tokens}" + (f"_close_{closer.mode}" if closer is not None else "")
+    name = instance(f"mmvq_q4_K_i8v_t{num_tokens}", closer)
     kernel, smem = dev.kernel(name), verify_smem_bytes(nb, num_tokens, num_warps)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8

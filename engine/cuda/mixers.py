@@ -182,8 +182,7 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
     dev.launch(kernel, grid, ATTN_WARPS * 32, [args], smem=smem)
     assert closer is None or splits > 1, "the attention output's closer runs behind attn_combine"
     if splits > 1:
-        name = "attn_combine" + (f"_close_{closer.mode}" if closer is not None else "")
-        dev.launch(dev.kernel(name), (num_tokens, num_heads), 256,
+        dev.launch(dev.kernel(closers.instance("attn_combine", closer)), (num_tokens, num_heads), 256,
                    [args, splits, head_dim, closers.close_dst(closer, num_tokens, ld_out)])
         if closer is not None:
             closer.act.i8_tokens = num_tokens
@@ -245,8 +244,7 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                    ld_o, ld_gate, int(commit), int(prepared), int(qk_out is not None and not prepared), float(eps),
                    float(k_dim ** -0.5))
     grid = ((v_dim + 31) // 32, num_v_heads)
-    name = f"gdn_k{fitting[0]}" + (f"_close_{closer.mode}" if closer is not None else "")
-    dev.launch(dev.kernel(name), grid, 128, [args, closers.close_dst(closer, num_tokens, ld_o)])
+    dev.launch(dev.kernel(closers.instance(f"gdn_k{fitting[0]}", closer)), grid, 128, [args, closers.close_dst(closer, num_tokens, ld_o)])
     if closer is not None:
         closer.act.i8_tokens = num_tokens
 

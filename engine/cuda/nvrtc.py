@@ -161,12 +161,20 @@ def compile_file(source_path: Path, arch: int, expressions: tuple[str, ...], opt
     return CompiledKernels(source_path.stem, arch, image, ptx, symbols, log)
 
 
+def cache_entry(source_path: Path, arch: int, expressions: tuple[str, ...], options: tuple[str, ...] = (),
+                kernel_dir: Path = KERNEL_DIR, ptx: bool = False) -> tuple[str, str]:
+    """A compilation's cache key and the name (without suffix) of its entries: file, target, the key's first 24
+    digits."""
+    key = source_digest(source_path, (*options, f"ptx={ptx}"), arch, expressions, kernel_dir)
+    return key, f"{source_path.stem}-{'compute' if ptx else 'sm'}{arch}-{key[:24]}"
+
+
 def compile_cached(source_path: Path, arch: int, expressions: tuple[str, ...], options: tuple[str, ...] = (),
                    kernel_dir: Path = KERNEL_DIR, directory: Path | None = None, ptx: bool = False) -> CompiledKernels:
     """compile_file through the disk cache: a hit costs one hash of the sources and two file reads."""
     directory = directory or cache_dir()
-    key = source_digest(source_path, (*options, f"ptx={ptx}"), arch, expressions, kernel_dir)
-    stem = directory / f"{source_path.stem}-{'compute' if ptx else 'sm'}{arch}-{key[:24]}"
+    key, name = cache_entry(source_path, arch, expressions, options, kernel_dir, ptx)
+    stem = directory / name
     meta_path, image_path = stem.with_suffix(".json"), stem.with_suffix(".ptx" if ptx else ".cubin")
     if meta_path.exists() and image_path.exists():
         meta = json.loads(meta_path.read_text())

@@ -593,13 +593,12 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
              bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None) -> None:
     """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
     closer (one tile a block), the next matmul's input formed from y behind it."""
-    from engine.cuda.closers import close_dst
+    from engine.cuda.closers import close_dst, instance
 
     q8, scale8, sums8, sums8_lo = group8
     blocks = -(-((w.rows + 15) // 16) // I8_TILES)
     warps = i8_warps(w.cols, blocks * I8_TILES, t, dev.info.multiprocessors)
-    name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "")
-    name += f"_close_{closer.mode}" if closer is not None else ""
+    name = instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else ""), closer)
     kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
@@ -647,11 +646,11 @@ def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buff
                 bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None) -> None:
     """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
     closer, the next matmul's input formed from y behind it."""
-    from engine.cuda.closers import close_dst
+    from engine.cuda.closers import close_dst, instance
 
     q8, scale8, _, _ = group8
     blocks, warps, smem = _q6_i8_shape(dev, w, t)
-    kernel = dev.kernel(f"mmvq_q6_K_i8_t{t}" + (f"_close_{closer.mode}" if closer is not None else ""))
+    kernel = dev.kernel(instance(f"mmvq_q6_K_i8_t{t}", closer))
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y,
                                             close_dst(closer, t, ld_y)], smem=smem)

@@ -8,12 +8,11 @@
 //
 // A superblock of the consumer's input (256 positions) is the output of several writers (a matmul's 16-row tiles,
 // SwiGLU's 32: gate's and up's; the delta rule's 8-column warps; attn_combine's (token, head) blocks), each of
-// which counts itself in the superblock's
-// counter once its values are stored (a fence, then an atomic); the writer whose count completes a superblock
-// reads it back from L2 and writes its two int8 levels, scales and sub-block sums for every token in act.cu's Act8
-// layout (tokens 0 .. T-1 of group 0) with the producer's own arithmetic (act8.cuh), so the consumer reads what
-// act_i8 would have written. The gated norm's heads lie inside a superblock (head sizes divide 256), so it closes
-// like SwiGLU, with no row-wide step.
+// which counts itself in the superblock's counter once its values are stored (a fence, then an atomic); the
+// writer whose count completes a superblock reads it back from L2 and writes its two int8 levels, scales and
+// sub-block sums for every token in act.cu's Act8 layout (tokens 0 .. T-1 of group 0) with the producer's own
+// arithmetic (act8.cuh), so the consumer reads what act_i8 would have written. The gated norm's heads lie inside
+// a superblock (head sizes divide 256), so it closes like SwiGLU, with no row-wide step.
 //
 // RMSNorm's 1 / rms needs the whole row, which no superblock has. The levels do not depend on a positive scale of
 // the values (both are rint of v over the superblock's largest |v|: bench/MEGAKERNEL.md, eighth session), so each
@@ -38,7 +37,7 @@ struct Act8Close {
     float* scale;
     f16* sums;
     f16* sums_lo;
-    u32* count;       // [nsb + 1]: writers stored a superblock, then (RMSNorm) superblocks closed; zero between launches
+    u32* count;       // [nsb + 1]: writers stored a superblock, then (RMSNorm) superblocks closed; zero between runs
     float* part;      // RMSNorm: [nsb][CLOSE_TOKENS][CLOSE_PART]
     int width;        // positions of the consumer's input: RMSNorm the matmul's rows, SwiGLU half of them
     int tokens;       // T (1 .. CLOSE_TOKENS)
@@ -201,13 +200,16 @@ __device__ __forceinline__ void close_superblock(const Act8Close& c, const float
     close_row(c, lane);
 }
 
-// Called by a whole warp once the writes it counts are stored (by its own lanes, or before a __syncthreads):
-// lane l < n counts one writer into superblock sb[l]'s counter, which `writers` complete; the warp then closes
-// each superblock whose count this completed. The atomics of a warp fly together.
+// Called by a whole warp once the writes it counts are stored (by its own lanes, or before a __syncthreads): the
+// warp's fence releases them, then each lane with `counts` counts one writer into superblock sb_of_lane's counter,
+// which `writers` complete; the warp then closes each superblock whose count this completed. The atomics of a warp
+// fly together.
 template <int MODE>
 __device__ __forceinline__ void close_arrive(const Act8Close& c, const float* y, int sb_of_lane, bool counts,
                                              u32 writers) {
     const int lane = threadIdx.x & 31;
+    close_fence();  // the writes counted here before their counts
+    __syncwarp();
     int sb = -1;
     if (counts && atomicAdd(c.count + sb_of_lane, 1u) == writers - 1) sb = sb_of_lane;
     u32 full = __ballot_sync(FULL_MASK, sb >= 0);
@@ -238,8 +240,6 @@ __device__ __noinline__ void close_arrive_call(const Act8Close& c, const float* 
 template <int MODE>
 __device__ __forceinline__ void close_tiles(const Act8Close& c, const float* y, int first, int step, int tiles) {
     const int lane = threadIdx.x & 31, half = c.width / 16;  // tiles of the gate half (RMSNorm: every tile)
-    close_fence();  // the block's rows before their counts
-    __syncwarp();
     for (int t0 = 0; t0 < tiles; t0 += 32) {
         const int tile = first + (t0 + lane) * step;
         close_arrive<MODE>(c, y, (tile % half) / 16, t0 + lane < tiles, MODE == ACT_SWIGLU ? 32u : 16u);

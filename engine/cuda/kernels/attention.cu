@@ -308,9 +308,7 @@ __global__ void __launch_bounds__(256) attn_combine(AttnArgs a, int splits, int 
     }
     if (CLOSE != CLOSE_NONE) {
         __syncthreads();  // the block's values (every thread stored some), then warp 0's fence and count
-        if (threadIdx.x < 32) {
-            close_fence();
+        if (threadIdx.x < 32)
             close_arrive<CLOSE>(close, a.out, h * D / QK_SB, threadIdx.x == 0, (u32)(a.T * (QK_SB / D)));
-        }
     }
 }

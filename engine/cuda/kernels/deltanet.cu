@@ -211,8 +211,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p, const
     }
     if (CLOSE != CLOSE_NONE) {
         static_assert(QK_SB % GDN_COLS == 0, "a warp's columns lie in one superblock");
-        close_fence();  // the warp's outputs (its lanes below GDN_COLS stored them) before its count
-        __syncwarp();
+        // the warp's outputs (its lanes below GDN_COLS stored them), fenced and counted
         close_arrive_call<CLOSE>(close, p.o, (h * Dv + j0) / QK_SB, lane == 0, QK_SB / GDN_COLS);
     }
 }
