@@ -245,11 +245,11 @@ def part_cycle27b(dev, report: Report, args) -> None:
     path, prompt, bw = setup_27b(dev, report, args.context)
     report.info["mk_defines"] = os.environ.get("OPENJET_MK_DEFINES", "")
     config = schedule_config(dev, report, args)
-    for _, defines in variants:  # a malformed schedule item fails before the model is opened too
-        variant_schedule(defines, config)
+    # a malformed schedule item fails before the model is opened too; the buffers hold every variant's head parts
+    schedules = tuple(variant_schedule(defines, config) for _, defines in variants)
     t0 = time.perf_counter()
     mk = open_backend(path, context_size=max(4096, args.context + 256), device=dev, config=config,
-                      draft_vocab=args.draft_vocab, timings=True)
+                      draft_vocab=args.draft_vocab, timings=True, reserve=tuple(s for s in schedules if s != config))
     report.info["open_s"] = round(time.perf_counter() - t0, 1)
     depths = [int(d) for d in args.depths.split(",")]
     base = {key: os.environ.get(key) for key in ("OPENJET_MK_DEFINES", "OPENJET_MK_SMEM_KB")}

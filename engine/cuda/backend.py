@@ -37,8 +37,8 @@ class CudaCheckpoint(Checkpoint):
 class CudaBackend(Backend):
     """The per-op CUDA engine for qwen35 / qwen3 / qwen2 / llama."""
 
-    def __init__(self, model: CudaModel, context_size: int, use_graphs: bool = True):
-        self.model, self.dev = model, model.dev
+    def __init__(self, model: CudaModel, context_size: int, use_graphs: bool = True, owns_device: bool = True):
+        self.model, self.dev, self.owns_device = model, model.dev, owns_device
         self._context_size, self.use_graphs = context_size, use_graphs
         self._num_tokens = 0
         self._pending: int | None = None  # tokens of an unaccepted verify pass
@@ -84,7 +84,7 @@ class CudaBackend(Backend):
             if device is None:
                 dev.close()
             raise
-        return cls(model, context, use_graphs)
+        return cls(model, context, use_graphs, owns_device=device is None)
 
     # ---- contract ----
 
@@ -250,11 +250,13 @@ class CudaBackend(Backend):
         self._num_tokens, self._pending = num_tokens, None
 
     def close(self) -> None:
-        """Release the device (graphs, weights, state)."""
+        """Release the device (graphs, weights, state) if this backend opened it; on a device it was given, only
+        the graphs go (the device's owner closes it, and the memory with it, as the megakernel's executor does)."""
         for graph in self._graphs.values():
             graph.destroy()
         self._graphs.clear()
-        self.dev.close()
+        if self.owns_device:
+            self.dev.close()
 
 
 def _free_all(memory, buffers: list[Buffer]) -> None:

@@ -74,3 +74,53 @@ def test_backend_follows_the_reference(tiny_model_path, arch: str) -> None:
             pending = int(np.argmax(want))
     finally:
         cuda.close()
+
+
+def _kl(want: np.ndarray, got: np.ndarray) -> float:
+    p = np.exp(want - want.max())
+    p /= p.sum()
+    q = np.exp(got - got.max())
+    q /= q.sum()
+    return float(np.sum(p * (np.log(p) - np.log(q))))
+
+
+@pytest.mark.parametrize("project", [False, True], ids=["gates_matmul", "gates_in_rule"])
+def test_deltanet_verify_passes_follow_the_reference(tiny_model_path, monkeypatch, project: bool) -> None:
+    """qwen35's verify passes of 1-5 tokens, with alpha | beta a matmul beside qkv and projected by the delta
+    rule's launch itself (mixers.GDN_PROJECT): every row's logits within KL 1e-3 of the reference's."""
+    from engine.cuda import mixers
+    from engine.cuda.backend import CudaBackend
+    from engine.reference.backend import ReferenceBackend
+
+    monkeypatch.setattr(mixers, "GDN_PROJECT", project)
+    path = tiny_model_path("qwen35")
+    ref = ReferenceBackend.from_gguf(path, context_size=256)
+    cuda = CudaBackend.from_gguf(path, context_size=256, max_tokens=32, use_graphs=False)
+    try:
+        prompt = [11, 2021, 357, 90, 4000, 17]
+        for backend in (ref, cuda):
+            backend.prefill(prompt[:-1])
+        pending = [prompt[-1]]
+        for count in (1, 3, 5, 2):
+            tokens = pending + [(97 * i + 5) % 1000 for i in range(count - 1)]
+            want, got = ref.verify(tokens), cuda.verify(tokens)
+            for row in range(count):
+                assert _kl(want[row], got[row]) < 1e-3, (count, row)
+            ref.accept(1)
+            cuda.accept(1)
+            pending = [int(np.argmax(want[0]))]
+    finally:
+        cuda.close()
+
+
+def test_a_backend_on_a_given_device_leaves_it_open(dev, tiny_model_path) -> None:
+    """CudaBackend.close releases a device it opened, not one it was given (the megakernel's benchmarks open the
+    per-op path and then the megakernel on one device)."""
+    from engine.cuda.backend import CudaBackend
+
+    backend = CudaBackend.from_gguf(tiny_model_path("qwen35"), context_size=64, max_tokens=8, device=dev)
+    backend.prefill([11, 2021, 357])
+    backend.close()
+    assert not dev.closed
+    buf = dev.to_device(np.arange(4, dtype=np.float32), "after")
+    assert dev.download(buf, np.float32, (4,)).tolist() == [0.0, 1.0, 2.0, 3.0]

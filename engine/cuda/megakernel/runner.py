@@ -78,7 +78,9 @@ class GpuExecutor:
     """One model on one GPU, ready to run the megakernel's programs."""
 
     def __init__(self, dev: Device, spec: ModelSpec, tensors, capacity: int, config: ScheduleConfig | None = None,
-                 timings: bool = False, owns_device: bool = False):
+                 timings: bool = False, owns_device: bool = False, reserve: tuple[ScheduleConfig, ...] = ()):
+        """reserve: other schedules of the same SMs that reschedule() may take later (a benchmark's variants): the
+        head-part buffers are sized for the most any of them needs."""
         self.dev, self.spec, self.capacity, self.owns_device = dev, spec, capacity, owns_device
         self.int8_acts = int8_acts()
         self.config = config or ScheduleConfig(num_sms=dev.info.multiprocessors)
@@ -91,8 +93,9 @@ class GpuExecutor:
             raise MegakernelError(f"head dim {spec.cfg.head_dim} is not a multiple of 32")
         names = [n for n in PROGRAMS if n != "mtp" or spec.has_mtp]
         self.programs = {n: build_program(spec, n, self.config) for n in names}
-        self.num_lm_parts = max(p.num_lm_parts for p in self.programs.values())
-        self.num_draft_parts = max(p.num_draft_parts for p in self.programs.values())
+        sized = list(self.programs.values()) + [build_program(spec, n, c) for c in reserve for n in names]
+        self.num_lm_parts = max(p.num_lm_parts for p in sized)
+        self.num_draft_parts = max(p.num_draft_parts for p in sized)
         self._compile()
         self.model: DeviceModel = upload_model(dev, spec, tensors)
         self.specs = buffer_specs(spec, capacity, self.num_lm_parts, self.num_draft_parts, self.config.attn_splits,
@@ -410,8 +413,10 @@ def _free(dev: Device, buffers: list[Buffer]) -> None:
 
 
 def open_backend(path: str | Path, context_size: int | None = None, device: Device | None = None,
-                 config: ScheduleConfig | None = None, draft_vocab: int | None = None, timings: bool = False):
-    """A MegakernelBackend on the GPU for a qwen35 GGUF file (MegakernelError / UnsupportedModelError say why not)."""
+                 config: ScheduleConfig | None = None, draft_vocab: int | None = None, timings: bool = False,
+                 reserve: tuple[ScheduleConfig, ...] = ()):
+    """A MegakernelBackend on the GPU for a qwen35 GGUF file (MegakernelError / UnsupportedModelError say why not);
+    reserve: GpuExecutor's."""
     from engine.cuda.megakernel.backend import MegakernelBackend, capacity_for
     from engine.model.weights import load_model
 
@@ -420,7 +425,8 @@ def open_backend(path: str | Path, context_size: int | None = None, device: Devi
     context = cfg.context_length if context_size is None else int(context_size)
     dev = device or Device()
     try:
-        executor = GpuExecutor(dev, spec, tensors, capacity_for(context), config, timings, owns_device=device is None)
+        executor = GpuExecutor(dev, spec, tensors, capacity_for(context), config, timings, owns_device=device is None,
+                               reserve=reserve)
     except BaseException:
         if device is None:
             dev.close()
