@@ -6,8 +6,11 @@ and wait, so a kernel's own span overstates it; what it adds to the pass is how 
 kernel that ended before it (its `increment`: its boundary, its wait and its work). The increments of a replay add
 up to the replay's wall time, so their sums by kernel name split the pass exactly, with PDL on, where the
 ablation's figures do not (bench/NOTES.md: under PDL a producer class came out negative). Streams are not used:
-CUPTI reports a graph's kernels on whatever streams the graph executor picked, so a kernel beside the chain
-(Device.beside) simply takes the time by which it ends later than the chain had got to.
+CUPTI reports a graph's kernels on whatever streams the graph executor picked. A kernel that runs wholly inside
+another's span (Device.beside: DeltaNet's alpha | beta beside qkv) is counted beside it, adding nothing: ordered by
+end it would take the first part of the longer kernel's time, which the pass would spend without it too (an H100
+run of 2026-12-06 read 6 us a layer off alpha | beta that way; removing the launch saved none of it: bench/NOTES.md
+Z3).
 
   python bench/gpu_check.py --parts model27b,timeline      (the 27B file from model27b, or OPENJET_27B)
   OPENJET_BENCH_VARIANTS=v7,close ... --parts timeline    (each variant of bench/gpu_bench27b.py in turn)
@@ -23,7 +26,7 @@ import re
 import statistics
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TOKEN_COUNTS = (1, 5)  # the passes issue 4's targets name
@@ -90,28 +93,49 @@ class Summary:
     streams: int
     by_name: dict[str, tuple[int, float, float]]  # name -> (count, sum of increments, sum of spans)
     largest: list[tuple[float, str, str]]  # (increment, kernel, the kernel that ended last before it)
+    beside: dict[str, int] = field(default_factory=dict)  # name -> its kernels that ran inside another's span
+
+
+def beside_others(spans: list[Span]) -> set[int]:
+    """Indices of the spans lying wholly inside an earlier-starting (or, at the same start, longer or earlier
+    listed) span: kernels that ran beside another one."""
+    order = sorted(range(len(spans)), key=lambda i: (spans[i].start, -spans[i].end, i))
+    inside, reach = set(), float("-inf")
+    for i in order:
+        if spans[i].end <= reach:
+            inside.add(i)
+        reach = max(reach, spans[i].end)
+    return inside
 
 
 def summarize(spans: list[Span]) -> Summary:
     """The increments of one replay's kernels, ordered by end: how much later each ends than all before it (none
-    for a kernel ending inside the others' time; the first: its own span), so that they sum to the wall time."""
+    for a kernel ending inside the others' time; the first: its own span), so that they sum to the wall time. A
+    kernel inside another's span (beside_others) adds nothing: the one around it takes that time."""
     if not spans:
         raise ValueError("no kernels in the replay: did the profiler see the graph's kernels?")
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    beside: dict[str, int] = defaultdict(int)
     largest = []
+    inside = beside_others(spans)
     frontier, before = min(s.start for s in spans), "(start)"
-    for s in sorted(spans, key=lambda s: s.end):
-        inc = max(0.0, s.end - frontier)
+    for i in sorted(range(len(spans)), key=lambda i: spans[i].end):
+        s = spans[i]
+        inc = 0.0 if i in inside else max(0.0, s.end - frontier)
         entry = by_name[s.name]
         entry[0] += 1
         entry[1] += inc
         entry[2] += s.end - s.start
+        if i in inside:
+            beside[s.name] += 1
+            continue
         largest.append((inc, s.name, before))
         if s.end >= frontier:
             frontier, before = s.end, s.name
     wall = max(s.end for s in spans) - min(s.start for s in spans)
     return Summary(wall, len(spans), len({s.stream for s in spans}),
-                   {k: (int(v[0]), v[1], v[2]) for k, v in by_name.items()}, sorted(largest, reverse=True)[:TOP])
+                   {k: (int(v[0]), v[1], v[2]) for k, v in by_name.items()}, sorted(largest, reverse=True)[:TOP],
+                   dict(beside))
 
 
 def table(summary: Summary, title: str) -> str:
@@ -123,8 +147,11 @@ def table(summary: Summary, title: str) -> str:
     split = ", ".join(f"{label} {inc / 1e3:.3f} ms / {int(count)}" for label, (count, inc) in
                       sorted(classes.items(), key=lambda kv: -kv[1][1]))
     lines = [f"{title}: {summary.wall_us / 1e3:.3f} ms wall, {summary.kernels} kernels on {summary.streams} "
-             f"stream(s)", f"  by class (increments / kernels): {split}",
-             "  name                                   count  increments ms  (share)  mean us  spans ms"]
+             f"stream(s)", f"  by class (increments / kernels): {split}"]
+    if summary.beside:
+        lines.append("  beside another kernel (adding nothing): " +
+                     ", ".join(f"{name} {count}" for name, count in sorted(summary.beside.items())))
+    lines.append("  name                                   count  increments ms  (share)  mean us  spans ms")
     for name, (count, inc, span) in sorted(summary.by_name.items(), key=lambda kv: -kv[1][1])[:TOP]:
         lines.append(f"  {name:<38} {count:5d}  {inc / 1e3:13.3f}  ({inc / summary.wall_us:5.1%})  "
                      f"{inc / count:7.2f}  {span / 1e3:8.3f}")
@@ -137,7 +164,7 @@ def as_json(summary: Summary) -> dict:
     return {"wall_us": round(summary.wall_us, 2), "kernels": summary.kernels, "streams": summary.streams,
             "by_name": {k: {"count": c, "increments_us": round(i, 2), "spans_us": round(s, 2)}
                         for k, (c, i, s) in summary.by_name.items()},
-            "largest": [[round(i, 2), n, b] for i, n, b in summary.largest]}
+            "largest": [[round(i, 2), n, b] for i, n, b in summary.largest], "beside": summary.beside}
 
 
 def profile_replays(dev, graph, replays: int = REPLAYS) -> list[list[Span]]:

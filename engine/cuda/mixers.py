@@ -7,13 +7,9 @@ these functions can be captured once in a CUDA graph and replayed.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 
-from gguf import GGMLQuantizationType as Q
-
-from engine.cuda import closers, env_switch
+from engine.cuda import closers
 from engine.cuda.device import Buffer, Device
-from engine.cuda.ops import DeviceWeight
 from engine.cuda.instances import ATTN_DECODE_QPW, ATTN_HEAD_DIMS, ATTN_MMA_DIMS, GDN_CHUNK_DIMS, GDN_KEY_DIMS
 
 ATTN_WARPS = 4
@@ -43,12 +39,6 @@ def attn_runs_mma(num_tokens: int, head_dim: int, max_smem: int) -> bool:
 GDN_CHUNK = 64
 GDN_SCAN_COLS = 32
 GDN_CHUNKED_MIN_TOKENS = 64
-# The delta rule's own gate projections (kernels/deltanet.cu gdn_project_gates): the most tokens a launch projects,
-# and whether passes use them (OPENJET_CUDA_GDN_PROJECT=1; off until the GPU has timed it: bench/NOTES.md Z3).
-GDN_PROJECT_TOKENS = 8
-GDN_PROJECT_ENV = "OPENJET_CUDA_GDN_PROJECT"
-GDN_PROJECT = env_switch(GDN_PROJECT_ENV, False)
-
 
 
 def _gdn_prep_smem(dim: int) -> int:
@@ -84,11 +74,10 @@ class GdnArgs(ctypes.Structure):
     """Mirror of struct GdnArgs in kernels/deltanet.cu."""
 
     _fields_ = [(n, ctypes.c_uint64) for n in
-                ("q", "k", "v", "alpha", "b", "a", "dt_bias", "g", "beta", "qk_out", "state", "o", "w_gates", "x")] + [
+                ("q", "k", "v", "alpha", "b", "a", "dt_bias", "g", "beta", "qk_out", "state", "o")] + [
         (n, ctypes.c_int32) for n in
         ("T", "num_k_heads", "num_v_heads", "Dk", "Dv", "ld_qk", "ld_v", "ld_o", "ld_gate", "commit", "prepared",
-         "save", "ld_x", "cols", "gate_rows", "row_alpha", "row_b")] + [("eps", ctypes.c_float),
-                                                                     ("q_scale", ctypes.c_float)]
+         "save")] + [("eps", ctypes.c_float), ("q_scale", ctypes.c_float)]
 
 
 class GdnChunkArgs(ctypes.Structure):
@@ -234,56 +223,26 @@ def gdn_gates(dev: Device, alpha: Buffer, b: Buffer, a: Buffer, dt_bias: Buffer,
                [alpha, b, a, dt_bias, g, beta, num_tokens, num_heads, ld_alpha, ld_b])
 
 
-@dataclass(frozen=True, slots=True)
-class GateProjection:
-    """alpha and b projected by the delta rule's launch itself (gdn_recurrent): the Q8_0 matrix holding both
-    (rows row_alpha .. + Hv and row_b .. + Hv, in the device layout) and the f32 rows of the normed input it
-    multiplies (x [T, ld_x]), instead of a matmul launched before the rule."""
-
-    weight: DeviceWeight
-    x: Buffer
-    ld_x: int
-    row_alpha: int
-    row_b: int
-
-
-def gate_projection_fits(weight: DeviceWeight, num_tokens: int, num_v_heads: int) -> bool:
-    """Whether the delta rule can project its gates from this matrix for a pass of num_tokens: Q8_0 rows of the
-    gates (2 Hv, as the file's ssm_alpha | ssm_beta fuse), 8 positions a thread, up to GDN_PROJECT_TOKENS tokens."""
-    return (weight.qtype == Q.Q8_0 and weight.rows == 2 * num_v_heads and weight.cols % 32 == 0
-            and 1 <= num_tokens <= GDN_PROJECT_TOKENS)
-
-
 def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o: Buffer, num_tokens: int,
                   num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, ld_qk: int, ld_v: int, ld_o: int,
                   commit: bool, *, g: Buffer, beta: Buffer, alpha: Buffer | None = None, b: Buffer | None = None,
                   a: Buffer | None = None, dt_bias: Buffer | None = None, ld_gate: int = 0,
-                  project: GateProjection | None = None, qk_out: Buffer | None = None, eps: float = 1e-6,
-                  closer: closers.Closer | None = None) -> None:
+                  qk_out: Buffer | None = None, eps: float = 1e-6, closer: closers.Closer | None = None) -> None:
     """The gated delta rule over T tokens from state [Hv, Dk, Dv]; writes o, and the state only if commit.
 
-    With a/dt_bias and alpha/b (or `project`, which forms alpha and b in the launch) given, q and k are raw
-    (L2-normalised here, q scaled by Dk^-0.5) and the gates are computed here; qk_out then also receives the
-    normalised q|k rows and g/beta the gates (for a later commit). Without them the inputs are prepared: q, k
-    normalised and g, beta read from their buffers. closer: the gated norm of o for the output projection, formed
-    behind the launch (closers.gated_closer_for made it).
+    With alpha/b/a/dt_bias given, q and k are raw (L2-normalised here, q scaled by Dk^-0.5) and the gates are
+    computed here; qk_out then also receives the normalised q|k rows and g/beta the gates (for a later commit).
+    Without them the inputs are prepared: q, k normalised and g, beta read from their buffers. closer: the gated
+    norm of o for the output projection, formed behind the launch (closers.gated_closer_for made it).
     """
     fitting = [d for d in GDN_KEY_DIMS if d >= k_dim]
     if not fitting:
         raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
-    if project is not None:
-        if not gate_projection_fits(project.weight, num_tokens, num_v_heads):
-            raise ValueError(f"{project.weight.name}: no gate projection in the delta rule for {num_tokens} tokens")
-        if project.ld_x % 4 or project.x.ptr % 16:
-            raise ValueError("the gate projection reads the input rows 16 bytes at a time: align them")
-    prepared = alpha is None and project is None
-    w = project.weight if project is not None else None
+    prepared = alpha is None
     args = GdnArgs(q.ptr, k.ptr, v.ptr, _ptr(alpha), _ptr(b), _ptr(a), _ptr(dt_bias), g.ptr, beta.ptr,
-                   _ptr(qk_out), state.ptr, o.ptr, _ptr(w.buf if w else None), _ptr(project.x if project else None),
-                   num_tokens, num_k_heads, num_v_heads, k_dim, v_dim, ld_qk, ld_v, ld_o, ld_gate, int(commit),
-                   int(prepared), int(qk_out is not None and not prepared), project.ld_x if project else 0,
-                   w.cols if w else 0, w.rows if w else 0, project.row_alpha if project else 0,
-                   project.row_b if project else 0, float(eps), float(k_dim ** -0.5))
+                   _ptr(qk_out), state.ptr, o.ptr, num_tokens, num_k_heads, num_v_heads, k_dim, v_dim, ld_qk, ld_v,
+                   ld_o, ld_gate, int(commit), int(prepared), int(qk_out is not None and not prepared), float(eps),
+                   float(k_dim ** -0.5))
     grid = ((v_dim + 31) // 32, num_v_heads)
     dev.launch(dev.kernel(closers.instance(f"gdn_k{fitting[0]}", closer)), grid, 128, [args, closers.close_dst(closer, num_tokens, ld_o)])
     if closer is not None:

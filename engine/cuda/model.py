@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.cuda import closers, mixers, ops
 from engine.cuda.device import Buffer, Device, pdl_for
-from engine.cuda.weights import CudaWeights, LayerWeights, Part
+from engine.cuda.weights import CudaWeights, LayerWeights
 from engine.model.config import ModelConfig
 
 VERIFY_MAX = 8  # tokens of a non-committing pass (1 pending + up to 7 drafts)
@@ -339,12 +339,8 @@ class CudaModel:
         cfg, ws, dev = self.cfg, self.ws, self.dev
         width, c, hk, hv = ws.proj_width, cfg.ssm_conv_dim, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads
         dk, dv, inner, key = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size, hk * cfg.ssm_head_dim
-        gates_part, project = self._gate_projection(lw, num_tokens, normed)
-        if project is not None:  # the delta rule forms alpha | beta from the normed rows the producer writes to xn
-            ops.produce(dev, normed, ws.act_h, num_tokens)
-            normed = None
         lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE,  # alpha | beta beside qkv
-                      producer=normed, without=gates_part)
+                      producer=normed)
         layer, off = self.deltanet[i], lw.mix_in.offsets
         conv_out = ws.conv_out if commit else layer.conv_out
         mixers.conv1d_silu(dev, layer.window, ws.proj.view(4 * off["attn_qkv"]), lw.vectors["ssm_conv1d"], conv_out,
@@ -352,8 +348,6 @@ class CudaModel:
         dev.join()  # the gates (alpha | beta) are the delta rule's input
         gates = dict(alpha=ws.proj.view(4 * off["ssm_alpha"]), b=ws.proj.view(4 * off["ssm_beta"]),
                      a=lw.vectors["ssm_a"], dt_bias=lw.vectors["ssm_dt.bias"], ld_gate=width, eps=cfg.rms_eps)
-        if project is not None:
-            gates.update(alpha=None, b=None, project=project)
         gated = None
         z = ws.proj.view(4 * off["attn_gate"])
         if commit and ws.gdn_chunked and num_tokens >= mixers.GDN_CHUNKED_MIN_TOKENS:  # a long prefill run
@@ -370,22 +364,6 @@ class CudaModel:
                                                      out32=ws.mix2)
         ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x, producer=normed,
                    closer=ffn_norm)
-
-    def _gate_projection(self, lw: LayerWeights, num_tokens: int, normed: ops.Producer | None
-                         ) -> tuple[Part | None, mixers.GateProjection | None]:
-        """(the alpha | beta part of lw's input projection, how the delta rule projects it itself) where it can
-        (mixers.GDN_PROJECT, a pass of up to GDN_PROJECT_TOKENS tokens whose input norm is launched with its f32
-        rows in xn, the part one Q8_0 matrix of both gates); else (None, None): the part is a matmul beside qkv."""
-        ws, hv, off = self.ws, self.cfg.ssm_num_v_heads, lw.mix_in.offsets
-        if not mixers.GDN_PROJECT or normed is None or normed.src.out32 != ws.xn.ptr:
-            return None, None
-        for part in lw.mix_in.parts:
-            rows = range(part.offset, part.offset + part.weight.rows)
-            if (off["ssm_alpha"] in rows and off["ssm_beta"] in rows and part.bias is None
-                    and len(lw.mix_in.parts) > 1 and mixers.gate_projection_fits(part.weight, num_tokens, hv)):
-                return part, mixers.GateProjection(part.weight, ws.xn, ws.act_h.ld, off["ssm_alpha"] - part.offset,
-                                                   off["ssm_beta"] - part.offset)
-        return None, None
 
     def accept(self, num_pass_tokens: int, n: int) -> None:
         """Commit the first n tokens of the last non-committing pass (DeltaNet layers and the MTP head's starting

@@ -46,9 +46,8 @@ class Projection:
     offsets: dict[str, int] = field(default_factory=dict)  # member key -> first output column
 
     def run(self, dev: Device, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int, beside: bool = False,
-            producer: ops.Producer | None = None, closer: Closer | None = None, without: Part | None = None) -> None:
-        """y[:, offset:offset + rows] = act @ W^T (+ bias) for every part but `without` (one its reader forms
-        itself: the delta rule's gates, mixers.GateProjection).
+            producer: ops.Producer | None = None, closer: Closer | None = None) -> None:
+        """y[:, offset:offset + rows] = act @ W^T (+ bias) for every part.
 
         producer: the op that makes act (ops.matmul fuses it into a lone part's launch where it can; with several
         parts it is launched first). closer: the next matmul's producer behind a lone part's launch (closers.Closer).
@@ -57,23 +56,22 @@ class Projection:
         one (DeltaNet's 96-row alpha | beta) overlaps the large one instead of following it; the caller joins
         (dev.join()) before reading their outputs. Parts that launch the persistent mmvq stay on the main
         stream (its scratch is one per device)."""
-        parts = [part for part in self.parts if part is not without]
-        assert closer is None or len(parts) == 1, "a closer behind a projection of several launches"
-        if (producer is not None or closer is not None) and len(parts) == 1:
-            part = parts[0]
+        assert closer is None or len(self.parts) == 1, "a closer behind a projection of several launches"
+        if (producer is not None or closer is not None) and len(self.parts) == 1:
+            part = self.parts[0]
             ops.matmul(dev, part.weight, act, y.view(4 * part.offset), num_tokens, ld_y, bias=part.bias,
                        producer=producer, closer=closer)
             return
         if producer is not None:
             ops.produce(dev, producer, act, num_tokens)
-        main = max(parts, key=lambda part: part.weight.buf.nbytes)
-        side = [part for part in parts if part is not main and beside and
+        main = max(self.parts, key=lambda part: part.weight.buf.nbytes)
+        side = [part for part in self.parts if part is not main and beside and
                 not ops.runs_persist(dev, part.weight, act, num_tokens)]
         if side:
             with dev.beside():
                 for part in side:
                     self._launch(dev, part, act, y, num_tokens, ld_y)
-        for part in parts:
+        for part in self.parts:
             if not any(part is s for s in side):
                 self._launch(dev, part, act, y, num_tokens, ld_y)
 

@@ -33,20 +33,41 @@ def test_a_chrome_traces_kernels_become_spans_in_start_order() -> None:
 def test_increments_split_the_wall_time_under_overlap_and_a_second_stream() -> None:
     spans = [Span("a", 0.0, 10.0, 1),
              Span("b", 8.0, 15.0, 1),   # started under PDL before a ended: adds 5 us
-             Span("g", 9.0, 12.0, 2),   # beside, ending inside b's time: adds 2 of b's 5
-             Span("h", 9.0, 11.0, 2),   # ... and inside g's: adds 1
+             Span("g", 9.0, 12.0, 2),   # beside b, wholly inside its span: adds nothing
+             Span("h", 9.0, 11.0, 2),   # ... and inside g's too: nothing
              Span("a", 14.0, 24.0, 1),  # adds 9 us
-             Span("c", 25.0, 26.0, 2)]  # a 1 us gap, then 1 us of work, on another stream: adds 2 us
+             Span("d", 23.0, 25.0, 2),  # beside, but ending after a: the 1 us past a's end
+             Span("c", 25.0, 26.0, 2)]  # 1 us of work after d, on another stream: adds 1 us
     summary = summarize(spans)
-    assert summary.wall_us == 26.0 and summary.kernels == 6 and summary.streams == 2
+    assert summary.wall_us == 26.0 and summary.kernels == 7 and summary.streams == 2
     assert summary.by_name["a"] == (2, 19.0, 20.0)
-    assert summary.by_name["h"] == (1, 1.0, 2.0) and summary.by_name["g"] == (1, 1.0, 3.0)
-    assert summary.by_name["b"] == (1, 3.0, 7.0)
-    assert summary.by_name["c"] == (1, 2.0, 1.0)
+    assert summary.by_name["h"] == (1, 0.0, 2.0) and summary.by_name["g"] == (1, 0.0, 3.0)
+    assert summary.beside == {"g": 1, "h": 1}
+    assert summary.by_name["b"] == (1, 5.0, 7.0)
+    assert summary.by_name["d"] == (1, 1.0, 2.0) and summary.by_name["c"] == (1, 1.0, 1.0)
     assert sum(inc for _, inc, _ in summary.by_name.values()) == pytest.approx(summary.wall_us)
     assert summary.largest[0] == (10.0, "a", "(start)") and summary.largest[1] == (9.0, "a", "b")
-    text = table(summary, "T=1")
-    assert text.splitlines()[0] == "T=1: 0.026 ms wall, 6 kernels on 2 stream(s)"
+    text = table(summary, "T=1").splitlines()
+    assert text[0] == "T=1: 0.026 ms wall, 7 kernels on 2 stream(s)"
+    assert text[2] == "  beside another kernel (adding nothing): g 1, h 1"
+
+
+def test_a_kernel_beside_a_longer_one_takes_none_of_its_time() -> None:
+    """The H100 run of 2026-12-06 (bench/NOTES.md Z3): a 6-block matmul beside qkv's matmul, starting and ending
+    inside its span, had been read as 6 us a layer; without it the pass took the same time. Removing a kernel
+    counted beside another must not change the other kernels' increments."""
+    chain = [Span("norm", 0.0, 3.0, 1), Span("qkv", 3.0, 20.0, 1), Span("rule", 19.0, 27.0, 1)]
+    with_side = summarize(chain + [Span("gates", 4.0, 12.0, 2)])
+    alone = summarize(chain)
+    assert with_side.by_name["gates"] == (1, 0.0, 8.0)
+    assert {k: v for k, v in with_side.by_name.items() if k != "gates"} == alone.by_name
+    assert with_side.beside == {"gates": 1} and alone.beside == {}
+
+
+def test_identical_spans_count_one_of_them_beside_the_other() -> None:
+    summary = summarize([Span("x", 0.0, 5.0, 1), Span("y", 0.0, 5.0, 2)])
+    assert summary.by_name["x"] == (1, 5.0, 5.0) and summary.by_name["y"] == (1, 0.0, 5.0)
+    assert summary.beside == {"y": 1}
 
 
 def test_the_table_splits_the_pass_by_kernel_class() -> None:

@@ -13,8 +13,7 @@ from engine.cuda import nvrtc
 
 # Kernels whose PDL_ENTER comes after their first weight copies (weights are never written during a pass);
 # every other kernel waits before its first statement.
-# gdn_recurrent prefetches its gate rows into L2 (gdn_prefetch_gates).
-WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_cpa", "mmvq_persist", "mmvq_i8b", "mmvq_i8v", "gdn_recurrent"}
+WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_cpa", "mmvq_persist", "mmvq_i8b", "mmvq_i8v"}
 
 
 def kernel_bodies() -> dict[str, str]:

@@ -82,87 +82,15 @@ struct GdnArgs {
     float* qk_out;         // save: normalised q (then k at + Hk * Dk) rows of 2 * Hk * Dk
     float* state;          // [Hv, Dk, Dv]
     float* o;              // o[t * ld_o + h * Dv]
-    const u8* w_gates;     // projected here (gdn_project_gates): the Q8_0 matrix whose rows give alpha and b
-    const float* x;        // ... and the normed input rows they multiply, x[t * ld_x + c], c < cols
     int T, num_k_heads, num_v_heads, Dk, Dv, ld_qk, ld_v, ld_o, ld_gate, commit, prepared, save;
-    int ld_x, cols, gate_rows, row_alpha, row_b;  // w_gates: gate_rows rows of cols; alpha of head h at row_alpha + h
     float eps, q_scale;
 };
-
-// The gate projections inside the launch (w_gates set, T <= GDN_PROJECT_TOKENS): alpha[t, h] and b[t, h] as the
-// dot products of the head's two rows of the Q8_0 matrix (device layout, quants.cuh: the qs plane, then the f16 d
-// plane) with the f32 rows of the normed input, where a 96-row matmul beside the input projection used to form them
-// and the launch waited for it (bench/NOTES.md Z3). Every column block of a head forms the same two sums with the
-// same thread mapping and order, so their gates are bit-identical; the rows are 2 x 5.4 KB at the 27B's width,
-// read from L2 after the head's first block (prefetched there before the wait for the kernel before).
-#define GDN_PROJECT_TOKENS 8
-
-__device__ __forceinline__ void gdn_prefetch_gates(const GdnArgs& p, int h) {
-    if (!p.w_gates) return;
-    const int nb = p.cols / 32;
-    const u64 ntot = (u64)p.gate_rows * nb;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const u64 first = (u64)((r ? p.row_b : p.row_alpha) + h) * nb;
-        for (int off = threadIdx.x * 128; off < nb * 32; off += blockDim.x * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_gates + first * 32 + off));
-        if (threadIdx.x * 128 < nb * 2)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_gates + ntot * 32 + first * 2 + threadIdx.x * 128));
-    }
-}
-
-// gates[t] = alpha[t, h], gates[GDN_PROJECT_TOKENS + t] = b[t, h] for t < T; every thread of the block calls it.
-__device__ __forceinline__ void gdn_project_gates(const GdnArgs& p, int h, float* gates) {
-    __shared__ float part[GDN_WARPS][2 * GDN_PROJECT_TOKENS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nb = p.cols / 32, chunks = p.cols / 8;  // a thread takes 8 positions (a quarter block) at a time
-    const u64 ntot = (u64)p.gate_rows * nb;
-    float acc[2 * GDN_PROJECT_TOKENS];
-#pragma unroll
-    for (int i = 0; i < 2 * GDN_PROJECT_TOKENS; ++i) acc[i] = 0.f;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const u64 first = (u64)((r ? p.row_b : p.row_alpha) + h) * nb;
-        for (int k = threadIdx.x; k < chunks; k += blockDim.x) {
-            const u64 blk = first + (k >> 2);
-            const uint2 q = *reinterpret_cast<const uint2*>(p.w_gates + blk * 32 + (k & 3) * 8);
-            const float d = f16_to_f32(*reinterpret_cast<const f16*>(p.w_gates + ntot * 32 + blk * 2));
-            float w[8];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                w[j] = (float)(i8)(q.x >> (8 * j));
-                w[4 + j] = (float)(i8)(q.y >> (8 * j));
-            }
-#pragma unroll
-            for (int t = 0; t < GDN_PROJECT_TOKENS; ++t) {
-                if (t >= p.T) break;
-                const float* xt = p.x + (i64)t * p.ld_x + k * 8;
-                const float4 a = *reinterpret_cast<const float4*>(xt), b = *reinterpret_cast<const float4*>(xt + 4);
-                const float dot = w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +
-                                  w[6] * b.z + w[7] * b.w;
-                acc[r * GDN_PROJECT_TOKENS + t] += d * dot;
-            }
-        }
-    }
-    warp_sum_n<2 * GDN_PROJECT_TOKENS>(acc);
-    if (lane == 0)
-#pragma unroll
-        for (int i = 0; i < 2 * GDN_PROJECT_TOKENS; ++i) part[warp][i] = acc[i];
-    __syncthreads();
-    if (threadIdx.x < 2 * GDN_PROJECT_TOKENS) {
-        float sum = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) sum += part[w][threadIdx.x];
-        gates[threadIdx.x] = sum;
-    }
-    __syncthreads();
-}
 
 // The gated delta rule over T tokens, one token at a time, per value head h (key head h % Hk), S [Dk, Dv]:
 //   S = e^g S; u = beta (v - S^T k); S += k u^T; o = S^T q,
 // with q, k L2-normalised (q times q_scale) and g = a softplus(alpha + dt_bias), beta = sigmoid(b) computed here
-// unless `prepared` (then q, k, g, beta are read as given); alpha and b are read, or projected by the launch
-// itself where w_gates is set (gdn_project_gates). `save` writes the normalised q/k and the gates for a later
-// commit. A warp keeps GDN_COLS columns of S in registers (lane holds rows lane + 32 i, i < KL), so the
+// unless `prepared` (then q, k, g, beta are read as given). `save` writes the normalised q/k and the gates for
+// a later commit. A warp keeps GDN_COLS columns of S in registers (lane holds rows lane + 32 i, i < KL), so the
 // whole chunk of tokens runs on-chip and S is read once and (if commit) written once. Grid (ceil(Dv / 32), Hv).
 // CLOSE (ACT_GATEDNORM): the gated norm of o for the output projection, formed behind the launch (kernels/
 // act8_close.cuh): each warp counts its GDN_COLS columns of the inner dimension (h Dv + j0 ..) into their
@@ -174,8 +102,7 @@ struct GdnToken {
 };
 
 template <int KL>
-__device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk, int j0, int lane,
-                                         const float* gates, GdnToken<KL>& in) {
+__device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk, int j0, int lane, GdnToken<KL>& in) {
 #pragma unroll
     for (int i = 0; i < KL; ++i) {
         const int row = lane + 32 * i;
@@ -185,31 +112,16 @@ __device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk,
 #pragma unroll
     for (int cj = 0; cj < GDN_COLS; ++cj)
         in.v[cj] = j0 + cj < p.Dv ? p.v[(i64)t * p.ld_v + (i64)h * p.Dv + j0 + cj] : 0.f;
-    // prepared: g and beta; raw: alpha and b, projected in this launch or read (the gates are formed after the load)
-    if (p.prepared) {
-        in.ga = p.g[(i64)t * p.num_v_heads + h];
-        in.gb = p.beta[(i64)t * p.num_v_heads + h];
-    } else if (gates) {
-        in.ga = gates[t];
-        in.gb = gates[GDN_PROJECT_TOKENS + t];
-    } else {
-        in.ga = p.alpha[(i64)t * p.ld_gate + h];
-        in.gb = p.b[(i64)t * p.ld_gate + h];
-    }
+    // prepared: g and beta; raw: alpha and b (the gates are formed after the load)
+    in.ga = p.prepared ? p.g[(i64)t * p.num_v_heads + h] : p.alpha[(i64)t * p.ld_gate + h];
+    in.gb = p.prepared ? p.beta[(i64)t * p.num_v_heads + h] : p.b[(i64)t * p.ld_gate + h];
 }
 
 template <int KL, int CLOSE>
 __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p, const Act8Close close) {
+    PDL_ENTER();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, hk = h % p.num_k_heads, Dk = p.Dk, Dv = p.Dv;
-    gdn_prefetch_gates(p, h);  // weights only: before the wait
-    PDL_ENTER();
-    __shared__ float projected[2 * GDN_PROJECT_TOKENS];
-    const float* gates = nullptr;
-    if (p.w_gates && !p.prepared) {  // the whole block, before any warp leaves
-        gdn_project_gates(p, h, projected);
-        gates = projected;
-    }
     const int j0 = (blockIdx.x * GDN_WARPS + warp) * GDN_COLS;
     if (j0 >= Dv) return;
     // one writer of the saved per-head values: the first warp of the first column block of the head
@@ -225,9 +137,9 @@ __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p, const
     }
     const float a_h = p.prepared ? 0.f : p.a[h], dt_h = p.prepared ? 0.f : p.dt_bias[h];
     GdnToken<KL> cur, nxt;
-    if (p.T > 0) gdn_load<KL>(p, 0, h, hk, j0, lane, gates, cur);
+    if (p.T > 0) gdn_load<KL>(p, 0, h, hk, j0, lane, cur);
     for (int t = 0; t < p.T; ++t) {
-        if (t + 1 < p.T) gdn_load<KL>(p, t + 1, h, hk, j0, lane, gates, nxt);  // the next token's loads fly meanwhile
+        if (t + 1 < p.T) gdn_load<KL>(p, t + 1, h, hk, j0, lane, nxt);  // the next token's loads fly meanwhile
         // k^T S for every column and the two squared norms, reduced together
         float red[GDN_COLS + 2];
 #pragma unroll
