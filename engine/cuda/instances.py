@@ -163,9 +163,10 @@ def _build() -> dict[str, Instance]:
             for n in ATTN_DECODE_QPW]
     out += [Instance(f"attn_mma_d{d}", "attention_prefill", f"attn_mma<{d}>") for d in ATTN_MMA_DIMS]
     out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]
-    out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}, -1>") for d in GDN_KEY_DIMS]
+    out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}, 8, -1>") for d in GDN_KEY_DIMS]
+    out += [Instance(f"gdn_k{d}_c4", "deltanet", f"gdn_recurrent<{d // 32}, 4, -1>") for d in GDN_KEY_DIMS]
     out += [Instance(f"gdn_k{d}_close_gatednorm", "deltanet",
-                     f"gdn_recurrent<{d // 32}, {ACT_MODES.index('gatednorm')}>") for d in GDN_KEY_DIMS]
+                     f"gdn_recurrent<{d // 32}, 8, {ACT_MODES.index('gatednorm')}>") for d in GDN_KEY_DIMS]
     out += [Instance(f"gdn_chunk_{step}_k{d}", "deltanet_chunked", f"gdn_chunk_{step}<{d}>")
             for step in ("prep", "scan") for d in GDN_CHUNK_DIMS]
     out += [Instance(n, "sample", n) for n in ("argmax_partial", "argmax_final", "sample_topk_topp")]

@@ -7,6 +7,7 @@ these functions can be captured once in a CUDA graph and replayed.
 from __future__ import annotations
 
 import ctypes
+import os
 
 from engine.cuda import closers
 from engine.cuda.device import Buffer, Device
@@ -39,6 +40,21 @@ def attn_runs_mma(num_tokens: int, head_dim: int, max_smem: int) -> bool:
 GDN_CHUNK = 64
 GDN_SCAN_COLS = 32
 GDN_CHUNKED_MIN_TOKENS = 64
+# The recurrent rule's state columns a warp (kernels/deltanet.cu COLS; 4 warps a block): 8, or 4 for twice the warps
+# a head, each with a shorter chain of reductions a token (OPENJET_CUDA_GDN_COLS=4, bench variant gdn4; 8 until
+# timed). Its close instances keep 8.
+GDN_WARPS = 4
+GDN_COLS_ENV = "OPENJET_CUDA_GDN_COLS"
+
+
+def _gdn_cols_default() -> int:
+    value = os.environ.get(GDN_COLS_ENV, "8")
+    if value not in ("4", "8"):
+        raise ValueError(f"{GDN_COLS_ENV}={value!r}: expected 4 or 8")
+    return int(value)
+
+
+GDN_COLS = _gdn_cols_default()
 
 
 def _gdn_prep_smem(dim: int) -> int:
@@ -243,8 +259,11 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                    _ptr(qk_out), state.ptr, o.ptr, num_tokens, num_k_heads, num_v_heads, k_dim, v_dim, ld_qk, ld_v,
                    ld_o, ld_gate, int(commit), int(prepared), int(qk_out is not None and not prepared), float(eps),
                    float(k_dim ** -0.5))
-    grid = ((v_dim + 31) // 32, num_v_heads)
-    dev.launch(dev.kernel(closers.instance(f"gdn_k{fitting[0]}", closer)), grid, 128, [args, closers.close_dst(closer, num_tokens, ld_o)])
+    cols = 8 if closer is not None or GDN_COLS == 8 else GDN_COLS
+    base = f"gdn_k{fitting[0]}" + ("" if cols == 8 else f"_c{cols}")
+    grid = (-(-v_dim // (GDN_WARPS * cols)), num_v_heads)
+    dev.launch(dev.kernel(closers.instance(base, closer)), grid, 32 * GDN_WARPS,
+               [args, closers.close_dst(closer, num_tokens, ld_o)])
     if closer is not None:
         closer.act.i8_tokens = num_tokens
 

@@ -223,6 +223,42 @@ def test_the_delta_rule_launches_its_close_instance(closing) -> None:
     assert args2[-1].q == 0 and act.i8_tokens == 3
 
 
+def test_the_delta_rule_takes_four_columns_a_warp_where_asked_but_closes_with_eight(closing, monkeypatch) -> None:
+    """mixers.GDN_COLS = 4 (OPENJET_CUDA_GDN_COLS): twice the blocks a head, 4 state columns a warp; a launch
+    with a closer keeps its 8-column instance (its closer counts 32 warps a superblock)."""
+    from engine.cuda import mixers
+
+    grids = []
+
+    class Dev(_Dev):
+        def launch(self, kernel, grid, block, args, smem: int = 0) -> None:
+            grids.append((kernel.name, grid, block))
+
+    monkeypatch.setattr(mixers, "GDN_COLS", 4)
+    dev, act = Dev(), _act(6144)
+    o, z, norm = _buf(4 * 8 * 6144), _buf(4 * 8 * 4 * FFN), _buf(4 * 128)
+    gated = closers.gated_closer_for(dev, 1, act, [_weight(Q.Q4_K, H, 6144)], _buf(), o, 6144, z, 2 * FFN, norm,
+                                     128, 1e-6)
+    b = _buf(1 << 22)
+    mixers.gdn_recurrent(dev, b, b, b, b, o, 1, 16, 48, 128, 128, 2 * 16 * 128, 10240, 6144, False, g=b, beta=b,
+                         qk_out=b, closer=gated)
+    mixers.gdn_recurrent(dev, b, b, b, b, o, 1, 16, 48, 128, 128, 2 * 16 * 128, 10240, 6144, True, g=b, beta=b)
+    assert grids == [("gdn_k128_close_gatednorm", (4, 48), 128), ("gdn_k128_c4", (8, 48), 128)]
+    assert instances.INSTANCES["gdn_k128_c4"].expr == "gdn_recurrent<4, 4, -1>"
+
+
+def test_the_delta_rules_column_count_comes_from_the_environment_or_is_refused(monkeypatch) -> None:
+    from engine.cuda import mixers
+
+    monkeypatch.delenv(mixers.GDN_COLS_ENV, raising=False)
+    assert mixers._gdn_cols_default() == 8
+    monkeypatch.setenv(mixers.GDN_COLS_ENV, "4")
+    assert mixers._gdn_cols_default() == 4
+    monkeypatch.setenv(mixers.GDN_COLS_ENV, "6")
+    with pytest.raises(ValueError, match="OPENJET_CUDA_GDN_COLS"):
+        mixers._gdn_cols_default()
+
+
 def test_the_scratch_is_zeroed_counters_then_sums() -> None:
     dev = _Dev()
     buf = closers.alloc_close_scratch(dev, H, "scratch")
@@ -404,7 +440,7 @@ def test_each_close_mode_has_an_instance_of_the_producers_number() -> None:
                  for t in ins.I8_CLOSE_TOKENS for m in ins.Q6_I8_CLOSE_MODES}
     expected |= {f"mmvq_q4_K_i8v_t{t}_close_{m}": f"mmvq_i8v<{t}, {vs}, {vn}, {numbers[m]}>"
                  for t in ins.I8V_TOKENS for m in ins.I8V_CLOSE_MODES}
-    expected |= {f"gdn_k{d}_close_gatednorm": f"gdn_recurrent<{d // 32}, {numbers['gatednorm']}>"
+    expected |= {f"gdn_k{d}_close_gatednorm": f"gdn_recurrent<{d // 32}, 8, {numbers['gatednorm']}>"
                  for d in ins.GDN_KEY_DIMS}
     expected |= {"attn_combine_close_plain": f"attn_combine<{numbers['plain']}>", "attn_combine": "attn_combine<-1>"}
     assert {name: ins.INSTANCES[name].expr for name in expected} == expected

@@ -66,8 +66,7 @@ gdn_gates(const float* __restrict__ alpha, const float* __restrict__ b, const fl
     beta[idx] = sigmoidf_(b[(i64)t * ld_b + h]);
 }
 
-#define GDN_COLS 8   // state columns per warp
-#define GDN_WARPS 4
+#define GDN_WARPS 4  // warps a block; each keeps COLS (8, or 4 for twice the warps a head) state columns
 
 struct GdnArgs {
     const float* q;        // q of (t, key head hk): q[t * ld_qk + hk * Dk]; k likewise (raw unless prepared)
@@ -90,19 +89,21 @@ struct GdnArgs {
 //   S = e^g S; u = beta (v - S^T k); S += k u^T; o = S^T q,
 // with q, k L2-normalised (q times q_scale) and g = a softplus(alpha + dt_bias), beta = sigmoid(b) computed here
 // unless `prepared` (then q, k, g, beta are read as given). `save` writes the normalised q/k and the gates for
-// a later commit. A warp keeps GDN_COLS columns of S in registers (lane holds rows lane + 32 i, i < KL), so the
-// whole chunk of tokens runs on-chip and S is read once and (if commit) written once. Grid (ceil(Dv / 32), Hv).
+// a later commit. A warp keeps COLS columns of S in registers (lane holds rows lane + 32 i, i < KL), so the
+// whole chunk of tokens runs on-chip and S is read once and (if commit) written once. Grid
+// (ceil(Dv / (GDN_WARPS COLS)), Hv).
 // CLOSE (ACT_GATEDNORM): the gated norm of o for the output projection, formed behind the launch (kernels/
-// act8_close.cuh): each warp counts its GDN_COLS columns of the inner dimension (h Dv + j0 ..) into their
+// act8_close.cuh): each warp counts its COLS columns of the inner dimension (h Dv + j0 ..) into their
 // superblock once its tokens' outputs are stored, 32 warps a superblock.
-// One token's inputs for the lane: raw (or prepared) q/k rows, its GDN_COLS values of v, the gate inputs.
-template <int KL>
+// One token's inputs for the lane: raw (or prepared) q/k rows, its COLS values of v, the gate inputs.
+template <int KL, int COLS>
 struct GdnToken {
-    float kk[KL], qq[KL], v[GDN_COLS], ga, gb;
+    float kk[KL], qq[KL], v[COLS], ga, gb;
 };
 
-template <int KL>
-__device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk, int j0, int lane, GdnToken<KL>& in) {
+template <int KL, int COLS>
+__device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk, int j0, int lane,
+                                         GdnToken<KL, COLS>& in) {
 #pragma unroll
     for (int i = 0; i < KL; ++i) {
         const int row = lane + 32 * i;
@@ -110,63 +111,63 @@ __device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk,
         in.qq[i] = row < p.Dk ? p.q[(i64)t * p.ld_qk + hk * p.Dk + row] : 0.f;
     }
 #pragma unroll
-    for (int cj = 0; cj < GDN_COLS; ++cj)
+    for (int cj = 0; cj < COLS; ++cj)
         in.v[cj] = j0 + cj < p.Dv ? p.v[(i64)t * p.ld_v + (i64)h * p.Dv + j0 + cj] : 0.f;
     // prepared: g and beta; raw: alpha and b (the gates are formed after the load)
     in.ga = p.prepared ? p.g[(i64)t * p.num_v_heads + h] : p.alpha[(i64)t * p.ld_gate + h];
     in.gb = p.prepared ? p.beta[(i64)t * p.num_v_heads + h] : p.b[(i64)t * p.ld_gate + h];
 }
 
-template <int KL, int CLOSE>
+template <int KL, int COLS, int CLOSE>
 __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p, const Act8Close close) {
     PDL_ENTER();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, hk = h % p.num_k_heads, Dk = p.Dk, Dv = p.Dv;
-    const int j0 = (blockIdx.x * GDN_WARPS + warp) * GDN_COLS;
+    const int j0 = (blockIdx.x * GDN_WARPS + warp) * COLS;
     if (j0 >= Dv) return;
     // one writer of the saved per-head values: the first warp of the first column block of the head
     const bool writer = p.save && blockIdx.x == 0 && warp == 0;
     float* sh = p.state + (i64)h * Dk * Dv;
-    float s[KL][GDN_COLS];
+    float s[KL][COLS];
 #pragma unroll
     for (int i = 0; i < KL; ++i) {
         const int row = lane + 32 * i;
 #pragma unroll
-        for (int cj = 0; cj < GDN_COLS; ++cj)
+        for (int cj = 0; cj < COLS; ++cj)
             s[i][cj] = (row < Dk && j0 + cj < Dv) ? sh[(i64)row * Dv + j0 + cj] : 0.f;
     }
     const float a_h = p.prepared ? 0.f : p.a[h], dt_h = p.prepared ? 0.f : p.dt_bias[h];
-    GdnToken<KL> cur, nxt;
-    if (p.T > 0) gdn_load<KL>(p, 0, h, hk, j0, lane, cur);
+    GdnToken<KL, COLS> cur, nxt;
+    if (p.T > 0) gdn_load<KL, COLS>(p, 0, h, hk, j0, lane, cur);
     for (int t = 0; t < p.T; ++t) {
-        if (t + 1 < p.T) gdn_load<KL>(p, t + 1, h, hk, j0, lane, nxt);  // the next token's loads fly meanwhile
+        if (t + 1 < p.T) gdn_load<KL, COLS>(p, t + 1, h, hk, j0, lane, nxt);  // the next token's loads fly meanwhile
         // k^T S for every column and the two squared norms, reduced together
-        float red[GDN_COLS + 2];
+        float red[COLS + 2];
 #pragma unroll
-        for (int cj = 0; cj < GDN_COLS; ++cj) {
+        for (int cj = 0; cj < COLS; ++cj) {
             float acc = 0.f;
 #pragma unroll
             for (int i = 0; i < KL; ++i) acc += cur.kk[i] * s[i][cj];
             red[cj] = acc;
         }
-        red[GDN_COLS] = red[GDN_COLS + 1] = 0.f;
+        red[COLS] = red[COLS + 1] = 0.f;
 #pragma unroll
         for (int i = 0; i < KL; ++i) {
-            red[GDN_COLS] += cur.kk[i] * cur.kk[i];
-            red[GDN_COLS + 1] += cur.qq[i] * cur.qq[i];
+            red[COLS] += cur.kk[i] * cur.kk[i];
+            red[COLS + 1] += cur.qq[i] * cur.qq[i];
         }
-        warp_sum_n<GDN_COLS + 2>(red);
+        warp_sum_n<COLS + 2>(red);
         float kn = 1.f, qn = 1.f, gt = cur.ga, bt = cur.gb;
         if (!p.prepared) {
-            kn = rsqrtf(red[GDN_COLS] + p.eps);
-            qn = rsqrtf(red[GDN_COLS + 1] + p.eps) * p.q_scale;
+            kn = rsqrtf(red[COLS] + p.eps);
+            qn = rsqrtf(red[COLS + 1] + p.eps) * p.q_scale;
             gt = a_h * softplusf_(cur.ga + dt_h);
             bt = sigmoidf_(cur.gb);
         }
         const float decay = __expf(gt);
-        float o[GDN_COLS];
+        float o[COLS];
 #pragma unroll
-        for (int cj = 0; cj < GDN_COLS; ++cj) {
+        for (int cj = 0; cj < COLS; ++cj) {
             const float u = bt * (cur.v[cj] - red[cj] * kn * decay);  // v - k^T (e^g S)
             float acc = 0.f;
 #pragma unroll
@@ -176,12 +177,12 @@ __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p, const
             }
             o[cj] = acc;
         }
-        warp_sum_n<GDN_COLS>(o);
+        warp_sum_n<COLS>(o);
         float out_mine = 0.f;
 #pragma unroll
-        for (int cj = 0; cj < GDN_COLS; ++cj)
+        for (int cj = 0; cj < COLS; ++cj)
             if (lane == cj) out_mine = o[cj] * qn;
-        if (lane < GDN_COLS && j0 + lane < Dv) p.o[(i64)t * p.ld_o + (i64)h * Dv + j0 + lane] = out_mine;
+        if (lane < COLS && j0 + lane < Dv) p.o[(i64)t * p.ld_o + (i64)h * Dv + j0 + lane] = out_mine;
         if (writer) {
             if (lane == 0) {
                 p.g[(i64)t * p.num_v_heads + h] = gt;
@@ -205,13 +206,13 @@ __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p, const
         for (int i = 0; i < KL; ++i) {
             const int row = lane + 32 * i;
 #pragma unroll
-            for (int cj = 0; cj < GDN_COLS; ++cj)
+            for (int cj = 0; cj < COLS; ++cj)
                 if (row < Dk && j0 + cj < Dv) sh[(i64)row * Dv + j0 + cj] = s[i][cj];
         }
     }
     if (CLOSE != CLOSE_NONE) {
-        static_assert(QK_SB % GDN_COLS == 0, "a warp's columns lie in one superblock");
-        // the warp's outputs (its lanes below GDN_COLS stored them), fenced and counted
-        close_arrive_call<CLOSE>(close, p.o, (h * Dv + j0) / QK_SB, lane == 0, QK_SB / GDN_COLS);
+        static_assert(QK_SB % COLS == 0, "a warp's columns lie in one superblock");
+        // the warp's outputs (its lanes below COLS stored them), fenced and counted
+        close_arrive_call<CLOSE>(close, p.o, (h * Dv + j0) / QK_SB, lane == 0, QK_SB / COLS);
     }
 }
