@@ -26,6 +26,7 @@ class _Dev:
     def __init__(self, arch: int = 90) -> None:
         self.info = SimpleNamespace(arch=arch, max_smem_per_block=232448, multiprocessors=132)
         self.launches: list[tuple[str, list]] = []
+        self.grids: list[tuple[str, object, int]] = []  # (kernel name, grid, block) of each launch
         self.filled: list[tuple[Buffer, int]] = []
 
     def kernel(self, name: str) -> SimpleNamespace:
@@ -36,6 +37,7 @@ class _Dev:
 
     def launch(self, kernel, grid, block, args, smem: int = 0) -> None:
         self.launches.append((kernel.name, args))
+        self.grids.append((kernel.name, grid, block))
 
     def alloc(self, nbytes: int, what: str) -> Buffer:
         return Buffer(0x7000_0000, nbytes, what)
@@ -205,17 +207,24 @@ def test_the_gated_norm_closes_behind_the_delta_rule(closing, monkeypatch) -> No
     assert closer() is None
 
 
-def test_the_delta_rule_launches_its_close_instance(closing) -> None:
+def _delta_rule_closed_then_committed(dev: _Dev, num_tokens: int):
+    """The 27B's delta rule launched with the gated norm's closer (a verify pass), then committing without one;
+    returns (act, z, norm)."""
     from engine.cuda import mixers
 
-    dev, act = _Dev(), _act(6144)
-    o, z, norm = _buf(4 * 8 * 6144), _buf(4 * 8 * 4 * FFN), _buf(4 * 128)
-    gated = closers.gated_closer_for(dev, 3, act, [_weight(Q.Q4_K, H, 6144)], _buf(), o, 6144, z, 2 * FFN, norm,
-                                     128, 1e-6)
+    act, o, z, norm = _act(6144), _buf(4 * 8 * 6144), _buf(4 * 8 * 4 * FFN), _buf(4 * 128)
+    gated = closers.gated_closer_for(dev, num_tokens, act, [_weight(Q.Q4_K, H, 6144)], _buf(), o, 6144, z, 2 * FFN,
+                                     norm, 128, 1e-6)
     b = _buf(1 << 22)
-    mixers.gdn_recurrent(dev, b, b, b, b, o, 3, 16, 48, 128, 128, 2 * 16 * 128, 10240, 6144, False, g=b, beta=b,
-                         qk_out=b, closer=gated)
-    mixers.gdn_recurrent(dev, b, b, b, b, o, 3, 16, 48, 128, 128, 2 * 16 * 128, 10240, 6144, True, g=b, beta=b)
+    shape = (num_tokens, 16, 48, 128, 128, 2 * 16 * 128, 10240, 6144)
+    mixers.gdn_recurrent(dev, b, b, b, b, o, *shape, False, g=b, beta=b, qk_out=b, closer=gated)
+    mixers.gdn_recurrent(dev, b, b, b, b, o, *shape, True, g=b, beta=b)
+    return act, z, norm
+
+
+def test_the_delta_rule_launches_its_close_instance(closing) -> None:
+    dev = _Dev()
+    act, z, norm = _delta_rule_closed_then_committed(dev, 3)
     (first, args), (second, args2) = dev.launches
     assert first == "gdn_k128_close_gatednorm" and second == "gdn_k128"
     dst = args[-1]
@@ -228,22 +237,10 @@ def test_the_delta_rule_takes_four_columns_a_warp_where_asked_but_closes_with_ei
     with a closer keeps its 8-column instance (its closer counts 32 warps a superblock)."""
     from engine.cuda import mixers
 
-    grids = []
-
-    class Dev(_Dev):
-        def launch(self, kernel, grid, block, args, smem: int = 0) -> None:
-            grids.append((kernel.name, grid, block))
-
     monkeypatch.setattr(mixers, "GDN_COLS", 4)
-    dev, act = Dev(), _act(6144)
-    o, z, norm = _buf(4 * 8 * 6144), _buf(4 * 8 * 4 * FFN), _buf(4 * 128)
-    gated = closers.gated_closer_for(dev, 1, act, [_weight(Q.Q4_K, H, 6144)], _buf(), o, 6144, z, 2 * FFN, norm,
-                                     128, 1e-6)
-    b = _buf(1 << 22)
-    mixers.gdn_recurrent(dev, b, b, b, b, o, 1, 16, 48, 128, 128, 2 * 16 * 128, 10240, 6144, False, g=b, beta=b,
-                         qk_out=b, closer=gated)
-    mixers.gdn_recurrent(dev, b, b, b, b, o, 1, 16, 48, 128, 128, 2 * 16 * 128, 10240, 6144, True, g=b, beta=b)
-    assert grids == [("gdn_k128_close_gatednorm", (4, 48), 128), ("gdn_k128_c4", (8, 48), 128)]
+    dev = _Dev()
+    _delta_rule_closed_then_committed(dev, 1)
+    assert dev.grids == [("gdn_k128_close_gatednorm", (4, 48), 128), ("gdn_k128_c4", (8, 48), 128)]
     assert instances.INSTANCES["gdn_k128_c4"].expr == "gdn_recurrent<4, 4, -1>"
 
 
