@@ -26,7 +26,7 @@ import re
 import statistics
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 TOKEN_COUNTS = (1, 5)  # the passes issue 4's targets name
@@ -93,7 +93,7 @@ class Summary:
     streams: int
     by_name: dict[str, tuple[int, float, float]]  # name -> (count, sum of increments, sum of spans)
     largest: list[tuple[float, str, str]]  # (increment, kernel, the kernel that ended last before it)
-    beside: dict[str, int] = field(default_factory=dict)  # name -> its kernels that ran inside another's span
+    beside: dict[str, int]  # name -> its kernels that ran inside another's span
 
 
 def beside_others(spans: list[Span]) -> set[int]:
@@ -121,14 +121,14 @@ def summarize(spans: list[Span]) -> Summary:
     frontier, before = min(s.start for s in spans), "(start)"
     for i in sorted(range(len(spans)), key=lambda i: spans[i].end):
         s = spans[i]
-        inc = 0.0 if i in inside else max(0.0, s.end - frontier)
         entry = by_name[s.name]
         entry[0] += 1
-        entry[1] += inc
         entry[2] += s.end - s.start
         if i in inside:
             beside[s.name] += 1
             continue
+        inc = max(0.0, s.end - frontier)
+        entry[1] += inc
         largest.append((inc, s.name, before))
         if s.end >= frontier:
             frontier, before = s.end, s.name

@@ -259,7 +259,7 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                    _ptr(qk_out), state.ptr, o.ptr, num_tokens, num_k_heads, num_v_heads, k_dim, v_dim, ld_qk, ld_v,
                    ld_o, ld_gate, int(commit), int(prepared), int(qk_out is not None and not prepared), float(eps),
                    float(k_dim ** -0.5))
-    cols = 8 if closer is not None or GDN_COLS == 8 else GDN_COLS
+    cols = GDN_COLS if closer is None else 8  # the closer counts 32 warps of 8 columns a superblock
     base = f"gdn_k{fitting[0]}" + ("" if cols == 8 else f"_c{cols}")
     grid = (-(-v_dim // (GDN_WARPS * cols)), num_v_heads)
     dev.launch(dev.kernel(closers.instance(base, closer)), grid, 32 * GDN_WARPS,
