@@ -126,8 +126,8 @@ Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4
 # in the 5-token pass as well (each lost alone: i8t5, q6i8all).
 CLOSE_VARIANTS = frozenset({"close", "close5"})
 Q8_I8_VARIANTS = frozenset({"close", "q8i8", "close5"})
-# v7 with the recurrent delta rule's warps taking 4 state columns each (mixers.GDN_COLS; v7: 8)
-GDN_COLS_VARIANTS = {"gdn4": 4}
+# The recurrent delta rule's state columns a warp (mixers.GDN_COLS, 4 by default since Z4; gdn8 the old form)
+GDN_COLS_VARIANTS = {"gdn4": 4, "gdn8": 8}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7", "close"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)

@@ -40,15 +40,16 @@ def attn_runs_mma(num_tokens: int, head_dim: int, max_smem: int) -> bool:
 GDN_CHUNK = 64
 GDN_SCAN_COLS = 32
 GDN_CHUNKED_MIN_TOKENS = 64
-# The recurrent rule's state columns a warp (kernels/deltanet.cu COLS; 4 warps a block): 8, or 4 for twice the warps
-# a head, each with a shorter chain of reductions a token (OPENJET_CUDA_GDN_COLS=4, bench variant gdn4; 8 until
-# timed). Its close instances keep 8.
+# The recurrent rule's state columns a warp (kernels/deltanet.cu COLS; 4 warps a block): 4, twice the warps a head of
+# 8 columns, each with a shorter chain of reductions a token. The rule alone at the 27B pass (H100, 979b95a): 300
+# against 344 us at one token, 452 against 550 at five; the pass 7.985 against 8.068 ms (bench/NOTES.md Z4).
+# OPENJET_CUDA_GDN_COLS=8 (bench variant gdn8) takes the old form back. Its close instances keep 8.
 GDN_WARPS = 4
 GDN_COLS_ENV = "OPENJET_CUDA_GDN_COLS"
 
 
 def _gdn_cols_default() -> int:
-    value = os.environ.get(GDN_COLS_ENV, "8")
+    value = os.environ.get(GDN_COLS_ENV, "4")
     if value not in ("4", "8"):
         raise ValueError(f"{GDN_COLS_ENV}={value!r}: expected 4 or 8")
     return int(value)

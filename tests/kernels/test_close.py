@@ -226,21 +226,23 @@ def test_the_delta_rule_launches_its_close_instance(closing) -> None:
     dev = _Dev()
     act, z, norm = _delta_rule_closed_then_committed(dev, 3)
     (first, args), (second, args2) = dev.launches
-    assert first == "gdn_k128_close_gatednorm" and second == "gdn_k128"
+    assert first == "gdn_k128_close_gatednorm" and second == "gdn_k128_c4"  # the default takes 4 columns a warp
     dst = args[-1]
     assert (dst.x2, dst.w, dst.tokens, dst.ld, dst.ld2, dst.head) == (z.ptr, norm.ptr, 3, 6144, 2 * FFN, 128)
     assert args2[-1].q == 0 and act.i8_tokens == 3
 
 
-def test_the_delta_rule_takes_four_columns_a_warp_where_asked_but_closes_with_eight(closing, monkeypatch) -> None:
-    """mixers.GDN_COLS = 4 (OPENJET_CUDA_GDN_COLS): twice the blocks a head, 4 state columns a warp; a launch
+@pytest.mark.parametrize("cols", [4, 8])
+def test_the_delta_rule_takes_its_columns_a_warp_but_closes_with_eight(closing, monkeypatch, cols) -> None:
+    """mixers.GDN_COLS (OPENJET_CUDA_GDN_COLS): 4 state columns a warp, twice the blocks a head of 8; a launch
     with a closer keeps its 8-column instance (its closer counts 32 warps a superblock)."""
     from engine.cuda import mixers
 
-    monkeypatch.setattr(mixers, "GDN_COLS", 4)
+    monkeypatch.setattr(mixers, "GDN_COLS", cols)
     dev = _Dev()
     _delta_rule_closed_then_committed(dev, 1)
-    assert dev.grids == [("gdn_k128_close_gatednorm", (4, 48), 128), ("gdn_k128_c4", (8, 48), 128)]
+    name = "gdn_k128_c4" if cols == 4 else "gdn_k128"
+    assert dev.grids == [("gdn_k128_close_gatednorm", (4, 48), 128), (name, (32 // cols, 48), 128)]
     assert instances.INSTANCES["gdn_k128_c4"].expr == "gdn_recurrent<4, 4, -1>"
 
 
@@ -248,9 +250,9 @@ def test_the_delta_rules_column_count_comes_from_the_environment_or_is_refused(m
     from engine.cuda import mixers
 
     monkeypatch.delenv(mixers.GDN_COLS_ENV, raising=False)
-    assert mixers._gdn_cols_default() == 8
-    monkeypatch.setenv(mixers.GDN_COLS_ENV, "4")
     assert mixers._gdn_cols_default() == 4
+    monkeypatch.setenv(mixers.GDN_COLS_ENV, "8")
+    assert mixers._gdn_cols_default() == 8
     monkeypatch.setenv(mixers.GDN_COLS_ENV, "6")
     with pytest.raises(ValueError, match="OPENJET_CUDA_GDN_COLS"):
         mixers._gdn_cols_default()

@@ -136,12 +136,12 @@ def test_act_layout_round_trips_on_the_host() -> None:
 
 
 def test_int8_acts_default_and_knob(monkeypatch) -> None:
-    """The acts the runner gives an int8 copy: act_h and act_ffn by default (act_mix's measured off, runner.py);
+    """The acts the runner gives an int8 copy: act_h, act_ffn and act_mix by default (runner.py INT8_ACTS);
     OPENJET_MK_INT8_ACTS names another set, and a name that cannot have one is refused by name."""
     from engine.cuda.megakernel import runner
 
     monkeypatch.delenv(runner.INT8_ACTS_ENV, raising=False)
-    assert runner.int8_acts() == ("act_h", "act_ffn")
+    assert runner.int8_acts() == ("act_h", "act_ffn", "act_mix")
     monkeypatch.setenv(runner.INT8_ACTS_ENV, "act_h, act_mix")
     assert runner.int8_acts() == ("act_h", "act_mix")
     monkeypatch.setenv(runner.INT8_ACTS_ENV, "")

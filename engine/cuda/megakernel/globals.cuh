@@ -24,7 +24,7 @@ struct ActRef {
     f16* x16_lo;
     f16* sums_lo;
     // The int8 copy (kernels/mmvq_i8.cu's act8 layout, one group of 8 rows), null where the act has none: act_h's
-    // (its one writer, norm_into_act, keeps it), act_ffn's (and act_mix's, runner.py INT8_ACTS) at one row
+    // (its one writer, norm_into_act, keeps it), act_ffn's and act_mix's (runner.py INT8_ACTS) at one row
     // (mk_common.cuh act8_fill): q8 [nsb][2 levels][8][256], scale8 [nsb][2][8], sums8 / sums8_lo [nsb][8][8]
     // (the f16 pair of each sub-block's sum of what the int8 mma sees).
     i8* q8;

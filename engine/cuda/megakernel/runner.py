@@ -28,12 +28,14 @@ ELEMENT_BYTES = {"f32": 4, "i32": 4, "u32": 4, "u8": 1, "kv": 2}
 TIME_SLOTS = 8  # opcodes.cuh TIME_*
 TRACE_WARPS, TRACE_EVENTS = 8, 16  # opcodes.cuh: a build with MK_TRACE=1 writes them after the timing slots
 # Acts with an int8 copy (globals.cuh ActRef::q8), which the K-quant matmuls of one row take as two int8 levels
-# (matvec.cuh MK_MV_I8): the norms' output, and act_ffn, whose writers (FFN_UP's 128-160-position runs) each write
-# part of a superblock and the last of them forms its copy (FILL_ACTS: a count a superblock, mk_common.cuh
-# act8_fill). act_mix can have one the same way, but not by default: with both, the 27B's greedy tokens left the
-# per-op path's at token 251 of 256 on a near tie (median |dlogit| 0.025 against 0.012 with neither, 0.018 with
-# act_ffn's alone, 0.021 with act_mix's alone; bench/MEGAKERNEL.md round 7).
-INT8_ACTS = ("act_h", "act_ffn")
+# (matvec.cuh MK_MV_I8): the norms' output, and FILL_ACTS, whose writers (FFN_UP's 128-160-position runs, DN_RULE's
+# and ATTN_COMBINE's heads) each write part of a superblock and the last of them forms its copy (a count a
+# superblock, mk_common.cuh act8_fill). act_mix's copy (MIX_OUT at one row on the int8 batch) was off from round 7
+# (the greedy tokens left the per-op path's at token 251 of 256 on a near tie) until the accuracy rule of the
+# eleventh session: its median max |dlogit| against the f16 per-op path 0.0243, within the per-op int8 path's
+# 0.0254, and 0.00494 against the reference (0.00505); diff + tiny all ok with it (H100, 979b95a); d = 0 12.22
+# against 12.40 ms (bench/MEGAKERNEL.md Status).
+INT8_ACTS = ("act_h", "act_ffn", "act_mix")
 FILL_ACTS = ("act_ffn", "act_mix")
 # A benchmark knob: the acts that get an int8 copy, comma-separated, from act_h and FILL_ACTS.
 INT8_ACTS_ENV = "OPENJET_MK_INT8_ACTS"
