@@ -97,8 +97,9 @@ VERIFY_VARIANTS = {"i8v": True, "noi8v": False, "i8vs1": True, "i8vw8": True, "i
 VERIFY_SPARE_VARIANTS = {"i8vs1": 1}
 VERIFY_WARPS_VARIANTS = {"i8vw8": 8}
 # ... or the 5-token pass's in blocks of 4 or 5 warps (i8b.VERIFY_WARPS_AT; v7: 8, measured in v18 before the
-# producers' block per token and PDL at 2-4 tokens)
-VERIFY_WARPS_AT_VARIANTS = {f"i8v5w{w}": {**DEFAULT_VERIFY_WARPS_AT, 5: w} for w in (4, 5)}
+# producers' block per token and PDL at 2-4 tokens), or of 10 and 12 (the kernel's most: one block an SM with more
+# warps to hide its chains; 10 keeps K = 5,120's 20 superblocks in shares of 2, 12 K = 6,144's 24 too)
+VERIFY_WARPS_AT_VARIANTS = {f"i8v5w{w}": {**DEFAULT_VERIFY_WARPS_AT, 5: w} for w in (4, 5, 10, 12)}
 VERIFY_WIDTH_VARIANTS = {"i8vcopy": 0}
 EVERY_VERIFY_COUNT = frozenset(range(2, 9))
 VERIFY_TOKEN_VARIANTS = {"i8vall": EVERY_VERIFY_COUNT}  # i8vall: 3 tokens on it too

@@ -81,6 +81,9 @@ TOL_I8B_SAME = 1e-5
 I8V_CHECKS = [(name, t, precise) for name in ("odd_rows", "attn_q") for t in instances.I8V_TOKENS
               for precise in (False, True)] + [("ssm_ab", 5, True), ("attn_output", 8, True), ("attn_output", 3, False),
                                                ("ffn_up", 5, True)]
+# ... and in blocks of the kernel's most warps (i8b.VERIFY_MAX_WARPS, 12; 10 busy at K = 5,120): a partial tile,
+# and K = 6,144 at 12 warps
+I8V_WIDE_CHECKS = [("odd_rows", 5, True), ("attn_q", 5, True), ("attn_q", 8, False), ("attn_output", 5, True)]
 # ... and with several row tiles a block: 63 tiles of odd_rows leave a partial last block (and tile), ssm_ab's 3
 # tiles a block of fewer than 4, ffn_down's ring runs across its tiles
 I8_TILE_CHECKS = [("odd_rows", 1), ("odd_rows", 4), ("ssm_ab", 1), ("ffn_down", 2), ("attn_q", 3)]
@@ -318,6 +321,9 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
             with verify_i8(True):
                 for name, num_tokens, precise in I8V_CHECKS:
                     check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise)
+            with verify_i8(True, warps=i8b.VERIFY_MAX_WARPS):
+                for name, num_tokens, precise in I8V_WIDE_CHECKS:
+                    check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise, tag=".w12")
         run_q6_i8_checks(dev, report, rng)
         try:
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
@@ -349,7 +355,8 @@ I8B_TRIALS = (("i8b.s2n2", None, ((2, 2), False)), ("i8b.s2n2.p", None, ((2, 2),
 # I8B_TRIALS: measured in v12-v16); else each kernel in the launcher's shape.
 I8_SHAPES_TIMED = os.environ.get("OPENJET_BENCH_I8_SHAPES") == "1"
 # The tensor-copy form of 2-8 tokens: (label, warps or None, blocks an SM left free or None: the launcher's).
-I8V_TRIALS = (("i8v", None, None), ("i8v.s1", None, 1), ("i8v.w8", 8, None), ("i8v.w4", 4, None))
+I8V_TRIALS = (("i8v", None, None), ("i8v.s1", None, 1), ("i8v.w8", 8, None), ("i8v.w4", 4, None),
+              ("i8v.w10", 10, None), ("i8v.w12", 12, None))
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
 
 

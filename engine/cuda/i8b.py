@@ -28,6 +28,7 @@ ENV = "OPENJET_CUDA_I8B"
 MIN_ARCH = 90  # tensor copies (cp.async.bulk.tensor) and mbarrier transaction counts
 QUANT_BYTES, WORD_BYTES = 2048, 256  # a unit's quant box and word unit (mirror of the kernel's)
 MAX_WARPS = 8  # the kernel's I8B_MAX_WARPS
+VERIFY_MAX_WARPS = 12  # mmvq_i8v's I8V_MAX_WARPS
 PRODUCE_MAX = 4  # the kernel's I8B_PRODUCE_MAX: the most superblocks a warp's share may hold with a fused producer
 ALIGN_SLACK = 1024  # the kernel aligns its regions to 1024 bytes (the 128-byte swizzle) at run time
 
@@ -250,8 +251,9 @@ def verify_x_bytes(nb: int, num_tokens: int) -> int:
 
 
 def verify_static_smem(num_tokens: int) -> int:
-    """A block's static shared memory (its per-tile sums, 1 KB a token, and barriers) and the driver's reserve."""
-    return 2048 + 1024 * num_tokens
+    """A block's static shared memory (its per-tile sums, 2 x VERIFY_MAX_WARPS x 64 bytes a token, and barriers)
+    and the driver's reserve."""
+    return 2048 + 128 * VERIFY_MAX_WARPS * num_tokens
 
 
 def verify_smem_bytes(nb: int, num_tokens: int, warps: int) -> int:
@@ -290,13 +292,15 @@ def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool
 
 def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int) -> int:
     """Warps per block: VERIFY_WARPS, else VERIFY_WARPS_AT's for num_tokens, else mmvq_i8's choice for
-    num_tokens (ops.i8_warps); never more than the superblocks."""
+    num_tokens (ops.i8_warps); never more than VERIFY_MAX_WARPS, nor than the warps its shares of a tile's
+    superblocks keep busy (20 superblocks in shares of 3 take 7 warps of 8)."""
     from engine.cuda import ops
 
-    tiles = (w.rows + 15) // 16
+    tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
     chosen = VERIFY_WARPS or VERIFY_WARPS_AT.get(num_tokens) or ops.i8_warps(w.cols, tiles, num_tokens,
                                                                              dev.info.multiprocessors)
-    return min(chosen, w.cols // ops.SUPERBLOCK, MAX_WARPS)
+    share = -(-nb // min(chosen, nb, VERIFY_MAX_WARPS))
+    return -(-nb // share)
 
 
 def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,

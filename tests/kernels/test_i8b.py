@@ -201,10 +201,32 @@ def test_the_verify_layout_mirrors_the_kernel() -> None:
         assert i8b.verify_x_bytes(nb, t) % 1024 == 0 and need <= i8b.verify_x_bytes(nb, t) < need + 1024
     assert i8b.verify_smem_bytes(20, 5, 5) == 1024 + i8b.verify_x_bytes(20, 5) + 5 * 2 * 2 * (2048 + 256)
     src = (nvrtc.KERNEL_DIR / "mmvq_i8v.cu").read_text()
-    assert int(re.search(r"#define I8V_MAX_WARPS (\d+)", src).group(1)) >= i8b.MAX_WARPS
+    assert int(re.search(r"#define I8V_MAX_WARPS (\d+)", src).group(1)) == i8b.VERIFY_MAX_WARPS
+    # red[2][I8V_MAX_WARPS][T][16] floats and the barriers, past the driver's 1 KB
+    assert "__shared__ float red[2][I8V_MAX_WARPS][T][16];" in src
+    assert i8b.verify_static_smem(5) >= 1024 + 2 * i8b.VERIFY_MAX_WARPS * 5 * 16 * 4 + 8 * i8b.VERIFY_MAX_WARPS * 2
     for t in instances.I8V_TOKENS:
         s, n = instances.I8V_SHAPE
         assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}"].expr == f"mmvq_i8v<{t}, {s}, {n}, -1>"
+
+
+def test_the_verify_kernels_static_shared_memory_fits_what_the_launcher_counts() -> None:
+    """The grid's blocks an SM are counted with verify_static_smem: every instance's static shared memory (ptxas's
+    figure for sm_90) must fit in it, beside the driver's 1 KB."""
+    insts = instances.files()["mmvq_i8v"]
+    compiled = nvrtc.compile_file(nvrtc.KERNEL_DIR / "mmvq_i8v.cu", 90, tuple(i.expr for i in insts),
+                                  options=("-Xptxas=-v",))
+    names = {compiled.symbols[i.expr]: i.name for i in insts}
+    found, current = {}, None
+    for line in compiled.log.splitlines():
+        if m := re.search(r"Function properties for (\w+)", line):
+            current = names.get(m.group(1))
+        elif current and (m := re.search(r"Used \d+ registers.* (\d+) bytes smem", line)):
+            found[current] = int(m.group(1))
+    assert set(found) == {i.name for i in insts}
+    for name, smem in found.items():
+        tokens = int(re.search(r"_t(\d)", name).group(1))
+        assert smem + 1024 <= i8b.verify_static_smem(tokens), f"{name}: {smem} bytes of static shared memory"
 
 
 def test_a_verify_launch_of_q4k_takes_the_verify_form_before_mmvq_i8(monkeypatch) -> None:
@@ -224,9 +246,21 @@ def test_the_verify_forms_token_counts_and_warps_by_default(monkeypatch) -> None
     assert i8b.verify_tokens(_dev(90)) == 8 and i8b.verify_tokens(_dev(89)) == 0
     monkeypatch.setattr(i8b, "VERIFY_WARPS", None)
     monkeypatch.setattr(i8b, "WARPS", None)
-    assert i8b.verify_warps(_dev(90), _weight(), 5) == 8
+    assert i8b.verify_warps(_dev(90), _weight(), 5) == 7  # 8 asked; 20 superblocks in shares of 3 keep 7 busy
+    assert i8b.verify_warps(_dev(90), _weight(cols=6144), 5) == 8  # 24 in shares of 3
     # below 5 tokens mmvq_i8's choice for that many tokens, not the one-token form's 4 (ops.I8_WARPS_AT)
     assert i8b.warps(_dev(90), _weight()) == 4
     assert i8b.verify_warps(_dev(90), _weight(), 2) == ops.i8_warps(5120, 640, 2, 132) == 5
     assert i8b.verify_warps(_dev(90), _weight(cols=768), 8) == 3  # never more warps than superblocks
+
+
+def test_verify_warps_keep_every_warp_busy_up_to_the_kernels_most(monkeypatch) -> None:
+    monkeypatch.setattr(i8b, "VERIFY_WARPS", None)
+    monkeypatch.setattr(i8b, "VERIFY_WARPS_AT", {5: 12})
+    assert i8b.verify_warps(_dev(90), _weight(), 5) == 10  # 20 superblocks in shares of 2
+    assert i8b.verify_warps(_dev(90), _weight(cols=6144), 5) == 12
+    monkeypatch.setattr(i8b, "VERIFY_WARPS_AT", {5: 16})
+    assert i8b.verify_warps(_dev(90), _weight(cols=6144), 5) == 12  # the kernel's I8V_MAX_WARPS
+    monkeypatch.setattr(i8b, "VERIFY_WARPS_AT", {5: 10})
+    assert i8b.verify_warps(_dev(90), _weight(cols=6144), 5) == 8  # 24 in shares of 3
 

@@ -21,7 +21,9 @@
 #include "mmvq.cuh"
 #include "tma.cuh"
 
-#define I8V_MAX_WARPS 8
+// Up to 12 warps a block: from 5 tokens a block's staged activations (55 KB at K = 5,120) and rings leave one block
+// an SM, so its warps are all the SM has to hide the mma and scale chains with (engine/cuda/i8b.py VERIFY_WARPS_AT).
+#define I8V_MAX_WARPS 12
 
 // The block's activations, staged once for the whole row: token t's level l (0 hi, 1 lo) as [nb][256] at
 // (2t + l) i8v_xpitch (a pitch of 64 mod 128 bytes: the hi and lo readers of a quarter-warp fall in other banks),
