@@ -48,7 +48,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
                for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5",
                          "q6c5", "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all",
-                         "close", "q8i8", "close5", "gdn4")},
+                         "close", "q8i8", "close5", "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -58,7 +58,7 @@ I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
                          "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto",
                          "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
-                         "gdn4"} |
+                         "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5}
@@ -95,7 +95,9 @@ VERIFY_VARIANTS = {"i8v": True, "noi8v": False, "i8vs1": True, "i8vw8": True, "i
 # ... with a block an SM spared (i8vs1) or 8-warp blocks (i8vw8); i8vcopy: the producers write the int8 copy of
 # 5-8 tokens but no matmul takes it (what that copy costs the pass); i8voff: without PDL on 5-token passes
 VERIFY_SPARE_VARIANTS = {"i8vs1": 1}
-VERIFY_WARPS_VARIANTS = {"i8vw8": 8}
+VERIFY_WARPS_VARIANTS = {"i8vw8": 8, "i8vw12": 12}
+# v7 with the verify launches' idle warps kept (i8b.VERIFY_TRIM; before 3c4f2eb 20 superblocks ran in 8 warps, 7 busy)
+NO_TRIM_VARIANTS = frozenset({"notrim"})
 # ... or the 5-token pass's in blocks of 4 or 5 warps (i8b.VERIFY_WARPS_AT; v7: 8, measured in v18 before the
 # producers' block per token and PDL at 2-4 tokens), or of 10 and 12 (the kernel's most: one block an SM with more
 # warps to hide its chains; 10 keeps K = 5,120's 20 superblocks in shares of 2, 12 K = 6,144's 24 too)
@@ -414,6 +416,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())
     i8b.VERIFY_SPARE_PER_SM = VERIFY_SPARE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_SPARE_PER_SM)
     i8b.VERIFY_WARPS = VERIFY_WARPS_VARIANTS.get(name)
+    i8b.VERIFY_TRIM = name not in NO_TRIM_VARIANTS
     i8b.VERIFY_WARPS_AT = VERIFY_WARPS_AT_VARIANTS.get(name, dict(i8b.DEFAULT_VERIFY_WARPS_AT))
     i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, VERIFY_PRECISE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS))
     device.PDL_TOKEN_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_TOKEN_COUNTS)

@@ -228,6 +228,9 @@ VERIFY_MAX_SUPERBLOCKS = DEFAULT_VERIFY_MAX_SUPERBLOCKS
 # large (the staged activations of every token), so one spared block is half an SM: alone, at 5 tokens, its first
 # form's gate|up took 63.8 us with one spared against 45.3 without (29ff206, bench/NOTES.md v18).
 VERIFY_WARPS: int | None = None
+# Whether a launch leaves out the warps its shares of a tile's superblocks leave idle (a benchmark knob: they only
+# wait at the tile's barrier and hold a ring's shared memory)
+VERIFY_TRIM = True
 DEFAULT_VERIFY_SPARE_PER_SM = 0
 VERIFY_SPARE_PER_SM = DEFAULT_VERIFY_SPARE_PER_SM
 # Warps a block by token count where VERIFY_WARPS is None (others: mmvq_i8's choice, ops.i8_warps): 8 from 5 tokens,
@@ -299,8 +302,8 @@ def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int) -> int:
     tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
     chosen = VERIFY_WARPS or VERIFY_WARPS_AT.get(num_tokens) or ops.i8_warps(w.cols, tiles, num_tokens,
                                                                              dev.info.multiprocessors)
-    share = -(-nb // min(chosen, nb, VERIFY_MAX_WARPS))
-    return -(-nb // share)
+    warps = min(chosen, nb, VERIFY_MAX_WARPS)
+    return -(-nb // -(-nb // warps)) if VERIFY_TRIM else warps
 
 
 def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
