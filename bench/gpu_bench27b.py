@@ -48,7 +48,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
                for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5",
                          "q6c5", "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all",
-                         "close", "q8i8", "close5", "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim")},
+                         "close", "q8i8", "close5", "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -58,7 +58,7 @@ I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
                          "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto",
                          "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
-                         "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim"} |
+                         "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5}
@@ -96,12 +96,13 @@ VERIFY_VARIANTS = {"i8v": True, "noi8v": False, "i8vs1": True, "i8vw8": True, "i
 # 5-8 tokens but no matmul takes it (what that copy costs the pass); i8voff: without PDL on 5-token passes
 VERIFY_SPARE_VARIANTS = {"i8vs1": 1}
 VERIFY_WARPS_VARIANTS = {"i8vw8": 8, "i8vw12": 12}
-# v7 with the verify launches' idle warps kept (i8b.VERIFY_TRIM; before 3c4f2eb 20 superblocks ran in 8 warps, 7 busy)
-NO_TRIM_VARIANTS = frozenset({"notrim"})
-# ... or the 5-token pass's in blocks of 4 or 5 warps (i8b.VERIFY_WARPS_AT; v7: 8, measured in v18 before the
+# ... or the 5-token pass's in blocks of 4 or 5 warps (i8b.VERIFY_WARPS_AT; 8 until Z5, measured in v18 before the
 # producers' block per token and PDL at 2-4 tokens), or of 10 and 12 (the kernel's most: one block an SM with more
 # warps to hide its chains; 10 keeps K = 5,120's 20 superblocks in shares of 2, 12 K = 6,144's 24 too)
-VERIFY_WARPS_AT_VARIANTS = {f"i8v5w{w}": {**DEFAULT_VERIFY_WARPS_AT, 5: w} for w in (4, 5, 10, 12)}
+VERIFY_WARPS_AT_VARIANTS = {**{f"i8v5w{w}": {**DEFAULT_VERIFY_WARPS_AT, 5: w} for w in (4, 5, 10, 12)},
+                            "i8vw8old": {5: 8, 6: 8, 7: 8, 8: 8}}  # the table before Z5 (12 at every count)
+# v7 with the verify launches' idle warps kept (i8b.VERIFY_TRIM; before 3c4f2eb 20 superblocks ran in 8 warps, 7 busy)
+NO_TRIM_VARIANTS = frozenset({"notrim"})
 VERIFY_WIDTH_VARIANTS = {"i8vcopy": 0}
 EVERY_VERIFY_COUNT = frozenset(range(2, 9))
 VERIFY_TOKEN_VARIANTS = {"i8vall": EVERY_VERIFY_COUNT}  # i8vall: 3 tokens on it too

@@ -233,9 +233,11 @@ VERIFY_WARPS: int | None = None
 VERIFY_TRIM = True
 DEFAULT_VERIFY_SPARE_PER_SM = 0
 VERIFY_SPARE_PER_SM = DEFAULT_VERIFY_SPARE_PER_SM
-# Warps a block by token count where VERIFY_WARPS is None (others: mmvq_i8's choice, ops.i8_warps): 8 from 5 tokens,
-# one block an SM with room beside it (27B pass at 5 tokens 11.05 ms against 11.38 with 2 blocks of 5 warps, 36e18fb).
-DEFAULT_VERIFY_WARPS_AT = {5: 8, 6: 8, 7: 8, 8: 8}
+# Warps a block by token count where VERIFY_WARPS is None (others: mmvq_i8's choice, ops.i8_warps): the kernel's
+# most at every count, as many as fit (verify_warps), 10 busy at K = 5,120 and 12 at 6,144. The 27B pass (H100,
+# 3d5a955, variant i8vw12) at 2 / 4 / 5 tokens 8.143 / 8.197 / 9.678 ms against 8.166 / 8.901 / 10.202 with mmvq_i8's
+# choice at 2 and 4 (5 warps) and 8 from 5 tokens (bench/NOTES.md Z5).
+DEFAULT_VERIFY_WARPS_AT = {t: VERIFY_MAX_WARPS for t in I8V_TOKENS}
 VERIFY_WARPS_AT = dict(DEFAULT_VERIFY_WARPS_AT)
 # The token counts it takes (of instances.I8V_TOKENS), in precise mode: 3 stays on mmvq_i8 (27B pass 8.88 ms
 # against 9.36, 36e18fb). In fast mode (OPENJET_CUDA_PRECISE=0) 5-8 tokens stay on the f16 kernels, which need no
@@ -296,14 +298,22 @@ def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool
 def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int) -> int:
     """Warps per block: VERIFY_WARPS, else VERIFY_WARPS_AT's for num_tokens, else mmvq_i8's choice for
     num_tokens (ops.i8_warps); never more than VERIFY_MAX_WARPS, nor than the warps its shares of a tile's
-    superblocks keep busy (20 superblocks in shares of 3 take 7 warps of 8)."""
+    superblocks keep busy (20 superblocks in shares of 3 take 7 warps of 8), nor than leave the block within the
+    GPU's shared memory (each warp's ring is 9 KB: 8 tokens at K = 6,144 take 8 warps, 11 in shares of 3)."""
     from engine.cuda import ops
 
     tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
     chosen = VERIFY_WARPS or VERIFY_WARPS_AT.get(num_tokens) or ops.i8_warps(w.cols, tiles, num_tokens,
                                                                              dev.info.multiprocessors)
-    warps = min(chosen, nb, VERIFY_MAX_WARPS)
-    return -(-nb // -(-nb // warps)) if VERIFY_TRIM else warps
+
+    def busy(n: int) -> int:
+        return -(-nb // -(-nb // n)) if VERIFY_TRIM else n
+
+    warps = busy(min(chosen, nb, VERIFY_MAX_WARPS))
+    while warps > 1 and (verify_smem_bytes(nb, num_tokens, warps) + verify_static_smem(num_tokens)
+                         > dev.info.max_smem_per_block):
+        warps = busy(warps - 1)
+    return warps
 
 
 def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,

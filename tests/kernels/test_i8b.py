@@ -246,9 +246,14 @@ def test_the_verify_forms_token_counts_and_warps_by_default(monkeypatch) -> None
     assert i8b.verify_tokens(_dev(90)) == 8 and i8b.verify_tokens(_dev(89)) == 0
     monkeypatch.setattr(i8b, "VERIFY_WARPS", None)
     monkeypatch.setattr(i8b, "WARPS", None)
-    assert i8b.verify_warps(_dev(90), _weight(), 5) == 7  # 8 asked; 20 superblocks in shares of 3 keep 7 busy
-    assert i8b.verify_warps(_dev(90), _weight(cols=6144), 5) == 8  # 24 in shares of 3
-    # below 5 tokens mmvq_i8's choice for that many tokens, not the one-token form's 4 (ops.I8_WARPS_AT)
+    # the kernel's most (12) at every count, less the warps their shares leave idle: 20 superblocks in shares of 2
+    assert i8b.verify_warps(_dev(90), _weight(), 5) == i8b.verify_warps(_dev(90), _weight(), 2) == 10
+    assert i8b.verify_warps(_dev(90), _weight(cols=6144), 5) == 12
+    # ... and less what would not fit: 8 tokens at K = 6,144 leave room for 11 warps, 8 busy in shares of 3
+    assert i8b.verify_warps(_dev(90), _weight(cols=6144), 8) == 8
+    assert i8b.verify_smem_bytes(24, 8, 12) + i8b.verify_static_smem(8) > _dev(90).info.max_smem_per_block
+    # where the table names none, mmvq_i8's choice for that many tokens, not the one-token form's 4
+    monkeypatch.setattr(i8b, "VERIFY_WARPS_AT", {})
     assert i8b.warps(_dev(90), _weight()) == 4
     assert i8b.verify_warps(_dev(90), _weight(), 2) == ops.i8_warps(5120, 640, 2, 132) == 5
     assert i8b.verify_warps(_dev(90), _weight(cols=768), 8) == 3  # never more warps than superblocks
