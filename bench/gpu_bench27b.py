@@ -48,7 +48,7 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
                for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5",
                          "q6c5", "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all",
-                         "close", "q8i8", "close5", "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old")},
+                         "close", "q8i8", "close5", "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off")},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
@@ -58,7 +58,7 @@ I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs",
                          "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
                          "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto",
                          "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
-                         "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old"} |
+                         "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off"} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5}
@@ -106,11 +106,13 @@ NO_TRIM_VARIANTS = frozenset({"notrim"})
 VERIFY_WIDTH_VARIANTS = {"i8vcopy": 0}
 EVERY_VERIFY_COUNT = frozenset(range(2, 9))
 VERIFY_TOKEN_VARIANTS = {"i8vall": EVERY_VERIFY_COUNT}  # i8vall: 3 tokens on it too
-# v7 with the precise 3-token pass on mmvq_i8v (i8v3: v7 keeps mmvq_i8 there), with PDL on it (pdl3: v7 has PDL at
-# 1, 2, 4 and 5+ tokens, engine/cuda/device.py PDL_TOKEN_COUNTS), or both (i8v3pdl)
-VERIFY_PRECISE_VARIANTS = dict.fromkeys(("i8v3", "i8v3pdl"), EVERY_VERIFY_COUNT)
+# The precise 3-token pass as measured before Z5 made i8v3pdl v7's (engine/cuda/device.py PDL_TOKEN_COUNTS,
+# i8b.VERIFY_TOKENS): on mmvq_i8v without PDL (i8v3), on mmvq_i8 with PDL (pdl3) or without (i8v3off)
+VERIFY_PRECISE_VARIANTS = dict.fromkeys(("i8v3", "i8v3pdl"), EVERY_VERIFY_COUNT) | dict.fromkeys(
+    ("pdl3", "i8v3off"), EVERY_VERIFY_COUNT - {3})
 # nopdl1: without PDL at one token (v7 until v20)
-PDL_COUNT_VARIANTS = dict.fromkeys(("pdl3", "i8v3pdl"), frozenset({1, 2, 3, 4})) | {"nopdl1": frozenset({2, 4})}
+PDL_COUNT_VARIANTS = dict.fromkeys(("pdl3", "i8v3pdl"), frozenset({1, 2, 3, 4})) | dict.fromkeys(
+    ("i8v3", "i8v3off"), frozenset({1, 2, 4})) | {"nopdl1": frozenset({2, 3, 4})}
 # v7 with the precise Q6_K matmuls (ffn_down on 24 layers, attn_v, the output head) on other pipelined kernels
 # (ops.PIPELINE_TABLE; v7: one token on mmvq_cpa, 2-4 on mmvq_cp, 5+ on the plain two-pass kernel): q6persist the
 # persistent stream-K kernel at every count (ffn_down's 320 tiles fill half a wave on cpa), q6p5 / q6c5 it / mmvq_cp

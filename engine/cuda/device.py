@@ -31,10 +31,12 @@ PDL_MIN_ARCH = 90  # griddepcontrol (kernels/common.cuh PDL_ENTER) exists from s
 # H200 (bench/NOTES.md): faster at 5 tokens (v15: 12.37 against 12.87 ms), no gain in prefill; since the producers'
 # block per token (v19, 1890cfd) faster at 2 and 4 tokens (7.29 / 8.25 against 7.74 / 8.70), and with the one-token
 # producers launched apart (v20, 1a0439f) at 1 token too: 6.93 against 7.18 ms (with them fused into the matmul it
-# lost, 7.94 against 7.82). Slower at 3 tokens (c2bb4e3: 8.38 against 7.91).
+# lost, 7.94 against 7.82). Slower at 3 tokens while they ran mmvq_i8 (c2bb4e3: 8.38 against 7.91; H100 87c4e46,
+# variant pdl3: 9.153 against 8.706), faster since they run mmvq_i8v in 12-warp blocks (i8v3pdl: 8.341 against
+# 8.706, bench/NOTES.md Z5): every pass of 1-4 tokens now.
 PDL_POLICIES = ("off", "auto", "on")
 PDL_VERIFY_TOKENS = 5
-DEFAULT_PDL_TOKEN_COUNTS = frozenset({1, 2, 4})
+DEFAULT_PDL_TOKEN_COUNTS = frozenset({1, 2, 3, 4})
 PDL_TOKEN_COUNTS = DEFAULT_PDL_TOKEN_COUNTS
 
 

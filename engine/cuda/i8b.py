@@ -239,11 +239,12 @@ VERIFY_SPARE_PER_SM = DEFAULT_VERIFY_SPARE_PER_SM
 # choice at 2 and 4 (5 warps) and 8 from 5 tokens (bench/NOTES.md Z5).
 DEFAULT_VERIFY_WARPS_AT = {t: VERIFY_MAX_WARPS for t in I8V_TOKENS}
 VERIFY_WARPS_AT = dict(DEFAULT_VERIFY_WARPS_AT)
-# The token counts it takes (of instances.I8V_TOKENS), in precise mode: 3 stays on mmvq_i8 (27B pass 8.88 ms
-# against 9.36, 36e18fb). In fast mode (OPENJET_CUDA_PRECISE=0) 5-8 tokens stay on the f16 kernels, which need no
+# The token counts it takes (of instances.I8V_TOKENS), in precise mode: every one. 3 stayed on mmvq_i8 while its
+# blocks were of 5 warps (27B pass 8.88 ms against 9.36, 36e18fb); in 12-warp blocks, with PDL at 3 tokens
+# (device.DEFAULT_PDL_TOKEN_COUNTS), 8.341 against 8.706 (H100 87c4e46, variant i8v3pdl). In fast mode (OPENJET_CUDA_PRECISE=0) 5-8 tokens stay on the f16 kernels, which need no
 # residue pass there and no int8 copy from the producers (~2 us a producer launch at 5 tokens): the 27B pass at 5
 # tokens 9.59 ms against 10.32 with it (b689f66).
-DEFAULT_VERIFY_TOKENS = frozenset({2, 4, 5, 6, 7, 8})
+DEFAULT_VERIFY_TOKENS = frozenset({2, 3, 4, 5, 6, 7, 8})
 VERIFY_TOKENS = DEFAULT_VERIFY_TOKENS
 DEFAULT_VERIFY_FAST_TOKENS = frozenset({2, 4})
 VERIFY_FAST_TOKENS = DEFAULT_VERIFY_FAST_TOKENS

@@ -64,8 +64,8 @@ def test_the_wait_is_compiled_only_where_the_hardware_has_it() -> None:
 
 
 def test_the_default_policy_launches_the_measured_passes_with_pdl(monkeypatch) -> None:
-    """Unset: PDL on the passes of 1, 2, 4 and PDL_VERIFY_TOKENS..VERIFY_MAX tokens (where it measured faster),
-    never on a 3-token pass or a prefill chunk; "1" and "0" force it on and off; before sm_90 it is always off."""
+    """Unset: PDL on the passes of 1-4 and PDL_VERIFY_TOKENS..VERIFY_MAX tokens (where it measured faster),
+    never on a prefill chunk; "1" and "0" force it on and off; before sm_90 it is always off."""
     from engine.cuda.device import PDL_ENV, PDL_VERIFY_TOKENS, _pdl_policy, pdl_for
     from engine.cuda.model import VERIFY_MAX
 
@@ -73,7 +73,7 @@ def test_the_default_policy_launches_the_measured_passes_with_pdl(monkeypatch) -
     policy = _pdl_policy(90)
     assert policy == "auto"
     on = [n for n in range(1, 65) if pdl_for(policy, n, VERIFY_MAX)]
-    assert on == [1, 2, 4] + list(range(PDL_VERIFY_TOKENS, VERIFY_MAX + 1))
+    assert on == [1, 2, 3, 4] + list(range(PDL_VERIFY_TOKENS, VERIFY_MAX + 1))
     assert _pdl_policy(89) == "off" and _pdl_policy(80) == "off"
     monkeypatch.setenv(PDL_ENV, "1")
     assert _pdl_policy(90) == "on" and pdl_for("on", 1, VERIFY_MAX) and pdl_for("on", 512, VERIFY_MAX)
