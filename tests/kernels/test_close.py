@@ -151,7 +151,7 @@ def test_swiglu_closes_behind_gate_up_where_ffn_down_reads_int8(closing, monkeyp
 def test_verify_passes_close_where_the_writer_and_every_consumer_take_int8(closing) -> None:
     dev, mix_out, gate_up = _Dev(), _weight(Q.Q4_K, H, 6144), _weight(Q.Q4_K, 2 * FFN, H)
     down, x_mix, x_h, x_ffn = _weight(Q.Q4_K, H, FFN), _act(6144), _act(H), _act(FFN)  # precise acts
-    expected = {1: "i8b", 2: "i8v", 3: "i8", 4: "i8v", 5: "i8v", 8: "i8v"}  # gate | up's kernel at each count
+    expected = {1: "i8b", 2: "i8v", 3: "i8v", 4: "i8v", 5: "i8v", 8: "i8v"}  # gate | up's kernel at each count
     for t, kernel in expected.items():
         assert closers.closing_kernel(dev, mix_out, t, "rmsnorm", x_mix) == kernel
         assert _norm_closer(dev, mix_out, [gate_up], num_tokens=t, x=x_mix) is not None
