@@ -27,8 +27,12 @@ CONTEXT = 16384
 # v8 the persistent stream-K mmvq everywhere (bench/NOTES.md v8), last so that a fault of the new kernel loses
 # nothing but the prefill timings, and left out when its checks failed. The last field: the pipelined kernel.
 # The field after the kernel: which passes launch with programmatic dependent launch (engine/cuda/device.py
-# PDL_POLICIES: each kernel's launch overlaps the previous kernel's tail): "auto" (v7, the default) the passes of 1,
-# 2, 4 and 5+ tokens; v7pdl every pass; v7off none; the others none, as they were measured.
+# PDL_POLICIES: each kernel's launch overlaps the previous kernel's tail): "auto" (v7, the default) the passes of
+# 1-4 tokens and the verify passes of 5+ (3 since Z5); v7pdl every pass; v7off none; the others none, as measured.
+# v7's kernel table with the int8 matmuls, each with one setting of its own (the tables below say which)
+V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5",
+               "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
+               "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -45,20 +49,14 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             "i8vs1": (STAGED_QTYPES, False, 32, "cp", "auto"), "i8vw8": (STAGED_QTYPES, False, 32, "cp", "auto"),
             "i8vcopy": (STAGED_QTYPES, False, 32, "cp", "auto"), "i8voff": (STAGED_QTYPES, False, 32, "cp", "off"),
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "auto"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
-            **{v: (STAGED_QTYPES, False, 32, "cp", "auto")
-               for v in ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5",
-                         "q6c5", "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all",
-                         "close", "q8i8", "close5", "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off")},
+            **{v: (STAGED_QTYPES, False, 32, "cp", "auto") for v in V7_SETTINGS},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
 I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs", "i8", "r2", "r4", "serial", "k64",
                          "apart", "spare", "full", "serial8", "i8t5", "spare2", "i8v", "noi8v", "i8vs1", "i8vw8",
-                         "i8vcopy", "i8voff", "i8vall", "group", "split2", "serialpdl", "fused",
-                         "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5", "serialauto",
-                         "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
-                         "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off"} |
+                         "i8vcopy", "i8voff", "i8vall", "serialpdl", *V7_SETTINGS} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5}

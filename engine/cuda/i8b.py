@@ -241,9 +241,10 @@ DEFAULT_VERIFY_WARPS_AT = {t: VERIFY_MAX_WARPS for t in I8V_TOKENS}
 VERIFY_WARPS_AT = dict(DEFAULT_VERIFY_WARPS_AT)
 # The token counts it takes (of instances.I8V_TOKENS), in precise mode: every one. 3 stayed on mmvq_i8 while its
 # blocks were of 5 warps (27B pass 8.88 ms against 9.36, 36e18fb); in 12-warp blocks, with PDL at 3 tokens
-# (device.DEFAULT_PDL_TOKEN_COUNTS), 8.341 against 8.706 (H100 87c4e46, variant i8v3pdl). In fast mode (OPENJET_CUDA_PRECISE=0) 5-8 tokens stay on the f16 kernels, which need no
-# residue pass there and no int8 copy from the producers (~2 us a producer launch at 5 tokens): the 27B pass at 5
-# tokens 9.59 ms against 10.32 with it (b689f66).
+# (device.DEFAULT_PDL_TOKEN_COUNTS), 8.341 against 8.706 (H100 87c4e46, variant i8v3pdl). In fast mode
+# (OPENJET_CUDA_PRECISE=0) 5-8 tokens stay on the f16 kernels, which need no residue pass there and no int8 copy
+# from the producers (~2 us a producer launch at 5 tokens): the 27B pass at 5 tokens 9.59 ms against 10.32 with it
+# (b689f66).
 DEFAULT_VERIFY_TOKENS = frozenset({2, 3, 4, 5, 6, 7, 8})
 VERIFY_TOKENS = DEFAULT_VERIFY_TOKENS
 DEFAULT_VERIFY_FAST_TOKENS = frozenset({2, 4})
@@ -300,7 +301,8 @@ def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int) -> int:
     """Warps per block: VERIFY_WARPS, else VERIFY_WARPS_AT's for num_tokens, else mmvq_i8's choice for
     num_tokens (ops.i8_warps); never more than VERIFY_MAX_WARPS, nor than the warps its shares of a tile's
     superblocks keep busy (20 superblocks in shares of 3 take 7 warps of 8), nor than leave the block within the
-    GPU's shared memory (each warp's ring is 9 KB: 8 tokens at K = 6,144 take 8 warps, 11 in shares of 3)."""
+    GPU's shared memory (each warp's ring is 9 KB: at 8 tokens and K = 6,144 11 fit, 8 of them busy in shares
+    of 3)."""
     from engine.cuda import ops
 
     tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
