@@ -255,10 +255,9 @@ def part_cycle27b(dev, report: Report, args) -> None:
     base = {key: os.environ.get(key) for key in ("OPENJET_MK_DEFINES", "OPENJET_MK_SMEM_KB")}
     pool, ahead = precompile_variants(mk, variants, base)
     time_cycles(dev, report, mk, prompt, bw, depths)
-    for name, defines in variants:
+    for (name, defines), schedule in zip(variants, schedules):
         env = variant_environment(defines, base["OPENJET_MK_DEFINES"] or "")
         print(f"  variant {name}: " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
-        schedule = variant_schedule(defines, config)
         with environment(env):  # the next variant starts from the default again
             try:
                 wait_precompiled(ahead.get(name), name)

@@ -12,6 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import instances, nvrtc, ops, persist
+from tests.kernels import ptxas
 
 SOURCE = nvrtc.KERNEL_DIR / "mmvq_persist.cu"
 H200_SMS = 132
@@ -150,21 +151,9 @@ def test_the_switch_selects_the_persistent_kernel(monkeypatch: pytest.MonkeyPatc
 
 def test_persistent_kernels_fit_sixteen_warps_without_spilling() -> None:
     """sm_90: no local memory, and at most 128 registers a thread, so 4 blocks of 128 threads are resident."""
-    insts = instances.files()["mmvq_persist"]
-    compiled = nvrtc.compile_file(SOURCE, 90, tuple(i.expr for i in insts), options=("-Xptxas=-v",))
-    names = {compiled.symbols[i.expr]: i.name for i in insts}
-    found: dict[str, tuple[int, int]] = {}
-    current = None
-    for line in compiled.log.splitlines():
-        if m := re.search(r"Function properties for (\w+)", line):
-            current = names.get(m.group(1))
-        elif current and (m := re.search(r"(\d+) bytes spill stores", line)):
-            spill = int(m.group(1))
-        elif current and (m := re.search(r"Used (\d+) registers", line)):
-            found[current] = (int(m.group(1)), spill)
-    assert set(found) == {i.name for i in insts}
-    for name, (registers, spill) in found.items():
-        assert spill == 0 and registers <= 128, f"{name}: {registers} registers, {spill} bytes spilled"
+    for name, use in ptxas.usage("mmvq_persist").items():
+        assert use.spill_bytes == 0 and use.registers <= 128, \
+            f"{name}: {use.registers} registers, {use.spill_bytes} bytes spilled"
 
 
 def test_bench_times_persist_beside_cp_and_plain_unless_its_checks_failed() -> None:

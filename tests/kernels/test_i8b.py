@@ -12,6 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import i8b, instances, nvrtc, ops
+from tests.kernels import ptxas
 
 
 def _dev(arch: int, smem: int = 232448):
@@ -213,20 +214,10 @@ def test_the_verify_layout_mirrors_the_kernel() -> None:
 def test_the_verify_kernels_static_shared_memory_fits_what_the_launcher_counts() -> None:
     """The grid's blocks an SM are counted with verify_static_smem: every instance's static shared memory (ptxas's
     figure for sm_90) must fit in it, beside the driver's 1 KB."""
-    insts = instances.files()["mmvq_i8v"]
-    compiled = nvrtc.compile_file(nvrtc.KERNEL_DIR / "mmvq_i8v.cu", 90, tuple(i.expr for i in insts),
-                                  options=("-Xptxas=-v",))
-    names = {compiled.symbols[i.expr]: i.name for i in insts}
-    found, current = {}, None
-    for line in compiled.log.splitlines():
-        if m := re.search(r"Function properties for (\w+)", line):
-            current = names.get(m.group(1))
-        elif current and (m := re.search(r"Used \d+ registers.* (\d+) bytes smem", line)):
-            found[current] = int(m.group(1))
-    assert set(found) == {i.name for i in insts}
-    for name, smem in found.items():
+    for name, use in ptxas.usage("mmvq_i8v").items():
         tokens = int(re.search(r"_t(\d)", name).group(1))
-        assert smem + 1024 <= i8b.verify_static_smem(tokens), f"{name}: {smem} bytes of static shared memory"
+        assert use.static_smem + 1024 <= i8b.verify_static_smem(tokens), \
+            f"{name}: {use.static_smem} bytes of static shared memory"
 
 
 def test_a_verify_launch_of_q4k_takes_the_verify_form_before_mmvq_i8(monkeypatch) -> None:
