@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
-from engine.cuda import env_flag
+from engine.cuda import env_flag, env_switch
 from engine.cuda.i8b import DEFAULT_VERIFY_WARPS_AT
 from engine.cuda.instances import I8B_SHAPES, PERSIST_QTYPES, Q6_I8_TOKENS, STAGED_QTYPES
 
@@ -32,7 +32,8 @@ CONTEXT = 16384
 # v7's kernel table with the int8 matmuls, each with one setting of its own (the tables below say which)
 V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5",
                "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
-               "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off")
+               "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
+               "fast24")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -132,6 +133,10 @@ CLOSE_VARIANTS = frozenset({"close", "close5"})
 Q8_I8_VARIANTS = frozenset({"close", "q8i8", "close5"})
 # The recurrent delta rule's state columns a warp (mixers.GDN_COLS, 4 by default since Z4; gdn8 the old form)
 GDN_COLS_VARIANTS = {"gdn4": 4, "gdn8": 8}
+# The causal conv launched apart from the delta rule on verify passes (mixers.GDN_CONV off; inside it by default)
+CONV_APART_VARIANTS = frozenset({"convapart"})
+# Fast mode's token counts on mmvq_i8v before 3 joined them (i8b.VERIFY_FAST_TOKENS; 3 then ran mmvq_i8 under PDL)
+FAST_TOKEN_VARIANTS = {"fast24": frozenset({2, 4})}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7", "close"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
@@ -412,6 +417,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.CLOSE = name in CLOSE_VARIANTS or i8b._close_default()
     ops.Q8_I8 = name in Q8_I8_VARIANTS or env_flag(ops.Q8_I8_ENV, False)
     mixers.GDN_COLS = GDN_COLS_VARIANTS.get(name, mixers._gdn_cols_default())
+    mixers.GDN_CONV = name not in CONV_APART_VARIANTS and env_switch(mixers.GDN_CONV_ENV, True)
     i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
     i8b.SHAPE = SHAPE_VARIANTS.get(name, i8b.DEFAULT_SHAPE)
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())
@@ -421,7 +427,8 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_WARPS_AT = VERIFY_WARPS_AT_VARIANTS.get(name, dict(i8b.DEFAULT_VERIFY_WARPS_AT))
     i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, VERIFY_PRECISE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS))
     device.PDL_TOKEN_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_TOKEN_COUNTS)
-    i8b.VERIFY_FAST_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, i8b.DEFAULT_VERIFY_FAST_TOKENS)
+    i8b.VERIFY_FAST_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, FAST_TOKEN_VARIANTS.get(name,
+                                                                                    i8b.DEFAULT_VERIFY_FAST_TOKENS))
     i8b.VERIFY_MAX_SUPERBLOCKS = VERIFY_WIDTH_VARIANTS.get(name, i8b.DEFAULT_VERIFY_MAX_SUPERBLOCKS)
     mixers.ATTN_MIN_KEYS = min_keys
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"

@@ -74,11 +74,12 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         gpu_kernels.time_matmuls(dev, report, rng, with_persist=not args.skip_persist)
         gpu_kernels.time_gemm(dev, report, rng)
         gpu_mixers.time_delta_rule(dev, report, rng)
-    elif name == "mixers":  # the sequence mixers alone (also inside "kernels"), and the delta rule's two forms timed
+    elif name == "mixers":  # the sequence mixers alone (also inside "kernels"); the delta rule's forms timed
         from bench import gpu_mixers
 
         gpu_mixers.run_mixer_checks(dev, report, rng)
         gpu_mixers.time_delta_rule(dev, report, rng)
+        gpu_mixers.time_conv_rule(dev, report, rng)
     elif name == "i8":  # the int8-activation Q4_K matmul alone (also inside "kernels"), timed beside the default
         from bench import gpu_kernels
 

@@ -127,6 +127,98 @@ def check_delta_rule(dev: Device, report: Report, rng: np.random.Generator, num_
     s.close()
 
 
+def check_delta_rule_conv(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int, hk: int = 16,
+                          hv: int = 48, dk: int = 128, dv: int = 128, kernel: int = 4) -> None:
+    """gdn_recurrent with the causal conv inside (a non-committing pass on the raw projections, laid out as the
+    model's: q | k | v, then alpha | b, in rows of a wider width) against ops.causal_conv1d + SiLU +
+    ops.gated_delta_rule: o, the window (state rows kept, the raw inputs appended), v's conv output, the saved
+    q / k / gates, the state kept; then the accept path (conv_commit, the prepared rule from what was saved)."""
+    s = Scope(dev)
+    key, channels = hk * dk, 2 * hk * dk + hv * dv
+    width = channels + 2 * hv + 8  # the gates after the conv's channels, and room as in the projection buffer
+    x = randn(rng, num_tokens, width)
+    alpha, b = x[:, channels:channels + hv] * F32(2), x[:, channels + hv:channels + 2 * hv] * F32(2)
+    x[:, channels:channels + 2 * hv] = np.concatenate([alpha, b], axis=1)
+    a, dt = -np.exp(randn(rng, hv, scale=0.5)), randn(rng, hv)
+    conv_state, w = randn(rng, kernel - 1, channels), randn(rng, channels, kernel, scale=0.5)
+    y, want_window = ref.causal_conv1d(x[:, :channels], conv_state, w)
+    y = ref.silu(y)
+    q = ref.l2_norm(y[:, :key].reshape(-1, hk, dk), 1e-6) * F32(dk ** -0.5)
+    k = ref.l2_norm(y[:, key:2 * key].reshape(-1, hk, dk), 1e-6)
+    v = y[:, 2 * key:].reshape(-1, hv, dv)
+    g, beta = a * ref.softplus(alpha + dt), ref.sigmoid(b)
+    state = randn(rng, hv, dk, dv, scale=0.1)
+    want_o, _ = ref.gated_delta_rule(q, k, v, g, beta, state)
+    xb, sb = s.put(x), s.put(state)
+    window = s.put(np.concatenate([conv_state, np.full((num_tokens, channels), np.nan, F32)]))
+    conv_out = s.out(4 * num_tokens * channels)
+    o, gb, betab = s.out(4 * num_tokens * hv * dv), s.out(4 * num_tokens * hv), s.out(4 * num_tokens * hv)
+    qk_out = s.out(8 * num_tokens * key)
+    mixers.gdn_recurrent(dev, xb, xb.view(4 * key), xb.view(8 * key), sb, o, num_tokens, hk, hv, dk, dv, width, width,
+                         hv * dv, False, g=gb, beta=betab, alpha=xb.view(4 * channels), b=xb.view(4 * (channels + hv)),
+                         a=s.put(a), dt_bias=s.put(dt), ld_gate=width, qk_out=qk_out,
+                         conv=mixers.GdnConv(window, s.put(w), conv_out, channels))
+    name = f"conv.T{num_tokens}.k{dk}v{dv}"
+    compare(report, "gdn_rule", f"{name}.o", s.get(o, (num_tokens, hv, dv)), want_o, TOL_F32)
+    got_window = s.get(window, (kernel - 1 + num_tokens, channels))
+    compare(report, "gdn_rule", f"{name}.window", got_window, np.concatenate([conv_state, x[:, :channels]]), TOL_F32)
+    compare(report, "gdn_rule", f"{name}.conv_v", s.get(conv_out, (num_tokens, channels))[:, 2 * key:],
+            y[:, 2 * key:], TOL_F32)
+    saved = s.get(qk_out, (num_tokens, 2, hk, dk))
+    compare(report, "gdn_rule", f"{name}.saved_qk", saved, np.stack([q, k], axis=1), TOL_F32)
+    compare(report, "gdn_rule", f"{name}.saved_g", s.get(gb, g.shape), g, TOL_F32)
+    compare(report, "gdn_rule", f"{name}.state_kept", s.get(sb, state.shape), state, TOL_F32)
+    # the accept path on what the pass left: the window rolled to n tokens, the rule committed from the saved inputs
+    n = max(1, num_tokens - 1)
+    mixers.conv_commit(dev, window, n, channels, kernel)
+    mixers.gdn_recurrent(dev, qk_out, qk_out.view(4 * key), conv_out.view(8 * key), sb, o, n, hk, hv, dk, dv,
+                         2 * key, channels, hv * dv, True, g=gb, beta=betab)
+    _, want_state_n = ref.gated_delta_rule(q[:n], k[:n], v[:n], g[:n], beta[:n], state)
+    _, want_window_n = ref.causal_conv1d(x[:n, :channels], conv_state, w)
+    compare(report, "gdn_rule", f"{name}.accept{n}.state", s.get(sb, state.shape), want_state_n, TOL_F32)
+    compare(report, "gdn_rule", f"{name}.accept{n}.window", s.get(window, (kernel - 1, channels)), want_window_n,
+            TOL_F32)
+    s.close()
+
+
+def time_conv_rule(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 5),
+                   hk: int = 16, hv: int = 48, dk: int = 128, kernel: int = 4) -> None:
+    """One 27B DeltaNet layer's non-committing pass: conv1d_silu then the rule, against the rule with the conv
+    inside (launched back to back, no PDL: the pass's own figure is gpu_bench27b's)."""
+    print("conv + delta rule timings (one 27B layer, a verify pass)", flush=True)
+    key, channels = hk * dk, 2 * hk * dk + hv * dk
+    for num_tokens in token_counts:
+        s = Scope(dev)
+        x = s.put(randn(rng, num_tokens, channels + 2 * hv))
+        width = channels + 2 * hv
+        window = s.put(randn(rng, kernel - 1 + num_tokens, channels))
+        w, conv_out = s.put(randn(rng, channels, kernel, scale=0.5)), s.out(4 * num_tokens * channels)
+        state, o = s.put(randn(rng, hv, dk, dk, scale=0.1)), s.out(4 * num_tokens * hv * dk)
+        gb, betab, qk_out = s.out(4 * num_tokens * hv), s.out(4 * num_tokens * hv), s.out(8 * num_tokens * key)
+        gates = dict(g=gb, beta=betab, alpha=x.view(4 * channels), b=x.view(4 * (channels + hv)),
+                     a=s.put(-np.exp(randn(rng, hv, scale=0.5))), dt_bias=s.put(randn(rng, hv)), ld_gate=width,
+                     qk_out=qk_out)
+
+        def apart() -> None:
+            mixers.conv1d_silu(dev, window, x, w, conv_out, num_tokens, channels, kernel, width, channels, False)
+            mixers.gdn_recurrent(dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), state, o, num_tokens,
+                                 hk, hv, dk, dk, channels, channels, hv * dk, False, **gates)
+
+        def inside() -> None:
+            mixers.gdn_recurrent(dev, x, x.view(4 * key), x.view(8 * key), state, o, num_tokens, hk, hv, dk, dk,
+                                 width, width, hv * dk, False, conv=mixers.GdnConv(window, w, conv_out, channels),
+                                 **gates)
+
+        times = {}
+        for form, fn in (("apart", apart), ("inside", inside)):
+            med, spread = median_time(dev, fn, reps=20, warmup=3, inner=4)
+            times[form] = med
+            report.timings.append(Timing("deltanet", f"conv_{form}.T{num_tokens}", f"{hv}x{dk}x{dk}", med, spread))
+        print(f"  T={num_tokens:<4} conv apart {times['apart'] * 1e3:8.1f} us  inside {times['inside'] * 1e3:8.1f} us",
+              flush=True)
+        s.close()
+
+
 def _delta_inputs(rng: np.random.Generator, num_tokens: int, hk: int, hv: int, dk: int, mild: bool):
     """Raw inputs of one DeltaNet layer's rule as the model lays them out (conv output q | k | v per token, gate
     inputs alpha | b), and the prepared q, k, g, beta the reference takes. mild: gates near 1 (g ~ -0.05), so the
@@ -245,6 +337,10 @@ def run_mixer_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
     check_delta_rule(dev, report, rng, 1, commit=True)
     check_delta_rule(dev, report, rng, 5, commit=False)
     check_delta_rule(dev, report, rng, 200, commit=True)
+    for num_tokens in (1, 5, 8):
+        check_delta_rule_conv(dev, report, rng, num_tokens)
+    check_delta_rule_conv(dev, report, rng, 3, hk=2, hv=6, dk=64, dv=32)  # value heads narrower than key heads
+    check_delta_rule_conv(dev, report, rng, 2, hk=1, hv=2, dk=32, dv=64)
     for num_tokens, mild in ((64, True), (200, True), (200, False), (512, True)):
         check_delta_rule_chunked(dev, report, rng, num_tokens, mild)
     check_qk_prep(dev, report, rng)

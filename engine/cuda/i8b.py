@@ -244,10 +244,11 @@ VERIFY_WARPS_AT = dict(DEFAULT_VERIFY_WARPS_AT)
 # (device.DEFAULT_PDL_TOKEN_COUNTS), 8.341 against 8.706 (H100 87c4e46, variant i8v3pdl). In fast mode
 # (OPENJET_CUDA_PRECISE=0) 5-8 tokens stay on the f16 kernels, which need no residue pass there and no int8 copy
 # from the producers (~2 us a producer launch at 5 tokens): the 27B pass at 5 tokens 9.59 ms against 10.32 with it
-# (b689f66).
+# (b689f66). 3 joined fast mode's counts once PDL ran at 3 tokens: mmvq_i8 under PDL made fast mode's 3-token pass
+# 8.974 ms against precise mode's 8.310 (H100, bfaa203; bench variant fast24 the old counts).
 DEFAULT_VERIFY_TOKENS = frozenset({2, 3, 4, 5, 6, 7, 8})
 VERIFY_TOKENS = DEFAULT_VERIFY_TOKENS
-DEFAULT_VERIFY_FAST_TOKENS = frozenset({2, 4})
+DEFAULT_VERIFY_FAST_TOKENS = frozenset({2, 3, 4})
 VERIFY_FAST_TOKENS = DEFAULT_VERIFY_FAST_TOKENS
 
 

@@ -99,6 +99,7 @@ ATTN_DECODE_QPW = (1, 2, 4)
 ATTN_MMA_DIMS = (64, 128, 256)
 # DeltaNet key-head sizes with an instance (multiples of 32: rows per lane = size / 32).
 GDN_KEY_DIMS = (32, 64, 128, 256)
+GDN_CONV_TAPS = 4  # the conv kernel size the delta rule's conv instances take (qwen35's)
 # DeltaNet head sizes (key = value) with the chunked prefill rule (kernels/deltanet_chunked.cu).
 GDN_CHUNK_DIMS = (32, 64, 128)
 
@@ -163,10 +164,12 @@ def _build() -> dict[str, Instance]:
             for n in ATTN_DECODE_QPW]
     out += [Instance(f"attn_mma_d{d}", "attention_prefill", f"attn_mma<{d}>") for d in ATTN_MMA_DIMS]
     out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]
-    out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}, 8, -1>") for d in GDN_KEY_DIMS]
-    out += [Instance(f"gdn_k{d}_c4", "deltanet", f"gdn_recurrent<{d // 32}, 4, -1>") for d in GDN_KEY_DIMS]
+    out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}, 8, -1, 0>") for d in GDN_KEY_DIMS]
+    out += [Instance(f"gdn_k{d}_c4", "deltanet", f"gdn_recurrent<{d // 32}, 4, -1, 0>") for d in GDN_KEY_DIMS]
+    out += [Instance(f"gdn_k{d}_c4_conv", "deltanet", f"gdn_recurrent<{d // 32}, 4, -1, {GDN_CONV_TAPS}>")
+            for d in GDN_KEY_DIMS]  # the causal conv inside the rule
     out += [Instance(f"gdn_k{d}_close_gatednorm", "deltanet",
-                     f"gdn_recurrent<{d // 32}, 8, {ACT_MODES.index('gatednorm')}>") for d in GDN_KEY_DIMS]
+                     f"gdn_recurrent<{d // 32}, 8, {ACT_MODES.index('gatednorm')}, 0>") for d in GDN_KEY_DIMS]
     out += [Instance(f"gdn_chunk_{step}_k{d}", "deltanet_chunked", f"gdn_chunk_{step}<{d}>")
             for step in ("prep", "scan") for d in GDN_CHUNK_DIMS]
     out += [Instance(n, "sample", n) for n in ("argmax_partial", "argmax_final", "sample_topk_topp")]

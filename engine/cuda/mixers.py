@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import dataclass
 
-from engine.cuda import closers
+from engine.cuda import closers, env_switch
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import ATTN_DECODE_QPW, ATTN_HEAD_DIMS, ATTN_MMA_DIMS, GDN_CHUNK_DIMS, GDN_KEY_DIMS
+from engine.cuda.instances import (ATTN_DECODE_QPW, ATTN_HEAD_DIMS, ATTN_MMA_DIMS, GDN_CHUNK_DIMS, GDN_CONV_TAPS,
+                                   GDN_KEY_DIMS)
 
 ATTN_WARPS = 4
 ATTN_DECODE_MAX_TOKENS = 8  # runs up to this long take a narrow instance (attn_qpw)
@@ -56,6 +58,28 @@ def _gdn_cols_default() -> int:
 
 
 GDN_COLS = _gdn_cols_default()
+# The causal conv inside the delta rule on non-committing passes (kernels/deltanet.cu TAPS): the raw projections in,
+# one launch a DeltaNet layer fewer (conv1d_silu's). OPENJET_CUDA_GDN_CONV=0 (bench variant convapart) launches the
+# conv apart as before. Only at GDN_COLS = 4 and the instances' kernel size.
+GDN_CONV_ENV = "OPENJET_CUDA_GDN_CONV"
+GDN_CONV = env_switch(GDN_CONV_ENV, True)
+
+
+@dataclass(frozen=True, slots=True)
+class GdnConv:
+    """The causal conv the delta rule runs on its raw inputs: conv1d_silu's window and weights, and its output
+    buffer (v's channels are written there, for the commit's re-run), over channels channels."""
+
+    window: Buffer
+    weight: Buffer
+    out: Buffer
+    channels: int
+
+
+def gdn_conv_runs(kernel_size: int, commit: bool, closer: object | None = None) -> bool:
+    """Whether a pass's conv goes inside the delta rule: on, a non-committing pass, the instances' kernel size,
+    4 columns a warp and no closer behind the rule (its instances have 8)."""
+    return GDN_CONV and not commit and kernel_size == GDN_CONV_TAPS and GDN_COLS == 4 and closer is None
 
 
 def _gdn_prep_smem(dim: int) -> int:
@@ -94,7 +118,8 @@ class GdnArgs(ctypes.Structure):
                 ("q", "k", "v", "alpha", "b", "a", "dt_bias", "g", "beta", "qk_out", "state", "o")] + [
         (n, ctypes.c_int32) for n in
         ("T", "num_k_heads", "num_v_heads", "Dk", "Dv", "ld_qk", "ld_v", "ld_o", "ld_gate", "commit", "prepared",
-         "save")] + [("eps", ctypes.c_float), ("q_scale", ctypes.c_float)]
+         "save")] + [("eps", ctypes.c_float), ("q_scale", ctypes.c_float)] + [
+        (n, ctypes.c_uint64) for n in ("conv_w", "window", "conv_out")] + [("C", ctypes.c_int32)]
 
 
 class GdnChunkArgs(ctypes.Structure):
@@ -244,24 +269,33 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                   num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, ld_qk: int, ld_v: int, ld_o: int,
                   commit: bool, *, g: Buffer, beta: Buffer, alpha: Buffer | None = None, b: Buffer | None = None,
                   a: Buffer | None = None, dt_bias: Buffer | None = None, ld_gate: int = 0,
-                  qk_out: Buffer | None = None, eps: float = 1e-6, closer: closers.Closer | None = None) -> None:
+                  qk_out: Buffer | None = None, eps: float = 1e-6, closer: closers.Closer | None = None,
+                  conv: GdnConv | None = None) -> None:
     """The gated delta rule over T tokens from state [Hv, Dk, Dv]; writes o, and the state only if commit.
 
     With alpha/b/a/dt_bias given, q and k are raw (L2-normalised here, q scaled by Dk^-0.5) and the gates are
     computed here; qk_out then also receives the normalised q|k rows and g/beta the gates (for a later commit).
     Without them the inputs are prepared: q, k normalised and g, beta read from their buffers. closer: the gated
     norm of o for the output projection, formed behind the launch (closers.gated_closer_for made it).
+    conv: q, k and v are the raw projections (channels of conv.window's conv, q at 0, k at Hk Dk, v at 2 Hk Dk),
+    convolved here as conv1d_silu would, their inputs appended to the window (a non-committing pass only).
     """
     fitting = [d for d in GDN_KEY_DIMS if d >= k_dim]
     if not fitting:
         raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
     prepared = alpha is None
+    if conv is not None and (commit or prepared or closer is not None or GDN_COLS != 4):
+        raise ValueError("the conv inside the delta rule takes a non-committing pass of raw inputs, 4 columns a "
+                         "warp and no closer")
+    if conv is not None and conv.weight.ptr % 16:
+        raise ValueError("the conv inside the delta rule reads its weights as one float4 a channel: 16-byte aligned")
     args = GdnArgs(q.ptr, k.ptr, v.ptr, _ptr(alpha), _ptr(b), _ptr(a), _ptr(dt_bias), g.ptr, beta.ptr,
                    _ptr(qk_out), state.ptr, o.ptr, num_tokens, num_k_heads, num_v_heads, k_dim, v_dim, ld_qk, ld_v,
                    ld_o, ld_gate, int(commit), int(prepared), int(qk_out is not None and not prepared), float(eps),
-                   float(k_dim ** -0.5))
+                   float(k_dim ** -0.5), *((conv.weight.ptr, conv.window.ptr, conv.out.ptr, conv.channels)
+                                           if conv else (0, 0, 0, 0)))
     cols = GDN_COLS if closer is None else 8  # the closer counts 32 warps of 8 columns a superblock
-    base = f"gdn_k{fitting[0]}" + ("" if cols == 8 else f"_c{cols}")
+    base = f"gdn_k{fitting[0]}" + ("" if cols == 8 else f"_c{cols}") + ("_conv" if conv else "")
     grid = (-(-v_dim // (GDN_WARPS * cols)), num_v_heads)
     dev.launch(dev.kernel(closers.instance(base, closer)), grid, 32 * GDN_WARPS,
                [args, closers.close_dst(closer, num_tokens, ld_o)])

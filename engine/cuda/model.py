@@ -342,24 +342,33 @@ class CudaModel:
         lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE,  # alpha | beta beside qkv
                       producer=normed)
         layer, off = self.deltanet[i], lw.mix_in.offsets
-        conv_out = ws.conv_out if commit else layer.conv_out
-        mixers.conv1d_silu(dev, layer.window, ws.proj.view(4 * off["attn_qkv"]), lw.vectors["ssm_conv1d"], conv_out,
-                           num_tokens, c, cfg.ssm_conv_kernel, width, c, commit)
-        dev.join()  # the gates (alpha | beta) are the delta rule's input
+        conv_out, qkv = ws.conv_out if commit else layer.conv_out, ws.proj.view(4 * off["attn_qkv"])
         gates = dict(alpha=ws.proj.view(4 * off["ssm_alpha"]), b=ws.proj.view(4 * off["ssm_beta"]),
                      a=lw.vectors["ssm_a"], dt_bias=lw.vectors["ssm_dt.bias"], ld_gate=width, eps=cfg.rms_eps)
-        gated = None
         z = ws.proj.view(4 * off["attn_gate"])
-        if commit and ws.gdn_chunked and num_tokens >= mixers.GDN_CHUNKED_MIN_TOKENS:  # a long prefill run
-            mixers.gdn_chunked(dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix,
-                               ws.gdn_work, num_tokens, hk, hv, dk, c, c, inner, **gates)
-        else:
-            gated = closers.gated_closer_for(dev, num_tokens, ws.act_inner, [lw.mix_out], ws.close_inner, ws.mix,
-                                             inner, z, width, lw.vectors["ssm_norm"], dv, cfg.rms_eps)
+        chunked = commit and ws.gdn_chunked and num_tokens >= mixers.GDN_CHUNKED_MIN_TOKENS  # a long prefill run
+        gated = None if chunked else closers.gated_closer_for(dev, num_tokens, ws.act_inner, [lw.mix_out],
+                                                              ws.close_inner, ws.mix, inner, z, width,
+                                                              lw.vectors["ssm_norm"], dv, cfg.rms_eps)
+        if mixers.gdn_conv_runs(cfg.ssm_conv_kernel, commit, gated):  # the conv inside the rule, on the raw qkv
+            dev.join()  # the gates (alpha | beta) are the delta rule's input
             mixers.gdn_recurrent(
-                dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv,
-                dk, dv, c, c, inner, commit, g=ws.g if commit else layer.g, beta=ws.beta if commit else layer.beta,
-                qk_out=None if commit else layer.qk_norm, closer=gated, **gates)
+                dev, qkv, qkv.view(4 * key), qkv.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv, dk, dv, width,
+                width, inner, commit, g=layer.g, beta=layer.beta, qk_out=layer.qk_norm,
+                conv=mixers.GdnConv(layer.window, lw.vectors["ssm_conv1d"], conv_out, c), **gates)
+        else:
+            mixers.conv1d_silu(dev, layer.window, qkv, lw.vectors["ssm_conv1d"], conv_out, num_tokens, c,
+                               cfg.ssm_conv_kernel, width, c, commit)
+            dev.join()
+            if chunked:
+                mixers.gdn_chunked(dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix,
+                                   ws.gdn_work, num_tokens, hk, hv, dk, c, c, inner, **gates)
+            else:
+                mixers.gdn_recurrent(
+                    dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix, num_tokens, hk,
+                    hv, dk, dv, c, c, inner, commit, g=ws.g if commit else layer.g,
+                    beta=ws.beta if commit else layer.beta, qk_out=None if commit else layer.qk_norm, closer=gated,
+                    **gates)
         normed = None if gated else ops.gatednorm_of(ws.mix, z, lw.vectors["ssm_norm"], dv, inner, width, cfg.rms_eps,
                                                      out32=ws.mix2)
         ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x, producer=normed,

@@ -243,7 +243,7 @@ def test_the_delta_rule_takes_its_columns_a_warp_but_closes_with_eight(closing, 
     _delta_rule_closed_then_committed(dev, 1)
     name = "gdn_k128_c4" if cols == 4 else "gdn_k128"
     assert dev.grids == [("gdn_k128_close_gatednorm", (4, 48), 128), (name, (32 // cols, 48), 128)]
-    assert instances.INSTANCES["gdn_k128_c4"].expr == "gdn_recurrent<4, 4, -1>"
+    assert instances.INSTANCES["gdn_k128_c4"].expr == "gdn_recurrent<4, 4, -1, 0>"
 
 
 def test_the_delta_rules_column_count_comes_from_the_environment_or_is_refused(monkeypatch) -> None:
@@ -439,7 +439,7 @@ def test_each_close_mode_has_an_instance_of_the_producers_number() -> None:
                  for t in ins.I8_CLOSE_TOKENS for m in ins.Q6_I8_CLOSE_MODES}
     expected |= {f"mmvq_q4_K_i8v_t{t}_close_{m}": f"mmvq_i8v<{t}, {vs}, {vn}, {numbers[m]}>"
                  for t in ins.I8V_TOKENS for m in ins.I8V_CLOSE_MODES}
-    expected |= {f"gdn_k{d}_close_gatednorm": f"gdn_recurrent<{d // 32}, 8, {numbers['gatednorm']}>"
+    expected |= {f"gdn_k{d}_close_gatednorm": f"gdn_recurrent<{d // 32}, 8, {numbers['gatednorm']}, 0>"
                  for d in ins.GDN_KEY_DIMS}
     expected |= {"attn_combine_close_plain": f"attn_combine<{numbers['plain']}>", "attn_combine": "attn_combine<-1>"}
     assert {name: ins.INSTANCES[name].expr for name in expected} == expected

@@ -14,6 +14,11 @@ from engine.cuda import nvrtc
 # Kernels whose PDL_ENTER comes after their first weight copies (weights are never written during a pass);
 # every other kernel waits before its first statement.
 WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_cpa", "mmvq_persist", "mmvq_i8b", "mmvq_i8v"}
+# Kernels whose PDL_ENTER comes after loads of their layer's recurrent state (the delta rule: S, the conv window's
+# state rows, the conv and gate weights), which only kernels two or more launches back write: a kernel triggers its
+# dependents only after its own wait, so those have finished. Nothing of the pass's activations is read and
+# nothing global is written before the wait.
+WAIT_AFTER_STATE_PREFETCH = {"gdn_recurrent": ("p.state", "p.window", "p.conv_w", "p.a[", "p.dt_bias[")}
 
 
 def kernel_bodies() -> dict[str, str]:
@@ -46,7 +51,15 @@ def test_kernel_waits_for_its_predecessor(name: str) -> None:
     body = kernel_bodies()[name]
     assert body.count("PDL_ENTER();") == 1, f"{name} must call PDL_ENTER() exactly once"
     before = body.split("PDL_ENTER();")[0]
-    if name in WAIT_AFTER_WEIGHT_PREFETCH:
+    if name in WAIT_AFTER_STATE_PREFETCH:
+        reads = set(re.findall(r"\bp\.\w+\[?", before))
+        allowed = {r.rstrip("[") for r in WAIT_AFTER_STATE_PREFETCH[name]} | {"p.num_k_heads", "p.Dk", "p.Dv",
+                                                                             "p.prepared", "p.save", "p.C"}
+        assert {r.rstrip("[") for r in reads} <= allowed, (name, reads - allowed)
+        stores = re.findall(r"(\w+)\[[^\]=;]*\](?:\[[^\]=;]*\])*\s*=[^=]", before)
+        assert set(stores) <= {"conv_w", "s", "hq", "hkk", "hv"}, (name, stores)  # shared memory and registers
+        assert "gdn_load" not in before, name  # the token loads read the pass's activations
+    elif name in WAIT_AFTER_WEIGHT_PREFETCH:
         # only the weight ring's first copies may precede the wait: no activation, output or count access
         for arg in ("act", "sums", "y[", "y +", "residual", "counts", "partials", "bias"):
             assert not re.search(rf"\b{re.escape(arg)}", before.replace("cp_async", "")), (name, arg)

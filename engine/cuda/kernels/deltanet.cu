@@ -83,6 +83,14 @@ struct GdnArgs {
     float* o;              // o[t * ld_o + h * Dv]
     int T, num_k_heads, num_v_heads, Dk, Dv, ld_qk, ld_v, ld_o, ld_gate, commit, prepared, save;
     float eps, q_scale;
+    // TAPS > 0 (the conv inside the rule): q, k, v are the raw projections (channel hk Dk + row, Hk Dk + hk Dk +
+    // row, 2 Hk Dk + h Dv + j of conv1d_silu's C channels), conv_w [C, TAPS], window as conv1d_silu's (its state
+    // rows read, the pass's raw inputs appended) and conv_out [T, C] (only v's channels written: the commit re-run's
+    // input)
+    const float* conv_w;
+    float* window;
+    float* conv_out;
+    int C;
 };
 
 // The gated delta rule over T tokens, one token at a time, per value head h (key head h % Hk), S [Dk, Dv]:
@@ -95,6 +103,13 @@ struct GdnArgs {
 // CLOSE (ACT_GATEDNORM): the gated norm of o for the output projection, formed behind the launch (kernels/
 // act8_close.cuh): each warp counts its COLS columns of the inner dimension (h Dv + j0 ..) into their
 // superblock once its tokens' outputs are stored, 32 warps a superblock.
+// TAPS (a non-committing pass, raw gates): the causal conv and SiLU of q, k and v (conv1d_silu's arithmetic) done
+// here on the raw projections, one launch and one kernel boundary fewer a DeltaNet layer. Each lane convolves its
+// rows of q and k and the warp's COLS values of v; the key head's first warp (the saved q/k's writer) and each
+// v column's lane append the raw inputs to the window and write v's conv output for the commit.
+// Before the wait: the state S, the conv weights (into shared memory) and the window's state rows, none of which
+// the kernel before this one writes (the last writer of each is at least two launches back: a kernel triggers its
+// dependents only after its own wait).
 // One token's inputs for the lane: raw (or prepared) q/k rows, its COLS values of v, the gate inputs.
 template <int KL, int COLS>
 struct GdnToken {
@@ -118,15 +133,38 @@ __device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk,
     in.gb = p.prepared ? p.beta[(i64)t * p.num_v_heads + h] : p.b[(i64)t * p.ld_gate + h];
 }
 
-template <int KL, int COLS, int CLOSE>
-__global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p, const Act8Close close) {
-    PDL_ENTER();
+// One channel's conv output for input x after its history (oldest first), SiLU applied; the history moves on.
+__device__ __forceinline__ float gdn_conv(float4 w, float (&hist)[3], float x) {
+    const float acc = w.x * hist[0] + w.y * hist[1] + w.z * hist[2] + w.w * x;
+    hist[0] = hist[1];
+    hist[1] = hist[2];
+    hist[2] = x;
+    return siluf_(acc);
+}
+
+// With the conv, three blocks an SM (the 27B's 384 blocks in one wave on 132 SMs) bound its registers (0: none).
+template <int KL, int COLS, int CLOSE, int TAPS>
+__global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(GdnArgs p, const Act8Close close) {
+    constexpr int HIST = TAPS > 1 ? TAPS - 1 : 1;  // the inputs before a token that its conv reads
+    __shared__ float4 conv_w[TAPS ? 2 * 32 * KL + GDN_WARPS * COLS : 1];  // q rows, k rows, the block's v columns
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h = blockIdx.y, hk = h % p.num_k_heads, Dk = p.Dk, Dv = p.Dv;
+    const int h = blockIdx.y, hk = h % p.num_k_heads, Dk = p.Dk, Dv = p.Dv, key = p.num_k_heads * Dk;
     const int j0 = (blockIdx.x * GDN_WARPS + warp) * COLS;
+    if constexpr (TAPS > 0) {
+        static_assert(TAPS == 0 || TAPS == 4, "conv weights are loaded as one float4 a channel");
+        const int jb = blockIdx.x * GDN_WARPS * COLS;
+        for (int c = threadIdx.x; c < 2 * 32 * KL + GDN_WARPS * COLS; c += blockDim.x) {
+            const int ch = c < 32 * KL ? hk * Dk + c : c < 64 * KL ? key + hk * Dk + c - 32 * KL
+                                                                    : 2 * key + h * Dv + jb + c - 64 * KL;
+            const bool real = c < 64 * KL ? (c % (32 * KL)) < Dk : jb + c - 64 * KL < Dv;
+            conv_w[c] = real ? reinterpret_cast<const float4*>(p.conv_w)[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        __syncthreads();
+    }
     if (j0 >= Dv) return;
     // one writer of the saved per-head values: the first warp of the first column block of the head
     const bool writer = p.save && blockIdx.x == 0 && warp == 0;
+    const bool qk_owner = TAPS && blockIdx.x == 0 && warp == 0 && h < p.num_k_heads;  // appends q/k's raw inputs
     float* sh = p.state + (i64)h * Dk * Dv;
     float s[KL][COLS];
 #pragma unroll
@@ -137,10 +175,47 @@ __global__ void __launch_bounds__(GDN_WARPS * 32) gdn_recurrent(GdnArgs p, const
             s[i][cj] = (row < Dk && j0 + cj < Dv) ? sh[(i64)row * Dv + j0 + cj] : 0.f;
     }
     const float a_h = p.prepared ? 0.f : p.a[h], dt_h = p.prepared ? 0.f : p.dt_bias[h];
+    float hq[KL][HIST], hkk[KL][HIST], hv[COLS][HIST];  // the conv's history (window state rows, then inputs)
+    if constexpr (TAPS > 0) {
+#pragma unroll
+        for (int j = 0; j < HIST; ++j) {
+            const float* wrow = p.window + (i64)j * p.C;
+#pragma unroll
+            for (int i = 0; i < KL; ++i) {
+                const int row = lane + 32 * i;
+                hq[i][j] = row < Dk ? wrow[hk * Dk + row] : 0.f;
+                hkk[i][j] = row < Dk ? wrow[key + hk * Dk + row] : 0.f;
+            }
+#pragma unroll
+            for (int cj = 0; cj < COLS; ++cj) hv[cj][j] = j0 + cj < Dv ? wrow[2 * key + h * Dv + j0 + cj] : 0.f;
+        }
+    }
+    PDL_ENTER();
     GdnToken<KL, COLS> cur, nxt;
     if (p.T > 0) gdn_load<KL, COLS>(p, 0, h, hk, j0, lane, cur);
     for (int t = 0; t < p.T; ++t) {
         if (t + 1 < p.T) gdn_load<KL, COLS>(p, t + 1, h, hk, j0, lane, nxt);  // the next token's loads fly meanwhile
+        if constexpr (TAPS > 0) {  // cur holds the raw projections: append them, then convolve
+            float* wrow = p.window + (i64)(HIST + t) * p.C;
+#pragma unroll
+            for (int i = 0; i < KL; ++i) {
+                const int row = lane + 32 * i;
+                if (qk_owner && row < Dk) {
+                    wrow[hk * Dk + row] = cur.qq[i];
+                    wrow[key + hk * Dk + row] = cur.kk[i];
+                }
+                cur.qq[i] = gdn_conv(conv_w[i * 32 + lane], hq[i], cur.qq[i]);
+                cur.kk[i] = gdn_conv(conv_w[32 * KL + i * 32 + lane], hkk[i], cur.kk[i]);
+            }
+#pragma unroll
+            for (int cj = 0; cj < COLS; ++cj) {
+                const i64 ch = 2 * key + (i64)h * Dv + j0 + cj;
+                const bool mine = lane == cj && j0 + cj < Dv;
+                if (mine) wrow[ch] = cur.v[cj];
+                cur.v[cj] = gdn_conv(conv_w[64 * KL + warp * COLS + cj], hv[cj], cur.v[cj]);
+                if (mine) p.conv_out[(i64)t * p.C + ch] = cur.v[cj];
+            }
+        }
         // k^T S for every column and the two squared norms, reduced together
         float red[COLS + 2];
 #pragma unroll
