@@ -33,7 +33,7 @@ CONTEXT = 16384
 V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5",
                "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
-               "fast24")
+               "conv1", "fast24")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -133,8 +133,10 @@ CLOSE_VARIANTS = frozenset({"close", "close5"})
 Q8_I8_VARIANTS = frozenset({"close", "q8i8", "close5"})
 # The recurrent delta rule's state columns a warp (mixers.GDN_COLS, 4 by default since Z4; gdn8 the old form)
 GDN_COLS_VARIANTS = {"gdn4": 4, "gdn8": 8}
-# The causal conv launched apart from the delta rule on verify passes (mixers.GDN_CONV off; inside it by default)
+# The causal conv launched apart from the delta rule on verify passes (mixers.GDN_CONV off; inside it by default),
+# or inside it at one token only (mixers.GDN_CONV_TOKENS)
 CONV_APART_VARIANTS = frozenset({"convapart"})
+CONV_TOKEN_VARIANTS = {"conv1": frozenset({1})}
 # Fast mode's token counts on mmvq_i8v before 3 joined them (i8b.VERIFY_FAST_TOKENS; 3 then ran mmvq_i8 under PDL)
 FAST_TOKEN_VARIANTS = {"fast24": frozenset({2, 4})}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
@@ -418,6 +420,7 @@ def _use_variant(backend, name: str) -> None:
     ops.Q8_I8 = name in Q8_I8_VARIANTS or env_flag(ops.Q8_I8_ENV, False)
     mixers.GDN_COLS = GDN_COLS_VARIANTS.get(name, mixers._gdn_cols_default())
     mixers.GDN_CONV = name not in CONV_APART_VARIANTS and env_switch(mixers.GDN_CONV_ENV, True)
+    mixers.GDN_CONV_TOKENS = CONV_TOKEN_VARIANTS.get(name, mixers.DEFAULT_GDN_CONV_TOKENS)
     i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
     i8b.SHAPE = SHAPE_VARIANTS.get(name, i8b.DEFAULT_SHAPE)
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())

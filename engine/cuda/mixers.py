@@ -63,6 +63,8 @@ GDN_COLS = _gdn_cols_default()
 # conv apart as before. Only at GDN_COLS = 4 and the instances' kernel size.
 GDN_CONV_ENV = "OPENJET_CUDA_GDN_CONV"
 GDN_CONV = env_switch(GDN_CONV_ENV, True)
+DEFAULT_GDN_CONV_TOKENS = frozenset(range(1, 9))  # the pass lengths that take it
+GDN_CONV_TOKENS = DEFAULT_GDN_CONV_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +78,11 @@ class GdnConv:
     channels: int
 
 
-def gdn_conv_runs(kernel_size: int, commit: bool, closer: object | None = None) -> bool:
-    """Whether a pass's conv goes inside the delta rule: on, a non-committing pass, the instances' kernel size,
-    4 columns a warp and no closer behind the rule (its instances have 8)."""
-    return GDN_CONV and not commit and kernel_size == GDN_CONV_TAPS and GDN_COLS == 4 and closer is None
+def gdn_conv_runs(num_tokens: int, kernel_size: int, commit: bool, closer: object | None = None) -> bool:
+    """Whether a pass's conv goes inside the delta rule: on at its length, a non-committing pass, the instances'
+    kernel size, 4 columns a warp and no closer behind the rule (its instances have 8)."""
+    return (GDN_CONV and num_tokens in GDN_CONV_TOKENS and not commit and kernel_size == GDN_CONV_TAPS
+            and GDN_COLS == 4 and closer is None)
 
 
 def _gdn_prep_smem(dim: int) -> int:

@@ -62,10 +62,10 @@ def test_a_committing_pass_and_the_switch_launch_the_conv_apart(monkeypatch) -> 
 
 
 def test_the_conv_inside_takes_only_what_it_was_built_for() -> None:
-    assert mixers.gdn_conv_runs(4, commit=False)
-    assert not mixers.gdn_conv_runs(4, commit=True)  # the committed state rows would race between blocks
-    assert not mixers.gdn_conv_runs(3, commit=False)  # the instances convolve with 4 taps
-    assert not mixers.gdn_conv_runs(4, commit=False, closer=object())  # the closer's instances have 8 columns
+    assert all(mixers.gdn_conv_runs(t, 4, commit=False) for t in range(1, 9))
+    assert not mixers.gdn_conv_runs(1, 4, commit=True)  # the committed state rows would race between blocks
+    assert not mixers.gdn_conv_runs(1, 3, commit=False)  # the instances convolve with 4 taps
+    assert not mixers.gdn_conv_runs(1, 4, commit=False, closer=object())  # the closer's instances have 8 columns
     dev, b = _Dev(), _buf(1 << 22)
     conv = mixers.GdnConv(b, b, b, C)
     shape = (1, 16, HV, DK, DK, C, C, 6144)
@@ -86,4 +86,4 @@ def test_the_conv_instance_keeps_the_27b_rule_in_one_wave() -> None:
     found = usage("deltanet")
     conv, plain = found["gdn_k128_c4_conv"], found["gdn_k128_c4"]
     assert conv.spill_bytes == 0 and 3 * 128 * conv.registers <= 65536
-    assert conv.static_smem == 16 * (2 * DK + 16) and plain.static_smem == 0  # the weights: q, k rows, v columns
+    assert conv.static_smem == 4 * 2 * 2 * DK and plain.static_smem == 0  # q | k convolved, two tokens' worth

@@ -104,12 +104,14 @@ struct GdnArgs {
 // act8_close.cuh): each warp counts its COLS columns of the inner dimension (h Dv + j0 ..) into their
 // superblock once its tokens' outputs are stored, 32 warps a superblock.
 // TAPS (a non-committing pass, raw gates): the causal conv and SiLU of q, k and v (conv1d_silu's arithmetic) done
-// here on the raw projections, one launch and one kernel boundary fewer a DeltaNet layer. Each lane convolves its
-// rows of q and k and the warp's COLS values of v; the key head's first warp (the saved q/k's writer) and each
-// v column's lane append the raw inputs to the window and write v's conv output for the commit.
-// Before the wait: the state S, the conv weights (into shared memory) and the window's state rows, none of which
-// the kernel before this one writes (the last writer of each is at least two launches back: a kernel triggers its
-// dependents only after its own wait).
+// here on the raw projections, one launch and one kernel boundary fewer a DeltaNet layer. The block's warps share
+// the key head's q and k: row r is convolved once a block, by the thread of warp (r / 32) % GDN_WARPS that loaded
+// it, and handed to every warp through shared memory (one barrier a token, the buffers alternating by token); a
+// v column is convolved by its lane and shuffled to the warp. The key head's first warp (the saved q/k's writer)
+// and each v column's lane append the raw inputs to the window and write v's conv output for the commit.
+// Before the wait: the state S, the conv weights and the window's state rows of the thread's channels, none of
+// which the kernel before this one writes (the last writer of each is at least two launches back: a kernel
+// triggers its dependents only after its own wait).
 // One token's inputs for the lane: raw (or prepared) q/k rows, its COLS values of v, the gate inputs.
 template <int KL, int COLS>
 struct GdnToken {
@@ -145,23 +147,13 @@ __device__ __forceinline__ float gdn_conv(float4 w, float (&hist)[3], float x) {
 // With the conv, three blocks an SM (the 27B's 384 blocks in one wave on 132 SMs) bound its registers (0: none).
 template <int KL, int COLS, int CLOSE, int TAPS>
 __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(GdnArgs p, const Act8Close close) {
-    constexpr int HIST = TAPS > 1 ? TAPS - 1 : 1;  // the inputs before a token that its conv reads
-    __shared__ float4 conv_w[TAPS ? 2 * 32 * KL + GDN_WARPS * COLS : 1];  // q rows, k rows, the block's v columns
+    static_assert(TAPS == 0 || (TAPS == 4 && COLS <= 32), "conv weights are loaded as one float4 a channel");
+    constexpr int SHARE = TAPS ? (KL + GDN_WARPS - 1) / GDN_WARPS : 1;  // q (and k) rows a thread convolves
+    __shared__ float qk_conv[TAPS ? 2 * 2 * 32 * KL : 1];  // [token parity][q | k][row]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, hk = h % p.num_k_heads, Dk = p.Dk, Dv = p.Dv, key = p.num_k_heads * Dk;
     const int j0 = (blockIdx.x * GDN_WARPS + warp) * COLS;
-    if constexpr (TAPS > 0) {
-        static_assert(TAPS == 0 || TAPS == 4, "conv weights are loaded as one float4 a channel");
-        const int jb = blockIdx.x * GDN_WARPS * COLS;
-        for (int c = threadIdx.x; c < 2 * 32 * KL + GDN_WARPS * COLS; c += blockDim.x) {
-            const int ch = c < 32 * KL ? hk * Dk + c : c < 64 * KL ? key + hk * Dk + c - 32 * KL
-                                                                    : 2 * key + h * Dv + jb + c - 64 * KL;
-            const bool real = c < 64 * KL ? (c % (32 * KL)) < Dk : jb + c - 64 * KL < Dv;
-            conv_w[c] = real ? reinterpret_cast<const float4*>(p.conv_w)[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-        __syncthreads();
-    }
-    if (j0 >= Dv) return;
+    if (!TAPS && j0 >= Dv) return;  // with the conv every warp takes part in the block's barriers
     // one writer of the saved per-head values: the first warp of the first column block of the head
     const bool writer = p.save && blockIdx.x == 0 && warp == 0;
     const bool qk_owner = TAPS && blockIdx.x == 0 && warp == 0 && h < p.num_k_heads;  // appends q/k's raw inputs
@@ -175,20 +167,29 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(Gd
             s[i][cj] = (row < Dk && j0 + cj < Dv) ? sh[(i64)row * Dv + j0 + cj] : 0.f;
     }
     const float a_h = p.prepared ? 0.f : p.a[h], dt_h = p.prepared ? 0.f : p.dt_bias[h];
-    float hq[KL][HIST], hkk[KL][HIST], hv[COLS][HIST];  // the conv's history (window state rows, then inputs)
+    // the conv's weights and history (the window's state rows, then the pass's inputs): rows warp + GDN_WARPS m of
+    // q and k, lane's v column
+    float4 wq[SHARE], wk[SHARE], wv = make_float4(0.f, 0.f, 0.f, 0.f);
+    float hq[SHARE][3], hkk[SHARE][3], hv[3];
     if constexpr (TAPS > 0) {
+        const float4* w4 = reinterpret_cast<const float4*>(p.conv_w);
+        const int vch = 2 * key + h * Dv + j0 + lane;
+        const bool vmine = lane < COLS && j0 + lane < Dv;
 #pragma unroll
-        for (int j = 0; j < HIST; ++j) {
-            const float* wrow = p.window + (i64)j * p.C;
+        for (int m = 0; m < SHARE; ++m) {
+            const int row = lane + 32 * (warp + GDN_WARPS * m);
+            const bool real = warp + GDN_WARPS * m < KL && row < Dk;
+            wq[m] = real ? w4[hk * Dk + row] : make_float4(0.f, 0.f, 0.f, 0.f);
+            wk[m] = real ? w4[key + hk * Dk + row] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-            for (int i = 0; i < KL; ++i) {
-                const int row = lane + 32 * i;
-                hq[i][j] = row < Dk ? wrow[hk * Dk + row] : 0.f;
-                hkk[i][j] = row < Dk ? wrow[key + hk * Dk + row] : 0.f;
+            for (int j = 0; j < 3; ++j) {
+                hq[m][j] = real ? p.window[(i64)j * p.C + hk * Dk + row] : 0.f;
+                hkk[m][j] = real ? p.window[(i64)j * p.C + key + hk * Dk + row] : 0.f;
             }
-#pragma unroll
-            for (int cj = 0; cj < COLS; ++cj) hv[cj][j] = j0 + cj < Dv ? wrow[2 * key + h * Dv + j0 + cj] : 0.f;
         }
+        if (vmine) wv = w4[vch];
+#pragma unroll
+        for (int j = 0; j < 3; ++j) hv[j] = vmine ? p.window[(i64)j * p.C + vch] : 0.f;
     }
     PDL_ENTER();
     GdnToken<KL, COLS> cur, nxt;
@@ -196,7 +197,8 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(Gd
     for (int t = 0; t < p.T; ++t) {
         if (t + 1 < p.T) gdn_load<KL, COLS>(p, t + 1, h, hk, j0, lane, nxt);  // the next token's loads fly meanwhile
         if constexpr (TAPS > 0) {  // cur holds the raw projections: append them, then convolve
-            float* wrow = p.window + (i64)(HIST + t) * p.C;
+            float* wrow = p.window + (i64)(3 + t) * p.C;
+            float* cq = qk_conv + (t & 1) * 2 * 32 * KL;
 #pragma unroll
             for (int i = 0; i < KL; ++i) {
                 const int row = lane + 32 * i;
@@ -204,16 +206,29 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(Gd
                     wrow[hk * Dk + row] = cur.qq[i];
                     wrow[key + hk * Dk + row] = cur.kk[i];
                 }
-                cur.qq[i] = gdn_conv(conv_w[i * 32 + lane], hq[i], cur.qq[i]);
-                cur.kk[i] = gdn_conv(conv_w[32 * KL + i * 32 + lane], hkk[i], cur.kk[i]);
+                if (i % GDN_WARPS == warp) {  // this thread's share: rows warp + GDN_WARPS m
+                    cq[row] = gdn_conv(wq[i / GDN_WARPS], hq[i / GDN_WARPS], cur.qq[i]);
+                    cq[32 * KL + row] = gdn_conv(wk[i / GDN_WARPS], hkk[i / GDN_WARPS], cur.kk[i]);
+                }
+            }
+            // v: lane cj's column, shuffled to the warp
+            float raw_v = 0.f;
+#pragma unroll
+            for (int cj = 0; cj < COLS; ++cj)
+                if (lane == cj) raw_v = cur.v[cj];
+            const float conv_v = gdn_conv(wv, hv, raw_v);
+            if (lane < COLS && j0 + lane < Dv) {
+                const i64 ch = 2 * key + (i64)h * Dv + j0 + lane;
+                wrow[ch] = raw_v;
+                p.conv_out[(i64)t * p.C + ch] = conv_v;
             }
 #pragma unroll
-            for (int cj = 0; cj < COLS; ++cj) {
-                const i64 ch = 2 * key + (i64)h * Dv + j0 + cj;
-                const bool mine = lane == cj && j0 + cj < Dv;
-                if (mine) wrow[ch] = cur.v[cj];
-                cur.v[cj] = gdn_conv(conv_w[64 * KL + warp * COLS + cj], hv[cj], cur.v[cj]);
-                if (mine) p.conv_out[(i64)t * p.C + ch] = cur.v[cj];
+            for (int cj = 0; cj < COLS; ++cj) cur.v[cj] = __shfl_sync(0xffffffffu, conv_v, cj);
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < KL; ++i) {
+                cur.qq[i] = cq[lane + 32 * i];
+                cur.kk[i] = cq[32 * KL + lane + 32 * i];
             }
         }
         // k^T S for every column and the two squared norms, reduced together
