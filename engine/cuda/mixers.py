@@ -63,7 +63,8 @@ GDN_COLS = _gdn_cols_default()
 # conv apart as before. Only at GDN_COLS = 4 and the instances' kernel size.
 GDN_CONV_ENV = "OPENJET_CUDA_GDN_CONV"
 GDN_CONV = env_switch(GDN_CONV_ENV, True)
-DEFAULT_GDN_CONV_TOKENS = frozenset(range(1, 9))  # the pass lengths that take it
+GDN_CONV_MAX_TOKENS = 8  # kernels/deltanet.cu GDN_CONV_TOKENS: the tokens its launch stages at once
+DEFAULT_GDN_CONV_TOKENS = frozenset(range(1, GDN_CONV_MAX_TOKENS + 1))  # the pass lengths that take it
 GDN_CONV_TOKENS = DEFAULT_GDN_CONV_TOKENS
 
 
@@ -81,7 +82,7 @@ class GdnConv:
 def gdn_conv_runs(num_tokens: int, kernel_size: int, commit: bool, closer: object | None = None) -> bool:
     """Whether a pass's conv goes inside the delta rule: on at its length, a non-committing pass, the instances'
     kernel size, 4 columns a warp and no closer behind the rule (its instances have 8)."""
-    return (GDN_CONV and num_tokens in GDN_CONV_TOKENS and not commit and kernel_size == GDN_CONV_TAPS
+    return (GDN_CONV and num_tokens in GDN_CONV_TOKENS and num_tokens <= GDN_CONV_MAX_TOKENS and not commit and kernel_size == GDN_CONV_TAPS
             and GDN_COLS == 4 and closer is None)
 
 
@@ -290,6 +291,8 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
     if conv is not None and (commit or prepared or closer is not None or GDN_COLS != 4):
         raise ValueError("the conv inside the delta rule takes a non-committing pass of raw inputs, 4 columns a "
                          "warp and no closer")
+    if conv is not None and num_tokens > GDN_CONV_MAX_TOKENS:
+        raise ValueError(f"the conv inside the delta rule stages at most {GDN_CONV_MAX_TOKENS} tokens, not {num_tokens}")
     if conv is not None and conv.weight.ptr % 16:
         raise ValueError("the conv inside the delta rule reads its weights as one float4 a channel: 16-byte aligned")
     args = GdnArgs(q.ptr, k.ptr, v.ptr, _ptr(alpha), _ptr(b), _ptr(a), _ptr(dt_bias), g.ptr, beta.ptr,

@@ -5,9 +5,11 @@ accept path on what the pass left)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from engine.cuda import instances, mixers, ops
+from engine.cuda import instances, mixers, nvrtc, ops
 from tests.kernels.ptxas import usage
 from tests.kernels.test_close import _buf, _Dev, _deltanet_model
 
@@ -63,6 +65,7 @@ def test_a_committing_pass_and_the_switch_launch_the_conv_apart(monkeypatch) -> 
 
 def test_the_conv_inside_takes_only_what_it_was_built_for() -> None:
     assert all(mixers.gdn_conv_runs(t, 4, commit=False) for t in range(1, 9))
+    assert not mixers.gdn_conv_runs(9, 4, commit=False)  # past the tokens one launch stages
     assert not mixers.gdn_conv_runs(1, 4, commit=True)  # the committed state rows would race between blocks
     assert not mixers.gdn_conv_runs(1, 3, commit=False)  # the instances convolve with 4 taps
     assert not mixers.gdn_conv_runs(1, 4, commit=False, closer=object())  # the closer's instances have 8 columns
@@ -73,6 +76,9 @@ def test_the_conv_inside_takes_only_what_it_was_built_for() -> None:
         mixers.gdn_recurrent(dev, b, b, b, b, b, *shape, True, g=b, beta=b, alpha=b, b=b, a=b, dt_bias=b, conv=conv)
     with pytest.raises(ValueError, match="non-committing"):  # prepared inputs were convolved already
         mixers.gdn_recurrent(dev, b, b, b, b, b, *shape, False, g=b, beta=b, conv=conv)
+    with pytest.raises(ValueError, match="at most 8"):
+        mixers.gdn_recurrent(dev, b, b, b, b, b, 9, *shape[1:], False, g=b, beta=b, alpha=b, b=b, a=b, dt_bias=b,
+                             conv=conv)
     odd = mixers.GdnConv(b, b.view(4), b, C)
     with pytest.raises(ValueError, match="16-byte"):
         mixers.gdn_recurrent(dev, b, b, b, b, b, *shape, False, g=b, beta=b, alpha=b, b=b, a=b, dt_bias=b, conv=odd)
@@ -86,4 +92,13 @@ def test_the_conv_instance_keeps_the_27b_rule_in_one_wave() -> None:
     found = usage("deltanet")
     conv, plain = found["gdn_k128_c4_conv"], found["gdn_k128_c4"]
     assert conv.spill_bytes == 0 and 3 * 128 * conv.registers <= 65536
-    assert conv.static_smem == 4 * 2 * 2 * DK and plain.static_smem == 0  # q | k convolved, two tokens' worth
+    # every token staged: q | k rows, the block's 16 v columns, alpha | b
+    assert conv.static_smem == 4 * mixers.GDN_CONV_MAX_TOKENS * (2 * DK + 16 + 2) and plain.static_smem == 0
+
+
+def test_the_staged_token_count_is_the_kernels() -> None:
+    source = (nvrtc.KERNEL_DIR / "deltanet.cu").read_text()
+    assert int(re.search(r"#define GDN_CONV_TOKENS (\d+)", source).group(1)) == mixers.GDN_CONV_MAX_TOKENS
+    from engine.cuda.model import VERIFY_MAX
+
+    assert VERIFY_MAX <= mixers.GDN_CONV_MAX_TOKENS  # every verify pass can take it

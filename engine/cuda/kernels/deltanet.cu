@@ -103,15 +103,16 @@ struct GdnArgs {
 // CLOSE (ACT_GATEDNORM): the gated norm of o for the output projection, formed behind the launch (kernels/
 // act8_close.cuh): each warp counts its COLS columns of the inner dimension (h Dv + j0 ..) into their
 // superblock once its tokens' outputs are stored, 32 warps a superblock.
-// TAPS (a non-committing pass, raw gates): the causal conv and SiLU of q, k and v (conv1d_silu's arithmetic) done
-// here on the raw projections, one launch and one kernel boundary fewer a DeltaNet layer. The block's warps share
-// the key head's q and k: row r is convolved once a block, by the thread of warp (r / 32) % GDN_WARPS that loaded
-// it, and handed to every warp through shared memory (one barrier a token, the buffers alternating by token); a
-// v column is convolved by its lane and shuffled to the warp. The key head's first warp (the saved q/k's writer)
-// and each v column's lane append the raw inputs to the window and write v's conv output for the commit.
+// TAPS (a non-committing pass of up to GDN_CONV_TOKENS tokens, raw gates): the causal conv and SiLU of q, k and v
+// (conv1d_silu's arithmetic) done here on the raw projections, one launch and one kernel boundary fewer a DeltaNet
+// layer. Every token's inputs are loaded at once and staged in shared memory before the recurrence, so its tokens
+// wait for no load. The block's warps share the key head's q and k: thread (warp, lane) convolves rows lane +
+// 32 (warp + GDN_WARPS m) and its first 16 threads the block's v columns; the key head's first block appends the
+// raw q and k to the window, each v column's thread its raw v, and writes v's conv output for the commit.
 // Before the wait: the state S, the conv weights and the window's state rows of the thread's channels, none of
 // which the kernel before this one writes (the last writer of each is at least two launches back: a kernel
 // triggers its dependents only after its own wait).
+#define GDN_CONV_TOKENS 8
 // One token's inputs for the lane: raw (or prepared) q/k rows, its COLS values of v, the gate inputs.
 template <int KL, int COLS>
 struct GdnToken {
@@ -144,19 +145,74 @@ __device__ __forceinline__ float gdn_conv(float4 w, float (&hist)[3], float x) {
     return siluf_(acc);
 }
 
+// TAPS: thread (warp, lane) loads its q and k rows of every token, appends them to the window (the key head's
+// first block), convolves them into the stage; the first VC threads do the same for v (and write its conv
+// output), the last 2 GDN_CONV_TOKENS load the gate inputs.
+template <int KL, int COLS, int SHARE>
+__device__ __forceinline__ void gdn_stage_conv(const GdnArgs& p, float* stage, int h, int hk, int key, int vcol,
+                                               bool vmine, const float4 (&wq)[SHARE], const float4 (&wk)[SHARE],
+                                               float4 wv, float (&hq)[SHARE][3], float (&hkk)[SHARE][3],
+                                               float (&hv)[3]) {
+    constexpr int VC = GDN_WARPS * COLS, TM = GDN_CONV_TOKENS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, Dk = p.Dk, T = p.T;
+    const bool appends = blockIdx.x == 0 && h < p.num_k_heads;
+#pragma unroll
+    for (int m = 0; m < SHARE; ++m) {
+        const int i = warp + GDN_WARPS * m, row = lane + 32 * i;
+        if (i >= KL) break;
+        const bool real = row < Dk;
+        float rq[TM], rk[TM];
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+            rq[t] = real && t < T ? p.q[(i64)t * p.ld_qk + hk * Dk + row] : 0.f;
+            rk[t] = real && t < T ? p.k[(i64)t * p.ld_qk + hk * Dk + row] : 0.f;
+        }
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+            if (t >= T) break;
+            if (real && appends) {
+                p.window[(i64)(3 + t) * p.C + hk * Dk + row] = rq[t];
+                p.window[(i64)(3 + t) * p.C + key + hk * Dk + row] = rk[t];
+            }
+            stage[t * 64 * KL + row] = gdn_conv(wq[m], hq[m], rq[t]);
+            stage[t * 64 * KL + 32 * KL + row] = gdn_conv(wk[m], hkk[m], rk[t]);
+        }
+    }
+    if (threadIdx.x < VC) {
+        const i64 ch = 2 * key + (i64)h * p.Dv + vcol;
+        float rv[TM];
+#pragma unroll
+        for (int t = 0; t < TM; ++t) rv[t] = vmine && t < T ? p.v[(i64)t * p.ld_v + (i64)h * p.Dv + vcol] : 0.f;
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+            if (t >= T) break;
+            const float y = gdn_conv(wv, hv, rv[t]);
+            stage[TM * 64 * KL + t * VC + threadIdx.x] = y;
+            if (vmine) {
+                p.window[(i64)(3 + t) * p.C + ch] = rv[t];
+                p.conv_out[(i64)t * p.C + ch] = y;
+            }
+        }
+    }
+    const int gi = (int)threadIdx.x - (GDN_WARPS * 32 - 2 * TM);  // the gate inputs: alpha | b of token gi / 2
+    if (gi >= 0 && gi / 2 < T)
+        stage[TM * (64 * KL + VC) + gi] = (gi & 1 ? p.b : p.alpha)[(i64)(gi / 2) * p.ld_gate + h];
+}
+
 // With the conv, three blocks an SM (the 27B's 384 blocks in one wave on 132 SMs) bound its registers (0: none).
 template <int KL, int COLS, int CLOSE, int TAPS>
 __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(GdnArgs p, const Act8Close close) {
-    static_assert(TAPS == 0 || (TAPS == 4 && COLS <= 32), "conv weights are loaded as one float4 a channel");
+    static_assert(TAPS == 0 || (TAPS == 4 && GDN_WARPS * COLS <= 32), "one float4 of weights a channel");
     constexpr int SHARE = TAPS ? (KL + GDN_WARPS - 1) / GDN_WARPS : 1;  // q (and k) rows a thread convolves
-    __shared__ float qk_conv[TAPS ? 2 * 2 * 32 * KL : 1];  // [token parity][q | k][row]
+    constexpr int VC = GDN_WARPS * COLS;  // the block's v columns
+    // staged tokens: [t][q | k][32 KL rows], [t][v column], [t][alpha | b]
+    __shared__ float stage[TAPS ? GDN_CONV_TOKENS * (64 * KL + VC + 2) : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, hk = h % p.num_k_heads, Dk = p.Dk, Dv = p.Dv, key = p.num_k_heads * Dk;
     const int j0 = (blockIdx.x * GDN_WARPS + warp) * COLS;
-    if (!TAPS && j0 >= Dv) return;  // with the conv every warp takes part in the block's barriers
+    if (!TAPS && j0 >= Dv) return;  // with the conv every warp takes part in the block's barrier
     // one writer of the saved per-head values: the first warp of the first column block of the head
     const bool writer = p.save && blockIdx.x == 0 && warp == 0;
-    const bool qk_owner = TAPS && blockIdx.x == 0 && warp == 0 && h < p.num_k_heads;  // appends q/k's raw inputs
     float* sh = p.state + (i64)h * Dk * Dv;
     float s[KL][COLS];
 #pragma unroll
@@ -167,14 +223,14 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(Gd
             s[i][cj] = (row < Dk && j0 + cj < Dv) ? sh[(i64)row * Dv + j0 + cj] : 0.f;
     }
     const float a_h = p.prepared ? 0.f : p.a[h], dt_h = p.prepared ? 0.f : p.dt_bias[h];
-    // the conv's weights and history (the window's state rows, then the pass's inputs): rows warp + GDN_WARPS m of
-    // q and k, lane's v column
+    // the conv's weights and history (the window's state rows, then the pass's inputs): rows lane + 32 (warp +
+    // GDN_WARPS m) of q and k; the first VC threads' v column
     float4 wq[SHARE], wk[SHARE], wv = make_float4(0.f, 0.f, 0.f, 0.f);
     float hq[SHARE][3], hkk[SHARE][3], hv[3];
+    const int vcol = blockIdx.x * VC + threadIdx.x;  // this thread's v column (threads below VC)
+    const bool vmine = TAPS && threadIdx.x < VC && vcol < Dv;
     if constexpr (TAPS > 0) {
         const float4* w4 = reinterpret_cast<const float4*>(p.conv_w);
-        const int vch = 2 * key + h * Dv + j0 + lane;
-        const bool vmine = lane < COLS && j0 + lane < Dv;
 #pragma unroll
         for (int m = 0; m < SHARE; ++m) {
             const int row = lane + 32 * (warp + GDN_WARPS * m);
@@ -187,49 +243,34 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(Gd
                 hkk[m][j] = real ? p.window[(i64)j * p.C + key + hk * Dk + row] : 0.f;
             }
         }
-        if (vmine) wv = w4[vch];
+        if (vmine) wv = w4[2 * key + h * Dv + vcol];
 #pragma unroll
-        for (int j = 0; j < 3; ++j) hv[j] = vmine ? p.window[(i64)j * p.C + vch] : 0.f;
+        for (int j = 0; j < 3; ++j) hv[j] = vmine ? p.window[(i64)j * p.C + 2 * key + h * Dv + vcol] : 0.f;
     }
     PDL_ENTER();
     GdnToken<KL, COLS> cur, nxt;
-    if (p.T > 0) gdn_load<KL, COLS>(p, 0, h, hk, j0, lane, cur);
+    if constexpr (TAPS > 0) {  // every token's raw inputs loaded at once, appended, convolved, staged
+        gdn_stage_conv<KL, COLS, SHARE>(p, stage, h, hk, key, vcol, vmine, wq, wk, wv, hq, hkk, hv);
+        __syncthreads();
+    } else if (p.T > 0) {
+        gdn_load<KL, COLS>(p, 0, h, hk, j0, lane, cur);
+    }
     for (int t = 0; t < p.T; ++t) {
-        if (t + 1 < p.T) gdn_load<KL, COLS>(p, t + 1, h, hk, j0, lane, nxt);  // the next token's loads fly meanwhile
-        if constexpr (TAPS > 0) {  // cur holds the raw projections: append them, then convolve
-            float* wrow = p.window + (i64)(3 + t) * p.C;
-            float* cq = qk_conv + (t & 1) * 2 * 32 * KL;
+        if constexpr (TAPS > 0) {
+            const float* st = stage + t * 64 * KL;
 #pragma unroll
             for (int i = 0; i < KL; ++i) {
-                const int row = lane + 32 * i;
-                if (qk_owner && row < Dk) {
-                    wrow[hk * Dk + row] = cur.qq[i];
-                    wrow[key + hk * Dk + row] = cur.kk[i];
-                }
-                if (i % GDN_WARPS == warp) {  // this thread's share: rows warp + GDN_WARPS m
-                    cq[row] = gdn_conv(wq[i / GDN_WARPS], hq[i / GDN_WARPS], cur.qq[i]);
-                    cq[32 * KL + row] = gdn_conv(wk[i / GDN_WARPS], hkk[i / GDN_WARPS], cur.kk[i]);
-                }
+                cur.qq[i] = st[lane + 32 * i];
+                cur.kk[i] = st[32 * KL + lane + 32 * i];
             }
-            // v: lane cj's column, shuffled to the warp
-            float raw_v = 0.f;
+            const float* sv = stage + GDN_CONV_TOKENS * 64 * KL + t * VC + warp * COLS;
 #pragma unroll
-            for (int cj = 0; cj < COLS; ++cj)
-                if (lane == cj) raw_v = cur.v[cj];
-            const float conv_v = gdn_conv(wv, hv, raw_v);
-            if (lane < COLS && j0 + lane < Dv) {
-                const i64 ch = 2 * key + (i64)h * Dv + j0 + lane;
-                wrow[ch] = raw_v;
-                p.conv_out[(i64)t * p.C + ch] = conv_v;
-            }
-#pragma unroll
-            for (int cj = 0; cj < COLS; ++cj) cur.v[cj] = __shfl_sync(0xffffffffu, conv_v, cj);
-            __syncthreads();
-#pragma unroll
-            for (int i = 0; i < KL; ++i) {
-                cur.qq[i] = cq[lane + 32 * i];
-                cur.kk[i] = cq[32 * KL + lane + 32 * i];
-            }
+            for (int cj = 0; cj < COLS; ++cj) cur.v[cj] = sv[cj];
+            const float* sg = stage + GDN_CONV_TOKENS * (64 * KL + VC) + 2 * t;
+            cur.ga = sg[0];
+            cur.gb = sg[1];
+        } else if (t + 1 < p.T) {
+            gdn_load<KL, COLS>(p, t + 1, h, hk, j0, lane, nxt);  // the next token's loads fly meanwhile
         }
         // k^T S for every column and the two squared norms, reduced together
         float red[COLS + 2];
@@ -289,7 +330,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(Gd
                     }
                 }
         }
-        cur = nxt;
+        if constexpr (TAPS == 0) cur = nxt;
     }
     if (p.commit) {
 #pragma unroll
