@@ -156,47 +156,51 @@ __device__ __forceinline__ void gdn_stage_conv(const GdnArgs& p, float* stage, i
     constexpr int VC = GDN_WARPS * COLS, TM = GDN_CONV_TOKENS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, Dk = p.Dk, T = p.T;
     const bool appends = blockIdx.x == 0 && h < p.num_k_heads;
+    const int gi = (int)threadIdx.x - (GDN_WARPS * 32 - 2 * TM);  // the gate inputs: alpha | b of token gi / 2
+    const i64 vch = 2 * key + (i64)h * p.Dv + vcol;
+    // every load first (a store may alias any later load for the compiler): one round trip for all of them
+    float rq[SHARE][TM], rk[SHARE][TM], rv[TM];
+#pragma unroll
+    for (int m = 0; m < SHARE; ++m) {
+        const int row = lane + 32 * (warp + GDN_WARPS * m);
+        const bool real = warp + GDN_WARPS * m < KL && row < Dk;
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+            rq[m][t] = real && t < T ? p.q[(i64)t * p.ld_qk + hk * Dk + row] : 0.f;
+            rk[m][t] = real && t < T ? p.k[(i64)t * p.ld_qk + hk * Dk + row] : 0.f;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TM; ++t) rv[t] = vmine && t < T ? p.v[(i64)t * p.ld_v + vch - 2 * key] : 0.f;
+    const float gate = gi >= 0 && gi / 2 < T ? (gi & 1 ? p.b : p.alpha)[(i64)(gi / 2) * p.ld_gate + h] : 0.f;
 #pragma unroll
     for (int m = 0; m < SHARE; ++m) {
         const int i = warp + GDN_WARPS * m, row = lane + 32 * i;
         if (i >= KL) break;
-        const bool real = row < Dk;
-        float rq[TM], rk[TM];
-#pragma unroll
-        for (int t = 0; t < TM; ++t) {
-            rq[t] = real && t < T ? p.q[(i64)t * p.ld_qk + hk * Dk + row] : 0.f;
-            rk[t] = real && t < T ? p.k[(i64)t * p.ld_qk + hk * Dk + row] : 0.f;
-        }
 #pragma unroll
         for (int t = 0; t < TM; ++t) {
             if (t >= T) break;
-            if (real && appends) {
-                p.window[(i64)(3 + t) * p.C + hk * Dk + row] = rq[t];
-                p.window[(i64)(3 + t) * p.C + key + hk * Dk + row] = rk[t];
+            if (row < Dk && appends) {
+                p.window[(i64)(3 + t) * p.C + hk * Dk + row] = rq[m][t];
+                p.window[(i64)(3 + t) * p.C + key + hk * Dk + row] = rk[m][t];
             }
-            stage[t * 64 * KL + row] = gdn_conv(wq[m], hq[m], rq[t]);
-            stage[t * 64 * KL + 32 * KL + row] = gdn_conv(wk[m], hkk[m], rk[t]);
+            stage[t * 64 * KL + row] = gdn_conv(wq[m], hq[m], rq[m][t]);
+            stage[t * 64 * KL + 32 * KL + row] = gdn_conv(wk[m], hkk[m], rk[m][t]);
         }
     }
     if (threadIdx.x < VC) {
-        const i64 ch = 2 * key + (i64)h * p.Dv + vcol;
-        float rv[TM];
-#pragma unroll
-        for (int t = 0; t < TM; ++t) rv[t] = vmine && t < T ? p.v[(i64)t * p.ld_v + (i64)h * p.Dv + vcol] : 0.f;
 #pragma unroll
         for (int t = 0; t < TM; ++t) {
             if (t >= T) break;
             const float y = gdn_conv(wv, hv, rv[t]);
             stage[TM * 64 * KL + t * VC + threadIdx.x] = y;
             if (vmine) {
-                p.window[(i64)(3 + t) * p.C + ch] = rv[t];
-                p.conv_out[(i64)t * p.C + ch] = y;
+                p.window[(i64)(3 + t) * p.C + vch] = rv[t];
+                p.conv_out[(i64)t * p.C + vch] = y;
             }
         }
     }
-    const int gi = (int)threadIdx.x - (GDN_WARPS * 32 - 2 * TM);  // the gate inputs: alpha | b of token gi / 2
-    if (gi >= 0 && gi / 2 < T)
-        stage[TM * (64 * KL + VC) + gi] = (gi & 1 ? p.b : p.alpha)[(i64)(gi / 2) * p.ld_gate + h];
+    if (gi >= 0 && gi / 2 < T) stage[TM * (64 * KL + VC) + gi] = gate;
 }
 
 // With the conv, three blocks an SM (the 27B's 384 blocks in one wave on 132 SMs) bound its registers (0: none).
