@@ -33,7 +33,7 @@ CONTEXT = 16384
 V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5",
                "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
-               "conv1", "fast24")
+               "conv1", "fast24", "fastall")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -138,7 +138,8 @@ GDN_COLS_VARIANTS = {"gdn4": 4, "gdn8": 8}
 CONV_APART_VARIANTS = frozenset({"convapart"})
 CONV_TOKEN_VARIANTS = {"conv1": frozenset({1})}
 # Fast mode's token counts on mmvq_i8v before 3 joined them (i8b.VERIFY_FAST_TOKENS; 3 then ran mmvq_i8 under PDL)
-FAST_TOKEN_VARIANTS = {"fast24": frozenset({2, 4})}
+# fastall: every verify count on it in fast mode too (5-8 stayed on the f16 kernels since b689f66)
+FAST_TOKEN_VARIANTS = {"fast24": frozenset({2, 4}), "fastall": EVERY_VERIFY_COUNT}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7", "close"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
