@@ -242,13 +242,14 @@ VERIFY_WARPS_AT = dict(DEFAULT_VERIFY_WARPS_AT)
 # The token counts it takes (of instances.I8V_TOKENS), in precise mode: every one. 3 stayed on mmvq_i8 while its
 # blocks were of 5 warps (27B pass 8.88 ms against 9.36, 36e18fb); in 12-warp blocks, with PDL at 3 tokens
 # (device.DEFAULT_PDL_TOKEN_COUNTS), 8.341 against 8.706 (H100 87c4e46, variant i8v3pdl). In fast mode
-# (OPENJET_CUDA_PRECISE=0) 5-8 tokens stay on the f16 kernels, which need no residue pass there and no int8 copy
+# (OPENJET_CUDA_PRECISE=0) 5-8 tokens had stayed on the f16 kernels, which need no residue pass there and no int8 copy
 # from the producers (~2 us a producer launch at 5 tokens): the 27B pass at 5 tokens 9.59 ms against 10.32 with it
-# (b689f66). 3 joined fast mode's counts once PDL ran at 3 tokens: mmvq_i8 under PDL made fast mode's 3-token pass
-# 8.974 ms against precise mode's 8.310 (H100, bfaa203; bench variant fast24 the old counts).
+# (b689f66). Since its blocks of 12 warps it wins there too: fast mode's 5-token pass 8.863 ms against 9.589 on the
+# f16 kernels (H100 c077727, variant fastall; 6-8 not timed apart), and at 3 tokens 8.006 against 8.974 on mmvq_i8
+# under PDL (bfaa203; variant fast24 the counts before, 2 and 4). So both modes take every count.
 DEFAULT_VERIFY_TOKENS = frozenset({2, 3, 4, 5, 6, 7, 8})
 VERIFY_TOKENS = DEFAULT_VERIFY_TOKENS
-DEFAULT_VERIFY_FAST_TOKENS = frozenset({2, 3, 4})
+DEFAULT_VERIFY_FAST_TOKENS = DEFAULT_VERIFY_TOKENS
 VERIFY_FAST_TOKENS = DEFAULT_VERIFY_FAST_TOKENS
 
 

@@ -180,18 +180,24 @@ def test_the_producers_write_the_int8_copy_of_every_token_the_verify_form_takes(
     for precise in (True, False):
         act = ops.Act(_Buf(1), _Buf(2), _Buf(3), 5120, 5120, 8, _Buf(4), _Buf(10) if precise else None,
                       q8=_Buf(5), scale8=_Buf(6), sums8=_Buf(7), sums8_lo=_Buf(8))
-        for on, tokens, written in ((False, 4, 4), (False, 5, 0), (True, 4, 4), (True, 5, 5 if precise else 0),
-                                    (True, 8, 8 if precise else 0)):
+        for on, tokens, written in ((False, 4, 4), (False, 5, 0), (True, 4, 4), (True, 5, 5), (True, 8, 8)):
             monkeypatch.setattr(i8b, "VERIFY_ON", on)
             ops.act_f16(dev, _Buf(9), act, tokens, 5120)
             assert act.i8_tokens == written, (precise, on, tokens)
+        monkeypatch.setattr(i8b, "VERIFY_FAST_TOKENS", frozenset({2, 4}))  # fast mode's counts before c077727
+        ops.act_f16(dev, _Buf(9), act, 5, 5120)
+        assert act.i8_tokens == (5 if precise else 0), precise
+        monkeypatch.setattr(i8b, "VERIFY_FAST_TOKENS", i8b.DEFAULT_VERIFY_FAST_TOKENS)
 
 
-def test_fast_mode_keeps_5_to_8_tokens_on_the_f16_kernels(monkeypatch) -> None:
+def test_each_mode_takes_its_own_counts_every_one_by_default(monkeypatch) -> None:
     monkeypatch.setattr(i8b, "VERIFY_ON", True)
     precise = ops.Act(None, None, None, 5120, 5120, 8, x16_lo=_Buf(1), i8_tokens=5)
+    assert i8b.DEFAULT_VERIFY_FAST_TOKENS == i8b.DEFAULT_VERIFY_TOKENS == set(instances.I8V_TOKENS)
+    assert i8b.verify_runs(_dev(90), _weight(), 5, precise) and i8b.verify_runs(_dev(90), _weight(), 5, _act(5))
+    monkeypatch.setattr(i8b, "VERIFY_FAST_TOKENS", frozenset({2, 4}))
     assert i8b.verify_runs(_dev(90), _weight(), 5, precise)
-    assert not i8b.verify_runs(_dev(90), _weight(), 5, _act(5))  # no residue: fast mode
+    assert not i8b.verify_runs(_dev(90), _weight(), 5, _act(5))  # no residue: fast mode's counts
     assert i8b.verify_runs(_dev(90), _weight(), 2, _act(2))
 
 
@@ -225,7 +231,8 @@ def test_a_verify_launch_of_q4k_takes_the_verify_form_before_mmvq_i8(monkeypatch
     monkeypatch.setattr(ops, "I8_MATMUL", True)
     dev = _dev(90)
     assert ops._group_kernel(dev, _weight(), _act(4), 4, 4) == "i8v"
-    assert ops._group_kernel(dev, _weight(), _act(3), 3, 3) == "i8"  # not a count it takes (VERIFY_TOKENS)
+    monkeypatch.setattr(i8b, "VERIFY_FAST_TOKENS", frozenset({2, 4}))
+    assert ops._group_kernel(dev, _weight(), _act(3), 3, 3) == "i8"  # not a count it takes (fast mode's)
     assert ops._group_kernel(dev, _weight(cols=17408), _act(4), 4, 4) == "i8"  # too wide: mmvq_i8
     monkeypatch.setattr(ops, "I8_MATMUL", False)  # OPENJET_CUDA_I8=0: every int8 form off
     assert ops._group_kernel(dev, _weight(), _act(4), 4, 4) != "i8v"
