@@ -148,7 +148,7 @@ def test_swiglu_closes_behind_gate_up_where_ffn_down_reads_int8(closing, monkeyp
     assert closer(gate_up, _weight(Q.Q6_K, H, FFN)) is None
 
 
-def test_verify_passes_close_where_the_writer_and_every_consumer_take_int8(closing) -> None:
+def test_verify_passes_close_where_the_writer_and_every_consumer_take_int8(closing, monkeypatch) -> None:
     dev, mix_out, gate_up = _Dev(), _weight(Q.Q4_K, H, 6144), _weight(Q.Q4_K, 2 * FFN, H)
     down, x_mix, x_h, x_ffn = _weight(Q.Q4_K, H, FFN), _act(6144), _act(H), _act(FFN)  # precise acts
     expected = {1: "i8b", 2: "i8v", 3: "i8v", 4: "i8v", 5: "i8v", 8: "i8v"}  # gate | up's kernel at each count
@@ -161,7 +161,9 @@ def test_verify_passes_close_where_the_writer_and_every_consumer_take_int8(closi
         assert closers.closing_kernel(dev, down, t, "rmsnorm", x_ffn) == "i8"
     assert closers.closer_for(dev, gate_up, 5, "swiglu", _act(FFN), [down], _buf(), x=x_h) is None  # f16 ffn_down
     assert closers.closing_kernel(dev, down, 5, "rmsnorm", x_ffn) is None  # ffn_down itself on the f16 kernels
-    assert closers.closing_kernel(dev, mix_out, 5, "rmsnorm") is None  # a fast-mode probe: 5 tokens on f16
+    assert closers.closing_kernel(dev, mix_out, 5, "rmsnorm") == "i8v"  # a fast-mode probe: every count on i8v
+    monkeypatch.setattr(i8b, "VERIFY_FAST_TOKENS", frozenset({2, 4}))  # fast mode's counts before c077727
+    assert closers.closing_kernel(dev, mix_out, 5, "rmsnorm") is None  # 5 tokens on the f16 kernels then
 
 
 def test_with_int8_at_five_tokens_swiglu_and_the_input_norm_close_there_too(closing, monkeypatch) -> None:
