@@ -209,14 +209,18 @@ def time_conv_rule(dev: Device, report: Report, rng: np.random.Generator, token_
                                  width, width, hv * dk, False, conv=mixers.GdnConv(window, w, conv_out, channels),
                                  **gates)
 
-        times = {}
-        for form, fn in (("apart", apart), ("inside", inside)):
-            med, spread = median_time(dev, fn, reps=20, warmup=3, inner=4)
-            times[form] = med
-            report.timings.append(Timing("deltanet", f"conv_{form}.T{num_tokens}", f"{hv}x{dk}x{dk}", med, spread))
-        print(f"  T={num_tokens:<4} conv apart {times['apart'] * 1e3:8.1f} us  inside {times['inside'] * 1e3:8.1f} us",
-              flush=True)
+        _time_forms(dev, report, {"conv apart": apart, "inside": inside}, num_tokens, f"{hv}x{dk}x{dk}", "conv_")
         s.close()
+
+
+def _time_forms(dev: Device, report: Report, forms: dict, num_tokens: int, shape: str, prefix: str = "") -> None:
+    """Time each form's launches (median of 20 after warm-up), record them and print one line."""
+    line = f"  T={num_tokens:<4}"
+    for form, fn in forms.items():
+        med, spread = median_time(dev, fn, reps=20, warmup=3, inner=4)
+        report.timings.append(Timing("deltanet", f"{prefix}{form.split()[-1]}.T{num_tokens}", shape, med, spread))
+        line += f" {form} {med * 1e3:8.1f} us "
+    print(line.rstrip(), flush=True)
 
 
 def _delta_inputs(rng: np.random.Generator, num_tokens: int, hk: int, hv: int, dk: int, mild: bool):
@@ -276,14 +280,9 @@ def time_delta_rule(dev: Device, report: Report, rng: np.random.Generator, token
                                  g=g, beta=beta, alpha=bufs["gates"], b=bufs["gates"].view(4 * hv), a=bufs["a"],
                                  dt_bias=bufs["dt"], ld_gate=2 * hv)
 
-        times = {}
-        for form, fn in (("recurrent", recurrent),
-                         ("chunked", lambda: _launch_chunked(dev, bufs, num_tokens, hk, hv, dk))):
-            med, spread = median_time(dev, fn, reps=20, warmup=3, inner=4)
-            times[form] = med
-            report.timings.append(Timing("deltanet", f"{form}.T{num_tokens}", f"{hv}x{dk}x{dk}", med, spread))
-        print(f"  T={num_tokens:<4} recurrent {times['recurrent'] * 1e3:8.1f} us  chunked {times['chunked'] * 1e3:8.1f} us",
-              flush=True)
+        _time_forms(dev, report, {"recurrent": recurrent,
+                                  "chunked": lambda: _launch_chunked(dev, bufs, num_tokens, hk, hv, dk)},
+                    num_tokens, f"{hv}x{dk}x{dk}")
         s.close()
 
 
