@@ -264,10 +264,20 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
                [src, act.x16, act.sums, act.x16_lo, act.sums_lo, a8, num_tokens, act.width])
 
 
+# Whether the producers leave out the int8 copy of counts that only mmvq_i8v takes where no matmul of the act's width
+# can run it (wider than i8b.VERIFY_MAX_SUPERBLOCKS: SwiGLU's 17,408 for ffn_down, on the f16 kernels from 5 tokens).
+# bench variant copyall: written at every count, as before.
+I8_COPY_BY_WIDTH = True
+
+
 def _i8_copy_tokens(dev: Device, act: Act) -> int:
-    """The most tokens of act's mode an int8 matmul takes (mmvq_i8 up to I8_TOKENS, mmvq_i8v where it runs): up to
-    that many, the producers write the int8 copy too."""
-    return max(I8_TOKENS, i8b.verify_tokens(dev, act.x16_lo is not None))
+    """The most tokens of act's mode an int8 matmul of its width takes (mmvq_i8 up to I8_TOKENS, mmvq_q6_i8 its
+    counts, the Q8_0 one a group when on, mmvq_i8v where it runs and takes that width): up to that many, the
+    producers write the int8 copy too."""
+    verify = i8b.verify_tokens(dev, act.x16_lo is not None)
+    if I8_COPY_BY_WIDTH and act.num_superblocks > i8b.VERIFY_MAX_SUPERBLOCKS:
+        verify = 0
+    return max(I8_TOKENS, max(Q6_I8_COUNTS, default=0), ACT_GROUP if Q8_I8 else 0, verify)
 
 
 def _p(buf: Buffer | None) -> int:

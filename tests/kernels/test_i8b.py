@@ -190,6 +190,28 @@ def test_the_producers_write_the_int8_copy_of_every_token_the_verify_form_takes(
         monkeypatch.setattr(i8b, "VERIFY_FAST_TOKENS", i8b.DEFAULT_VERIFY_FAST_TOKENS)
 
 
+def test_a_producer_wider_than_the_verify_form_writes_the_int8_copy_only_where_another_kernel_reads_it(
+        monkeypatch) -> None:
+    """SwiGLU's 17,408 values feed only ffn_down, which mmvq_i8v cannot take (68 superblocks): from 5 tokens its
+    int8 copy would go unread, so the producer leaves it out (ops.I8_COPY_BY_WIDTH; variant copyall)."""
+    dev = SimpleNamespace(info=_dev(90).info, kernel=lambda name: name, launch=lambda *a, **k: None)
+    monkeypatch.setattr(ops, "I8_MATMUL", True)
+    monkeypatch.setattr(i8b, "VERIFY_ON", True)
+
+    def written(width: int, tokens: int) -> int:
+        act = ops.Act(_Buf(1), _Buf(2), _Buf(3), width, width, 8, _Buf(4), _Buf(10), q8=_Buf(5), scale8=_Buf(6),
+                      sums8=_Buf(7), sums8_lo=_Buf(8))
+        ops.act_f16(dev, _Buf(9), act, tokens, width)
+        return act.i8_tokens
+
+    assert [written(17408, t) for t in (1, 4, 5, 8)] == [1, 4, 0, 0]  # mmvq_i8 and mmvq_q6_i8 read up to 4
+    assert [written(6144, t) for t in (5, 8)] == [5, 8]  # 24 superblocks: mmvq_i8v takes it
+    monkeypatch.setattr(ops, "Q6_I8_COUNTS", frozenset(range(1, 6)))  # an int8 Q6_K ffn_down at 5 reads it
+    assert written(17408, 5) == 5 and written(17408, 6) == 0
+    monkeypatch.setattr(ops, "I8_COPY_BY_WIDTH", False)
+    assert written(17408, 8) == 8
+
+
 def test_each_mode_takes_its_own_counts_every_one_by_default(monkeypatch) -> None:
     monkeypatch.setattr(i8b, "VERIFY_ON", True)
     precise = ops.Act(None, None, None, 5120, 5120, 8, x16_lo=_Buf(1), i8_tokens=5)
