@@ -9,6 +9,7 @@ later one uploads its ids and positions and replays it.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +43,7 @@ class CudaBackend(Backend):
         self._context_size, self.use_graphs = context_size, use_graphs
         self._num_tokens = 0
         self._pending: int | None = None  # tokens of an unaccepted verify pass
-        self._graphs: dict[tuple[int, bool, int], Graph] = {}
+        self._graphs: dict[tuple, Graph] = {}  # passes by (tokens, commit, logits rows); ("accept", n); ("draft", d)
 
     @classmethod
     def from_gguf(cls, path: str | Path, context_size: int | None = None, device: Device | None = None,
@@ -149,7 +150,10 @@ class CudaBackend(Backend):
             raise ValueError("accept() without a verify() to accept from")
         if not 1 <= n <= self._pending:
             raise ValueError(f"cannot accept {n} of {self._pending} tokens")
-        self.model.accept(self._pending, n)
+        # a graph for each n: ~100 small launches (each DeltaNet layer's window shift and re-run), eager they cost
+        # the host more than the device
+        pending = self._pending
+        self._replay(("accept", n), lambda: self.model.accept(pending, n))
         self._num_tokens += n
         self._pending = None
 
@@ -168,7 +172,9 @@ class CudaBackend(Backend):
             return Draft([])
         if self._num_tokens + num_draft > self.model.capacity:
             raise ContextOverflowError(self._num_tokens + num_draft, self.model.capacity)
-        return Draft(*self.model.draft(int(token), num_draft, self._num_tokens, with_logits))
+        self.model.draft_inputs(int(token), num_draft, self._num_tokens)
+        self._replay(("draft", num_draft), lambda: self.model.draft_steps(num_draft))
+        return Draft(*self.model.draft_result(num_draft, with_logits))
 
     def set_precise(self, on: bool) -> None:
         """Switch the precise matmuls on or off (captured graphs are dropped: they hold the old launches)."""
@@ -188,16 +194,25 @@ class CudaBackend(Backend):
         verify passes, and full prefill chunks)."""
         self.model.set_tokens(tokens, self._num_tokens)
         key = (len(tokens), commit, logits_rows)
-        if not self.use_graphs or VERIFY_MAX < len(tokens) < self.model.ws.max_tokens:
+        if VERIFY_MAX < len(tokens) < self.model.ws.max_tokens:  # a prefill chunk's tail: a shape seen once
             self.model.forward(*key)
+            return
+        self._replay(key, lambda: self.model.forward(*key))
+
+    def _replay(self, key: tuple, launch: Callable[[], None]) -> None:
+        """Run launch()'s kernels from the graph captured under key: the first time eagerly (kernels loaded,
+        scratch sizes settled, this call's results made), then captured (recorded only); later, replayed. Its
+        kernels must take everything that changes between calls from device memory."""
+        if not self.use_graphs:
+            launch()
             return
         graph = self._graphs.get(key)
         if graph is None:
-            self.model.forward(*key)  # first run eagerly: kernels loaded, scratch sizes settled
+            launch()
             with self.dev.capture() as holder:
-                self.model.forward(*key)
-            graph = self._graphs[key] = holder[0]
-            return  # the eager run already produced this pass's results (the capture only recorded)
+                launch()
+            self._graphs[key] = holder[0]
+            return
         graph.launch()
 
     # ---- checkpoints ----

@@ -230,19 +230,22 @@ class CudaModel:
         if commit:
             dev.copy(self.last_hidden, ws.hidden.view(row * (num_tokens - 1)), row)
 
-    def draft(self, token: int, num_draft: int, start: int, with_logits: bool = False
-              ) -> tuple[list[int], np.ndarray | None]:
-        """num_draft greedy tokens from the MTP head after `token`, the pending token at position start: step i
-        runs the head on (token_i, hidden_i) at start + i (hidden_0 the committed trunk hidden, then the head's own
-        shared_head_norm output), its argmax staying on the device as the next step's id; step i's logits are
-        row i of ws.logits (with_logits: returned too, [num_draft, V]). The head's KV rows past start are
-        overwritten by the next pass's catch-up, so the committed state is unchanged."""
+    def draft_inputs(self, token: int, num_draft: int, start: int) -> None:
+        """Upload a draft's inputs: `token`, the pending token, at position start, and the positions of its
+        num_draft steps (start .. start + num_draft - 1)."""
+        assert self.weights.mtp is not None and 1 <= num_draft <= VERIFY_MAX
+        self.dev.upload(self.ws.draft_ids, np.asarray([token], np.int32))
+        self.dev.upload(self.ws.draft_pos, np.arange(start, start + num_draft, dtype=np.int32))
+
+    def draft_steps(self, num_draft: int) -> None:
+        """num_draft greedy steps of the MTP head from draft_inputs: step i runs the head on (token_i, hidden_i)
+        at its position (hidden_0 the committed trunk hidden, then the head's own shared_head_norm output), its
+        argmax staying on the device as the next step's id; step i's logits are row i of ws.logits. The head's KV
+        rows past the pending position are overwritten by the next pass's catch-up, so the committed state is
+        unchanged. Everything that changes between drafts is in device memory: the launches can be captured."""
         cfg, ws, dev, mtp = self.cfg, self.ws, self.dev, self.weights.mtp
-        assert mtp is not None and 1 <= num_draft <= VERIFY_MAX
         h, vocab = cfg.hidden_size, cfg.vocab_size
         dev.pdl = pdl_for(dev.pdl_policy, 1, VERIFY_MAX)
-        dev.upload(ws.draft_ids, np.asarray([token], np.int32))
-        dev.upload(ws.draft_pos, np.arange(start, start + num_draft, dtype=np.int32))
         hidden = self.last_hidden
         for i in range(num_draft):
             self._mtp_block(ws.draft_ids.view(4 * i), hidden, ws.draft_pos.view(4 * i), 1)
@@ -252,8 +255,13 @@ class CudaModel:
             ops.matmul(dev, mtp.output, ws.act_h, logits, 1, vocab)
             ops.argmax(dev, logits, ws.draft_ids.view(4 * (i + 1)), ws.argmax_scratch, 1, vocab, vocab)
             hidden = ws.mtp_hidden
-        tokens = [int(t) for t in dev.download(ws.draft_ids, np.int32, (num_draft + 1,))[1:]]
-        return tokens, dev.download(ws.logits, np.float32, (num_draft, vocab)) if with_logits else None
+
+    def draft_result(self, num_draft: int, with_logits: bool = False) -> tuple[list[int], np.ndarray | None]:
+        """The drafted tokens, and with_logits each step's logits [num_draft, V]."""
+        tokens = [int(t) for t in self.dev.download(self.ws.draft_ids, np.int32, (num_draft + 1,))[1:]]
+        logits = self.dev.download(self.ws.logits, np.float32, (num_draft, self.cfg.vocab_size)) if with_logits \
+            else None
+        return tokens, logits
 
     def _ffn_norm_closer(self, lw: LayerWeights, num_tokens: int) -> closers.Closer | None:
         """The FFN norm formed into act_h by the mixer's output projection behind itself (closers.Closer), where it

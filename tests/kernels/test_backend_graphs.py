@@ -1,0 +1,133 @@
+"""CudaBackend's captured graphs, on a recording device: which calls run eagerly, which are captured, which are
+replayed. A verify pass, the commit of its accepted prefix and an MTP draft each run their kernels from a graph
+after the first call of their shape (the kernels themselves are checked on the GPU: tests/kernels/test_cuda_gpu.py,
+bench/gpu_models.py's speculative decoding against the reference)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from engine.cuda.backend import CudaBackend
+
+
+class _Graph:
+    def __init__(self, dev, recorded: list) -> None:
+        self.dev, self.recorded, self.destroyed = dev, recorded, False
+
+    def launch(self) -> None:
+        self.dev.log.append(("replay", *self.recorded))
+
+    def destroy(self) -> None:
+        self.destroyed = True
+
+
+class _Dev:
+    """Launches are logged as ("eager", what) or, inside a capture, recorded into the graph it makes."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple] = []
+        self.recording: list | None = None
+
+    def run(self, what: tuple) -> None:
+        if self.recording is not None:
+            self.recording.append(what)
+        else:
+            self.log.append(("eager", what))
+
+    @contextmanager
+    def capture(self):
+        self.recording, holder = [], []
+        try:
+            yield holder
+        finally:
+            holder.append(_Graph(self, self.recording))
+            self.recording = None
+
+
+class _Model:
+    def __init__(self, dev: _Dev) -> None:
+        self.dev, self.capacity = dev, 64
+        self.cfg = SimpleNamespace(vocab_size=100)
+        self.ws = SimpleNamespace(max_tokens=32)
+        self.weights = SimpleNamespace(mtp=object())
+        self.uploads: list[tuple] = []
+
+    def set_tokens(self, tokens, start) -> None:
+        self.uploads.append(("tokens", tuple(tokens), start))
+
+    def forward(self, num_tokens, commit, logits_rows) -> None:
+        self.dev.run(("forward", num_tokens, commit))
+
+    def accept(self, pending, n) -> None:
+        self.dev.run(("accept", n))
+
+    def draft_inputs(self, token, num_draft, start) -> None:
+        self.uploads.append(("draft", token, num_draft, start))
+
+    def draft_steps(self, num_draft) -> None:
+        self.dev.run(("draft", num_draft))
+
+    def draft_result(self, num_draft, with_logits=False):
+        return [7] * num_draft, None
+
+
+def _backend(use_graphs: bool = True) -> CudaBackend:
+    dev = _Dev()
+    backend = CudaBackend.__new__(CudaBackend)
+    backend.__init__(_Model(dev), 64, use_graphs=use_graphs, owns_device=False)
+    backend.dev.download = lambda buf, dtype, shape: np.zeros(shape, dtype)
+    backend.model.ws.logits = None
+    return backend
+
+
+def _cycle(backend: CudaBackend, tokens: list[int], n: int) -> None:
+    backend.verify(tokens)
+    backend.accept(n)
+
+
+def test_a_commit_runs_from_its_graph_after_the_first_of_its_length() -> None:
+    backend = _backend()
+    log = backend.dev.log
+    _cycle(backend, [1, 2, 3], 2)
+    # first of each shape: an eager run (this call's results), then a capture that launches nothing
+    assert log == [("eager", ("forward", 3, False)), ("eager", ("accept", 2))]
+    log.clear()
+    _cycle(backend, [4, 5, 6], 2)
+    assert log == [("replay", ("forward", 3, False)), ("replay", ("accept", 2))]
+    log.clear()
+    _cycle(backend, [4, 5, 6], 1)  # another accepted length: a graph of its own
+    assert log == [("replay", ("forward", 3, False)), ("eager", ("accept", 1))]
+    assert backend.num_tokens == 5 and set(backend._graphs) == {(3, False, 3), ("accept", 2), ("accept", 1)}
+
+
+def test_a_draft_uploads_its_inputs_every_time_and_replays_its_steps() -> None:
+    backend = _backend()
+    backend.prefill([1, 2])
+    backend.dev.log.clear()
+    assert backend.draft(9, 3).tokens == [7, 7, 7]
+    assert backend.draft(11, 3).tokens == [7, 7, 7]
+    assert backend.dev.log == [("eager", ("draft", 3)), ("replay", ("draft", 3))]
+    assert [u for u in backend.model.uploads if u[0] == "draft"] == [("draft", 9, 3, 2), ("draft", 11, 3, 2)]
+
+
+def test_without_graphs_every_call_is_eager_and_dropping_them_releases_them() -> None:
+    backend = _backend(use_graphs=False)
+    for _ in range(2):
+        _cycle(backend, [1], 1)
+    assert all(kind == "eager" for kind, _ in backend.dev.log) and backend._graphs == {}
+    backend = _backend()
+    _cycle(backend, [1], 1)
+    graphs = list(backend._graphs.values())
+    backend.drop_graphs()
+    assert backend._graphs == {} and all(g.destroyed for g in graphs)
+
+
+def test_accept_without_a_verify_is_refused_before_anything_runs() -> None:
+    backend = _backend()
+    with pytest.raises(ValueError, match="without a verify"):
+        backend.accept(1)
+    assert backend.dev.log == []
