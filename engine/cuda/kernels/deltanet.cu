@@ -107,12 +107,12 @@ struct GdnArgs {
 // (conv1d_silu's arithmetic) done here on the raw projections, one launch and one kernel boundary fewer a DeltaNet
 // layer. Every token's inputs are loaded at once and staged in shared memory before the recurrence, so its tokens
 // wait for no load. The block's warps share the key head's q and k: thread (warp, lane) convolves rows lane +
-// 32 (warp + GDN_WARPS m) and its first 16 threads the block's v columns; the key head's first block appends the
-// raw q and k to the window, each v column's thread its raw v, and writes v's conv output for the commit.
-// Before the wait: the state S, the conv weights and the window's state rows of the thread's channels, none of
-// which the kernel before this one writes (the last writer of each is at least two launches back: a kernel
-// triggers its dependents only after its own wait).
-#define GDN_CONV_TOKENS 8
+// 32 (warp + GDN_WARPS m), and the block's first GDN_WARPS COLS threads its v columns; the key head's first block
+// appends the raw q and k to the window, each v column's thread its raw v, and writes v's conv output for the
+// commit. Every form loads the state S before the PDL wait (TAPS also the conv weights and the window's state rows
+// of the thread's channels): the kernel before this one writes none of them (the last writer of each is at least
+// two launches back, and a kernel triggers its dependents only after its own wait).
+#define GDN_CONV_TOKENS 8  // the tokens a TAPS launch stages (engine/cuda/mixers.py GDN_CONV_MAX_TOKENS)
 // One token's inputs for the lane: raw (or prepared) q/k rows, its COLS values of v, the gate inputs.
 template <int KL, int COLS>
 struct GdnToken {
