@@ -82,8 +82,8 @@ class GdnConv:
 def gdn_conv_runs(num_tokens: int, kernel_size: int, commit: bool, closer: object | None = None) -> bool:
     """Whether a pass's conv goes inside the delta rule: on at its length, a non-committing pass, the instances'
     kernel size, 4 columns a warp and no closer behind the rule (its instances have 8)."""
-    return (GDN_CONV and num_tokens in GDN_CONV_TOKENS and num_tokens <= GDN_CONV_MAX_TOKENS and not commit and kernel_size == GDN_CONV_TAPS
-            and GDN_COLS == 4 and closer is None)
+    return (GDN_CONV and num_tokens in GDN_CONV_TOKENS and num_tokens <= GDN_CONV_MAX_TOKENS and not commit
+            and kernel_size == GDN_CONV_TAPS and GDN_COLS == 4 and closer is None)
 
 
 def _gdn_prep_smem(dim: int) -> int:
@@ -292,7 +292,8 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
         raise ValueError("the conv inside the delta rule takes a non-committing pass of raw inputs, 4 columns a "
                          "warp and no closer")
     if conv is not None and num_tokens > GDN_CONV_MAX_TOKENS:
-        raise ValueError(f"the conv inside the delta rule stages at most {GDN_CONV_MAX_TOKENS} tokens, not {num_tokens}")
+        raise ValueError(f"the conv inside the delta rule stages at most {GDN_CONV_MAX_TOKENS} tokens, "
+                         f"not {num_tokens}")
     if conv is not None and conv.weight.ptr % 16:
         raise ValueError("the conv inside the delta rule reads its weights as one float4 a channel: 16-byte aligned")
     args = GdnArgs(q.ptr, k.ptr, v.ptr, _ptr(alpha), _ptr(b), _ptr(a), _ptr(dt_bias), g.ptr, beta.ptr,

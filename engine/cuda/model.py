@@ -358,7 +358,7 @@ class CudaModel:
         gated = None if chunked else closers.gated_closer_for(dev, num_tokens, ws.act_inner, [lw.mix_out],
                                                               ws.close_inner, ws.mix, inner, z, width,
                                                               lw.vectors["ssm_norm"], dv, cfg.rms_eps)
-        if mixers.gdn_conv_runs(num_tokens, cfg.ssm_conv_kernel, commit, gated):  # the conv inside the rule, on the raw qkv
+        if mixers.gdn_conv_runs(num_tokens, cfg.ssm_conv_kernel, commit, gated):  # the conv inside, on the raw qkv
             dev.join()  # the gates (alpha | beta) are the delta rule's input
             mixers.gdn_recurrent(
                 dev, qkv, qkv.view(4 * key), qkv.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv, dk, dv, width,
