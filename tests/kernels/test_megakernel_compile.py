@@ -178,3 +178,12 @@ def test_the_compile_cache_covers_the_shared_headers(tmp_path: Path, monkeypatch
     (kernels / "common.cuh").write_text((kernels / "common.cuh").read_text() + "\n// edited\n")
     monkeypatch.setattr(nvrtc, "KERNEL_DIR", kernels)
     assert build.options() != before
+
+
+def test_the_dn_rule_state_prefetch_is_compiled_only_with_its_knob() -> None:
+    """MK_DN_PREFETCH=1 (megakernel.cu, a benchmark knob): warp 1 asks L2 for a waiting DN_RULE's state; off, the
+    build has no such function. PTX for sm_90, the whole front end."""
+    on = build.compile_megakernel(90, extra=("-DMK_DN_PREFETCH=1",), ptx=True).image.decode(errors="ignore")
+    off = build.compile_megakernel(90, ptx=True).image.decode(errors="ignore")
+    body = re.search(r"\.func[^;{]*prefetch_dn_state[^;{]*\{(.*?)\n\}\n", on, re.S)  # its definition, to its end
+    assert body and "prefetch.global.L2" in body.group(1) and "prefetch_dn_state" not in off

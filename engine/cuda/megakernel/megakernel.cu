@@ -264,6 +264,21 @@ __device__ __noinline__ void prefetch_during_norms(const Globals& g, const i32* 
     prefetch_rows(*nx.w, nx.row_begin, min(f.row_end, nx.row_begin + MK_TILE_ROWS * nx.nt));
 }
 
+// MK_DN_PREFETCH=1 (a benchmark knob, off; not yet run on a GPU): while consumer thread 0 waits for a DN_RULE
+// instruction (on MIX_IN's group), warp 1 asks L2 for its heads' recurrent state (64 KB a 27B head), which the rule
+// reads before its first row: from L2 then instead of DRAM. The per-op rule gained from loading its state before
+// its wait (bench/NOTES.md Z6). A hint: the rule's own loads and stores go through L2 as before.
+#ifndef MK_DN_PREFETCH
+#define MK_DN_PREFETCH 0
+#endif
+
+__device__ __noinline__ void prefetch_dn_state(const Globals& g, const i32* w) {
+    const DnRuleOp::Parsed p(w);
+    const LayerRefs& L = layer_refs(g, p.layer);
+    const u64 head = (u64)g.ssm_dk * g.ssm_dv * sizeof(float);
+    prefetch_bytes(static_cast<const u8*>(L.s[LS_SSM]) + p.head_begin * head, (u64)(p.head_end - p.head_begin) * head);
+}
+
 // MK_CONTROLLER=0: the consumers alone. Consumer thread 0 fetches and waits for each instruction in turn (what
 // the controller does), the others wait for it at the consumer barrier.
 struct SoloConsumer {
@@ -281,6 +296,10 @@ struct SoloConsumer {
                     else
                         prefetch(g, w);
                 }
+            }
+            if (MK_DN_PREFETCH && cwarp() == 1) {
+                const i32* w = queue + (i64)i * INST_WORDS;
+                if (w[INST_OPCODE] == OP_DN_RULE && stage_active(g, w[INST_STAGE])) prefetch_dn_state(g, w);
             }
             if (MK_MV_PRIME_NEXT) prime_instruction(g, queue + (i64)i * INST_WORDS, s);
             if (ctid() == 0) {
