@@ -137,11 +137,11 @@ GDN_COLS_VARIANTS = {"gdn4": 4, "gdn8": 8}
 # or inside it at one token only (mixers.GDN_CONV_TOKENS)
 CONV_APART_VARIANTS = frozenset({"convapart"})
 CONV_TOKEN_VARIANTS = {"conv1": frozenset({1})}
-# Fast mode's token counts on mmvq_i8v before 3 joined them (i8b.VERIFY_FAST_TOKENS; 3 then ran mmvq_i8 under PDL)
 # The producers' int8 copy at every count, read or not (ops.I8_COPY_BY_WIDTH off: SwiGLU's from 5 tokens goes unread)
 COPY_ALL_VARIANTS = frozenset({"copyall"})
-# fastall: every verify count on it in fast mode too (5-8 had stayed on the f16 kernels since b689f66; the default
-# since c077727's run)
+# Fast mode's token counts on mmvq_i8v (i8b.VERIFY_FAST_TOKENS): fast24 those before 3 joined them (3 then ran
+# mmvq_i8 under PDL); fastall every verify count (5-8 had stayed on the f16 kernels since b689f66; the default since
+# c077727's run)
 FAST_TOKEN_VARIANTS = {"fast24": frozenset({2, 4}), "fastall": EVERY_VERIFY_COUNT}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
 PROFILED_VARIANTS = frozenset({"v7", "close"})

@@ -64,7 +64,7 @@ GDN_COLS = _gdn_cols_default()
 GDN_CONV_ENV = "OPENJET_CUDA_GDN_CONV"
 GDN_CONV = env_switch(GDN_CONV_ENV, True)
 GDN_CONV_MAX_TOKENS = 8  # kernels/deltanet.cu GDN_CONV_TOKENS: the tokens its launch stages at once
-DEFAULT_GDN_CONV_TOKENS = frozenset(range(1, GDN_CONV_MAX_TOKENS + 1))  # the pass lengths that take it
+DEFAULT_GDN_CONV_TOKENS = frozenset(range(1, GDN_CONV_MAX_TOKENS + 1))  # the pass lengths that take it (of those)
 GDN_CONV_TOKENS = DEFAULT_GDN_CONV_TOKENS
 
 
@@ -82,8 +82,8 @@ class GdnConv:
 def gdn_conv_runs(num_tokens: int, kernel_size: int, commit: bool, closer: object | None = None) -> bool:
     """Whether a pass's conv goes inside the delta rule: on at its length, a non-committing pass, the instances'
     kernel size, 4 columns a warp and no closer behind the rule (its instances have 8)."""
-    return (GDN_CONV and num_tokens in GDN_CONV_TOKENS and num_tokens <= GDN_CONV_MAX_TOKENS and not commit
-            and kernel_size == GDN_CONV_TAPS and GDN_COLS == 4 and closer is None)
+    return (GDN_CONV and num_tokens in GDN_CONV_TOKENS and not commit and kernel_size == GDN_CONV_TAPS
+            and GDN_COLS == 4 and closer is None)
 
 
 def _gdn_prep_smem(dim: int) -> int:
@@ -288,14 +288,16 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
     if not fitting:
         raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
     prepared = alpha is None
-    if conv is not None and (commit or prepared or closer is not None or GDN_COLS != 4):
-        raise ValueError("the conv inside the delta rule takes a non-committing pass of raw inputs, 4 columns a "
-                         "warp and no closer")
-    if conv is not None and num_tokens > GDN_CONV_MAX_TOKENS:
-        raise ValueError(f"the conv inside the delta rule stages at most {GDN_CONV_MAX_TOKENS} tokens, "
-                         f"not {num_tokens}")
-    if conv is not None and conv.weight.ptr % 16:
-        raise ValueError("the conv inside the delta rule reads its weights as one float4 a channel: 16-byte aligned")
+    if conv is not None:
+        if commit or prepared or closer is not None or GDN_COLS != 4:
+            raise ValueError("the conv inside the delta rule takes a non-committing pass of raw inputs, 4 columns a "
+                             "warp and no closer")
+        if num_tokens > GDN_CONV_MAX_TOKENS:
+            raise ValueError(f"the conv inside the delta rule stages at most {GDN_CONV_MAX_TOKENS} tokens, "
+                             f"not {num_tokens}")
+        if conv.weight.ptr % 16:
+            raise ValueError("the conv inside the delta rule reads its weights as one float4 a channel: 16-byte "
+                             "aligned")
     args = GdnArgs(q.ptr, k.ptr, v.ptr, _ptr(alpha), _ptr(b), _ptr(a), _ptr(dt_bias), g.ptr, beta.ptr,
                    _ptr(qk_out), state.ptr, o.ptr, num_tokens, num_k_heads, num_v_heads, k_dim, v_dim, ld_qk, ld_v,
                    ld_o, ld_gate, int(commit), int(prepared), int(qk_out is not None and not prepared), float(eps),
