@@ -181,6 +181,40 @@ def check_delta_rule_conv(dev: Device, report: Report, rng: np.random.Generator,
     s.close()
 
 
+def check_accept_layers(dev: Device, report: Report, rng: np.random.Generator, num_layers: int, num_tokens: int,
+                        hk: int = 16, hv: int = 48, dk: int = 128, dv: int = 128, kernel: int = 4) -> None:
+    """gdn_accept_layers over num_layers layers' buffers as a verify pass leaves them (the window's state rows and
+    the pass's raw inputs, the saved q | k, v's conv output, the gates), each its own: every layer's window rolled
+    to n tokens and its state advanced over them, against ops.causal_conv1d and ops.gated_delta_rule."""
+    s = Scope(dev)
+    key, channels = hk * dk, 2 * hk * dk + hv * dv
+    n = max(1, num_tokens - 1)
+    rows, wants = [], []
+    for _ in range(num_layers):
+        conv_state, x = randn(rng, kernel - 1, channels), randn(rng, num_tokens, channels)
+        q = ref.l2_norm(randn(rng, num_tokens, hk, dk), 1e-6) * F32(dk ** -0.5)
+        k = ref.l2_norm(randn(rng, num_tokens, hk, dk), 1e-6)
+        v = randn(rng, num_tokens, hv, dv)
+        g, beta = -np.exp(randn(rng, num_tokens, hv, scale=0.5)), ref.sigmoid(randn(rng, num_tokens, hv))
+        state = randn(rng, hv, dk, dv, scale=0.1)
+        conv_out = np.concatenate([randn(rng, num_tokens, 2 * key), v.reshape(num_tokens, -1)], axis=1)
+        bufs = dict(qk=s.put(np.concatenate([q.reshape(num_tokens, -1), k.reshape(num_tokens, -1)], axis=1)),
+                    v=s.put(conv_out), g=s.put(g), beta=s.put(beta), state=s.put(state),
+                    window=s.put(np.concatenate([conv_state, x])))
+        rows.append(mixers.GdnLayer(bufs["qk"].ptr, bufs["v"].ptr + 8 * key, bufs["g"].ptr, bufs["beta"].ptr,
+                                    bufs["state"].ptr, bufs["window"].ptr))
+        _, want_state = ref.gated_delta_rule(q[:n], k[:n], v[:n], g[:n], beta[:n], state)
+        wants.append((bufs, want_state, np.concatenate([conv_state, x])[n:n + kernel - 1]))
+    table = s.put(np.frombuffer(bytes((mixers.GdnLayer * num_layers)(*rows)), np.uint8))
+    mixers.gdn_accept_layers(dev, table, num_layers, n, hk, hv, dk, dv, channels, kernel)
+    name = f"accept_layers.L{num_layers}.T{num_tokens}.n{n}.k{dk}v{dv}"
+    for i, (bufs, want_state, want_window) in enumerate(wants):
+        compare(report, "gdn_rule", f"{name}.l{i}.state", s.get(bufs["state"], want_state.shape), want_state, TOL_F32)
+        compare(report, "gdn_rule", f"{name}.l{i}.window", s.get(bufs["window"], want_window.shape), want_window,
+                TOL_F32)
+    s.close()
+
+
 def time_conv_rule(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 5),
                    hk: int = 16, hv: int = 48, dk: int = 128, kernel: int = 4) -> None:
     """One 27B DeltaNet layer's non-committing pass: conv1d_silu then the rule, against the rule with the conv
@@ -340,6 +374,9 @@ def run_mixer_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
         check_delta_rule_conv(dev, report, rng, num_tokens)
     check_delta_rule_conv(dev, report, rng, 3, hk=2, hv=6, dk=64, dv=32)  # value heads narrower than key heads
     check_delta_rule_conv(dev, report, rng, 2, hk=1, hv=2, dk=32, dv=64)
+    check_accept_layers(dev, report, rng, 3, 5)  # the 27B's heads
+    check_accept_layers(dev, report, rng, 2, 1)
+    check_accept_layers(dev, report, rng, 4, 8, hk=2, hv=6, dk=64, dv=36)  # a partial column block
     for num_tokens, mild in ((64, True), (200, True), (200, False), (512, True)):
         check_delta_rule_chunked(dev, report, rng, num_tokens, mild)
     check_qk_prep(dev, report, rng)

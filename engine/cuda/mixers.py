@@ -66,6 +66,10 @@ GDN_CONV = env_switch(GDN_CONV_ENV, True)
 GDN_CONV_MAX_TOKENS = 8  # kernels/deltanet.cu GDN_CONV_TOKENS: the tokens its launch stages at once
 DEFAULT_GDN_CONV_TOKENS = frozenset(range(1, GDN_CONV_MAX_TOKENS + 1))  # the pass lengths that take it (of those)
 GDN_CONV_TOKENS = DEFAULT_GDN_CONV_TOKENS
+# The accept of a verify pass's prefix in every DeltaNet layer at once (gdn_accept_layers, one launch), where it was
+# conv_commit and the rule apart in each layer (OPENJET_CUDA_ACCEPT_LAYERS=0, bench variant acceptapart): 96
+# launches at the 27B, ~1.0 ms a cycle from a graph on the H100 (bench/NOTES.md Z7).
+GDN_ACCEPT_LAYERS = env_switch("OPENJET_CUDA_ACCEPT_LAYERS", True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,14 @@ class GdnArgs(ctypes.Structure):
         (n, ctypes.c_int32) for n in
         ("T", "num_k_heads", "num_v_heads", "Dk", "Dv", "ld_qk", "ld_v", "ld_o", "ld_gate", "commit", "prepared",
          "save")] + [("eps", ctypes.c_float), ("q_scale", ctypes.c_float)] + [
-        (n, ctypes.c_uint64) for n in ("conv_w", "window", "conv_out")] + [("C", ctypes.c_int32)]
+        (n, ctypes.c_uint64) for n in ("conv_w", "window", "conv_out")] + [("C", ctypes.c_int32)] + [
+        ("layers", ctypes.c_uint64), ("conv_k", ctypes.c_int32)]
+
+
+class GdnLayer(ctypes.Structure):
+    """Mirror of struct GdnLayer in kernels/deltanet.cu: one DeltaNet layer's buffers for the accept."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in ("qk", "v", "g", "beta", "state", "window")]
 
 
 class GdnChunkArgs(ctypes.Structure):
@@ -310,6 +321,23 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                [args, closers.close_dst(closer, num_tokens, ld_o)])
     if closer is not None:
         closer.act.i8_tokens = num_tokens
+
+
+def gdn_accept_layers(dev: Device, layers: Buffer, num_layers: int, n: int, num_k_heads: int, num_v_heads: int,
+                      k_dim: int, v_dim: int, channels: int, kernel_size: int, eps: float = 1e-6) -> None:
+    """Accept the first n tokens of the last non-committing pass in num_layers DeltaNet layers, one launch: each
+    layer's conv window rolled to them (conv_commit's work) and its state advanced over them from the pass's
+    saved, prepared inputs (gdn_recurrent with commit on; no output). layers: num_layers GdnLayer rows."""
+    fitting = [d for d in GDN_KEY_DIMS if d >= k_dim]
+    if not fitting:
+        raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
+    assert 1 <= kernel_size <= 9 and layers.nbytes >= num_layers * ctypes.sizeof(GdnLayer)
+    key = num_k_heads * k_dim
+    args = GdnArgs(T=n, num_k_heads=num_k_heads, num_v_heads=num_v_heads, Dk=k_dim, Dv=v_dim, ld_qk=2 * key,
+                   ld_v=channels, commit=1, prepared=1, eps=float(eps), q_scale=float(k_dim ** -0.5), C=channels,
+                   layers=layers.ptr, conv_k=kernel_size)
+    grid = (-(-v_dim // (GDN_WARPS * 4)), num_v_heads, num_layers)
+    dev.launch(dev.kernel(f"gdn_k{fitting[0]}_layers"), grid, 32 * GDN_WARPS, [args, closers.close_dst(None)])
 
 
 def gdn_chunked_fits(k_dim: int, v_dim: int, max_smem: int) -> bool:

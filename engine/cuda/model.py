@@ -14,6 +14,7 @@ decoder layer, whose only lasting effect is the head's own KV rows; draft() then
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,6 +134,7 @@ class CudaModel:
         # the MTP head's cache and the committed trunk hidden it starts drafting from (the reference's last_hidden)
         self.mtp_kv = self._kv_buffers("mtp") if weights.mtp is not None else None
         self.last_hidden = dev.alloc(4 * cfg.hidden_size, "mtp.last_hidden") if weights.mtp is not None else None
+        self.accept_table = self._accept_table() if self.deltanet else None
         self.reset_state()
 
     def _kv_buffers(self, name: str) -> KVBuffers:
@@ -148,6 +150,16 @@ class CudaModel:
             conv_out=dev.alloc(4 * VERIFY_MAX * c, f"blk.{i}.pass_qkv"),
             qk_norm=dev.alloc(8 * VERIFY_MAX * cfg.ssm_num_k_heads * cfg.ssm_head_dim, f"blk.{i}.pass_qk"),
             g=dev.alloc(4 * VERIFY_MAX * hv, f"blk.{i}.pass_g"), beta=dev.alloc(4 * VERIFY_MAX * hv, f"blk.{i}.pass_b"))
+
+    def _accept_table(self) -> Buffer:
+        """The DeltaNet layers' buffers as kernels/deltanet.cu GdnLayer rows, for the accept's one launch."""
+        key = self.cfg.ssm_num_k_heads * self.cfg.ssm_head_dim
+        rows = (mixers.GdnLayer * len(self.deltanet))(*(
+            mixers.GdnLayer(b.qk_norm.ptr, b.conv_out.ptr + 8 * key, b.g.ptr, b.beta.ptr, b.ssm.ptr, b.window.ptr)
+            for b in self.deltanet.values()))
+        table = self.dev.alloc(ctypes.sizeof(rows), "deltanet.accept_table")
+        self.dev.upload(table, np.frombuffer(bytes(rows), np.uint8))
+        return table
 
     def reset_state(self) -> None:
         """Zero the recurrent states (the KV caches need no clearing: rows past the length are never read)."""
@@ -391,7 +403,12 @@ class CudaModel:
             row = 4 * cfg.hidden_size
             dev.copy(self.last_hidden, self.ws.hidden.view(row * (n - 1)), row)
         c, key = cfg.ssm_conv_dim, cfg.ssm_num_k_heads * cfg.ssm_head_dim
-        for layer in self.deltanet.values():
+        if mixers.GDN_ACCEPT_LAYERS and self.deltanet:
+            mixers.gdn_accept_layers(dev, self.accept_table, len(self.deltanet), n, cfg.ssm_num_k_heads,
+                                     cfg.ssm_num_v_heads, cfg.ssm_head_dim, cfg.ssm_v_head_dim, c,
+                                     cfg.ssm_conv_kernel)
+            return
+        for layer in self.deltanet.values():  # two launches a layer (OPENJET_CUDA_ACCEPT_LAYERS=0)
             mixers.conv_commit(dev, layer.window, n, c, cfg.ssm_conv_kernel)
             mixers.gdn_recurrent(dev, layer.qk_norm, layer.qk_norm.view(4 * key), layer.conv_out.view(8 * key),
                                  layer.ssm, self.ws.mix, n, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads,

@@ -82,7 +82,7 @@ def _c_struct(file: str, name: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("file, struct", [("attention.cuh", mixers.AttnArgs), ("attention.cu", mixers.QkPrep),
-                                          ("deltanet.cu", mixers.GdnArgs),
+                                          ("deltanet.cu", mixers.GdnArgs), ("deltanet.cu", mixers.GdnLayer),
                                           ("deltanet_chunked.cu", mixers.GdnChunkArgs), ("act.cu", ops.ActSrc)],
                          ids=lambda v: getattr(v, "__name__", v))
 def test_structs_passed_by_value_mirror_the_kernels(file: str, struct) -> None:

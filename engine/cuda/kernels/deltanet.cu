@@ -68,6 +68,18 @@ gdn_gates(const float* __restrict__ alpha, const float* __restrict__ b, const fl
 
 #define GDN_WARPS 4  // warps a block; each keeps COLS (8, or 4 for twice the warps a head) state columns
 
+// One DeltaNet layer's buffers for the accept (engine/cuda/model.py DeltaNetBuffers): the normalised q | k rows
+// of 2 Hk Dk, v's conv output in rows of C channels (at channel 2 Hk Dk), the gates [T, Hv], the state
+// [Hv, Dk, Dv] and the conv window [K - 1 + tokens, C].
+struct GdnLayer {
+    const float* qk;
+    const float* v;
+    float* g;
+    float* beta;
+    float* state;
+    float* window;
+};
+
 struct GdnArgs {
     const float* q;        // q of (t, key head hk): q[t * ld_qk + hk * Dk]; k likewise (raw unless prepared)
     const float* k;
@@ -91,7 +103,12 @@ struct GdnArgs {
     float* window;
     float* conv_out;
     int C;
+    // LAYERS (the accept of every DeltaNet layer in one launch, grid z the layer): layer z's saved inputs, state
+    // and window (T the accepted tokens, C and conv_k its window's channels and taps)
+    const GdnLayer* layers;
+    int conv_k;
 };
+
 
 // The gated delta rule over T tokens, one token at a time, per value head h (key head h % Hk), S [Dk, Dv]:
 //   S = e^g S; u = beta (v - S^T k); S += k u^T; o = S^T q,
@@ -203,10 +220,33 @@ __device__ __forceinline__ void gdn_stage_conv(const GdnArgs& p, float* stage, i
     if (gi >= 0 && gi / 2 < T) stage[TM * (64 * KL + VC) + gi] = gate;
 }
 
+// LAYERS: the accept of the last pass's first T tokens in every DeltaNet layer (grid z), prepared inputs, commit
+// on, no output: conv_commit's shift of layer z's window, spread over its blocks, then the rule from what the pass
+// saved. One launch instead of two a layer: the 27B's 96 launches of ~10 us each were a millisecond a cycle.
+__device__ __forceinline__ void gdn_layer_args(GdnArgs& p) {
+    const GdnLayer L = p.layers[blockIdx.z];
+    const int key = p.num_k_heads * p.Dk;
+    p.q = L.qk;
+    p.k = L.qk + key;
+    p.v = L.v;
+    p.g = L.g;
+    p.beta = L.beta;
+    p.state = L.state;
+    PDL_ENTER();  // the window's rows past the state are the pass's
+    const int K1 = p.conv_k - 1, stride = gridDim.x * gridDim.y * blockDim.x;
+    for (int c = (blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; c < p.C; c += stride) {
+        float hist[8];
+        for (int j = 0; j < K1; ++j) hist[j] = L.window[(i64)(p.T + j) * p.C + c];
+        for (int j = 0; j < K1; ++j) L.window[(i64)j * p.C + c] = hist[j];
+    }
+}
+
 // With the conv, three blocks an SM (the 27B's 384 blocks in one wave on 132 SMs) bound its registers (0: none).
-template <int KL, int COLS, int CLOSE, int TAPS>
+template <int KL, int COLS, int CLOSE, int TAPS, int LAYERS = 0>
 __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(GdnArgs p, const Act8Close close) {
     static_assert(TAPS == 0 || (TAPS == 4 && GDN_WARPS * COLS <= 32), "one float4 of weights a channel");
+    static_assert(!LAYERS || (!TAPS && CLOSE == CLOSE_NONE), "the accept is the plain rule");
+    if constexpr (LAYERS > 0) gdn_layer_args(p);
     constexpr int SHARE = TAPS ? (KL + GDN_WARPS - 1) / GDN_WARPS : 1;  // q (and k) rows a thread convolves
     constexpr int VC = GDN_WARPS * COLS;  // the block's v columns
     // staged tokens: [t][q | k][32 KL rows], [t][v column], [t][alpha | b]
@@ -317,7 +357,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(Gd
 #pragma unroll
         for (int cj = 0; cj < COLS; ++cj)
             if (lane == cj) out_mine = o[cj] * qn;
-        if (lane < COLS && j0 + lane < Dv) p.o[(i64)t * p.ld_o + (i64)h * Dv + j0 + lane] = out_mine;
+        if (!LAYERS && lane < COLS && j0 + lane < Dv) p.o[(i64)t * p.ld_o + (i64)h * Dv + j0 + lane] = out_mine;
         if (writer) {
             if (lane == 0) {
                 p.g[(i64)t * p.num_v_heads + h] = gt;
