@@ -33,7 +33,8 @@ CONTEXT = 16384
 V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5",
                "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
-               "conv1", "fast24", "fastall", "copyall", "acceptapart")
+               "conv1", "fast24", "fastall", "copyall", "acceptapart",
+               "accept4")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -142,6 +143,8 @@ COPY_ALL_VARIANTS = frozenset({"copyall"})
 # The accept's conv_commit and delta rule launched in each DeltaNet layer apart (mixers.GDN_ACCEPT_LAYERS off: all
 # layers in one launch by default)
 ACCEPT_APART_VARIANTS = frozenset({"acceptapart"})
+# Its state columns a warp (mixers.GDN_ACCEPT_COLS, 8 by default)
+ACCEPT_COLS_VARIANTS = {"accept4": 4}
 # Fast mode's token counts on mmvq_i8v (i8b.VERIFY_FAST_TOKENS): fast24 those before 3 joined them (3 then ran
 # mmvq_i8 under PDL); fastall every verify count (5-8 had stayed on the f16 kernels since b689f66; the default since
 # c077727's run)
@@ -437,6 +440,7 @@ def _use_variant(backend, name: str) -> None:
     mixers.GDN_CONV_TOKENS = CONV_TOKEN_VARIANTS.get(name, mixers.DEFAULT_GDN_CONV_TOKENS)
     ops.I8_COPY_BY_WIDTH = name not in COPY_ALL_VARIANTS
     mixers.GDN_ACCEPT_LAYERS = name not in ACCEPT_APART_VARIANTS and env_switch("OPENJET_CUDA_ACCEPT_LAYERS", True)
+    mixers.GDN_ACCEPT_COLS = ACCEPT_COLS_VARIANTS.get(name, 8)
     i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
     i8b.SHAPE = SHAPE_VARIANTS.get(name, i8b.DEFAULT_SHAPE)
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())

@@ -168,8 +168,9 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"gdn_k{d}_c4", "deltanet", f"gdn_recurrent<{d // 32}, 4, -1, 0>") for d in GDN_KEY_DIMS]
     out += [Instance(f"gdn_k{d}_c4_conv", "deltanet", f"gdn_recurrent<{d // 32}, 4, -1, {GDN_CONV_TAPS}>")
             for d in GDN_KEY_DIMS]  # the causal conv inside the rule
-    out += [Instance(f"gdn_k{d}_layers", "deltanet", f"gdn_recurrent<{d // 32}, 4, -1, 0, 1>")
-            for d in GDN_KEY_DIMS]  # the accept of every DeltaNet layer in one launch
+    out += [Instance(f"gdn_k{d}{'' if cols == 8 else f'_c{cols}'}_layers", "deltanet",
+                     f"gdn_recurrent<{d // 32}, {cols}, -1, 0, 1>")
+            for d in GDN_KEY_DIMS for cols in (8, 4)]  # the accept of every DeltaNet layer in one launch
     out += [Instance(f"gdn_k{d}_close_gatednorm", "deltanet",
                      f"gdn_recurrent<{d // 32}, 8, {ACT_MODES.index('gatednorm')}, 0>") for d in GDN_KEY_DIMS]
     out += [Instance(f"gdn_chunk_{step}_k{d}", "deltanet_chunked", f"gdn_chunk_{step}<{d}>")

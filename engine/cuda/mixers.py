@@ -70,6 +70,9 @@ GDN_CONV_TOKENS = DEFAULT_GDN_CONV_TOKENS
 # conv_commit and the rule apart in each layer (OPENJET_CUDA_ACCEPT_LAYERS=0, bench variant acceptapart): 96
 # launches at the 27B, ~1.0 ms a cycle from a graph on the H100 (bench/NOTES.md Z7).
 GDN_ACCEPT_LAYERS = env_switch("OPENJET_CUDA_ACCEPT_LAYERS", True)
+# Its state columns a warp: 8, so that each lane's part of a row of S is one whole 32-byte sector (two float4s);
+# with 48 layers' blocks in one launch, the shorter reductions of 4 (the pass's) buy nothing. Bench variant accept4.
+GDN_ACCEPT_COLS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +283,13 @@ def gdn_gates(dev: Device, alpha: Buffer, b: Buffer, a: Buffer, dt_bias: Buffer,
                [alpha, b, a, dt_bias, g, beta, num_tokens, num_heads, ld_alpha, ld_b])
 
 
+def _check_state(state: Buffer, v_dim: int) -> None:
+    """The delta rule moves its state [Hv, Dk, Dv] as float4s (kernels/deltanet.cu GDN_VEC_STATE)."""
+    if state.ptr % 16 or v_dim % 4:
+        raise ValueError(f"the delta rule moves its state as float4s: a 16-byte aligned state and value heads a "
+                         f"multiple of 4 wide, not {v_dim}")
+
+
 def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o: Buffer, num_tokens: int,
                   num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, ld_qk: int, ld_v: int, ld_o: int,
                   commit: bool, *, g: Buffer, beta: Buffer, alpha: Buffer | None = None, b: Buffer | None = None,
@@ -299,6 +309,7 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
     if not fitting:
         raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
     prepared = alpha is None
+    _check_state(state, v_dim)
     if conv is not None:
         if commit or prepared or closer is not None or GDN_COLS != 4:
             raise ValueError("the conv inside the delta rule takes a non-committing pass of raw inputs, 4 columns a "
@@ -332,12 +343,16 @@ def gdn_accept_layers(dev: Device, layers: Buffer, num_layers: int, n: int, num_
     if not fitting:
         raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
     assert 1 <= kernel_size <= 9 and layers.nbytes >= num_layers * ctypes.sizeof(GdnLayer)
+    if v_dim % 4:
+        raise ValueError(f"the delta rule moves its state as float4s: value heads a multiple of 4 wide, not {v_dim}")
     key = num_k_heads * k_dim
     args = GdnArgs(T=n, num_k_heads=num_k_heads, num_v_heads=num_v_heads, Dk=k_dim, Dv=v_dim, ld_qk=2 * key,
                    ld_v=channels, commit=1, prepared=1, eps=float(eps), q_scale=float(k_dim ** -0.5), C=channels,
                    layers=layers.ptr, conv_k=kernel_size)
-    grid = (-(-v_dim // (GDN_WARPS * 4)), num_v_heads, num_layers)
-    dev.launch(dev.kernel(f"gdn_k{fitting[0]}_layers"), grid, 32 * GDN_WARPS, [args, closers.close_dst(None)])
+    cols = GDN_ACCEPT_COLS
+    grid = (-(-v_dim // (GDN_WARPS * cols)), num_v_heads, num_layers)
+    name = f"gdn_k{fitting[0]}" + ("" if cols == 8 else f"_c{cols}") + "_layers"
+    dev.launch(dev.kernel(name), grid, 32 * GDN_WARPS, [args, closers.close_dst(None)])
 
 
 def gdn_chunked_fits(k_dim: int, v_dim: int, max_smem: int) -> bool:

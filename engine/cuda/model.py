@@ -154,6 +154,7 @@ class CudaModel:
     def _accept_table(self) -> Buffer:
         """The DeltaNet layers' buffers as kernels/deltanet.cu GdnLayer rows, for the accept's one launch."""
         key = self.cfg.ssm_num_k_heads * self.cfg.ssm_head_dim
+        assert all(b.ssm.ptr % 16 == 0 for b in self.deltanet.values()), "the rule moves its state as float4s"
         rows = (mixers.GdnLayer * len(self.deltanet))(*(
             mixers.GdnLayer(b.qk_norm.ptr, b.conv_out.ptr + 8 * key, b.g.ptr, b.beta.ptr, b.ssm.ptr, b.window.ptr)
             for b in self.deltanet.values()))

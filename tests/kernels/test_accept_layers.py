@@ -6,12 +6,13 @@ layer's window and state against ops.causal_conv1d and ops.gated_delta_rule)."""
 from __future__ import annotations
 
 import ctypes
+import re
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from engine.cuda import instances, mixers
+from engine.cuda import instances, mixers, nvrtc
 from engine.cuda.model import CudaModel
 from tests.kernels.ptxas import usage
 from tests.kernels.test_close import _buf, _Dev
@@ -62,7 +63,7 @@ def test_accept_is_one_launch_over_every_layer(n) -> None:
     model = _model(48)
     model.accept(5, n)
     (name, grid, block), = model.dev.grids
-    assert (name, grid, block) == ("gdn_k128_layers", (8, HV, 48), 128)  # 16 state columns a block
+    assert (name, grid, block) == ("gdn_k128_layers", (4, HV, 48), 128)  # 32 state columns a block
     args = model.dev.launches[0][1][0]
     assert (args.T, args.layers, args.C, args.conv_k) == (n, model.accept_table.ptr, C, 4)
     assert (args.commit, args.prepared, args.save) == (1, 1, 0)
@@ -76,7 +77,19 @@ def test_the_switch_launches_each_layer_apart(monkeypatch) -> None:
     assert [g[0] for g in model.dev.grids] == ["conv_commit", "gdn_k128_c4"] * 2
 
 
-def test_the_layers_instance_is_the_plain_rule_and_spills_nothing() -> None:
-    assert instances.INSTANCES["gdn_k128_layers"].expr == "gdn_recurrent<4, 4, -1, 0, 1>"
+def test_the_layers_instances_are_the_plain_rule_and_spill_nothing() -> None:
+    assert instances.INSTANCES["gdn_k128_layers"].expr == "gdn_recurrent<4, 8, -1, 0, 1>"
+    assert instances.INSTANCES["gdn_k128_c4_layers"].expr == "gdn_recurrent<4, 4, -1, 0, 1>"
     found = usage("deltanet")
-    assert found["gdn_k128_layers"].spill_bytes == 0 and found["gdn_k128_layers"].static_smem == 0
+    for name in ("gdn_k128_layers", "gdn_k128_c4_layers"):
+        assert found[name].spill_bytes == 0 and found[name].static_smem == 0
+
+
+def test_the_layer_table_is_all_it_reads_before_the_wait() -> None:
+    """gdn_layer_args runs before the kernel's own PDL_ENTER (tests/kernels/test_pdl.py sees the kernel's body
+    only): it may read the table, written once at load, and must wait before the window, which the pass wrote."""
+    source = (nvrtc.KERNEL_DIR / "deltanet.cu").read_text()
+    body = re.search(r"void gdn_layer_args\(GdnArgs& p\) \{(.*?)\n\}", source, re.S).group(1)
+    before, after = body.split("PDL_ENTER();")
+    assert re.findall(r"\b(?:p\.\w+|L\.\w+)\[", before) == ["p.layers["]
+    assert "L.window" not in before and "L.window[" in after

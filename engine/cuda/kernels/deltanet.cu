@@ -153,6 +153,50 @@ __device__ __forceinline__ void gdn_load(const GdnArgs& p, int t, int h, int hk,
     in.gb = p.prepared ? p.beta[(i64)t * p.num_v_heads + h] : p.b[(i64)t * p.ld_gate + h];
 }
 
+// GDN_VEC_STATE (default 1): the lane's COLS columns of each of its rows of S moved as float4s (the launchers
+// require Dv a multiple of 4, so a float4 of a row lies in S or wholly past its columns). A warp's scalar loads
+// touch 32 rows a load, 512 bytes apart: one 4-byte load a lane is a wavefront a lane, four times a float4's.
+#ifndef GDN_VEC_STATE
+#define GDN_VEC_STATE 1
+#endif
+// S's columns j0 .. j0 + COLS - 1 of the lane's rows lane + 32 i (zeros outside S), read into s or (STORE) written
+// from it.
+template <int KL, int COLS, bool STORE>
+__device__ __forceinline__ void gdn_state_io(float* sh, float (&s)[KL][COLS], int Dk, int Dv, int j0, int lane) {
+#pragma unroll
+    for (int i = 0; i < KL; ++i) {
+        const int row = lane + 32 * i;
+#if GDN_VEC_STATE
+        static_assert(COLS % 4 == 0, "whole float4s of a row");
+        float4* at = reinterpret_cast<float4*>(sh + (i64)row * Dv + j0);
+#pragma unroll
+        for (int c4 = 0; c4 < COLS / 4; ++c4) {
+            const bool in = row < Dk && j0 + 4 * c4 < Dv;
+            if (STORE) {
+                const float4 v = make_float4(s[i][4 * c4], s[i][4 * c4 + 1], s[i][4 * c4 + 2], s[i][4 * c4 + 3]);
+                if (in) at[c4] = v;
+            } else {
+                const float4 v = in ? at[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
+                s[i][4 * c4] = v.x;
+                s[i][4 * c4 + 1] = v.y;
+                s[i][4 * c4 + 2] = v.z;
+                s[i][4 * c4 + 3] = v.w;
+            }
+        }
+#else
+#pragma unroll
+        for (int cj = 0; cj < COLS; ++cj) {
+            const bool in = row < Dk && j0 + cj < Dv;
+            if (STORE) {
+                if (in) sh[(i64)row * Dv + j0 + cj] = s[i][cj];
+            } else {
+                s[i][cj] = in ? sh[(i64)row * Dv + j0 + cj] : 0.f;
+            }
+        }
+#endif
+    }
+}
+
 // One channel's conv output for input x after its history (oldest first), SiLU applied; the history moves on.
 __device__ __forceinline__ float gdn_conv(float4 w, float (&hist)[3], float x) {
     const float acc = w.x * hist[0] + w.y * hist[1] + w.z * hist[2] + w.w * x;
@@ -259,13 +303,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(Gd
     const bool writer = p.save && blockIdx.x == 0 && warp == 0;
     float* sh = p.state + (i64)h * Dk * Dv;
     float s[KL][COLS];
-#pragma unroll
-    for (int i = 0; i < KL; ++i) {
-        const int row = lane + 32 * i;
-#pragma unroll
-        for (int cj = 0; cj < COLS; ++cj)
-            s[i][cj] = (row < Dk && j0 + cj < Dv) ? sh[(i64)row * Dv + j0 + cj] : 0.f;
-    }
+    gdn_state_io<KL, COLS, false>(sh, s, Dk, Dv, j0, lane);
     const float a_h = p.prepared ? 0.f : p.a[h], dt_h = p.prepared ? 0.f : p.dt_bias[h];
     // the conv's weights and history (the window's state rows, then the pass's inputs): rows lane + 32 (warp +
     // GDN_WARPS m) of q and k; the first VC threads' v column
@@ -376,15 +414,7 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(Gd
         }
         if constexpr (TAPS == 0) cur = nxt;
     }
-    if (p.commit) {
-#pragma unroll
-        for (int i = 0; i < KL; ++i) {
-            const int row = lane + 32 * i;
-#pragma unroll
-            for (int cj = 0; cj < COLS; ++cj)
-                if (row < Dk && j0 + cj < Dv) sh[(i64)row * Dv + j0 + cj] = s[i][cj];
-        }
-    }
+    if (p.commit) gdn_state_io<KL, COLS, true>(sh, s, Dk, Dv, j0, lane);
     if (CLOSE != CLOSE_NONE) {
         static_assert(QK_SB % COLS == 0, "a warp's columns lie in one superblock");
         // the warp's outputs (its lanes below COLS stored them), fenced and counted
