@@ -14,6 +14,7 @@ import sys
 
 import uvicorn
 
+from engine.hostmem import keep_freed_heap
 from engine.server.app import create_app
 from engine.server.loader import BACKENDS
 from engine.server.state import DRAFTS, ServerConfig, ServerState
@@ -76,6 +77,8 @@ def make_server(state: ServerState, log_level: str = "info") -> uvicorn.Server:
 def run(args: argparse.Namespace) -> int:
     """Open the port, load the model in the background, serve until interrupted."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not keep_freed_heap():
+        log.info("no glibc mallopt: freed heap goes back to the system (sampling pays page faults)")
     try:
         config = config_from_args(args)
     except ValueError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.sampling import (InvalidSamplingParam, SamplingParams, UnsampleableLogits, apply_penalties, sample,
+from engine.sampling import (InvalidSamplingParam, SamplingParams, UnsampleableLogits, apply_penalties, draw, sample,
                              sampling_probs)
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03], dtype=np.float32))
@@ -112,3 +112,57 @@ def test_logits_nothing_can_be_drawn_from_raise(temperature):
     for logits in (nan, impossible):
         with pytest.raises(UnsampleableLogits):
             sample(logits, params, params.make_rng())
+
+
+def _sorted_truncate(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The truncation by one full stable sort (what sampling.py did before it sorted only candidates)."""
+    order = np.argsort(-probs, kind="stable")
+    num_keep = probs.shape[0] if params.top_k == 0 else min(params.top_k, probs.shape[0])
+    if params.top_p < 1.0:
+        kept = probs[order[:num_keep]]
+        num_keep = min(num_keep, int(np.searchsorted(np.cumsum(kept / kept.sum()), params.top_p)) + 1)
+    keep = np.zeros(probs.shape[0], dtype=bool)
+    keep[order[:num_keep]] = True
+    if params.min_p > 0.0:
+        keep &= probs >= params.min_p * probs[order[0]]
+    out = np.where(keep, probs, 0.0)
+    return out / out.sum()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_truncation_keeps_what_a_full_sort_keeps(seed):
+    """top_k / top_p / min_p over a large vocabulary with ties (equal logits) and a long flat tail: the tokens kept,
+    sorting only candidates, are the full stable sort's, ties broken by id; so is the distribution."""
+    rng = np.random.default_rng(seed)
+    size = 50_000
+    logits = np.round(rng.standard_normal(size) * 2, 1).astype(np.float32)  # rounded: many exact ties
+    logits[rng.integers(0, size, 40)] += rng.uniform(3, 12, 40).astype(np.float32)
+    for params in (SamplingParams(top_k=1), SamplingParams(top_k=37), SamplingParams(top_p=0.5),
+                   SamplingParams(top_p=0.999), SamplingParams(temperature=3.0, top_p=0.9),  # past 1024 candidates
+                   SamplingParams(top_k=5000, top_p=0.8), SamplingParams(top_k=size + 5), SamplingParams(min_p=0.02),
+                   SamplingParams(temperature=0.5, top_k=200, top_p=0.95, min_p=0.01)):
+        got = sampling_probs(logits, params)
+        x = logits.astype(np.float64)
+        probs = np.exp((x - x.max()) / params.temperature)
+        want = _sorted_truncate(probs / probs.sum(), params)
+        assert np.array_equal(got > 0, want > 0), params
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
+def test_draw_is_the_inverse_cdf_over_every_token():
+    """draw() runs its sums over the tokens with mass only: the same index as the inverse CDF over the whole row,
+    for the same uniform number, at the edges too (a draw landing on the total takes the last token with mass)."""
+    probs = np.zeros(1000)
+    probs[[3, 4, 500, 998]] = [0.1, 0.2, 0.3, 0.4]
+    cdf = np.cumsum(probs)
+    for u in np.linspace(0.0, 1.0, 401):
+        want = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+        want = min(want, 999)
+        while probs[want] == 0.0:
+            want -= 1
+
+        class _U:
+            def random(self, value=u):
+                return value
+
+        assert draw(probs, _U()) == want, u
