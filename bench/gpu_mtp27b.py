@@ -2,7 +2,9 @@
 catch-up every pass runs: eh_proj, one attention layer and its FFN) and what a draft of d tokens costs, on the same
 generated file as the model27b part, so that its default can be decided on numbers.
 
-Drafting is eager (no graph); the passes are graph-replayed as in bench/gpu_bench27b.py.
+Drafts and passes run from their graphs (each also timed eagerly). Then whole decoding cycles as the server runs them
+(Backend.cycle's steps: draft, verify with its logits' download, the sample-and-match rule on the host, accept), each
+step timed apart, greedy and sampled: what a user's token costs beyond the graphs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import numpy as np
 
 from bench.gpu_bench27b import CONTEXT, _model_file, _time_passes
 from bench.gpu_common import Report, Timing, copy_bandwidth, record
+from engine.backend import TokenSequence, accept_matching
+from engine.sampling import SamplingParams, sample
 
 DRAFT_DEPTHS = (1, 2, 3, 4)
 DRAFT_REPS = 10
@@ -65,5 +69,54 @@ def run_mtp27b(report: Report, args) -> None:
                    0.0 if drafted["graph"] == drafted["eager"] else 1.0, 0.5)
             print(f"  MTP draft of {depth}: {meds['graph']:.3f} ms from its graph, {meds['eager']:.3f} eager (wall)",
                   flush=True)
+        _time_cycles(backend, report, rng)
     finally:
         backend.close()
+
+
+CYCLE_DEPTHS = (0, 1, 3, 4)
+CYCLE_REPS = 12
+CYCLE_SAMPLING = {"greedy": SamplingParams(temperature=0.0), "t1": SamplingParams(temperature=1.0, seed=1),
+                  "t07p95": SamplingParams(temperature=0.7, top_p=0.95, seed=1)}
+
+
+def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
+    """Backend.cycle's steps at each depth and sampling mode, timed apart (ms, medians): the draft (graph and its
+    tokens' download), the verify (graph, then the [1 + d, V] logits' download), the rule on the host, the accept
+    (graph, synchronised). The random head's drafts are mostly rejected, so the rule samples few rows: a row's
+    sampling is also timed alone, on the pass's own logits, and the logits' download again alone."""
+    from engine.hostmem import keep_freed_heap
+
+    keep_freed_heap()  # as `openjet-engine serve` does
+    for mode, params in CYCLE_SAMPLING.items():
+        for depth in CYCLE_DEPTHS:
+            seq = TokenSequence([0] * backend.num_tokens + [int(rng.integers(0, backend.vocab_size))],
+                                backend.num_tokens + 1, params.make_rng())
+            steps: dict[str, list[float]] = {k: [] for k in ("draft", "verify", "rule", "accept", "row", "download")}
+            for rep in range(CYCLE_REPS + 2):  # two warm-ups: the eager run and the capture of each graph
+                marks = [time.perf_counter()]
+                draft = backend.draft(seq.pending, depth)
+                marks.append(time.perf_counter())
+                logits = backend.verify([seq.pending, *draft.tokens])
+                marks.append(time.perf_counter())
+                new = accept_matching(draft, logits, seq, params)
+                marks.append(time.perf_counter())
+                backend.accept(len(new))
+                backend.dev.synchronize()
+                marks.append(time.perf_counter())
+                sample(logits[-1], params, seq.rng, history=seq.generated, prompt=seq.prompt)
+                marks.append(time.perf_counter())
+                backend.dev.download(backend.model.ws.logits, np.float32, logits.shape)  # the verify's copy again
+                marks.append(time.perf_counter())
+                seq.tokens.extend(new)
+                if rep >= 2:
+                    for key, a, b in zip(steps, marks, marks[1:]):
+                        steps[key].append((b - a) * 1e3)
+            med = {k: float(np.median(v)) for k, v in steps.items()}
+            wall = med["draft"] + med["verify"] + med["rule"] + med["accept"]
+            report.timings.append(Timing("cycle", f"27b.d{depth}.{mode}", "steps", wall, 0.0, 0,
+                                         {k: round(v, 3) for k, v in med.items()}))
+            print(f"  cycle d={depth} {mode}: {wall:.3f} ms = draft {med['draft']:.3f} + verify {med['verify']:.3f} "
+                  f"+ rule {med['rule']:.3f} + accept {med['accept']:.3f}; a sampled row {med['row']:.3f}, the "
+                  f"logits' download {med['download']:.3f}",
+                  flush=True)
