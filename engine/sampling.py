@@ -179,7 +179,79 @@ def sample(
         return int(np.argmax(_checked(apply_penalties(logits, params, history, prompt))))
     if rng is None:
         raise ValueError("sampling at temperature > 0 needs an rng (SamplingParams.make_rng())")
-    return draw(sampling_probs(logits, params, history, prompt), rng)
+    penalised = apply_penalties(logits, params, history, prompt)
+    top = penalised.max()  # NaN if any is; -inf if all are
+    if not np.isfinite(top) or params.temperature < 1e-30:  # float64 for a NaN or infinite top, a T float32 lacks
+        return draw(sampling_probs(logits, params, history, prompt), rng)
+    return _draw_weights(_weights(penalised, top, params), params, rng)
+
+
+# sample() draws from sampling_probs()'s distribution in a few float32 passes over the row, without forming it:
+# on a 248K-token vocabulary the float64 distribution's dozen passes cost ~3 ms a row on the GPU machine's host,
+# a third of a verify pass, and the server samples every row a cycle keeps (bench/NOTES.md Z9). The weights
+# exp((x - top) / T) are the probabilities times their sum (the top's exactly 1), each within float32's rounding.
+SAMPLE_CHUNK = 4096  # tokens a running sum is formed over at once
+
+
+def _weights(x: np.ndarray, top: float, params: SamplingParams) -> np.ndarray:
+    """exp((x - top) / T) in float32 (x: penalised logits [V], finite top), min_p's cut applied."""
+    w = np.subtract(x, np.float32(top), dtype=np.float32)
+    w /= np.float32(params.temperature)
+    np.exp(w, out=w)
+    if params.min_p > 0.0:
+        w[w < params.min_p] = 0.0  # relative to the most likely token, whose weight is 1
+    return w
+
+
+def _draw_weights(w: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """One token by the inverse CDF of weights w [V] (some zero), after top_k / top_p."""
+    if params.top_k or params.top_p < 1.0:
+        kept = np.sort(_nucleus_of_weights(w, params))  # by id: the CDF runs over ids, as draw()'s
+        return int(kept[_inverse_cdf(w[kept], rng.random())])
+    starts = np.arange(0, w.shape[0], SAMPLE_CHUNK)
+    sums = np.add.reduceat(w, starts, dtype=np.float64)
+    cum = np.cumsum(sums)
+    target = rng.random() * cum[-1]
+    chunk = min(int(np.searchsorted(cum, target, side="right")), len(sums) - 1)
+    while sums[chunk] == 0.0:  # a target on the total: back to the last chunk with mass
+        chunk -= 1
+    lo = int(starts[chunk])
+    seg = w[lo : lo + SAMPLE_CHUNK]
+    return lo + _inverse_cdf(seg, target - (cum[chunk - 1] if chunk else 0.0), absolute=True)
+
+
+def _inverse_cdf(w: np.ndarray, u: float, absolute: bool = False) -> int:
+    """The index whose running sum of w first passes u (times the total unless absolute); never a zero weight."""
+    cdf = np.cumsum(w, dtype=np.float64)
+    target = u if absolute else u * cdf[-1]
+    index = min(int(np.searchsorted(cdf, target, side="right")), w.shape[0] - 1)
+    while w[index] == 0.0:
+        index -= 1
+    return index
+
+
+def _nucleus_of_weights(w: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """_nucleus over weights: the ids top_k, then top_p, keep, by falling weight (ties by id), found among the
+    tokens above a threshold lowered 16x at a time until they must hold the kept set."""
+    size = w.shape[0]
+    num_keep = size if params.top_k == 0 else min(params.top_k, size)
+    total = float(w.sum(dtype=np.float64))
+    threshold = 1.0 / 16
+    while True:
+        exhausted = threshold < 1e-38
+        candidates = np.flatnonzero(w >= threshold) if not exhausted else np.arange(size)
+        enough = len(candidates) >= num_keep if params.top_k else (
+            float(w[candidates].sum(dtype=np.float64)) >= params.top_p * total)
+        if enough or exhausted:
+            order = candidates[np.argsort(-w[candidates], kind="stable")][:num_keep]
+            if params.top_p >= 1.0:
+                return order
+            mass = np.cumsum(w[order], dtype=np.float64)
+            mass /= mass[-1] if params.top_k else total
+            cut = int(np.searchsorted(mass, params.top_p)) + 1
+            if cut <= len(order) or exhausted:
+                return order[:cut]
+        threshold /= 16
 
 
 def draw(probs: np.ndarray, rng: np.random.Generator) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.sampling import (InvalidSamplingParam, SamplingParams, UnsampleableLogits, apply_penalties, draw, sample,
-                             sampling_probs)
+from engine.sampling import (InvalidSamplingParam, SamplingParams, UnsampleableLogits, _nucleus_of_weights, _weights,
+                             apply_penalties, draw, sample, sampling_probs)
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03], dtype=np.float32))
 
@@ -166,3 +166,63 @@ def test_draw_is_the_inverse_cdf_over_every_token():
                 return value
 
         assert draw(probs, _U()) == want, u
+
+
+class _Uniform:
+    """An rng whose one draw is u."""
+
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+FAST_PARAMS = (SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(top_k=50),
+               SamplingParams(temperature=0.5, min_p=0.05), SamplingParams(temperature=1.3, top_k=3000, top_p=0.97),
+               SamplingParams(temperature=3.0, top_p=0.99))  # the last past several threshold steps
+
+
+def _peaked_logits(seed: int, size: int = 20_000) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    logits = np.round(rng.standard_normal(size) * 2, 1).astype(np.float32)  # ties
+    logits[rng.integers(0, size, 20)] += rng.uniform(3, 10, 20).astype(np.float32)
+    return logits
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sample_draws_sampling_probs_inverse_cdf(seed):
+    """sample() (float32 weights, running sums by chunk, candidates above a threshold) picks the token the inverse
+    CDF of sampling_probs() picks for the same uniform number, but within float32's rounding of a boundary."""
+    logits = _peaked_logits(seed)
+    for params in FAST_PARAMS:
+        probs = sampling_probs(logits, params)
+        cdf = np.cumsum(probs)
+        for u in np.random.default_rng(seed).random(60):
+            got = sample(logits, params, _Uniform(u))
+            assert probs[got] > 0, params
+            lo, hi = (cdf[got - 1] if got else 0.0), cdf[got]
+            assert lo - 1e-6 <= u * cdf[-1] <= hi + 1e-6, (params, u, got)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sample_keeps_exactly_the_tokens_with_mass(seed):
+    """The tokens sample() draws among after top_k / top_p / min_p on the float32 weights are the ones
+    sampling_probs() gives mass, ties by id included; each with a visible share is drawn at its interval's middle."""
+    logits = _peaked_logits(seed)
+    for params in FAST_PARAMS:
+        probs = sampling_probs(logits, params)
+        w = _weights(logits, float(logits.max()), params)
+        kept = _nucleus_of_weights(w, params) if params.top_k or params.top_p < 1.0 else np.arange(len(w))
+        assert set(kept[w[kept] > 0]) == set(np.flatnonzero(probs)), params
+        cdf = np.cumsum(probs)
+        for token in np.flatnonzero(probs > 1e-4):
+            assert sample(logits, params, _Uniform((cdf[token] - probs[token] / 2) / cdf[-1])) == token
+
+
+def test_sample_takes_the_float64_path_where_float32_cannot():
+    """A tiny temperature (float32 has no 1e-40) samples greedily; an infinite top, from the infinite tokens."""
+    logits = np.array([0.0, 3.0, 2.999, -np.inf], np.float32)
+    assert sample(logits, SamplingParams(temperature=1e-40), _Uniform(0.999)) == 1
+    inf = np.array([0.0, np.inf, 1.0, np.inf], np.float32)
+    assert {sample(inf, SamplingParams(), _Uniform(u)) for u in (0.1, 0.9)} == {1, 3}
