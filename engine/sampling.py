@@ -159,10 +159,10 @@ class UnsampleableLogits(ValueError):
 def _checked(logits: np.ndarray) -> np.ndarray:
     """The logits, or UnsampleableLogits instead of a silently chosen token."""
     # logits: [V]
-    num_nan = int(np.isnan(logits).sum())
-    if num_nan:
-        raise UnsampleableLogits(f"the logits hold {num_nan} NaN values: no token can be chosen")
-    if not (logits > -np.inf).any():
+    top = logits.max()  # one pass on the common path: NaN if any is, -inf if all are
+    if np.isnan(top):
+        raise UnsampleableLogits(f"the logits hold {int(np.isnan(logits).sum())} NaN values: no token can be chosen")
+    if top == -np.inf:
         raise UnsampleableLogits("every logit is -inf (penalties or biases ruled out every token)")
     return logits
 
