@@ -3,8 +3,9 @@ catch-up every pass runs: eh_proj, one attention layer and its FFN) and what a d
 generated file as the model27b part, so that its default can be decided on numbers.
 
 Drafts and passes run from their graphs (each also timed eagerly). Then whole decoding cycles as the server runs them
-(Backend.cycle's steps: draft, verify with its logits' download, the sample-and-match rule on the host, accept), each
-step timed apart, greedy and sampled: what a user's token costs beyond the graphs.
+(Backend.cycle's steps: draft, verify with its logits' download, the server's rule on the host (engine/spec/verify.py
+rule_for: greedy matching, or exact speculative sampling), accept), each step timed apart, greedy and sampled: what
+a user's token costs beyond the graphs.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import numpy as np
 
 from bench.gpu_bench27b import CONTEXT, _model_file, _time_passes
 from bench.gpu_common import Report, Timing, copy_bandwidth, record
-from engine.backend import TokenSequence, accept_matching
+from engine.backend import TokenSequence
 from engine.sampling import SamplingParams, sample
+from engine.spec.verify import rule_for
 
 DRAFT_DEPTHS = (1, 2, 3, 4)
 DRAFT_REPS = 10
@@ -89,6 +91,7 @@ def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
 
     keep_freed_heap()  # as `openjet-engine serve` does
     for mode, params in CYCLE_SAMPLING.items():
+        rule = rule_for(params)  # the server's: greedy matching, or exact speculative sampling
         for depth in CYCLE_DEPTHS:
             seq = TokenSequence([0] * backend.num_tokens + [int(rng.integers(0, backend.vocab_size))],
                                 backend.num_tokens + 1, params.make_rng())
@@ -99,7 +102,7 @@ def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
                 marks.append(time.perf_counter())
                 logits = backend.verify([seq.pending, *draft.tokens])
                 marks.append(time.perf_counter())
-                new = accept_matching(draft, logits, seq, params)
+                new = rule(draft, logits, seq, params)
                 marks.append(time.perf_counter())
                 backend.accept(len(new))
                 backend.dev.synchronize()

@@ -203,11 +203,47 @@ def _weights(x: np.ndarray, top: float, params: SamplingParams) -> np.ndarray:
     return w
 
 
+def keep_or_resample(logits: np.ndarray, params: SamplingParams, token: int, rng: np.random.Generator,
+                     history: Sequence[int] = (), prompt: Sequence[int] = ()) -> tuple[bool, int]:
+    """Speculative sampling's step for a draft token proposed deterministically (engine/spec/verify.py): keep it
+    with its probability p(token) under sample()'s distribution p, else draw from p without it. (kept?, token)."""
+    penalised = apply_penalties(logits, params, history, prompt)
+    top = penalised.max()
+    if not np.isfinite(top) or params.is_greedy or params.temperature < 1e-30:
+        p = sampling_probs(logits, params, history, prompt)  # raises for NaN or all -inf
+        if rng.random() < p[token]:
+            return True, token
+        p[token] = 0.0
+        return (True, token) if p.sum() <= 0.0 else (False, draw(p, rng))
+    w = _weights(penalised, top, params)
+    ids = np.sort(_nucleus_of_weights(w, params)) if params.top_k or params.top_p < 1.0 else None
+    if ids is not None:  # the kept tokens only, by id
+        at = int(np.searchsorted(ids, token))
+        w = w[ids]
+        token_weight = w[at] if at < len(ids) and ids[at] == token else 0.0
+        total = float(w.sum(dtype=np.float64))
+    else:
+        at, token_weight, total = token, w[token], float(w.sum(dtype=np.float64))
+    if rng.random() * total < token_weight:
+        return True, token
+    if token_weight:
+        w[at] = 0.0
+        if not w.any():  # only reachable through rounding: p(token) was ~1
+            return True, token
+    index = _inverse_cdf(w, rng.random()) if ids is not None else _draw_all(w, rng)
+    return False, int(index if ids is None else ids[index])
+
+
 def _draw_weights(w: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """One token by the inverse CDF of weights w [V] (some zero), after top_k / top_p."""
     if params.top_k or params.top_p < 1.0:
         kept = np.sort(_nucleus_of_weights(w, params))  # by id: the CDF runs over ids, as draw()'s
         return int(kept[_inverse_cdf(w[kept], rng.random())])
+    return _draw_all(w, rng)
+
+
+def _draw_all(w: np.ndarray, rng: np.random.Generator) -> int:
+    """One token by the inverse CDF of weights w [V] (some zero), the running sums formed a chunk at a time."""
     starts = np.arange(0, w.shape[0], SAMPLE_CHUNK)
     sums = np.add.reduceat(w, starts, dtype=np.float64)
     cum = np.cumsum(sums)

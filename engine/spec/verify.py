@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.backend import AcceptRule, Draft, TokenSequence
-from engine.sampling import SamplingParams, draw, sample, sampling_probs
+from engine.sampling import SamplingParams, draw, keep_or_resample, sample, sampling_probs
 
 
 @dataclass(slots=True)
@@ -76,15 +76,17 @@ def speculative_accept(draft: Draft, logits: np.ndarray, seq: TokenSequence, par
     probs = draft.probs if isinstance(draft, SampledDraft) else None
     out: list[int] = []
     for i, x in enumerate(draft.tokens):
-        p = sampling_probs(logits[i], params, history=_history(seq, out), prompt=seq.prompt)
-        q = None if probs is None else probs[i]
-        kept, token = accept_or_resample(p, x, q, seq.rng)
+        history = _history(seq, out)
+        if probs is None:  # a deterministic draft: without forming p (engine.sampling.keep_or_resample)
+            kept, token = keep_or_resample(logits[i], params, x, seq.rng, history=history, prompt=seq.prompt)
+        else:
+            p = sampling_probs(logits[i], params, history=history, prompt=seq.prompt)
+            kept, token = accept_or_resample(p, x, probs[i], seq.rng)
         out.append(token)
         if not kept:
             return out
     # every draft kept: the token after them comes from the model alone
-    p = sampling_probs(logits[len(draft.tokens)], params, history=_history(seq, out), prompt=seq.prompt)
-    out.append(draw(p, seq.rng))
+    out.append(sample(logits[len(draft.tokens)], params, seq.rng, history=_history(seq, out), prompt=seq.prompt))
     return out
 
 

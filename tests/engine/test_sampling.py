@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine.sampling import (InvalidSamplingParam, SamplingParams, UnsampleableLogits, _nucleus_of_weights, _weights,
-                             apply_penalties, draw, sample, sampling_probs)
+                             apply_penalties, draw, keep_or_resample, sample, sampling_probs)
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03], dtype=np.float32))
 
@@ -226,3 +226,37 @@ def test_sample_takes_the_float64_path_where_float32_cannot():
     assert sample(logits, SamplingParams(temperature=1e-40), _Uniform(0.999)) == 1
     inf = np.array([0.0, np.inf, 1.0, np.inf], np.float32)
     assert {sample(inf, SamplingParams(), _Uniform(u)) for u in (0.1, 0.9)} == {1, 3}
+
+
+class _Uniforms:
+    """An rng whose draws are the given numbers in turn."""
+
+    def __init__(self, *us: float) -> None:
+        self.us = list(us)
+
+    def random(self) -> float:
+        return self.us.pop(0)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_keep_or_resample_is_speculative_sampling_on_sampling_probs(seed):
+    """keep_or_resample (float32 weights) keeps and resamples as accept_or_resample does on sampling_probs() for a
+    deterministic draft, for the same two uniform numbers: drafts likely, unlikely, and outside top_k / top_p."""
+    from engine.spec.verify import accept_or_resample
+
+    logits = _peaked_logits(seed)
+    rng = np.random.default_rng(seed)
+    likely = [int(t) for t in np.argsort(-logits)[:3]]
+    for params in FAST_PARAMS:
+        probs = sampling_probs(logits, params)
+        outside = [int(t) for t in np.flatnonzero(probs == 0)[:2]]
+        for token in likely + [int(rng.integers(len(logits)))] + outside:
+            for u1, u2 in rng.random((8, 2)):
+                want = accept_or_resample(probs.copy(), token, None, _Uniforms(u1, u2))
+                got = keep_or_resample(logits, params, token, _Uniforms(u1, u2))
+                if got != want:  # only at a boundary float32's rounding can move
+                    kept_p = probs[token]
+                    residual = probs.copy()
+                    residual[token] = 0.0
+                    cdf = np.cumsum(residual) / residual.sum()
+                    assert abs(u1 - kept_p) < 1e-5 or np.min(np.abs(cdf - u2)) < 1e-5, (params, token, u1, u2)
