@@ -18,7 +18,7 @@ import numpy as np
 from bench.gpu_bench27b import CONTEXT, _model_file, _time_passes
 from bench.gpu_common import Report, Timing, copy_bandwidth, record
 from engine.backend import TokenSequence
-from engine.sampling import SamplingParams, sample
+from engine.sampling import SamplingParams, draw, keep_or_resample, sample, sampling_probs
 from engine.spec.verify import rule_for
 
 DRAFT_DEPTHS = (1, 2, 3, 4)
@@ -95,7 +95,8 @@ def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
         for depth in CYCLE_DEPTHS:
             seq = TokenSequence([0] * backend.num_tokens + [int(rng.integers(0, backend.vocab_size))],
                                 backend.num_tokens + 1, params.make_rng())
-            steps: dict[str, list[float]] = {k: [] for k in ("draft", "verify", "rule", "accept", "row", "download")}
+            steps: dict[str, list[float]] = {k: [] for k in ("draft", "verify", "rule", "accept", "row", "download",
+                                                             "keep", "row_f64")}
             for rep in range(CYCLE_REPS + 2):  # two warm-ups: the eager run and the capture of each graph
                 marks = [time.perf_counter()]
                 draft = backend.draft(seq.pending, depth)
@@ -111,6 +112,12 @@ def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
                 marks.append(time.perf_counter())
                 backend.dev.download(backend.model.ws.logits, np.float32, logits.shape)  # the verify's copy again
                 marks.append(time.perf_counter())
+                # a draft position of exact speculative sampling, and a row by the float64 distribution (the rule's
+                # way before 2026-12-06's fourteenth session)
+                keep_or_resample(logits[-1], params, seq.pending, seq.rng)
+                marks.append(time.perf_counter())
+                draw(sampling_probs(logits[-1], params), seq.rng)
+                marks.append(time.perf_counter())
                 seq.tokens.extend(new)
                 if rep >= 2:
                     for key, a, b in zip(steps, marks, marks[1:]):
@@ -120,6 +127,7 @@ def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
             report.timings.append(Timing("cycle", f"27b.d{depth}.{mode}", "steps", wall, 0.0, 0,
                                          {k: round(v, 3) for k, v in med.items()}))
             print(f"  cycle d={depth} {mode}: {wall:.3f} ms = draft {med['draft']:.3f} + verify {med['verify']:.3f} "
-                  f"+ rule {med['rule']:.3f} + accept {med['accept']:.3f}; a sampled row {med['row']:.3f}, the "
-                  f"logits' download {med['download']:.3f}",
+                  f"+ rule {med['rule']:.3f} + accept {med['accept']:.3f}; a sampled row {med['row']:.3f} (a draft "
+                  f"kept or resampled {med['keep']:.3f}, float64 {med['row_f64']:.3f}), the logits' download "
+                  f"{med['download']:.3f}",
                   flush=True)
