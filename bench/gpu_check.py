@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
 PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream",
-         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8", "gemm_wg", "close", "timeline")
+         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8", "gemm_wg", "close", "timeline", "sample")
 # --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
@@ -117,6 +117,11 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         from bench import gpu_stream
 
         gpu_stream.run_stream_probe(dev, report, rng)
+    elif name == "sample":  # the token choice on the device alone (also inside "kernels")
+        from bench import gpu_ops
+
+        gpu_ops.check_argmax_sampling(dev, report, rng)
+        gpu_ops.check_choose_rows(dev, report, rng)
     elif name == "models":
         from bench import gpu_models
 

@@ -18,7 +18,7 @@ import numpy as np
 from bench.gpu_bench27b import CONTEXT, _model_file, _time_passes
 from bench.gpu_common import Report, Timing, copy_bandwidth, record
 from engine.backend import TokenSequence
-from engine.sampling import SamplingParams, draw, keep_or_resample, sample, sampling_probs
+from engine.sampling import SamplingParams, sample
 from engine.spec.verify import rule_for
 
 DRAFT_DEPTHS = (1, 2, 3, 4)
@@ -83,51 +83,54 @@ CYCLE_SAMPLING = {"greedy": SamplingParams(temperature=0.0), "t1": SamplingParam
 
 
 def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
-    """Backend.cycle's steps at each depth and sampling mode, timed apart (ms, medians): the draft (graph and its
-    tokens' download), the verify (graph, then the [1 + d, V] logits' download), the rule on the host, the accept
-    (graph, synchronised). The random head's drafts are mostly rejected, so the rule samples few rows: a row's
-    sampling is also timed alone, on the pass's own logits, and the logits' download again alone."""
+    """Backend.cycle's steps at each depth and sampling mode, timed apart (ms, medians), in the two forms the server
+    can take: `host`, the verify's [1 + d, V] logits downloaded and the rule run on the host; `device`, each row's
+    token chosen on the device (CudaBackend.verify_choose, where the request allows it). Steps: the draft (graph and
+    its tokens' download), the verify, the rule, the accept (graph, synchronised). The random head's drafts are
+    mostly rejected, so a cycle's rule examines ~1 row: a row's host sampling is timed alone beside it."""
+    from engine.cuda.backend import device_chooses
     from engine.hostmem import keep_freed_heap
 
     keep_freed_heap()  # as `openjet-engine serve` does
     for mode, params in CYCLE_SAMPLING.items():
-        rule = rule_for(params)  # the server's: greedy matching, or exact speculative sampling
-        for depth in CYCLE_DEPTHS:
-            seq = TokenSequence([0] * backend.num_tokens + [int(rng.integers(0, backend.vocab_size))],
-                                backend.num_tokens + 1, params.make_rng())
-            steps: dict[str, list[float]] = {k: [] for k in ("draft", "verify", "rule", "accept", "row", "download",
-                                                             "keep", "row_f64")}
-            for rep in range(CYCLE_REPS + 2):  # two warm-ups: the eager run and the capture of each graph
-                marks = [time.perf_counter()]
-                draft = backend.draft(seq.pending, depth)
-                marks.append(time.perf_counter())
-                logits = backend.verify([seq.pending, *draft.tokens])
-                marks.append(time.perf_counter())
-                new = rule(draft, logits, seq, params)
-                marks.append(time.perf_counter())
-                backend.accept(len(new))
-                backend.dev.synchronize()
-                marks.append(time.perf_counter())
-                sample(logits[-1], params, seq.rng, history=seq.generated, prompt=seq.prompt)
-                marks.append(time.perf_counter())
-                backend.dev.download(backend.model.ws.logits, np.float32, logits.shape)  # the verify's copy again
-                marks.append(time.perf_counter())
-                # a draft position of exact speculative sampling, and a row by the float64 distribution (the rule's
-                # way before 2026-12-06's fourteenth session)
-                keep_or_resample(logits[-1], params, seq.pending, seq.rng)
-                marks.append(time.perf_counter())
-                draw(sampling_probs(logits[-1], params), seq.rng)
-                marks.append(time.perf_counter())
-                seq.tokens.extend(new)
-                if rep >= 2:
-                    for key, a, b in zip(steps, marks, marks[1:]):
-                        steps[key].append((b - a) * 1e3)
-            med = {k: float(np.median(v)) for k, v in steps.items()}
-            wall = med["draft"] + med["verify"] + med["rule"] + med["accept"]
-            report.timings.append(Timing("cycle", f"27b.d{depth}.{mode}", "steps", wall, 0.0, 0,
-                                         {k: round(v, 3) for k, v in med.items()}))
-            print(f"  cycle d={depth} {mode}: {wall:.3f} ms = draft {med['draft']:.3f} + verify {med['verify']:.3f} "
-                  f"+ rule {med['rule']:.3f} + accept {med['accept']:.3f}; a sampled row {med['row']:.3f} (a draft "
-                  f"kept or resampled {med['keep']:.3f}, float64 {med['row_f64']:.3f}), the logits' download "
-                  f"{med['download']:.3f}",
-                  flush=True)
+        for form in ("host", "device") if device_chooses(params) else ("host",):
+            for depth in CYCLE_DEPTHS:
+                seq = TokenSequence([0] * backend.num_tokens + [int(rng.integers(0, backend.vocab_size))],
+                                    backend.num_tokens + 1, params.make_rng())
+                steps = [_cycle_steps(backend, seq, depth, params, form == "device") for _ in range(CYCLE_REPS + 2)]
+                med = dict(zip(("draft", "verify", "rule", "accept", "row"), np.median(steps[2:], axis=0).tolist()))
+                wall = med["draft"] + med["verify"] + med["rule"] + med["accept"]
+                report.timings.append(Timing("cycle", f"27b.d{depth}.{mode}.{form}", "steps", wall, 0.0, 0,
+                                             {k: round(v, 3) for k, v in med.items()}))
+                print(f"  cycle d={depth} {mode} {form}: {wall:.3f} ms = draft {med['draft']:.3f} + verify "
+                      f"{med['verify']:.3f} + rule {med['rule']:.3f} + accept {med['accept']:.3f}; a row sampled on "
+                      f"the host {med['row']:.3f}", flush=True)
+
+
+def _cycle_steps(backend, seq: TokenSequence, depth: int, params: SamplingParams, on_device: bool) -> list[float]:
+    """One cycle (the first two of a shape warm up: the eager run and the capture of each graph), ms a step."""
+    from engine.backend import accept_choices
+
+    rule = rule_for(params)  # the server's: greedy matching, or exact speculative sampling
+    marks = [time.perf_counter()]
+    draft = backend.draft(seq.pending, depth)
+    marks.append(time.perf_counter())
+    tokens = [seq.pending, *draft.tokens]
+    if on_device:
+        choices = backend.verify_choose(tokens, draft, params, seq.rng)
+        marks.append(time.perf_counter())
+        new = accept_choices(draft, choices)
+        logits = None
+    else:
+        logits = backend.verify(tokens)
+        marks.append(time.perf_counter())
+        new = rule(draft, logits, seq, params)
+    marks.append(time.perf_counter())
+    backend.accept(len(new))
+    backend.dev.synchronize()
+    marks.append(time.perf_counter())
+    if logits is not None:
+        sample(logits[-1], params, seq.rng, history=seq.generated, prompt=seq.prompt)
+    marks.append(time.perf_counter())
+    seq.tokens.extend(new)
+    return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]

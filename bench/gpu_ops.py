@@ -16,6 +16,7 @@ from engine.cuda.device import Buffer, Device
 from engine.cuda.repack import random_blocks
 from engine.gguf.quants import dequantize
 from engine.reference import ops as ref
+from engine.sampling import SamplingParams
 
 H, FFN = 5120, 17408
 F32 = np.float32
@@ -160,6 +161,57 @@ def check_argmax_sampling(dev: Device, report: Report, rng: np.random.Generator,
     s.close()
 
 
+class _Uniforms:
+    """An rng whose draws are the given numbers in turn (the host rule fed the kernel's uniforms)."""
+
+    def __init__(self, *us: float) -> None:
+        self.us = list(us)
+
+    def random(self) -> float:
+        return self.us.pop(0)
+
+
+def check_choose_rows(dev: Device, report: Report, rng: np.random.Generator, vocab: int = 248320,
+                      trials: int = 40) -> None:
+    """choose_rows against the host's rules on the same rows and uniform numbers: greedy, each row's argmax (a tie
+    to the lowest id); sampled, engine/sampling.py keep_or_resample for a row's deterministic draft and sample()
+    for the last row. The float32 sums may move a draw that lands within rounding of a boundary: at most 1 % of
+    the rows may differ. A NaN row and an all -inf row give -1, an infinite top -2 when sampling."""
+    from engine.sampling import keep_or_resample, sample
+
+    s = Scope(dev)
+    rows = 6
+    logits = randn(rng, rows, vocab, scale=2.0)
+    logits[:, rng.integers(0, vocab, 40)] += rng.uniform(4, 12, 40).astype(F32)  # a few likely tokens a row
+    logits[3, [11, 200_000]] = 40.0  # a tie at the top
+    top = np.argmax(logits, axis=1)
+    drafts = np.array([top[0], int(rng.integers(vocab)), top[2], 11, int(np.argsort(logits[4])[0]), -1], np.int32)
+    lb, db, ub, out = s.put(logits), s.put(drafts), s.out(16 * rows), s.out(8 * rows)
+    ops.choose_rows(dev, lb, db, ub, out, rows, vocab, vocab, 0.0, 0.0)
+    got = s.get(out, (rows, 2), np.int32)
+    record(report, "choose_rows", "greedy", "argmax, kept",
+           float(np.any(got[:, 0] != top) or np.any(got[:5, 1] != (top[:5] == drafts[:5]))), 0.5)
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, min_p=0.05)):
+        differ = 0
+        for _ in range(trials):
+            u = rng.random((rows, 2))
+            dev.upload(ub, u)
+            ops.choose_rows(dev, lb, db, ub, out, rows, vocab, vocab, params.temperature, params.min_p)
+            got = s.get(out, (rows, 2), np.int32)
+            for t in range(rows):
+                want = (keep_or_resample(logits[t], params, int(drafts[t]), _Uniforms(*u[t])) if drafts[t] >= 0
+                        else (False, sample(logits[t], params, _Uniforms(u[t, 0]))))
+                differ += (int(got[t, 0]), bool(got[t, 1])) != (want[1], want[0])
+        record(report, "choose_rows", f"t{params.temperature}.minp{params.min_p}", f"{trials}x{rows} rows",
+               differ / (trials * rows), 0.01)
+    bad = np.zeros((3, vocab), F32)
+    bad[0, 7], bad[1, :], bad[2, 9] = np.nan, -np.inf, np.inf
+    ops.choose_rows(dev, s.put(bad), db, ub, out, 3, vocab, vocab, 1.0, 0.0)
+    record(report, "choose_rows", "nan,-inf,+inf", "-1, -1, -2",
+           float(s.get(out, (3, 2), np.int32)[:, 0].tolist() != [-1, -1, -2]), 0.5)
+    s.close()
+
+
 def _restricted_softmax(logits: np.ndarray, temp: float, top_k: int, top_p: float) -> np.ndarray:
     """The distribution sample_topk_topp draws from."""
     p = np.exp((logits - logits.max()) / temp)
@@ -185,6 +237,7 @@ def run_op_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
     check_elementwise(dev, report, rng)
     check_embedding(dev, report, rng)
     check_argmax_sampling(dev, report, rng)
+    check_choose_rows(dev, report, rng)
     gpu_mixers.run_mixer_checks(dev, report, rng)
 
 

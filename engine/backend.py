@@ -88,6 +88,26 @@ class CycleResult:
 AcceptRule = Callable[[Draft, np.ndarray, TokenSequence, SamplingParams], list[int]]
 
 
+@dataclass(frozen=True, slots=True)
+class RowChoices:
+    """Each verify row's token as a rule chose it where the logits are (Backend.verify_choose): tokens[i] is the
+    draft at row i if kept[i], else the token drawn in its place; the last row's token follows every draft."""
+
+    tokens: list[int]
+    kept: list[bool]
+
+
+def accept_choices(draft: Draft, choices: RowChoices) -> list[int]:
+    """The tokens a cycle emits from its rows' choices: the kept drafts, then the first row's token that is not one
+    (1..d+1 tokens). The rules that may emit this way carry it as their `on_choices` (engine/spec/verify.py)."""
+    out: list[int] = []
+    for i in range(len(draft.tokens) + 1):
+        out.append(choices.tokens[i])
+        if i == len(draft.tokens) or not choices.kept[i]:
+            break
+    return out
+
+
 def accept_matching(draft: Draft, logits: np.ndarray, seq: TokenSequence, params: SamplingParams) -> list[int]:
     """Sample-and-match verification: draw each position's token from the model; keep going while it equals the draft.
 
@@ -102,6 +122,9 @@ def accept_matching(draft: Draft, logits: np.ndarray, seq: TokenSequence, params
         if i == len(draft.tokens) or token != draft.tokens[i]:
             break
     return out
+
+
+accept_matching.on_choices = accept_choices  # the same distribution: a row keeps its draft with probability p(draft)
 
 
 class Backend(ABC):
@@ -146,6 +169,13 @@ class Backend(ABC):
         Returns logits [T, V]: row i predicts the token after tokens[0..i]. The state stays as it was until
         accept(n); a new verify() or prefill() discards an unaccepted pass. Raises ContextOverflowError as prefill.
         """
+
+    def verify_choose(self, tokens: list[int], draft: Draft, params: SamplingParams,
+                      rng: np.random.Generator) -> RowChoices | None:
+        """verify() with each row's token chosen where the logits are (greedy matching, or speculative sampling of
+        the deterministic draft), so only token ids travel; None where this backend or these params cannot, and
+        cycle() then verifies and runs the rule on the host. Optional: backends without it return None."""
+        return None
 
     @abstractmethod
     def accept(self, n: int) -> None:
@@ -202,8 +232,13 @@ class Backend(ABC):
             wanted = min(n_draft, room)
             draft = self.draft(seq.pending, wanted) if wanted > 0 and self.can_draft else Draft([])
         draft = draft.truncated(max(room, 0))
-        logits = self.verify([seq.pending, *draft.tokens])
-        new = rule(draft, logits, seq, params)
+        tokens = [seq.pending, *draft.tokens]
+        on_choices = getattr(rule, "on_choices", None)  # a rule that needs only the rows' choices, not their logits
+        choices = None if on_choices is None else self.verify_choose(tokens, draft, params, seq.rng)
+        if choices is not None:
+            new = on_choices(draft, choices)
+        else:
+            new = rule(draft, self.verify(tokens), seq, params)
         assert 1 <= len(new) <= len(draft.tokens) + 1, "an acceptance rule returns 1..d+1 tokens"
         self.accept(len(new))
         seq.tokens.extend(new)

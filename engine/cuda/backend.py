@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.backend import Backend, Checkpoint, Draft
-from engine.cuda import env_flag
+from engine.backend import Backend, Checkpoint, Draft, RowChoices
+from engine.cuda import env_flag, ops
 from engine.cuda.device import Buffer, Device, Graph
 from engine.cuda.model import VERIFY_MAX, CudaModel
 from engine.errors import ContextOverflowError
+from engine.sampling import SamplingParams, sample
 
 # "0": leave the file's MTP head out (no draft(); the server drafts n-grams). On by default: checked on the H200
 # (tiny qwen35: drafts and speculative greedy decoding equal to the reference's) and timed at the 27B shape (its
@@ -33,6 +34,19 @@ class CudaCheckpoint(Checkpoint):
 
     owner: int
     copies: dict[str, tuple[Buffer, Buffer, int]] = field(default_factory=dict)  # name -> (copy, source, bytes)
+
+
+# Each verify row's token chosen on the device (CudaBackend.verify_choose); OPENJET_CUDA_CHOOSE=0 downloads the logits
+# and runs the rule on the host, as before 2026-12-06 (bench/NOTES.md Z10).
+CHOOSE_ENV = "OPENJET_CUDA_CHOOSE"
+
+
+def device_chooses(params: SamplingParams) -> bool:
+    """Whether kernels/sample.cu choose_rows has the request's arithmetic: temperature (0: greedy) and min_p, but no
+    penalties, top_k or top_p (those rows go to the host, engine/sampling.py)."""
+    return (env_flag(CHOOSE_ENV, True) and params.top_k == 0 and params.top_p >= 1.0
+            and params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1.0
+            and (params.is_greedy or params.temperature >= 1e-30))
 
 
 class CudaBackend(Backend):
@@ -143,6 +157,34 @@ class CudaBackend(Backend):
         self._run(tokens, commit=False, logits_rows=len(tokens))
         self._pending = len(tokens)
         return self.dev.download(self.model.ws.logits, np.float32, (len(tokens), self.vocab_size))
+
+    def verify_choose(self, tokens: list[int], draft: Draft, params: SamplingParams,
+                      rng: np.random.Generator) -> RowChoices | None:
+        """verify() with each row's token chosen on the device (ops.choose_rows): the argmax, or speculative sampling
+        of the deterministic draft from two of rng's uniform numbers a row, so T ids come back instead of T x V
+        logits and no row is sampled on the host (~1 ms a row at 248K tokens). None (the host's way) for
+        penalties, top_k / top_p, drafts drawn at random, or a row whose top logit is infinite."""
+        if not device_chooses(params) or getattr(draft, "probs", None) is not None:
+            return None
+        self._check(tokens)
+        if len(tokens) > VERIFY_MAX:
+            raise ValueError(f"verify takes at most {VERIFY_MAX} tokens, got {len(tokens)}")
+        ws, num = self.model.ws, len(tokens)
+        self._run(tokens, commit=False, logits_rows=num)
+        self._pending = num
+        self.dev.upload(ws.choose_drafts, np.asarray([*draft.tokens, -1], np.int32))
+        if not params.is_greedy:
+            self.dev.upload(ws.choose_uniforms, rng.random((num, 2)))
+        ops.choose_rows(self.dev, ws.logits, ws.choose_drafts, ws.choose_uniforms, ws.choose_out, num,
+                        self.vocab_size, self.vocab_size, params.temperature, params.min_p)
+        out = self.dev.download(ws.choose_out, np.int32, (num, 2))
+        if (out[:, 0] == -1).any():
+            row = self.dev.download(ws.logits, np.float32, (num, self.vocab_size))[int(np.argmax(out[:, 0] == -1))]
+            sample(row, params, rng)  # raises UnsampleableLogits naming what is wrong
+        if (out[:, 0] < 0).any():  # an infinite top: the host's float64 path, on the same pass
+            self._pending = None
+            return None
+        return RowChoices([int(t) for t in out[:, 0]], [bool(k) for k in out[:, 1]])
 
     def accept(self, n: int) -> None:
         """Commit the first n tokens of the last verify()."""

@@ -88,6 +88,11 @@ class Workspace:
         self.logits = dev.alloc(4 * VERIFY_MAX * cfg.vocab_size, "logits")
         self.argmax_scratch = dev.alloc(8 * VERIFY_MAX * (cfg.vocab_size // ops.ARGMAX_CHUNK + 1), "argmax")
         self.token_out = dev.alloc(4 * VERIFY_MAX, "token_out")
+        # the verify rows' choices made on the device (CudaBackend.verify_choose): each row's draft token, its two
+        # float64 uniform numbers, and (token, kept)
+        self.choose_drafts = dev.alloc(4 * VERIFY_MAX, "choose.drafts")
+        self.choose_uniforms = dev.alloc(16 * VERIFY_MAX, "choose.uniforms")
+        self.choose_out = dev.alloc(8 * VERIFY_MAX, "choose.out")
         self.attn_splits_max = mixers.MAX_SPLITS
         self.attn_scratch = dev.alloc(
             mixers.attn_scratch_bytes(mixers.MAX_SPLITS, VERIFY_MAX, cfg.num_heads, cfg.head_dim), "attn_scratch")

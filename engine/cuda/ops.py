@@ -831,6 +831,17 @@ def argmax(dev: Device, logits: Buffer, ids: Buffer, scratch: Buffer, num_tokens
     dev.launch(dev.kernel("argmax_final"), num_tokens, 256, [part_v, part_i, ids, chunks])
 
 
+def choose_rows(dev: Device, logits: Buffer, drafts: Buffer, uniforms: Buffer, out: Buffer, num_rows: int, vocab: int,
+                ld: int, temperature: float, min_p: float) -> None:
+    """out[t] = (token, kept) for verify row t, chosen as engine/spec/verify.py's rules would on the host (kernels/
+    sample.cu choose_rows): temperature 0 the argmax, else speculative sampling of the draft drafts[t] (-1: none)
+    with the row's two float64 uniforms."""
+    greedy = temperature == 0
+    dev.launch(dev.kernel("choose_rows"), num_rows, 1024,
+               [logits, vocab, ld, drafts, uniforms, 0.0 if greedy else 1.0 / temperature, float(min_p), int(greedy),
+                out])
+
+
 def sample(dev: Device, logits: Buffer, ids: Buffer, num_tokens: int, vocab: int, ld: int, temperature: float,
            top_k: int, top_p: float, seed: int) -> None:
     """ids[t] ~ softmax(logits[t] / temperature) restricted to top_k (0 = all) and top_p (1 = all)."""

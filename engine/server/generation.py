@@ -80,14 +80,19 @@ Event = TextChunk | Finished
 def stop_at_ids(rule: AcceptRule, stop_ids: frozenset[int]) -> AcceptRule:
     """A rule that ends the cycle's tokens at the first stop id, so nothing after it is committed to the state."""
 
-    def stopping(draft: Draft, logits: np.ndarray, seq: TokenSequence, params: SamplingParams) -> list[int]:
-        """The inner rule's tokens, cut after the first stop id."""
-        out = rule(draft, logits, seq, params)
+    def cut(out: list[int]) -> list[int]:
         for i, token in enumerate(out):
             if token in stop_ids:
                 return out[: i + 1]
         return out
 
+    def stopping(draft: Draft, logits: np.ndarray, seq: TokenSequence, params: SamplingParams) -> list[int]:
+        """The inner rule's tokens, cut after the first stop id."""
+        return cut(rule(draft, logits, seq, params))
+
+    inner = getattr(rule, "on_choices", None)
+    if inner is not None:  # the rows' choices made on the device pass through the same cut
+        stopping.on_choices = lambda draft, choices: cut(inner(draft, choices))
     return stopping
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.backend import AcceptRule, Draft, TokenSequence
+from engine.backend import AcceptRule, Draft, TokenSequence, accept_choices
 from engine.sampling import SamplingParams, draw, keep_or_resample, sample, sampling_probs
 
 
@@ -88,6 +88,12 @@ def speculative_accept(draft: Draft, logits: np.ndarray, seq: TokenSequence, par
     # every draft kept: the token after them comes from the model alone
     out.append(sample(logits[len(draft.tokens)], params, seq.rng, history=_history(seq, out), prompt=seq.prompt))
     return out
+
+
+# Both rules may take each row's token as the backend chose it where the logits are (Backend.verify_choose: the
+# same arithmetic on the device, for requests without penalties, top_k or top_p, and deterministic drafts).
+greedy_accept.on_choices = accept_choices
+speculative_accept.on_choices = accept_choices
 
 
 def _history(seq: TokenSequence, new: Sequence[int]) -> list[int]:

@@ -131,3 +131,54 @@ def test_accept_without_a_verify_is_refused_before_anything_runs() -> None:
     with pytest.raises(ValueError, match="without a verify"):
         backend.accept(1)
     assert backend.dev.log == []
+
+
+def _choosing_backend(out: np.ndarray):
+    """_backend() whose device also takes choose_rows: launches, uploads and the (token, kept) rows it returns."""
+    from engine.cuda.memory import Buffer
+
+    backend = _backend()
+    dev, ws = backend.dev, backend.model.ws
+    ws.logits = Buffer(1, 4 * 8 * 100, "logits")
+    ws.choose_drafts, ws.choose_uniforms, ws.choose_out = (Buffer(2, 32, "d"), Buffer(3, 128, "u"),
+                                                           Buffer(4, 64, "out"))
+    dev.launched, dev.uploaded = [], {}
+    dev.kernel = lambda name: SimpleNamespace(name=name)
+    dev.launch = lambda kernel, grid, block, args, smem=0: dev.launched.append((kernel.name, grid, block, args))
+    dev.upload = lambda buf, array, offset=0: dev.uploaded.__setitem__(buf.what, np.array(array))
+    dev.download = lambda buf, dtype, shape: out if buf.what == "out" else np.full(shape, np.nan, dtype)
+    return backend
+
+
+def test_the_rows_choices_come_from_one_launch_after_the_pass() -> None:
+    from engine.backend import Draft
+    from engine.sampling import SamplingParams
+
+    backend = _choosing_backend(np.array([[7, 1], [9, 0], [4, 0]], np.int32))
+    params = SamplingParams(temperature=0.5, min_p=0.1)
+    choices = backend.verify_choose([1, 7, 8], Draft([7, 8]), params, np.random.default_rng(3))
+    assert (choices.tokens, choices.kept) == ([7, 9, 4], [True, False, False])
+    assert backend.dev.log == [("eager", ("forward", 3, False))] and backend._pending == 3
+    (name, grid, block, args), = backend.dev.launched
+    assert (name, grid, block) == ("choose_rows", 3, 1024)
+    assert args[5:8] == [1 / 0.5, 0.1, 0] and args[1] == 100  # 1 / T, min_p, not greedy; the vocabulary
+    assert backend.dev.uploaded["d"].tolist() == [7, 8, -1]  # the last row has no draft
+    assert backend.dev.uploaded["u"].shape == (3, 2) and backend.dev.uploaded["u"].dtype == np.float64
+
+
+def test_the_host_keeps_what_the_kernel_cannot_do() -> None:
+    from engine.backend import Draft
+    from engine.sampling import SamplingParams, UnsampleableLogits
+    from engine.spec.verify import SampledDraft
+
+    backend = _choosing_backend(np.array([[-1, 0]], np.int32))
+    rng = np.random.default_rng(0)
+    for params in (SamplingParams(top_p=0.9), SamplingParams(top_k=5), SamplingParams(repetition_penalty=1.1)):
+        assert backend.verify_choose([1], Draft([]), params, rng) is None
+    assert backend.verify_choose([1, 2], SampledDraft([2], None, np.ones((1, 100)) / 100), SamplingParams(),
+                                 rng) is None
+    assert backend.dev.launched == []
+    with pytest.raises(UnsampleableLogits, match="NaN"):  # the kernel's -1: the host names what is wrong
+        backend.verify_choose([1], Draft([]), SamplingParams(temperature=0), rng)
+    backend = _choosing_backend(np.array([[-2, 0]], np.int32))  # an infinite top: the host's float64 path
+    assert backend.verify_choose([1], Draft([]), SamplingParams(), rng) is None and backend._pending is None

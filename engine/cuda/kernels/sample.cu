@@ -149,3 +149,83 @@ sample_topk_topp(const float* __restrict__ logits, i32* __restrict__ ids, int V,
         ids[blockIdx.x] = chosen >= 0 ? chosen : 0;
     }
 }
+
+// The verify rows' tokens chosen where the logits are, as engine/spec/verify.py's rules choose them on the host, for
+// requests without penalties, top_k, top_p or a logit bias (engine/cuda/backend.py verify_choose). Greedy: the row's
+// argmax (the lowest id on ties). Sampled: speculative sampling of the row's deterministic draft x (keep it with
+// probability p(x), else draw from p without it; a row without a draft, x < 0, draws from p), p the weights
+// exp((logit - top) / T) with min_p's cut (engine/sampling.py keep_or_resample), from the row's two uniform numbers
+// (float64, the host's generator). out[t] = (token, kept). token -1: a NaN or no logit above -inf (the host raises
+// as sampling.py does); -2: an infinite top (the host's float64 path takes the row). One block of 1024 threads a
+// row, each summing a contiguous chunk; thread 0 walks the chunks for the draw.
+__device__ __forceinline__ float choose_weight(float logit, float top, float inv_temp, float min_p) {
+    const float w = expf((logit - top) * inv_temp);
+    return w < min_p ? 0.f : w;
+}
+
+__global__ void __launch_bounds__(1024)
+choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restrict__ drafts,
+            const double* __restrict__ uniforms, float inv_temp, float min_p, int greedy, i32* __restrict__ out) {
+    PDL_ENTER();
+    __shared__ float chunk_w[1024];
+    const int t = blockIdx.x, x = drafts[t];
+    const float* row = logits + (i64)t * ld;
+    const int per = (V + blockDim.x - 1) / blockDim.x, begin = threadIdx.x * per, end = min(V, begin + per);
+    float top = NEG_INF;
+    int at = 0x7fffffff;
+    bool nan = false;
+    for (int k = begin; k < end; ++k) {
+        const float v = row[k];
+        nan |= v != v;
+        if (v > top) {  // the chunk's first maximum: ids ascend
+            top = v;
+            at = k;
+        }
+    }
+    block_argmax(top, at);  // every thread gets the row's (top, lowest id)
+    const bool bad = __syncthreads_or(nan) || top == NEG_INF;
+    if (bad || greedy || top == -NEG_INF) {
+        if (threadIdx.x == 0) {
+            out[2 * t] = bad ? -1 : (greedy ? at : -2);
+            out[2 * t + 1] = !bad && greedy && at == x;
+        }
+        return;
+    }
+    float mine = 0.f;
+    for (int k = begin; k < end; ++k) mine += choose_weight(row[k], top, inv_temp, min_p);
+    chunk_w[threadIdx.x] = mine;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    double total = 0.0;
+    for (int i = 0; i < (int)blockDim.x; ++i) total += chunk_w[i];
+    const float wx = x >= 0 ? choose_weight(row[x], top, inv_temp, min_p) : 0.f;
+    const double u1 = uniforms[2 * t], u2 = uniforms[2 * t + 1];
+    if (x >= 0 && (u1 * total < wx || total - wx <= 0.0)) {  // kept (or, through rounding, nothing else has mass)
+        out[2 * t] = x;
+        out[2 * t + 1] = 1;
+        return;
+    }
+    double target = (x >= 0 ? u2 : u1) * (total - wx);
+    int chosen = -1, last = -1;  // last: the last token with mass seen
+    for (int i = 0; i < (int)blockDim.x && chosen < 0; ++i) {
+        const int b0 = i * per, e0 = min(V, b0 + per);
+        const double mass = (double)chunk_w[i] - (x >= b0 && x < e0 ? wx : 0.f);
+        if (mass <= 0.0) continue;
+        if (target >= mass) {
+            target -= mass;
+            continue;
+        }
+        for (int k = b0; k < e0 && chosen < 0; ++k) {
+            const float w = k == x ? 0.f : choose_weight(row[k], top, inv_temp, min_p);
+            if (w <= 0.f) continue;
+            last = k;
+            if (target < w) chosen = k;
+            target -= w;
+        }
+        if (chosen < 0) chosen = last;  // rounding left the target just past the chunk's mass
+    }
+    for (int k = V - 1; chosen < 0 && k >= 0; --k)  // rounding left it past the total: the last token with mass
+        if (k != x && choose_weight(row[k], top, inv_temp, min_p) > 0.f) chosen = k;
+    out[2 * t] = chosen;
+    out[2 * t + 1] = 0;
+}
