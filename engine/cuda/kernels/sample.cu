@@ -157,7 +157,8 @@ sample_topk_topp(const float* __restrict__ logits, i32* __restrict__ ids, int V,
 // exp((logit - top) / T) with min_p's cut (engine/sampling.py keep_or_resample), from the row's two uniform numbers
 // (float64, the host's generator). out[t] = (token, kept). token -1: a NaN or no logit above -inf (the host raises
 // as sampling.py does); -2: an infinite top (the host's float64 path takes the row). One block of 1024 threads a
-// row, each summing a contiguous chunk; thread 0 walks the chunks for the draw.
+// row, each summing a contiguous chunk (at most 1024 tokens: V <= 2^20); thread 0 finds the chunk the draw lands
+// in, the block weighs its tokens, thread 0 walks them.
 __device__ __forceinline__ float choose_weight(float logit, float top, float inv_temp, float min_p) {
     const float w = expf((logit - top) * inv_temp);
     return w < min_p ? 0.f : w;
@@ -195,37 +196,56 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
     for (int k = begin; k < end; ++k) mine += choose_weight(row[k], top, inv_temp, min_p);
     chunk_w[threadIdx.x] = mine;
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    double total = 0.0;
-    for (int i = 0; i < (int)blockDim.x; ++i) total += chunk_w[i];
-    const float wx = x >= 0 ? choose_weight(row[x], top, inv_temp, min_p) : 0.f;
-    const double u1 = uniforms[2 * t], u2 = uniforms[2 * t + 1];
-    if (x >= 0 && (u1 * total < wx || total - wx <= 0.0)) {  // kept (or, through rounding, nothing else has mass)
-        out[2 * t] = x;
-        out[2 * t + 1] = 1;
+    // thread 0: the keep test, then the chunk the draw lands in (a walk over shared memory)
+    __shared__ int pick;  // the chunk (>= 0), or -1 - the token decided already
+    __shared__ double rest;  // the target's remainder inside the chunk
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int i = 0; i < (int)blockDim.x; ++i) total += chunk_w[i];
+        const float wx = x >= 0 ? choose_weight(row[x], top, inv_temp, min_p) : 0.f;
+        const double u1 = uniforms[2 * t], u2 = uniforms[2 * t + 1];
+        pick = -1 - x;  // kept (or, through rounding, nothing else has mass)
+        if (!(x >= 0 && (u1 * total < wx || total - wx <= 0.0))) {
+            double target = (x >= 0 ? u2 : u1) * (total - wx);
+            int last = -1;  // the last chunk with mass: where a target past the total (rounding) ends
+            for (int i = 0; i < (int)blockDim.x; ++i) {
+                const int b0 = i * per;
+                const double mass = (double)chunk_w[i] - (x >= b0 && x < b0 + per ? wx : 0.f);
+                if (mass <= 0.0) continue;
+                last = i;
+                if (target < mass) break;
+                target -= mass;
+            }
+            pick = last;
+            rest = target;
+        }
+    }
+    __syncthreads();
+    const int c = pick;
+    if (c < 0) {  // kept
+        if (threadIdx.x == 0) {
+            out[2 * t] = -1 - c;
+            out[2 * t + 1] = 1;
+        }
         return;
     }
-    double target = (x >= 0 ? u2 : u1) * (total - wx);
-    int chosen = -1, last = -1;  // last: the last token with mass seen
-    for (int i = 0; i < (int)blockDim.x && chosen < 0; ++i) {
-        const int b0 = i * per, e0 = min(V, b0 + per);
-        const double mass = (double)chunk_w[i] - (x >= b0 && x < e0 ? wx : 0.f);
-        if (mass <= 0.0) continue;
-        if (target >= mass) {
-            target -= mass;
-            continue;
-        }
-        for (int k = b0; k < e0 && chosen < 0; ++k) {
-            const float w = k == x ? 0.f : choose_weight(row[k], top, inv_temp, min_p);
-            if (w <= 0.f) continue;
-            last = k;
-            if (target < w) chosen = k;
-            target -= w;
-        }
-        if (chosen < 0) chosen = last;  // rounding left the target just past the chunk's mass
+    // the chosen chunk's weights, one a thread, then thread 0's walk over them
+    const int b0 = c * per, e0 = min(V, b0 + per);
+    if (b0 + (int)threadIdx.x < e0) {
+        const int k = b0 + threadIdx.x;
+        chunk_w[threadIdx.x] = k == x ? 0.f : choose_weight(row[k], top, inv_temp, min_p);
     }
-    for (int k = V - 1; chosen < 0 && k >= 0; --k)  // rounding left it past the total: the last token with mass
-        if (k != x && choose_weight(row[k], top, inv_temp, min_p) > 0.f) chosen = k;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    double target = rest;
+    int chosen = -1;
+    for (int j = 0; j < e0 - b0; ++j) {
+        const float w = chunk_w[j];
+        if (w <= 0.f) continue;
+        chosen = b0 + j;  // the last with mass so far: where rounding past the chunk's mass ends
+        if (target < w) break;
+        target -= w;
+    }
     out[2 * t] = chosen;
     out[2 * t + 1] = 0;
 }
