@@ -157,28 +157,32 @@ sample_topk_topp(const float* __restrict__ logits, i32* __restrict__ ids, int V,
 // exp((logit - top) / T) with min_p's cut (engine/sampling.py keep_or_resample), from the row's two uniform numbers
 // (float64, the host's generator). out[t] = (token, kept). token -1: a NaN or no logit above -inf (the host raises
 // as sampling.py does); -2: an infinite top (the host's float64 path takes the row). One block of 1024 threads a
-// row, each summing a contiguous chunk (at most 1024 tokens: V <= 2^20); thread 0 finds the chunk the draw lands
-// in, the block weighs its tokens, thread 0 walks them.
+// row; every pass over the row is coalesced: the max strided over the threads, the weights summed by warps over
+// segments of CHOOSE_SEG(V) consecutive tokens (a lane's loads 128 bytes apart from its neighbours': one cache line
+// a warp load), at most 1024 segments, their sums in float64. Thread 0 finds the segment the draw lands in, the
+// block weighs its tokens, thread 0 walks them.
 __device__ __forceinline__ float choose_weight(float logit, float top, float inv_temp, float min_p) {
     const float w = expf((logit - top) * inv_temp);
     return w < min_p ? 0.f : w;
 }
 
+// Tokens a segment: a multiple of 32, so that at most 1024 segments cover the row (V <= 2^20).
+__device__ __forceinline__ int choose_seg(int V) { return 32 * ((V + 32 * 1024 - 1) / (32 * 1024)); }
+
 __global__ void __launch_bounds__(1024)
 choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restrict__ drafts,
             const double* __restrict__ uniforms, float inv_temp, float min_p, int greedy, i32* __restrict__ out) {
     PDL_ENTER();
-    __shared__ float chunk_w[1024];
+    __shared__ double seg_w[1024];
     const int t = blockIdx.x, x = drafts[t];
     const float* row = logits + (i64)t * ld;
-    const int per = (V + blockDim.x - 1) / blockDim.x, begin = threadIdx.x * per, end = min(V, begin + per);
     float top = NEG_INF;
     int at = 0x7fffffff;
     bool nan = false;
-    for (int k = begin; k < end; ++k) {
+    for (int k = threadIdx.x; k < V; k += blockDim.x) {
         const float v = row[k];
         nan |= v != v;
-        if (v > top) {  // the chunk's first maximum: ids ascend
+        if (v > top) {  // the thread's first maximum: its ids ascend
             top = v;
             at = k;
         }
@@ -192,27 +196,33 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
         }
         return;
     }
-    float mine = 0.f;
-    for (int k = begin; k < end; ++k) mine += choose_weight(row[k], top, inv_temp, min_p);
-    chunk_w[threadIdx.x] = mine;
+    const int seg = choose_seg(V), num_seg = (V + seg - 1) / seg;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int s = warp; s < num_seg; s += blockDim.x >> 5) {
+        double acc = 0.0;
+        const int end = min(V, (s + 1) * seg);
+        for (int k = s * seg + lane; k < end; k += 32) acc += choose_weight(row[k], top, inv_temp, min_p);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+        if (lane == 0) seg_w[s] = acc;
+    }
     __syncthreads();
-    // thread 0: the keep test, then the chunk the draw lands in (a walk over shared memory)
-    __shared__ int pick;  // the chunk (>= 0), or -1 - the token decided already
-    __shared__ double rest;  // the target's remainder inside the chunk
+    // thread 0: the keep test, then the segment the draw lands in (a walk over shared memory)
+    __shared__ int pick;  // the segment (>= 0), or -1 - the token decided already
+    __shared__ double rest;  // the target's remainder inside the segment
     if (threadIdx.x == 0) {
         double total = 0.0;
-        for (int i = 0; i < (int)blockDim.x; ++i) total += chunk_w[i];
+        for (int s = 0; s < num_seg; ++s) total += seg_w[s];
         const float wx = x >= 0 ? choose_weight(row[x], top, inv_temp, min_p) : 0.f;
         const double u1 = uniforms[2 * t], u2 = uniforms[2 * t + 1];
         pick = -1 - x;  // kept (or, through rounding, nothing else has mass)
         if (!(x >= 0 && (u1 * total < wx || total - wx <= 0.0))) {
             double target = (x >= 0 ? u2 : u1) * (total - wx);
-            int last = -1;  // the last chunk with mass: where a target past the total (rounding) ends
-            for (int i = 0; i < (int)blockDim.x; ++i) {
-                const int b0 = i * per;
-                const double mass = (double)chunk_w[i] - (x >= b0 && x < b0 + per ? wx : 0.f);
+            int last = -1;  // the last segment with mass: where a target past the total (rounding) ends
+            for (int s = 0; s < num_seg; ++s) {
+                const double mass = seg_w[s] - (x >= s * seg && x < (s + 1) * seg ? wx : 0.f);
                 if (mass <= 0.0) continue;
-                last = i;
+                last = s;
                 if (target < mass) break;
                 target -= mass;
             }
@@ -229,20 +239,20 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
         }
         return;
     }
-    // the chosen chunk's weights, one a thread, then thread 0's walk over them
-    const int b0 = c * per, e0 = min(V, b0 + per);
+    // the chosen segment's weights, one a thread, then thread 0's walk over them
+    const int b0 = c * seg, e0 = min(V, b0 + seg);
     if (b0 + (int)threadIdx.x < e0) {
         const int k = b0 + threadIdx.x;
-        chunk_w[threadIdx.x] = k == x ? 0.f : choose_weight(row[k], top, inv_temp, min_p);
+        seg_w[threadIdx.x] = k == x ? 0.0 : (double)choose_weight(row[k], top, inv_temp, min_p);
     }
     __syncthreads();
     if (threadIdx.x != 0) return;
     double target = rest;
     int chosen = -1;
     for (int j = 0; j < e0 - b0; ++j) {
-        const float w = chunk_w[j];
-        if (w <= 0.f) continue;
-        chosen = b0 + j;  // the last with mass so far: where rounding past the chunk's mass ends
+        const double w = seg_w[j];
+        if (w <= 0.0) continue;
+        chosen = b0 + j;  // the last with mass so far: where rounding past the segment's mass ends
         if (target < w) break;
         target -= w;
     }
