@@ -194,13 +194,20 @@ SAMPLE_CHUNK = 4096  # tokens a running sum is formed over at once
 
 
 def _weights(x: np.ndarray, top: float, params: SamplingParams) -> np.ndarray:
-    """exp((x - top) / T) in float32 (x: penalised logits [V], finite top), min_p's cut applied."""
+    """exp((x - top) / T) in float32 (x: penalised logits [V], finite top)."""
     w = np.subtract(x, np.float32(top), dtype=np.float32)
     w /= np.float32(params.temperature)
-    np.exp(w, out=w)
+    return np.exp(w, out=w)
+
+
+def _kept_weights(w: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """(ids, their weights) that top_k, top_p and then min_p keep, ids ascending; (None, w itself, cut by min_p in
+    place) when top_k and top_p keep every token. min_p comes last, as in _truncate: top_p's mass is the uncut one."""
+    ids = np.sort(_nucleus_of_weights(w, params)) if params.top_k or params.top_p < 1.0 else None
+    kept = w if ids is None else w[ids]
     if params.min_p > 0.0:
-        w[w < params.min_p] = 0.0  # relative to the most likely token, whose weight is 1
-    return w
+        kept[kept < params.min_p] = 0.0  # relative to the most likely token, whose weight is 1
+    return ids, kept
 
 
 def keep_or_resample(logits: np.ndarray, params: SamplingParams, token: int, rng: np.random.Generator,
@@ -215,15 +222,13 @@ def keep_or_resample(logits: np.ndarray, params: SamplingParams, token: int, rng
             return True, token
         p[token] = 0.0
         return (True, token) if p.sum() <= 0.0 else (False, draw(p, rng))
-    w = _weights(penalised, top, params)
-    ids = np.sort(_nucleus_of_weights(w, params)) if params.top_k or params.top_p < 1.0 else None
+    ids, w = _kept_weights(_weights(penalised, top, params), params)
     if ids is not None:  # the kept tokens only, by id
         at = int(np.searchsorted(ids, token))
-        w = w[ids]
         token_weight = w[at] if at < len(ids) and ids[at] == token else 0.0
-        total = float(w.sum(dtype=np.float64))
     else:
-        at, token_weight, total = token, w[token], float(w.sum(dtype=np.float64))
+        at, token_weight = token, w[token]
+    total = float(w.sum(dtype=np.float64))
     if rng.random() * total < token_weight:
         return True, token
     if token_weight:
@@ -235,11 +240,9 @@ def keep_or_resample(logits: np.ndarray, params: SamplingParams, token: int, rng
 
 
 def _draw_weights(w: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """One token by the inverse CDF of weights w [V] (some zero), after top_k / top_p."""
-    if params.top_k or params.top_p < 1.0:
-        kept = np.sort(_nucleus_of_weights(w, params))  # by id: the CDF runs over ids, as draw()'s
-        return int(kept[_inverse_cdf(w[kept], rng.random())])
-    return _draw_all(w, rng)
+    """One token by the inverse CDF of weights w [V] after top_k, top_p and min_p (over ids, as draw()'s)."""
+    ids, kept = _kept_weights(w, params)
+    return _draw_all(kept, rng) if ids is None else int(ids[_inverse_cdf(kept, rng.random())])
 
 
 def _draw_all(w: np.ndarray, rng: np.random.Generator) -> int:
@@ -274,8 +277,8 @@ def _nucleus_of_weights(w: np.ndarray, params: SamplingParams) -> np.ndarray:
     total = float(w.sum(dtype=np.float64))
     threshold = 1.0 / 16
     while True:
-        exhausted = threshold < 1e-38
-        candidates = np.flatnonzero(w >= threshold) if not exhausted else np.arange(size)
+        exhausted = threshold < 1e-45  # below float32's least weight: every token with a weight is a candidate
+        candidates = np.flatnonzero(w >= threshold) if not exhausted else np.flatnonzero(w)
         enough = len(candidates) >= num_keep if params.top_k else (
             float(w[candidates].sum(dtype=np.float64)) >= params.top_p * total)
         if enough or exhausted:

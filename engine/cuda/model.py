@@ -87,7 +87,6 @@ class Workspace:
                                   "gdn_chunk_work") if self.gdn_chunked else None
         self.logits = dev.alloc(4 * VERIFY_MAX * cfg.vocab_size, "logits")
         self.argmax_scratch = dev.alloc(8 * VERIFY_MAX * (cfg.vocab_size // ops.ARGMAX_CHUNK + 1), "argmax")
-        self.token_out = dev.alloc(4 * VERIFY_MAX, "token_out")
         # the verify rows' choices made on the device (CudaBackend.verify_choose): each row's draft token, its two
         # float64 uniform numbers, and (token, kept)
         self.choose_drafts = dev.alloc(4 * VERIFY_MAX, "choose.drafts")
