@@ -83,6 +83,15 @@ def apply_penalties(
     return out
 
 
+def _penalised_view(logits: np.ndarray, params: SamplingParams, history: Sequence[int],
+                    prompt: Sequence[int]) -> np.ndarray:
+    """apply_penalties() where a penalty applies, else the float32 logits themselves (read only: the float32 path
+    makes its own weights), saving a copy of the row."""
+    if params.repetition_penalty != 1.0 or (history and (params.frequency_penalty or params.presence_penalty)):
+        return apply_penalties(logits, params, history, prompt)
+    return np.asarray(logits, dtype=np.float32)
+
+
 def _truncate(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Zero out what top_k, top_p and min_p exclude (the most likely token always survives)."""
     # probs: [V] float64 summing to 1
@@ -179,7 +188,7 @@ def sample(
         return int(np.argmax(_checked(apply_penalties(logits, params, history, prompt))))
     if rng is None:
         raise ValueError("sampling at temperature > 0 needs an rng (SamplingParams.make_rng())")
-    penalised = apply_penalties(logits, params, history, prompt)
+    penalised = _penalised_view(logits, params, history, prompt)
     top = penalised.max()  # NaN if any is; -inf if all are
     if not np.isfinite(top) or params.temperature < 1e-30:  # float64 for a NaN or infinite top, a T float32 lacks
         return draw(sampling_probs(logits, params, history, prompt), rng)
@@ -214,7 +223,7 @@ def keep_or_resample(logits: np.ndarray, params: SamplingParams, token: int, rng
                      history: Sequence[int] = (), prompt: Sequence[int] = ()) -> tuple[bool, int]:
     """Speculative sampling's step for a draft token proposed deterministically (engine/spec/verify.py): keep it
     with its probability p(token) under sample()'s distribution p, else draw from p without it. (kept?, token)."""
-    penalised = apply_penalties(logits, params, history, prompt)
+    penalised = _penalised_view(logits, params, history, prompt)
     top = penalised.max()
     if not np.isfinite(top) or params.is_greedy or params.temperature < 1e-30:
         p = sampling_probs(logits, params, history, prompt)  # raises for NaN or all -inf

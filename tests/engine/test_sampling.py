@@ -262,3 +262,13 @@ def test_keep_or_resample_is_speculative_sampling_on_sampling_probs(seed):
                     residual[token] = 0.0
                     cdf = np.cumsum(residual) / residual.sum()
                     assert abs(u1 - kept_p) < 1e-5 or np.min(np.abs(cdf - u2)) < 1e-5, (params, token, u1, u2)
+
+
+def test_sampling_leaves_the_callers_logits_as_they_were():
+    """The float32 path reads the logits in place where no penalty applies: it must never write them."""
+    logits = _peaked_logits(7, size=5000)
+    before = logits.copy()
+    for params in FAST_PARAMS:
+        sample(logits, params, np.random.default_rng(0))
+        keep_or_resample(logits, params, int(np.argmax(logits)), np.random.default_rng(1))
+    assert np.array_equal(logits, before)
