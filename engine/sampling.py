@@ -192,7 +192,8 @@ def sample(
     top = penalised.max()  # NaN if any is; -inf if all are
     if not np.isfinite(top) or params.temperature < 1e-30:  # float64 for a NaN or infinite top, a T float32 lacks
         return draw(sampling_probs(logits, params, history, prompt), rng)
-    return _draw_weights(_weights(penalised, top, params), params, rng)
+    ids, kept = _kept(penalised, top, params)
+    return _draw_all(kept, rng) if ids is None else int(ids[_inverse_cdf(kept, rng.random())])
 
 
 # sample() draws from sampling_probs()'s distribution in a few float32 passes over the row, without forming it:
@@ -209,9 +210,33 @@ def _weights(x: np.ndarray, top: float, params: SamplingParams) -> np.ndarray:
     return np.exp(w, out=w)
 
 
+def _kept(x: np.ndarray, top: float, params: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """_kept_weights of the penalised logits x [V]: with top_k, of the candidates' weights only."""
+    if params.top_k:
+        among = _top_k_candidates(x, top, params)
+        ids, kept = _kept_weights(_weights(x[among], top, params), params)
+        return among[ids], kept
+    return _kept_weights(_weights(x, top, params), params)
+
+
+def _top_k_candidates(x: np.ndarray, top: float, params: SamplingParams) -> np.ndarray:
+    """Ids (ascending) of every token whose logit is within a margin of the top wide enough to hold top_k of them,
+    and a few ulps more, so that a weight tied with the k-th is among them: top_k keeps none of the rest, so only
+    these tokens' weights are formed (a row's exp is most of a sampled row's cost on the host)."""
+    size, margin = x.shape[0], params.temperature * np.log(16.0)
+    need = min(params.top_k, size)
+    while margin < 1e6 * params.temperature:  # past that, every weight is 0 in float32 anyway
+        ids = np.flatnonzero(x >= top - margin * (1.0 + 1e-5) - 1e-6)
+        if len(ids) >= need or len(ids) == size:
+            return ids
+        margin *= 2.0
+    return np.flatnonzero(x > -np.inf)
+
+
 def _kept_weights(w: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
-    """(ids, their weights) that top_k, top_p and then min_p keep, ids ascending; (None, w itself, cut by min_p in
-    place) when top_k and top_p keep every token. min_p comes last, as in _truncate: top_p's mass is the uncut one."""
+    """(indices into w, their weights) that top_k, top_p and then min_p keep, ascending; (None, w itself, cut by
+    min_p in place) when top_k and top_p keep every token. min_p comes last, as in _truncate: top_p's mass is the
+    uncut one."""
     ids = np.sort(_nucleus_of_weights(w, params)) if params.top_k or params.top_p < 1.0 else None
     kept = w if ids is None else w[ids]
     if params.min_p > 0.0:
@@ -231,7 +256,7 @@ def keep_or_resample(logits: np.ndarray, params: SamplingParams, token: int, rng
             return True, token
         p[token] = 0.0
         return (True, token) if p.sum() <= 0.0 else (False, draw(p, rng))
-    ids, w = _kept_weights(_weights(penalised, top, params), params)
+    ids, w = _kept(penalised, top, params)
     if ids is not None:  # the kept tokens only, by id
         at = int(np.searchsorted(ids, token))
         token_weight = w[at] if at < len(ids) and ids[at] == token else 0.0
@@ -246,12 +271,6 @@ def keep_or_resample(logits: np.ndarray, params: SamplingParams, token: int, rng
             return True, token
     index = _inverse_cdf(w, rng.random()) if ids is not None else _draw_all(w, rng)
     return False, int(index if ids is None else ids[index])
-
-
-def _draw_weights(w: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """One token by the inverse CDF of weights w [V] after top_k, top_p and min_p (over ids, as draw()'s)."""
-    ids, kept = _kept_weights(w, params)
-    return _draw_all(kept, rng) if ids is None else int(ids[_inverse_cdf(kept, rng.random())])
 
 
 def _draw_all(w: np.ndarray, rng: np.random.Generator) -> int:

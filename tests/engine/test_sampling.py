@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.sampling import (InvalidSamplingParam, SamplingParams, UnsampleableLogits, _kept_weights, _weights,
+from engine.sampling import (InvalidSamplingParam, SamplingParams, UnsampleableLogits, _kept,
                              apply_penalties, draw, keep_or_resample, sample, sampling_probs)
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03], dtype=np.float32))
@@ -182,7 +182,8 @@ FAST_PARAMS = (SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9), Sam
                SamplingParams(temperature=0.5, min_p=0.05), SamplingParams(temperature=1.3, top_k=3000, top_p=0.97),
                SamplingParams(temperature=3.0, top_p=0.99),  # past several threshold steps
                # min_p after top_p (top_p's mass is the uncut distribution's), and cutting most of a top_k
-               SamplingParams(temperature=0.9, top_p=0.6, min_p=0.2), SamplingParams(top_k=500, min_p=0.3))
+               SamplingParams(temperature=0.9, top_p=0.6, min_p=0.2), SamplingParams(top_k=500, min_p=0.3),
+               SamplingParams(temperature=0.6, top_k=20, top_p=0.95))  # Qwen's recommended setting
 
 
 def _peaked_logits(seed: int, size: int = 20_000) -> np.ndarray:
@@ -214,7 +215,7 @@ def test_sample_keeps_exactly_the_tokens_with_mass(seed):
     logits = _peaked_logits(seed)
     for params in FAST_PARAMS:
         probs = sampling_probs(logits, params)
-        ids, kept = _kept_weights(_weights(logits, float(logits.max()), params), params)
+        ids, kept = _kept(logits, float(logits.max()), params)  # top_k: from the candidates' weights only
         ids = np.arange(len(kept)) if ids is None else ids
         assert set(ids[kept > 0]) == set(np.flatnonzero(probs)), params
         cdf = np.cumsum(probs)
