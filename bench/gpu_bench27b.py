@@ -439,8 +439,8 @@ def _use_variant(backend, name: str) -> None:
     mixers.GDN_CONV = name not in CONV_APART_VARIANTS and env_switch(mixers.GDN_CONV_ENV, True)
     mixers.GDN_CONV_TOKENS = CONV_TOKEN_VARIANTS.get(name, mixers.DEFAULT_GDN_CONV_TOKENS)
     ops.I8_COPY_BY_WIDTH = name not in COPY_ALL_VARIANTS
-    mixers.GDN_ACCEPT_LAYERS = name not in ACCEPT_APART_VARIANTS and env_switch("OPENJET_CUDA_ACCEPT_LAYERS", True)
-    mixers.GDN_ACCEPT_COLS = ACCEPT_COLS_VARIANTS.get(name, 8)
+    mixers.GDN_ACCEPT_LAYERS = name not in ACCEPT_APART_VARIANTS and env_switch(mixers.GDN_ACCEPT_ENV, True)
+    mixers.GDN_ACCEPT_COLS = ACCEPT_COLS_VARIANTS.get(name, mixers.DEFAULT_GDN_ACCEPT_COLS)
     i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
     i8b.SHAPE = SHAPE_VARIANTS.get(name, i8b.DEFAULT_SHAPE)
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())

@@ -98,43 +98,13 @@ def _truncate(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
     keep = np.ones(probs.shape[0], dtype=bool)
     if params.top_k or params.top_p < 1.0:
         keep[:] = False
-        keep[_nucleus(probs, params)] = True
+        keep[_nucleus(probs, params)] = True  # a full sort of a 248K-token vocabulary took ~30 ms a token
     if params.min_p > 0.0:
         keep &= probs >= params.min_p * probs.max()
     if keep.all():
         return probs
     out = np.where(keep, probs, 0.0)
     return out / out.sum()
-
-
-def _nucleus(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The tokens top_k, then top_p, keep: the first of the tokens by falling probability (ties by id), sorting
-    only the candidates it can reach. A full sort of a 248K-token vocabulary took ~30 ms a token on the host."""
-    size = probs.shape[0]
-    num_keep = size if params.top_k == 0 else min(params.top_k, size)
-    count = num_keep if params.top_k else min(size, 1024)
-    while True:
-        order = _top(probs, count)
-        if params.top_p >= 1.0:
-            return order[:num_keep]
-        total = probs[order[:num_keep]].sum() if params.top_k else probs.sum()
-        cumulative = np.cumsum(probs[order[:num_keep]] / total)
-        # the smallest prefix whose mass reaches top_p; found once it lies inside the candidates
-        cut = int(np.searchsorted(cumulative, params.top_p)) + 1
-        if cut <= len(cumulative) or count >= size:
-            return order[: min(num_keep, cut)]
-        count = min(size, 8 * count)
-
-
-def _top(probs: np.ndarray, count: int) -> np.ndarray:
-    """Token ids by falling probability, ties by id: at least the first `count` (every token as likely as the
-    count-th, so the order is a full sort's prefix)."""
-    size = probs.shape[0]
-    if count >= size:
-        return np.argsort(-probs, kind="stable")
-    threshold = np.partition(probs, size - count)[size - count]
-    candidates = np.flatnonzero(probs >= threshold)  # ascending ids: the stable sort keeps ties by id
-    return candidates[np.argsort(-probs[candidates], kind="stable")]
 
 
 def sampling_probs(
@@ -237,7 +207,7 @@ def _kept_weights(w: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | N
     """(indices into w, their weights) that top_k, top_p and then min_p keep, ascending; (None, w itself, cut by
     min_p in place) when top_k and top_p keep every token. min_p comes last, as in _truncate: top_p's mass is the
     uncut one."""
-    ids = np.sort(_nucleus_of_weights(w, params)) if params.top_k or params.top_p < 1.0 else None
+    ids = np.sort(_nucleus(w, params, top=1.0)) if params.top_k or params.top_p < 1.0 else None
     kept = w if ids is None else w[ids]
     if params.min_p > 0.0:
         kept[kept < params.min_p] = 0.0  # relative to the most likely token, whose weight is 1
@@ -245,17 +215,15 @@ def _kept_weights(w: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | N
 
 
 def keep_or_resample(logits: np.ndarray, params: SamplingParams, token: int, rng: np.random.Generator,
-                     history: Sequence[int] = (), prompt: Sequence[int] = ()) -> tuple[bool, int]:
+                     history: Sequence[int] = (), prompt: Sequence[int] = ()) -> tuple[bool, int] | None:
     """Speculative sampling's step for a draft token proposed deterministically (engine/spec/verify.py): keep it
-    with its probability p(token) under sample()'s distribution p, else draw from p without it. (kept?, token)."""
+    with its probability p(token) under sample()'s distribution p, else draw from p without it. (kept?, token);
+    None where the float32 weights cannot stand for p (a NaN or infinite top, a temperature float32 lacks, greedy):
+    there the caller forms p (sampling_probs) and takes verify.accept_or_resample."""
     penalised = _penalised_view(logits, params, history, prompt)
     top = penalised.max()
     if not np.isfinite(top) or params.is_greedy or params.temperature < 1e-30:
-        p = sampling_probs(logits, params, history, prompt)  # raises for NaN or all -inf
-        if rng.random() < p[token]:
-            return True, token
-        p[token] = 0.0
-        return (True, token) if p.sum() <= 0.0 else (False, draw(p, rng))
+        return None
     ids, w = _kept(penalised, top, params)
     if ids is not None:  # the kept tokens only, by id
         at = int(np.searchsorted(ids, token))
@@ -297,13 +265,14 @@ def _inverse_cdf(w: np.ndarray, u: float, absolute: bool = False) -> int:
     return index
 
 
-def _nucleus_of_weights(w: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """_nucleus over weights: the ids top_k, then top_p, keep, by falling weight (ties by id), found among the
-    tokens above a threshold lowered 16x at a time until they must hold the kept set."""
+def _nucleus(w: np.ndarray, params: SamplingParams, top: float | None = None) -> np.ndarray:
+    """The ids top_k, then top_p, keep of probabilities or weights w [V], by falling value (ties by id): found among
+    the tokens above a threshold, from a 16th of the top (w's largest, when known: weights' is 1) down 16x at a
+    time, until they must hold the kept set, so only those are sorted."""
     size = w.shape[0]
     num_keep = size if params.top_k == 0 else min(params.top_k, size)
     total = float(w.sum(dtype=np.float64))
-    threshold = 1.0 / 16
+    threshold = float(w.max() if top is None else top) / 16
     while True:
         exhausted = threshold < 1e-45  # below float32's least weight: every token with a weight is a candidate
         candidates = np.flatnonzero(w >= threshold) if not exhausted else np.flatnonzero(w)
@@ -323,10 +292,4 @@ def _nucleus_of_weights(w: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Inverse-CDF draw from a distribution [V] with one uniform number (deterministic for a seeded rng)."""
-    # over the tokens with mass only: the zeros add nothing to the running sums, so the draw is the same, and after
-    # top_k / top_p they are most of a large vocabulary
-    support = np.flatnonzero(probs)
-    cdf = np.cumsum(probs[support])
-    index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    # a draw can land exactly on the total: the last token with mass
-    return int(support[min(index, support.shape[0] - 1)])
+    return _inverse_cdf(probs, rng.random())

@@ -39,12 +39,13 @@ class CudaCheckpoint(Checkpoint):
 # Each verify row's token chosen on the device (CudaBackend.verify_choose); OPENJET_CUDA_CHOOSE=0 downloads the logits
 # and runs the rule on the host, as before 2026-12-06 (bench/NOTES.md Z10).
 CHOOSE_ENV = "OPENJET_CUDA_CHOOSE"
+CHOOSE = env_flag(CHOOSE_ENV, True)
 
 
 def device_chooses(params: SamplingParams) -> bool:
     """Whether kernels/sample.cu choose_rows has the request's arithmetic: temperature (0: greedy) and min_p, but no
     penalties, top_k or top_p (those rows go to the host, engine/sampling.py)."""
-    return (env_flag(CHOOSE_ENV, True) and params.top_k == 0 and params.top_p >= 1.0
+    return (CHOOSE and params.top_k == 0 and params.top_p >= 1.0
             and params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1.0
             and (params.is_greedy or params.temperature >= 1e-30))
 
@@ -151,12 +152,16 @@ class CudaBackend(Backend):
 
     def verify(self, tokens: list[int]) -> np.ndarray:
         """Feed up to VERIFY_MAX tokens without committing; logits [T, V]."""
+        self._verify_pass(tokens)
+        return self.dev.download(self.model.ws.logits, np.float32, (len(tokens), self.vocab_size))
+
+    def _verify_pass(self, tokens: list[int]) -> None:
+        """Run the non-committing pass over tokens (its logits left in ws.logits) and make it the pending one."""
         self._check(tokens)
         if len(tokens) > VERIFY_MAX:
             raise ValueError(f"verify takes at most {VERIFY_MAX} tokens, got {len(tokens)}")
         self._run(tokens, commit=False, logits_rows=len(tokens))
         self._pending = len(tokens)
-        return self.dev.download(self.model.ws.logits, np.float32, (len(tokens), self.vocab_size))
 
     def verify_choose(self, tokens: list[int], draft: Draft, params: SamplingParams,
                       rng: np.random.Generator) -> RowChoices | None:
@@ -166,12 +171,8 @@ class CudaBackend(Backend):
         penalties, top_k / top_p, drafts drawn at random, or a row whose top logit is infinite."""
         if not device_chooses(params) or getattr(draft, "probs", None) is not None:
             return None
-        self._check(tokens)
-        if len(tokens) > VERIFY_MAX:
-            raise ValueError(f"verify takes at most {VERIFY_MAX} tokens, got {len(tokens)}")
+        self._verify_pass(tokens)
         ws, num = self.model.ws, len(tokens)
-        self._run(tokens, commit=False, logits_rows=num)
-        self._pending = num
         self.dev.upload(ws.choose_drafts, np.asarray([*draft.tokens, -1], np.int32))
         if not params.is_greedy:
             self.dev.upload(ws.choose_uniforms, rng.random((num, 2)))

@@ -69,10 +69,12 @@ GDN_CONV_TOKENS = DEFAULT_GDN_CONV_TOKENS
 # The accept of a verify pass's prefix in every DeltaNet layer at once (gdn_accept_layers, one launch), where it was
 # conv_commit and the rule apart in each layer (OPENJET_CUDA_ACCEPT_LAYERS=0, bench variant acceptapart): 96
 # launches at the 27B, ~1.0 ms a cycle from a graph on the H100 (bench/NOTES.md Z7).
-GDN_ACCEPT_LAYERS = env_switch("OPENJET_CUDA_ACCEPT_LAYERS", True)
+GDN_ACCEPT_ENV = "OPENJET_CUDA_ACCEPT_LAYERS"
+GDN_ACCEPT_LAYERS = env_switch(GDN_ACCEPT_ENV, True)
 # Its state columns a warp: 8, so that each lane's part of a row of S is one whole 32-byte sector (two float4s);
 # with 48 layers' blocks in one launch, the shorter reductions of 4 (the pass's) buy nothing. Bench variant accept4.
-GDN_ACCEPT_COLS = 8
+DEFAULT_GDN_ACCEPT_COLS = 8
+GDN_ACCEPT_COLS = DEFAULT_GDN_ACCEPT_COLS
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,11 +285,19 @@ def gdn_gates(dev: Device, alpha: Buffer, b: Buffer, a: Buffer, dt_bias: Buffer,
                [alpha, b, a, dt_bias, g, beta, num_tokens, num_heads, ld_alpha, ld_b])
 
 
-def _check_state(state: Buffer, v_dim: int) -> None:
+def _check_state(v_dim: int, state: Buffer | None = None) -> None:
     """The delta rule moves its state [Hv, Dk, Dv] as float4s (kernels/deltanet.cu GDN_VEC_STATE)."""
-    if state.ptr % 16 or v_dim % 4:
+    if v_dim % 4 or (state is not None and state.ptr % 16):
         raise ValueError(f"the delta rule moves its state as float4s: a 16-byte aligned state and value heads a "
                          f"multiple of 4 wide, not {v_dim}")
+
+
+def _gdn_instance(k_dim: int, cols: int) -> str:
+    """The stem of gdn_recurrent's instance names for key heads of k_dim at cols state columns a warp."""
+    fitting = [d for d in GDN_KEY_DIMS if d >= k_dim]
+    if not fitting:
+        raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
+    return f"gdn_k{fitting[0]}" + ("" if cols == 8 else f"_c{cols}")
 
 
 def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o: Buffer, num_tokens: int,
@@ -305,11 +315,10 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
     conv: q, k and v are the raw projections (channels of conv.window's conv, q at 0, k at Hk Dk, v at 2 Hk Dk),
     convolved here as conv1d_silu would, their inputs appended to the window (a non-committing pass only).
     """
-    fitting = [d for d in GDN_KEY_DIMS if d >= k_dim]
-    if not fitting:
-        raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
+    cols = GDN_COLS if closer is None else 8  # the closer counts 32 warps of 8 columns a superblock
+    base = _gdn_instance(k_dim, cols) + ("_conv" if conv else "")
     prepared = alpha is None
-    _check_state(state, v_dim)
+    _check_state(v_dim, state)
     if conv is not None:
         if commit or prepared or closer is not None or GDN_COLS != 4:
             raise ValueError("the conv inside the delta rule takes a non-committing pass of raw inputs, 4 columns a "
@@ -325,8 +334,6 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                    ld_o, ld_gate, int(commit), int(prepared), int(qk_out is not None and not prepared), float(eps),
                    float(k_dim ** -0.5), *((conv.weight.ptr, conv.window.ptr, conv.out.ptr, conv.channels)
                                            if conv else (0, 0, 0, 0)))
-    cols = GDN_COLS if closer is None else 8  # the closer counts 32 warps of 8 columns a superblock
-    base = f"gdn_k{fitting[0]}" + ("" if cols == 8 else f"_c{cols}") + ("_conv" if conv else "")
     grid = (-(-v_dim // (GDN_WARPS * cols)), num_v_heads)
     dev.launch(dev.kernel(closers.instance(base, closer)), grid, 32 * GDN_WARPS,
                [args, closers.close_dst(closer, num_tokens, ld_o)])
@@ -339,19 +346,15 @@ def gdn_accept_layers(dev: Device, layers: Buffer, num_layers: int, n: int, num_
     """Accept the first n tokens of the last non-committing pass in num_layers DeltaNet layers, one launch: each
     layer's conv window rolled to them (conv_commit's work) and its state advanced over them from the pass's
     saved, prepared inputs (gdn_recurrent with commit on; no output). layers: num_layers GdnLayer rows."""
-    fitting = [d for d in GDN_KEY_DIMS if d >= k_dim]
-    if not fitting:
-        raise ValueError(f"no DeltaNet kernel for key heads of {k_dim}")
     assert 1 <= kernel_size <= 9 and layers.nbytes >= num_layers * ctypes.sizeof(GdnLayer)
-    if v_dim % 4:
-        raise ValueError(f"the delta rule moves its state as float4s: value heads a multiple of 4 wide, not {v_dim}")
+    cols = GDN_ACCEPT_COLS
+    name = _gdn_instance(k_dim, cols) + "_layers"
+    _check_state(v_dim)  # the states' alignment: CudaModel._accept_table
     key = num_k_heads * k_dim
     args = GdnArgs(T=n, num_k_heads=num_k_heads, num_v_heads=num_v_heads, Dk=k_dim, Dv=v_dim, ld_qk=2 * key,
                    ld_v=channels, commit=1, prepared=1, eps=float(eps), q_scale=float(k_dim ** -0.5), C=channels,
                    layers=layers.ptr, conv_k=kernel_size)
-    cols = GDN_ACCEPT_COLS
     grid = (-(-v_dim // (GDN_WARPS * cols)), num_v_heads, num_layers)
-    name = f"gdn_k{fitting[0]}" + ("" if cols == 8 else f"_c{cols}") + "_layers"
     dev.launch(dev.kernel(name), grid, 32 * GDN_WARPS, [args, closers.close_dst(None)])
 
 

@@ -836,7 +836,7 @@ def choose_rows(dev: Device, logits: Buffer, drafts: Buffer, uniforms: Buffer, o
     """out[t] = (token, kept) for verify row t, chosen as engine/spec/verify.py's rules would on the host (kernels/
     sample.cu choose_rows): temperature 0 the argmax, else speculative sampling of the draft drafts[t] (-1: none)
     with the row's two float64 uniforms."""
-    assert vocab <= 1 << 20, "choose_rows weighs a thread's chunk of at most 1024 tokens in shared memory"
+    assert vocab <= 1 << 20, "choose_rows weighs a segment of at most 1024 tokens in shared memory"
     greedy = temperature == 0
     dev.launch(dev.kernel("choose_rows"), num_rows, 1024,
                [logits, vocab, ld, drafts, uniforms, 0.0 if greedy else 1.0 / temperature, float(min_p), int(greedy),

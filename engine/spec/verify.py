@@ -76,12 +76,13 @@ def speculative_accept(draft: Draft, logits: np.ndarray, seq: TokenSequence, par
     probs = draft.probs if isinstance(draft, SampledDraft) else None
     out: list[int] = []
     for i, x in enumerate(draft.tokens):
-        history = _history(seq, out)
-        if probs is None:  # a deterministic draft: without forming p (engine.sampling.keep_or_resample)
-            kept, token = keep_or_resample(logits[i], params, x, seq.rng, history=history, prompt=seq.prompt)
-        else:
+        history, step = _history(seq, out), None
+        if probs is None:  # a deterministic draft: without forming p where the float32 weights can stand for it
+            step = keep_or_resample(logits[i], params, x, seq.rng, history=history, prompt=seq.prompt)
+        if step is None:
             p = sampling_probs(logits[i], params, history=history, prompt=seq.prompt)
-            kept, token = accept_or_resample(p, x, probs[i], seq.rng)
+            step = accept_or_resample(p, x, None if probs is None else probs[i], seq.rng)
+        kept, token = step
         out.append(token)
         if not kept:
             return out

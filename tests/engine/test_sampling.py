@@ -149,6 +149,16 @@ def test_truncation_keeps_what_a_full_sort_keeps(seed):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
 
 
+class _Uniforms:
+    """An rng whose draws are the given numbers in turn."""
+
+    def __init__(self, *us: float) -> None:
+        self.us = list(us)
+
+    def random(self) -> float:
+        return self.us.pop(0)
+
+
 def test_draw_is_the_inverse_cdf_over_every_token():
     """draw() runs its sums over the tokens with mass only: the same index as the inverse CDF over the whole row,
     for the same uniform number, at the edges too (a draw landing on the total takes the last token with mass)."""
@@ -160,22 +170,7 @@ def test_draw_is_the_inverse_cdf_over_every_token():
         want = min(want, 999)
         while probs[want] == 0.0:
             want -= 1
-
-        class _U:
-            def random(self, value=u):
-                return value
-
-        assert draw(probs, _U()) == want, u
-
-
-class _Uniform:
-    """An rng whose one draw is u."""
-
-    def __init__(self, u: float) -> None:
-        self.u = u
-
-    def random(self) -> float:
-        return self.u
+        assert draw(probs, _Uniforms(u)) == want, u
 
 
 FAST_PARAMS = (SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(top_k=50),
@@ -202,7 +197,7 @@ def test_sample_draws_sampling_probs_inverse_cdf(seed):
         probs = sampling_probs(logits, params)
         cdf = np.cumsum(probs)
         for u in np.random.default_rng(seed).random(60):
-            got = sample(logits, params, _Uniform(u))
+            got = sample(logits, params, _Uniforms(u))
             assert probs[got] > 0, params
             lo, hi = (cdf[got - 1] if got else 0.0), cdf[got]
             assert lo - 1e-6 <= u * cdf[-1] <= hi + 1e-6, (params, u, got)
@@ -220,25 +215,15 @@ def test_sample_keeps_exactly_the_tokens_with_mass(seed):
         assert set(ids[kept > 0]) == set(np.flatnonzero(probs)), params
         cdf = np.cumsum(probs)
         for token in np.flatnonzero(probs > 1e-4):
-            assert sample(logits, params, _Uniform((cdf[token] - probs[token] / 2) / cdf[-1])) == token
+            assert sample(logits, params, _Uniforms((cdf[token] - probs[token] / 2) / cdf[-1])) == token
 
 
 def test_sample_takes_the_float64_path_where_float32_cannot():
     """A tiny temperature (float32 has no 1e-40) samples greedily; an infinite top, from the infinite tokens."""
     logits = np.array([0.0, 3.0, 2.999, -np.inf], np.float32)
-    assert sample(logits, SamplingParams(temperature=1e-40), _Uniform(0.999)) == 1
+    assert sample(logits, SamplingParams(temperature=1e-40), _Uniforms(0.999)) == 1
     inf = np.array([0.0, np.inf, 1.0, np.inf], np.float32)
-    assert {sample(inf, SamplingParams(), _Uniform(u)) for u in (0.1, 0.9)} == {1, 3}
-
-
-class _Uniforms:
-    """An rng whose draws are the given numbers in turn."""
-
-    def __init__(self, *us: float) -> None:
-        self.us = list(us)
-
-    def random(self) -> float:
-        return self.us.pop(0)
+    assert {sample(inf, SamplingParams(), _Uniforms(u)) for u in (0.1, 0.9)} == {1, 3}
 
 
 @pytest.mark.parametrize("seed", range(2))
