@@ -30,6 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TOKEN_COUNTS = (1, 5)  # the passes issue 4's targets name
+TOKENS_ENV = "OPENJET_TIMELINE_TOKENS"  # other token counts, comma-separated (4,5: where the fifth token's time goes)
+
+
+def token_counts() -> tuple[int, ...]:
+    """TOKENS_ENV's counts, else TOKEN_COUNTS."""
+    raw = os.environ.get(TOKENS_ENV, "")
+    return tuple(int(x) for x in raw.split(",") if x) or TOKEN_COUNTS
 REPLAYS = 5  # profiled replays a pass, each in a profiler session of its own; the one of median wall is reported
 TOP = 12  # kernel names and gaps a pass prints
 # Kernel classes by instance-name prefix, summed first (the first class whose prefix matches takes a kernel): the
@@ -190,7 +197,7 @@ def profile_replays(dev, graph, replays: int = REPLAYS) -> list[list[Span]]:
 
 
 def run_timeline(report, args) -> None:
-    """Each variant's passes of TOKEN_COUNTS tokens after a 512-token prompt: the median replay's summary."""
+    """Each variant's passes of token_counts() tokens after a 512-token prompt: the median replay's summary."""
     import numpy as np
 
     from bench.gpu_bench27b import CONTEXT, VARIANTS, _decode_sanity, _model_file, _use_variant
@@ -207,7 +214,7 @@ def run_timeline(report, args) -> None:
             _use_variant(backend, name)
             _decode_sanity(backend, report, f".timeline.{name}")
             rng = np.random.default_rng(7)
-            for t in TOKEN_COUNTS:
+            for t in token_counts():
                 tokens = [int(x) for x in rng.integers(0, backend.vocab_size, size=t)]
                 backend.verify(tokens)  # eager run + capture
                 backend.verify(tokens)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.gpu_timeline import Span, instance_names, kernel_name, spans_of_trace, summarize, table
+from bench.gpu_timeline import (TOKEN_COUNTS, TOKENS_ENV, Span, instance_names, kernel_name, spans_of_trace, summarize,
+                                table, token_counts)
 
 
 def test_demangled_names_read_as_instance_names() -> None:
@@ -81,3 +82,10 @@ def test_the_table_splits_the_pass_by_kernel_class() -> None:
 def test_an_empty_replay_is_an_error_that_says_so() -> None:
     with pytest.raises(ValueError, match="no kernels"):
         summarize([])
+
+
+def test_the_token_counts_come_from_the_environment_when_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKENS_ENV, raising=False)
+    assert token_counts() == TOKEN_COUNTS
+    monkeypatch.setenv(TOKENS_ENV, "4,5")
+    assert token_counts() == (4, 5)
