@@ -171,45 +171,87 @@ class _Uniforms:
         return self.us.pop(0)
 
 
+# choose_rows' sampled cases: plain temperature and min_p; Qwen's recommended setting (top_k 20, top_p 0.95); top_p
+# alone; top_k 1 (a tie at the top keeps the lower id alone); top_k with min_p after it
+CHOOSE_CASES = (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, min_p=0.05),
+                SamplingParams(temperature=0.6, top_k=20, top_p=0.95), SamplingParams(temperature=0.7, top_p=0.8),
+                SamplingParams(top_k=1), SamplingParams(top_k=50, min_p=0.05))
+
+
 def check_choose_rows(dev: Device, report: Report, rng: np.random.Generator, vocab: int = 248320,
                       trials: int = 40) -> None:
     """choose_rows against the host's rules on the same rows and uniform numbers: greedy, each row's argmax (a tie
-    to the lowest id); sampled, engine/sampling.py keep_or_resample for a row's deterministic draft and sample()
-    for the last row. The float32 sums may move a draw that lands within rounding of a boundary: at most 1 % of
-    the rows may differ. A NaN row and an all -inf row give -1, an infinite top -2 when sampling."""
-    from engine.sampling import keep_or_resample, sample
-
+    to the lowest id); sampled (CHOOSE_CASES), engine/sampling.py keep_or_resample for a row's deterministic draft
+    (the top token, one at random, a tie at the top, the least likely) and sample() for the last row. The float32
+    weights and sums may move a draw that lands within rounding of a boundary: at most 1 % of the rows may differ.
+    Rows of nearly equal logits: top_k 20 has thousands of tokens within 16x of the top, so the kernel narrows its
+    threshold until the candidates fit ops.CHOOSE_CAP, and still chooses as the host; top_p 0.95 of them holds
+    more than CHOOSE_CAP tokens: the host's rows (-2). A NaN row and an all -inf row give -1, an infinite top -2."""
     s = Scope(dev)
-    rows = 6
-    logits = randn(rng, rows, vocab, scale=2.0)
+    logits = randn(rng, 6, vocab, scale=2.0)
     logits[:, rng.integers(0, vocab, 40)] += rng.uniform(4, 12, 40).astype(F32)  # a few likely tokens a row
-    logits[3, [11, 200_000]] = 40.0  # a tie at the top
+    logits[3, [11, vocab - 7]] = 40.0  # a tie at the top
     top = np.argmax(logits, axis=1)
     drafts = np.array([top[0], int(rng.integers(vocab)), top[2], 11, int(np.argsort(logits[4])[0]), -1], np.int32)
-    lb, db, ub, out = s.put(logits), s.put(drafts), s.out(16 * rows), s.out(8 * rows)
-    ops.choose_rows(dev, lb, db, ub, out, rows, vocab, vocab, 0.0, 0.0)
-    got = s.get(out, (rows, 2), np.int32)
+    lb, db, ub, out = s.put(logits), s.put(drafts), s.out(16 * 6), s.out(8 * 6)
+    got = _choose(dev, s, (lb, db, ub, out), 6, vocab, SamplingParams(temperature=0))
     record(report, "choose_rows", "greedy", "argmax, kept",
            float(np.any(got[:, 0] != top) or np.any(got[:5, 1] != (top[:5] == drafts[:5]))), 0.5)
-    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, min_p=0.05)):
-        differ = 0
-        for _ in range(trials):
-            u = rng.random((rows, 2))
-            dev.upload(ub, u)
-            ops.choose_rows(dev, lb, db, ub, out, rows, vocab, vocab, params.temperature, params.min_p)
-            got = s.get(out, (rows, 2), np.int32)
-            for t in range(rows):
-                want = (keep_or_resample(logits[t], params, int(drafts[t]), _Uniforms(*u[t])) if drafts[t] >= 0
-                        else (False, sample(logits[t], params, _Uniforms(u[t, 0]))))
-                differ += (int(got[t, 0]), bool(got[t, 1])) != (want[1], want[0])
-        record(report, "choose_rows", f"t{params.temperature}.minp{params.min_p}", f"{trials}x{rows} rows",
-               differ / (trials * rows), 0.01)
+    for params in CHOOSE_CASES:
+        differ = _choose_trials(dev, s, (lb, db, ub, out), logits, drafts, params, rng, trials)
+        record(report, "choose_rows", _case_name(params), f"{trials}x6 rows", differ, 0.01)
+    flat = randn(rng, 3, vocab, scale=0.05)
+    flat_drafts = np.array([int(np.argmax(flat[0])), 5, -1], np.int32)
+    bufs, params = (s.put(flat), s.put(flat_drafts), ub, out), SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
+    differ = _choose_trials(dev, s, bufs, flat, flat_drafts, params, rng, trials)
+    record(report, "choose_rows", f"flat.{_case_name(params)}", f"{trials}x3 rows", differ, 0.01)
+    got = _choose(dev, s, bufs, 3, vocab, SamplingParams(top_p=0.95))
+    record(report, "choose_rows", "flat.p0.95", f"over {ops.CHOOSE_CAP}: -2", float(np.any(got[:, 0] != -2)), 0.5)
     bad = np.zeros((3, vocab), F32)
     bad[0, 7], bad[1, :], bad[2, 9] = np.nan, -np.inf, np.inf
-    ops.choose_rows(dev, s.put(bad), db, ub, out, 3, vocab, vocab, 1.0, 0.0)
-    record(report, "choose_rows", "nan,-inf,+inf", "-1, -1, -2",
-           float(s.get(out, (3, 2), np.int32)[:, 0].tolist() != [-1, -1, -2]), 0.5)
+    got = _choose(dev, s, (s.put(bad), db, ub, out), 3, vocab, SamplingParams())
+    record(report, "choose_rows", "nan,-inf,+inf", "-1, -1, -2", float(got[:, 0].tolist() != [-1, -1, -2]), 0.5)
     s.close()
+
+
+def _choose(dev: Device, s: Scope, bufs: tuple[Buffer, ...], rows: int, vocab: int,
+            params: SamplingParams) -> np.ndarray:
+    """ops.choose_rows on bufs (logits, drafts, uniforms, out) with the request's parameters: out [rows, 2]."""
+    logits, drafts, uniforms, out = bufs
+    ops.choose_rows(dev, logits, drafts, uniforms, out, rows, vocab, vocab, params.temperature, params.min_p,
+                    params.top_k, params.top_p)
+    return s.get(out, (rows, 2), np.int32)
+
+
+def _choose_trials(dev: Device, s: Scope, bufs: tuple[Buffer, ...], logits: np.ndarray, drafts: np.ndarray,
+                   params: SamplingParams, rng: np.random.Generator, trials: int) -> float:
+    """The fraction of rows whose choice differs from the host's over `trials` sets of uniform numbers."""
+    differ = 0
+    for _ in range(trials):
+        u = rng.random((len(drafts), 2))
+        dev.upload(bufs[2], u)
+        got = _choose(dev, s, bufs, len(drafts), logits.shape[1], params)
+        differ += choose_differences(got, logits, drafts, u, params)
+    return differ / (trials * len(drafts))
+
+
+def _case_name(params: SamplingParams) -> str:
+    """t0.6.k20.p0.95.minp0.0"""
+    return f"t{params.temperature}.k{params.top_k}.p{params.top_p}.minp{params.min_p}"
+
+
+def choose_differences(got: np.ndarray, logits: np.ndarray, drafts: np.ndarray, u: np.ndarray,
+                       params: SamplingParams) -> int:
+    """Rows whose (token, kept) differ from the host's rules fed the same uniform numbers."""
+    # got: [T, 2] int32 (choose_rows' out); logits: [T, V]; u: [T, 2]
+    from engine.sampling import keep_or_resample, sample
+
+    differ = 0
+    for t in range(len(drafts)):
+        want = (keep_or_resample(logits[t], params, int(drafts[t]), _Uniforms(*u[t])) if drafts[t] >= 0
+                else (False, sample(logits[t], params, _Uniforms(u[t, 0]))))
+        differ += (int(got[t, 0]), bool(got[t, 1])) != (want[1], want[0])
+    return differ
 
 
 def _restricted_softmax(logits: np.ndarray, temp: float, top_k: int, top_p: float) -> np.ndarray:

@@ -91,7 +91,8 @@ AcceptRule = Callable[[Draft, np.ndarray, TokenSequence, SamplingParams], list[i
 @dataclass(frozen=True, slots=True)
 class RowChoices:
     """Each verify row's token as a rule chose it where the logits are (Backend.verify_choose): tokens[i] is the
-    draft at row i if kept[i], else the token drawn in its place; the last row's token follows every draft."""
+    draft at row i if kept[i], else the token drawn in its place; the last row's token follows every draft. They may
+    stop at the first row that is not kept: no later row can be emitted."""
 
     tokens: list[int]
     kept: list[bool]

@@ -20,7 +20,8 @@ from engine.cuda import env_flag, ops
 from engine.cuda.device import Buffer, Device, Graph
 from engine.cuda.model import VERIFY_MAX, CudaModel
 from engine.errors import ContextOverflowError
-from engine.sampling import SamplingParams, sample
+from engine.sampling import SamplingParams, keep_or_resample, sample, sampling_probs
+from engine.spec.verify import accept_or_resample
 
 # "0": leave the file's MTP head out (no draft(); the server drafts n-grams). On by default: checked on the H200
 # (tiny qwen35: drafts and speculative greedy decoding equal to the reference's) and timed at the 27B shape (its
@@ -43,9 +44,9 @@ CHOOSE = env_flag(CHOOSE_ENV, True)
 
 
 def device_chooses(params: SamplingParams) -> bool:
-    """Whether kernels/sample.cu choose_rows has the request's arithmetic: temperature (0: greedy) and min_p, but no
-    penalties, top_k or top_p (those rows go to the host, engine/sampling.py)."""
-    return (CHOOSE and params.top_k == 0 and params.top_p >= 1.0
+    """Whether kernels/sample.cu choose_rows has the request's arithmetic: temperature (0: greedy), top_k (up to
+    ops.CHOOSE_CAP), top_p and min_p, but no penalties (those rows go to the host, engine/sampling.py)."""
+    return (CHOOSE and params.top_k <= ops.CHOOSE_CAP
             and params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1.0
             and (params.is_greedy or params.temperature >= 1e-30))
 
@@ -59,6 +60,7 @@ class CudaBackend(Backend):
         self._num_tokens = 0
         self._pending: int | None = None  # tokens of an unaccepted verify pass
         self._graphs: dict[tuple, Graph] = {}  # passes by (tokens, commit, logits rows); ("accept", n); ("draft", d)
+        self.num_host_rows = 0  # verify_choose's rows the kernel left to the host (the bench reports them)
 
     @classmethod
     def from_gguf(cls, path: str | Path, context_size: int | None = None, device: Device | None = None,
@@ -168,24 +170,33 @@ class CudaBackend(Backend):
         """verify() with each row's token chosen on the device (ops.choose_rows): the argmax, or speculative sampling
         of the deterministic draft from two of rng's uniform numbers a row, so T ids come back instead of T x V
         logits and no row is sampled on the host (~1 ms a row at 248K tokens). None (the host's way) for
-        penalties, top_k / top_p, drafts drawn at random, or a row whose top logit is infinite."""
+        penalties, a top_k past ops.CHOOSE_CAP or drafts drawn at random. A row the kernel leaves to the host (an
+        infinite top, a top_k / top_p set it cannot sort) is chosen there, from its logits of the same pass; the
+        choices stop at the first row that does not keep its draft (no later row can be emitted)."""
         if not device_chooses(params) or getattr(draft, "probs", None) is not None:
             return None
         self._verify_pass(tokens)
-        ws, num = self.model.ws, len(tokens)
+        ws, num, vocab = self.model.ws, len(tokens), self.vocab_size
         self.dev.upload(ws.choose_drafts, np.asarray([*draft.tokens, -1], np.int32))
         if not params.is_greedy:
             self.dev.upload(ws.choose_uniforms, rng.random((num, 2)))
-        ops.choose_rows(self.dev, ws.logits, ws.choose_drafts, ws.choose_uniforms, ws.choose_out, num,
-                        self.vocab_size, self.vocab_size, params.temperature, params.min_p)
+        ops.choose_rows(self.dev, ws.logits, ws.choose_drafts, ws.choose_uniforms, ws.choose_out, num, vocab, vocab,
+                        params.temperature, params.min_p, params.top_k, params.top_p)
         out = self.dev.download(ws.choose_out, np.int32, (num, 2))
         if (out[:, 0] == -1).any():
-            row = self.dev.download(ws.logits, np.float32, (num, self.vocab_size))[int(np.argmax(out[:, 0] == -1))]
+            row = self.dev.download(ws.logits, np.float32, (num, vocab))[int(np.argmax(out[:, 0] == -1))]
             sample(row, params, rng)  # raises UnsampleableLogits naming what is wrong
-        if (out[:, 0] < 0).any():  # an infinite top: the host's float64 path, on the same pass
-            self._pending = None
-            return None
-        return RowChoices([int(t) for t in out[:, 0]], [bool(k) for k in out[:, 1]])
+        tokens, kept = [], []
+        for t, (token, is_kept) in enumerate(out.tolist()):
+            if token == -2:  # the host's row
+                row = self.dev.download(ws.logits, np.float32, (vocab,), offset=4 * vocab * t)
+                token, is_kept = _choose_on_host(row, params, draft.tokens[t] if t < len(draft.tokens) else -1, rng)
+                self.num_host_rows += 1
+            tokens.append(token)
+            kept.append(bool(is_kept))
+            if not is_kept:
+                break
+        return RowChoices(tokens, kept)
 
     def accept(self, n: int) -> None:
         """Commit the first n tokens of the last verify()."""
@@ -315,6 +326,21 @@ class CudaBackend(Backend):
         self._graphs.clear()
         if self.owns_device:
             self.dev.close()
+
+
+def _choose_on_host(row: np.ndarray, params: SamplingParams, draft_token: int,
+                    rng: np.random.Generator) -> tuple[int, int]:
+    """(token, kept) of a verify row by engine/spec/verify.py speculative_accept's rule on the host, from fresh draws
+    of rng (as exact as the row's uniforms would have been: every draw is independent). draft_token < 0: the row
+    after the drafts, drawn from p alone."""
+    # row: [V]
+    if draft_token < 0:
+        return sample(row, params, rng), 0
+    step = keep_or_resample(row, params, draft_token, rng)
+    if step is None:  # an infinite top: the float64 distribution
+        step = accept_or_resample(sampling_probs(row, params), draft_token, None, rng)
+    kept, token = step
+    return token, int(kept)
 
 
 def _free_all(memory, buffers: list[Buffer]) -> None:

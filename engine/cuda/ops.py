@@ -831,16 +831,23 @@ def argmax(dev: Device, logits: Buffer, ids: Buffer, scratch: Buffer, num_tokens
     dev.launch(dev.kernel("argmax_final"), num_tokens, 256, [part_v, part_i, ids, chunks])
 
 
+# Candidates a row's top_k / top_p set is sorted among in shared memory (kernels/sample.cu CHOOSE_CAP): a larger set
+# is the host's row (-2), and a larger top_k the host's request (engine/cuda/backend.py device_chooses).
+CHOOSE_CAP = 4096
+
+
 def choose_rows(dev: Device, logits: Buffer, drafts: Buffer, uniforms: Buffer, out: Buffer, num_rows: int, vocab: int,
-                ld: int, temperature: float, min_p: float) -> None:
+                ld: int, temperature: float, min_p: float, top_k: int, top_p: float) -> None:
     """out[t] = (token, kept) for verify row t, chosen as engine/spec/verify.py's rules would on the host (kernels/
     sample.cu choose_rows): temperature 0 the argmax, else speculative sampling of the draft drafts[t] (-1: none)
-    with the row's two float64 uniforms."""
+    with the row's two float64 uniforms, from the weights temperature, top_k (0: all), top_p (1: all) and min_p
+    keep. Token -1: no token can be chosen; -2: the row is the host's (an infinite top, or a top_k / top_p set of
+    more than CHOOSE_CAP tokens)."""
     assert vocab <= 1 << 20, "choose_rows weighs a segment of at most 1024 tokens in shared memory"
-    greedy = temperature == 0
+    # top_p in float64: the host compares its running mass with it unrounded (engine/sampling.py _nucleus)
     dev.launch(dev.kernel("choose_rows"), num_rows, 1024,
-               [logits, vocab, ld, drafts, uniforms, 0.0 if greedy else 1.0 / temperature, float(min_p), int(greedy),
-                out])
+               [logits, vocab, ld, drafts, uniforms, float(temperature), float(min_p), int(top_k),
+                ctypes.c_double(top_p), int(temperature == 0), out])
 
 
 def sample(dev: Device, logits: Buffer, ids: Buffer, num_tokens: int, vocab: int, ld: int, temperature: float,

@@ -1,44 +1,58 @@
 """Backend.cycle with each verify row's token chosen where the logits are (Backend.verify_choose, RowChoices): which
-rules take that way, what they emit, and that greedy decoding comes out token for token as the host's. The device
-arithmetic itself is checked on the GPU (bench/gpu_ops.py check_choose_rows); here a reference backend makes the
-same choices in numpy (engine/sampling.py keep_or_resample, the host's own rule for a deterministic draft)."""
+rules take that way, what they emit, and that greedy decoding comes out token for token as the host's. A reference
+backend makes the device's choices with the numpy model of kernels/sample.cu choose_rows (tests/kernels/
+choose_rows_model.py) for the requests the CUDA backend sends there (device_chooses: top_k and top_p too), and holds
+each sampled row to the host's rule (engine/sampling.py keep_or_resample, sample) fed the same uniform numbers. The
+kernel's own arithmetic is checked on the GPU (bench/gpu_ops.py check_choose_rows)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engine.backend import Draft, RowChoices, TokenSequence, accept_choices
+from engine.cuda.backend import device_chooses
 from engine.reference.backend import ReferenceBackend
 from engine.sampling import SamplingParams, keep_or_resample, sample
 from engine.server.generation import capture_logits, stop_at_ids
 from engine.spec.verify import rule_for
 from tests.engine.reference.conftest import tiny_model
+from tests.engine.test_sampling import _Uniforms
+from tests.kernels import choose_rows_model
 
 GREEDY = SamplingParams(temperature=0)
 
 
 class _ChoosingBackend(ReferenceBackend):
-    """A reference backend that chooses each row's token itself, as the CUDA backend's choose_rows does."""
+    """A reference backend that chooses each row's token as the CUDA backend's choose_rows does (its numpy model, on
+    rng.random((T, 2)) a pass), and counts the sampled rows whose choice is not the host rule's for the same
+    uniforms (`differ`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.chose, self.verified = 0, 0
+        self.chose, self.verified, self.differ, self.rows = 0, 0, 0, 0
 
     def verify(self, tokens):
         self.verified += 1
         return super().verify(tokens)
 
     def verify_choose(self, tokens, draft, params, rng):
-        if params.presence_penalty:
+        if not device_chooses(params):
             return None
         logits = super().verify(tokens)
         self.chose += 1
-        if params.is_greedy:
-            best = [int(np.argmax(row)) for row in logits]
-            return RowChoices(best, [b == x for b, x in zip(best, draft.tokens)] + [False])
-        rows = [keep_or_resample(logits[i], params, x, rng) for i, x in enumerate(draft.tokens)]
-        last = sample(logits[len(draft.tokens)], params, rng)
-        return RowChoices([t for _, t in rows] + [last], [k for k, _ in rows] + [False])
+        drafts = np.array([*draft.tokens, -1])
+        u = np.zeros((len(tokens), 2)) if params.is_greedy else rng.random((len(tokens), 2))
+        out = choose_rows_model.choose_rows(logits, drafts, u, params.temperature, params.min_p, params.top_k,
+                                            params.top_p, params.is_greedy)
+        assert (out[:, 0] >= 0).all(), "a tiny model's row is never the host's"
+        if not params.is_greedy:
+            for i, x in enumerate(drafts):
+                want = (keep_or_resample(logits[i], params, int(x), _Uniforms(*u[i])) if x >= 0
+                        else (False, sample(logits[i], params, _Uniforms(u[i, 0]))))
+                self.differ += (int(out[i, 0]), bool(out[i, 1])) != (want[1], want[0])
+                self.rows += 1
+        return RowChoices([int(t) for t in out[:, 0]], [bool(k) for k in out[:, 1]])
 
 
 def _decode(backend, params: SamplingParams, rule, steps: int = 12) -> list[int]:
@@ -59,10 +73,20 @@ def test_greedy_cycles_from_the_rows_choices_equal_the_hosts():
     assert device.chose == 12 and device.verified == 0
 
 
-def test_sampled_cycles_take_the_choices_and_stay_reproducible():
-    params = SamplingParams(temperature=0.8, seed=5)
-    runs = [_decode(_ChoosingBackend(tiny_model("qwen35")), params, rule_for(params)) for _ in range(2)]
-    assert runs[0] == runs[1] and len(runs[0]) >= 12
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, seed=5), SamplingParams(temperature=0.7, min_p=0.1, seed=5),
+    SamplingParams(temperature=0.6, top_k=20, top_p=0.95, seed=5),  # Qwen's recommended setting
+    SamplingParams(temperature=0.7, top_p=0.8, seed=5), SamplingParams(top_k=1, seed=5),
+    SamplingParams(top_p=1e-9, seed=5), SamplingParams(temperature=1.5, top_k=50, top_p=0.9, min_p=0.05, seed=5),
+], ids=str)
+def test_sampled_cycles_take_the_choices_and_stay_reproducible(params):
+    """Every cycle takes the device's way, each row's choice is the host rule's for the same uniforms, and a seeded
+    request decodes the same tokens twice."""
+    backends = [_ChoosingBackend(tiny_model("qwen35")) for _ in range(2)]
+    runs = [_decode(backend, params, rule_for(params), steps=16) for backend in backends]
+    assert runs[0] == runs[1] and len(runs[0]) >= 16
+    assert backends[0].chose == 16 and backends[0].verified == 0
+    assert backends[0].rows >= 30 and backends[0].differ == 0
 
 
 def test_the_rules_that_may_take_the_choices():

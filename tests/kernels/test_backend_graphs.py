@@ -5,6 +5,7 @@ bench/gpu_models.py's speculative decoding against the reference)."""
 
 from __future__ import annotations
 
+import ctypes
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -133,20 +134,40 @@ def test_accept_without_a_verify_is_refused_before_anything_runs() -> None:
     assert backend.dev.log == []
 
 
-def _choosing_backend(out: np.ndarray):
-    """_backend() whose device also takes choose_rows: launches, uploads and the (token, kept) rows it returns."""
+def _choosing_backend(out: np.ndarray | None = None, logits: np.ndarray | None = None):
+    """_backend() whose device also takes choose_rows: launches, uploads and the (token, kept) rows it returns: `out`,
+    or without it, what the kernel's numpy model (choose_rows_model.py) chooses from `logits` [T, 100] and the
+    launch's arguments and uploads. Downloads of the logits return `logits` (NaN without) from the byte offset
+    asked for."""
     from engine.cuda.memory import Buffer
+    from tests.kernels import choose_rows_model
 
     backend = _backend()
     dev, ws = backend.dev, backend.model.ws
     ws.logits = Buffer(1, 4 * 8 * 100, "logits")
     ws.choose_drafts, ws.choose_uniforms, ws.choose_out = (Buffer(2, 32, "d"), Buffer(3, 128, "u"),
                                                            Buffer(4, 64, "out"))
-    dev.launched, dev.uploaded = [], {}
+    dev.launched, dev.uploaded, dev.downloaded = [], {}, []
+    rows = np.full((8, 100), np.nan, np.float32) if logits is None else logits
+
+    def launch(kernel, grid, block, args, smem=0) -> None:
+        dev.launched.append((kernel.name, grid, block, args))
+        if out is None:
+            temperature, min_p, top_k, top_p, greedy = args[5:10]
+            dev.out = choose_rows_model.choose_rows(rows[:grid], dev.uploaded["d"], dev.uploaded["u"], temperature,
+                                                    min_p, top_k, top_p.value, bool(greedy))
+
+    def download(buf, dtype, shape, offset=0):
+        dev.downloaded.append((buf.what, offset))
+        if buf.what == "out":
+            return dev.out.copy()
+        return rows.reshape(-1)[offset // 4 : offset // 4 + int(np.prod(shape))].reshape(shape).copy()
+
+    dev.out = out
     dev.kernel = lambda name: SimpleNamespace(name=name)
-    dev.launch = lambda kernel, grid, block, args, smem=0: dev.launched.append((kernel.name, grid, block, args))
+    dev.launch = launch
     dev.upload = lambda buf, array, offset=0: dev.uploaded.__setitem__(buf.what, np.array(array))
-    dev.download = lambda buf, dtype, shape: out if buf.what == "out" else np.full(shape, np.nan, dtype)
+    dev.download = download
     return backend
 
 
@@ -155,30 +176,95 @@ def test_the_rows_choices_come_from_one_launch_after_the_pass() -> None:
     from engine.sampling import SamplingParams
 
     backend = _choosing_backend(np.array([[7, 1], [9, 0], [4, 0]], np.int32))
-    params = SamplingParams(temperature=0.5, min_p=0.1)
+    params = SamplingParams(temperature=0.5, min_p=0.1, top_k=20, top_p=0.9)
     choices = backend.verify_choose([1, 7, 8], Draft([7, 8]), params, np.random.default_rng(3))
-    assert (choices.tokens, choices.kept) == ([7, 9, 4], [True, False, False])
+    assert (choices.tokens, choices.kept) == ([7, 9], [True, False])  # no row after the first not kept
     assert backend.dev.log == [("eager", ("forward", 3, False))] and backend._pending == 3
     (name, grid, block, args), = backend.dev.launched
     assert (name, grid, block) == ("choose_rows", 3, 1024)
-    assert args[5:8] == [1 / 0.5, 0.1, 0] and args[1] == 100  # 1 / T, min_p, not greedy; the vocabulary
+    # T, min_p, top_k, top_p (a float64: the host's running mass meets it unrounded), not greedy; the vocabulary
+    assert args[5:8] == [0.5, 0.1, 20] and isinstance(args[8], ctypes.c_double) and args[8].value == 0.9
+    assert args[9] == 0 and args[1] == args[2] == 100
     assert backend.dev.uploaded["d"].tolist() == [7, 8, -1]  # the last row has no draft
     assert backend.dev.uploaded["u"].shape == (3, 2) and backend.dev.uploaded["u"].dtype == np.float64
+    assert [what for what, _ in backend.dev.downloaded] == ["out"]  # no logits travel
 
 
-def test_the_host_keeps_what_the_kernel_cannot_do() -> None:
+def test_top_k_and_top_p_rows_are_chosen_on_the_device_as_the_host_chooses_them() -> None:
+    """Through the whole of verify_choose (uploads, the launch's arguments, the download) on a device that runs the
+    kernel's numpy model: each row's choice, up to the first not kept, is the host rule's for the row's uniforms,
+    which the backend drew from the sequence's rng as (T, 2)."""
     from engine.backend import Draft
+    from engine.sampling import SamplingParams, keep_or_resample, sample
+    from tests.engine.test_sampling import _Uniforms
+
+    rng = np.random.default_rng(8)
+    logits = np.round(rng.standard_normal((3, 100)) * 2, 1).astype(np.float32)  # ties
+    top = [int(i) for i in np.argmax(logits, axis=1)]
+    for params in (SamplingParams(temperature=0.6, top_k=20, top_p=0.95), SamplingParams(temperature=0.7, top_p=0.8),
+                   SamplingParams(top_k=1), SamplingParams(top_k=50, min_p=0.05), SamplingParams(top_p=1e-9)):
+        for seed in range(12):
+            backend = _choosing_backend(logits=logits)
+            draft = Draft([top[0], seed * 7 % 100])  # the top token, then mostly one outside the set
+            choices = backend.verify_choose([1, *draft.tokens], draft, params, np.random.default_rng(seed))
+            u = np.random.default_rng(seed).random((3, 2))
+            want = [keep_or_resample(logits[i], params, x, _Uniforms(*u[i]))[::-1] for i, x in enumerate(draft.tokens)]
+            want.append((sample(logits[2], params, _Uniforms(u[2, 0])), False))
+            num = [kept for _, kept in want].index(False) + 1  # up to the first row not kept
+            assert list(zip(choices.tokens, choices.kept)) == want[:num], (params, seed)
+
+
+def test_the_host_keeps_what_the_kernel_cannot_do(monkeypatch) -> None:
+    from engine.backend import Draft
+    from engine.cuda import backend as cuda_backend
+    from engine.cuda import ops
     from engine.sampling import SamplingParams, UnsampleableLogits
     from engine.spec.verify import SampledDraft
 
     backend = _choosing_backend(np.array([[-1, 0]], np.int32))
     rng = np.random.default_rng(0)
-    for params in (SamplingParams(top_p=0.9), SamplingParams(top_k=5), SamplingParams(repetition_penalty=1.1)):
+    for params in (SamplingParams(top_k=ops.CHOOSE_CAP + 1), SamplingParams(repetition_penalty=1.1),
+                   SamplingParams(presence_penalty=0.5)):
         assert backend.verify_choose([1], Draft([]), params, rng) is None
     assert backend.verify_choose([1, 2], SampledDraft([2], None, np.ones((1, 100)) / 100), SamplingParams(),
                                  rng) is None
+    monkeypatch.setattr(cuda_backend, "CHOOSE", False)  # OPENJET_CUDA_CHOOSE=0: every request the host's way
+    assert backend.verify_choose([1], Draft([]), SamplingParams(temperature=0), rng) is None
     assert backend.dev.launched == []
+    monkeypatch.setattr(cuda_backend, "CHOOSE", True)
     with pytest.raises(UnsampleableLogits, match="NaN"):  # the kernel's -1: the host names what is wrong
         backend.verify_choose([1], Draft([]), SamplingParams(temperature=0), rng)
-    backend = _choosing_backend(np.array([[-2, 0]], np.int32))  # an infinite top: the host's float64 path
-    assert backend.verify_choose([1], Draft([]), SamplingParams(), rng) is None and backend._pending is None
+
+
+def test_the_rows_the_kernel_leaves_to_the_host_are_chosen_there_from_the_same_pass() -> None:
+    """A top_p set past the kernel's capacity (a flat row) and an infinite top come back as -2: the host's rule
+    chooses those rows from their logits of the same pass, with fresh draws of the rng after the rows' uniforms;
+    the other rows keep the device's choice and no second pass runs."""
+    from engine.backend import Draft
+    from engine.cuda.backend import _choose_on_host
+    from engine.sampling import SamplingParams
+
+    logits = np.zeros((3, 100), np.float32)
+    logits[0, 5] = 3.0
+    logits[1, 9] = np.inf
+    backend = _choosing_backend(np.array([[5, 1], [-2, 0], [-2, 0]], np.int32), logits)
+    params = SamplingParams(top_p=0.9)
+    choices = backend.verify_choose([1, 5, 9], Draft([5, 9]), params, np.random.default_rng(4))
+    rng = np.random.default_rng(4)
+    rng.random((3, 2))  # the rows' uniforms, uploaded for the kernel
+    want = [(5, 1), _choose_on_host(logits[1], params, 9, rng), _choose_on_host(logits[2], params, -1, rng)]
+    assert list(zip(choices.tokens, map(int, choices.kept))) == want
+    assert want[1] == (9, 1)  # the infinite top takes all the mass: the draft is kept (float64 path)
+    assert backend.dev.downloaded == [("out", 0), ("logits", 400), ("logits", 800)]
+    assert backend.dev.log == [("eager", ("forward", 3, False))] and backend._pending == 3
+    assert backend.num_host_rows == 2
+    # after a row that does not keep its draft nothing can be emitted: its flagged successors stay unchosen
+    backend = _choosing_backend(np.array([[3, 0], [-2, 0], [-2, 0]], np.int32), logits)
+    choices = backend.verify_choose([1, 5, 9], Draft([5, 9]), params, np.random.default_rng(4))
+    assert (choices.tokens, choices.kept, backend.num_host_rows) == ([3], [False], 0)
+    assert backend.dev.downloaded == [("out", 0)]
+    # the kernel's model flags the flat row for real: top_p 0.95 of 5,000 equal logits holds more than CHOOSE_CAP
+    from tests.kernels import choose_rows_model
+
+    flat = np.zeros(5000, np.float32)
+    assert choose_rows_model.choose_row(flat, 3, np.array([0.5, 0.5]), 1.0, 0.0, 0, 0.95, False) == (-2, 0)

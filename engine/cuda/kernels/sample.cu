@@ -150,20 +150,195 @@ sample_topk_topp(const float* __restrict__ logits, i32* __restrict__ ids, int V,
     }
 }
 
-// The verify rows' tokens chosen where the logits are, as engine/spec/verify.py's rules choose them on the host, for
-// requests without penalties, top_k, top_p or a logit bias (engine/cuda/backend.py verify_choose). Greedy: the row's
-// argmax (the lowest id on ties). Sampled: speculative sampling of the row's deterministic draft x (keep it with
-// probability p(x), else draw from p without it; a row without a draft, x < 0, draws from p), p the weights
-// exp((logit - top) / T) with min_p's cut (engine/sampling.py keep_or_resample), from the row's two uniform numbers
-// (float64, the host's generator). out[t] = (token, kept). token -1: a NaN or no logit above -inf (the host raises
-// as sampling.py does); -2: an infinite top (the host's float64 path takes the row). One block of 1024 threads a
-// row; every pass over the row is coalesced: the max strided over the threads, the weights summed by warps over
-// segments of CHOOSE_SEG(V) consecutive tokens (a lane's loads 128 bytes apart from its neighbours': one cache line
-// a warp load), at most 1024 segments, their sums in float64. Thread 0 finds the segment the draw lands in, the
-// block weighs its tokens, thread 0 walks them.
-__device__ __forceinline__ float choose_weight(float logit, float top, float inv_temp, float min_p) {
-    const float w = expf((logit - top) * inv_temp);
-    return w < min_p ? 0.f : w;
+// ---- choose_rows: the verify rows' tokens chosen where the logits are ----
+// As engine/spec/verify.py's rules choose them on the host, for requests without penalties or a logit bias
+// (engine/cuda/backend.py verify_choose). Greedy: the row's argmax (the lowest id on ties). Sampled: speculative
+// sampling of the row's deterministic draft x (keep it with probability p(x), else draw from p without it; a row
+// without a draft, x < 0, draws from p), p the weights exp((logit - top) / T) that top_k, then top_p, then min_p
+// keep (engine/sampling.py keep_or_resample), from the row's two uniform numbers (float64, the host's generator).
+// out[t] = (token, kept). token -1: a NaN or no logit above -inf (the host raises as sampling.py does); -2: a row
+// for the host's rule: an infinite top (its float64 path), or a top_k / top_p set that does not fit CHOOSE_CAP.
+// One block of 1024 threads a row; every pass over the row is coalesced: the max strided over the threads, the
+// weights summed by warps over segments of choose_seg(V) consecutive tokens (a lane's loads 128 bytes apart from
+// its neighbours': one cache line a warp load), at most 1024 segments, their sums in float64. Thread 0 finds the
+// segment the draw lands in, the block weighs its tokens, thread 0 walks them.
+//
+// top_k / top_p keep a prefix of the tokens ordered by falling weight, ties by ascending id (the host's stable
+// sort), so the prefix's last member (w_last, id_last) describes it: a token is kept iff w > w_last, or w == w_last
+// and id <= id_last. It is found among the candidates above a weight threshold, sorted in shared memory.
+#define CHOOSE_CAP 4096  // candidates sorted in shared memory (32 KB); engine/cuda/ops.py CHOOSE_CAP
+#define CHOOSE_PROBES 4  // weight thresholds one pass over the row weighs
+#define CHOOSE_REFINES 6  // passes that may narrow a threshold whose candidates do not fit
+#define CHOOSE_MARGIN 1e-3f  // the exponent's slack in surely_below: its product and expf stray ~1e-5 at most
+
+// exp((logit - top) / T) in float32 as engine/sampling.py _weights forms it: the division rounds as the host's does
+// (a product with 1 / T would not), so ties and cuts fall alike; expf may differ from numpy's exp in the last bit.
+__device__ __forceinline__ float choose_weight(float logit, float top, float temperature) {
+    return expf((logit - top) / temperature);
+}
+
+// Whether a token's weight is surely below exp(floor), with neither the division nor the exp: the passes skip
+// such tokens (most of a 248K-token row once a threshold or min_p bounds the weights that count).
+__device__ __forceinline__ bool surely_below(float logit, float top, float inv_temp, float floor) {
+    return (logit - top) * inv_temp < floor - CHOOSE_MARGIN;
+}
+
+// A token's weight in p: 0 after the top_k / top_p set's last member (w_last, id_last) and below min_p (relative to
+// the top's weight 1).
+__device__ __forceinline__ float kept_weight(float logit, int k, float top, float temperature, float min_p,
+                                             float w_last, int id_last) {
+    const float w = choose_weight(logit, top, temperature);
+    return (w > w_last || (w == w_last && k <= id_last)) && w >= min_p ? w : 0.f;
+}
+
+// The block's float64 sum of v, in every thread (scratch: 32 shared doubles).
+__device__ double block_sum_f64(double v, double* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// One pass over the row: count[i] and mass[i] (float64) of the tokens weighing >= thr[i] (falling, > 0), and with
+// `all`, the mass of every token in total (top_p's denominator without top_k).
+__device__ __forceinline__ void weigh_probes(const float* row, int V, float top, float temperature, const float* thr,
+                                             bool all, int* count, double* mass, double& total, double* scratch) {
+    const float inv_temp = 1.f / temperature, floor = logf(thr[CHOOSE_PROBES - 1]);
+    int c[CHOOSE_PROBES] = {};
+    double m[CHOOSE_PROBES] = {}, sum = 0.0;
+    for (int k = threadIdx.x; k < V; k += blockDim.x) {
+        const float logit = row[k];
+        if (!all && surely_below(logit, top, inv_temp, floor)) continue;
+        const float w = choose_weight(logit, top, temperature);
+        sum += w;
+#pragma unroll
+        for (int i = 0; i < CHOOSE_PROBES; ++i) {
+            c[i] += w >= thr[i];
+            m[i] += w >= thr[i] ? w : 0.f;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < CHOOSE_PROBES; ++i) {
+        count[i] = (int)block_sum_f64(c[i], scratch);
+        mass[i] = block_sum_f64(m[i], scratch);
+    }
+    if (all) total = block_sum_f64(sum, scratch);
+}
+
+// A weight threshold whose candidates (the tokens weighing >= it) hold the top_k / top_p set and number at most
+// CHOOSE_CAP: from 1 down 16x at a time as engine/sampling.py _nucleus looks, CHOOSE_PROBES thresholds a pass (2^-e,
+// e = 0, 4, .., 148, then 149: every token with a weight); where the first that holds the set has too many (a flat
+// row), thresholds between it and the last that does not, five times closer each pass. Returns the candidates'
+// count, or -1 where the set itself, or a tie in it, has more than CHOOSE_CAP tokens. total: every token's mass
+// (top_p without top_k).
+__device__ int find_threshold(const float* row, int V, float top, float temperature, int top_k, double top_p,
+                              float& found, double& total, double* scratch) {
+    float lo = 0.f, hi = -1.f;  // exponents: 2^-lo does not hold the set (0: none tried yet), 2^-hi has too many
+    int lo_count = 0;
+    for (int pass = 0, narrowed = 0;; ++pass) {
+        float e[CHOOSE_PROBES], thr[CHOOSE_PROBES];
+        int count[CHOOSE_PROBES];
+        double mass[CHOOSE_PROBES];
+#pragma unroll
+        for (int i = 0; i < CHOOSE_PROBES; ++i) {
+            e[i] = hi < 0.f ? fminf(16.f * pass + 4.f * i, 149.f) : lo + (hi - lo) * (i + 1) / (CHOOSE_PROBES + 1);
+            thr[i] = fmaxf(exp2f(-e[i]), __int_as_float(1));  // never 0: a token without weight is no candidate
+        }
+        weigh_probes(row, V, top, temperature, thr, pass == 0 && top_k == 0, count, mass, total, scratch);
+        int first = -1;  // the first threshold that holds the set
+#pragma unroll
+        for (int i = CHOOSE_PROBES - 1; i >= 0; --i)
+            if (top_k > 0 ? count[i] >= top_k : mass[i] >= top_p * total) first = i;
+        if (first >= 0 && count[first] <= CHOOSE_CAP) {
+            found = thr[first];
+            return count[first];
+        }
+        if (first < 0 && e[CHOOSE_PROBES - 1] >= 149.f) {  // every token with a weight, and still short of the set
+            found = thr[CHOOSE_PROBES - 1];
+            return count[CHOOSE_PROBES - 1] <= CHOOSE_CAP ? count[CHOOSE_PROBES - 1] : -1;
+        }
+        if (first != 0) {
+            const int below = first < 0 ? CHOOSE_PROBES - 1 : first - 1;
+            lo = e[below];
+            lo_count = count[below];
+        }
+        if (first >= 0) hi = e[first];
+        // lo's candidates short of the set: it holds them all and more
+        if (lo_count > CHOOSE_CAP || (hi >= 0.f && ++narrowed > CHOOSE_REFINES)) return -1;
+    }
+}
+
+// Sorts keys[0..n) falling (n a power of two, at most CHOOSE_CAP), each thread taking pairs of a stage.
+__device__ void bitonic_sort_falling(u64* keys, int n) {
+    for (int size = 2; size <= n; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+                const int a = 2 * i - (i & (stride - 1)), b = a + stride;  // a's bit `stride` clear
+                const u64 ka = keys[a], kb = keys[b];
+                if ((ka < kb) == ((a & size) == 0)) {  // blocks with the `size` bit clear fall, the others rise
+                    keys[a] = kb;
+                    keys[b] = ka;
+                }
+            }
+            __syncthreads();
+        }
+}
+
+// The top_k / top_p set's last member (w_last, id_last), from the candidates of find_threshold: each packed as a
+// key, weight bits high (a nonnegative float orders as its bits) and ~id low, and sorted falling, they run by
+// falling weight, ties by ascending id; then cut at top_k, then where the running mass (float64) first reaches top_p
+// of the top_k set's mass, or without top_k of every token's, as engine/sampling.py _nucleus cuts. False: the
+// candidates do not fit (the host's row).
+__device__ bool find_last_kept(const float* row, int V, float top, float temperature, int top_k, double top_p,
+                               u64* keys, double* scratch, float& w_last, int& id_last) {
+    __shared__ int num;
+    __shared__ u64 last;
+    float thr;
+    double total = 0.0;
+    const int count = find_threshold(row, V, top, temperature, top_k, top_p, thr, total, scratch);
+    if (count < 0) return false;
+    if (threadIdx.x == 0) num = 0;
+    __syncthreads();
+    const float inv_temp = 1.f / temperature, floor = logf(thr);
+    for (int k = threadIdx.x; k < V; k += blockDim.x) {
+        if (surely_below(row[k], top, inv_temp, floor)) continue;
+        const float w = choose_weight(row[k], top, temperature);
+        if (w >= thr) keys[atomicAdd(&num, 1)] = (u64)__float_as_uint(w) << 32 | (u32)~k;
+    }
+    int n2 = 1;
+    while (n2 < count) n2 <<= 1;
+    for (int j = count + threadIdx.x; j < n2; j += blockDim.x) keys[j] = 0;  // after every candidate
+    __syncthreads();
+    bitonic_sort_falling(keys, n2);
+    if (threadIdx.x == 0) {
+        const int n = top_k > 0 ? min(top_k, count) : count;
+        int cut = n;  // top_p 1; or a mass short of it, as every weighted token's is only past rounding
+        if (top_p < 1.0) {
+            double norm = total, mass = 0.0;
+            if (top_k > 0) {
+                norm = 0.0;
+                for (int j = 0; j < n; ++j) norm += __uint_as_float(keys[j] >> 32);
+            }
+            for (int j = 0; j < n; ++j) {
+                mass += __uint_as_float(keys[j] >> 32);
+                if (mass / norm >= top_p) {
+                    cut = j + 1;
+                    break;
+                }
+            }
+        }
+        last = keys[cut - 1];
+    }
+    __syncthreads();
+    w_last = __uint_as_float(last >> 32);
+    id_last = (int)~(u32)last;
+    return true;
 }
 
 // Tokens a segment: a multiple of 32, so that at most 1024 segments cover the row (V <= 2^20).
@@ -171,9 +346,14 @@ __device__ __forceinline__ int choose_seg(int V) { return 32 * ((V + 32 * 1024 -
 
 __global__ void __launch_bounds__(1024)
 choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restrict__ drafts,
-            const double* __restrict__ uniforms, float inv_temp, float min_p, int greedy, i32* __restrict__ out) {
+            const double* __restrict__ uniforms, float temperature, float min_p, int top_k, double top_p, int greedy,
+            i32* __restrict__ out) {
     PDL_ENTER();
-    __shared__ double seg_w[1024];
+    __shared__ union {
+        u64 keys[CHOOSE_CAP];  // the top_k / top_p candidates, done with before the segments are summed
+        double seg_w[1024];
+    } sh;
+    __shared__ double scratch[32];
     const int t = blockIdx.x, x = drafts[t];
     const float* row = logits + (i64)t * ld;
     float top = NEG_INF;
@@ -196,15 +376,29 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
         }
         return;
     }
+    float w_last = 0.f;
+    int id_last = 0x7fffffff;  // without top_k and top_p, every token
+    if ((top_k > 0 || top_p < 1.0) &&
+        !find_last_kept(row, V, top, temperature, top_k, top_p, sh.keys, scratch, w_last, id_last)) {
+        if (threadIdx.x == 0) {
+            out[2 * t] = -2;  // the set does not fit: the host's row
+            out[2 * t + 1] = 0;
+        }
+        return;
+    }
+    // tokens whose weight is surely 0 (after the set's last member, or below min_p) skip the division and the exp
+    const float inv_temp = 1.f / temperature, floor = logf(fmaxf(w_last, min_p));
     const int seg = choose_seg(V), num_seg = (V + seg - 1) / seg;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int s = warp; s < num_seg; s += blockDim.x >> 5) {
         double acc = 0.0;
         const int end = min(V, (s + 1) * seg);
-        for (int k = s * seg + lane; k < end; k += 32) acc += choose_weight(row[k], top, inv_temp, min_p);
+        for (int k = s * seg + lane; k < end; k += 32)
+            if (!surely_below(row[k], top, inv_temp, floor))
+                acc += kept_weight(row[k], k, top, temperature, min_p, w_last, id_last);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
-        if (lane == 0) seg_w[s] = acc;
+        if (lane == 0) sh.seg_w[s] = acc;
     }
     __syncthreads();
     // thread 0: the keep test, then the segment the draw lands in (a walk over shared memory)
@@ -212,15 +406,15 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
     __shared__ double rest;  // the target's remainder inside the segment
     if (threadIdx.x == 0) {
         double total = 0.0;
-        for (int s = 0; s < num_seg; ++s) total += seg_w[s];
-        const float wx = x >= 0 ? choose_weight(row[x], top, inv_temp, min_p) : 0.f;
+        for (int s = 0; s < num_seg; ++s) total += sh.seg_w[s];
+        const float wx = x >= 0 ? kept_weight(row[x], x, top, temperature, min_p, w_last, id_last) : 0.f;
         const double u1 = uniforms[2 * t], u2 = uniforms[2 * t + 1];
         pick = -1 - x;  // kept (or, through rounding, nothing else has mass)
         if (!(x >= 0 && (u1 * total < wx || total - wx <= 0.0))) {
             double target = (x >= 0 ? u2 : u1) * (total - wx);
             int last = -1;  // the last segment with mass: where a target past the total (rounding) ends
             for (int s = 0; s < num_seg; ++s) {
-                const double mass = seg_w[s] - (x >= s * seg && x < (s + 1) * seg ? wx : 0.f);
+                const double mass = sh.seg_w[s] - (x >= s * seg && x < (s + 1) * seg ? wx : 0.f);
                 if (mass <= 0.0) continue;
                 last = s;
                 if (target < mass) break;
@@ -243,14 +437,14 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
     const int b0 = c * seg, e0 = min(V, b0 + seg);
     if (b0 + (int)threadIdx.x < e0) {
         const int k = b0 + threadIdx.x;
-        seg_w[threadIdx.x] = k == x ? 0.0 : (double)choose_weight(row[k], top, inv_temp, min_p);
+        sh.seg_w[threadIdx.x] = k == x ? 0.0 : (double)kept_weight(row[k], k, top, temperature, min_p, w_last, id_last);
     }
     __syncthreads();
     if (threadIdx.x != 0) return;
     double target = rest;
     int chosen = -1;
     for (int j = 0; j < e0 - b0; ++j) {
-        const double w = seg_w[j];
+        const double w = sh.seg_w[j];
         if (w <= 0.0) continue;
         chosen = b0 + j;  // the last with mass so far: where rounding past the segment's mass ends
         if (target < w) break;
