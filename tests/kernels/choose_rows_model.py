@@ -52,6 +52,8 @@ def choose_row(row: np.ndarray, x: int, u: np.ndarray, temperature: float, min_p
 def find_threshold(w: np.ndarray, top_k: int, top_p: float, cap: int) -> tuple[np.float32, int, float] | None:
     """sample.cu find_threshold: (threshold, its candidates' count, every token's mass), None past cap."""
     total = float(w.sum(dtype=np.float64)) if top_k == 0 else 0.0
+    if top_k == 0 and top_p * total > cap:  # no weight passes the top's 1: the set has more than cap tokens
+        return None
     lo, hi, lo_count, narrowed = np.float32(0), np.float32(-1), 0, 0
     for num_pass in count():
         if hi < 0:

@@ -98,6 +98,12 @@ def test_a_set_past_the_capacity_is_the_hosts_and_a_flat_row_narrows_to_fit():
         for x in _drafts(row, rng):
             for uu in rng.random((6, 2)):
                 assert _device(row, params, x, uu, cap) == _host(row, params, x, uu), (cap, x, uu)
+    # top_p 0.95 of the top, 100 tokens of weight 1/2 and 1,000 of 1/100: short of the set with 101 candidates
+    # already, so past a capacity of 64 (though top_p of the mass, 58, would fit in it)
+    steps = np.log(np.array([1.0] + [0.5] * 100 + [0.01] * 1000, np.float32))
+    for x in (0, 1, 500, -1):
+        assert _device(steps, SamplingParams(top_p=0.95), x, u, cap=64) == (-2, 0)
+        assert _device(steps, SamplingParams(top_p=0.95), x, u) == _host(steps, SamplingParams(top_p=0.95), x, u)
     # a tie of 100 at the top cannot be split to fit 64 candidates
     row[rng.choice(20_000, 100, replace=False)] = 1.0
     assert _device(row, SamplingParams(top_k=20), 3, u, cap=64) == (-2, 0)

@@ -170,6 +170,79 @@ sample_topk_topp(const float* __restrict__ logits, i32* __restrict__ ids, int V,
 #define CHOOSE_PROBES 4  // weight thresholds one pass over the row weighs
 #define CHOOSE_REFINES 6  // passes that may narrow a threshold whose candidates do not fit
 #define CHOOSE_MARGIN 1e-3f  // the exponent's slack in surely_below: its product and expf stray ~1e-5 at most
+#define CHOOSE_LOADS 8  // loads a thread has in flight in a pass: one block reads a row, so its passes wait on latency
+
+// f(k, row[k]) for k = first, first + step, .. below end, in order, CHOOSE_LOADS loads issued before their tokens
+// are handled (a loop of one load at a time took ~55 us a pass over a 248K-token row on an H100).
+template <typename F>
+__device__ __forceinline__ void for_tokens(const float* __restrict__ row, int first, int end, int step, F&& f) {
+    int k = first;
+    for (; k + (CHOOSE_LOADS - 1) * step < end; k += CHOOSE_LOADS * step) {
+        float v[CHOOSE_LOADS];
+#pragma unroll
+        for (int i = 0; i < CHOOSE_LOADS; ++i) v[i] = row[k + i * step];
+#pragma unroll
+        for (int i = 0; i < CHOOSE_LOADS; ++i) f(k + i * step, v[i]);
+    }
+    for (; k < end; k += step) f(k, row[k]);
+}
+
+// Thread 0's passes over shared memory, in order, CHOOSE_LOADS entries loaded ahead (one at a time, a walk over
+// the 971 segments of a 248K-token row waited ~20 us on the loads). A weight: a float64 sum, or a candidate's key.
+__device__ __forceinline__ double weight_of(double w) { return w; }
+__device__ __forceinline__ double weight_of(u64 key) { return __uint_as_float(key >> 32); }
+
+// w[0] + w[1] + .. + w[n - 1], added in that order.
+template <typename T>
+__device__ double sum_in_order(const T* w, int n) {
+    double sum = 0.0;
+    for (int j0 = 0; j0 < n; j0 += CHOOSE_LOADS) {
+        double v[CHOOSE_LOADS];
+#pragma unroll
+        for (int i = 0; i < CHOOSE_LOADS; ++i) v[i] = j0 + i < n ? weight_of(w[j0 + i]) : 0.0;
+#pragma unroll
+        for (int i = 0; i < CHOOSE_LOADS; ++i) sum += v[i];
+    }
+    return sum;
+}
+
+// The first j whose running sum of w[0..j] reaches `part` of norm (float64, in order, as engine/sampling.py
+// _nucleus's cumsum / norm); n where none does.
+template <typename T>
+__device__ int first_reaching(const T* w, int n, double norm, double part) {
+    double sum = 0.0;
+    for (int j0 = 0; j0 < n; j0 += CHOOSE_LOADS) {
+        double v[CHOOSE_LOADS];
+#pragma unroll
+        for (int i = 0; i < CHOOSE_LOADS; ++i) v[i] = j0 + i < n ? weight_of(w[j0 + i]) : 0.0;
+#pragma unroll
+        for (int i = 0; i < CHOOSE_LOADS; ++i) {
+            sum += v[i];
+            if (j0 + i < n && sum / norm >= part) return j0 + i;
+        }
+    }
+    return n;
+}
+
+// The inverse CDF's walk: the first j of w[0..n) (entries <= 0 skipped) whose weight exceeds what is left of
+// target, which keeps the remainder inside it; where rounding leaves the target past them all, the last with
+// weight (-1: none has any).
+__device__ int walk(const double* w, int n, double& target) {
+    int last = -1;
+    for (int j0 = 0; j0 < n; j0 += CHOOSE_LOADS) {
+        double v[CHOOSE_LOADS];
+#pragma unroll
+        for (int i = 0; i < CHOOSE_LOADS; ++i) v[i] = j0 + i < n ? w[j0 + i] : 0.0;
+#pragma unroll
+        for (int i = 0; i < CHOOSE_LOADS; ++i) {
+            if (v[i] <= 0.0) continue;
+            last = j0 + i;
+            if (target < v[i]) return last;
+            target -= v[i];
+        }
+    }
+    return last;
+}
 
 // exp((logit - top) / T) in float32 as engine/sampling.py _weights forms it: the division rounds as the host's does
 // (a product with 1 / T would not), so ties and cuts fall alike; expf may differ from numpy's exp in the last bit.
@@ -212,9 +285,8 @@ __device__ __forceinline__ void weigh_probes(const float* row, int V, float top,
     const float inv_temp = 1.f / temperature, floor = logf(thr[CHOOSE_PROBES - 1]);
     int c[CHOOSE_PROBES] = {};
     double m[CHOOSE_PROBES] = {}, sum = 0.0;
-    for (int k = threadIdx.x; k < V; k += blockDim.x) {
-        const float logit = row[k];
-        if (!all && surely_below(logit, top, inv_temp, floor)) continue;
+    for_tokens(row, threadIdx.x, V, blockDim.x, [&](int, float logit) {
+        if (!all && surely_below(logit, top, inv_temp, floor)) return;
         const float w = choose_weight(logit, top, temperature);
         sum += w;
 #pragma unroll
@@ -222,7 +294,7 @@ __device__ __forceinline__ void weigh_probes(const float* row, int V, float top,
             c[i] += w >= thr[i];
             m[i] += w >= thr[i] ? w : 0.f;
         }
-    }
+    });
 #pragma unroll
     for (int i = 0; i < CHOOSE_PROBES; ++i) {
         count[i] = (int)block_sum_f64(c[i], scratch);
@@ -251,6 +323,8 @@ __device__ int find_threshold(const float* row, int V, float top, float temperat
             thr[i] = fmaxf(exp2f(-e[i]), __int_as_float(1));  // never 0: a token without weight is no candidate
         }
         weigh_probes(row, V, top, temperature, thr, pass == 0 && top_k == 0, count, mass, total, scratch);
+        // no weight exceeds the top's 1, so a set holding top_p of the mass has at least top_p * total tokens
+        if (top_k == 0 && top_p * total > CHOOSE_CAP) return -1;
         int first = -1;  // the first threshold that holds the set
 #pragma unroll
         for (int i = CHOOSE_PROBES - 1; i >= 0; --i)
@@ -306,11 +380,13 @@ __device__ bool find_last_kept(const float* row, int V, float top, float tempera
     if (threadIdx.x == 0) num = 0;
     __syncthreads();
     const float inv_temp = 1.f / temperature, floor = logf(thr);
-    for (int k = threadIdx.x; k < V; k += blockDim.x) {
-        if (surely_below(row[k], top, inv_temp, floor)) continue;
-        const float w = choose_weight(row[k], top, temperature);
-        if (w >= thr) keys[atomicAdd(&num, 1)] = (u64)__float_as_uint(w) << 32 | (u32)~k;
-    }
+    for_tokens(row, threadIdx.x, V, blockDim.x, [&](int k, float logit) {
+        if (surely_below(logit, top, inv_temp, floor)) return;
+        const float w = choose_weight(logit, top, temperature);
+        if (w < thr) return;
+        const int at = atomicAdd(&num, 1);  // below count: the same weights met the same test in find_threshold
+        if (at < CHOOSE_CAP) keys[at] = (u64)__float_as_uint(w) << 32 | (u32)~k;
+    });
     int n2 = 1;
     while (n2 < count) n2 <<= 1;
     for (int j = count + threadIdx.x; j < n2; j += blockDim.x) keys[j] = 0;  // after every candidate
@@ -318,22 +394,10 @@ __device__ bool find_last_kept(const float* row, int V, float top, float tempera
     bitonic_sort_falling(keys, n2);
     if (threadIdx.x == 0) {
         const int n = top_k > 0 ? min(top_k, count) : count;
-        int cut = n;  // top_p 1; or a mass short of it, as every weighted token's is only past rounding
-        if (top_p < 1.0) {
-            double norm = total, mass = 0.0;
-            if (top_k > 0) {
-                norm = 0.0;
-                for (int j = 0; j < n; ++j) norm += __uint_as_float(keys[j] >> 32);
-            }
-            for (int j = 0; j < n; ++j) {
-                mass += __uint_as_float(keys[j] >> 32);
-                if (mass / norm >= top_p) {
-                    cut = j + 1;
-                    break;
-                }
-            }
-        }
-        last = keys[cut - 1];
+        // the first whose running mass reaches top_p; without top_p, or where the mass falls short of it (only past
+        // rounding: every weighted token's), the n-th
+        const int at = top_p < 1.0 ? first_reaching(keys, n, top_k > 0 ? sum_in_order(keys, n) : total, top_p) : n;
+        last = keys[min(at, n - 1)];
     }
     __syncthreads();
     w_last = __uint_as_float(last >> 32);
@@ -359,14 +423,13 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
     float top = NEG_INF;
     int at = 0x7fffffff;
     bool nan = false;
-    for (int k = threadIdx.x; k < V; k += blockDim.x) {
-        const float v = row[k];
+    for_tokens(row, threadIdx.x, V, blockDim.x, [&](int k, float v) {
         nan |= v != v;
         if (v > top) {  // the thread's first maximum: its ids ascend
             top = v;
             at = k;
         }
-    }
+    });
     block_argmax(top, at);  // every thread gets the row's (top, lowest id)
     const bool bad = __syncthreads_or(nan) || top == NEG_INF;
     if (bad || greedy || top == -NEG_INF) {
@@ -392,10 +455,10 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int s = warp; s < num_seg; s += blockDim.x >> 5) {
         double acc = 0.0;
-        const int end = min(V, (s + 1) * seg);
-        for (int k = s * seg + lane; k < end; k += 32)
-            if (!surely_below(row[k], top, inv_temp, floor))
-                acc += kept_weight(row[k], k, top, temperature, min_p, w_last, id_last);
+        for_tokens(row, s * seg + lane, min(V, (s + 1) * seg), 32, [&](int k, float logit) {
+            if (!surely_below(logit, top, inv_temp, floor))
+                acc += kept_weight(logit, k, top, temperature, min_p, w_last, id_last);
+        });
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
         if (lane == 0) sh.seg_w[s] = acc;
@@ -405,22 +468,14 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
     __shared__ int pick;  // the segment (>= 0), or -1 - the token decided already
     __shared__ double rest;  // the target's remainder inside the segment
     if (threadIdx.x == 0) {
-        double total = 0.0;
-        for (int s = 0; s < num_seg; ++s) total += sh.seg_w[s];
+        const double total = sum_in_order(sh.seg_w, num_seg);
         const float wx = x >= 0 ? kept_weight(row[x], x, top, temperature, min_p, w_last, id_last) : 0.f;
         const double u1 = uniforms[2 * t], u2 = uniforms[2 * t + 1];
         pick = -1 - x;  // kept (or, through rounding, nothing else has mass)
         if (!(x >= 0 && (u1 * total < wx || total - wx <= 0.0))) {
             double target = (x >= 0 ? u2 : u1) * (total - wx);
-            int last = -1;  // the last segment with mass: where a target past the total (rounding) ends
-            for (int s = 0; s < num_seg; ++s) {
-                const double mass = sh.seg_w[s] - (x >= s * seg && x < (s + 1) * seg ? wx : 0.f);
-                if (mass <= 0.0) continue;
-                last = s;
-                if (target < mass) break;
-                target -= mass;
-            }
-            pick = last;
+            if (x >= 0) sh.seg_w[x / seg] -= wx;  // p without the draft
+            pick = walk(sh.seg_w, num_seg, target);
             rest = target;
         }
     }
@@ -442,14 +497,6 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
     __syncthreads();
     if (threadIdx.x != 0) return;
     double target = rest;
-    int chosen = -1;
-    for (int j = 0; j < e0 - b0; ++j) {
-        const double w = sh.seg_w[j];
-        if (w <= 0.0) continue;
-        chosen = b0 + j;  // the last with mass so far: where rounding past the segment's mass ends
-        if (target < w) break;
-        target -= w;
-    }
-    out[2 * t] = chosen;
+    out[2 * t] = b0 + walk(sh.seg_w, e0 - b0, target);  // the segment has mass: walk finds a token
     out[2 * t + 1] = 0;
 }
