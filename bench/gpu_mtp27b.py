@@ -87,19 +87,26 @@ def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
     """Backend.cycle's steps at each depth and sampling mode, timed apart (ms, medians), in the two forms the server
     can take: `host`, the verify's [1 + d, V] logits downloaded and the rule run on the host; `device`, each row's
     token chosen on the device (CudaBackend.verify_choose, where the request allows it). Steps: the draft (graph and
-    its tokens' download), the verify, the rule, the accept (graph, synchronised). The random head's drafts are
+    its tokens' download), the verify, the rule, the accept (graph, synchronised; with the commit beside the next
+    draft, CudaBackend.ACCEPT_BESIDE, the draft step holds it and the accept step ~nothing; greedy also times the
+    commit apart, `device.apart`). The random head's drafts are
     mostly rejected, so a cycle's rule examines ~1 row: a row's host sampling is timed alone beside it."""
+    from engine.cuda import backend as backend_module
     from engine.cuda.backend import device_chooses
     from engine.hostmem import keep_freed_heap
 
     keep_freed_heap()  # as `openjet-engine serve` does
     for mode, params in CYCLE_SAMPLING.items():
-        for form in ("host", "device") if device_chooses(params) else ("host",):
+        forms = ("host", "device") if device_chooses(params) else ("host",)
+        for form in forms + (("device.apart",) if mode == "greedy" and "device" in forms else ()):
+            # device.apart: the commit at once after the rule, not beside the next draft (OPENJET_CUDA_ACCEPT_BESIDE=0)
+            backend_module.ACCEPT_BESIDE = form != "device.apart"
             for depth in CYCLE_DEPTHS:
                 host_rows = backend.num_host_rows
                 seq = TokenSequence([0] * backend.num_tokens + [int(rng.integers(0, backend.vocab_size))],
                                     backend.num_tokens + 1, params.make_rng())
-                steps = [_cycle_steps(backend, seq, depth, params, form == "device") for _ in range(CYCLE_REPS + 2)]
+                steps = [_cycle_steps(backend, seq, depth, params, form.startswith("device"))
+                         for _ in range(CYCLE_REPS + 2)]
                 med = dict(zip(("draft", "verify", "rule", "accept", "row"), np.median(steps[2:], axis=0).tolist()))
                 wall = med["draft"] + med["verify"] + med["rule"] + med["accept"]
                 # rows the kernel left to the host (a top_p set past ops.CHOOSE_CAP: a flat row of the random head)
@@ -109,6 +116,7 @@ def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
                 print(f"  cycle d={depth} {mode} {form}: {wall:.3f} ms = draft {med['draft']:.3f} + verify "
                       f"{med['verify']:.3f} + rule {med['rule']:.3f} + accept {med['accept']:.3f}; a row sampled on "
                       f"the host {med['row']:.3f}; rows left to the host {host_rows}", flush=True)
+    backend_module.ACCEPT_BESIDE = True
 
 
 def _cycle_steps(backend, seq: TokenSequence, depth: int, params: SamplingParams, on_device: bool) -> list[float]:

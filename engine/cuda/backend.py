@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.backend import Backend, Checkpoint, Draft, RowChoices
-from engine.cuda import env_flag, ops
+from engine.cuda import env_flag, mixers, ops
 from engine.cuda.device import Buffer, Device, Graph
 from engine.cuda.model import VERIFY_MAX, CudaModel
 from engine.errors import ContextOverflowError
@@ -51,6 +51,14 @@ def device_chooses(params: SamplingParams) -> bool:
             and (params.is_greedy or params.temperature >= 1e-30))
 
 
+# The commit of an accepted prefix (every DeltaNet layer's state advanced over it: 0.2 ms a cycle on the H100,
+# bench/NOTES.md Z8) left until the next call that needs the state, and when that is an MTP draft, run on a side
+# stream beside it (the draft reads only the MTP head's starting hidden, which is copied first). OPENJET_CUDA_
+# ACCEPT_BESIDE=0 commits at once, as before 2026-12-06 (bench/NOTES.md Z11).
+ACCEPT_BESIDE_ENV = "OPENJET_CUDA_ACCEPT_BESIDE"
+ACCEPT_BESIDE = env_flag(ACCEPT_BESIDE_ENV, True)
+
+
 class CudaBackend(Backend):
     """The per-op CUDA engine for qwen35 / qwen3 / qwen2 / llama."""
 
@@ -58,6 +66,7 @@ class CudaBackend(Backend):
         self.model, self.dev, self.owns_device = model, model.dev, owns_device
         self._context_size, self.use_graphs = context_size, use_graphs
         self._num_tokens = 0
+        self._uncommitted: int | None = None  # tokens accept() took whose DeltaNet commit has not run yet
         self._pending: int | None = None  # tokens of an unaccepted verify pass
         self._graphs: dict[tuple, Graph] = {}  # passes by (tokens, commit, logits rows); ("accept", n); ("draft", d)
         self.num_host_rows = 0  # verify_choose's rows the kernel left to the host (the bench reports them)
@@ -129,7 +138,7 @@ class CudaBackend(Backend):
     def reset(self) -> None:
         """Forget the sequence."""
         self.model.reset_state()
-        self._num_tokens, self._pending = 0, None
+        self._num_tokens, self._pending, self._uncommitted = 0, None, None
 
     def _check(self, tokens: list[int]) -> None:
         """Reject empty input, ids outside the vocabulary, and input past the context window."""
@@ -204,12 +213,18 @@ class CudaBackend(Backend):
             raise ValueError("accept() without a verify() to accept from")
         if not 1 <= n <= self._pending:
             raise ValueError(f"cannot accept {n} of {self._pending} tokens")
-        # a graph for each n: ~100 small launches (each DeltaNet layer's window shift and re-run), eager they cost
-        # the host more than the device
-        pending = self._pending
-        self._replay(("accept", n), lambda: self.model.accept(pending, n))
+        pending, self._pending = self._pending, None
         self._num_tokens += n
-        self._pending = None
+        if ACCEPT_BESIDE and mixers.GDN_ACCEPT_LAYERS and self.model.deltanet:
+            self._uncommitted = n  # run by the next call that needs the state: beside a draft, if that comes first
+            return
+        self._replay(("accept", n), lambda: self.model.accept(pending, n))
+
+    def _commit(self) -> None:
+        """Run the commit accept() left for later, on its own (a graph for each n: one launch and a copy)."""
+        if self._uncommitted is not None:
+            n, self._uncommitted = self._uncommitted, None
+            self._replay(("accept", n), lambda: self.model.accept(n, n))
 
     def draft(self, token: int, num_draft: int, with_logits: bool = False) -> Draft:
         """num_draft greedy MTP drafts after `token`, the pending token at position num_tokens; the committed state
@@ -227,8 +242,22 @@ class CudaBackend(Backend):
         if self._num_tokens + num_draft > self.model.capacity:
             raise ContextOverflowError(self._num_tokens + num_draft, self.model.capacity)
         self.model.draft_inputs(int(token), num_draft, self._num_tokens)
-        self._replay(("draft", num_draft), lambda: self.model.draft_steps(num_draft))
+        n, self._uncommitted = self._uncommitted, None
+        if n is None:
+            self._replay(("draft", num_draft), lambda: self.model.draft_steps(num_draft))
+        else:
+            self._replay(("accept+draft", n, num_draft), lambda: self._commit_beside_draft(n, num_draft))
         return Draft(*self.model.draft_result(num_draft, with_logits))
+
+    def _commit_beside_draft(self, n: int, num_draft: int) -> None:
+        """The commit of n accepted tokens on a side stream while the MTP head drafts: the draft needs only the
+        starting hidden, copied first; the DeltaNet layers' commit touches nothing the draft does."""
+        model, dev = self.model, self.dev
+        model.accept_hidden(n)
+        with dev.beside(lane=1):
+            model.accept_layers(n)
+        model.draft_steps(num_draft)
+        dev.join(lane=1)
 
     def set_precise(self, on: bool) -> None:
         """Switch the precise matmuls on or off (captured graphs are dropped: they hold the old launches)."""
@@ -246,6 +275,7 @@ class CudaBackend(Backend):
     def _run(self, tokens: list[int], commit: bool, logits_rows: int) -> None:
         """Upload ids/positions and run the pass, from a captured graph where the shape allows (decode and
         verify passes, and full prefill chunks)."""
+        self._commit()
         self.model.set_tokens(tokens, self._num_tokens)
         key = (len(tokens), commit, logits_rows)
         if VERIFY_MAX < len(tokens) < self.model.ws.max_tokens:  # a prefill chunk's tail: a shape seen once
@@ -288,6 +318,7 @@ class CudaBackend(Backend):
 
     def checkpoint(self) -> CudaCheckpoint:
         """Device copies of the committed state (freed when the checkpoint is garbage-collected)."""
+        self._commit()
         cp = CudaCheckpoint(self._num_tokens, id(self))
         for name, (src, nbytes) in self._state_buffers().items():
             copy = self.dev.alloc(nbytes, f"checkpoint.{name}")
@@ -301,6 +332,7 @@ class CudaBackend(Backend):
         """Restore a checkpoint of this backend (it stays usable)."""
         if not isinstance(checkpoint, CudaCheckpoint) or checkpoint.owner != id(self):
             raise ValueError("checkpoint was not taken by this backend")
+        self._uncommitted = None  # the copies overwrite what it would have written
         for copy, src, nbytes in checkpoint.copies.values():
             self.dev.copy(src, copy, nbytes)
         self._num_tokens, self._pending = checkpoint.num_tokens, None

@@ -24,6 +24,7 @@ from engine.cuda.memory import Buffer, DeviceMemory
 from engine.errors import EngineError
 
 MIN_COMPUTE_CAPABILITY = (8, 0)
+SIDE_LANES = 2  # side streams (Device.beside): 0 inside a pass, 1 beside a whole launch sequence
 PDL_ENV = "OPENJET_CUDA_PDL"  # "1": every pass with programmatic dependent launch, "0": none (default: "auto")
 PDL_MIN_ARCH = 90  # griddepcontrol (kernels/common.cuh PDL_ENTER) exists from sm_90 on
 # Which passes launch with PDL (Device.pdl_policy; engine/cuda/model.py applies it per pass): "off", "on", or
@@ -216,14 +217,17 @@ class Device:
         self._ctx = check(drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
         check(drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
         self.stream = check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-        # a second stream for launches that may run beside the main stream's (beside(), join()); the events
-        # order it after the main stream's work so far and the main stream after it
-        self._side = check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        # side streams for launches that may run beside the main stream's (beside(), join()), one a lane: lane 0
+        # for a kernel beside another inside a pass, lane 1 for work beside a whole sequence of launches (the
+        # commit beside the MTP draft), which may use lane 0 meanwhile; each lane's events order it after the
+        # main stream's work so far and the main stream after it
         no_timing = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        self._fork_event = check(drv.cuEventCreate(no_timing), "cuEventCreate")
-        self._join_event = check(drv.cuEventCreate(no_timing), "cuEventCreate")
-        self._launch_stream = self.stream  # where launch() queues: the side stream inside beside()
-        self._unjoined = False
+        self._sides = [check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+                       for _ in range(SIDE_LANES)]
+        self._fork_events = [check(drv.cuEventCreate(no_timing), "cuEventCreate") for _ in range(SIDE_LANES)]
+        self._join_events = [check(drv.cuEventCreate(no_timing), "cuEventCreate") for _ in range(SIDE_LANES)]
+        self._launch_stream = self.stream  # where launch() queues: a side stream inside beside()
+        self._unjoined = [False] * SIDE_LANES
         self.memory = DeviceMemory(self)
         self._modules: list[Any] = []
         self._kernels: dict[str, Kernel] = {}
@@ -346,33 +350,33 @@ class Device:
         return config
 
     @contextmanager
-    def beside(self) -> Iterator[None]:
-        """Launches in the with-block go to the side stream: they start after everything queued so far and run
-        beside what the main stream gets next, until join(). So a small kernel (a 96-row matmul) overlaps a
+    def beside(self, lane: int = 0) -> Iterator[None]:
+        """Launches in the with-block go to side stream `lane`: they start after everything queued so far and run
+        beside what the main stream gets next, until join(lane). So a small kernel (a 96-row matmul) overlaps a
         large one instead of queueing behind it; in a graph capture the two become parallel branches. Whatever
         runs beside must not write what the main stream's launches until the join read or write."""
         assert not self.side_active, "beside() does not nest"
-        drv = _driver()
-        check(drv.cuEventRecord(self._fork_event, self.stream), "cuEventRecord")
-        check(drv.cuStreamWaitEvent(self._side, self._fork_event, 0), "cuStreamWaitEvent")
-        self._launch_stream = self._side
+        drv, side = _driver(), self._sides[lane]
+        check(drv.cuEventRecord(self._fork_events[lane], self.stream), "cuEventRecord")
+        check(drv.cuStreamWaitEvent(side, self._fork_events[lane], 0), "cuStreamWaitEvent")
+        self._launch_stream = side
         try:
             yield
         finally:
             self._launch_stream = self.stream
-            check(drv.cuEventRecord(self._join_event, self._side), "cuEventRecord")
-            self._unjoined = True
+            check(drv.cuEventRecord(self._join_events[lane], side), "cuEventRecord")
+            self._unjoined[lane] = True
 
     @property
     def side_active(self) -> bool:
-        """Whether launches go to the side stream now (inside beside())."""
+        """Whether launches go to a side stream now (inside beside())."""
         return self._launch_stream is not self.stream
 
-    def join(self) -> None:
-        """Make the main stream wait for what was launched beside it (nothing if all of it was joined)."""
-        if self._unjoined:
-            check(_driver().cuStreamWaitEvent(self.stream, self._join_event, 0), "cuStreamWaitEvent")
-            self._unjoined = False
+    def join(self, lane: int = 0) -> None:
+        """Make the main stream wait for what was launched beside it on `lane` (nothing if all of it was joined)."""
+        if self._unjoined[lane]:
+            check(_driver().cuStreamWaitEvent(self.stream, self._join_events[lane], 0), "cuStreamWaitEvent")
+            self._unjoined[lane] = False
 
     # ---- memory ----
 
@@ -418,7 +422,8 @@ class Device:
 
     def synchronize(self) -> None:
         """Wait for all work on the stream (and beside it); a kernel fault surfaces here as a CudaError."""
-        self.join()
+        for lane in range(SIDE_LANES):
+            self.join(lane)
         check(_driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
     # ---- graphs and timing ----
@@ -482,9 +487,10 @@ class Device:
         self.memory.free_all()
         for module in self._modules:
             check(drv.cuModuleUnload(module), "cuModuleUnload")
-        for event in (self._fork_event, self._join_event):
+        for event in (*self._fork_events, *self._join_events):
             check(drv.cuEventDestroy(event), "cuEventDestroy")
-        check(drv.cuStreamDestroy(self._side), "cuStreamDestroy")
+        for side in self._sides:
+            check(drv.cuStreamDestroy(side), "cuStreamDestroy")
         check(drv.cuStreamDestroy(self.stream), "cuStreamDestroy")
         check(drv.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
         self._modules, self._kernels, self._graphs, self.closed = [], {}, [], True

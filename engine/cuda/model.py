@@ -403,10 +403,21 @@ class CudaModel:
         """Commit the first n tokens of the last non-committing pass (DeltaNet layers and the MTP head's starting
         hidden; KV needs nothing)."""
         assert 1 <= n <= num_pass_tokens <= VERIFY_MAX
-        cfg, dev = self.cfg, self.dev
+        self.accept_hidden(n)
+        self.accept_layers(n)
+
+    def accept_hidden(self, n: int) -> None:
+        """The MTP head's starting hidden after n accepted tokens: all a draft needs of a commit."""
         if self.last_hidden is not None:
-            row = 4 * cfg.hidden_size
-            dev.copy(self.last_hidden, self.ws.hidden.view(row * (n - 1)), row)
+            row = 4 * self.cfg.hidden_size
+            self.dev.copy(self.last_hidden, self.ws.hidden.view(row * (n - 1)), row)
+
+    def accept_layers(self, n: int) -> None:
+        """Every DeltaNet layer's window and state advanced over the n accepted tokens of the last non-committing
+        pass, from its saved inputs. In one launch (mixers.GDN_ACCEPT_LAYERS) it writes nothing else and nothing
+        else reads or writes those until the next pass, so it may run beside an MTP draft (CudaBackend.draft); the
+        two launches a layer write the workspace's mixer output too."""
+        cfg, dev = self.cfg, self.dev
         c, key = cfg.ssm_conv_dim, cfg.ssm_num_k_heads * cfg.ssm_head_dim
         if mixers.GDN_ACCEPT_LAYERS and self.deltanet:
             mixers.gdn_accept_layers(dev, self.accept_table, len(self.deltanet), n, cfg.ssm_num_k_heads,

@@ -20,9 +20,9 @@ from engine.errors import EngineError
 
 BACKENDS = ("auto", "cuda", "reference")
 MEGAKERNEL_ENV = "OPENJET_CUDA_MEGAKERNEL"
-# Off by default while it is slower than the per-op path (bench/MEGAKERNEL.md round 7; bench/NOTES.md v21).
-MEGAKERNEL_OFF = ("megakernel off by default: 12.7 ms a d = 0 cycle against the per-op path's 6.8 ms a token at "
-                  f"the 27B shape (H200, 2026-12-04); {MEGAKERNEL_ENV}=1 turns it on")
+# Off by default while it is slower than the per-op path (bench/MEGAKERNEL.md round 14 and Status).
+MEGAKERNEL_OFF = ("megakernel off by default: 10.9 ms a d = 0 cycle against the per-op path's 6.8 ms a token at "
+                  f"the 27B shape (H200, 2026-12-05); {MEGAKERNEL_ENV}=1 turns it on")
 log = logging.getLogger("openjet.engine")
 
 

@@ -1,7 +1,8 @@
 """CudaBackend's captured graphs, on a recording device: which calls run eagerly, which are captured, which are
 replayed. A verify pass, the commit of its accepted prefix and an MTP draft each run their kernels from a graph
-after the first call of their shape (the kernels themselves are checked on the GPU: tests/kernels/test_cuda_gpu.py,
-bench/gpu_models.py's speculative decoding against the reference)."""
+after the first call of their shape, and a DeltaNet model's commit waits for the next call that needs the state,
+running beside the MTP draft when that comes first (the kernels themselves are checked on the GPU:
+tests/kernels/test_cuda_gpu.py, bench/gpu_models.py's speculative decoding against the reference)."""
 
 from __future__ import annotations
 
@@ -32,12 +33,26 @@ class _Dev:
     def __init__(self) -> None:
         self.log: list[tuple] = []
         self.recording: list | None = None
+        self.lane: int | None = None  # the side stream launches go to, inside beside()
 
     def run(self, what: tuple) -> None:
+        if self.lane is not None:
+            what = ("beside", self.lane, *what)
         if self.recording is not None:
             self.recording.append(what)
         else:
             self.log.append(("eager", what))
+
+    @contextmanager
+    def beside(self, lane: int = 0):
+        self.lane = lane
+        try:
+            yield
+        finally:
+            self.lane = None
+
+    def join(self, lane: int = 0) -> None:
+        self.run(("join", lane))
 
     @contextmanager
     def capture(self):
@@ -50,12 +65,16 @@ class _Dev:
 
 
 class _Model:
-    def __init__(self, dev: _Dev) -> None:
+    def __init__(self, dev: _Dev, deltanet: bool = False) -> None:
         self.dev, self.capacity = dev, 64
+        self.deltanet = {0: object()} if deltanet else {}
         self.cfg = SimpleNamespace(vocab_size=100)
         self.ws = SimpleNamespace(max_tokens=32)
         self.weights = SimpleNamespace(mtp=object())
         self.uploads: list[tuple] = []
+
+    def reset_state(self) -> None:
+        self.dev.run(("reset",))
 
     def set_tokens(self, tokens, start) -> None:
         self.uploads.append(("tokens", tuple(tokens), start))
@@ -65,6 +84,12 @@ class _Model:
 
     def accept(self, pending, n) -> None:
         self.dev.run(("accept", n))
+
+    def accept_hidden(self, n) -> None:
+        self.dev.run(("hidden", n))
+
+    def accept_layers(self, n) -> None:
+        self.dev.run(("layers", n))
 
     def draft_inputs(self, token, num_draft, start) -> None:
         self.uploads.append(("draft", token, num_draft, start))
@@ -76,10 +101,10 @@ class _Model:
         return [7] * num_draft, None
 
 
-def _backend(use_graphs: bool = True) -> CudaBackend:
+def _backend(use_graphs: bool = True, deltanet: bool = False) -> CudaBackend:
     dev = _Dev()
     backend = CudaBackend.__new__(CudaBackend)
-    backend.__init__(_Model(dev), 64, use_graphs=use_graphs, owns_device=False)
+    backend.__init__(_Model(dev, deltanet), 64, use_graphs=use_graphs, owns_device=False)
     backend.dev.download = lambda buf, dtype, shape: np.zeros(shape, dtype)
     backend.model.ws.logits = None
     return backend
@@ -132,6 +157,66 @@ def test_accept_without_a_verify_is_refused_before_anything_runs() -> None:
     with pytest.raises(ValueError, match="without a verify"):
         backend.accept(1)
     assert backend.dev.log == []
+
+
+def test_a_deltanet_commit_waits_for_the_next_pass_and_runs_first_there() -> None:
+    backend = _backend(deltanet=True)
+    log = backend.dev.log
+    _cycle(backend, [1, 2, 3], 2)
+    assert log == [("eager", ("forward", 3, False))] and backend.num_tokens == 2  # counted, not yet run
+    log.clear()
+    _cycle(backend, [4, 5], 1)
+    assert log == [("eager", ("accept", 2)), ("eager", ("forward", 2, False))]
+    log.clear()
+    backend.prefill([6])  # every pass commits what is left first
+    assert log == [("eager", ("accept", 1)), ("eager", ("forward", 1, True))] and backend.num_tokens == 4
+
+
+def test_a_draft_after_an_accept_runs_the_commit_beside_it_from_one_graph() -> None:
+    backend = _backend(deltanet=True)
+    log = backend.dev.log
+    for token in (9, 11):
+        _cycle(backend, [1, 2, 3], 3)
+        log.clear()
+        assert backend.draft(token, 2).tokens == [7, 7]
+    # the starting hidden first, the layers on side stream 1, the draft on the main stream, then the join
+    fused = (("hidden", 3), ("beside", 1, "layers", 3), ("draft", 2), ("join", 1))
+    assert log == [("replay", *fused)]
+    assert ("accept+draft", 3, 2) in backend._graphs and backend._uncommitted is None
+    log.clear()
+    _cycle(backend, [1, 7, 7], 1)
+    assert log == [("replay", ("forward", 3, False))]  # the commit already ran beside the draft
+
+
+def test_checkpoints_see_the_commit_and_rollbacks_and_resets_drop_it() -> None:
+    from engine.cuda.backend import CudaCheckpoint
+
+    backend = _backend(deltanet=True)
+    backend._state_buffers = dict  # no buffers to copy on the recording device
+    backend.dev.memory = SimpleNamespace(device=SimpleNamespace(closed=True))  # the finalizer frees nothing
+    _cycle(backend, [1, 2], 2)
+    checkpoint = backend.checkpoint()
+    assert backend.dev.log[-1] == ("eager", ("accept", 2)) and checkpoint.num_tokens == 2
+    _cycle(backend, [3], 1)
+    backend.rollback(CudaCheckpoint(2, id(backend)))  # its copies overwrite what the commit would have written
+    assert backend._uncommitted is None and backend.num_tokens == 2
+    backend.dev.log.clear()
+    _cycle(backend, [3], 1)
+    backend.reset()
+    assert backend._uncommitted is None and backend.num_tokens == 0
+    assert ("eager", ("accept", 1)) not in backend.dev.log
+
+
+def test_the_commit_runs_at_once_when_switched_off_or_in_two_launches_a_layer(monkeypatch) -> None:
+    from engine.cuda import backend as backend_module
+    from engine.cuda import mixers
+
+    for module, name in ((backend_module, "ACCEPT_BESIDE"), (mixers, "GDN_ACCEPT_LAYERS")):
+        with monkeypatch.context() as m:
+            m.setattr(module, name, False)
+            backend = _backend(deltanet=True)
+            _cycle(backend, [1, 2], 2)
+            assert backend.dev.log == [("eager", ("forward", 2, False)), ("eager", ("accept", 2))]
 
 
 def _choosing_backend(out: np.ndarray | None = None, logits: np.ndarray | None = None):
