@@ -216,14 +216,18 @@ class Device:
                 f"(RTX 30/40/50 series, A100, H100/H200)")
         self._ctx = check(drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
         check(drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-        self.stream = check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        # stream priorities: the main stream and lane 0 first; lane 1's work (a commit beside a whole draft) takes
+        # the SMs the main stream's kernels leave (graphs keep them: USE_NODE_PRIORITY)
+        least, greatest = check(drv.cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+        flags = drv.CUstream_flags.CU_STREAM_NON_BLOCKING
+        self.stream = check(drv.cuStreamCreateWithPriority(flags, greatest), "cuStreamCreateWithPriority")
         # side streams for launches that may run beside the main stream's (beside(), join()), one a lane: lane 0
         # for a kernel beside another inside a pass, lane 1 for work beside a whole sequence of launches (the
         # commit beside the MTP draft), which may use lane 0 meanwhile; each lane's events order it after the
         # main stream's work so far and the main stream after it
         no_timing = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        self._sides = [check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-                       for _ in range(SIDE_LANES)]
+        self._sides = [check(drv.cuStreamCreateWithPriority(flags, greatest if lane == 0 else least),
+                             "cuStreamCreateWithPriority") for lane in range(SIDE_LANES)]
         self._fork_events = [check(drv.cuEventCreate(no_timing), "cuEventCreate") for _ in range(SIDE_LANES)]
         self._join_events = [check(drv.cuEventCreate(no_timing), "cuEventCreate") for _ in range(SIDE_LANES)]
         self._launch_stream = self.stream  # where launch() queues: a side stream inside beside()
@@ -438,9 +442,11 @@ class Device:
         try:
             yield holder
         finally:
-            self.join()  # a capture must end with every side branch joined
+            for lane in range(SIDE_LANES):  # a capture must end with every side branch joined
+                self.join(lane)
             graph = check(drv.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
-        exec_ = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        use_priority = drv.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
+        exec_ = check(drv.cuGraphInstantiate(graph, int(use_priority)), "cuGraphInstantiate")
         holder.append(Graph(self, graph, exec_))
         self._graphs.append(holder[0])
 
