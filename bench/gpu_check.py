@@ -117,11 +117,13 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         from bench import gpu_stream
 
         gpu_stream.run_stream_probe(dev, report, rng)
-    elif name == "sample":  # the token choice on the device alone (also inside "kernels")
-        from bench import gpu_ops
+    elif name == "sample":  # the token choice on the device alone (also inside "kernels"), penalties included
+        from bench import gpu_ops, gpu_penalties
 
         gpu_ops.check_argmax_sampling(dev, report, rng)
         gpu_ops.check_choose_rows(dev, report, rng)
+        gpu_penalties.check_choose_penalised(dev, report, rng)
+        gpu_penalties.time_penalties(dev, report, rng)
     elif name == "models":
         from bench import gpu_models
 

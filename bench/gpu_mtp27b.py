@@ -80,7 +80,10 @@ CYCLE_DEPTHS = (0, 1, 3, 4)
 CYCLE_REPS = 12
 CYCLE_SAMPLING = {"greedy": SamplingParams(temperature=0.0), "t1": SamplingParams(temperature=1.0, seed=1),
                   "t07p95": SamplingParams(temperature=0.7, top_p=0.95, seed=1),
-                  "qwen": SamplingParams(temperature=0.6, top_k=20, top_p=0.95, seed=1)}  # Qwen's recommended
+                  "qwen": SamplingParams(temperature=0.6, top_k=20, top_p=0.95, seed=1),  # Qwen's recommended
+                  # Qwen's non-thinking setting with the presence penalty its model cards suggest against repetition
+                  # (on the device: kernels/penalties.cu before choose_rows)
+                  "qwen_pp": SamplingParams(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5, seed=1)}
 
 
 def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
@@ -129,7 +132,7 @@ def _cycle_steps(backend, seq: TokenSequence, depth: int, params: SamplingParams
     marks.append(time.perf_counter())
     tokens = [seq.pending, *draft.tokens]
     if on_device:
-        choices = backend.verify_choose(tokens, draft, params, seq.rng)
+        choices = backend.verify_choose(tokens, draft, params, seq.rng, seq)
         marks.append(time.perf_counter())
         new = accept_choices(draft, choices)
         logits = None

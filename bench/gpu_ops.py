@@ -270,7 +270,7 @@ def _restricted_softmax(logits: np.ndarray, temp: float, top_k: int, top_p: floa
 
 def run_op_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
     """Every non-matmul kernel."""
-    from bench import gpu_mixers
+    from bench import gpu_mixers, gpu_penalties
 
     print("op checks (27B shapes)", flush=True)
     run_act_checks(dev, report, rng)
@@ -280,6 +280,7 @@ def run_op_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
     check_embedding(dev, report, rng)
     check_argmax_sampling(dev, report, rng)
     check_choose_rows(dev, report, rng)
+    gpu_penalties.check_choose_penalised(dev, report, rng)
     gpu_mixers.run_mixer_checks(dev, report, rng)
 
 

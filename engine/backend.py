@@ -171,11 +171,13 @@ class Backend(ABC):
         accept(n); a new verify() or prefill() discards an unaccepted pass. Raises ContextOverflowError as prefill.
         """
 
-    def verify_choose(self, tokens: list[int], draft: Draft, params: SamplingParams,
-                      rng: np.random.Generator) -> RowChoices | None:
+    def verify_choose(self, tokens: list[int], draft: Draft, params: SamplingParams, rng: np.random.Generator,
+                      seq: TokenSequence | None = None) -> RowChoices | None:
         """verify() with each row's token chosen where the logits are (greedy matching, or speculative sampling of
         the deterministic draft), so only token ids travel; None where this backend or these params cannot, and
-        cycle() then verifies and runs the rule on the host. Optional: backends without it return None."""
+        cycle() then verifies and runs the rule on the host. seq: the sequence verified (its prompt and generated
+        tokens are the penalties' history, row t's with drafts 0..t-1); a backend may decline penalised requests
+        without it. Optional: backends without it return None."""
         return None
 
     @abstractmethod
@@ -235,7 +237,7 @@ class Backend(ABC):
         draft = draft.truncated(max(room, 0))
         tokens = [seq.pending, *draft.tokens]
         on_choices = getattr(rule, "on_choices", None)  # a rule that needs only the rows' choices, not their logits
-        choices = None if on_choices is None else self.verify_choose(tokens, draft, params, seq.rng)
+        choices = None if on_choices is None else self.verify_choose(tokens, draft, params, seq.rng, seq)
         if choices is not None:
             new = on_choices(draft, choices)
         else:

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.backend import Backend, Checkpoint, Draft, RowChoices
+from engine.backend import Backend, Checkpoint, Draft, RowChoices, TokenSequence
 from engine.cuda import env_flag, mixers, ops
 from engine.cuda.device import Buffer, Device, Graph
 from engine.cuda.model import VERIFY_MAX, CudaModel
+from engine.cuda.penalties import PenaltyCounts, has_penalties, without_penalties
 from engine.errors import ContextOverflowError
 from engine.sampling import SamplingParams, keep_or_resample, sample, sampling_probs
 from engine.spec.verify import accept_or_resample
@@ -45,10 +46,9 @@ CHOOSE = env_flag(CHOOSE_ENV, True)
 
 def device_chooses(params: SamplingParams) -> bool:
     """Whether kernels/sample.cu choose_rows has the request's arithmetic: temperature (0: greedy), top_k (up to
-    ops.CHOOSE_CAP), top_p and min_p, but no penalties (those rows go to the host, engine/sampling.py)."""
-    return (CHOOSE and params.top_k <= ops.CHOOSE_CAP
-            and params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1.0
-            and (params.is_greedy or params.temperature >= 1e-30))
+    ops.CHOOSE_CAP), top_p and min_p, after the penalties kernels/penalties.cu applies (repetition, frequency,
+    presence: the sequence's tokens kept on the device, engine/cuda/penalties.py)."""
+    return CHOOSE and params.top_k <= ops.CHOOSE_CAP and (params.is_greedy or params.temperature >= 1e-30)
 
 
 # The commit of an accepted prefix (every DeltaNet layer's state advanced over it: 0.2 ms a cycle on the H100,
@@ -70,6 +70,7 @@ class CudaBackend(Backend):
         self._pending: int | None = None  # tokens of an unaccepted verify pass
         self._graphs: dict[tuple, Graph] = {}  # passes by (tokens, commit, logits rows); ("accept", n); ("draft", d)
         self.num_host_rows = 0  # verify_choose's rows the kernel left to the host (the bench reports them)
+        self.penalties = PenaltyCounts(self.dev, model.cfg.vocab_size)  # the penalised requests' sequence
 
     @classmethod
     def from_gguf(cls, path: str | Path, context_size: int | None = None, device: Device | None = None,
@@ -174,19 +175,28 @@ class CudaBackend(Backend):
         self._run(tokens, commit=False, logits_rows=len(tokens))
         self._pending = len(tokens)
 
-    def verify_choose(self, tokens: list[int], draft: Draft, params: SamplingParams,
-                      rng: np.random.Generator) -> RowChoices | None:
+    def verify_choose(self, tokens: list[int], draft: Draft, params: SamplingParams, rng: np.random.Generator,
+                      seq: TokenSequence | None = None) -> RowChoices | None:
         """verify() with each row's token chosen on the device (ops.choose_rows): the argmax, or speculative sampling
         of the deterministic draft from two of rng's uniform numbers a row, so T ids come back instead of T x V
-        logits and no row is sampled on the host (~1 ms a row at 248K tokens). None (the host's way) for
-        penalties, a top_k past ops.CHOOSE_CAP or drafts drawn at random. A row the kernel leaves to the host (an
+        logits and no row is sampled on the host (~1 ms a row at 248K tokens). Penalties are applied to the rows'
+        logits first, in place, from seq's tokens (self.penalties). None (the host's way) for a top_k past
+        ops.CHOOSE_CAP, drafts drawn at random, or penalties without seq. A row the kernel leaves to the host (an
         infinite top, a top_k / top_p set it cannot sort) is chosen there, from its logits of the same pass; the
         choices stop at the first row that does not keep its draft (no later row can be emitted)."""
         if not device_chooses(params) or getattr(draft, "probs", None) is not None:
             return None
+        penalised = has_penalties(params)
+        if penalised and seq is None:
+            return None
         self._verify_pass(tokens)
         ws, num, vocab = self.model.ws, len(tokens), self.vocab_size
+        if penalised:
+            self.penalties.sync(seq)  # after the pass: the host's work overlaps it
         self.dev.upload(ws.choose_drafts, np.asarray([*draft.tokens, -1], np.int32))
+        if penalised:
+            self.penalties.apply(ws.logits, ws.choose_drafts, num, params)
+            params = without_penalties(params)  # the logits hold them now: a row left to the host must not add them
         if not params.is_greedy:
             self.dev.upload(ws.choose_uniforms, rng.random((num, 2)))
         ops.choose_rows(self.dev, ws.logits, ws.choose_drafts, ws.choose_uniforms, ws.choose_out, num, vocab, vocab,

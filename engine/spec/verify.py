@@ -92,7 +92,7 @@ def speculative_accept(draft: Draft, logits: np.ndarray, seq: TokenSequence, par
 
 
 # Both rules may take each row's token as the backend chose it where the logits are (Backend.verify_choose: the
-# same arithmetic on the device, for requests without penalties, and deterministic drafts).
+# same arithmetic on the device, penalties included, for deterministic drafts).
 greedy_accept.on_choices = accept_choices
 speculative_accept.on_choices = accept_choices
 

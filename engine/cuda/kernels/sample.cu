@@ -151,11 +151,12 @@ sample_topk_topp(const float* __restrict__ logits, i32* __restrict__ ids, int V,
 }
 
 // ---- choose_rows: the verify rows' tokens chosen where the logits are ----
-// As engine/spec/verify.py's rules choose them on the host, for requests without penalties or a logit bias
-// (engine/cuda/backend.py verify_choose). Greedy: the row's argmax (the lowest id on ties). Sampled: speculative
-// sampling of the row's deterministic draft x (keep it with probability p(x), else draw from p without it; a row
-// without a draft, x < 0, draws from p), p the weights exp((logit - top) / T) that top_k, then top_p, then min_p
-// keep (engine/sampling.py keep_or_resample), from the row's two uniform numbers (float64, the host's generator).
+// As engine/spec/verify.py's rules choose them on the host, for requests without a logit bias (engine/cuda/
+// backend.py verify_choose; penalties are in the logits already, kernels/penalties.cu). Greedy: the row's argmax
+// (the lowest id on ties). Sampled: speculative sampling of the row's deterministic draft x (keep it with
+// probability p(x), else draw from p without it; a row without a draft, x < 0, draws from p), p the weights
+// exp((logit - top) / T) that top_k, then top_p, then min_p keep (engine/sampling.py keep_or_resample), from the
+// row's two uniform numbers (float64, the host's generator).
 // out[t] = (token, kept). token -1: a NaN or no logit above -inf (the host raises as sampling.py does); -2: a row
 // for the host's rule: an infinite top (its float64 path), or a top_k / top_p set that does not fit CHOOSE_CAP.
 // One block of 1024 threads a row; every pass over the row is coalesced: the max strided over the threads, the
