@@ -34,7 +34,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
-               "accept4", "i8vs1n2")
+               "accept4")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -103,8 +103,6 @@ VERIFY_WARPS_AT_VARIANTS = {**{f"i8v5w{w}": {**DEFAULT_VERIFY_WARPS_AT, 5: w} fo
                             "i8vw8old": {5: 8, 6: 8, 7: 8, 8: 8}}  # the table before Z5 (12 at every count)
 # v7 with the verify launches' idle warps kept (i8b.VERIFY_TRIM; before 3c4f2eb 20 superblocks ran in 8 warps, 7 busy)
 NO_TRIM_VARIANTS = frozenset({"notrim"})
-# v7 with the verify launches' rings of one superblock a stage (i8b.VERIFY_SHAPE): two blocks an SM at K = 5,120
-VERIFY_SHAPE_VARIANTS = {"i8vs1n2": (1, 2)}
 VERIFY_WIDTH_VARIANTS = {"i8vcopy": 0}
 EVERY_VERIFY_COUNT = frozenset(range(2, 9))
 VERIFY_TOKEN_VARIANTS = {"i8vall": EVERY_VERIFY_COUNT}  # i8vall: 3 tokens on it too
@@ -449,7 +447,6 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_SPARE_PER_SM = VERIFY_SPARE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_SPARE_PER_SM)
     i8b.VERIFY_WARPS = VERIFY_WARPS_VARIANTS.get(name)
     i8b.VERIFY_TRIM = name not in NO_TRIM_VARIANTS
-    i8b.VERIFY_SHAPE = VERIFY_SHAPE_VARIANTS.get(name, i8b._verify_shape_default())
     i8b.VERIFY_WARPS_AT = VERIFY_WARPS_AT_VARIANTS.get(name, dict(i8b.DEFAULT_VERIFY_WARPS_AT))
     i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, VERIFY_PRECISE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS))
     device.PDL_TOKEN_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_TOKEN_COUNTS)

@@ -12,14 +12,12 @@ launched apart on a block per token, 7.19 ms (v19).
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch
-from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES, I8V_SHAPE, I8V_SMALL_SHAPE,
-                                   I8V_TOKENS)
+from engine.cuda.instances import I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES, I8V_SHAPE, I8V_TOKENS
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
@@ -255,22 +253,6 @@ DEFAULT_VERIFY_FAST_TOKENS = DEFAULT_VERIFY_TOKENS
 VERIFY_FAST_TOKENS = DEFAULT_VERIFY_FAST_TOKENS
 
 
-# (superblocks a stage, stages a warp) of the verify launches: I8V_SHAPE, or I8V_SMALL_SHAPE (rings half the size: two
-# blocks an SM where the staged activations leave room; no closer instances). OPENJET_CUDA_I8V_SHAPE=1,2 picks it.
-VERIFY_SHAPE_ENV = "OPENJET_CUDA_I8V_SHAPE"
-
-
-def _verify_shape_default() -> tuple[int, int]:
-    raw = os.environ.get(VERIFY_SHAPE_ENV, "")
-    shape = tuple(int(x) for x in raw.split(",")) if raw else I8V_SHAPE
-    if shape not in (I8V_SHAPE, I8V_SMALL_SHAPE):
-        raise ValueError(f"{VERIFY_SHAPE_ENV}={raw!r}: built for {I8V_SHAPE} and {I8V_SMALL_SHAPE}")
-    return shape
-
-
-VERIFY_SHAPE = _verify_shape_default()
-
-
 def verify_x_bytes(nb: int, num_tokens: int) -> int:
     """Mirror of kernels/mmvq_i8v.cu i8v_x_bytes: both levels of every token ([nb][256] at a pitch of 256 nb +
     64), a 32-byte sums record and 8 bytes of level scales a superblock and token, in whole KB."""
@@ -285,7 +267,7 @@ def verify_static_smem(num_tokens: int) -> int:
 
 def verify_smem_bytes(nb: int, num_tokens: int, warps: int) -> int:
     """Dynamic shared memory of a launch of num_tokens tokens: the staged activations and every warp's ring."""
-    s, ns = VERIFY_SHAPE
+    s, ns = I8V_SHAPE
     return ALIGN_SLACK + verify_x_bytes(nb, num_tokens) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
 
 
@@ -348,11 +330,7 @@ def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Bu
     from engine.cuda.closers import close_dst, instance
 
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w, num_tokens)
-    name = f"mmvq_q4_K_i8v_t{num_tokens}"
-    if VERIFY_SHAPE != I8V_SHAPE:
-        assert closer is None, "no closer instance of mmvq_i8v's small rings"
-        name += "_s{}n{}".format(*VERIFY_SHAPE)
-    name = instance(name, closer)
+    name = instance(f"mmvq_q4_K_i8v_t{num_tokens}", closer)
     kernel, smem = dev.kernel(name), verify_smem_bytes(nb, num_tokens, num_warps)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8

@@ -66,9 +66,6 @@ Q6_I8_CLOSE_MODES = ("rmsnorm",)
 # 4), an instance each in mmvq_i8b's default shape: mmvq_q4_K_i8v_t{T}.
 I8V_TOKENS = tuple(range(2, 9))
 I8V_SHAPE = (2, 2)
-# ... and in rings of one superblock a stage (mmvq_q4_K_i8v_t{T}_s1n2): half the rings' shared memory, so two blocks
-# fit an SM beside 5 tokens' staged activations at K = 5,120 (engine/cuda/i8b.py VERIFY_SHAPE)
-I8V_SMALL_SHAPE = (1, 2)
 # Tokens of the int8-activation Q6_K matmul (kernels/mmvq_i8q6.cu: a sub-block's 2T columns in one mma up to 4
 # tokens, a pass a level past that), an instance each: mmvq_q6_K_i8_t{T}.
 Q6_I8_TOKENS = tuple(range(1, 9))
@@ -135,8 +132,6 @@ def _build() -> dict[str, Instance]:
             for s, n in I8B_CLOSE_SHAPES for mode in I8B_CLOSE_MODES]  # the next matmul's producer behind
     out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, -1>")
             for t in I8V_TOKENS]
-    s, n = I8V_SMALL_SHAPE
-    out += [Instance(f"mmvq_q4_K_i8v_t{t}_s{s}n{n}", "mmvq_i8v", f"mmvq_i8v<{t}, {s}, {n}, -1>") for t in I8V_TOKENS]
     out += [Instance(f"mmvq_q4_K_i8v_t{t}_close_{mode}", "mmvq_i8v",
                      f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, {ACT_MODES.index(mode)}>")
             for t in I8V_TOKENS for mode in I8V_CLOSE_MODES]

@@ -289,29 +289,3 @@ def test_verify_warps_keep_every_warp_busy_up_to_the_kernels_most(monkeypatch) -
     monkeypatch.setattr(i8b, "VERIFY_WARPS_AT", {5: 10})
     assert i8b.verify_warps(_dev(90), _weight(cols=6144), 5) == 8  # 24 in shares of 3
 
-
-
-def test_the_small_rings_fit_two_blocks_an_sm_at_five_tokens(monkeypatch) -> None:
-    s, n = instances.I8V_SMALL_SHAPE
-    for t in instances.I8V_TOKENS:
-        assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}_s{s}n{n}"].expr == f"mmvq_i8v<{t}, {s}, {n}, -1>"
-    dev, warps = _dev(90), 10  # K = 5,120: 20 superblocks in shares of 2
-    smem, static = i8b.verify_smem_bytes(20, 5, warps), i8b.verify_static_smem(5)
-    def blocks(per_sm: int) -> int:  # as many as fit, fewer where that leaves each the same number of tiles
-        return -(-2176 // -(-2176 // (per_sm * 132)))
-
-    assert i8b.grid(dev, 2176, warps, smem, static, 0) == blocks(1)  # the default rings: one block an SM
-    monkeypatch.setattr(i8b, "VERIFY_SHAPE", instances.I8V_SMALL_SHAPE)
-    small = i8b.verify_smem_bytes(20, 5, warps)
-    assert small == 1024 + i8b.verify_x_bytes(20, 5) + warps * n * s * (2048 + 256)
-    assert i8b.grid(dev, 2176, warps, small, static, 0) == blocks(2)  # two an SM
-
-
-def test_the_verify_shape_switch_names_what_is_built(monkeypatch) -> None:
-    monkeypatch.setenv(i8b.VERIFY_SHAPE_ENV, "1,2")
-    assert i8b._verify_shape_default() == instances.I8V_SMALL_SHAPE
-    monkeypatch.delenv(i8b.VERIFY_SHAPE_ENV)
-    assert i8b._verify_shape_default() == instances.I8V_SHAPE
-    monkeypatch.setenv(i8b.VERIFY_SHAPE_ENV, "3,3")
-    with pytest.raises(ValueError, match="built for"):
-        i8b._verify_shape_default()
