@@ -120,7 +120,7 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
     elif name == "sample":  # the token choice on the device alone (also inside "kernels"), penalties included
         from bench import gpu_ops, gpu_penalties
 
-        gpu_ops.check_argmax_sampling(dev, report, rng)
+        gpu_ops.check_argmax(dev, report, rng)
         gpu_ops.check_choose_rows(dev, report, rng)
         gpu_penalties.check_choose_penalised(dev, report, rng)
         gpu_penalties.time_penalties(dev, report, rng)

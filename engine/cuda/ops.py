@@ -848,15 +848,3 @@ def choose_rows(dev: Device, logits: Buffer, drafts: Buffer, uniforms: Buffer, o
     dev.launch(dev.kernel("choose_rows"), num_rows, 1024,
                [logits, vocab, ld, drafts, uniforms, float(temperature), float(min_p), int(top_k),
                 ctypes.c_double(top_p), int(temperature == 0), out])
-
-
-def sample(dev: Device, logits: Buffer, ids: Buffer, num_tokens: int, vocab: int, ld: int, temperature: float,
-           top_k: int, top_p: float, seed: int) -> None:
-    """ids[t] ~ softmax(logits[t] / temperature) restricted to top_k (0 = all) and top_p (1 = all)."""
-    import ctypes
-
-    if temperature <= 0:
-        raise ValueError("sampling needs a positive temperature; use argmax for greedy decoding")
-    dev.launch(dev.kernel("sample_topk_topp"), num_tokens, 1024,
-               [logits, ids, vocab, ld, float(temperature), int(top_k), float(top_p),
-                ctypes.c_uint64(seed & 0xFFFFFFFFFFFFFFFF)])

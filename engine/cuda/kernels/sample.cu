@@ -1,5 +1,5 @@
-// Token choice on the device from logits [T, ld] (the output head's result): greedy argmax, and temperature /
-// top-k / top-p sampling, so only token ids travel back to the host.
+// Token choice on the device from logits [T, ld] (the output head's result): greedy argmax, and each verify row's
+// token by the server's rules (choose_rows), so only token ids travel back to the host.
 #include "common.cuh"
 
 #define ARGMAX_THREADS 256
@@ -57,97 +57,6 @@ argmax_final(const float* __restrict__ part_v, const int* __restrict__ part_i, i
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) argmax_merge(v, i, part_v[t * chunks + c], part_i[t * chunks + c]);
     block_argmax(v, i);
     if (threadIdx.x == 0) ids[t] = i;
-}
-
-__device__ __forceinline__ u64 splitmix64(u64 x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-// How many logits of the row are >= thr (kind 0), or the probability mass of those >= thr (kind 1).
-__device__ float row_count_or_mass(const float* row, int V, float thr, float m, float inv_temp, float* scratch, int kind) {
-    float acc = 0.f;
-    for (int k = threadIdx.x; k < V; k += blockDim.x) {
-        const float x = row[k];
-        if (x >= thr) acc += kind == 0 ? 1.f : __expf((x - m) * inv_temp);
-    }
-    return block_sum(acc, scratch);
-}
-
-// Sample one token per row: softmax(logits / temperature) restricted to the top_k largest logits (0: all) and to
-// the smallest set of largest probabilities whose mass reaches top_p (1: all). Thresholds are found by bisection
-// on the logit value (ties at a threshold are all kept); the draw u ~ U[0, kept mass) from splitmix64(seed, t)
-// then picks the first index whose running kept mass exceeds u. One block of 1024 threads per row.
-__global__ void __launch_bounds__(1024)
-sample_topk_topp(const float* __restrict__ logits, i32* __restrict__ ids, int V, int ld, float temperature, int top_k,
-                 float top_p, u64 seed) {
-    PDL_ENTER();
-    __shared__ float scratch[32];
-    __shared__ float chunk_sums[1024];
-    const float* row = logits + (i64)blockIdx.x * ld;
-    float hi = NEG_INF, lo = -NEG_INF;
-    for (int k = threadIdx.x; k < V; k += blockDim.x) {
-        hi = fmaxf(hi, row[k]);
-        lo = fminf(lo, row[k]);
-    }
-    hi = block_max(hi, scratch);
-    lo = -block_max(-lo, scratch);
-    const float inv_temp = 1.f / temperature;
-    float thr = lo;  // keep logits >= thr
-    if (top_k > 0 && top_k < V) {  // largest thr with count(>= thr) >= top_k
-        float a = lo, b = hi;
-        for (int it = 0; it < 40 && a < b; ++it) {
-            const float mid = a + (b - a) * 0.5f;
-            if (mid <= a || mid >= b) break;
-            if (row_count_or_mass(row, V, mid, hi, inv_temp, scratch, 0) >= top_k) a = mid; else b = mid;
-        }
-        thr = a;
-    }
-    const float total = row_count_or_mass(row, V, thr, hi, inv_temp, scratch, 1);
-    if (top_p < 1.f) {  // largest thr2 >= thr with mass(>= thr2) >= top_p * total
-        float a = thr, b = hi;
-        for (int it = 0; it < 40 && a < b; ++it) {
-            const float mid = a + (b - a) * 0.5f;
-            if (mid <= a || mid >= b) break;
-            if (row_count_or_mass(row, V, mid, hi, inv_temp, scratch, 1) >= top_p * total) a = mid; else b = mid;
-        }
-        thr = a;
-    }
-    // contiguous chunk per thread, block scan of the chunk masses, then a walk inside the chosen chunk
-    const int per = (V + blockDim.x - 1) / blockDim.x, begin = threadIdx.x * per, end = min(V, begin + per);
-    float mine = 0.f;
-    for (int k = begin; k < end; ++k)
-        if (row[k] >= thr) mine += __expf((row[k] - hi) * inv_temp);
-    chunk_sums[threadIdx.x] = mine;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float kept = 0.f;
-        for (int i = 0; i < (int)blockDim.x; ++i) kept += chunk_sums[i];
-        const u64 r = splitmix64(seed ^ (0xD1B54A32D192ED03ull * (u64)(blockIdx.x + 1)));
-        float u = (float)((double)(r >> 11) * (1.0 / 9007199254740992.0)) * kept;
-        int chosen = -1, last = -1;  // last: the last kept index seen in the chosen chunk
-        for (int i = 0; i < (int)blockDim.x && chosen < 0; ++i) {
-            if (chunk_sums[i] <= 0.f) continue;
-            if (u < chunk_sums[i]) {
-                const int b0 = i * per, e0 = min(V, b0 + per);
-                for (int k = b0; k < e0; ++k) {
-                    if (row[k] < thr) continue;
-                    last = k;
-                    const float p = __expf((row[k] - hi) * inv_temp);
-                    if (u < p) { chosen = k; break; }
-                    u -= p;
-                }
-                if (chosen < 0) chosen = last;  // rounding left u just past the chunk's mass
-            } else {
-                u -= chunk_sums[i];
-            }
-        }
-        for (int k = V - 1; chosen < 0 && k >= 0; --k)  // rounding left u past the kept mass: the last kept token
-            if (row[k] >= thr) chosen = k;
-        ids[blockIdx.x] = chosen >= 0 ? chosen : 0;
-    }
 }
 
 // ---- choose_rows: the verify rows' tokens chosen where the logits are ----
