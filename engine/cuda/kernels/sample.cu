@@ -102,14 +102,20 @@ __device__ __forceinline__ void for_tokens(const float* __restrict__ row, int fi
 __device__ __forceinline__ double weight_of(double w) { return w; }
 __device__ __forceinline__ double weight_of(u64 key) { return __uint_as_float(key >> 32); }
 
+// w[j0 .. j0 + CHOOSE_LOADS) as weights into v, 0 past n: a pass's next entries, loaded before any is added.
+template <typename T>
+__device__ __forceinline__ void load_ahead(const T* w, int n, int j0, double (&v)[CHOOSE_LOADS]) {
+#pragma unroll
+    for (int i = 0; i < CHOOSE_LOADS; ++i) v[i] = j0 + i < n ? weight_of(w[j0 + i]) : 0.0;
+}
+
 // w[0] + w[1] + .. + w[n - 1], added in that order.
 template <typename T>
 __device__ double sum_in_order(const T* w, int n) {
     double sum = 0.0;
     for (int j0 = 0; j0 < n; j0 += CHOOSE_LOADS) {
         double v[CHOOSE_LOADS];
-#pragma unroll
-        for (int i = 0; i < CHOOSE_LOADS; ++i) v[i] = j0 + i < n ? weight_of(w[j0 + i]) : 0.0;
+        load_ahead(w, n, j0, v);
 #pragma unroll
         for (int i = 0; i < CHOOSE_LOADS; ++i) sum += v[i];
     }
@@ -123,8 +129,7 @@ __device__ int first_reaching(const T* w, int n, double norm, double part) {
     double sum = 0.0;
     for (int j0 = 0; j0 < n; j0 += CHOOSE_LOADS) {
         double v[CHOOSE_LOADS];
-#pragma unroll
-        for (int i = 0; i < CHOOSE_LOADS; ++i) v[i] = j0 + i < n ? weight_of(w[j0 + i]) : 0.0;
+        load_ahead(w, n, j0, v);
 #pragma unroll
         for (int i = 0; i < CHOOSE_LOADS; ++i) {
             sum += v[i];
