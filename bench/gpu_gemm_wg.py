@@ -20,7 +20,7 @@ from engine.cuda.repack import device_nbytes, random_blocks
 
 CASES = (("ffn_up", Q.Q4_K), ("ffn_down", Q.Q6_K), ("ffn_down", Q.Q4_K), ("attn_q", Q.Q4_K))
 EDGES = (("odd_rows", Q.Q4_K, 300), ("odd_rows", Q.Q6_K, 77))  # a partial row tile, partial token tiles: checked
-MODES = {"wg": 1, "wgo": 2}  # OPENJET_CUDA_GEMM_WG
+MODES = {"wg": 1, "wgo": 2, "wgws": 3}  # OPENJET_CUDA_GEMM_WG
 TOL_SAME = 2e-3  # against gemm_cp: the same f16 fragments, f32 sums in another order
 REF_ROWS = 64
 

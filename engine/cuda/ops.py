@@ -147,22 +147,27 @@ def _gemm_cp_smem(qtype: Q) -> int:
 
 
 # The prefill matmul on warpgroup MMA (kernels/gemm_wg.cu: sm_90a, 128 rows x 128 tokens a block of two
-# warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained) or 2 (overlapped) runs it in place of gemm_cp for
-# its types from GEMM_WG_MIN_TOKENS tokens on; 0, the default, until bench/gpu_gemm_wg.py has checked and timed it
-# on the GPU (bench/NOTES.md Y3).
+# warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained), 2 (overlapped) or 3 (warp-specialised: a producer
+# warpgroup decodes each weight tile once into shared memory for two consumer warpgroups, gemm_ws, 384 threads) runs
+# it in place of gemm_cp for its types from GEMM_WG_MIN_TOKENS tokens on; 0, the default, until
+# bench/gpu_gemm_wg.py has checked and timed it on the GPU (bench/NOTES.md Y3, Z15).
 GEMM_WG_ENV = "OPENJET_CUDA_GEMM_WG"
 GEMM_WG_MIN_TOKENS = 64
 GEMM_WG_ROWS, GEMM_WG_TOKENS, GEMM_WG_THREADS = 128, 128, 256
 GEMM_WG_SMEM = 2 * (8 * 4096 + 16 * GEMM_WG_TOKENS * 32) + 128  # gemm_wg.cu WG_SMEM_BYTES
+GEMM_WS_THREADS = 384  # gemm_wg.cu WS_THREADS
+GEMM_WS_SMEM = 2 * 8 * 4096 + 2 * 2 * 8 * GEMM_WG_ROWS * 32 + 128  # WS_SMEM_BYTES: raw weights, then A | B halves
+GEMM_WG_MODES = {1: "", 2: "_o", 3: "_ws"}  # OPENJET_CUDA_GEMM_WG -> instance suffix
 
 
 def _gemm_wg_mode() -> int:
-    """OPENJET_CUDA_GEMM_WG: 0 (unset), 1 or 2; anything else is an error naming the variable."""
+    """OPENJET_CUDA_GEMM_WG: 0 (unset), 1, 2 or 3; anything else is an error naming the variable."""
     import os
 
     value = os.environ.get(GEMM_WG_ENV, "0")
-    if value not in ("0", "1", "2"):
-        raise ValueError(f"{GEMM_WG_ENV}={value!r}: expected 0 (off), 1 (drained) or 2 (overlapped)")
+    if value not in ("0", "1", "2", "3"):
+        raise ValueError(f"{GEMM_WG_ENV}={value!r}: expected 0 (off), 1 (drained), 2 (overlapped) or 3 "
+                         "(warp-specialised)")
     return int(value)
 
 
@@ -175,7 +180,7 @@ def gemm_wg_instance(arch: int, qtype: Q, num_tokens: int, cols: int, has_bias: 
     if (not GEMM_WG or ARCH_FEATURE_FILES["gemm_wg"] != arch or qtype not in GEMM_WG_QTYPES
             or num_tokens < GEMM_WG_MIN_TOKENS or cols % 256 or has_bias):
         return None
-    return f"gemm_wg_{qtype_tag(qtype)}" + ("_o" if GEMM_WG == 2 else "")
+    return f"gemm_wg_{qtype_tag(qtype)}{GEMM_WG_MODES[GEMM_WG]}"
 
 
 def gemm_runs_cp(qtype: Q, max_smem: int) -> bool:
@@ -342,10 +347,11 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         wg = gemm_wg_instance(dev.info.arch, w.qtype, num_tokens, w.cols, bias is not None)
         if wg is not None:  # row tiles along x (gemm_wg.cu: the blocks in flight share a token tile)
             kernel = dev.kernel(wg)
-            dev.set_max_dynamic_smem(kernel, GEMM_WG_SMEM)
+            threads, smem = (GEMM_WS_THREADS, GEMM_WS_SMEM) if wg.endswith("_ws") else (GEMM_WG_THREADS, GEMM_WG_SMEM)
+            dev.set_max_dynamic_smem(kernel, smem)
             grid = ((w.rows + GEMM_WG_ROWS - 1) // GEMM_WG_ROWS, (num_tokens + GEMM_WG_TOKENS - 1) // GEMM_WG_TOKENS)
-            dev.launch(kernel, grid, GEMM_WG_THREADS, [w.buf, act.x16, y, residual, w.rows, w.cols, num_tokens, ld_y],
-                       smem=GEMM_WG_SMEM)
+            dev.launch(kernel, grid, threads, [w.buf, act.x16, y, residual, w.rows, w.cols, num_tokens, ld_y],
+                       smem=smem)
             return
         grid = ((num_tokens + GEMM_TOKENS - 1) // GEMM_TOKENS, (w.rows + GEMM_ROWS - 1) // GEMM_ROWS)
         args = [w.buf, act.x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y]

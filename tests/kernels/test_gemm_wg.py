@@ -1,6 +1,7 @@
 """The prefill matmul on warpgroup MMA (kernels/gemm_wg.cu): built with sm_90a's feature set for sm_90 alone and a
-trapping stub elsewhere, compiled into asynchronous warpgroup MMAs with A in registers, launched by ops.matmul only
-where OPENJET_CUDA_GEMM_WG asks, with the kernel's own tile and shared-memory sizes."""
+trapping stub elsewhere, compiled into asynchronous warpgroup MMAs (A in registers; the warp-specialised form with
+both operands in shared memory), launched by ops.matmul only where OPENJET_CUDA_GEMM_WG asks, with the kernel's own
+tile and shared-memory sizes."""
 
 from __future__ import annotations
 
@@ -27,7 +28,14 @@ def test_launch_constants_are_the_kernels() -> None:
     assert define("WG_ACT_BYTES") == "(SB_STEPS * WG_STEP_BYTES)" and define("WG_STEP_BYTES") == "(WG_TOKENS * 32)"
     assert ops.GEMM_WG_SMEM == 2 * (warps * 4096 + 16 * ops.GEMM_WG_TOKENS * 32) + 128
     assert {i.name for i in instances.files()["gemm_wg"]} == {
-        f"gemm_wg_{t}{o}" for t in ("q4_K", "q6_K") for o in ("", "_o")}
+        f"gemm_wg_{t}{o}" for t in ("q4_K", "q6_K") for o in ("", "_o", "_ws")}
+    # the warp-specialised form: a producer warpgroup and two consumers; two slots of raw weights (a row tile's
+    # stage in 4 KB each) and two halves of a superblock, each A (8 steps x 128 rows x 32 bytes) then B
+    assert ops.GEMM_WS_THREADS == int(define("WS_THREADS")) == 3 * 128
+    assert define("WS_SMEM_BYTES") == "(2 * WS_RAW_BYTES + 2 * WS_HALF_BYTES + 128)"
+    assert define("WS_HALF_BYTES") == "(WS_A_BYTES + WS_HALF_STEPS * WG_STEP_BYTES)"
+    half = 8 * ops.GEMM_WG_ROWS * 32 + 8 * ops.GEMM_WG_TOKENS * 32
+    assert ops.GEMM_WS_SMEM == 2 * warps * 4096 + 2 * half + 128 <= 227 * 1024
 
 
 def test_only_sm_90_builds_it_with_its_feature_set() -> None:
@@ -40,12 +48,16 @@ def test_sm_90a_build_is_asynchronous_warpgroup_mma_without_spills() -> None:
     path = nvrtc.KERNEL_DIR / "gemm_wg.cu"
     cubin = nvrtc.compile_file(path, 90, EXPRS, nvrtc.file_options("gemm_wg", 90) + ("--ptxas-options=-v",))
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", cubin.log)
-    assert len(spills) == 4 and all(s == ("0", "0") for s in spills), cubin.log
+    assert len(spills) == len(EXPRS) and all(s == ("0", "0") for s in spills), cubin.log
     assert "serialized" not in cubin.log  # ptxas keeps the wgmmas asynchronous (its C7513 warning where it cannot)
     ptx = nvrtc.compile_file(path, 90, EXPRS, nvrtc.file_options("gemm_wg", 90), ptx=True).image.decode()
     assert ".target sm_90a" in ptx
     mma = r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16 \{[^}]*\}, \{[^}]*\}"  # {d}, {a}: A in registers
     assert len(re.findall(mma, ptx)) == 4 * 16  # a step's, 16 a superblock, in each of the four instances
+    # the warp-specialised instances: {d}, A's descriptor, B's: 8 a half superblock in each of the two
+    both_shared = r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16 \{[^}]*\}, %rd\d+, %rd\d+"
+    assert len(re.findall(both_shared, ptx)) == 2 * 8
+    assert len(re.findall(r"bar\.arrive", ptx)) >= 2 * 2 and "bar.sync" in ptx  # FULL and EMPTY
     for op in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
                "fence.proxy.async.shared::cta"):
         assert op in ptx
@@ -66,12 +78,15 @@ def test_matmul_takes_it_only_where_asked(monkeypatch) -> None:
         assert ops.gemm_wg_instance(*args) is None, args
     monkeypatch.setattr(ops, "GEMM_WG", 2)
     assert ops.gemm_wg_instance(90, Q.Q4_K, 8192, 5120, False) == "gemm_wg_q4_K_o"
-    assert all(name in instances.INSTANCES for name in ("gemm_wg_q4_K", "gemm_wg_q4_K_o", "gemm_wg_q6_K_o"))
+    monkeypatch.setattr(ops, "GEMM_WG", 3)
+    assert ops.gemm_wg_instance(90, Q.Q6_K, 8192, 17408, False) == "gemm_wg_q6_K_ws"
+    assert all(name in instances.INSTANCES for name in ("gemm_wg_q4_K", "gemm_wg_q4_K_o", "gemm_wg_q6_K_o",
+                                                         "gemm_wg_q4_K_ws"))
 
 
 def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
     monkeypatch.setenv(ops.GEMM_WG_ENV, "on")
     with pytest.raises(ValueError, match="OPENJET_CUDA_GEMM_WG='on'"):
         ops._gemm_wg_mode()
-    monkeypatch.setenv(ops.GEMM_WG_ENV, "2")
-    assert ops._gemm_wg_mode() == 2
+    monkeypatch.setenv(ops.GEMM_WG_ENV, "3")
+    assert ops._gemm_wg_mode() == 3

@@ -42,27 +42,38 @@ __device__ __forceinline__ u64 wg_desc(u32 addr) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(128 >> 4) << 16) | ((u64)(256 >> 4) << 32);
 }
 
+// The 64 accumulators of an m64n128 wgmma (a thread's share of 64 x 128 f32), as asm operands %0-%63.
+#define WG_D_REGS                                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                    \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                            \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                            \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+#define WG_D_OPERANDS                                                                                              \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),   \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),    \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),   \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),   \
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),   \
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),   \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),   \
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
 // d[64] += A (this warp's 16 rows of the warpgroup's 64, in registers) x B (16 x 128 at desc).
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const u32 (&a)[4], u64 desc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_D_REGS
+                 "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n}\n"
+                 : WG_D_OPERANDS
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#endif
+}
+
+// d[64] += A (64 x 16 at desc_a) x B (16 x 128 at desc_b), both from shared memory, K-major.
+__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], u64 desc_a, u64 desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_D_REGS "%64, %65, 1, 1, 1, 0, 0;\n}\n"
+                 : WG_D_OPERANDS
+                 : "l"(desc_a), "l"(desc_b));
 #endif
 }
 
@@ -101,6 +112,22 @@ __device__ __forceinline__ void wg_regroup(const u32 (&f)[4], int c, u32* a) {
         a[r] = odd ? lo2 : lo0;
         a[r + 2] = odd ? hi2 : hi0;
     }
+}
+
+// y[tok, row] = d (+ residual) for a warp's share of a warpgroup's 64 x 128: d[4 i + e] is row g (e < 2) or g + 8
+// of the warp's 16 from row0, token 8 i + 2 c + (e & 1) of the 128 from tok0.
+__device__ __forceinline__ void wg_store(const float (&d)[64], float* y, const float* residual, int row0, int tok0,
+                                         int rows, int T, int ldy, int g, int c) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = row0 + g + 8 * (e >> 1), tok = tok0 + 8 * i + 2 * c + (e & 1);
+            if (row >= rows || tok >= T) continue;
+            float v = d[4 * i + e];
+            if (residual) v += residual[(i64)tok * ldy + row];
+            y[(i64)tok * ldy + row] = v;
+        }
 }
 
 template <int QT, bool OVERLAP>
@@ -192,17 +219,175 @@ gemm_wg(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
         if (!OVERLAP) __syncthreads();  // every warpgroup is done with the slot the next iteration's copy refills
     }
     cp_async_wait<0>();
-    // d[4 i + e]: row g (e < 2) or g + 8 of the warp's 16, token 8 i + 2 c + (e & 1) of the block's 128
+    wg_store(d, y, residual, row0, tok0, rows, T, ldy, g, c);
+#else
+    __trap();  // a build for another target: launching it is a dispatch bug
+#endif
+}
+
+// ---- The warp-specialised form (OPENJET_CUDA_GEMM_WG=3, instances gemm_wg_<qt>_ws) ----
+// Above, every warp decodes its own A between its wgmmas, and the decode, not the tensor cores, set the pace
+// (bench/NOTES.md Y3: ~200 TFLOP/s). Here warpgroup 0 (the producer) copies each superblock's raw weights (a
+// superblock ahead) and activations (half a superblock ahead), decodes the block's 128 rows into A once, in K-major
+// core matrices as B is laid out (wg_regroup's k' order), and hands each half superblock (8 steps: A 32 KB, B 32
+// KB) to warpgroups 1 and 2, 64 rows each, which multiply from shared memory (wgmma with both operands there).
+// Named barriers pass the halves: FULL (the producer arrives, the consumers wait) and EMPTY (the consumers arrive
+// once their wgmmas on a half are done, the producer waits before refilling it); two halves are in flight, and the
+// consumers keep a wgmma group in flight across them.
+#define WS_THREADS 384
+#define WS_HALF_STEPS 8                                    // steps of 16 k a half superblock
+#define WS_STEP_A_BYTES (WG_ROWS * 32)                     // a step's A: 128 rows x 16 k of f16
+#define WS_A_BYTES (WS_HALF_STEPS * WS_STEP_A_BYTES)       // 32 KB
+#define WS_HALF_BYTES (WS_A_BYTES + WS_HALF_STEPS * WG_STEP_BYTES)  // A then B: 64 KB
+#define WS_RAW_BYTES (WG_WARPS * 4096)                     // a superblock's raw weights: 8 row tiles, any type
+#define WS_SMEM_BYTES (2 * WS_RAW_BYTES + 2 * WS_HALF_BYTES + 128)  // mirrored by engine/cuda/ops.py GEMM_WS_SMEM
+#define WS_BAR_FULL 1                                      // + the half's slot (barrier 0 is __syncthreads)
+#define WS_BAR_EMPTY 3
+
+__device__ __forceinline__ void ws_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(WS_THREADS) : "memory");
+}
+__device__ __forceinline__ void ws_wait(int id) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(WS_THREADS) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
+// Half HALF of a superblock's steps of the warp's row tiles warp and warp + 4 (rows r, constants k) into the A slot:
+// each step's 128 rows as 16 core matrices of 8 rows x 16 bytes, consumer tile >> 2's 64 rows at 2 KB, a tile's
+// rows g and g + 8 in its 8-row groups 2 (tile & 3) and + 1, k' 0-7 and 8-15 128 bytes apart.
+template <int QT, int HALF>
+__device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2][2],
+                                          const typename FullFrag<QT>::Consts (&k)[2][2], u32 a_slot, int warp,
+                                          int g, int c) {
+    using F = FullFrag<QT>;
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
+    for (int sl = 0; sl < WS_HALF_STEPS; ++sl)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int row = row0 + g + 8 * (e >> 1), tok = tok0 + 8 * i + 2 * c + (e & 1);
-            if (row >= rows || tok >= T) continue;
-            float v = d[4 * i + e];
-            if (residual) v += residual[(i64)tok * ldy + row];
-            y[(i64)tok * ldy + row] = v;
+        for (int j = 0; j < 2; ++j) {
+            const int tile = warp + 4 * j;
+            u32 f[4], a[4];
+            F::frag(r[j][0], k[j][0], c, WS_HALF_STEPS * HALF + sl, f[0], f[2]);
+            F::frag(r[j][1], k[j][1], c, WS_HALF_STEPS * HALF + sl, f[1], f[3]);
+            wg_regroup(f, c, a);
+            const u32 at = a_slot + sl * WS_STEP_A_BYTES + (tile >> 2) * 2048 + (tile & 3) * 512 + g * 16 + c * 4;
+            st_shared_u32(at, a[0]);
+            st_shared_u32(at + 256, a[1]);
+            st_shared_u32(at + 128, a[2]);
+            st_shared_u32(at + 384, a[3]);
         }
+}
+
+// The producer warpgroup: its warp w stages, reads and decodes the block's row tiles w and w + 4.
+template <int QT>
+__device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_s, const u8* raw_g, u32 half_s,
+                                           int blk_row0, int tok0, int rows, int nsb, int T) {
+    using Q = QTraits<QT>;
+    using F = FullFrag<QT>;
+    using S = Stage<QT>;
+    static_assert(S::BYTES <= 4096, "a row tile's stage fits its part of WS_RAW_BYTES");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const u64 ntot = (u64)rows * nsb;
+    const Planes P = Q::planes(w, ntot);
+    const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout
+    const int groups = (T + 7) / 8, halves = 2 * nsb;
+    typename S::Lane L[2];
+    u32 base[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int row0 = blk_row0 + 16 * (warp + 4 * j);
+        S::init(L[j], row0, rows, nsb, lane);
+        base[j][0] = stage_row_base(row0, g, rows, nsb);
+        base[j][1] = stage_row_base(row0, g + 8, rows, nsb);
+    }
+    auto copy_raw = [&](int sb) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) S::copy(raw_s + (sb & 1) * WS_RAW_BYTES + (warp + 4 * j) * 4096, P, L[j], sb, lane, ntot);
+    };
+    auto copy_b = [&](int hs) {  // half superblock hs's activations into its slot's B, as copy_stage lays them out
+        const int sb = hs >> 1, step0 = WS_HALF_STEPS * (hs & 1);
+        const u32 dst = half_s + (hs & 1) * WS_HALF_BYTES + WS_A_BYTES;
+#pragma unroll
+        for (int j = 0; j < WS_HALF_STEPS * WG_STEP_BYTES / 16 / 128; ++j) {
+            const int q = tid + 128 * j, st = q >> 8, tg = (q >> 4) & 15, n = (q >> 1) & 7, kh = q & 1;
+            const int grp = tok0 / 8 + tg;
+            const bool live = grp < groups;
+            const f16* src = live ? act + grp * group_halves + ((i64)sb * SB_STEPS + step0 + st) * 128 + n * 16 + kh * 8
+                                  : act;
+            cp_async16z(dst + st * WG_STEP_BYTES + tg * 256 + kh * 128 + n * 16, src, live ? 16u : 0u);
+        }
+    };
+    copy_raw(0);
+    copy_b(0);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();  // the warp's raw tiles, copied by all its lanes
+    typename Q::Row r[2][2];
+    typename F::Consts k[2][2];
+    for (int hs = 0; hs < halves; ++hs) {
+        const int sb = hs >> 1, half = hs & 1;
+        if (half == 0) {  // raw(sb) landed at the last wait (the one before, or the prologue's)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    S::read(r[j][h], raw_g + (sb & 1) * WS_RAW_BYTES + (warp + 4 * j) * 4096, g + 8 * h, c,
+                            base[j][h] + sb);
+                    F::prepare(r[j][h], c, k[j][h]);
+                }
+        }
+        // A of this half into its slot (the consumers released it before B went in, at the end of hs - 1); the
+        // half a template argument, so that every step's bytes of the rows are picked at compile time
+        const u32 a_slot = half_s + (hs & 1) * WS_HALF_BYTES;
+        if (half) ws_decode<QT, 1>(r, k, a_slot, warp, g, c);
+        else ws_decode<QT, 0>(r, k, a_slot, warp, g, c);
+        cp_async_wait<0>();   // B(hs), and raw(sb + 1) where it was asked for
+        __syncwarp();
+        fence_proxy_async();  // A's stores and B's copies visible to the wgmmas
+        ws_arrive(WS_BAR_FULL + (hs & 1));
+        if (hs + 1 < halves) {
+            if (hs + 1 >= 2) ws_wait(WS_BAR_EMPTY + ((hs + 1) & 1));  // the consumers are done with hs - 1
+            copy_b(hs + 1);
+            if (half == 0 && sb + 1 < nsb) copy_raw(sb + 1);  // its slot held raw(sb - 1), read at hs - 2
+            cp_async_commit();
+        }
+    }
+}
+
+template <int QT>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ y,
+        const float* __restrict__ residual, int rows, int K, int T, int ldy) {
+    PDL_ENTER();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(128) u8 smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int blk_row0 = blockIdx.x * WG_ROWS, tok0 = blockIdx.y * WG_TOKENS, nsb = K / QK_SB, halves = 2 * nsb;
+    const u32 base_s = (smem_u32(smem) + 127) & ~127u;  // the descriptors address 16-byte units; keep 128
+    const u32 half_s = base_s + 2 * WS_RAW_BYTES;
+    if (warp < 4) {
+        ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), half_s, blk_row0, tok0, rows, nsb, T);
+        return;
+    }
+    const int cw = (warp >> 2) - 1;  // consumer 0 or 1: rows 64 cw .. of the block's 128
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0.f;
+    for (int hs = 0; hs < halves; ++hs) {
+        ws_wait(WS_BAR_FULL + (hs & 1));
+        const u32 slot = half_s + (hs & 1) * WS_HALF_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int sl = 0; sl < WS_HALF_STEPS; ++sl)
+            wgmma_ss_m64n128k16(d, wg_desc(slot + sl * WS_STEP_A_BYTES + cw * 2048),
+                                wg_desc(slot + WS_A_BYTES + sl * WG_STEP_BYTES));
+        wg_commit();
+        wg_wait<1>();  // the half before is done with its slot
+        if (hs >= 1 && hs - 1 < halves - 2) ws_arrive(WS_BAR_EMPTY + ((hs - 1) & 1));  // the producer refills it
+    }
+    wg_wait<0>();
+    wg_store(d, y, residual, blk_row0 + 64 * cw + 16 * (warp & 3), tok0, rows, T, ldy, g, c);
 #else
     __trap();  // a build for another target: launching it is a dispatch bug
 #endif
