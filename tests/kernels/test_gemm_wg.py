@@ -29,9 +29,9 @@ def test_launch_constants_are_the_kernels() -> None:
     assert ops.GEMM_WG_SMEM == 2 * (warps * 4096 + 16 * ops.GEMM_WG_TOKENS * 32) + 128
     assert {i.name for i in instances.files()["gemm_wg"]} == {
         f"gemm_wg_{t}{o}" for t in ("q4_K", "q6_K") for o in ("", "_o", "_ws")}
-    # the warp-specialised form: a producer warpgroup and two consumers; two slots of raw weights (a row tile's
+    # the warp-specialised form: two producer warpgroups and two consumers; two slots of raw weights (a row tile's
     # stage in 4 KB each) and two halves of a superblock, each A (8 steps x 128 rows x 32 bytes) then B
-    assert ops.GEMM_WS_THREADS == int(define("WS_THREADS")) == 3 * 128
+    assert ops.GEMM_WS_THREADS == int(define("WS_THREADS")) == 4 * 128
     assert define("WS_SMEM_BYTES") == "(2 * WS_RAW_BYTES + 2 * WS_HALF_BYTES + 128)"
     assert define("WS_HALF_BYTES") == "(WS_A_BYTES + WS_HALF_STEPS * WG_STEP_BYTES)"
     half = 8 * ops.GEMM_WG_ROWS * 32 + 8 * ops.GEMM_WG_TOKENS * 32

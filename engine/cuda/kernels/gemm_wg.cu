@@ -227,14 +227,17 @@ gemm_wg(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
 
 // ---- The warp-specialised form (OPENJET_CUDA_GEMM_WG=3, instances gemm_wg_<qt>_ws) ----
 // Above, every warp decodes its own A between its wgmmas, and the decode, not the tensor cores, set the pace
-// (bench/NOTES.md Y3: ~200 TFLOP/s). Here warpgroup 0 (the producer) copies each superblock's raw weights (a
-// superblock ahead) and activations (half a superblock ahead), decodes the block's 128 rows into A once, in K-major
-// core matrices as B is laid out (wg_regroup's k' order), and hands each half superblock (8 steps: A 32 KB, B 32
-// KB) to warpgroups 1 and 2, 64 rows each, which multiply from shared memory (wgmma with both operands there).
+// (bench/NOTES.md Y3: ~200 TFLOP/s). Here warpgroups 0 and 1 (the producers, a row tile a warp) copy each
+// superblock's raw weights (a superblock ahead) and activations (half a superblock ahead), decode the block's 128
+// rows into A once, in K-major core matrices as B is laid out (wg_regroup's k' order), and hand each half
+// superblock (8 steps: A 32 KB, B 32 KB) to warpgroups 2 and 3, 64 rows each, which multiply from shared memory
+// (wgmma with both operands there), so the decode overlaps the MMAs instead of alternating with them. (One
+// producer warpgroup decoding two tiles a warp set the pace again: 170 TFLOP/s against gemm_cp's 235, Z15.)
 // Named barriers pass the halves: FULL (the producer arrives, the consumers wait) and EMPTY (the consumers arrive
 // once their wgmmas on a half are done, the producer waits before refilling it); two halves are in flight, and the
 // consumers keep a wgmma group in flight across them.
-#define WS_THREADS 384
+#define WS_THREADS 512
+#define WS_PRODUCERS 256  // warpgroups 0 and 1
 #define WS_HALF_STEPS 8                                    // steps of 16 k a half superblock
 #define WS_STEP_A_BYTES (WG_ROWS * 32)                     // a step's A: 128 rows x 16 k of f16
 #define WS_A_BYTES (WS_HALF_STEPS * WS_STEP_A_BYTES)       // 32 KB
@@ -254,32 +257,29 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
     asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
 
-// Half HALF of a superblock's steps of the warp's row tiles warp and warp + 4 (rows r, constants k) into the A slot:
+// Half HALF of a superblock's steps of the warp's row tile (rows r, constants k) into the A slot:
 // each step's 128 rows as 16 core matrices of 8 rows x 16 bytes, consumer tile >> 2's 64 rows at 2 KB, a tile's
 // rows g and g + 8 in its 8-row groups 2 (tile & 3) and + 1, k' 0-7 and 8-15 128 bytes apart.
 template <int QT, int HALF>
-__device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2][2],
-                                          const typename FullFrag<QT>::Consts (&k)[2][2], u32 a_slot, int warp,
-                                          int g, int c) {
+__device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2],
+                                          const typename FullFrag<QT>::Consts (&k)[2], u32 a_slot, int tile, int g,
+                                          int c) {
     using F = FullFrag<QT>;
 #pragma unroll
-    for (int sl = 0; sl < WS_HALF_STEPS; ++sl)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int tile = warp + 4 * j;
-            u32 f[4], a[4];
-            F::frag(r[j][0], k[j][0], c, WS_HALF_STEPS * HALF + sl, f[0], f[2]);
-            F::frag(r[j][1], k[j][1], c, WS_HALF_STEPS * HALF + sl, f[1], f[3]);
-            wg_regroup(f, c, a);
-            const u32 at = a_slot + sl * WS_STEP_A_BYTES + (tile >> 2) * 2048 + (tile & 3) * 512 + g * 16 + c * 4;
-            st_shared_u32(at, a[0]);
-            st_shared_u32(at + 256, a[1]);
-            st_shared_u32(at + 128, a[2]);
-            st_shared_u32(at + 384, a[3]);
-        }
+    for (int sl = 0; sl < WS_HALF_STEPS; ++sl) {
+        u32 f[4], a[4];
+        F::frag(r[0], k[0], c, WS_HALF_STEPS * HALF + sl, f[0], f[2]);
+        F::frag(r[1], k[1], c, WS_HALF_STEPS * HALF + sl, f[1], f[3]);
+        wg_regroup(f, c, a);
+        const u32 at = a_slot + sl * WS_STEP_A_BYTES + (tile >> 2) * 2048 + (tile & 3) * 512 + g * 16 + c * 4;
+        st_shared_u32(at, a[0]);
+        st_shared_u32(at + 256, a[1]);
+        st_shared_u32(at + 128, a[2]);
+        st_shared_u32(at + 384, a[3]);
+    }
 }
 
-// The producer warpgroup: its warp w stages, reads and decodes the block's row tiles w and w + 4.
+// The producer warpgroups: warp w stages, reads and decodes the block's row tile w.
 template <int QT>
 __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_s, const u8* raw_g, u32 half_s,
                                            int blk_row0, int tok0, int rows, int nsb, int T) {
@@ -292,25 +292,17 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
     const Planes P = Q::planes(w, ntot);
     const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout
     const int groups = (T + 7) / 8, halves = 2 * nsb;
-    typename S::Lane L[2];
-    u32 base[2][2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const int row0 = blk_row0 + 16 * (warp + 4 * j);
-        S::init(L[j], row0, rows, nsb, lane);
-        base[j][0] = stage_row_base(row0, g, rows, nsb);
-        base[j][1] = stage_row_base(row0, g + 8, rows, nsb);
-    }
-    auto copy_raw = [&](int sb) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) S::copy(raw_s + (sb & 1) * WS_RAW_BYTES + (warp + 4 * j) * 4096, P, L[j], sb, lane, ntot);
-    };
+    typename S::Lane L;
+    const int row0 = blk_row0 + 16 * warp;
+    S::init(L, row0, rows, nsb, lane);
+    const u32 base[2] = {stage_row_base(row0, g, rows, nsb), stage_row_base(row0, g + 8, rows, nsb)};
+    auto copy_raw = [&](int sb) { S::copy(raw_s + (sb & 1) * WS_RAW_BYTES + warp * 4096, P, L, sb, lane, ntot); };
     auto copy_b = [&](int hs) {  // half superblock hs's activations into its slot's B, as copy_stage lays them out
         const int sb = hs >> 1, step0 = WS_HALF_STEPS * (hs & 1);
         const u32 dst = half_s + (hs & 1) * WS_HALF_BYTES + WS_A_BYTES;
 #pragma unroll
-        for (int j = 0; j < WS_HALF_STEPS * WG_STEP_BYTES / 16 / 128; ++j) {
-            const int q = tid + 128 * j, st = q >> 8, tg = (q >> 4) & 15, n = (q >> 1) & 7, kh = q & 1;
+        for (int j = 0; j < WS_HALF_STEPS * WG_STEP_BYTES / 16 / WS_PRODUCERS; ++j) {
+            const int q = tid + WS_PRODUCERS * j, st = q >> 8, tg = (q >> 4) & 15, n = (q >> 1) & 7, kh = q & 1;
             const int grp = tok0 / 8 + tg;
             const bool live = grp < groups;
             const f16* src = live ? act + grp * group_halves + ((i64)sb * SB_STEPS + step0 + st) * 128 + n * 16 + kh * 8
@@ -323,19 +315,16 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
     cp_async_commit();
     cp_async_wait<0>();
     __syncwarp();  // the warp's raw tiles, copied by all its lanes
-    typename Q::Row r[2][2];
-    typename F::Consts k[2][2];
+    typename Q::Row r[2];
+    typename F::Consts k[2];
     for (int hs = 0; hs < halves; ++hs) {
         const int sb = hs >> 1, half = hs & 1;
         if (half == 0) {  // raw(sb) landed at the last wait (the one before, or the prologue's)
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    S::read(r[j][h], raw_g + (sb & 1) * WS_RAW_BYTES + (warp + 4 * j) * 4096, g + 8 * h, c,
-                            base[j][h] + sb);
-                    F::prepare(r[j][h], c, k[j][h]);
-                }
+            for (int h = 0; h < 2; ++h) {
+                S::read(r[h], raw_g + (sb & 1) * WS_RAW_BYTES + warp * 4096, g + 8 * h, c, base[h] + sb);
+                F::prepare(r[h], c, k[h]);
+            }
         }
         // A of this half into its slot (the consumers released it before B went in, at the end of hs - 1); the
         // half a template argument, so that every step's bytes of the rows are picked at compile time
@@ -366,11 +355,11 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
     const int blk_row0 = blockIdx.x * WG_ROWS, tok0 = blockIdx.y * WG_TOKENS, nsb = K / QK_SB, halves = 2 * nsb;
     const u32 base_s = (smem_u32(smem) + 127) & ~127u;  // the descriptors address 16-byte units; keep 128
     const u32 half_s = base_s + 2 * WS_RAW_BYTES;
-    if (warp < 4) {
+    if (warp < WS_PRODUCERS / 32) {
         ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), half_s, blk_row0, tok0, rows, nsb, T);
         return;
     }
-    const int cw = (warp >> 2) - 1;  // consumer 0 or 1: rows 64 cw .. of the block's 128
+    const int cw = (warp >> 2) - WS_PRODUCERS / 128;  // consumer 0 or 1: rows 64 cw .. of the block's 128
     float d[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = 0.f;
