@@ -32,10 +32,10 @@ def test_launch_constants_are_the_kernels() -> None:
     # the warp-specialised form: two producer warpgroups and two consumers; two slots of raw weights (a row tile's
     # stage in 4 KB each) and two halves of a superblock, each A (8 steps x 128 rows x 32 bytes) then B
     assert ops.GEMM_WS_THREADS == int(define("WS_THREADS")) == 4 * 128
-    assert define("WS_SMEM_BYTES") == "(2 * WS_RAW_BYTES + 2 * WS_HALF_BYTES + 128)"
+    assert define("WS_SMEM_BYTES") == "(2 * WS_RAW_BYTES + 2 * WS_HALF_BYTES + 1024)"  # 1,024-aligned atoms
     assert define("WS_HALF_BYTES") == "(WS_A_BYTES + WS_HALF_STEPS * WG_STEP_BYTES)"
     half = 8 * ops.GEMM_WG_ROWS * 32 + 8 * ops.GEMM_WG_TOKENS * 32
-    assert ops.GEMM_WS_SMEM == 2 * warps * 4096 + 2 * half + 128 <= 227 * 1024
+    assert ops.GEMM_WS_SMEM == 2 * warps * 4096 + 2 * half + 1024 <= 227 * 1024
 
 
 def test_only_sm_90_builds_it_with_its_feature_set() -> None:
@@ -90,3 +90,15 @@ def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
         ops._gemm_wg_mode()
     monkeypatch.setenv(ops.GEMM_WG_ENV, "3")
     assert ops._gemm_wg_mode() == 3
+
+
+def test_the_swizzled_warp_specialised_layout_builds() -> None:
+    """WS_SWIZZLE=1 (bench/NOTES.md Z15: built, not yet run on a GPU) compiles to the same wgmmas on 128-byte swizzled
+    descriptors (layout bits 62-63 = 1, set by wg_desc_sw128)."""
+    path = nvrtc.KERNEL_DIR / "gemm_wg.cu"
+    options = nvrtc.file_options("gemm_wg", 90) + ("-DWS_SWIZZLE=1",)
+    ptx = nvrtc.compile_file(path, 90, EXPRS, options, ptx=True).image.decode()
+    both_shared = r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16 \{[^}]*\}, %rd\d+, %rd\d+"
+    assert len(re.findall(both_shared, ptx)) == 2 * 8
+    # the descriptors' constant part: SWIZZLE_128B (1 << 62), the 1,024-byte atoms (SBO 64 << 32), LBO 1 << 16
+    assert str((1 << 62) | (64 << 32) | (1 << 16)) in ptx

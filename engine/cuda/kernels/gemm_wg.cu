@@ -243,7 +243,8 @@ gemm_wg(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
 #define WS_A_BYTES (WS_HALF_STEPS * WS_STEP_A_BYTES)       // 32 KB
 #define WS_HALF_BYTES (WS_A_BYTES + WS_HALF_STEPS * WG_STEP_BYTES)  // A then B: 64 KB
 #define WS_RAW_BYTES (WG_WARPS * 4096)                     // a superblock's raw weights: 8 row tiles, any type
-#define WS_SMEM_BYTES (2 * WS_RAW_BYTES + 2 * WS_HALF_BYTES + 128)  // mirrored by engine/cuda/ops.py GEMM_WS_SMEM
+#define WS_QUARTER_BYTES (WG_ROWS * 128)                // a quarter superblock of A, or of B: 128 rows x 4 steps
+#define WS_SMEM_BYTES (2 * WS_RAW_BYTES + 2 * WS_HALF_BYTES + 1024)  // mirrored by engine/cuda/ops.py GEMM_WS_SMEM
 #define WS_BAR_FULL 1                                      // + the half's slot (barrier 0 is __syncthreads)
 #define WS_BAR_EMPTY 3
 
@@ -257,9 +258,22 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
     asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
 
-// Half HALF of a superblock's steps of the warp's row tile (rows r, constants k) into the A slot:
-// each step's 128 rows as 16 core matrices of 8 rows x 16 bytes, consumer tile >> 2's 64 rows at 2 KB, a tile's
-// rows g and g + 8 in its 8-row groups 2 (tile & 3) and + 1, k' 0-7 and 8-15 128 bytes apart.
+// WS_SWIZZLE=1 (OPENJET_CUDA_DEFINES; built and compiled, not yet run on a GPU, and it spills 4-40 bytes): A and B
+// in wgmma's 128-byte swizzle, K-major: a quarter superblock (4 steps, 64 k') a 128-byte row, rows of 8 an atom
+// (1,024 bytes, aligned), row r's 16-byte chunk j at j ^ (r % 8), so that the tensor cores' reads of a step's two
+// chunks from 8 rows fall in different banks (with the core matrices unswizzled, gemm_wg and gemm_ws both stay near
+// 200 TFLOP/s whoever decodes: bench/NOTES.md Z15). A step's 16 k' are chunks 2 (s % 4) and + 1. The default (0)
+// keeps gemm_wg's core matrices, as checked and timed.
+#ifndef WS_SWIZZLE
+#define WS_SWIZZLE 0
+#endif
+__device__ __forceinline__ u32 sw128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+// Its descriptor: a step's start (the quarter's base + 32 (s % 4)), the atoms 1,024 bytes apart, layout SW128.
+__device__ __forceinline__ u64 wg_desc_sw128(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+// Half HALF of a superblock's steps of the warp's row tile (rows r, constants k) into the A slot, in B's layout.
 template <int QT, int HALF>
 __device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2],
                                           const typename FullFrag<QT>::Consts (&k)[2], u32 a_slot, int tile, int g,
@@ -271,11 +285,21 @@ __device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2
         F::frag(r[0], k[0], c, WS_HALF_STEPS * HALF + sl, f[0], f[2]);
         F::frag(r[1], k[1], c, WS_HALF_STEPS * HALF + sl, f[1], f[3]);
         wg_regroup(f, c, a);
+#if WS_SWIZZLE
+        const u32 quarter = a_slot + (sl >> 2) * WS_QUARTER_BYTES + 4 * c;
+        const int row = 16 * tile + g, chunk = 2 * (sl & 3);
+        st_shared_u32(quarter + sw128(row, chunk), a[0]);
+        st_shared_u32(quarter + sw128(row + 8, chunk), a[1]);
+        st_shared_u32(quarter + sw128(row, chunk + 1), a[2]);
+        st_shared_u32(quarter + sw128(row + 8, chunk + 1), a[3]);
+#else  // a step's 128 rows as 16 core matrices of 8 rows x 16 bytes: consumer tile >> 2's 64 rows at 2 KB, the
+       // tile's rows g and g + 8 in its 8-row groups 2 (tile & 3) and + 1, k' 0-7 and 8-15 128 bytes apart
         const u32 at = a_slot + sl * WS_STEP_A_BYTES + (tile >> 2) * 2048 + (tile & 3) * 512 + g * 16 + c * 4;
         st_shared_u32(at, a[0]);
         st_shared_u32(at + 256, a[1]);
         st_shared_u32(at + 128, a[2]);
         st_shared_u32(at + 384, a[3]);
+#endif
     }
 }
 
@@ -297,7 +321,7 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
     S::init(L, row0, rows, nsb, lane);
     const u32 base[2] = {stage_row_base(row0, g, rows, nsb), stage_row_base(row0, g + 8, rows, nsb)};
     auto copy_raw = [&](int sb) { S::copy(raw_s + (sb & 1) * WS_RAW_BYTES + warp * 4096, P, L, sb, lane, ntot); };
-    auto copy_b = [&](int hs) {  // half superblock hs's activations into its slot's B, as copy_stage lays them out
+    auto copy_b = [&](int hs) {  // half superblock hs's activations into its slot's B: token tg * 8 + n a row, sw128
         const int sb = hs >> 1, step0 = WS_HALF_STEPS * (hs & 1);
         const u32 dst = half_s + (hs & 1) * WS_HALF_BYTES + WS_A_BYTES;
 #pragma unroll
@@ -307,7 +331,12 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
             const bool live = grp < groups;
             const f16* src = live ? act + grp * group_halves + ((i64)sb * SB_STEPS + step0 + st) * 128 + n * 16 + kh * 8
                                   : act;
-            cp_async16z(dst + st * WG_STEP_BYTES + tg * 256 + kh * 128 + n * 16, src, live ? 16u : 0u);
+#if WS_SWIZZLE
+            const u32 at = dst + (st >> 2) * WS_QUARTER_BYTES + sw128(8 * tg + n, 2 * (st & 3) + kh);
+#else
+            const u32 at = dst + st * WG_STEP_BYTES + tg * 256 + kh * 128 + n * 16;  // copy_stage's core matrices
+#endif
+            cp_async16z(at, src, live ? 16u : 0u);
         }
     };
     copy_raw(0);
@@ -353,7 +382,7 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
     extern __shared__ __align__(128) u8 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int blk_row0 = blockIdx.x * WG_ROWS, tok0 = blockIdx.y * WG_TOKENS, nsb = K / QK_SB, halves = 2 * nsb;
-    const u32 base_s = (smem_u32(smem) + 127) & ~127u;  // the descriptors address 16-byte units; keep 128
+    const u32 base_s = (smem_u32(smem) + 1023) & ~1023u;  // the swizzle atoms are 1,024-byte aligned
     const u32 half_s = base_s + 2 * WS_RAW_BYTES;
     if (warp < WS_PRODUCERS / 32) {
         ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), half_s, blk_row0, tok0, rows, nsb, T);
@@ -369,8 +398,13 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
         wg_fence();
 #pragma unroll
         for (int sl = 0; sl < WS_HALF_STEPS; ++sl)
+#if WS_SWIZZLE
+            wgmma_ss_m64n128k16(d, wg_desc_sw128(slot + (sl >> 2) * WS_QUARTER_BYTES + 64 * 128 * cw + 32 * (sl & 3)),
+                                wg_desc_sw128(slot + WS_A_BYTES + (sl >> 2) * WS_QUARTER_BYTES + 32 * (sl & 3)));
+#else
             wgmma_ss_m64n128k16(d, wg_desc(slot + sl * WS_STEP_A_BYTES + cw * 2048),
                                 wg_desc(slot + WS_A_BYTES + sl * WG_STEP_BYTES));
+#endif
         wg_commit();
         wg_wait<1>();  // the half before is done with its slot
         if (hs >= 1 && hs - 1 < halves - 2) ws_arrive(WS_BAR_EMPTY + ((hs - 1) & 1));  // the producer refills it
