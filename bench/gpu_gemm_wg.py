@@ -1,7 +1,7 @@
 """The prefill matmul on warpgroup MMA (engine/cuda/kernels/gemm_wg.cu, sm_90a) against gemm_cp: each case checked
 against x @ W^T in float64 and against gemm_cp on fresh random weights and activations, then timed (TFLOP/s over
-2 rows cols T) at the 27B shapes, through ops.matmul with OPENJET_CUDA_GEMM_WG's two modes (1: each superblock
-drained, 2: overlapped). Part `gemm_wg` of bench/gpu_check.py.
+2 rows cols T) at the 27B shapes, through ops.matmul with OPENJET_CUDA_GEMM_WG's modes (1: each superblock
+drained, 2: overlapped, 3: the warp-specialised gemm_ws of kernels/gemm_ws.cu). Part `gemm_wg` of bench/gpu_check.py.
 
 Issue 5 asks for prefill at 8,192 tokens at 2 x llama.cpp's (2,451 tok/s on the H200); the per-op path's 3,262
 spends 66 % of its time in gemm_cp at ~220 TFLOP/s on mma.sync (bench/NOTES.md Y3): a GEMM 2 x faster is most of

@@ -76,13 +76,13 @@ ACT_STAGES = 2
 GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0)
 # ... of which these also have the GEMM with cp.async-staged operands (their weights have a kernels/stage.cuh Stage).
 GEMM_CP_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
-# Weight types of the prefill matmul on warpgroup MMA (kernels/gemm_wg.cu, sm_90a), each drained (gemm_wg_<qt>),
-# overlapped (gemm_wg_<qt>_o) and warp-specialised (gemm_wg_<qt>_ws): OPENJET_CUDA_GEMM_WG picks one (ops.py), off
-# by default.
+# Weight types of the prefill matmul on warpgroup MMA (kernels/gemm_wg.cu and gemm_ws.cu, sm_90a), each drained
+# (gemm_wg_<qt>), overlapped (gemm_wg_<qt>_o) and warp-specialised (gemm_wg_<qt>_ws): OPENJET_CUDA_GEMM_WG picks one
+# (ops.py), off by default.
 GEMM_WG_QTYPES = (Q.Q4_K, Q.Q6_K)
 # Files built with an architecture's own feature set (-arch=sm_<arch>a: wgmma) where the GPU is that architecture;
 # for every other target they compile to kernels that trap.
-ARCH_FEATURE_FILES = {"gemm_wg": 90}
+ARCH_FEATURE_FILES = {"gemm_wg": 90, "gemm_ws": 90}
 # Weight types the embedding lookup reads (the matmul types plus F32).
 EMBED_QTYPES = (Q.F32,) + MATMUL_QTYPES
 # How the matmul input is produced (kernels/act.cu ACT_*), in template-argument order.
@@ -149,7 +149,7 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"gemm_{qtype_tag(qt)}_cp", "gemm", f"gemm_cp<{int(qt)}>") for qt in GEMM_CP_QTYPES]
     out += [Instance(f"gemm_wg_{qtype_tag(qt)}{suffix}", "gemm_wg", f"gemm_wg<{int(qt)}, {overlap}>")
             for qt in GEMM_WG_QTYPES for suffix, overlap in (("", "false"), ("_o", "true"))]
-    out += [Instance(f"gemm_wg_{qtype_tag(qt)}_ws", "gemm_wg", f"gemm_ws<{int(qt)}>") for qt in GEMM_WG_QTYPES]
+    out += [Instance(f"gemm_wg_{qtype_tag(qt)}_ws", "gemm_ws", f"gemm_ws<{int(qt)}>") for qt in GEMM_WG_QTYPES]
     out += [Instance("mmv_f32", "mmvq", "mmv_f32")]
     out += [Instance(f"act_{mode}", "act", f"act_from<{i}, {ACT_MIN_BLOCKS}, 8>") for i, mode in enumerate(ACT_MODES)]
     out += [Instance(f"act_{mode}_g1", "act", f"act_from<{i}, 1, 8>") for i, mode in enumerate(ACT_MODES)]  # one group

@@ -1,7 +1,7 @@
-"""The prefill matmul on warpgroup MMA (kernels/gemm_wg.cu): built with sm_90a's feature set for sm_90 alone and a
-trapping stub elsewhere, compiled into asynchronous warpgroup MMAs (A in registers; the warp-specialised form with
-both operands in shared memory), launched by ops.matmul only where OPENJET_CUDA_GEMM_WG asks, with the kernel's own
-tile and shared-memory sizes."""
+"""The prefill matmul on warpgroup MMA (kernels/gemm_wg.cu, gemm_ws.cu, wgmma.cuh): built with sm_90a's feature set
+for sm_90 alone and a trapping stub elsewhere, compiled into asynchronous warpgroup MMAs (A in registers; the
+warp-specialised form with both operands in shared memory), launched by ops.matmul only where OPENJET_CUDA_GEMM_WG
+asks, with the kernels' own tile and shared-memory sizes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import instances, nvrtc, ops
 
-SOURCE = (nvrtc.KERNEL_DIR / "gemm_wg.cu").read_text()
+SOURCE = "\n".join((nvrtc.KERNEL_DIR / f).read_text() for f in ("wgmma.cuh", "gemm_wg.cu", "gemm_ws.cu"))
 EXPRS = tuple(i.expr for i in instances.files()["gemm_wg"])
+WS_EXPRS = tuple(i.expr for i in instances.files()["gemm_ws"])
 
 
 def define(name: str) -> str:
@@ -28,20 +29,23 @@ def test_launch_constants_are_the_kernels() -> None:
     assert define("WG_ACT_BYTES") == "(SB_STEPS * WG_STEP_BYTES)" and define("WG_STEP_BYTES") == "(WG_TOKENS * 32)"
     assert ops.GEMM_WG_SMEM == 2 * (warps * 4096 + 16 * ops.GEMM_WG_TOKENS * 32) + 128
     assert {i.name for i in instances.files()["gemm_wg"]} == {
-        f"gemm_wg_{t}{o}" for t in ("q4_K", "q6_K") for o in ("", "_o", "_ws")}
+        f"gemm_wg_{t}{o}" for t in ("q4_K", "q6_K") for o in ("", "_o")}
+    assert {i.name for i in instances.files()["gemm_ws"]} == {f"gemm_wg_{t}_ws" for t in ("q4_K", "q6_K")}
     # the warp-specialised form: two producer warpgroups and two consumers; two slots of raw weights (a row tile's
-    # stage in 4 KB each) and two halves of a superblock, each A (8 steps x 128 rows x 32 bytes) then B
+    # stage in 4 KB each) and WS_SLOTS chunks of a superblock's 16 steps, each A (128 rows x 32 bytes a step) then B
     assert ops.GEMM_WS_THREADS == int(define("WS_THREADS")) == 4 * 128
-    assert define("WS_SMEM_BYTES") == "(2 * WS_RAW_BYTES + 2 * WS_HALF_BYTES + 1024)"  # 1,024-aligned atoms
-    assert define("WS_HALF_BYTES") == "(WS_A_BYTES + WS_HALF_STEPS * WG_STEP_BYTES)"
-    half = 8 * ops.GEMM_WG_ROWS * 32 + 8 * ops.GEMM_WG_TOKENS * 32
-    assert ops.GEMM_WS_SMEM == 2 * warps * 4096 + 2 * half + 1024 <= 227 * 1024
+    assert define("WS_SMEM_BYTES") == "(2 * WS_RAW_BYTES + WS_SLOTS * WS_CHUNK_BYTES + 1024)"  # aligned atoms
+    assert define("WS_CHUNK_BYTES") == "(WS_A_BYTES + WS_CHUNK_STEPS * WG_STEP_BYTES)"
+    assert define("WS_CHUNK_STEPS") == "(SB_STEPS / WS_SLOTS)"  # so the slots hold 16 steps whatever WS_SLOTS is
+    steps = 16 * (ops.GEMM_WG_ROWS * 32 + ops.GEMM_WG_TOKENS * 32)
+    assert ops.GEMM_WS_SMEM == 2 * warps * 4096 + steps + 1024 <= 227 * 1024
 
 
 def test_only_sm_90_builds_it_with_its_feature_set() -> None:
-    assert nvrtc.file_options("gemm_wg", 90) == ("-arch=sm_90a",)
-    assert nvrtc.file_options("gemm_wg", 90, ptx=True) == () and nvrtc.file_options("gemm_wg", 89) == ()
-    assert all(instances.arch_options(f, 90) == () for f in instances.files() if f != "gemm_wg")
+    for file in ("gemm_wg", "gemm_ws"):
+        assert nvrtc.file_options(file, 90) == ("-arch=sm_90a",)
+        assert nvrtc.file_options(file, 90, ptx=True) == () and nvrtc.file_options(file, 89) == ()
+    assert all(instances.arch_options(f, 90) == () for f in instances.files() if f not in ("gemm_wg", "gemm_ws"))
 
 
 def test_sm_90a_build_is_asynchronous_warpgroup_mma_without_spills() -> None:
@@ -54,10 +58,6 @@ def test_sm_90a_build_is_asynchronous_warpgroup_mma_without_spills() -> None:
     assert ".target sm_90a" in ptx
     mma = r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16 \{[^}]*\}, \{[^}]*\}"  # {d}, {a}: A in registers
     assert len(re.findall(mma, ptx)) == 4 * 16  # a step's, 16 a superblock, in each of the four instances
-    # the warp-specialised instances: {d}, A's descriptor, B's: 8 a half superblock in each of the two
-    both_shared = r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16 \{[^}]*\}, %rd\d+, %rd\d+"
-    assert len(re.findall(both_shared, ptx)) == 2 * 8
-    assert len(re.findall(r"bar\.arrive", ptx)) >= 2 * 2 and "bar.sync" in ptx  # FULL and EMPTY
     for op in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
                "fence.proxy.async.shared::cta"):
         assert op in ptx
@@ -92,13 +92,24 @@ def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
     assert ops._gemm_wg_mode() == 3
 
 
-def test_the_swizzled_warp_specialised_layout_builds() -> None:
-    """WS_SWIZZLE=1 (bench/NOTES.md Z15: built, not yet run on a GPU) compiles to the same wgmmas on 128-byte swizzled
-    descriptors (layout bits 62-63 = 1, set by wg_desc_sw128)."""
-    path = nvrtc.KERNEL_DIR / "gemm_wg.cu"
-    options = nvrtc.file_options("gemm_wg", 90) + ("-DWS_SWIZZLE=1",)
-    ptx = nvrtc.compile_file(path, 90, EXPRS, options, ptx=True).image.decode()
+@pytest.mark.parametrize("defines", [(), ("-DWS_SLOTS=4",), ("-DWS_SWIZZLE=1",), ("-DWS_SLOTS=4", "-DWS_SWIZZLE=1")])
+def test_the_warp_specialised_form_builds_in_each_layout(defines: tuple[str, ...]) -> None:
+    """gemm_ws with both operands in shared memory (a chunk's steps of wgmma: 16 a superblock), FULL and EMPTY barriers
+    a slot, asynchronous, trapping elsewhere; the options (bench/NOTES.md Z15: built, not yet run on a GPU) keep the
+    wgmmas, WS_SWIZZLE=1 with 128-byte swizzled descriptors."""
+    path, options = nvrtc.KERNEL_DIR / "gemm_ws.cu", nvrtc.file_options("gemm_ws", 90) + defines
+    cubin = nvrtc.compile_file(path, 90, WS_EXPRS, options + ("--ptxas-options=-v",))
+    assert "serialized" not in cubin.log
+    if defines != ("-DWS_SWIZZLE=1",):  # the one build that spills (4-40 bytes: Z15)
+        assert all(m == ("0", "0") for m in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", cubin.log))
+    ptx = nvrtc.compile_file(path, 90, WS_EXPRS, options, ptx=True).image.decode()
     both_shared = r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16 \{[^}]*\}, %rd\d+, %rd\d+"
-    assert len(re.findall(both_shared, ptx)) == 2 * 8
+    slots = 4 if "-DWS_SLOTS=4" in defines else 2
+    # a chunk's steps in each of the two instances (or more, where NVVM unrolls the consumers' loop)
+    assert len(re.findall(both_shared, ptx)) >= 2 * (16 // slots)
+    assert not re.findall(r"wgmma\.mma_async[^\n]*\{[^}]*\}, \{", ptx)  # no A in registers here
+    assert "bar.arrive" in ptx and "bar.sync" in ptx
     # the descriptors' constant part: SWIZZLE_128B (1 << 62), the 1,024-byte atoms (SBO 64 << 32), LBO 1 << 16
-    assert str((1 << 62) | (64 << 32) | (1 << 16)) in ptx
+    assert (str((1 << 62) | (64 << 32) | (1 << 16)) in ptx) == ("-DWS_SWIZZLE=1" in defines)
+    other = nvrtc.compile_file(path, 80, WS_EXPRS, nvrtc.file_options("gemm_ws", 80), ptx=True).image.decode()
+    assert "wgmma" not in other and other.count("trap;") >= len(WS_EXPRS)

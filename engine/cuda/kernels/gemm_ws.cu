@@ -1,0 +1,223 @@
+// The prefill matmul on warpgroup MMA with its decode apart (OPENJET_CUDA_GEMM_WG=3, instances gemm_wg_<qt>_ws;
+// sm_90a alone, as kernels/gemm_wg.cu; y[T, rows] = x[T, K] @ W^T (+ residual), W Q4_K or Q6_K).
+//
+// In gemm_wg every warp decodes its own A between its wgmmas, and the decode, not the tensor cores, set the pace
+// (bench/NOTES.md Y3: ~200 TFLOP/s). Here warpgroups 0 and 1 (the producers, a row tile a warp) copy each
+// superblock's raw weights (a superblock ahead) and its activations (WS_SLOTS - 1 chunks ahead), decode the block's
+// 128 rows into A once, in K-major core matrices as B is laid out (wg_regroup's k' order), and hand each chunk of a
+// superblock (WS_CHUNK_STEPS steps of A and of B) to warpgroups 2 and 3, 64 rows each, which multiply from shared
+// memory (wgmma with both operands there), so the decode overlaps the MMAs instead of alternating with them. (One
+// producer warpgroup decoding two tiles a warp set the pace again: 170 TFLOP/s against gemm_cp's 235, Z15.)
+// Named barriers pass the chunks: FULL (the producers arrive, the consumers wait) and EMPTY (the consumers arrive
+// once their wgmmas on a chunk are done, the producers wait before refilling its slot); WS_SLOTS chunks are in
+// flight, and the consumers keep a wgmma group in flight across them.
+#ifndef WEIGHT_EVICT_FIRST
+#define WEIGHT_EVICT_FIRST 0  // a weight tile is read again by every token tile (common.cuh)
+#endif
+#include "common.cuh"
+#include "quants.cuh"
+#include "stage.cuh"
+#include "wgmma.cuh"
+
+#define WS_THREADS 512
+#define WS_PRODUCERS 256  // warpgroups 0 and 1
+// Chunks in flight: 2 (halves of 8 steps, as checked and timed at be0675e) or 4 (quarters of 4 steps, the
+// activations three chunks ahead instead of one: OPENJET_CUDA_DEFINES=WS_SLOTS=4, built, not yet run on a GPU).
+// Either way the slots hold 16 steps (128 KB), and a superblock is WS_SLOTS chunks.
+#ifndef WS_SLOTS
+#define WS_SLOTS 2
+#endif
+#define WS_CHUNK_STEPS (SB_STEPS / WS_SLOTS)               // steps of 16 k a chunk
+#define WS_STEP_A_BYTES (WG_ROWS * 32)                     // a step's A: 128 rows x 16 k of f16
+#define WS_A_BYTES (WS_CHUNK_STEPS * WS_STEP_A_BYTES)
+#define WS_CHUNK_BYTES (WS_A_BYTES + WS_CHUNK_STEPS * WG_STEP_BYTES)  // A then B
+#define WS_RAW_BYTES (WG_WARPS * 4096)                     // a superblock's raw weights: 8 row tiles, any type
+#define WS_QUARTER_BYTES (WG_ROWS * 128)                   // 4 steps of A, or of B (the swizzle's rows)
+#define WS_SMEM_BYTES (2 * WS_RAW_BYTES + WS_SLOTS * WS_CHUNK_BYTES + 1024)  // engine/cuda/ops.py GEMM_WS_SMEM
+#define WS_BAR_FULL 1                                      // + the chunk's slot (barrier 0 is __syncthreads)
+#define WS_BAR_EMPTY (1 + WS_SLOTS)
+static_assert(WS_SLOTS == 2 || WS_SLOTS == 4, "chunks of 8 or 4 steps: 16 barriers hold FULL and EMPTY of each");
+
+__device__ __forceinline__ void ws_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(WS_THREADS) : "memory");
+}
+__device__ __forceinline__ void ws_wait(int id) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(WS_THREADS) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
+// WS_SWIZZLE=1 (OPENJET_CUDA_DEFINES; built and compiled, not yet run on a GPU, and it spills 4-40 bytes): A and B
+// in wgmma's 128-byte swizzle, K-major: 4 steps (64 k') a 128-byte row, rows of 8 an atom (1,024 bytes, aligned),
+// row r's 16-byte chunk j at j ^ (r % 8), so that the tensor cores' reads of a step's two 16-byte pieces from 8
+// rows fall in different banks (with the core matrices unswizzled, gemm_wg and gemm_ws both stay near 200 TFLOP/s
+// whoever decodes: bench/NOTES.md Z15). A step's 16 k' are pieces 2 (s % 4) and + 1. The default (0) keeps
+// gemm_wg's core matrices, as checked and timed.
+#ifndef WS_SWIZZLE
+#define WS_SWIZZLE 0
+#endif
+__device__ __forceinline__ u32 sw128(int row, int piece) { return row * 128 + ((piece ^ (row & 7)) << 4); }
+// Its descriptor: a step's start (the 4 steps' base + 32 (s % 4)), the atoms 1,024 bytes apart, layout SW128.
+__device__ __forceinline__ u64 wg_desc_sw128(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+// Chunk PART of a superblock's steps of the warp's row tile (rows r, constants k) into the A slot, in B's layout.
+template <int QT, int PART>
+__device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2],
+                                          const typename FullFrag<QT>::Consts (&k)[2], u32 a_slot, int tile, int g,
+                                          int c) {
+    using F = FullFrag<QT>;
+#pragma unroll
+    for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl) {
+        u32 f[4], a[4];
+        F::frag(r[0], k[0], c, WS_CHUNK_STEPS * PART + sl, f[0], f[2]);
+        F::frag(r[1], k[1], c, WS_CHUNK_STEPS * PART + sl, f[1], f[3]);
+        wg_regroup(f, c, a);
+#if WS_SWIZZLE
+        const u32 rows4 = a_slot + (sl >> 2) * WS_QUARTER_BYTES + 4 * c;
+        const int row = 16 * tile + g, piece = 2 * (sl & 3);
+        st_shared_u32(rows4 + sw128(row, piece), a[0]);
+        st_shared_u32(rows4 + sw128(row + 8, piece), a[1]);
+        st_shared_u32(rows4 + sw128(row, piece + 1), a[2]);
+        st_shared_u32(rows4 + sw128(row + 8, piece + 1), a[3]);
+#else  // a step's 128 rows as 16 core matrices of 8 rows x 16 bytes: consumer tile >> 2's 64 rows at 2 KB, the
+       // tile's rows g and g + 8 in its 8-row groups 2 (tile & 3) and + 1, k' 0-7 and 8-15 128 bytes apart
+        const u32 at = a_slot + sl * WS_STEP_A_BYTES + (tile >> 2) * 2048 + (tile & 3) * 512 + g * 16 + c * 4;
+        st_shared_u32(at, a[0]);
+        st_shared_u32(at + 256, a[1]);
+        st_shared_u32(at + 128, a[2]);
+        st_shared_u32(at + 384, a[3]);
+#endif
+    }
+}
+
+// ws_decode of chunk `part` (a run-time value), the part a template argument so that every step's bytes of the
+// rows are picked at compile time (a run-time step put the rows in local memory).
+template <int QT, int PART = 0>
+__device__ __forceinline__ void ws_decode_part(int part, const typename QTraits<QT>::Row (&r)[2],
+                                               const typename FullFrag<QT>::Consts (&k)[2], u32 a_slot, int tile,
+                                               int g, int c) {
+    if constexpr (PART < WS_SLOTS) {
+        if (part == PART) ws_decode<QT, PART>(r, k, a_slot, tile, g, c);
+        else ws_decode_part<QT, PART + 1>(part, r, k, a_slot, tile, g, c);
+    }
+}
+
+// The producer warpgroups: warp w stages, reads and decodes the block's row tile w.
+template <int QT>
+__device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_s, const u8* raw_g, u32 chunk_s,
+                                           int blk_row0, int tok0, int rows, int nsb, int T) {
+    using Q = QTraits<QT>;
+    using F = FullFrag<QT>;
+    using S = Stage<QT>;
+    static_assert(S::BYTES <= 4096, "a row tile's stage fits its part of WS_RAW_BYTES");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const u64 ntot = (u64)rows * nsb;
+    const Planes P = Q::planes(w, ntot);
+    const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout
+    const int groups = (T + 7) / 8, chunks = WS_SLOTS * nsb;
+    typename S::Lane L;
+    const int row0 = blk_row0 + 16 * warp;
+    S::init(L, row0, rows, nsb, lane);
+    const u32 base[2] = {stage_row_base(row0, g, rows, nsb), stage_row_base(row0, g + 8, rows, nsb)};
+    auto copy_raw = [&](int sb) { S::copy(raw_s + (sb & 1) * WS_RAW_BYTES + warp * 4096, P, L, sb, lane, ntot); };
+    auto copy_b = [&](int cs) {  // chunk cs's activations into its slot's B: token tg * 8 + n a row
+        const int sb = cs / WS_SLOTS, step0 = WS_CHUNK_STEPS * (cs % WS_SLOTS);
+        const u32 dst = chunk_s + (cs % WS_SLOTS) * WS_CHUNK_BYTES + WS_A_BYTES;
+#pragma unroll
+        for (int j = 0; j < WS_CHUNK_STEPS * WG_STEP_BYTES / 16 / WS_PRODUCERS; ++j) {
+            const int q = tid + WS_PRODUCERS * j, st = q >> 8, tg = (q >> 4) & 15, n = (q >> 1) & 7, kh = q & 1;
+            const int grp = tok0 / 8 + tg;
+            const bool live = grp < groups;
+            const f16* src = live ? act + grp * group_halves + ((i64)sb * SB_STEPS + step0 + st) * 128 + n * 16 + kh * 8
+                                  : act;
+#if WS_SWIZZLE
+            const u32 at = dst + (st >> 2) * WS_QUARTER_BYTES + sw128(8 * tg + n, 2 * (st & 3) + kh);
+#else
+            const u32 at = dst + st * WG_STEP_BYTES + tg * 256 + kh * 128 + n * 16;  // copy_stage's core matrices
+#endif
+            cp_async16z(at, src, live ? 16u : 0u);
+        }
+    };
+    // one copy group a chunk from here on (empty past the last), so that B(cs)'s is always the oldest of the
+    // WS_SLOTS - 1 groups in flight when chunk cs needs it
+    copy_raw(0);
+#pragma unroll
+    for (int p = 0; p < WS_SLOTS - 1; ++p) {
+        if (p < chunks) copy_b(p);
+        cp_async_commit();
+    }
+    cp_async_wait<WS_SLOTS - 2>();  // raw(0) and B(0)
+    __syncwarp();                   // the warp's raw tiles, copied by all its lanes
+    typename Q::Row r[2];
+    typename F::Consts k[2];
+    for (int cs = 0; cs < chunks; ++cs) {
+        const int sb = cs / WS_SLOTS, part = cs % WS_SLOTS;
+        if (part == 0) {  // raw(sb) landed at the last wait (in its group, one of B(sb WS_SLOTS - 1)'s or older)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                S::read(r[h], raw_g + (sb & 1) * WS_RAW_BYTES + warp * 4096, g + 8 * h, c, base[h] + sb);
+                F::prepare(r[h], c, k[h]);
+            }
+        }
+        // A of this chunk into its slot (released by the consumers before B(cs) went in)
+        ws_decode_part<QT>(part, r, k, chunk_s + (cs % WS_SLOTS) * WS_CHUNK_BYTES, warp, g, c);
+        cp_async_wait<WS_SLOTS - 2>();  // B(cs)
+        __syncwarp();
+        fence_proxy_async();  // A's stores and B's copies visible to the wgmmas
+        ws_arrive(WS_BAR_FULL + cs % WS_SLOTS);
+        const int ahead = cs + WS_SLOTS - 1;
+        if (ahead < chunks) {
+            if (ahead >= WS_SLOTS) ws_wait(WS_BAR_EMPTY + ahead % WS_SLOTS);  // the consumers are done with cs - 1
+            copy_b(ahead);
+        }
+        if (part == 0 && sb + 1 < nsb) copy_raw(sb + 1);  // its slot held raw(sb - 1), read at chunk (sb - 1) WS_SLOTS
+        cp_async_commit();
+    }
+}
+
+template <int QT>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ y,
+        const float* __restrict__ residual, int rows, int K, int T, int ldy) {
+    PDL_ENTER();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(128) u8 smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int blk_row0 = blockIdx.x * WG_ROWS, tok0 = blockIdx.y * WG_TOKENS, chunks = WS_SLOTS * (K / QK_SB);
+    const u32 base_s = (smem_u32(smem) + 1023) & ~1023u;  // the swizzle atoms are 1,024-byte aligned
+    const u32 chunk_s = base_s + 2 * WS_RAW_BYTES;
+    if (warp < WS_PRODUCERS / 32) {
+        ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), chunk_s, blk_row0, tok0, rows, K / QK_SB,
+                       T);
+        return;
+    }
+    const int cw = (warp >> 2) - WS_PRODUCERS / 128;  // consumer 0 or 1: rows 64 cw .. of the block's 128
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0.f;
+    for (int cs = 0; cs < chunks; ++cs) {
+        ws_wait(WS_BAR_FULL + cs % WS_SLOTS);
+        const u32 slot = chunk_s + (cs % WS_SLOTS) * WS_CHUNK_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl)
+#if WS_SWIZZLE
+            wgmma_ss_m64n128k16(d, wg_desc_sw128(slot + (sl >> 2) * WS_QUARTER_BYTES + 64 * 128 * cw + 32 * (sl & 3)),
+                                wg_desc_sw128(slot + WS_A_BYTES + (sl >> 2) * WS_QUARTER_BYTES + 32 * (sl & 3)));
+#else
+            wgmma_ss_m64n128k16(d, wg_desc(slot + sl * WS_STEP_A_BYTES + cw * 2048),
+                                wg_desc(slot + WS_A_BYTES + sl * WG_STEP_BYTES));
+#endif
+        wg_commit();
+        wg_wait<1>();  // the chunk before is done with its slot
+        if (cs >= 1 && cs - 1 + WS_SLOTS < chunks) ws_arrive(WS_BAR_EMPTY + (cs - 1) % WS_SLOTS);  // refill it
+    }
+    wg_wait<0>();
+    wg_store(d, y, residual, blk_row0 + 64 * cw + 16 * (warp & 3), tok0, rows, T, ldy, g, c);
+#else
+    __trap();  // a build for another target: launching it is a dispatch bug
+#endif
+}
