@@ -21,8 +21,8 @@ from engine.cuda.device import Buffer, Device, Graph
 from engine.cuda.model import VERIFY_MAX, CudaModel
 from engine.cuda.penalties import PenaltyCounts, has_penalties, without_penalties
 from engine.errors import ContextOverflowError
-from engine.sampling import SamplingParams, keep_or_resample, sample, sampling_probs
-from engine.spec.verify import accept_or_resample
+from engine.sampling import SamplingParams, sample
+from engine.spec.verify import keep_or_draw
 
 # "0": leave the file's MTP head out (no draft(); the server drafts n-grams). On by default: checked on the H200
 # (tiny qwen35: drafts and speculative greedy decoding equal to the reference's) and timed at the 27B shape (its
@@ -378,10 +378,7 @@ def _choose_on_host(row: np.ndarray, params: SamplingParams, draft_token: int,
     # row: [V]
     if draft_token < 0:
         return sample(row, params, rng), 0
-    step = keep_or_resample(row, params, draft_token, rng)
-    if step is None:  # an infinite top: the float64 distribution
-        step = accept_or_resample(sampling_probs(row, params), draft_token, None, rng)
-    kept, token = step
+    kept, token = keep_or_draw(row, params, draft_token, rng)
     return token, int(kept)
 
 

@@ -147,8 +147,8 @@ def _gemm_cp_smem(qtype: Q) -> int:
 
 
 # The prefill matmul on warpgroup MMA (kernels/gemm_wg.cu: sm_90a, 128 rows x 128 tokens a block of two
-# warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained), 2 (overlapped) or 3 (warp-specialised: a producer
-# warpgroups decode each weight tile once into shared memory for two consumer warpgroups, gemm_ws, 512 threads) runs
+# warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained), 2 (overlapped) or 3 (warp-specialised: producer
+# warpgroups decode each weight tile once into shared memory for two consumer warpgroups, gemm_ws.cu) runs
 # it in place of gemm_cp for its types from GEMM_WG_MIN_TOKENS tokens on; 0, the default, until
 # bench/gpu_gemm_wg.py has checked and timed it on the GPU (bench/NOTES.md Y3, Z15).
 GEMM_WG_ENV = "OPENJET_CUDA_GEMM_WG"
@@ -156,7 +156,7 @@ GEMM_WG_MIN_TOKENS = 64
 GEMM_WG_ROWS, GEMM_WG_TOKENS, GEMM_WG_THREADS = 128, 128, 256
 GEMM_WG_SMEM = 2 * (8 * 4096 + 16 * GEMM_WG_TOKENS * 32) + 128  # gemm_wg.cu WG_SMEM_BYTES
 GEMM_WS_THREADS = 512  # gemm_ws.cu WS_THREADS: two producer warpgroups, two consumers
-GEMM_WS_SMEM = 2 * 8 * 4096 + 2 * 2 * 8 * GEMM_WG_ROWS * 32 + 1024  # WS_SMEM_BYTES: raw weights, A | B halves
+GEMM_WS_SMEM = 2 * 8 * 4096 + 2 * 2 * 8 * GEMM_WG_ROWS * 32 + 1024  # WS_SMEM_BYTES: raw weights, 16 steps of A | B
 GEMM_WG_MODES = {1: "", 2: "_o", 3: "_ws"}  # OPENJET_CUDA_GEMM_WG -> instance suffix
 
 

@@ -58,6 +58,17 @@ def accept_or_resample(p: np.ndarray, x: int, q: np.ndarray | None, rng: np.rand
     return False, draw(residual, rng)
 
 
+def keep_or_draw(logits: np.ndarray, params: SamplingParams, x: int, rng: np.random.Generator,
+                 history: Sequence[int] = (), prompt: Sequence[int] = ()) -> tuple[bool, int]:
+    """One position of speculative sampling for a draft x proposed deterministically: (kept?, token), without forming
+    p where the float32 weights can stand for it (sampling.keep_or_resample), else from the float64 distribution."""
+    # logits: [V]
+    step = keep_or_resample(logits, params, x, rng, history=history, prompt=prompt)
+    if step is None:
+        step = accept_or_resample(sampling_probs(logits, params, history=history, prompt=prompt), x, None, rng)
+    return step
+
+
 def greedy_accept(draft: Draft, logits: np.ndarray, seq: TokenSequence, params: SamplingParams) -> list[int]:
     """Keep drafts while they equal the penalised argmax; end with the argmax after them (1..d+1 tokens)."""
     # logits: [1 + d, V]
@@ -76,13 +87,12 @@ def speculative_accept(draft: Draft, logits: np.ndarray, seq: TokenSequence, par
     probs = draft.probs if isinstance(draft, SampledDraft) else None
     out: list[int] = []
     for i, x in enumerate(draft.tokens):
-        history, step = _history(seq, out), None
-        if probs is None:  # a deterministic draft: without forming p where the float32 weights can stand for it
-            step = keep_or_resample(logits[i], params, x, seq.rng, history=history, prompt=seq.prompt)
-        if step is None:
+        history = _history(seq, out)
+        if probs is None:
+            kept, token = keep_or_draw(logits[i], params, x, seq.rng, history, seq.prompt)
+        else:
             p = sampling_probs(logits[i], params, history=history, prompt=seq.prompt)
-            step = accept_or_resample(p, x, None if probs is None else probs[i], seq.rng)
-        kept, token = step
+            kept, token = accept_or_resample(p, x, probs[i], seq.rng)
         out.append(token)
         if not kept:
             return out

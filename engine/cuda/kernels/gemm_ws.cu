@@ -186,12 +186,11 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(128) u8 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int blk_row0 = blockIdx.x * WG_ROWS, tok0 = blockIdx.y * WG_TOKENS, chunks = WS_SLOTS * (K / QK_SB);
+    const int blk_row0 = blockIdx.x * WG_ROWS, tok0 = blockIdx.y * WG_TOKENS, nsb = K / QK_SB, chunks = WS_SLOTS * nsb;
     const u32 base_s = (smem_u32(smem) + 1023) & ~1023u;  // the swizzle atoms are 1,024-byte aligned
     const u32 chunk_s = base_s + 2 * WS_RAW_BYTES;
     if (warp < WS_PRODUCERS / 32) {
-        ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), chunk_s, blk_row0, tok0, rows, K / QK_SB,
-                       T);
+        ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), chunk_s, blk_row0, tok0, rows, nsb, T);
         return;
     }
     const int cw = (warp >> 2) - WS_PRODUCERS / 128;  // consumer 0 or 1: rows 64 cw .. of the block's 128

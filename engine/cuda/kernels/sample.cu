@@ -146,8 +146,7 @@ __device__ int walk(const double* w, int n, double& target) {
     int last = -1;
     for (int j0 = 0; j0 < n; j0 += CHOOSE_LOADS) {
         double v[CHOOSE_LOADS];
-#pragma unroll
-        for (int i = 0; i < CHOOSE_LOADS; ++i) v[i] = j0 + i < n ? w[j0 + i] : 0.0;
+        load_ahead(w, n, j0, v);
 #pragma unroll
         for (int i = 0; i < CHOOSE_LOADS; ++i) {
             if (v[i] <= 0.0) continue;
