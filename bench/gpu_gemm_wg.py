@@ -10,6 +10,8 @@ the way there. The engine runs gemm_wg only where OPENJET_CUDA_GEMM_WG asks, unt
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
@@ -21,8 +23,18 @@ from engine.cuda.repack import device_nbytes, random_blocks
 CASES = (("ffn_up", Q.Q4_K), ("ffn_down", Q.Q6_K), ("ffn_down", Q.Q4_K), ("attn_q", Q.Q4_K))
 EDGES = (("odd_rows", Q.Q4_K, 300), ("odd_rows", Q.Q6_K, 77))  # a partial row tile, partial token tiles: checked
 MODES = {"wg": 1, "wgo": 2, "wgws": 3}  # OPENJET_CUDA_GEMM_WG
+MODES_ENV = "OPENJET_BENCH_GEMM_MODES"  # a comma list of MODES' names to run beside gemm_cp (all when unset)
 TOL_SAME = 2e-3  # against gemm_cp: the same f16 fragments, f32 sums in another order
 REF_ROWS = 64
+
+
+def _modes() -> dict[str, int]:
+    """MODES, or those MODES_ENV names (a name it does not know is an error naming it)."""
+    names = [n for n in os.environ.get(MODES_ENV, "").split(",") if n]
+    unknown = [n for n in names if n not in MODES]
+    if unknown:
+        raise ValueError(f"{MODES_ENV}: unknown mode(s) {unknown}; expected some of {sorted(MODES)}")
+    return {n: MODES[n] for n in names} if names else MODES
 
 
 def gemm_wg(mode: int):
@@ -60,7 +72,7 @@ def _case(dev, report: Report, rng: np.random.Generator, w, qtype: Q, name: str,
     ref = x.astype(np.float64) @ ref_w + dev.download(res, np.float32, (t, rows))[:, pick]
     variant = f"{name}.{qtype.name}.T{t}"
     cells, out_cp = [f"{variant:<24}"], None
-    for kind, mode in {"cp": 0, **MODES}.items():
+    for kind, mode in {"cp": 0, **_modes()}.items():
         with gemm_wg(mode):
             poison(dev, y)
             ops.matmul(dev, w, act, y, t, rows, residual=res)

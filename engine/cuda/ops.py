@@ -156,7 +156,7 @@ GEMM_WG_MIN_TOKENS = 64
 GEMM_WG_ROWS, GEMM_WG_TOKENS, GEMM_WG_THREADS = 128, 128, 256
 GEMM_WG_SMEM = 2 * (8 * 4096 + 16 * GEMM_WG_TOKENS * 32) + 128  # gemm_wg.cu WG_SMEM_BYTES
 GEMM_WS_THREADS = 512  # gemm_ws.cu WS_THREADS: two producer warpgroups, two consumers
-GEMM_WS_SMEM = 2 * 8 * 4096 + 2 * 2 * 8 * GEMM_WG_ROWS * 32 + 1024  # WS_SMEM_BYTES: raw weights, 16 steps of A | B
+GEMM_WS_SMEM = 227 * 1024  # gemm_ws.cu WS_SMEM_MAX: its slots' count is a build option, each build within it
 GEMM_WG_MODES = {1: "", 2: "_o", 3: "_ws"}  # OPENJET_CUDA_GEMM_WG -> instance suffix
 
 

@@ -32,14 +32,14 @@ def test_launch_constants_are_the_kernels() -> None:
         f"gemm_wg_{t}{o}" for t in ("q4_K", "q6_K") for o in ("", "_o")}
     assert {i.name for i in instances.files()["gemm_ws"]} == {f"gemm_wg_{t}_ws" for t in ("q4_K", "q6_K")}
     # the warp-specialised form: two producer warpgroups and two consumers; two slots of raw weights (a row tile's
-    # stage in 4 KB each) and WS_SLOTS chunks of a superblock's 16 steps, each A (128 rows x 32 bytes a step) then B
+    # stage in 4 KB each), then WS_ASLOTS slots of a chunk's A (128 rows x 32 bytes a step) and WS_BSLOTS of its B
     assert ops.GEMM_WS_THREADS == int(define("WS_THREADS")) == 4 * 128
-    assert define("WS_SMEM_BYTES") == "(2 * WS_RAW_BYTES + WS_SLOTS * WS_CHUNK_BYTES + 1024)"  # aligned atoms
-    assert define("WS_CHUNK_BYTES") == "(WS_A_BYTES + WS_CHUNK_STEPS * WG_STEP_BYTES)"
-    assert define("WS_CHUNK_STEPS") == "(SB_STEPS / WS_SLOTS)"  # so the slots hold 16 steps whatever WS_SLOTS is
-    steps = 16 * (ops.GEMM_WG_ROWS * 32 + ops.GEMM_WG_TOKENS * 32)
-    assert ops.GEMM_WS_SMEM == 2 * warps * 4096 + steps + 1024 <= 227 * 1024
-
+    assert define("WS_SMEM_BYTES") == (
+        "(2 * WS_RAW_BYTES + WS_ASLOTS * WS_A_BYTES + WS_BSLOTS * WS_B_BYTES + 1024)")  # + aligned atoms
+    assert define("WS_A_BYTES") == "(WS_CHUNK_STEPS * WS_STEP_A_BYTES)"
+    assert define("WS_B_BYTES") == "(WS_CHUNK_STEPS * WG_STEP_BYTES)"
+    assert define("WS_CHUNK_STEPS") == "(SB_STEPS / WS_CHUNKS)"
+    assert ops.GEMM_WS_SMEM == 227 * 1024 and define("WS_SMEM_MAX") == "(227 * 1024)"  # every build within it
 
 def test_only_sm_90_builds_it_with_its_feature_set() -> None:
     for file in ("gemm_wg", "gemm_ws"):
@@ -92,24 +92,33 @@ def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
     assert ops._gemm_wg_mode() == 3
 
 
-@pytest.mark.parametrize("defines", [(), ("-DWS_SLOTS=4",), ("-DWS_SWIZZLE=1",), ("-DWS_SLOTS=4", "-DWS_SWIZZLE=1")])
+@pytest.mark.parametrize("defines", [(), ("-DWS_SWIZZLE=1",), ("-DWS_CHUNKS=2", "-DWS_BSLOTS=3"),
+                                     ("-DWS_CHUNKS=8", "-DWS_ASLOTS=4", "-DWS_BSLOTS=16")])
 def test_the_warp_specialised_form_builds_in_each_layout(defines: tuple[str, ...]) -> None:
     """gemm_ws with both operands in shared memory (a chunk's steps of wgmma: 16 a superblock), FULL and EMPTY barriers
-    a slot, asynchronous, trapping elsewhere; the options (bench/NOTES.md Z15: built, not yet run on a GPU) keep the
-    wgmmas, WS_SWIZZLE=1 with 128-byte swizzled descriptors."""
+    an A slot, asynchronous, without spills, trapping elsewhere; WS_SWIZZLE=1 with 128-byte swizzled descriptors."""
     path, options = nvrtc.KERNEL_DIR / "gemm_ws.cu", nvrtc.file_options("gemm_ws", 90) + defines
     cubin = nvrtc.compile_file(path, 90, WS_EXPRS, options + ("--ptxas-options=-v",))
     assert "serialized" not in cubin.log
-    if defines != ("-DWS_SWIZZLE=1",):  # the one build that spills (4-40 bytes: Z15)
-        assert all(m == ("0", "0") for m in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", cubin.log))
+    assert all(m == ("0", "0") for m in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", cubin.log))
     ptx = nvrtc.compile_file(path, 90, WS_EXPRS, options, ptx=True).image.decode()
     both_shared = r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16 \{[^}]*\}, %rd\d+, %rd\d+"
-    slots = 4 if "-DWS_SLOTS=4" in defines else 2
+    chunks = next((int(d.split("=")[1]) for d in defines if d.startswith("-DWS_CHUNKS=")), 4)
     # a chunk's steps in each of the two instances (or more, where NVVM unrolls the consumers' loop)
-    assert len(re.findall(both_shared, ptx)) >= 2 * (16 // slots)
+    assert len(re.findall(both_shared, ptx)) >= 2 * (16 // chunks)
     assert not re.findall(r"wgmma\.mma_async[^\n]*\{[^}]*\}, \{", ptx)  # no A in registers here
     assert "bar.arrive" in ptx and "bar.sync" in ptx
     # the descriptors' constant part: SWIZZLE_128B (1 << 62), the 1,024-byte atoms (SBO 64 << 32), LBO 1 << 16
     assert (str((1 << 62) | (64 << 32) | (1 << 16)) in ptx) == ("-DWS_SWIZZLE=1" in defines)
     other = nvrtc.compile_file(path, 80, WS_EXPRS, nvrtc.file_options("gemm_ws", 80), ptx=True).image.decode()
     assert "wgmma" not in other and other.count("trap;") >= len(WS_EXPRS)
+
+
+@pytest.mark.parametrize("defines, what", [
+    (("-DWS_CHUNKS=3",), "equal chunks"), (("-DWS_ASLOTS=1",), "FULL and EMPTY"),
+    (("-DWS_CHUNKS=2", "-DWS_BSLOTS=8"), "land in time"), (("-DWS_ASLOTS=4", "-DWS_BSLOTS=12"), "shared memory"),
+    (("-DWS_CHUNKS=8", "-DWS_BSLOTS=16", "-DWS_SWIZZLE=1"), "swizzled row")])
+def test_a_slot_count_that_cannot_work_is_refused_at_build_time(defines: tuple[str, ...], what: str) -> None:
+    path = nvrtc.KERNEL_DIR / "gemm_ws.cu"
+    with pytest.raises(Exception, match=what):
+        nvrtc.compile_file(path, 90, WS_EXPRS, nvrtc.file_options("gemm_ws", 90) + defines, ptx=True)

@@ -3,14 +3,14 @@
 //
 // In gemm_wg every warp decodes its own A between its wgmmas, and the decode, not the tensor cores, set the pace
 // (bench/NOTES.md Y3: ~200 TFLOP/s). Here warpgroups 0 and 1 (the producers, a row tile a warp) copy each
-// superblock's raw weights (a superblock ahead) and its activations (WS_SLOTS - 1 chunks ahead), decode the block's
-// 128 rows into A once, in K-major core matrices as B is laid out (wg_regroup's k' order), and hand each chunk of a
-// superblock (WS_CHUNK_STEPS steps of A and of B) to warpgroups 2 and 3, 64 rows each, which multiply from shared
-// memory (wgmma with both operands there), so the decode overlaps the MMAs instead of alternating with them. (One
-// producer warpgroup decoding two tiles a warp set the pace again: 170 TFLOP/s against gemm_cp's 235, Z15.)
-// Named barriers pass the chunks: FULL (the producers arrive, the consumers wait) and EMPTY (the consumers arrive
-// once their wgmmas on a chunk are done, the producers wait before refilling its slot); WS_SLOTS chunks are in
-// flight, and the consumers keep a wgmma group in flight across them.
+// superblock's raw weights (two superblocks ahead) and its activations (WS_BSLOTS - WS_ASLOTS chunks ahead of the
+// decode), decode the block's 128 rows into A once, in K-major core matrices as B is laid out (wg_regroup's k'
+// order), and hand each chunk of a superblock (WS_CHUNK_STEPS steps of A and of B) to warpgroups 2 and 3, 64 rows
+// each, which multiply from shared memory (wgmma with both operands there), so the decode overlaps the MMAs
+// instead of alternating with them. (One producer warpgroup decoding two tiles a warp set the pace again: 170
+// TFLOP/s against gemm_cp's 235, Z15.) Named barriers pass the chunks: FULL (the producers arrive, the consumers
+// wait) and EMPTY (the consumers arrive once their wgmmas on a chunk are done, the producers wait before refilling
+// its slots), one of each an A slot; the consumers keep a wgmma group in flight across chunks.
 #ifndef WEIGHT_EVICT_FIRST
 #define WEIGHT_EVICT_FIRST 0  // a weight tile is read again by every token tile (common.cuh)
 #endif
@@ -21,22 +21,38 @@
 
 #define WS_THREADS 512
 #define WS_PRODUCERS 256  // warpgroups 0 and 1
-// Chunks in flight: 2 (halves of 8 steps, as checked and timed at be0675e) or 4 (quarters of 4 steps, the
-// activations three chunks ahead instead of one: OPENJET_CUDA_DEFINES=WS_SLOTS=4, built, not yet run on a GPU).
-// Either way the slots hold 16 steps (128 KB), and a superblock is WS_SLOTS chunks.
-#ifndef WS_SLOTS
-#define WS_SLOTS 2
+// A superblock's 16 steps go in WS_CHUNKS chunks (2, 4 or 8), each handed over through a slot of A (WS_ASLOTS of
+// them) and one of B (WS_BSLOTS), so the activations can be asked for far ahead of the decode. A chunk's slots are
+// refilled once the consumers are done with it: its A slot with chunk + WS_ASLOTS's decode, its B slot with chunk +
+// WS_BSLOTS's copy, which the producers thus issue WS_BSLOTS - WS_ASLOTS chunks ahead of their decode. (Until
+// 19a0d97 a chunk's A and B shared a slot and B was asked for one chunk ahead: bench/NOTES.md Z15 reads the ~200
+// TFLOP/s as that L2 round trip every chunk.) The raw weights come two superblocks ahead through two slots (a
+// slot is free once its superblock is in the warp's registers).
+#ifndef WS_CHUNKS
+#define WS_CHUNKS 4
 #endif
-#define WS_CHUNK_STEPS (SB_STEPS / WS_SLOTS)               // steps of 16 k a chunk
+#ifndef WS_ASLOTS
+#define WS_ASLOTS 2
+#endif
+#ifndef WS_BSLOTS
+#define WS_BSLOTS 8
+#endif
+#define WS_CHUNK_STEPS (SB_STEPS / WS_CHUNKS)              // steps of 16 k a chunk
 #define WS_STEP_A_BYTES (WG_ROWS * 32)                     // a step's A: 128 rows x 16 k of f16
-#define WS_A_BYTES (WS_CHUNK_STEPS * WS_STEP_A_BYTES)
-#define WS_CHUNK_BYTES (WS_A_BYTES + WS_CHUNK_STEPS * WG_STEP_BYTES)  // A then B
+#define WS_A_BYTES (WS_CHUNK_STEPS * WS_STEP_A_BYTES)      // an A slot
+#define WS_B_BYTES (WS_CHUNK_STEPS * WG_STEP_BYTES)        // a B slot
 #define WS_RAW_BYTES (WG_WARPS * 4096)                     // a superblock's raw weights: 8 row tiles, any type
 #define WS_QUARTER_BYTES (WG_ROWS * 128)                   // 4 steps of A, or of B (the swizzle's rows)
-#define WS_SMEM_BYTES (2 * WS_RAW_BYTES + WS_SLOTS * WS_CHUNK_BYTES + 1024)  // engine/cuda/ops.py GEMM_WS_SMEM
-#define WS_BAR_FULL 1                                      // + the chunk's slot (barrier 0 is __syncthreads)
-#define WS_BAR_EMPTY (1 + WS_SLOTS)
-static_assert(WS_SLOTS == 2 || WS_SLOTS == 4, "chunks of 8 or 4 steps: 16 barriers hold FULL and EMPTY of each");
+#define WS_SMEM_BYTES (2 * WS_RAW_BYTES + WS_ASLOTS * WS_A_BYTES + WS_BSLOTS * WS_B_BYTES + 1024)
+#define WS_SMEM_MAX (227 * 1024)                           // sm_90's opt-in maximum: engine/cuda/ops.py GEMM_WS_SMEM
+#define WS_BAR_FULL 1                                      // + the chunk's A slot (barrier 0 is __syncthreads)
+#define WS_BAR_EMPTY (1 + WS_ASLOTS)
+static_assert(WS_CHUNKS == 2 || WS_CHUNKS == 4 || WS_CHUNKS == 8, "a superblock's 16 steps in equal chunks");
+static_assert(WS_ASLOTS >= 2 && WS_BSLOTS >= WS_ASLOTS && 1 + 2 * WS_ASLOTS <= 16, "FULL and EMPTY an A slot");
+// raw(sb + 2)'s copy group, committed at chunk WS_CHUNKS sb, must be among those landed before chunk WS_CHUNKS (sb
+// + 2) reads it: WS_BSLOTS - WS_ASLOTS groups stay in flight at each wait
+static_assert(WS_BSLOTS - WS_ASLOTS < 2 * WS_CHUNKS, "the raw weights' copies land in time");
+static_assert(WS_SMEM_BYTES <= WS_SMEM_MAX, "the slots fit sm_90's shared memory");
 
 __device__ __forceinline__ void ws_arrive(int id) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(WS_THREADS) : "memory");
@@ -57,6 +73,7 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
 #ifndef WS_SWIZZLE
 #define WS_SWIZZLE 0
 #endif
+static_assert(!WS_SWIZZLE || WS_CHUNK_STEPS >= 4, "a swizzled row is 4 steps: chunks of 4 or 8 steps");
 __device__ __forceinline__ u32 sw128(int row, int piece) { return row * 128 + ((piece ^ (row & 7)) << 4); }
 // Its descriptor: a step's start (the 4 steps' base + 32 (s % 4)), the atoms 1,024 bytes apart, layout SW128.
 __device__ __forceinline__ u64 wg_desc_sw128(u32 addr) {
@@ -99,15 +116,15 @@ template <int QT, int PART = 0>
 __device__ __forceinline__ void ws_decode_part(int part, const typename QTraits<QT>::Row (&r)[2],
                                                const typename FullFrag<QT>::Consts (&k)[2], u32 a_slot, int tile,
                                                int g, int c) {
-    if constexpr (PART < WS_SLOTS) {
+    if constexpr (PART < WS_CHUNKS) {
         if (part == PART) ws_decode<QT, PART>(r, k, a_slot, tile, g, c);
         else ws_decode_part<QT, PART + 1>(part, r, k, a_slot, tile, g, c);
     }
 }
 
-// The producer warpgroups: warp w stages, reads and decodes the block's row tile w.
+// The producer warpgroups: warp w stages, reads and decodes the block's row tile w; all 256 threads copy B.
 template <int QT>
-__device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_s, const u8* raw_g, u32 chunk_s,
+__device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_s, const u8* raw_g, u32 a_s, u32 b_s,
                                            int blk_row0, int tok0, int rows, int nsb, int T) {
     using Q = QTraits<QT>;
     using F = FullFrag<QT>;
@@ -117,17 +134,17 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
     const u64 ntot = (u64)rows * nsb;
     const Planes P = Q::planes(w, ntot);
     const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout
-    const int groups = (T + 7) / 8, chunks = WS_SLOTS * nsb;
+    const int groups = (T + 7) / 8, chunks = WS_CHUNKS * nsb;
     typename S::Lane L;
     const int row0 = blk_row0 + 16 * warp;
     S::init(L, row0, rows, nsb, lane);
     const u32 base[2] = {stage_row_base(row0, g, rows, nsb), stage_row_base(row0, g + 8, rows, nsb)};
     auto copy_raw = [&](int sb) { S::copy(raw_s + (sb & 1) * WS_RAW_BYTES + warp * 4096, P, L, sb, lane, ntot); };
-    auto copy_b = [&](int cs) {  // chunk cs's activations into its slot's B: token tg * 8 + n a row
-        const int sb = cs / WS_SLOTS, step0 = WS_CHUNK_STEPS * (cs % WS_SLOTS);
-        const u32 dst = chunk_s + (cs % WS_SLOTS) * WS_CHUNK_BYTES + WS_A_BYTES;
+    auto copy_b = [&](int cs) {  // chunk cs's activations into its B slot: token tg * 8 + n a row
+        const int sb = cs / WS_CHUNKS, step0 = WS_CHUNK_STEPS * (cs % WS_CHUNKS);
+        const u32 dst = b_s + (cs % WS_BSLOTS) * WS_B_BYTES;
 #pragma unroll
-        for (int j = 0; j < WS_CHUNK_STEPS * WG_STEP_BYTES / 16 / WS_PRODUCERS; ++j) {
+        for (int j = 0; j < WS_B_BYTES / 16 / WS_PRODUCERS; ++j) {
             const int q = tid + WS_PRODUCERS * j, st = q >> 8, tg = (q >> 4) & 15, n = (q >> 1) & 7, kh = q & 1;
             const int grp = tok0 / 8 + tg;
             const bool live = grp < groups;
@@ -141,40 +158,43 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
             cp_async16z(at, src, live ? 16u : 0u);
         }
     };
-    // one copy group a chunk from here on (empty past the last), so that B(cs)'s is always the oldest of the
-    // WS_SLOTS - 1 groups in flight when chunk cs needs it
+    // Copy groups: the prologue's WS_BSLOTS (raw 0 and 1 in the first, B(j) in group j), then one a chunk (empty
+    // past the last): B(j) >= WS_BSLOTS goes in at chunk j - (WS_BSLOTS - WS_ASLOTS), so when chunk cs waits for
+    // its B, the WS_BSLOTS - WS_ASLOTS groups after B(cs)'s may stay in flight.
     copy_raw(0);
+    if (nsb > 1) copy_raw(1);
 #pragma unroll
-    for (int p = 0; p < WS_SLOTS - 1; ++p) {
-        if (p < chunks) copy_b(p);
+    for (int j = 0; j < WS_BSLOTS; ++j) {
+        if (j < chunks) copy_b(j);
         cp_async_commit();
     }
-    cp_async_wait<WS_SLOTS - 2>();  // raw(0) and B(0)
-    __syncwarp();                   // the warp's raw tiles, copied by all its lanes
+    cp_async_wait<WS_BSLOTS - 1>();  // raw(0) and raw(1)
+    __syncwarp();                    // the warp's raw tiles, copied by all its lanes
     typename Q::Row r[2];
     typename F::Consts k[2];
     for (int cs = 0; cs < chunks; ++cs) {
-        const int sb = cs / WS_SLOTS, part = cs % WS_SLOTS;
-        if (part == 0) {  // raw(sb) landed at the last wait (in its group, one of B(sb WS_SLOTS - 1)'s or older)
+        const int sb = cs / WS_CHUNKS, part = cs % WS_CHUNKS;
+        if (cs >= WS_ASLOTS) {  // chunk cs - WS_ASLOTS is done: its A slot is cs's, its B slot the next copy's
+            ws_wait(WS_BAR_EMPTY + (cs - WS_ASLOTS) % WS_ASLOTS);
+            const int ahead = cs - WS_ASLOTS + WS_BSLOTS;
+            if (ahead < chunks) copy_b(ahead);
+        }
+        if (part == 0) {  // raw(sb) landed by the last wait; its slot then takes raw(sb + 2)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 S::read(r[h], raw_g + (sb & 1) * WS_RAW_BYTES + warp * 4096, g + 8 * h, c, base[h] + sb);
                 F::prepare(r[h], c, k[h]);
             }
+            __syncwarp();  // every lane's reads before any lane's copy over them
+            if (sb + 2 < nsb) copy_raw(sb + 2);
         }
-        // A of this chunk into its slot (released by the consumers before B(cs) went in)
-        ws_decode_part<QT>(part, r, k, chunk_s + (cs % WS_SLOTS) * WS_CHUNK_BYTES, warp, g, c);
-        cp_async_wait<WS_SLOTS - 2>();  // B(cs)
+        cp_async_commit();
+        // A of this chunk into its slot, then B(cs) landed (this thread's copies; the barrier publishes all)
+        ws_decode_part<QT>(part, r, k, a_s + (cs % WS_ASLOTS) * WS_A_BYTES, warp, g, c);
+        cp_async_wait<WS_BSLOTS - WS_ASLOTS>();
         __syncwarp();
         fence_proxy_async();  // A's stores and B's copies visible to the wgmmas
-        ws_arrive(WS_BAR_FULL + cs % WS_SLOTS);
-        const int ahead = cs + WS_SLOTS - 1;
-        if (ahead < chunks) {
-            if (ahead >= WS_SLOTS) ws_wait(WS_BAR_EMPTY + ahead % WS_SLOTS);  // the consumers are done with cs - 1
-            copy_b(ahead);
-        }
-        if (part == 0 && sb + 1 < nsb) copy_raw(sb + 1);  // its slot held raw(sb - 1), read at chunk (sb - 1) WS_SLOTS
-        cp_async_commit();
+        ws_arrive(WS_BAR_FULL + cs % WS_ASLOTS);
     }
 }
 
@@ -186,11 +206,12 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(128) u8 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int blk_row0 = blockIdx.x * WG_ROWS, tok0 = blockIdx.y * WG_TOKENS, nsb = K / QK_SB, chunks = WS_SLOTS * nsb;
+    const int blk_row0 = blockIdx.x * WG_ROWS, tok0 = blockIdx.y * WG_TOKENS, nsb = K / QK_SB;
+    const int chunks = WS_CHUNKS * nsb;
     const u32 base_s = (smem_u32(smem) + 1023) & ~1023u;  // the swizzle atoms are 1,024-byte aligned
-    const u32 chunk_s = base_s + 2 * WS_RAW_BYTES;
+    const u32 a_s = base_s + 2 * WS_RAW_BYTES, b_s = a_s + WS_ASLOTS * WS_A_BYTES;
     if (warp < WS_PRODUCERS / 32) {
-        ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), chunk_s, blk_row0, tok0, rows, nsb, T);
+        ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), a_s, b_s, blk_row0, tok0, rows, nsb, T);
         return;
     }
     const int cw = (warp >> 2) - WS_PRODUCERS / 128;  // consumer 0 or 1: rows 64 cw .. of the block's 128
@@ -198,21 +219,20 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = 0.f;
     for (int cs = 0; cs < chunks; ++cs) {
-        ws_wait(WS_BAR_FULL + cs % WS_SLOTS);
-        const u32 slot = chunk_s + (cs % WS_SLOTS) * WS_CHUNK_BYTES;
+        ws_wait(WS_BAR_FULL + cs % WS_ASLOTS);
+        const u32 a = a_s + (cs % WS_ASLOTS) * WS_A_BYTES, b = b_s + (cs % WS_BSLOTS) * WS_B_BYTES;
         wg_fence();
 #pragma unroll
         for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl)
 #if WS_SWIZZLE
-            wgmma_ss_m64n128k16(d, wg_desc_sw128(slot + (sl >> 2) * WS_QUARTER_BYTES + 64 * 128 * cw + 32 * (sl & 3)),
-                                wg_desc_sw128(slot + WS_A_BYTES + (sl >> 2) * WS_QUARTER_BYTES + 32 * (sl & 3)));
+            wgmma_ss_m64n128k16(d, wg_desc_sw128(a + (sl >> 2) * WS_QUARTER_BYTES + 64 * 128 * cw + 32 * (sl & 3)),
+                                wg_desc_sw128(b + (sl >> 2) * WS_QUARTER_BYTES + 32 * (sl & 3)));
 #else
-            wgmma_ss_m64n128k16(d, wg_desc(slot + sl * WS_STEP_A_BYTES + cw * 2048),
-                                wg_desc(slot + WS_A_BYTES + sl * WG_STEP_BYTES));
+            wgmma_ss_m64n128k16(d, wg_desc(a + sl * WS_STEP_A_BYTES + cw * 2048), wg_desc(b + sl * WG_STEP_BYTES));
 #endif
         wg_commit();
-        wg_wait<1>();  // the chunk before is done with its slot
-        if (cs >= 1 && cs - 1 + WS_SLOTS < chunks) ws_arrive(WS_BAR_EMPTY + (cs - 1) % WS_SLOTS);  // refill it
+        wg_wait<1>();  // the chunk before is done with its slots
+        if (cs >= 1 && cs - 1 + WS_ASLOTS < chunks) ws_arrive(WS_BAR_EMPTY + (cs - 1) % WS_ASLOTS);  // refill them
     }
     wg_wait<0>();
     wg_store(d, y, residual, blk_row0 + 64 * cw + 16 * (warp & 3), tok0, rows, T, ldy, g, c);
