@@ -1,7 +1,8 @@
 """The prefill matmul on warpgroup MMA (engine/cuda/kernels/gemm_wg.cu, sm_90a) against gemm_cp: each case checked
 against x @ W^T in float64 and against gemm_cp on fresh random weights and activations, then timed (TFLOP/s over
 2 rows cols T) at the 27B shapes, through ops.matmul with OPENJET_CUDA_GEMM_WG's modes (1: each superblock
-drained, 2: overlapped, 3: the warp-specialised gemm_ws of kernels/gemm_ws.cu). Part `gemm_wg` of bench/gpu_check.py.
+drained, 2: overlapped, 3: the warp-specialised gemm_ws of kernels/gemm_ws.cu, 4: the same on a persistent grid).
+Part `gemm_wg` of bench/gpu_check.py.
 
 Issue 5 asks for prefill at 8,192 tokens at 2 x llama.cpp's (2,451 tok/s on the H200); the per-op path's 3,262
 spends 66 % of its time in gemm_cp at ~220 TFLOP/s on mma.sync (bench/NOTES.md Y3): a GEMM 2 x faster is most of
@@ -22,7 +23,7 @@ from engine.cuda.repack import device_nbytes, random_blocks
 
 CASES = (("ffn_up", Q.Q4_K), ("ffn_down", Q.Q6_K), ("ffn_down", Q.Q4_K), ("attn_q", Q.Q4_K))
 EDGES = (("odd_rows", Q.Q4_K, 300), ("odd_rows", Q.Q6_K, 77))  # a partial row tile, partial token tiles: checked
-MODES = {"wg": 1, "wgo": 2, "wgws": 3}  # OPENJET_CUDA_GEMM_WG
+MODES = {"wg": 1, "wgo": 2, "wgws": 3, "wgwsp": 4}  # OPENJET_CUDA_GEMM_WG
 MODES_ENV = "OPENJET_BENCH_GEMM_MODES"  # a comma list of MODES' names to run beside gemm_cp (all when unset)
 TOL_SAME = 2e-3  # against gemm_cp: the same f16 fragments, f32 sums in another order
 REF_ROWS = 64

@@ -147,8 +147,9 @@ def _gemm_cp_smem(qtype: Q) -> int:
 
 
 # The prefill matmul on warpgroup MMA (kernels/gemm_wg.cu: sm_90a, 128 rows x 128 tokens a block of two
-# warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained), 2 (overlapped) or 3 (warp-specialised: producer
-# warpgroups decode each weight tile once into shared memory for two consumer warpgroups, gemm_ws.cu) runs
+# warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained), 2 (overlapped), 3 (warp-specialised: producer
+# warpgroups decode each weight tile once into shared memory for two consumer warpgroups, gemm_ws.cu) or 4 (the
+# same on a persistent grid, a block an SM walking the tiles) runs
 # it in place of gemm_cp for its types from GEMM_WG_MIN_TOKENS tokens on; 0, the default, until
 # bench/gpu_gemm_wg.py has checked and timed it on the GPU (bench/NOTES.md Y3, Z15).
 GEMM_WG_ENV = "OPENJET_CUDA_GEMM_WG"
@@ -157,17 +158,18 @@ GEMM_WG_ROWS, GEMM_WG_TOKENS, GEMM_WG_THREADS = 128, 128, 256
 GEMM_WG_SMEM = 2 * (8 * 4096 + 16 * GEMM_WG_TOKENS * 32) + 128  # gemm_wg.cu WG_SMEM_BYTES
 GEMM_WS_THREADS = 512  # gemm_ws.cu WS_THREADS: two producer warpgroups, two consumers
 GEMM_WS_SMEM = 227 * 1024  # gemm_ws.cu WS_SMEM_MAX: its slots' count is a build option, each build within it
-GEMM_WG_MODES = {1: "", 2: "_o", 3: "_ws"}  # OPENJET_CUDA_GEMM_WG -> instance suffix
+GEMM_WG_MODES = {1: "", 2: "_o", 3: "_ws", 4: "_ws"}  # OPENJET_CUDA_GEMM_WG -> instance suffix
+GEMM_WS_PERSISTENT = 4  # the mode that runs gemm_ws on a block an SM walking the tiles (else a block a tile)
 
 
 def _gemm_wg_mode() -> int:
-    """OPENJET_CUDA_GEMM_WG: 0 (unset), 1, 2 or 3; anything else is an error naming the variable."""
+    """OPENJET_CUDA_GEMM_WG: 0 (unset), 1, 2, 3 or 4; anything else is an error naming the variable."""
     import os
 
     value = os.environ.get(GEMM_WG_ENV, "0")
-    if value not in ("0", "1", "2", "3"):
-        raise ValueError(f"{GEMM_WG_ENV}={value!r}: expected 0 (off), 1 (drained), 2 (overlapped) or 3 "
-                         "(warp-specialised)")
+    if value not in ("0", "1", "2", "3", "4"):
+        raise ValueError(f"{GEMM_WG_ENV}={value!r}: expected 0 (off), 1 (drained), 2 (overlapped), 3 "
+                         "(warp-specialised) or 4 (warp-specialised, persistent)")
     return int(value)
 
 
@@ -347,9 +349,15 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         wg = gemm_wg_instance(dev.info.arch, w.qtype, num_tokens, w.cols, bias is not None)
         if wg is not None:  # row tiles along x (gemm_wg.cu: the blocks in flight share a token tile)
             kernel = dev.kernel(wg)
-            threads, smem = (GEMM_WS_THREADS, GEMM_WS_SMEM) if wg.endswith("_ws") else (GEMM_WG_THREADS, GEMM_WG_SMEM)
+            tiles = ((w.rows + GEMM_WG_ROWS - 1) // GEMM_WG_ROWS, (num_tokens + GEMM_WG_TOKENS - 1) // GEMM_WG_TOKENS)
+            if wg.endswith("_ws"):  # one dimension of tiles (gemm_ws.cu WsWalk), a block each or a block an SM
+                threads, smem = GEMM_WS_THREADS, GEMM_WS_SMEM
+                grid = (tiles[0] * tiles[1],)
+                if GEMM_WG == GEMM_WS_PERSISTENT:
+                    grid = (min(grid[0], dev.info.multiprocessors),)
+            else:
+                threads, smem, grid = GEMM_WG_THREADS, GEMM_WG_SMEM, tiles
             dev.set_max_dynamic_smem(kernel, smem)
-            grid = ((w.rows + GEMM_WG_ROWS - 1) // GEMM_WG_ROWS, (num_tokens + GEMM_WG_TOKENS - 1) // GEMM_WG_TOKENS)
             dev.launch(kernel, grid, threads, [w.buf, act.x16, y, residual, w.rows, w.cols, num_tokens, ld_y],
                        smem=smem)
             return

@@ -78,8 +78,9 @@ def test_matmul_takes_it_only_where_asked(monkeypatch) -> None:
         assert ops.gemm_wg_instance(*args) is None, args
     monkeypatch.setattr(ops, "GEMM_WG", 2)
     assert ops.gemm_wg_instance(90, Q.Q4_K, 8192, 5120, False) == "gemm_wg_q4_K_o"
-    monkeypatch.setattr(ops, "GEMM_WG", 3)
-    assert ops.gemm_wg_instance(90, Q.Q6_K, 8192, 17408, False) == "gemm_wg_q6_K_ws"
+    for mode in (3, 4):  # 4: the same kernel on a persistent grid
+        monkeypatch.setattr(ops, "GEMM_WG", mode)
+        assert ops.gemm_wg_instance(90, Q.Q6_K, 8192, 17408, False) == "gemm_wg_q6_K_ws"
     assert all(name in instances.INSTANCES for name in ("gemm_wg_q4_K", "gemm_wg_q4_K_o", "gemm_wg_q6_K_o",
                                                          "gemm_wg_q4_K_ws"))
 
@@ -88,8 +89,11 @@ def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
     monkeypatch.setenv(ops.GEMM_WG_ENV, "on")
     with pytest.raises(ValueError, match="OPENJET_CUDA_GEMM_WG='on'"):
         ops._gemm_wg_mode()
-    monkeypatch.setenv(ops.GEMM_WG_ENV, "3")
-    assert ops._gemm_wg_mode() == 3
+    monkeypatch.setenv(ops.GEMM_WG_ENV, "4")
+    assert ops._gemm_wg_mode() == 4
+    monkeypatch.setenv(ops.GEMM_WG_ENV, "5")
+    with pytest.raises(ValueError, match="persistent"):
+        ops._gemm_wg_mode()
 
 
 @pytest.mark.parametrize("defines", [(), ("-DWS_SWIZZLE=1",), ("-DWS_CHUNKS=2", "-DWS_BSLOTS=3"),
@@ -122,3 +126,20 @@ def test_a_slot_count_that_cannot_work_is_refused_at_build_time(defines: tuple[s
     path = nvrtc.KERNEL_DIR / "gemm_ws.cu"
     with pytest.raises(Exception, match=what):
         nvrtc.compile_file(path, 90, WS_EXPRS, nvrtc.file_options("gemm_ws", 90) + defines, ptx=True)
+
+
+@pytest.mark.parametrize("mode, grid", [(3, (136 * 64,)), (4, (132,))])
+def test_gemm_ws_walks_one_dimension_of_tiles_a_block_each_or_a_block_an_sm(monkeypatch, mode: int, grid) -> None:
+    """gemm_ws reads its tiles from blockIdx.x alone (WsWalk: row tiles fastest): mode 3 launches one block a tile,
+    mode 4 one block an SM; 512 threads and sm_90's 227 KB either way."""
+    from tests.kernels.test_close import _Dev, _act, _buf, _weight
+
+    monkeypatch.setattr(ops, "GEMM_WG", mode)
+    dev, w = _Dev(), _weight(Q.Q4_K, 17408, 5120, "ffn_up")
+    smem: list[int] = []
+    monkeypatch.setattr(dev, "launch", lambda k, g, b, args, smem_=0, **kw: dev.grids.append((k.name, g, b)) or
+                        smem.append(kw.get("smem", smem_)))
+    act = _act(5120, int8=False)
+    act.max_tokens = 8192
+    ops.matmul(dev, w, act, _buf(4 * 8192 * 17408), 8192, 17408)
+    assert dev.grids == [("gemm_wg_q4_K_ws", grid, 512)] and smem == [227 * 1024]

@@ -122,31 +122,52 @@ __device__ __forceinline__ void ws_decode_part(int part, const typename QTraits<
     }
 }
 
-// The producer warpgroups: warp w stages, reads and decodes the block's row tile w; all 256 threads copy B.
+// The block's tiles: tile blockIdx.x + i gridDim.x for i = 0, 1, ..., row tiles fastest (the blocks in flight
+// share a token tile's activations in L2). A grid of one block a tile runs each once; a persistent grid (a block an
+// SM, OPENJET_CUDA_GEMM_WG=4) walks on, so one tile's last chunks, stores and the next tile's first copies overlap
+// instead of every block filling its pipeline from cold. Chunks are counted over the block's whole walk (the slots
+// and barriers turn on across tiles), WS_CHUNKS nsb a tile.
+struct WsWalk {
+    int row_tiles, tiles, nsb, chunks;
+    __device__ __forceinline__ WsWalk(int rows, int K, int T) {
+        row_tiles = (rows + WG_ROWS - 1) / WG_ROWS;
+        tiles = row_tiles * ((T + WG_TOKENS - 1) / WG_TOKENS);
+        nsb = K / QK_SB;
+        const int mine = blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+        chunks = mine * WS_CHUNKS * nsb;
+    }
+    __device__ __forceinline__ int tile(int i) const { return blockIdx.x + i * gridDim.x; }
+    __device__ __forceinline__ int row0(int i) const { return (tile(i) % row_tiles) * WG_ROWS; }
+    __device__ __forceinline__ int tok0(int i) const { return (tile(i) / row_tiles) * WG_TOKENS; }
+};
+
+// The producer warpgroups: warp w stages, reads and decodes each tile's row tile w; all 256 threads copy B.
 template <int QT>
 __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_s, const u8* raw_g, u32 a_s, u32 b_s,
-                                           int blk_row0, int tok0, int rows, int nsb, int T) {
+                                           const WsWalk& walk, int rows, int T) {
     using Q = QTraits<QT>;
     using F = FullFrag<QT>;
     using S = Stage<QT>;
     static_assert(S::BYTES <= 4096, "a row tile's stage fits its part of WS_RAW_BYTES");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int nsb = walk.nsb, chunks = walk.chunks, per_tile = WS_CHUNKS * nsb;
     const u64 ntot = (u64)rows * nsb;
     const Planes P = Q::planes(w, ntot);
     const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout
-    const int groups = (T + 7) / 8, chunks = WS_CHUNKS * nsb;
-    typename S::Lane L;
-    const int row0 = blk_row0 + 16 * warp;
-    S::init(L, row0, rows, nsb, lane);
-    const u32 base[2] = {stage_row_base(row0, g, rows, nsb), stage_row_base(row0, g + 8, rows, nsb)};
-    auto copy_raw = [&](int sb) { S::copy(raw_s + (sb & 1) * WS_RAW_BYTES + warp * 4096, P, L, sb, lane, ntot); };
+    const int groups = (T + 7) / 8;
+    auto copy_raw = [&](int J) {  // superblock J of the walk (tile J / nsb) into raw slot J & 1
+        typename S::Lane L;
+        S::init(L, walk.row0(J / nsb) + 16 * warp, rows, nsb, lane);
+        S::copy(raw_s + (J & 1) * WS_RAW_BYTES + warp * 4096, P, L, J % nsb, lane, ntot);
+    };
     auto copy_b = [&](int cs) {  // chunk cs's activations into its B slot: token tg * 8 + n a row
-        const int sb = cs / WS_CHUNKS, step0 = WS_CHUNK_STEPS * (cs % WS_CHUNKS);
+        const int local = cs % per_tile, sb = local / WS_CHUNKS, step0 = WS_CHUNK_STEPS * (local % WS_CHUNKS);
+        const int grp0 = walk.tok0(cs / per_tile) / 8;
         const u32 dst = b_s + (cs % WS_BSLOTS) * WS_B_BYTES;
 #pragma unroll
         for (int j = 0; j < WS_B_BYTES / 16 / WS_PRODUCERS; ++j) {
             const int q = tid + WS_PRODUCERS * j, st = q >> 8, tg = (q >> 4) & 15, n = (q >> 1) & 7, kh = q & 1;
-            const int grp = tok0 / 8 + tg;
+            const int grp = grp0 + tg;
             const bool live = grp < groups;
             const f16* src = live ? act + grp * group_halves + ((i64)sb * SB_STEPS + step0 + st) * 128 + n * 16 + kh * 8
                                   : act;
@@ -161,8 +182,9 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
     // Copy groups: the prologue's WS_BSLOTS (raw 0 and 1 in the first, B(j) in group j), then one a chunk (empty
     // past the last): B(j) >= WS_BSLOTS goes in at chunk j - (WS_BSLOTS - WS_ASLOTS), so when chunk cs waits for
     // its B, the WS_BSLOTS - WS_ASLOTS groups after B(cs)'s may stay in flight.
-    copy_raw(0);
-    if (nsb > 1) copy_raw(1);
+    const int sbs = chunks / WS_CHUNKS;  // superblocks of the walk
+    if (sbs > 0) copy_raw(0);
+    if (sbs > 1) copy_raw(1);
 #pragma unroll
     for (int j = 0; j < WS_BSLOTS; ++j) {
         if (j < chunks) copy_b(j);
@@ -173,20 +195,22 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
     typename Q::Row r[2];
     typename F::Consts k[2];
     for (int cs = 0; cs < chunks; ++cs) {
-        const int sb = cs / WS_CHUNKS, part = cs % WS_CHUNKS;
+        const int J = cs / WS_CHUNKS, part = cs % WS_CHUNKS;
         if (cs >= WS_ASLOTS) {  // chunk cs - WS_ASLOTS is done: its A slot is cs's, its B slot the next copy's
             ws_wait(WS_BAR_EMPTY + (cs - WS_ASLOTS) % WS_ASLOTS);
             const int ahead = cs - WS_ASLOTS + WS_BSLOTS;
             if (ahead < chunks) copy_b(ahead);
         }
-        if (part == 0) {  // raw(sb) landed by the last wait; its slot then takes raw(sb + 2)
+        if (part == 0) {  // raw(J) landed by the last wait; its slot then takes raw(J + 2)
+            const int row0 = walk.row0(J / nsb) + 16 * warp, sb = J % nsb;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                S::read(r[h], raw_g + (sb & 1) * WS_RAW_BYTES + warp * 4096, g + 8 * h, c, base[h] + sb);
+                S::read(r[h], raw_g + (J & 1) * WS_RAW_BYTES + warp * 4096, g + 8 * h, c,
+                        stage_row_base(row0, g + 8 * h, rows, nsb) + sb);
                 F::prepare(r[h], c, k[h]);
             }
             __syncwarp();  // every lane's reads before any lane's copy over them
-            if (sb + 2 < nsb) copy_raw(sb + 2);
+            if (J + 2 < sbs) copy_raw(J + 2);
         }
         cp_async_commit();
         // A of this chunk into its slot, then B(cs) landed (this thread's copies; the barrier publishes all)
@@ -206,36 +230,42 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(128) u8 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int blk_row0 = blockIdx.x * WG_ROWS, tok0 = blockIdx.y * WG_TOKENS, nsb = K / QK_SB;
-    const int chunks = WS_CHUNKS * nsb;
+    const WsWalk walk(rows, K, T);
     const u32 base_s = (smem_u32(smem) + 1023) & ~1023u;  // the swizzle atoms are 1,024-byte aligned
     const u32 a_s = base_s + 2 * WS_RAW_BYTES, b_s = a_s + WS_ASLOTS * WS_A_BYTES;
     if (warp < WS_PRODUCERS / 32) {
-        ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), a_s, b_s, blk_row0, tok0, rows, nsb, T);
+        ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), a_s, b_s, walk, rows, T);
         return;
     }
-    const int cw = (warp >> 2) - WS_PRODUCERS / 128;  // consumer 0 or 1: rows 64 cw .. of the block's 128
-    float d[64];
+    const int cw = (warp >> 2) - WS_PRODUCERS / 128;  // consumer 0 or 1: rows 64 cw .. of the tile's 128
+    const int per_tile = WS_CHUNKS * walk.nsb, chunks = walk.chunks;
+    for (int i = 0, cs0 = 0; cs0 < chunks; ++i, cs0 += per_tile) {  // the block's tiles
+        float d[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = 0.f;
-    for (int cs = 0; cs < chunks; ++cs) {
-        ws_wait(WS_BAR_FULL + cs % WS_ASLOTS);
-        const u32 a = a_s + (cs % WS_ASLOTS) * WS_A_BYTES, b = b_s + (cs % WS_BSLOTS) * WS_B_BYTES;
-        wg_fence();
+        for (int e = 0; e < 64; ++e) d[e] = 0.f;
+        for (int cs = cs0; cs < cs0 + per_tile; ++cs) {
+            ws_wait(WS_BAR_FULL + cs % WS_ASLOTS);
+            const u32 a = a_s + (cs % WS_ASLOTS) * WS_A_BYTES, b = b_s + (cs % WS_BSLOTS) * WS_B_BYTES;
+            wg_fence();
 #pragma unroll
-        for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl)
+            for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl)
 #if WS_SWIZZLE
-            wgmma_ss_m64n128k16(d, wg_desc_sw128(a + (sl >> 2) * WS_QUARTER_BYTES + 64 * 128 * cw + 32 * (sl & 3)),
-                                wg_desc_sw128(b + (sl >> 2) * WS_QUARTER_BYTES + 32 * (sl & 3)));
+                wgmma_ss_m64n128k16(d, wg_desc_sw128(a + (sl >> 2) * WS_QUARTER_BYTES + 64 * 128 * cw + 32 * (sl & 3)),
+                                    wg_desc_sw128(b + (sl >> 2) * WS_QUARTER_BYTES + 32 * (sl & 3)));
 #else
-            wgmma_ss_m64n128k16(d, wg_desc(a + sl * WS_STEP_A_BYTES + cw * 2048), wg_desc(b + sl * WG_STEP_BYTES));
+                wgmma_ss_m64n128k16(d, wg_desc(a + sl * WS_STEP_A_BYTES + cw * 2048), wg_desc(b + sl * WG_STEP_BYTES));
 #endif
-        wg_commit();
-        wg_wait<1>();  // the chunk before is done with its slots
-        if (cs >= 1 && cs - 1 + WS_ASLOTS < chunks) ws_arrive(WS_BAR_EMPTY + (cs - 1) % WS_ASLOTS);  // refill them
+            wg_commit();
+            wg_wait<1>();  // the chunk before is done with its slots (the tile's first: released at the last store)
+            if (cs > cs0 && cs - 1 + WS_ASLOTS < chunks) ws_arrive(WS_BAR_EMPTY + (cs - 1) % WS_ASLOTS);
+        }
+        // the tile's sums: its last chunk's slots released before the stores, so the next tile's decode and copies
+        // overlap them
+        wg_wait<0>();
+        const int last = cs0 + per_tile - 1;
+        if (last + WS_ASLOTS < chunks) ws_arrive(WS_BAR_EMPTY + last % WS_ASLOTS);
+        wg_store(d, y, residual, walk.row0(i) + 64 * cw + 16 * (warp & 3), walk.tok0(i), rows, T, ldy, g, c);
     }
-    wg_wait<0>();
-    wg_store(d, y, residual, blk_row0 + 64 * cw + 16 * (warp & 3), tok0, rows, T, ldy, g, c);
 #else
     __trap();  // a build for another target: launching it is a dispatch bug
 #endif
