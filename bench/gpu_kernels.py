@@ -517,18 +517,19 @@ class TimedMatrix:
             dev.memory.free(buf)
 
 
-def timed_matrix(dev: Device, rng: np.random.Generator, name: str, qtype: Q, precise: bool) -> TimedMatrix:
-    """Fresh random weights of SHAPES_27B[name] in up to 8 copies (256 MB in all), activations (with the residue
-    when precise) in the act layout."""
+def timed_matrix(dev: Device, rng: np.random.Generator, name: str, qtype: Q, precise: bool,
+                 tokens: int = 8) -> TimedMatrix:
+    """Fresh random weights of SHAPES_27B[name] in up to 8 copies (256 MB in all), activations for `tokens` tokens
+    (with the residue when precise) in the act layout."""
     rows, cols = SHAPES_27B[name]
     nbytes = device_nbytes(qtype, (rows, cols))
     copies = max(1, min(8, (256 << 20) // max(nbytes, 1)))
     data = random_blocks(qtype, (rows, cols), rng)
     ws = [ops.upload_weight(dev, data, qtype, (rows, cols), f"{name}.{i}") for i in range(copies)]
-    act = ops.alloc_act(dev, 8, cols, "x", precise=precise)
-    dev.upload(act.f32, rng.standard_normal((8, cols), dtype=np.float32))
-    ops.act_f16(dev, act.f32, act, 8, act.ld)
-    return TimedMatrix(rows, cols, nbytes, ws, act, dev.alloc(4 * 8 * rows, "y"))
+    act = ops.alloc_act(dev, tokens, cols, "x", precise=precise)
+    dev.upload(act.f32, rng.standard_normal((tokens, cols), dtype=np.float32))
+    ops.act_f16(dev, act.f32, act, tokens, act.ld)
+    return TimedMatrix(rows, cols, nbytes, ws, act, dev.alloc(4 * tokens * rows, "y"))
 
 
 def _time_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q,

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         name, value = item.split("=")
         setattr(ops, name, int(value))
     with Device() as dev:
-        m = timed_matrix(dev, np.random.default_rng(0), args.shape, Q[args.qtype], precise=not args.fast)
+        m = timed_matrix(dev, np.random.default_rng(0), args.shape, Q[args.qtype], precise=not args.fast,
+                         tokens=max(8, args.tokens))
         ops.act_f16(dev, m.act.f32, m.act, args.tokens, m.act.ld)  # the int8 copy for this many tokens
         for i in range(args.reps):
             ops.matmul(dev, m.ws[i % len(m.ws)], m.act, m.y, args.tokens, m.rows)

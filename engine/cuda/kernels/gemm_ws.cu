@@ -74,6 +74,15 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
 #define WS_SWIZZLE 0
 #endif
 static_assert(!WS_SWIZZLE || WS_CHUNK_STEPS >= 4, "a swizzled row is 4 steps: chunks of 4 or 8 steps");
+// Measurement builds (wrong results by design: timed by bench/gpu_profile.py, never checked or run by the engine):
+// WS_SKIP_DECODE=1 leaves A as it is (the producers still copy the raw weights), WS_SKIP_B=1 copies no
+// activations, so the time without that part says what it costs the pipeline.
+#ifndef WS_SKIP_DECODE
+#define WS_SKIP_DECODE 0
+#endif
+#ifndef WS_SKIP_B
+#define WS_SKIP_B 0
+#endif
 __device__ __forceinline__ u32 sw128(int row, int piece) { return row * 128 + ((piece ^ (row & 7)) << 4); }
 // Its descriptor: a step's start (the 4 steps' base + 32 (s % 4)), the atoms 1,024 bytes apart, layout SW128.
 __device__ __forceinline__ u64 wg_desc_sw128(u32 addr) {
@@ -161,6 +170,7 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
         S::copy(raw_s + (J & 1) * WS_RAW_BYTES + warp * 4096, P, L, J % nsb, lane, ntot);
     };
     auto copy_b = [&](int cs) {  // chunk cs's activations into its B slot: token tg * 8 + n a row
+        if (WS_SKIP_B) return;
         const int local = cs % per_tile, sb = local / WS_CHUNKS, step0 = WS_CHUNK_STEPS * (local % WS_CHUNKS);
         const int grp0 = walk.tok0(cs / per_tile) / 8;
         const u32 dst = b_s + (cs % WS_BSLOTS) * WS_B_BYTES;
@@ -214,7 +224,7 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
         }
         cp_async_commit();
         // A of this chunk into its slot, then B(cs) landed (this thread's copies; the barrier publishes all)
-        ws_decode_part<QT>(part, r, k, a_s + (cs % WS_ASLOTS) * WS_A_BYTES, warp, g, c);
+        if (!WS_SKIP_DECODE) ws_decode_part<QT>(part, r, k, a_s + (cs % WS_ASLOTS) * WS_A_BYTES, warp, g, c);
         cp_async_wait<WS_BSLOTS - WS_ASLOTS>();
         __syncwarp();
         fence_proxy_async();  // A's stores and B's copies visible to the wgmmas
