@@ -112,6 +112,7 @@ def test_the_warp_specialised_form_builds_in_each_layout(defines: tuple[str, ...
     assert len(re.findall(both_shared, ptx)) >= 2 * (16 // chunks)
     assert not re.findall(r"wgmma\.mma_async[^\n]*\{[^}]*\}, \{", ptx)  # no A in registers here
     assert "bar.arrive" in ptx and "bar.sync" in ptx
+    assert "shfl" not in ptx and "st.shared.v2.u32" in ptx  # a row's 4 k' of a step in one store, no regrouping
     # the descriptors' constant part: SWIZZLE_128B (1 << 62), the 1,024-byte atoms (SBO 64 << 32), LBO 1 << 16
     assert (str((1 << 62) | (64 << 32) | (1 << 16)) in ptx) == ("-DWS_SWIZZLE=1" in defines)
     other = nvrtc.compile_file(path, 80, WS_EXPRS, nvrtc.file_options("gemm_ws", 80), ptx=True).image.decode()

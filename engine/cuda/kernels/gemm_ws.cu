@@ -63,6 +63,9 @@ __device__ __forceinline__ void ws_wait(int id) {
 __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
     asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_shared_v2(u32 addr, u32 lo, u32 hi) {
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(lo), "r"(hi) : "memory");
+}
 
 // WS_SWIZZLE=1 (OPENJET_CUDA_DEFINES; built and compiled, not yet run on a GPU, and it spills 4-40 bytes): A and B
 // in wgmma's 128-byte swizzle, K-major: 4 steps (64 k') a 128-byte row, rows of 8 an atom (1,024 bytes, aligned),
@@ -90,6 +93,13 @@ __device__ __forceinline__ u64 wg_desc_sw128(u32 addr) {
 }
 
 // Chunk PART of a superblock's steps of the warp's row tile (rows r, constants k) into the A slot, in B's layout.
+// A lane's fragment registers f0 (slots 2c, 2c + 1) and f2 (2c + 8, 2c + 9) of a row are wgmma's k' = 4c .. 4c + 3
+// (wgmma.cuh: position p = 4c + e holds slot 2c + (e & 1) + 8 (e >> 1)), 8 contiguous bytes of the row's step, so
+// each row goes to shared memory in one 8-byte store, without gemm_wg's regrouping shuffles (A in registers needs
+// them; A in shared memory does not). WS_REGROUP=1 keeps the shuffles (as timed until then), for one comparison.
+#ifndef WS_REGROUP
+#define WS_REGROUP 0
+#endif
 template <int QT, int PART>
 __device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2],
                                           const typename FullFrag<QT>::Consts (&k)[2], u32 a_slot, int tile, int g,
@@ -97,9 +107,11 @@ __device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2
     using F = FullFrag<QT>;
 #pragma unroll
     for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl) {
-        u32 f[4], a[4];
-        F::frag(r[0], k[0], c, WS_CHUNK_STEPS * PART + sl, f[0], f[2]);
-        F::frag(r[1], k[1], c, WS_CHUNK_STEPS * PART + sl, f[1], f[3]);
+        u32 f[4];
+        F::frag(r[0], k[0], c, WS_CHUNK_STEPS * PART + sl, f[0], f[2]);  // row g
+        F::frag(r[1], k[1], c, WS_CHUNK_STEPS * PART + sl, f[1], f[3]);  // row g + 8
+#if WS_REGROUP
+        u32 a[4];
         wg_regroup(f, c, a);
 #if WS_SWIZZLE
         const u32 rows4 = a_slot + (sl >> 2) * WS_QUARTER_BYTES + 4 * c;
@@ -108,13 +120,25 @@ __device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2
         st_shared_u32(rows4 + sw128(row + 8, piece), a[1]);
         st_shared_u32(rows4 + sw128(row, piece + 1), a[2]);
         st_shared_u32(rows4 + sw128(row + 8, piece + 1), a[3]);
-#else  // a step's 128 rows as 16 core matrices of 8 rows x 16 bytes: consumer tile >> 2's 64 rows at 2 KB, the
-       // tile's rows g and g + 8 in its 8-row groups 2 (tile & 3) and + 1, k' 0-7 and 8-15 128 bytes apart
+#else
         const u32 at = a_slot + sl * WS_STEP_A_BYTES + (tile >> 2) * 2048 + (tile & 3) * 512 + g * 16 + c * 4;
         st_shared_u32(at, a[0]);
         st_shared_u32(at + 256, a[1]);
         st_shared_u32(at + 128, a[2]);
         st_shared_u32(at + 384, a[3]);
+#endif
+#elif WS_SWIZZLE  // k' 4c .. 4c + 3: 16-byte piece 2 (s % 4) + c / 2 of the row's 128 bytes, its half c % 2
+        const u32 quarter = a_slot + (sl >> 2) * WS_QUARTER_BYTES + 8 * (c & 1);
+        const int row = 16 * tile + g, piece = 2 * (sl & 3) + (c >> 1);
+        st_shared_v2(quarter + sw128(row, piece), f[0], f[2]);
+        st_shared_v2(quarter + sw128(row + 8, piece), f[1], f[3]);
+#else  // a step's 128 rows as 16 core matrices of 8 rows x 16 bytes: consumer tile >> 2's 64 rows at 2 KB, the
+       // tile's rows g and g + 8 in its 8-row groups 2 (tile & 3) and + 1 (256 bytes on), k' 0-7 and 8-15 128
+       // bytes apart
+        const u32 at = a_slot + sl * WS_STEP_A_BYTES + (tile >> 2) * 2048 + (tile & 3) * 512 + g * 16 +
+                       (c >> 1) * 128 + (c & 1) * 8;
+        st_shared_v2(at, f[0], f[2]);
+        st_shared_v2(at + 256, f[1], f[3]);
 #endif
     }
 }
