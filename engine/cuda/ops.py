@@ -150,8 +150,9 @@ def _gemm_cp_smem(qtype: Q) -> int:
 # warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained), 2 (overlapped), 3 (warp-specialised: producer
 # warpgroups decode each weight tile once into shared memory for two consumer warpgroups, gemm_ws.cu) or 4 (the
 # same on a persistent grid, a block an SM walking the tiles) runs
-# it in place of gemm_cp for its types from GEMM_WG_MIN_TOKENS tokens on; 0, the default, until
-# bench/gpu_gemm_wg.py has checked and timed it on the GPU (bench/NOTES.md Y3, Z15).
+# it in place of gemm_cp for its types from GEMM_WG_MIN_TOKENS tokens on; 0, the default, until the 27B prefill
+# has run on it end to end (greedy tokens, tok/s): mode 4 beats gemm_cp at 8,192 tokens on every 27B shape and at
+# 2,048 on Q6_K, loses at 512 (bench/NOTES.md Z16).
 GEMM_WG_ENV = "OPENJET_CUDA_GEMM_WG"
 GEMM_WG_MIN_TOKENS = 64
 GEMM_WG_ROWS, GEMM_WG_TOKENS, GEMM_WG_THREADS = 128, 128, 256

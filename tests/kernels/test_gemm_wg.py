@@ -96,11 +96,11 @@ def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
         ops._gemm_wg_mode()
 
 
-@pytest.mark.parametrize("defines", [(), ("-DWS_SWIZZLE=1",), ("-DWS_CHUNKS=2", "-DWS_BSLOTS=3"),
-                                     ("-DWS_CHUNKS=8", "-DWS_ASLOTS=4", "-DWS_BSLOTS=16")])
+@pytest.mark.parametrize("defines", [(), ("-DWS_SWIZZLE=0",), ("-DWS_CHUNKS=2", "-DWS_BSLOTS=3"),
+                                     ("-DWS_CHUNKS=8", "-DWS_ASLOTS=4", "-DWS_BSLOTS=16", "-DWS_SWIZZLE=0")])
 def test_the_warp_specialised_form_builds_in_each_layout(defines: tuple[str, ...]) -> None:
     """gemm_ws with both operands in shared memory (a chunk's steps of wgmma: 16 a superblock), FULL and EMPTY barriers
-    an A slot, asynchronous, without spills, trapping elsewhere; WS_SWIZZLE=1 with 128-byte swizzled descriptors."""
+    an A slot, asynchronous, without spills, trapping elsewhere; 128-byte swizzled descriptors but with WS_SWIZZLE=0."""
     path, options = nvrtc.KERNEL_DIR / "gemm_ws.cu", nvrtc.file_options("gemm_ws", 90) + defines
     cubin = nvrtc.compile_file(path, 90, WS_EXPRS, options + ("--ptxas-options=-v",))
     assert "serialized" not in cubin.log
@@ -114,7 +114,7 @@ def test_the_warp_specialised_form_builds_in_each_layout(defines: tuple[str, ...
     assert "bar.arrive" in ptx and "bar.sync" in ptx
     assert "shfl" not in ptx and "st.shared.v2.u32" in ptx  # a row's 4 k' of a step in one store, no regrouping
     # the descriptors' constant part: SWIZZLE_128B (1 << 62), the 1,024-byte atoms (SBO 64 << 32), LBO 1 << 16
-    assert (str((1 << 62) | (64 << 32) | (1 << 16)) in ptx) == ("-DWS_SWIZZLE=1" in defines)
+    assert (str((1 << 62) | (64 << 32) | (1 << 16)) in ptx) == ("-DWS_SWIZZLE=0" not in defines)
     other = nvrtc.compile_file(path, 80, WS_EXPRS, nvrtc.file_options("gemm_ws", 80), ptx=True).image.decode()
     assert "wgmma" not in other and other.count("trap;") >= len(WS_EXPRS)
 
@@ -122,7 +122,7 @@ def test_the_warp_specialised_form_builds_in_each_layout(defines: tuple[str, ...
 @pytest.mark.parametrize("defines, what", [
     (("-DWS_CHUNKS=3",), "equal chunks"), (("-DWS_ASLOTS=1",), "FULL and EMPTY"),
     (("-DWS_CHUNKS=2", "-DWS_BSLOTS=8"), "land in time"), (("-DWS_ASLOTS=4", "-DWS_BSLOTS=12"), "shared memory"),
-    (("-DWS_CHUNKS=8", "-DWS_BSLOTS=16", "-DWS_SWIZZLE=1"), "swizzled row")])
+    (("-DWS_CHUNKS=8", "-DWS_BSLOTS=16"), "swizzled row")])
 def test_a_slot_count_that_cannot_work_is_refused_at_build_time(defines: tuple[str, ...], what: str) -> None:
     path = nvrtc.KERNEL_DIR / "gemm_ws.cu"
     with pytest.raises(Exception, match=what):

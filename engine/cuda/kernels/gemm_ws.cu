@@ -67,14 +67,12 @@ __device__ __forceinline__ void st_shared_v2(u32 addr, u32 lo, u32 hi) {
     asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(lo), "r"(hi) : "memory");
 }
 
-// WS_SWIZZLE=1 (OPENJET_CUDA_DEFINES; built and compiled, not yet run on a GPU, and it spills 4-40 bytes): A and B
-// in wgmma's 128-byte swizzle, K-major: 4 steps (64 k') a 128-byte row, rows of 8 an atom (1,024 bytes, aligned),
-// row r's 16-byte chunk j at j ^ (r % 8), so that the tensor cores' reads of a step's two 16-byte pieces from 8
-// rows fall in different banks (with the core matrices unswizzled, gemm_wg and gemm_ws both stay near 200 TFLOP/s
-// whoever decodes: bench/NOTES.md Z15). A step's 16 k' are pieces 2 (s % 4) and + 1. The default (0) keeps
-// gemm_wg's core matrices, as checked and timed.
+// WS_SWIZZLE (1, the default): A and B in wgmma's 128-byte swizzle, K-major: 4 steps (64 k') a 128-byte row, rows
+// of 8 an atom (1,024 bytes, aligned), row r's 16-byte chunk j at j ^ (r % 8), so that the tensor cores' reads of a
+// step's two 16-byte pieces from 8 rows fall in different banks. A step's 16 k' are pieces 2 (s % 4) and + 1.
+// Measured against gemm_wg's unswizzled core matrices (WS_SWIZZLE=0): 196 -> 226 TFLOP/s (bench/NOTES.md Z16).
 #ifndef WS_SWIZZLE
-#define WS_SWIZZLE 0
+#define WS_SWIZZLE 1
 #endif
 static_assert(!WS_SWIZZLE || WS_CHUNK_STEPS >= 4, "a swizzled row is 4 steps: chunks of 4 or 8 steps");
 // Measurement builds (wrong results by design: timed by bench/gpu_profile.py, never checked or run by the engine):
