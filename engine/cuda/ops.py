@@ -186,6 +186,13 @@ def gemm_wg_instance(arch: int, qtype: Q, num_tokens: int, cols: int, has_bias: 
     return f"gemm_wg_{qtype_tag(qtype)}{GEMM_WG_MODES[GEMM_WG]}"
 
 
+def gemm_ws_rows() -> int:
+    """gemm_ws's rows a tile: 128, or 256 where OPENJET_CUDA_DEFINES builds it with WS_ROWS=256 (gemm_ws.cu)."""
+    from engine.cuda.nvrtc import kernel_options
+
+    return 256 if "-DWS_ROWS=256" in kernel_options() else 128
+
+
 def gemm_runs_cp(qtype: Q, max_smem: int) -> bool:
     """Whether a prefill matmul of this type takes gemm_cp: on, a type with it, and its shared memory within the
     GPU's opt-in maximum per block."""
@@ -352,8 +359,8 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
             kernel = dev.kernel(wg)
             tiles = ((w.rows + GEMM_WG_ROWS - 1) // GEMM_WG_ROWS, (num_tokens + GEMM_WG_TOKENS - 1) // GEMM_WG_TOKENS)
             if wg.endswith("_ws"):  # one dimension of tiles (gemm_ws.cu WsWalk), a block each or a block an SM
-                threads, smem = GEMM_WS_THREADS, GEMM_WS_SMEM
-                grid = (tiles[0] * tiles[1],)
+                threads, smem, ws_rows = GEMM_WS_THREADS, GEMM_WS_SMEM, gemm_ws_rows()
+                grid = ((w.rows + ws_rows - 1) // ws_rows * tiles[1],)
                 if GEMM_WG == GEMM_WS_PERSISTENT:
                     grid = (min(grid[0], dev.info.multiprocessors),)
             else:

@@ -31,11 +31,11 @@ def test_launch_constants_are_the_kernels() -> None:
     assert {i.name for i in instances.files()["gemm_wg"]} == {
         f"gemm_wg_{t}{o}" for t in ("q4_K", "q6_K") for o in ("", "_o")}
     assert {i.name for i in instances.files()["gemm_ws"]} == {f"gemm_wg_{t}_ws" for t in ("q4_K", "q6_K")}
-    # the warp-specialised form: two producer warpgroups and two consumers; two slots of raw weights (a row tile's
-    # stage in 4 KB each), then WS_ASLOTS slots of a chunk's A (128 rows x 32 bytes a step) and WS_BSLOTS of its B
+    # the warp-specialised form: two producer warpgroups and two consumers; two slots of raw weights, then
+    # WS_ASLOTS slots of a chunk's A (WS_ROWS rows x 32 bytes a step) and as many of its B as fit (WsSmem)
     assert ops.GEMM_WS_THREADS == int(define("WS_THREADS")) == 4 * 128
-    assert define("WS_SMEM_BYTES") == (
-        "(2 * WS_RAW_BYTES + WS_ASLOTS * WS_A_BYTES + WS_BSLOTS * WS_B_BYTES + 1024)")  # + aligned atoms
+    assert "static constexpr int FIXED = 1024 + 2 * RAW + WS_ASLOTS * WS_A_BYTES;" in SOURCE  # + aligned atoms
+    assert define("WS_STEP_A_BYTES") == "(WS_ROWS * 32)" and define("WS_ROWS") == "128"
     assert define("WS_A_BYTES") == "(WS_CHUNK_STEPS * WS_STEP_A_BYTES)"
     assert define("WS_B_BYTES") == "(WS_CHUNK_STEPS * WG_STEP_BYTES)"
     assert define("WS_CHUNK_STEPS") == "(SB_STEPS / WS_CHUNKS)"
@@ -120,9 +120,8 @@ def test_the_warp_specialised_form_builds_in_each_layout(defines: tuple[str, ...
 
 
 @pytest.mark.parametrize("defines, what", [
-    (("-DWS_CHUNKS=3",), "equal chunks"), (("-DWS_ASLOTS=1",), "FULL and EMPTY"),
-    (("-DWS_CHUNKS=2", "-DWS_BSLOTS=8"), "land in time"), (("-DWS_ASLOTS=4", "-DWS_BSLOTS=12"), "shared memory"),
-    (("-DWS_CHUNKS=8", "-DWS_BSLOTS=16"), "swizzled row")])
+    (("-DWS_CHUNKS=3",), "equal chunks"), (("-DWS_ASLOTS=1",), "FULL and EMPTY"), (("-DWS_ROWS=192",), "row tiles"),
+    (("-DWS_ASLOTS=6", "-DWS_BSLOTS=6"), "shared memory"), (("-DWS_CHUNKS=8", "-DWS_BSLOTS=16"), "swizzled row")])
 def test_a_slot_count_that_cannot_work_is_refused_at_build_time(defines: tuple[str, ...], what: str) -> None:
     path = nvrtc.KERNEL_DIR / "gemm_ws.cu"
     with pytest.raises(Exception, match=what):
@@ -144,3 +143,19 @@ def test_gemm_ws_walks_one_dimension_of_tiles_a_block_each_or_a_block_an_sm(monk
     act.max_tokens = 8192
     ops.matmul(dev, w, act, _buf(4 * 8192 * 17408), 8192, 17408)
     assert dev.grids == [("gemm_wg_q4_K_ws", grid, 512)] and smem == [227 * 1024]
+
+
+def test_256_row_tiles_build_without_spills_with_registers_moved_to_the_consumers(monkeypatch) -> None:
+    """WS_ROWS=256 (built, not yet run on a GPU): two wgmmas a consumer step (128 accumulators), setmaxnreg giving the
+    consumers 160 registers and the producers 96 (ptxas spills and serialises the wgmmas at 152), and ops' grid
+    counts 256-row tiles."""
+    path, options = nvrtc.KERNEL_DIR / "gemm_ws.cu", nvrtc.file_options("gemm_ws", 90) + ("-DWS_ROWS=256",)
+    cubin = nvrtc.compile_file(path, 90, WS_EXPRS, options + ("--ptxas-options=-v",))
+    assert "serialized" not in cubin.log
+    assert all(m == ("0", "0") for m in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", cubin.log))
+    ptx = nvrtc.compile_file(path, 90, WS_EXPRS, options, ptx=True).image.decode()
+    assert "setmaxnreg.dec.sync.aligned.u32 96" in ptx and "setmaxnreg.inc.sync.aligned.u32 160" in ptx
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "WS_ROWS=256")
+    assert ops.gemm_ws_rows() == 256
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "")
+    assert ops.gemm_ws_rows() == 128

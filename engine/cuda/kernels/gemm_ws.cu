@@ -22,12 +22,12 @@
 #define WS_THREADS 512
 #define WS_PRODUCERS 256  // warpgroups 0 and 1
 // A superblock's 16 steps go in WS_CHUNKS chunks (2, 4 or 8), each handed over through a slot of A (WS_ASLOTS of
-// them) and one of B (WS_BSLOTS), so the activations can be asked for far ahead of the decode. A chunk's slots are
-// refilled once the consumers are done with it: its A slot with chunk + WS_ASLOTS's decode, its B slot with chunk +
-// WS_BSLOTS's copy, which the producers thus issue WS_BSLOTS - WS_ASLOTS chunks ahead of their decode. (Until
-// 19a0d97 a chunk's A and B shared a slot and B was asked for one chunk ahead: bench/NOTES.md Z15 reads the ~200
-// TFLOP/s as that L2 round trip every chunk.) The raw weights come two superblocks ahead through two slots (a
-// slot is free once its superblock is in the warp's registers).
+// them) and one of B (WS_BSLOTS, or as many as fit: WsSmem), so the activations can be asked for ahead of the
+// decode. A chunk's slots are refilled once the consumers are done with it: its A slot with chunk + WS_ASLOTS's
+// decode, its B slot with chunk + BSLOTS's copy, which the producers thus issue BSLOTS - WS_ASLOTS chunks ahead of
+// their decode (far ahead measured no faster than one chunk: bench/NOTES.md Z16). The raw weights come two
+// superblocks ahead through two slots at 128 rows (a slot is free once its superblock is in the warp's
+// registers), one at 256.
 #ifndef WS_CHUNKS
 #define WS_CHUNKS 4
 #endif
@@ -37,22 +37,51 @@
 #ifndef WS_BSLOTS
 #define WS_BSLOTS 8
 #endif
+// WS_ROWS (128, or 256: OPENJET_CUDA_DEFINES, built, not yet run on a GPU): the rows a tile. At 256 each
+// activation chunk serves twice the rows, so the activations' bytes a FLOP halve (their copies were the largest cost
+// at 128: bench/NOTES.md Z16); each producer warp decodes two row tiles (re-reading its raw rows from shared memory
+// every chunk rather than holding two tiles' rows in registers), each consumer warpgroup multiplies 128 rows with
+// two wgmmas a step (128 accumulators), and setmaxnreg moves registers from the producers to the consumers.
+#ifndef WS_ROWS
+#define WS_ROWS 128
+#endif
+#define WS_TILES (WS_ROWS / 16)                            // row tiles of 16 a block
+#define WS_WARP_TILES (WS_TILES / 8)                       // a producer warp's: tiles warp and warp + 8
 #define WS_CHUNK_STEPS (SB_STEPS / WS_CHUNKS)              // steps of 16 k a chunk
-#define WS_STEP_A_BYTES (WG_ROWS * 32)                     // a step's A: 128 rows x 16 k of f16
+#define WS_STEP_A_BYTES (WS_ROWS * 32)                     // a step's A: the rows x 16 k of f16
 #define WS_A_BYTES (WS_CHUNK_STEPS * WS_STEP_A_BYTES)      // an A slot
 #define WS_B_BYTES (WS_CHUNK_STEPS * WG_STEP_BYTES)        // a B slot
-#define WS_RAW_BYTES (WG_WARPS * 4096)                     // a superblock's raw weights: 8 row tiles, any type
-#define WS_QUARTER_BYTES (WG_ROWS * 128)                   // 4 steps of A, or of B (the swizzle's rows)
-#define WS_SMEM_BYTES (2 * WS_RAW_BYTES + WS_ASLOTS * WS_A_BYTES + WS_BSLOTS * WS_B_BYTES + 1024)
+#define WS_A_QUARTER (WS_ROWS * 128)                       // 4 steps of A (the swizzle's rows)
+#define WS_B_QUARTER (WG_TOKENS * 128)                     // 4 steps of B
 #define WS_SMEM_MAX (227 * 1024)                           // sm_90's opt-in maximum: engine/cuda/ops.py GEMM_WS_SMEM
 #define WS_BAR_FULL 1                                      // + the chunk's A slot (barrier 0 is __syncthreads)
 #define WS_BAR_EMPTY (1 + WS_ASLOTS)
+#ifndef WS_PRODUCER_REGS
+#define WS_PRODUCER_REGS 96  // setmaxnreg at 256 rows: 256 x 96 + 256 x 160 = 64 K registers (ptxas: no spills)
+#endif
+#ifndef WS_CONSUMER_REGS
+#define WS_CONSUMER_REGS 160
+#endif
 static_assert(WS_CHUNKS == 2 || WS_CHUNKS == 4 || WS_CHUNKS == 8, "a superblock's 16 steps in equal chunks");
+static_assert(WS_ROWS == 128 || WS_ROWS == 256, "one or two row tiles a producer warp");
 static_assert(WS_ASLOTS >= 2 && WS_BSLOTS >= WS_ASLOTS && 1 + 2 * WS_ASLOTS <= 16, "FULL and EMPTY an A slot");
-// raw(sb + 2)'s copy group, committed at chunk WS_CHUNKS sb, must be among those landed before chunk WS_CHUNKS (sb
-// + 2) reads it: WS_BSLOTS - WS_ASLOTS groups stay in flight at each wait
-static_assert(WS_BSLOTS - WS_ASLOTS < 2 * WS_CHUNKS, "the raw weights' copies land in time");
-static_assert(WS_SMEM_BYTES <= WS_SMEM_MAX, "the slots fit sm_90's shared memory");
+
+// Shared memory by weight type: two raw slots (a superblock's row tiles, 4 KB a tile at 128 rows as timed, the
+// type's stage at 256), the A slots, then as many B slots as fit, up to WS_BSLOTS. A copy group a chunk: the raw
+// weights' copy must land before the chunk that reads them waits, with BSLOTS - WS_ASLOTS groups left in flight
+// (raw(sb + 2) is copied at chunk WS_CHUNKS sb at 128 rows, raw(sb + 1) at 256, where the slot is re-read all
+// through its superblock).
+template <int QT> struct WsSmem {
+    static constexpr int RAW_TILE = WS_ROWS == 128 ? 4096 : (Stage<QT>::BYTES + 127) / 128 * 128;
+    static constexpr int RAW = WS_TILES * RAW_TILE;
+    static constexpr int FIXED = 1024 + 2 * RAW + WS_ASLOTS * WS_A_BYTES;  // + the swizzle atoms' alignment
+    static constexpr int LEAD = WS_ROWS == 128 ? 2 * WS_CHUNKS - 1 : WS_CHUNKS - 1;
+    static constexpr int FIT = (WS_SMEM_MAX - FIXED) / WS_B_BYTES;
+    static constexpr int BSLOTS = WS_BSLOTS < FIT ? (WS_BSLOTS < WS_ASLOTS + LEAD ? WS_BSLOTS : WS_ASLOTS + LEAD)
+                                                  : (FIT < WS_ASLOTS + LEAD ? FIT : WS_ASLOTS + LEAD);
+    static_assert(Stage<QT>::BYTES <= RAW_TILE, "a row tile's stage fits its part of a raw slot");
+    static_assert(BSLOTS >= WS_ASLOTS && FIXED + BSLOTS * WS_B_BYTES <= WS_SMEM_MAX, "the slots fit shared memory");
+};
 
 __device__ __forceinline__ void ws_arrive(int id) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(WS_THREADS) : "memory");
@@ -112,7 +141,7 @@ __device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2
         u32 a[4];
         wg_regroup(f, c, a);
 #if WS_SWIZZLE
-        const u32 rows4 = a_slot + (sl >> 2) * WS_QUARTER_BYTES + 4 * c;
+        const u32 rows4 = a_slot + (sl >> 2) * WS_A_QUARTER + 4 * c;
         const int row = 16 * tile + g, piece = 2 * (sl & 3);
         st_shared_u32(rows4 + sw128(row, piece), a[0]);
         st_shared_u32(rows4 + sw128(row + 8, piece), a[1]);
@@ -126,7 +155,7 @@ __device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2
         st_shared_u32(at + 384, a[3]);
 #endif
 #elif WS_SWIZZLE  // k' 4c .. 4c + 3: 16-byte piece 2 (s % 4) + c / 2 of the row's 128 bytes, its half c % 2
-        const u32 quarter = a_slot + (sl >> 2) * WS_QUARTER_BYTES + 8 * (c & 1);
+        const u32 quarter = a_slot + (sl >> 2) * WS_A_QUARTER + 8 * (c & 1);
         const int row = 16 * tile + g, piece = 2 * (sl & 3) + (c >> 1);
         st_shared_v2(quarter + sw128(row, piece), f[0], f[2]);
         st_shared_v2(quarter + sw128(row + 8, piece), f[1], f[3]);
@@ -161,25 +190,40 @@ __device__ __forceinline__ void ws_decode_part(int part, const typename QTraits<
 struct WsWalk {
     int row_tiles, tiles, nsb, chunks;
     __device__ __forceinline__ WsWalk(int rows, int K, int T) {
-        row_tiles = (rows + WG_ROWS - 1) / WG_ROWS;
+        row_tiles = (rows + WS_ROWS - 1) / WS_ROWS;
         tiles = row_tiles * ((T + WG_TOKENS - 1) / WG_TOKENS);
         nsb = K / QK_SB;
         const int mine = blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
         chunks = mine * WS_CHUNKS * nsb;
     }
     __device__ __forceinline__ int tile(int i) const { return blockIdx.x + i * gridDim.x; }
-    __device__ __forceinline__ int row0(int i) const { return (tile(i) % row_tiles) * WG_ROWS; }
+    __device__ __forceinline__ int row0(int i) const { return (tile(i) % row_tiles) * WS_ROWS; }
     __device__ __forceinline__ int tok0(int i) const { return (tile(i) / row_tiles) * WG_TOKENS; }
 };
 
-// The producer warpgroups: warp w stages, reads and decodes each tile's row tile w; all 256 threads copy B.
+// Rows g and g + 8 of row tile `tile` at superblock J of the walk from its raw slot, with their constants.
+template <int QT>
+__device__ __forceinline__ void ws_rows(typename QTraits<QT>::Row (&r)[2], typename FullFrag<QT>::Consts (&k)[2],
+                                        const u8* raw_g, const WsWalk& walk, int J, int tile, int rows, int g, int c) {
+    const int row0 = walk.row0(J / walk.nsb) + 16 * tile, sb = J % walk.nsb;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        Stage<QT>::read(r[h], raw_g + (J & 1) * WsSmem<QT>::RAW + tile * WsSmem<QT>::RAW_TILE, g + 8 * h, c,
+                        stage_row_base(row0, g + 8 * h, rows, walk.nsb) + sb);
+        FullFrag<QT>::prepare(r[h], c, k[h]);
+    }
+}
+
+// The producer warpgroups: warp w stages, reads and decodes each tile's row tiles w (and w + 8 at 256 rows); all
+// 256 threads copy B.
 template <int QT>
 __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_s, const u8* raw_g, u32 a_s, u32 b_s,
                                            const WsWalk& walk, int rows, int T) {
     using Q = QTraits<QT>;
     using F = FullFrag<QT>;
     using S = Stage<QT>;
-    static_assert(S::BYTES <= 4096, "a row tile's stage fits its part of WS_RAW_BYTES");
+    using M = WsSmem<QT>;
+    constexpr int BSLOTS = M::BSLOTS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
     const int nsb = walk.nsb, chunks = walk.chunks, per_tile = WS_CHUNKS * nsb;
     const u64 ntot = (u64)rows * nsb;
@@ -187,15 +231,19 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
     const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout
     const int groups = (T + 7) / 8;
     auto copy_raw = [&](int J) {  // superblock J of the walk (tile J / nsb) into raw slot J & 1
-        typename S::Lane L;
-        S::init(L, walk.row0(J / nsb) + 16 * warp, rows, nsb, lane);
-        S::copy(raw_s + (J & 1) * WS_RAW_BYTES + warp * 4096, P, L, J % nsb, lane, ntot);
+#pragma unroll
+        for (int t = 0; t < WS_WARP_TILES; ++t) {
+            const int tile = warp + 8 * t;
+            typename S::Lane L;
+            S::init(L, walk.row0(J / nsb) + 16 * tile, rows, nsb, lane);
+            S::copy(raw_s + (J & 1) * M::RAW + tile * M::RAW_TILE, P, L, J % nsb, lane, ntot);
+        }
     };
     auto copy_b = [&](int cs) {  // chunk cs's activations into its B slot: token tg * 8 + n a row
         if (WS_SKIP_B) return;
         const int local = cs % per_tile, sb = local / WS_CHUNKS, step0 = WS_CHUNK_STEPS * (local % WS_CHUNKS);
         const int grp0 = walk.tok0(cs / per_tile) / 8;
-        const u32 dst = b_s + (cs % WS_BSLOTS) * WS_B_BYTES;
+        const u32 dst = b_s + (cs % BSLOTS) * WS_B_BYTES;
 #pragma unroll
         for (int j = 0; j < WS_B_BYTES / 16 / WS_PRODUCERS; ++j) {
             const int q = tid + WS_PRODUCERS * j, st = q >> 8, tg = (q >> 4) & 15, n = (q >> 1) & 7, kh = q & 1;
@@ -204,54 +252,74 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
             const f16* src = live ? act + grp * group_halves + ((i64)sb * SB_STEPS + step0 + st) * 128 + n * 16 + kh * 8
                                   : act;
 #if WS_SWIZZLE
-            const u32 at = dst + (st >> 2) * WS_QUARTER_BYTES + sw128(8 * tg + n, 2 * (st & 3) + kh);
+            const u32 at = dst + (st >> 2) * WS_B_QUARTER + sw128(8 * tg + n, 2 * (st & 3) + kh);
 #else
             const u32 at = dst + st * WG_STEP_BYTES + tg * 256 + kh * 128 + n * 16;  // copy_stage's core matrices
 #endif
             cp_async16z(at, src, live ? 16u : 0u);
         }
     };
-    // Copy groups: the prologue's WS_BSLOTS (raw 0 and 1 in the first, B(j) in group j), then one a chunk (empty
-    // past the last): B(j) >= WS_BSLOTS goes in at chunk j - (WS_BSLOTS - WS_ASLOTS), so when chunk cs waits for
-    // its B, the WS_BSLOTS - WS_ASLOTS groups after B(cs)'s may stay in flight.
+    // Copy groups: the prologue's BSLOTS (the first raw slots in the first, B(j) in group j), then one a chunk
+    // (empty past the last): B(j) >= BSLOTS goes in at chunk j - (BSLOTS - WS_ASLOTS), so when chunk cs waits for
+    // its B, the BSLOTS - WS_ASLOTS groups after B(cs)'s may stay in flight.
     const int sbs = chunks / WS_CHUNKS;  // superblocks of the walk
     if (sbs > 0) copy_raw(0);
-    if (sbs > 1) copy_raw(1);
+    if (WS_WARP_TILES == 1 && sbs > 1) copy_raw(1);
 #pragma unroll
-    for (int j = 0; j < WS_BSLOTS; ++j) {
+    for (int j = 0; j < BSLOTS; ++j) {
         if (j < chunks) copy_b(j);
         cp_async_commit();
     }
-    cp_async_wait<WS_BSLOTS - 1>();  // raw(0) and raw(1)
-    __syncwarp();                    // the warp's raw tiles, copied by all its lanes
+    cp_async_wait<BSLOTS - 1>();  // the first raw slots
+    __syncwarp();                 // the warp's raw tiles, copied by all its lanes
     typename Q::Row r[2];
     typename F::Consts k[2];
     for (int cs = 0; cs < chunks; ++cs) {
         const int J = cs / WS_CHUNKS, part = cs % WS_CHUNKS;
         if (cs >= WS_ASLOTS) {  // chunk cs - WS_ASLOTS is done: its A slot is cs's, its B slot the next copy's
             ws_wait(WS_BAR_EMPTY + (cs - WS_ASLOTS) % WS_ASLOTS);
-            const int ahead = cs - WS_ASLOTS + WS_BSLOTS;
+            const int ahead = cs - WS_ASLOTS + BSLOTS;
             if (ahead < chunks) copy_b(ahead);
         }
-        if (part == 0) {  // raw(J) landed by the last wait; its slot then takes raw(J + 2)
-            const int row0 = walk.row0(J / nsb) + 16 * warp, sb = J % nsb;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                S::read(r[h], raw_g + (J & 1) * WS_RAW_BYTES + warp * 4096, g + 8 * h, c,
-                        stage_row_base(row0, g + 8 * h, rows, nsb) + sb);
-                F::prepare(r[h], c, k[h]);
+        const u32 a_slot = a_s + (cs % WS_ASLOTS) * WS_A_BYTES;
+        if constexpr (WS_WARP_TILES == 1) {  // the tile's rows in registers for the superblock
+            if (part == 0) {  // raw(J) landed by the last wait; its slot then takes raw(J + 2)
+                ws_rows<QT>(r, k, raw_g, walk, J, warp, rows, g, c);
+                __syncwarp();  // every lane's reads before any lane's copy over them
+                if (J + 2 < sbs) copy_raw(J + 2);
             }
-            __syncwarp();  // every lane's reads before any lane's copy over them
-            if (J + 2 < sbs) copy_raw(J + 2);
+            cp_async_commit();
+            // A of this chunk into its slot, then B(cs) landed (this thread's copies; the barrier publishes all)
+            if (!WS_SKIP_DECODE) ws_decode_part<QT>(part, r, k, a_slot, warp, g, c);
+        } else {  // two tiles: their rows read again every chunk; raw(J + 1) into the slot raw(J - 1) left
+            if (part == 0) {
+                __syncwarp();  // every lane's reads of raw(J - 1) before any lane's copy over them
+                if (J + 1 < sbs) copy_raw(J + 1);
+            }
+            cp_async_commit();
+#pragma unroll
+            for (int t = 0; t < WS_WARP_TILES; ++t) {
+                ws_rows<QT>(r, k, raw_g, walk, J, warp + 8 * t, rows, g, c);
+                if (!WS_SKIP_DECODE) ws_decode_part<QT>(part, r, k, a_slot, warp + 8 * t, g, c);
+            }
         }
-        cp_async_commit();
-        // A of this chunk into its slot, then B(cs) landed (this thread's copies; the barrier publishes all)
-        if (!WS_SKIP_DECODE) ws_decode_part<QT>(part, r, k, a_s + (cs % WS_ASLOTS) * WS_A_BYTES, warp, g, c);
-        cp_async_wait<WS_BSLOTS - WS_ASLOTS>();
+        cp_async_wait<BSLOTS - WS_ASLOTS>();
         __syncwarp();
         fence_proxy_async();  // A's stores and B's copies visible to the wgmmas
         ws_arrive(WS_BAR_FULL + cs % WS_ASLOTS);
     }
+}
+
+// A chunk's steps for 64 rows (block j of the A slot's 64-row blocks) into d.
+__device__ __forceinline__ void ws_mma(float (&d)[64], u32 a, u32 b, int j) {
+#pragma unroll
+    for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl)
+#if WS_SWIZZLE
+        wgmma_ss_m64n128k16(d, wg_desc_sw128(a + (sl >> 2) * WS_A_QUARTER + 64 * 128 * j + 32 * (sl & 3)),
+                            wg_desc_sw128(b + (sl >> 2) * WS_B_QUARTER + 32 * (sl & 3)));
+#else
+        wgmma_ss_m64n128k16(d, wg_desc(a + sl * WS_STEP_A_BYTES + j * 2048), wg_desc(b + sl * WG_STEP_BYTES));
+#endif
 }
 
 template <int QT>
@@ -260,33 +328,38 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
         const float* __restrict__ residual, int rows, int K, int T, int ldy) {
     PDL_ENTER();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using M = WsSmem<QT>;
     extern __shared__ __align__(128) u8 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const WsWalk walk(rows, K, T);
     const u32 base_s = (smem_u32(smem) + 1023) & ~1023u;  // the swizzle atoms are 1,024-byte aligned
-    const u32 a_s = base_s + 2 * WS_RAW_BYTES, b_s = a_s + WS_ASLOTS * WS_A_BYTES;
+    const u32 a_s = base_s + 2 * M::RAW, b_s = a_s + WS_ASLOTS * WS_A_BYTES;
     if (warp < WS_PRODUCERS / 32) {
+        if constexpr (WS_ROWS == 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(WS_PRODUCER_REGS));
         ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), a_s, b_s, walk, rows, T);
         return;
     }
-    const int cw = (warp >> 2) - WS_PRODUCERS / 128;  // consumer 0 or 1: rows 64 cw .. of the tile's 128
+    if constexpr (WS_ROWS == 256) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(WS_CONSUMER_REGS));
+    const int cw = (warp >> 2) - WS_PRODUCERS / 128;  // consumer 0 or 1: rows WS_ROWS / 2 cw .. of the tile's
     const int per_tile = WS_CHUNKS * walk.nsb, chunks = walk.chunks;
     for (int i = 0, cs0 = 0; cs0 < chunks; ++i, cs0 += per_tile) {  // the block's tiles
-        float d[64];
+        float d[64], d2[WS_ROWS == 256 ? 64 : 1];  // 64 rows a wgmma; at 256 rows a second 64
 #pragma unroll
         for (int e = 0; e < 64; ++e) d[e] = 0.f;
+        if constexpr (WS_ROWS == 256) {
+#pragma unroll
+            for (int e = 0; e < 64; ++e) d2[e] = 0.f;
+        }
         for (int cs = cs0; cs < cs0 + per_tile; ++cs) {
             ws_wait(WS_BAR_FULL + cs % WS_ASLOTS);
-            const u32 a = a_s + (cs % WS_ASLOTS) * WS_A_BYTES, b = b_s + (cs % WS_BSLOTS) * WS_B_BYTES;
+            const u32 a = a_s + (cs % WS_ASLOTS) * WS_A_BYTES, b = b_s + (cs % M::BSLOTS) * WS_B_BYTES;
             wg_fence();
-#pragma unroll
-            for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl)
-#if WS_SWIZZLE
-                wgmma_ss_m64n128k16(d, wg_desc_sw128(a + (sl >> 2) * WS_QUARTER_BYTES + 64 * 128 * cw + 32 * (sl & 3)),
-                                    wg_desc_sw128(b + (sl >> 2) * WS_QUARTER_BYTES + 32 * (sl & 3)));
-#else
-                wgmma_ss_m64n128k16(d, wg_desc(a + sl * WS_STEP_A_BYTES + cw * 2048), wg_desc(b + sl * WG_STEP_BYTES));
-#endif
+            if constexpr (WS_ROWS == 256) {
+                ws_mma(d, a, b, 2 * cw);
+                ws_mma(reinterpret_cast<float(&)[64]>(d2), a, b, 2 * cw + 1);
+            } else {
+                ws_mma(d, a, b, cw);
+            }
             wg_commit();
             wg_wait<1>();  // the chunk before is done with its slots (the tile's first: released at the last store)
             if (cs > cs0 && cs - 1 + WS_ASLOTS < chunks) ws_arrive(WS_BAR_EMPTY + (cs - 1) % WS_ASLOTS);
@@ -296,7 +369,10 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
         wg_wait<0>();
         const int last = cs0 + per_tile - 1;
         if (last + WS_ASLOTS < chunks) ws_arrive(WS_BAR_EMPTY + last % WS_ASLOTS);
-        wg_store(d, y, residual, walk.row0(i) + 64 * cw + 16 * (warp & 3), walk.tok0(i), rows, T, ldy, g, c);
+        const int row0 = walk.row0(i) + (WS_ROWS / 2) * cw + 16 * (warp & 3);
+        wg_store(d, y, residual, row0, walk.tok0(i), rows, T, ldy, g, c);
+        if constexpr (WS_ROWS == 256)
+            wg_store(reinterpret_cast<float(&)[64]>(d2), y, residual, row0 + 64, walk.tok0(i), rows, T, ldy, g, c);
     }
 #else
     __trap();  // a build for another target: launching it is a dispatch bug
