@@ -155,6 +155,9 @@ PROFILED_VARIANTS = frozenset({"v7", "close"})
 PASSES_ONLY_ENV = "OPENJET_BENCH_PASSES_ONLY"
 # OPENJET_BENCH_ABLATION=1 with it: the ablation of v7's T = 1 and T = 5 passes too
 ABLATION_ENV = "OPENJET_BENCH_ABLATION"
+# OPENJET_BENCH_PREFILL_CHUNK: the backend's workspace in tokens, so the prefill's chunk (512, the engine's: every
+# prefill GEMM then multiplies 512 tokens, where gemm_ws loses to gemm_cp; bench/NOTES.md Z16)
+PREFILL_CHUNK_ENV = "OPENJET_BENCH_PREFILL_CHUNK"
 
 
 def _model_file(report: Report) -> Path:
@@ -286,7 +289,9 @@ def bench_27b(report: Report, args) -> None:
     path = _model_file(report)
     t0 = time.perf_counter()
     # the trunk alone, as every earlier run timed it (the MTP head's cost has its own part: bench/gpu_mtp27b.py)
-    backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=512, mtp=False)
+    chunk = int(os.environ.get(PREFILL_CHUNK_ENV, "512"))
+    report.info["model27b_prefill_chunk"] = chunk
+    backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=chunk, mtp=False)
     report.info["model27b_load_s"] = round(time.perf_counter() - t0, 1)
     try:
         weights = backend.model.weights
