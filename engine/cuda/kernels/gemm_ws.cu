@@ -1,16 +1,15 @@
 // The prefill matmul on warpgroup MMA with its decode apart (OPENJET_CUDA_GEMM_WG=3, instances gemm_wg_<qt>_ws;
 // sm_90a alone, as kernels/gemm_wg.cu; y[T, rows] = x[T, K] @ W^T (+ residual), W Q4_K or Q6_K).
 //
-// In gemm_wg every warp decodes its own A between its wgmmas, and the decode, not the tensor cores, set the pace
-// (bench/NOTES.md Y3: ~200 TFLOP/s). Here warpgroups 0 and 1 (the producers, a row tile a warp) copy each
-// superblock's raw weights (two superblocks ahead) and its activations (WS_BSLOTS - WS_ASLOTS chunks ahead of the
-// decode), decode the block's 128 rows into A once, in K-major core matrices as B is laid out (wg_regroup's k'
-// order), and hand each chunk of a superblock (WS_CHUNK_STEPS steps of A and of B) to warpgroups 2 and 3, 64 rows
-// each, which multiply from shared memory (wgmma with both operands there), so the decode overlaps the MMAs
-// instead of alternating with them. (One producer warpgroup decoding two tiles a warp set the pace again: 170
-// TFLOP/s against gemm_cp's 235, Z15.) Named barriers pass the chunks: FULL (the producers arrive, the consumers
-// wait) and EMPTY (the consumers arrive once their wgmmas on a chunk are done, the producers wait before refilling
-// its slots), one of each an A slot; the consumers keep a wgmma group in flight across chunks.
+// In gemm_wg every warp decodes its own A between its wgmmas (bench/NOTES.md Y3: ~200 TFLOP/s). Here warpgroups 0
+// and 1 (the producers, a row tile a warp, two at WS_ROWS=256) copy each superblock's raw weights and its
+// activations ahead, decode the tile's rows into A once, in the layout B has (wgmma's 128-byte swizzle, k' in the
+// act layout's order), and hand each chunk of a superblock (WS_CHUNK_STEPS steps of A and of B) to warpgroups 2 and
+// 3, half the rows each, which multiply from shared memory (wgmma with both operands there), so the decode overlaps
+// the MMAs instead of alternating with them. Named barriers pass the chunks: FULL (the producers arrive, the
+// consumers wait) and EMPTY (the consumers arrive once their wgmmas on a chunk are done, the producers wait before
+// refilling its slots), one of each an A slot; the consumers keep a wgmma group in flight across chunks. Where the
+// time goes (Z16, 249 TFLOP/s at 8,192 tokens): the activations' copies most, then the decode.
 #ifndef WEIGHT_EVICT_FIRST
 #define WEIGHT_EVICT_FIRST 0  // a weight tile is read again by every token tile (common.cuh)
 #endif
@@ -66,6 +65,8 @@ static_assert(WS_CHUNKS == 2 || WS_CHUNKS == 4 || WS_CHUNKS == 8, "a superblock'
 static_assert(WS_ROWS == 128 || WS_ROWS == 256, "one or two row tiles a producer warp");
 static_assert(WS_ASLOTS >= 2 && WS_BSLOTS >= WS_ASLOTS && 1 + 2 * WS_ASLOTS <= 16, "FULL and EMPTY an A slot");
 
+__host__ __device__ constexpr int ws_min(int a, int b) { return a < b ? a : b; }
+
 // Shared memory by weight type: two raw slots (a superblock's row tiles, 4 KB a tile at 128 rows as timed, the
 // type's stage at 256), the A slots, then as many B slots as fit, up to WS_BSLOTS. A copy group a chunk: the raw
 // weights' copy must land before the chunk that reads them waits, with BSLOTS - WS_ASLOTS groups left in flight
@@ -77,8 +78,7 @@ template <int QT> struct WsSmem {
     static constexpr int FIXED = 1024 + 2 * RAW + WS_ASLOTS * WS_A_BYTES;  // + the swizzle atoms' alignment
     static constexpr int LEAD = WS_ROWS == 128 ? 2 * WS_CHUNKS - 1 : WS_CHUNKS - 1;
     static constexpr int FIT = (WS_SMEM_MAX - FIXED) / WS_B_BYTES;
-    static constexpr int BSLOTS = WS_BSLOTS < FIT ? (WS_BSLOTS < WS_ASLOTS + LEAD ? WS_BSLOTS : WS_ASLOTS + LEAD)
-                                                  : (FIT < WS_ASLOTS + LEAD ? FIT : WS_ASLOTS + LEAD);
+    static constexpr int BSLOTS = ws_min(ws_min(WS_BSLOTS, FIT), WS_ASLOTS + LEAD);
     static_assert(Stage<QT>::BYTES <= RAW_TILE, "a row tile's stage fits its part of a raw slot");
     static_assert(BSLOTS >= WS_ASLOTS && FIXED + BSLOTS * WS_B_BYTES <= WS_SMEM_MAX, "the slots fit shared memory");
 };
