@@ -223,15 +223,12 @@ class CudaBackend(Backend):
             raise ValueError("accept() without a verify() to accept from")
         if not 1 <= n <= self._pending:
             raise ValueError(f"cannot accept {n} of {self._pending} tokens")
-        pending, self._pending = self._pending, None
-        self._num_tokens += n
-        if ACCEPT_BESIDE and mixers.GDN_ACCEPT_LAYERS and self.model.deltanet:
-            self._uncommitted = n  # run by the next call that needs the state: beside a draft, if that comes first
-            return
-        self._replay(("accept", n), lambda: self.model.accept(pending, n))
+        self._num_tokens, self._pending, self._uncommitted = self._num_tokens + n, None, n
+        if not (ACCEPT_BESIDE and mixers.GDN_ACCEPT_LAYERS and self.model.deltanet):
+            self._commit()  # at once; else by the next call that needs the state: beside a draft, if that comes first
 
     def _commit(self) -> None:
-        """Run the commit accept() left for later, on its own (a graph for each n: one launch and a copy)."""
+        """Run the commit accept() left, on its own (a graph for each n: one launch and a copy)."""
         if self._uncommitted is not None:
             n, self._uncommitted = self._uncommitted, None
             self._replay(("accept", n), lambda: self.model.accept(n, n))

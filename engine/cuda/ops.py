@@ -357,14 +357,15 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         wg = gemm_wg_instance(dev.info.arch, w.qtype, num_tokens, w.cols, bias is not None)
         if wg is not None:  # row tiles along x (gemm_wg.cu: the blocks in flight share a token tile)
             kernel = dev.kernel(wg)
-            tiles = ((w.rows + GEMM_WG_ROWS - 1) // GEMM_WG_ROWS, (num_tokens + GEMM_WG_TOKENS - 1) // GEMM_WG_TOKENS)
+            token_tiles = (num_tokens + GEMM_WG_TOKENS - 1) // GEMM_WG_TOKENS
             if wg.endswith("_ws"):  # one dimension of tiles (gemm_ws.cu WsWalk), a block each or a block an SM
-                threads, smem, ws_rows = GEMM_WS_THREADS, GEMM_WS_SMEM, gemm_ws_rows()
-                grid = ((w.rows + ws_rows - 1) // ws_rows * tiles[1],)
+                threads, smem, tile_rows = GEMM_WS_THREADS, GEMM_WS_SMEM, gemm_ws_rows()
+                grid = ((w.rows + tile_rows - 1) // tile_rows * token_tiles,)
                 if GEMM_WG == GEMM_WS_PERSISTENT:
                     grid = (min(grid[0], dev.info.multiprocessors),)
             else:
-                threads, smem, grid = GEMM_WG_THREADS, GEMM_WG_SMEM, tiles
+                threads, smem = GEMM_WG_THREADS, GEMM_WG_SMEM
+                grid = ((w.rows + GEMM_WG_ROWS - 1) // GEMM_WG_ROWS, token_tiles)
             dev.set_max_dynamic_smem(kernel, smem)
             dev.launch(kernel, grid, threads, [w.buf, act.x16, y, residual, w.rows, w.cols, num_tokens, ld_y],
                        smem=smem)

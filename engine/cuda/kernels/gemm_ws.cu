@@ -46,6 +46,7 @@
 #endif
 #define WS_TILES (WS_ROWS / 16)                            // row tiles of 16 a block
 #define WS_WARP_TILES (WS_TILES / 8)                       // a producer warp's: tiles warp and warp + 8
+#define WS_SETS (WS_ROWS / 128)                            // a consumer warpgroup's accumulator sets of 64 rows
 #define WS_CHUNK_STEPS (SB_STEPS / WS_CHUNKS)              // steps of 16 k a chunk
 #define WS_STEP_A_BYTES (WS_ROWS * 32)                     // a step's A: the rows x 16 k of f16
 #define WS_A_BYTES (WS_CHUNK_STEPS * WS_STEP_A_BYTES)      // an A slot
@@ -89,9 +90,6 @@ __device__ __forceinline__ void ws_arrive(int id) {
 __device__ __forceinline__ void ws_wait(int id) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(WS_THREADS) : "memory");
 }
-__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
-    asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
 __device__ __forceinline__ void st_shared_v2(u32 addr, u32 lo, u32 hi) {
     asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(lo), "r"(hi) : "memory");
 }
@@ -123,10 +121,7 @@ __device__ __forceinline__ u64 wg_desc_sw128(u32 addr) {
 // A lane's fragment registers f0 (slots 2c, 2c + 1) and f2 (2c + 8, 2c + 9) of a row are wgmma's k' = 4c .. 4c + 3
 // (wgmma.cuh: position p = 4c + e holds slot 2c + (e & 1) + 8 (e >> 1)), 8 contiguous bytes of the row's step, so
 // each row goes to shared memory in one 8-byte store, without gemm_wg's regrouping shuffles (A in registers needs
-// them; A in shared memory does not). WS_REGROUP=1 keeps the shuffles (as timed until then), for one comparison.
-#ifndef WS_REGROUP
-#define WS_REGROUP 0
-#endif
+// them; A in shared memory does not: 227 -> 249 TFLOP/s without them, bench/NOTES.md Z16).
 template <int QT, int PART>
 __device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2],
                                           const typename FullFrag<QT>::Consts (&k)[2], u32 a_slot, int tile, int g,
@@ -137,24 +132,7 @@ __device__ __forceinline__ void ws_decode(const typename QTraits<QT>::Row (&r)[2
         u32 f[4];
         F::frag(r[0], k[0], c, WS_CHUNK_STEPS * PART + sl, f[0], f[2]);  // row g
         F::frag(r[1], k[1], c, WS_CHUNK_STEPS * PART + sl, f[1], f[3]);  // row g + 8
-#if WS_REGROUP
-        u32 a[4];
-        wg_regroup(f, c, a);
-#if WS_SWIZZLE
-        const u32 rows4 = a_slot + (sl >> 2) * WS_A_QUARTER + 4 * c;
-        const int row = 16 * tile + g, piece = 2 * (sl & 3);
-        st_shared_u32(rows4 + sw128(row, piece), a[0]);
-        st_shared_u32(rows4 + sw128(row + 8, piece), a[1]);
-        st_shared_u32(rows4 + sw128(row, piece + 1), a[2]);
-        st_shared_u32(rows4 + sw128(row + 8, piece + 1), a[3]);
-#else
-        const u32 at = a_slot + sl * WS_STEP_A_BYTES + (tile >> 2) * 2048 + (tile & 3) * 512 + g * 16 + c * 4;
-        st_shared_u32(at, a[0]);
-        st_shared_u32(at + 256, a[1]);
-        st_shared_u32(at + 128, a[2]);
-        st_shared_u32(at + 384, a[3]);
-#endif
-#elif WS_SWIZZLE  // k' 4c .. 4c + 3: 16-byte piece 2 (s % 4) + c / 2 of the row's 128 bytes, its half c % 2
+#if WS_SWIZZLE  // k' 4c .. 4c + 3: 16-byte piece 2 (s % 4) + c / 2 of the row's 128 bytes, its half c % 2
         const u32 quarter = a_slot + (sl >> 2) * WS_A_QUARTER + 8 * (c & 1);
         const int row = 16 * tile + g, piece = 2 * (sl & 3) + (c >> 1);
         st_shared_v2(quarter + sw128(row, piece), f[0], f[2]);
@@ -282,26 +260,19 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
             if (ahead < chunks) copy_b(ahead);
         }
         const u32 a_slot = a_s + (cs % WS_ASLOTS) * WS_A_BYTES;
-        if constexpr (WS_WARP_TILES == 1) {  // the tile's rows in registers for the superblock
-            if (part == 0) {  // raw(J) landed by the last wait; its slot then takes raw(J + 2)
-                ws_rows<QT>(r, k, raw_g, walk, J, warp, rows, g, c);
-                __syncwarp();  // every lane's reads before any lane's copy over them
-                if (J + 2 < sbs) copy_raw(J + 2);
-            }
-            cp_async_commit();
-            // A of this chunk into its slot, then B(cs) landed (this thread's copies; the barrier publishes all)
-            if (!WS_SKIP_DECODE) ws_decode_part<QT>(part, r, k, a_slot, warp, g, c);
-        } else {  // two tiles: their rows read again every chunk; raw(J + 1) into the slot raw(J - 1) left
-            if (part == 0) {
-                __syncwarp();  // every lane's reads of raw(J - 1) before any lane's copy over them
-                if (J + 1 < sbs) copy_raw(J + 1);
-            }
-            cp_async_commit();
+        if (part == 0) {  // raw(J) landed by the last wait
+            // one tile a warp: its rows in registers for the superblock, so the slot takes raw(J + 2) at once; two:
+            // their rows read again every chunk, so raw(J + 1) goes to the slot raw(J - 1) left
+            if constexpr (WS_WARP_TILES == 1) ws_rows<QT>(r, k, raw_g, walk, J, warp, rows, g, c);
+            __syncwarp();  // every lane's reads of the slot before any lane's copy over them
+            if (J + 3 - WS_WARP_TILES < sbs) copy_raw(J + 3 - WS_WARP_TILES);
+        }
+        cp_async_commit();
+        // A of this chunk into its slot, then B(cs) landed (this thread's copies; the barrier publishes all)
 #pragma unroll
-            for (int t = 0; t < WS_WARP_TILES; ++t) {
-                ws_rows<QT>(r, k, raw_g, walk, J, warp + 8 * t, rows, g, c);
-                if (!WS_SKIP_DECODE) ws_decode_part<QT>(part, r, k, a_slot, warp + 8 * t, g, c);
-            }
+        for (int t = 0; t < WS_WARP_TILES; ++t) {
+            if constexpr (WS_WARP_TILES > 1) ws_rows<QT>(r, k, raw_g, walk, J, warp + 8 * t, rows, g, c);
+            if (!WS_SKIP_DECODE) ws_decode_part<QT>(part, r, k, a_slot, warp + 8 * t, g, c);
         }
         cp_async_wait<BSLOTS - WS_ASLOTS>();
         __syncwarp();
@@ -343,23 +314,17 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
     const int cw = (warp >> 2) - WS_PRODUCERS / 128;  // consumer 0 or 1: rows WS_ROWS / 2 cw .. of the tile's
     const int per_tile = WS_CHUNKS * walk.nsb, chunks = walk.chunks;
     for (int i = 0, cs0 = 0; cs0 < chunks; ++i, cs0 += per_tile) {  // the block's tiles
-        float d[64], d2[WS_ROWS == 256 ? 64 : 1];  // 64 rows a wgmma; at 256 rows a second 64
+        float d[WS_SETS][64];  // a wgmma's 64 rows a set
 #pragma unroll
-        for (int e = 0; e < 64; ++e) d[e] = 0.f;
-        if constexpr (WS_ROWS == 256) {
+        for (int j = 0; j < WS_SETS; ++j)
 #pragma unroll
-            for (int e = 0; e < 64; ++e) d2[e] = 0.f;
-        }
+            for (int e = 0; e < 64; ++e) d[j][e] = 0.f;
         for (int cs = cs0; cs < cs0 + per_tile; ++cs) {
             ws_wait(WS_BAR_FULL + cs % WS_ASLOTS);
             const u32 a = a_s + (cs % WS_ASLOTS) * WS_A_BYTES, b = b_s + (cs % M::BSLOTS) * WS_B_BYTES;
             wg_fence();
-            if constexpr (WS_ROWS == 256) {
-                ws_mma(d, a, b, 2 * cw);
-                ws_mma(reinterpret_cast<float(&)[64]>(d2), a, b, 2 * cw + 1);
-            } else {
-                ws_mma(d, a, b, cw);
-            }
+#pragma unroll
+            for (int j = 0; j < WS_SETS; ++j) ws_mma(d[j], a, b, WS_SETS * cw + j);
             wg_commit();
             wg_wait<1>();  // the chunk before is done with its slots (the tile's first: released at the last store)
             if (cs > cs0 && cs - 1 + WS_ASLOTS < chunks) ws_arrive(WS_BAR_EMPTY + (cs - 1) % WS_ASLOTS);
@@ -370,9 +335,8 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
         const int last = cs0 + per_tile - 1;
         if (last + WS_ASLOTS < chunks) ws_arrive(WS_BAR_EMPTY + last % WS_ASLOTS);
         const int row0 = walk.row0(i) + (WS_ROWS / 2) * cw + 16 * (warp & 3);
-        wg_store(d, y, residual, row0, walk.tok0(i), rows, T, ldy, g, c);
-        if constexpr (WS_ROWS == 256)
-            wg_store(reinterpret_cast<float(&)[64]>(d2), y, residual, row0 + 64, walk.tok0(i), rows, T, ldy, g, c);
+#pragma unroll
+        for (int j = 0; j < WS_SETS; ++j) wg_store(d[j], y, residual, row0 + 64 * j, walk.tok0(i), rows, T, ldy, g, c);
     }
 #else
     __trap();  // a build for another target: launching it is a dispatch bug
