@@ -158,6 +158,10 @@ ABLATION_ENV = "OPENJET_BENCH_ABLATION"
 # OPENJET_BENCH_PREFILL_CHUNK: the backend's workspace in tokens, so the prefill's chunk (512, the engine's: every
 # prefill GEMM then multiplies 512 tokens, where gemm_ws loses to gemm_cp; bench/NOTES.md Z16)
 PREFILL_CHUNK_ENV = "OPENJET_BENCH_PREFILL_CHUNK"
+# OPENJET_BENCH_PREFILL_SWEEP="512:0,2048:0,2048:4": the prefill alone, in one process (the workspace sized for
+# the largest chunk), at each chunk : OPENJET_CUDA_GEMM_WG mode pair in turn: tok/s at PREFILL_TOKENS and the
+# greedy tokens after a 2,048-token prompt, checked equal to the first pair's
+PREFILL_SWEEP_ENV = "OPENJET_BENCH_PREFILL_SWEEP"
 
 
 def _model_file(report: Report) -> Path:
@@ -244,6 +248,37 @@ def _time_alone(backend, report: Report, tag: str) -> None:
         dev.memory.free(dst)
 
 
+def _sweep_pairs(text: str) -> list[tuple[int, int]]:
+    """PREFILL_SWEEP_ENV's "chunk:mode,..." as pairs (an error names the variable)."""
+    try:
+        return [(int(c), int(m)) for c, m in (item.split(":") for item in text.split(",") if item)]
+    except ValueError:
+        raise ValueError(f"{PREFILL_SWEEP_ENV}={text!r}: expected chunk:mode pairs, e.g. 512:0,2048:4") from None
+
+
+def _prefill_sweep(backend, report: Report, pairs: list[tuple[int, int]]) -> None:
+    """The prefill at each (chunk, gemm_wg mode): greedy tokens after a 2,048-token prompt (equal to the first
+    pair's: a check) and tok/s at PREFILL_TOKENS."""
+    from bench.gpu_common import patched
+    from engine.cuda import ops
+
+    first = None
+    for chunk, mode in pairs:
+        tag = f".c{chunk}.wg{mode}"
+        backend.prefill_chunk = chunk
+        backend.drop_graphs()
+        try:
+            with patched(ops, GEMM_WG=mode):
+                tokens = _decode_sanity(backend, report, tag, prompt=2048)
+                first = first or tokens
+                same = sum(a == b for a, b in zip(tokens, first, strict=True))
+                record(report, "model27b.prefill_sweep", f"{tag}.greedy", "16 tokens", float(len(tokens) - same), 0.5)
+                print(f"  {tag}: greedy tokens {same} of {len(tokens)} equal to the first pair's", flush=True)
+                _time_prefill(backend, report, tag)
+        finally:
+            backend.drop_graphs()
+
+
 def _time_prefill(backend, report: Report, tag: str = "", counts: tuple[int, ...] = PREFILL_TOKENS) -> None:
     """Wall time of reset + prefill(n) (the final logits download waits for the device), best of two."""
     rng = np.random.default_rng(2)
@@ -289,7 +324,8 @@ def bench_27b(report: Report, args) -> None:
     path = _model_file(report)
     t0 = time.perf_counter()
     # the trunk alone, as every earlier run timed it (the MTP head's cost has its own part: bench/gpu_mtp27b.py)
-    chunk = int(os.environ.get(PREFILL_CHUNK_ENV, "512"))
+    sweep = _sweep_pairs(os.environ.get(PREFILL_SWEEP_ENV, ""))
+    chunk = max(c for c, _ in sweep) if sweep else int(os.environ.get(PREFILL_CHUNK_ENV, "512"))
     report.info["model27b_prefill_chunk"] = chunk
     backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=chunk, mtp=False)
     report.info["model27b_load_s"] = round(time.perf_counter() - t0, 1)
@@ -304,6 +340,9 @@ def bench_27b(report: Report, args) -> None:
         bw = copy_bandwidth(backend.dev)
         report.timings.append(bw)
         report.info["copy_gbps_27b_run"] = round(bw.gbps, 1)
+        if sweep:
+            _prefill_sweep(backend, report, sweep)
+            return
         report.info["model27b_variants"] = {k: [[q.name for q in types], everywhere, keys, kernel, pdl]
                                              for k, (types, everywhere, keys, kernel, pdl) in VARIANTS.items()}
         tokens, passes_only = {}, env_flag(PASSES_ONLY_ENV, False)
@@ -464,11 +503,11 @@ def _use_variant(backend, name: str) -> None:
     backend.drop_graphs()
 
 
-def _decode_sanity(backend, report: Report, tag: str = "") -> list[int]:
-    """Prefill 512 random tokens and decode 16 greedily: finite logits, tokens in range; returns the tokens."""
+def _decode_sanity(backend, report: Report, tag: str = "", prompt: int = 512) -> list[int]:
+    """Prefill `prompt` random tokens and decode 16 greedily: finite logits, tokens in range; returns the tokens."""
     rng = np.random.default_rng(3)
     backend.reset()
-    logits = backend.prefill([int(x) for x in rng.integers(0, backend.vocab_size, size=512)])
+    logits = backend.prefill([int(x) for x in rng.integers(0, backend.vocab_size, size=prompt)])
     tokens, finite = [], bool(np.isfinite(logits).all())
     pending = int(np.argmax(logits))
     for _ in range(16):
@@ -478,6 +517,6 @@ def _decode_sanity(backend, report: Report, tag: str = "") -> list[int]:
         pending = int(np.argmax(row))
         tokens.append(pending)
     record(report, "model27b.decode", f"finite{tag}", "16 tokens", 0.0 if finite else 1.0, 0.5)
-    report.notes.append(f"27B greedy tokens{tag} after a 512-token random prompt: {tokens}")
+    report.notes.append(f"27B greedy tokens{tag} after a {prompt}-token random prompt: {tokens}")
     print(f"  27B decoded{tag}: {tokens}", flush=True)
     return tokens

@@ -66,6 +66,7 @@ class CudaBackend(Backend):
         self.model, self.dev, self.owns_device = model, model.dev, owns_device
         self._context_size, self.use_graphs = context_size, use_graphs
         self._num_tokens = 0
+        self._prefill_chunk = model.ws.max_tokens
         self._uncommitted: int | None = None  # tokens accept() took whose DeltaNet commit has not run yet
         self._pending: int | None = None  # tokens of an unaccepted verify pass
         self._graphs: dict[tuple, Graph] = {}  # passes by (tokens, commit, logits rows); ("accept", n); ("draft", d)
@@ -151,11 +152,23 @@ class CudaBackend(Backend):
         if self._num_tokens + len(tokens) > self._context_size:
             raise ContextOverflowError(self._num_tokens + len(tokens), self._context_size)
 
+    @property
+    def prefill_chunk(self) -> int:
+        """Tokens a prefill pass takes: the workspace's, or fewer (the bench compares chunk sizes in one process)."""
+        return self._prefill_chunk
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, tokens: int) -> None:
+        if not VERIFY_MAX < tokens <= self.model.ws.max_tokens:
+            raise ValueError(f"prefill chunk {tokens} must be in {VERIFY_MAX + 1}..{self.model.ws.max_tokens} "
+                             "(the workspace's tokens)")
+        self._prefill_chunk = tokens
+
     def prefill(self, tokens: list[int]) -> np.ndarray:
-        """Feed and commit tokens in chunks of the workspace size; logits [V] after the last one."""
+        """Feed and commit tokens in chunks of prefill_chunk; logits [V] after the last one."""
         self._check(tokens)
         self._pending = None
-        step = self.model.ws.max_tokens
+        step = self._prefill_chunk
         for lo in range(0, len(tokens), step):
             chunk = tokens[lo : lo + step]
             self._run(chunk, commit=True, logits_rows=1 if lo + step >= len(tokens) else 0)
@@ -285,7 +298,7 @@ class CudaBackend(Backend):
         self._commit()
         self.model.set_tokens(tokens, self._num_tokens)
         key = (len(tokens), commit, logits_rows)
-        if VERIFY_MAX < len(tokens) < self.model.ws.max_tokens:  # a prefill chunk's tail: a shape seen once
+        if VERIFY_MAX < len(tokens) < self._prefill_chunk:  # a prefill chunk's tail: a shape seen once
             self.model.forward(*key)
             return
         self._replay(key, lambda: self.model.forward(*key))
