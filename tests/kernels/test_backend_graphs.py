@@ -216,3 +216,31 @@ def test_the_commit_runs_at_once_when_switched_off_or_in_two_launches_a_layer(mo
             backend = _backend(deltanet=True)
             _cycle(backend, [1, 2], 2)
             assert backend.dev.log == [("eager", ("forward", 2, False)), ("eager", ("accept", 2))]
+
+
+def test_a_prefill_runs_in_chunks_of_prefill_chunk_each_full_one_from_its_graph() -> None:
+    backend = _backend()  # a workspace of 32 tokens
+    log = backend.dev.log
+    for _ in range(2):
+        backend.reset()
+        backend.prefill(list(range(45)))  # 32, then a tail of 13: a shape seen once, never captured
+    forwards = [entry for entry in log if entry[1][0] == "forward"]
+    assert forwards == [("eager", ("forward", 32, True)), ("eager", ("forward", 13, True)),
+                        ("replay", ("forward", 32, True)), ("eager", ("forward", 13, True))]
+    assert backend.num_tokens == 45
+    backend.reset()
+    log.clear()
+    backend.prefill_chunk = 16  # smaller chunks in the same workspace: a graph of their own
+    backend.prefill(list(range(44)))
+    forwards = [entry for entry in log if entry[1][0] == "forward"]
+    assert forwards == [("eager", ("forward", 16, True)), ("replay", ("forward", 16, True)),
+                        ("eager", ("forward", 12, True))]
+    assert (16, True, 0) in backend._graphs and not any(key[0] == 12 for key in backend._graphs)
+
+
+@pytest.mark.parametrize("chunk", [0, 5, 33])
+def test_a_prefill_chunk_past_the_workspace_or_within_a_verify_is_refused(chunk) -> None:
+    backend = _backend()
+    with pytest.raises(ValueError, match=f"prefill chunk {chunk} must be in 9..32"):
+        backend.prefill_chunk = chunk
+    assert backend.prefill_chunk == 32
