@@ -260,7 +260,7 @@ def _prefill_sweep(backend, report: Report, pairs: list[tuple[int, int]]) -> Non
     """The prefill at each (chunk, gemm_wg mode): greedy tokens after a 2,048-token prompt (equal to the first
     pair's: a check) and tok/s at PREFILL_TOKENS."""
     from bench.gpu_common import patched
-    from engine.cuda import ops
+    from engine.cuda import gemm
 
     first = None
     for chunk, mode in pairs:
@@ -268,7 +268,7 @@ def _prefill_sweep(backend, report: Report, pairs: list[tuple[int, int]]) -> Non
         backend.prefill_chunk = chunk
         backend.drop_graphs()
         try:
-            with patched(ops, GEMM_WG=mode):
+            with patched(gemm, WG=mode):
                 tokens = _decode_sanity(backend, report, tag, prompt=2048)
                 first = first or tokens
                 same = sum(a == b for a, b in zip(tokens, first, strict=True))
@@ -435,7 +435,7 @@ def _ablation(backend, report: Report, copy_gbps: float, pass_bytes: int, token_
 
 # Prefill kernels compared against what they replaced, one switch at a time: (tag, module, attribute, value).
 PREFILL_BEFORE = (("recurrent_rule", "mixers", "GDN_CHUNKED_MIN_TOKENS", 1 << 30),  # the delta rule unchunked
-                  ("gemm_plain", "ops", "GEMM_STAGED", False),  # the GEMM reading its operands from global memory
+                  ("gemm_plain", "gemm", "STAGED", False),  # the GEMM reading its operands from global memory
                   ("attn_f32", "mixers", "ATTN_MMA_MIN_TOKENS", 1 << 30))  # attention on the float32 kernel
 
 

@@ -27,7 +27,7 @@ TOL_F16 = 1e-2  # with f16 (or int8) operands
 
 @contextmanager
 def patched(obj, **values):
-    """obj's attributes set to values for the block (a module's switches, e.g. ops.GEMM_STAGED), as they were after."""
+    """obj's attributes set to values for the block (a module's switches, e.g. gemm.STAGED), as they were after."""
     saved = {name: getattr(obj, name) for name in values}
     for name, value in values.items():
         setattr(obj, name, value)

@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import TOL_F16, Report, Timing, compare, median_time, patched, poison
 from bench.gpu_kernels import SHAPES_27B, _reference_rows
-from engine.cuda import ops
+from engine.cuda import gemm, ops
 from engine.cuda.repack import device_nbytes, random_blocks
 
 CASES = (("ffn_up", Q.Q4_K), ("ffn_down", Q.Q6_K), ("ffn_down", Q.Q4_K), ("attn_q", Q.Q4_K))
@@ -40,13 +40,13 @@ def _modes() -> dict[str, int]:
 
 def gemm_wg(mode: int):
     """ops.matmul's prefill GEMM: gemm_wg in this mode (0: gemm_cp), and as it was again after."""
-    return patched(ops, GEMM_WG=mode)
+    return patched(gemm, WG=mode)
 
 
 def run_gemm_wg(dev, report: Report, rng: np.random.Generator, token_counts=(512, 2048, 8192)) -> None:
     """Every case at every T: correctness first (a wrong kernel is not timed), then gemm_cp and gemm_wg timed."""
     with gemm_wg(1):
-        if ops.gemm_wg_instance(dev.info.arch, Q.Q4_K, 512, 256, False) is None:
+        if gemm.wg_instance(dev.info.arch, Q.Q4_K, 512, 256, False) is None:
             report.notes.append(f"gemm_wg: sm_{dev.info.arch} has no build of it (sm_90a only)")
             return
     print("gemm_wg against gemm_cp (ms, TFLOP/s)", flush=True)

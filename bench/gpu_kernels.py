@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, patched, poison
-from engine.cuda import i8b, instances, ops
+from engine.cuda import gemm, i8b, instances, ops
 from engine.cuda.device import PDL_MIN_ARCH, Buffer, CudaError, Device
 from engine.cuda.repack import device_nbytes, random_blocks
 from engine.gguf.quants import dequantize
@@ -205,13 +205,13 @@ def verify_i8(on: bool, warps: int | None = None, spare: int | None = None):
 
 
 def gemm_staged(on: bool):
-    """ops.GEMM_STAGED set to `on` for the block, restored after it."""
-    return patched(ops, GEMM_STAGED=on)
+    """gemm.STAGED set to `on` for the block, restored after it."""
+    return patched(gemm, STAGED=on)
 
 
 def _runs_gemm_cp(dev: Device, qtype: Q, num_tokens: int) -> bool:
     """Whether ops.matmul runs the GEMM with staged operands (gemm_cp) for this call."""
-    return num_tokens >= ops.GEMM_MIN_TOKENS and ops.gemm_runs_cp(qtype, dev.info.max_smem_per_block)
+    return num_tokens >= gemm.MIN_TOKENS and gemm.runs_cp(qtype, dev.info.max_smem_per_block)
 
 
 def _check_against_plain_gemm(dev: Device, report: Report, w, act, y, res, out: np.ndarray, num_tokens: int,
@@ -226,7 +226,7 @@ def _check_against_plain_gemm(dev: Device, report: Report, w, act, y, res, out: 
 def _runs_pipeline(qtype: Q, precise: bool, num_tokens: int) -> str:
     """The pipelined mmvqs ops.matmul runs for the 8-token launches of this call ("cp", "persist", "cp+persist";
     empty for none)."""
-    if num_tokens >= ops.GEMM_MIN_TOKENS and ("gemm", qtype) in ops.DISPATCH:
+    if num_tokens >= gemm.MIN_TOKENS and qtype in gemm.INSTANCES:
         return ""
     kernels = {ops.pipeline_kernel(qtype, precise, min(ops.ACT_GROUP, num_tokens - t0))
                for t0 in range(0, num_tokens, ops.ACT_GROUP)} - {None}

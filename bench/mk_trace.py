@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-PREFILL_PRECISE = 8  # prefill chunk below kernels' GEMM_MIN_TOKENS (16): the per-op path then runs its precise mmvq
+PREFILL_PRECISE = 8  # prefill chunk below gemm.MIN_TOKENS (16): the per-op path then runs its precise mmvq
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from engine.cuda import i8b, ops
+from engine.cuda import gemm, i8b, ops
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (I8_CLOSE_MODES, I8_CLOSE_TOKENS, I8B_CLOSE_MODES, I8B_CLOSE_SHAPES, I8V_CLOSE_MODES,
                                    I8V_TOKENS, Q6_I8_CLOSE_MODES)
@@ -118,7 +118,7 @@ def _admits(dev: Device, act: ops.Act, consumers: Sequence[ops.DeviceWeight], nu
         return False
     assert scratch.nbytes >= close_scratch_bytes(act.width), scratch.what
     written = replace(act, i8_tokens=num_tokens)
-    return all(c.cols == act.width and num_tokens < ops.GEMM_MIN_TOKENS
+    return all(c.cols == act.width and num_tokens < gemm.MIN_TOKENS
                and ops._group_kernel(dev, c, written, num_tokens, num_tokens) in INT8_KERNELS for c in consumers)
 
 

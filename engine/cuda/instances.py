@@ -69,6 +69,8 @@ I8V_SHAPE = (2, 2)
 # Tokens of the int8-activation Q6_K matmul (kernels/mmvq_i8q6.cu: a sub-block's 2T columns in one mma up to 4
 # tokens, a pass a level past that), an instance each: mmvq_q6_K_i8_t{T}.
 Q6_I8_TOKENS = tuple(range(1, 9))
+# Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type it stages.
+STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q5_K: (4, 3072), Q.Q6_K: (3, 3648)}
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
 ACT_STAGES = 2
 # Weight types with a prefill GEMM instance (everything a Q4_K_M file holds); F16 runs prefill through mmvq, 8 tokens
@@ -78,7 +80,7 @@ GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0)
 GEMM_CP_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # Weight types of the prefill matmul on warpgroup MMA (kernels/gemm_wg.cu and gemm_ws.cu, sm_90a), each drained
 # (gemm_wg_<qt>), overlapped (gemm_wg_<qt>_o) and warp-specialised (gemm_wg_<qt>_ws): OPENJET_CUDA_GEMM_WG picks one
-# (ops.py), off by default.
+# (gemm.py), off by default.
 GEMM_WG_QTYPES = (Q.Q4_K, Q.Q6_K)
 # Files built with an architecture's own feature set (-arch=sm_<arch>a: wgmma) where the GPU is that architecture;
 # for every other target they compile to kernels that trap.

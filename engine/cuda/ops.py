@@ -12,19 +12,16 @@ from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import env_flag, env_switch, i8b, persist
+from engine.cuda import env_flag, env_switch, gemm, i8b, persist
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import (ACT_MODES, ACT_STAGES, ARCH_FEATURE_FILES, EMBED_QTYPES, GEMM_CP_QTYPES,
-                                   GEMM_QTYPES, GEMM_WG_QTYPES, I8_MAX_TOKENS, MATMUL_QTYPES, PERSIST_QTYPES,
-                                   STAGED_QTYPES, qtype_tag)
+from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, I8_MAX_TOKENS, MATMUL_QTYPES,
+                                   PERSIST_QTYPES, STAGE_SHAPE, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
 if TYPE_CHECKING:
     from engine.cuda.closers import Closer
 
 MMVQ_WARPS = 8
-# Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type it stages.
-STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q5_K: (4, 3072), Q.Q6_K: (3, 3648)}
 # "plain": the register-pipelined mmvq only; "cp": the cp.async-pipelined one wherever it can; "persist": the
 # persistent stream-K one wherever it can (not the default until measured: bench/NOTES.md v8)
 MMVQ_ENV = "OPENJET_CUDA_MMVQ"
@@ -126,77 +123,11 @@ def _mmvq_instance(qtype: Q) -> str:
 DISPATCH: dict[tuple[str, Q], str] = {("mmvq", qt): _mmvq_instance(qt) for qt in MATMUL_QTYPES}
 DISPATCH.update({("mmvq_x2", qt): _mmvq_instance(qt) + "_x2" for qt in MATMUL_QTYPES})
 DISPATCH[("mmvq", Q.F32)] = "mmv_f32"
-DISPATCH.update({("gemm", qt): f"gemm_{qtype_tag(qt)}" for qt in GEMM_QTYPES})
 DISPATCH.update({("get_rows", qt): f"get_rows_{qtype_tag(qt)}" for qt in EMBED_QTYPES})
-DISPATCH.update({("gemm_cp", qt): f"gemm_{qtype_tag(qt)}_cp" for qt in GEMM_CP_QTYPES})
-GEMM_MIN_TOKENS = 16  # from this many tokens on, a GEMM type runs the prefill GEMM instead of mmvq
 # The small parts of a projection (DeltaNet's alpha | beta: 96 rows, 6 blocks) on a second stream beside the large
 # one (weights.Projection.run); OPENJET_CUDA_BESIDE=0: every launch in one stream.
 BESIDE_ENV = "OPENJET_CUDA_BESIDE"
 BESIDE = env_flag(BESIDE_ENV, True)
-GEMM_TOKENS = 32  # tokens per GEMM block (kernels/gemm.cu: GEMM_NG groups of 8)
-GEMM_ROWS = 128  # rows per GEMM block
-GEMM_STAGES, GEMM_ACT_BYTES = 2, 16384  # gemm_cp's slots and each slot's activations (kernels/gemm.cu)
-# The staged GEMM where a type has one (off: every type through the plain gemm; the bench compares the two).
-GEMM_STAGED = True
-
-
-def _gemm_cp_smem(qtype: Q) -> int:
-    """gemm_cp's dynamic shared memory: GEMM_STAGES slots of 8 weight tiles and the activations."""
-    return GEMM_STAGES * (8 * STAGE_SHAPE[qtype][1] + GEMM_ACT_BYTES)
-
-
-# The prefill matmul on warpgroup MMA (kernels/gemm_wg.cu: sm_90a, 128 rows x 128 tokens a block of two
-# warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained), 2 (overlapped), 3 (warp-specialised: producer
-# warpgroups decode each weight tile once into shared memory for two consumer warpgroups, gemm_ws.cu) or 4 (the
-# same on a persistent grid, a block an SM walking the tiles) runs
-# it in place of gemm_cp for its types from GEMM_WG_MIN_TOKENS tokens on; 0, the default, until the 27B prefill
-# has run on it end to end (greedy tokens, tok/s): mode 4 beats gemm_cp at 8,192 tokens on every 27B shape and at
-# 2,048 on Q6_K, loses at 512 (bench/NOTES.md Z16).
-GEMM_WG_ENV = "OPENJET_CUDA_GEMM_WG"
-GEMM_WG_MIN_TOKENS = 64
-GEMM_WG_ROWS, GEMM_WG_TOKENS, GEMM_WG_THREADS = 128, 128, 256
-GEMM_WG_SMEM = 2 * (8 * 4096 + 16 * GEMM_WG_TOKENS * 32) + 128  # gemm_wg.cu WG_SMEM_BYTES
-GEMM_WS_THREADS = 512  # gemm_ws.cu WS_THREADS: two producer warpgroups, two consumers
-GEMM_WS_SMEM = 227 * 1024  # gemm_ws.cu WS_SMEM_MAX: its slots' count is a build option, each build within it
-GEMM_WG_MODES = {1: "", 2: "_o", 3: "_ws", 4: "_ws"}  # OPENJET_CUDA_GEMM_WG -> instance suffix
-GEMM_WS_PERSISTENT = 4  # the mode that runs gemm_ws on a block an SM walking the tiles (else a block a tile)
-
-
-def _gemm_wg_mode() -> int:
-    """OPENJET_CUDA_GEMM_WG: 0 (unset), 1, 2, 3 or 4; anything else is an error naming the variable."""
-    import os
-
-    value = os.environ.get(GEMM_WG_ENV, "0")
-    if value not in ("0", "1", "2", "3", "4"):
-        raise ValueError(f"{GEMM_WG_ENV}={value!r}: expected 0 (off), 1 (drained), 2 (overlapped), 3 "
-                         "(warp-specialised) or 4 (warp-specialised, persistent)")
-    return int(value)
-
-
-GEMM_WG = _gemm_wg_mode()
-
-
-def gemm_wg_instance(arch: int, qtype: Q, num_tokens: int, cols: int, has_bias: bool) -> str | None:
-    """The gemm_wg instance a prefill matmul takes, or None: asked for, the GPU its file is built for (sm_90), a
-    type with it, enough tokens, whole superblocks, no bias (it adds a residual only)."""
-    if (not GEMM_WG or ARCH_FEATURE_FILES["gemm_wg"] != arch or qtype not in GEMM_WG_QTYPES
-            or num_tokens < GEMM_WG_MIN_TOKENS or cols % 256 or has_bias):
-        return None
-    return f"gemm_wg_{qtype_tag(qtype)}{GEMM_WG_MODES[GEMM_WG]}"
-
-
-def gemm_ws_rows() -> int:
-    """gemm_ws's rows a tile: 128, or 256 where OPENJET_CUDA_DEFINES builds it with WS_ROWS=256 (gemm_ws.cu)."""
-    from engine.cuda.nvrtc import kernel_options
-
-    return 256 if "-DWS_ROWS=256" in kernel_options() else 128
-
-
-def gemm_runs_cp(qtype: Q, max_smem: int) -> bool:
-    """Whether a prefill matmul of this type takes gemm_cp: on, a type with it, and its shared memory within the
-    GPU's opt-in maximum per block."""
-    return GEMM_STAGED and qtype in GEMM_CP_QTYPES and _gemm_cp_smem(qtype) <= max_smem
 
 
 class ActSrc(ctypes.Structure):
@@ -352,32 +283,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
             f"{w.name}: no closer of {closer.mode} behind {num_tokens} tokens on {kernel}"
         assert y.ptr % 16 == 0 and ld_y % 4 == 0, f"{w.name}: the closer loads y 16 bytes at a time"
         closer.act.i8_tokens = num_tokens
-    gemm = DISPATCH.get(("gemm", w.qtype))
-    if gemm is not None and num_tokens >= GEMM_MIN_TOKENS:
-        wg = gemm_wg_instance(dev.info.arch, w.qtype, num_tokens, w.cols, bias is not None)
-        if wg is not None:  # row tiles along x (gemm_wg.cu: the blocks in flight share a token tile)
-            kernel = dev.kernel(wg)
-            token_tiles = (num_tokens + GEMM_WG_TOKENS - 1) // GEMM_WG_TOKENS
-            if wg.endswith("_ws"):  # one dimension of tiles (gemm_ws.cu WsWalk), a block each or a block an SM
-                threads, smem, tile_rows = GEMM_WS_THREADS, GEMM_WS_SMEM, gemm_ws_rows()
-                grid = ((w.rows + tile_rows - 1) // tile_rows * token_tiles,)
-                if GEMM_WG == GEMM_WS_PERSISTENT:
-                    grid = (min(grid[0], dev.info.multiprocessors),)
-            else:
-                threads, smem = GEMM_WG_THREADS, GEMM_WG_SMEM
-                grid = ((w.rows + GEMM_WG_ROWS - 1) // GEMM_WG_ROWS, token_tiles)
-            dev.set_max_dynamic_smem(kernel, smem)
-            dev.launch(kernel, grid, threads, [w.buf, act.x16, y, residual, w.rows, w.cols, num_tokens, ld_y],
-                       smem=smem)
-            return
-        grid = ((num_tokens + GEMM_TOKENS - 1) // GEMM_TOKENS, (w.rows + GEMM_ROWS - 1) // GEMM_ROWS)
-        args = [w.buf, act.x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y]
-        if gemm_runs_cp(w.qtype, dev.info.max_smem_per_block):
-            kernel, smem = dev.kernel(DISPATCH[("gemm_cp", w.qtype)]), _gemm_cp_smem(w.qtype)
-            dev.set_max_dynamic_smem(kernel, smem)
-            dev.launch(kernel, grid, 128, args, smem=smem)
-        else:
-            dev.launch(dev.kernel(gemm), grid, 128, args)
+    if gemm.launch(dev, w, act.x16, y, num_tokens, ld_y, bias, residual):
         return
     precise = act.x16_lo is not None and w.qtype != Q.F32
     instance = DISPATCH.get(("mmvq_x2" if precise else "mmvq", w.qtype))
@@ -438,7 +344,7 @@ def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: in
 def runs_persist(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
     """Whether matmul(w, act, num_tokens) launches the persistent mmvq, whose partials and counts (persist.scratch)
     are one per device: such a launch must not run beside another one (Device.beside)."""
-    if DISPATCH.get(("gemm", w.qtype)) is not None and num_tokens >= GEMM_MIN_TOKENS:
+    if w.qtype in gemm.INSTANCES and num_tokens >= gemm.MIN_TOKENS:
         return False
     return any(_group_kernel(dev, w, act, num_tokens, min(ACT_GROUP, num_tokens - t0)) == "persist"
                for t0 in range(0, num_tokens, ACT_GROUP))

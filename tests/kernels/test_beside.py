@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import ops
+from engine.cuda import gemm, ops
 from engine.cuda.memory import Buffer
 from engine.cuda.weights import Part, Projection
 
@@ -93,6 +93,6 @@ def test_runs_persist_follows_the_kernel_choice(monkeypatch) -> None:
     assert not ops.runs_persist(dev, q4, _act(True, i8_tokens=4), 4)  # the int8 kernel
     assert not ops.runs_persist(dev, q4, _act(False), 5)  # fast mode: plain above 2 tokens
     assert not ops.runs_persist(dev, _weight("ab", Q.Q8_0, 96), _act(True), 5)
-    assert not ops.runs_persist(dev, q4, _act(True), ops.GEMM_MIN_TOKENS)  # prefill: the GEMM
+    assert not ops.runs_persist(dev, q4, _act(True), gemm.MIN_TOKENS)  # prefill: the GEMM
     assert ops.runs_persist(dev, q4, _act(True), 5)  # precise, no int8 copy written: the two-pass persist
     assert not ops.runs_persist(dev, q4, _act(True), 4)  # precise up to 4 tokens: mmvq_cp

@@ -10,7 +10,7 @@ import re
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import instances, nvrtc, ops
+from engine.cuda import gemm, instances, nvrtc, ops
 
 SOURCE = "\n".join((nvrtc.KERNEL_DIR / f).read_text() for f in ("wgmma.cuh", "gemm_wg.cu", "gemm_ws.cu"))
 EXPRS = tuple(i.expr for i in instances.files()["gemm_wg"])
@@ -23,23 +23,23 @@ def define(name: str) -> str:
 
 def test_launch_constants_are_the_kernels() -> None:
     warps = int(define("WG_WARPS"))
-    assert ops.GEMM_WG_THREADS == 32 * warps and ops.GEMM_WG_TOKENS == int(define("WG_TOKENS"))
-    assert ops.GEMM_WG_ROWS == 16 * warps  # WG_ROWS: 16 rows a warp
+    assert gemm.WG_THREADS == 32 * warps and gemm.WG_TOKENS == int(define("WG_TOKENS"))
+    assert gemm.WG_ROWS == 16 * warps  # WG_ROWS: 16 rows a warp
     assert define("WG_SMEM_BYTES") == "(2 * (WG_WARPS * 4096 + WG_ACT_BYTES) + 128)"
     assert define("WG_ACT_BYTES") == "(SB_STEPS * WG_STEP_BYTES)" and define("WG_STEP_BYTES") == "(WG_TOKENS * 32)"
-    assert ops.GEMM_WG_SMEM == 2 * (warps * 4096 + 16 * ops.GEMM_WG_TOKENS * 32) + 128
+    assert gemm.WG_SMEM == 2 * (warps * 4096 + 16 * gemm.WG_TOKENS * 32) + 128
     assert {i.name for i in instances.files()["gemm_wg"]} == {
         f"gemm_wg_{t}{o}" for t in ("q4_K", "q6_K") for o in ("", "_o")}
     assert {i.name for i in instances.files()["gemm_ws"]} == {f"gemm_wg_{t}_ws" for t in ("q4_K", "q6_K")}
     # the warp-specialised form: two producer warpgroups and two consumers; two slots of raw weights, then
     # WS_ASLOTS slots of a chunk's A (WS_ROWS rows x 32 bytes a step) and as many of its B as fit (WsSmem)
-    assert ops.GEMM_WS_THREADS == int(define("WS_THREADS")) == 4 * 128
+    assert gemm.WS_THREADS == int(define("WS_THREADS")) == 4 * 128
     assert "static constexpr int FIXED = 1024 + 2 * RAW + WS_ASLOTS * WS_A_BYTES;" in SOURCE  # + aligned atoms
     assert define("WS_STEP_A_BYTES") == "(WS_ROWS * 32)" and define("WS_ROWS") == "128"
     assert define("WS_A_BYTES") == "(WS_CHUNK_STEPS * WS_STEP_A_BYTES)"
     assert define("WS_B_BYTES") == "(WS_CHUNK_STEPS * WG_STEP_BYTES)"
     assert define("WS_CHUNK_STEPS") == "(SB_STEPS / WS_CHUNKS)"
-    assert ops.GEMM_WS_SMEM == 227 * 1024 and define("WS_SMEM_MAX") == "(227 * 1024)"  # every build within it
+    assert gemm.WS_SMEM == 227 * 1024 and define("WS_SMEM_MAX") == "(227 * 1024)"  # every build within it
 
 def test_only_sm_90_builds_it_with_its_feature_set() -> None:
     for file in ("gemm_wg", "gemm_ws"):
@@ -67,33 +67,33 @@ def test_sm_90a_build_is_asynchronous_warpgroup_mma_without_spills() -> None:
 
 
 def test_matmul_takes_it_only_where_asked(monkeypatch) -> None:
-    monkeypatch.setattr(ops, "GEMM_WG", 0)
-    assert ops.gemm_wg_instance(90, Q.Q4_K, 512, 5120, False) is None  # off by default
-    monkeypatch.setattr(ops, "GEMM_WG", 1)
-    assert ops.gemm_wg_instance(90, Q.Q4_K, 512, 5120, False) == "gemm_wg_q4_K"
-    assert ops.gemm_wg_instance(90, Q.Q6_K, ops.GEMM_WG_MIN_TOKENS, 17408, False) == "gemm_wg_q6_K"
+    monkeypatch.setattr(gemm, "WG", 0)
+    assert gemm.wg_instance(90, Q.Q4_K, 512, 5120, False) is None  # off by default
+    monkeypatch.setattr(gemm, "WG", 1)
+    assert gemm.wg_instance(90, Q.Q4_K, 512, 5120, False) == "gemm_wg_q4_K"
+    assert gemm.wg_instance(90, Q.Q6_K, gemm.WG_MIN_TOKENS, 17408, False) == "gemm_wg_q6_K"
     for args in ((89, Q.Q4_K, 512, 5120, False), (120, Q.Q4_K, 512, 5120, False), (90, Q.Q5_K, 512, 5120, False),
-                 (90, Q.Q4_K, ops.GEMM_WG_MIN_TOKENS - 1, 5120, False), (90, Q.Q4_K, 512, 5000, False),
+                 (90, Q.Q4_K, gemm.WG_MIN_TOKENS - 1, 5120, False), (90, Q.Q4_K, 512, 5000, False),
                  (90, Q.Q4_K, 512, 5120, True)):
-        assert ops.gemm_wg_instance(*args) is None, args
-    monkeypatch.setattr(ops, "GEMM_WG", 2)
-    assert ops.gemm_wg_instance(90, Q.Q4_K, 8192, 5120, False) == "gemm_wg_q4_K_o"
+        assert gemm.wg_instance(*args) is None, args
+    monkeypatch.setattr(gemm, "WG", 2)
+    assert gemm.wg_instance(90, Q.Q4_K, 8192, 5120, False) == "gemm_wg_q4_K_o"
     for mode in (3, 4):  # 4: the same kernel on a persistent grid
-        monkeypatch.setattr(ops, "GEMM_WG", mode)
-        assert ops.gemm_wg_instance(90, Q.Q6_K, 8192, 17408, False) == "gemm_wg_q6_K_ws"
+        monkeypatch.setattr(gemm, "WG", mode)
+        assert gemm.wg_instance(90, Q.Q6_K, 8192, 17408, False) == "gemm_wg_q6_K_ws"
     assert all(name in instances.INSTANCES for name in ("gemm_wg_q4_K", "gemm_wg_q4_K_o", "gemm_wg_q6_K_o",
                                                          "gemm_wg_q4_K_ws"))
 
 
 def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
-    monkeypatch.setenv(ops.GEMM_WG_ENV, "on")
+    monkeypatch.setenv(gemm.WG_ENV, "on")
     with pytest.raises(ValueError, match="OPENJET_CUDA_GEMM_WG='on'"):
-        ops._gemm_wg_mode()
-    monkeypatch.setenv(ops.GEMM_WG_ENV, "4")
-    assert ops._gemm_wg_mode() == 4
-    monkeypatch.setenv(ops.GEMM_WG_ENV, "5")
+        gemm.wg_mode()
+    monkeypatch.setenv(gemm.WG_ENV, "4")
+    assert gemm.wg_mode() == 4
+    monkeypatch.setenv(gemm.WG_ENV, "5")
     with pytest.raises(ValueError, match="persistent"):
-        ops._gemm_wg_mode()
+        gemm.wg_mode()
 
 
 @pytest.mark.parametrize("defines", [(), ("-DWS_SWIZZLE=0",), ("-DWS_CHUNKS=2", "-DWS_BSLOTS=3"),
@@ -134,7 +134,7 @@ def test_gemm_ws_walks_one_dimension_of_tiles_a_block_each_or_a_block_an_sm(monk
     mode 4 one block an SM; 512 threads and sm_90's 227 KB either way."""
     from tests.kernels.test_close import _Dev, _act, _buf, _weight
 
-    monkeypatch.setattr(ops, "GEMM_WG", mode)
+    monkeypatch.setattr(gemm, "WG", mode)
     dev, w = _Dev(), _weight(Q.Q4_K, 17408, 5120, "ffn_up")
     smem: list[int] = []
     monkeypatch.setattr(dev, "launch", lambda k, g, b, args, smem_=0, **kw: dev.grids.append((k.name, g, b)) or
@@ -156,6 +156,6 @@ def test_256_row_tiles_build_without_spills_with_registers_moved_to_the_consumer
     ptx = nvrtc.compile_file(path, 90, WS_EXPRS, options, ptx=True).image.decode()
     assert "setmaxnreg.dec.sync.aligned.u32 96" in ptx and "setmaxnreg.inc.sync.aligned.u32 160" in ptx
     monkeypatch.setenv(nvrtc.DEFINES_ENV, "WS_ROWS=256")
-    assert ops.gemm_ws_rows() == 256
+    assert gemm.ws_rows() == 256
     monkeypatch.setenv(nvrtc.DEFINES_ENV, "")
-    assert ops.gemm_ws_rows() == 128
+    assert gemm.ws_rows() == 128

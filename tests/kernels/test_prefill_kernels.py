@@ -8,7 +8,7 @@ import re
 
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import instances, mixers, nvrtc, ops
+from engine.cuda import gemm, instances, mixers, nvrtc, ops
 
 # opt-in dynamic shared memory per block: sm_90 (H100/H200), sm_80 (A100), sm_86 / sm_89 / sm_120 (GeForce)
 SM90, SM80, GEFORCE = 232448, 166912, 101376
@@ -24,10 +24,10 @@ def test_launchers_mirror_the_kernels_constants() -> None:
     assert int(chunked["GDN_CHUNK"]) == mixers.GDN_CHUNK and int(chunked["GDN_SCAN_COLS"]) == mixers.GDN_SCAN_COLS
     attention = _defines("attention_prefill.cu")
     assert int(attention["ATTN_MMA_ROWS"]) == mixers.ATTN_MMA_ROWS == int(attention["ATTN_MMA_KEYS"])
-    gemm = _defines("gemm.cu")
-    assert int(gemm["GEMM_STAGES"]) == ops.GEMM_STAGES
+    kernel = _defines("gemm.cu")
+    assert int(kernel["GEMM_STAGES"]) == gemm.STAGES
     # GEMM_ACT_BYTES = GEMM_NG groups x 16 steps x 8 tokens x 32 bytes
-    assert int(gemm["GEMM_NG"]) * 16 * 8 * 32 == ops.GEMM_ACT_BYTES and 8 * int(gemm["GEMM_NG"]) == ops.GEMM_TOKENS
+    assert int(kernel["GEMM_NG"]) * 16 * 8 * 32 == gemm.ACT_BYTES and 8 * int(kernel["GEMM_NG"]) == gemm.TOKENS
 
 
 def test_chunk_scratch_holds_every_chunk_of_every_head() -> None:
@@ -43,10 +43,10 @@ def test_each_prefill_path_only_where_its_shared_memory_fits() -> None:
     for limit in (SM90, SM80):
         assert all(mixers.gdn_chunked_fits(d, d, limit) for d in instances.GDN_CHUNK_DIMS)
         assert all(mixers.attn_runs_mma(512, d, limit) for d in instances.ATTN_MMA_DIMS)
-        assert all(ops.gemm_runs_cp(q, limit) for q in instances.GEMM_CP_QTYPES)
+        assert all(gemm.runs_cp(q, limit) for q in instances.GEMM_CP_QTYPES)
     assert not mixers.gdn_chunked_fits(128, 128, GEFORCE) and mixers.gdn_chunked_fits(64, 64, GEFORCE)
     assert mixers.attn_runs_mma(512, 256, GEFORCE) and not mixers.attn_runs_mma(512, 256, GEFORCE - 1)
-    assert all(ops.gemm_runs_cp(q, GEFORCE) for q in instances.GEMM_CP_QTYPES)
+    assert all(gemm.runs_cp(q, GEFORCE) for q in instances.GEMM_CP_QTYPES)
     assert not mixers.gdn_chunked_fits(128, 64, SM90) and not mixers.gdn_chunked_fits(256, 256, SM90)
 
 

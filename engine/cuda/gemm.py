@@ -1,0 +1,113 @@
+"""The prefill matmul: which GEMM kernel multiplies a chunk of tokens, and its launch.
+
+From MIN_TOKENS tokens on, a weight type with a GEMM instance multiplies the chunk with it instead of the mmvq
+kernels (ops.matmul asks `launch` first): gemm_cp (kernels/gemm.cu, mma.sync with cp.async-staged operands) where
+its shared memory fits the GPU's per-block maximum, the plain gemm otherwise, and on sm_90 the warpgroup-MMA kernels
+(kernels/gemm_wg.cu, gemm_ws.cu) where OPENJET_CUDA_GEMM_WG asks for them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gguf import GGMLQuantizationType as Q
+
+from engine.cuda.device import Buffer, Device
+from engine.cuda.instances import (ARCH_FEATURE_FILES, GEMM_CP_QTYPES, GEMM_QTYPES, GEMM_WG_QTYPES, STAGE_SHAPE,
+                                   qtype_tag)
+
+MIN_TOKENS = 16  # from this many tokens on, a GEMM type runs the prefill GEMM instead of mmvq
+TOKENS = 32  # tokens per gemm / gemm_cp block (kernels/gemm.cu: GEMM_NG groups of 8)
+ROWS = 128  # rows per gemm / gemm_cp block
+STAGES, ACT_BYTES = 2, 16384  # gemm_cp's slots and each slot's activations (kernels/gemm.cu)
+# The staged GEMM where a type has one (off: every type through the plain gemm; the bench compares the two).
+STAGED = True
+INSTANCES = {qt: f"gemm_{qtype_tag(qt)}" for qt in GEMM_QTYPES}
+CP_INSTANCES = {qt: f"gemm_{qtype_tag(qt)}_cp" for qt in GEMM_CP_QTYPES}
+
+
+def cp_smem(qtype: Q) -> int:
+    """gemm_cp's dynamic shared memory: STAGES slots of 8 weight tiles and the activations."""
+    return STAGES * (8 * STAGE_SHAPE[qtype][1] + ACT_BYTES)
+
+
+def runs_cp(qtype: Q, max_smem: int) -> bool:
+    """Whether a prefill matmul of this type takes gemm_cp: on, a type with it, and its shared memory within the
+    GPU's opt-in maximum per block."""
+    return STAGED and qtype in GEMM_CP_QTYPES and cp_smem(qtype) <= max_smem
+
+
+# The prefill matmul on warpgroup MMA (kernels/gemm_wg.cu: sm_90a, 128 rows x 128 tokens a block of two
+# warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained), 2 (overlapped), 3 (warp-specialised: producer
+# warpgroups decode each weight tile once into shared memory for two consumer warpgroups, gemm_ws.cu) or 4 (the
+# same on a persistent grid, a block an SM walking the tiles) runs it in place of gemm_cp for its types from
+# WG_MIN_TOKENS tokens on; 0, the default, until the 27B prefill has run on it end to end (greedy tokens, tok/s):
+# mode 4 beats gemm_cp at 8,192 tokens on every 27B shape and at 2,048 on Q6_K, loses at 512 (bench/NOTES.md Z16).
+WG_ENV = "OPENJET_CUDA_GEMM_WG"
+WG_MIN_TOKENS = 64
+WG_ROWS, WG_TOKENS, WG_THREADS = 128, 128, 256
+WG_SMEM = 2 * (8 * 4096 + 16 * WG_TOKENS * 32) + 128  # gemm_wg.cu WG_SMEM_BYTES
+WS_THREADS = 512  # gemm_ws.cu WS_THREADS: two producer warpgroups, two consumers
+WS_SMEM = 227 * 1024  # gemm_ws.cu WS_SMEM_MAX: its slots' count is a build option, each build within it
+WG_MODES = {1: "", 2: "_o", 3: "_ws", 4: "_ws"}  # OPENJET_CUDA_GEMM_WG -> instance suffix
+WS_PERSISTENT = 4  # the mode that runs gemm_ws on a block an SM walking the tiles (else a block a tile)
+
+
+def wg_mode() -> int:
+    """OPENJET_CUDA_GEMM_WG: 0 (unset), 1, 2, 3 or 4; anything else is an error naming the variable."""
+    value = os.environ.get(WG_ENV, "0")
+    if value not in ("0", "1", "2", "3", "4"):
+        raise ValueError(f"{WG_ENV}={value!r}: expected 0 (off), 1 (drained), 2 (overlapped), 3 "
+                         "(warp-specialised) or 4 (warp-specialised, persistent)")
+    return int(value)
+
+
+WG = wg_mode()
+
+
+def wg_instance(arch: int, qtype: Q, num_tokens: int, cols: int, has_bias: bool) -> str | None:
+    """The gemm_wg instance a prefill matmul takes, or None: asked for, the GPU its file is built for (sm_90), a
+    type with it, enough tokens, whole superblocks, no bias (it adds a residual only)."""
+    if (not WG or ARCH_FEATURE_FILES["gemm_wg"] != arch or qtype not in GEMM_WG_QTYPES
+            or num_tokens < WG_MIN_TOKENS or cols % 256 or has_bias):
+        return None
+    return f"gemm_wg_{qtype_tag(qtype)}{WG_MODES[WG]}"
+
+
+def ws_rows() -> int:
+    """gemm_ws's rows a tile: 128, or 256 where OPENJET_CUDA_DEFINES builds it with WS_ROWS=256 (gemm_ws.cu)."""
+    from engine.cuda.nvrtc import kernel_options
+
+    return 256 if "-DWS_ROWS=256" in kernel_options() else 128
+
+
+def launch(dev: Device, w, x16: Buffer, y: Buffer, num_tokens: int, ld_y: int, bias: Buffer | None,
+           residual: Buffer | None) -> bool:
+    """y[T, rows] = x16 (the act layout's f16 values) @ w^T (+ bias) (+ residual) on a prefill GEMM, if w's type
+    has one and there are MIN_TOKENS tokens or more; False (nothing launched) where the mmvq kernels must run."""
+    if w.qtype not in INSTANCES or num_tokens < MIN_TOKENS:
+        return False
+    wg = wg_instance(dev.info.arch, w.qtype, num_tokens, w.cols, bias is not None)
+    if wg is not None:  # row tiles along x (gemm_wg.cu: the blocks in flight share a token tile)
+        kernel = dev.kernel(wg)
+        token_tiles = (num_tokens + WG_TOKENS - 1) // WG_TOKENS
+        if wg.endswith("_ws"):  # one dimension of tiles (gemm_ws.cu WsWalk), a block each or a block an SM
+            threads, smem, tile_rows = WS_THREADS, WS_SMEM, ws_rows()
+            grid = ((w.rows + tile_rows - 1) // tile_rows * token_tiles,)
+            if WG == WS_PERSISTENT:
+                grid = (min(grid[0], dev.info.multiprocessors),)
+        else:
+            threads, smem = WG_THREADS, WG_SMEM
+            grid = ((w.rows + WG_ROWS - 1) // WG_ROWS, token_tiles)
+        dev.set_max_dynamic_smem(kernel, smem)
+        dev.launch(kernel, grid, threads, [w.buf, x16, y, residual, w.rows, w.cols, num_tokens, ld_y], smem=smem)
+        return True
+    grid = ((num_tokens + TOKENS - 1) // TOKENS, (w.rows + ROWS - 1) // ROWS)
+    args = [w.buf, x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y]
+    if runs_cp(w.qtype, dev.info.max_smem_per_block):
+        kernel, smem = dev.kernel(CP_INSTANCES[w.qtype]), cp_smem(w.qtype)
+        dev.set_max_dynamic_smem(kernel, smem)
+        dev.launch(kernel, grid, 128, args, smem=smem)
+    else:
+        dev.launch(dev.kernel(INSTANCES[w.qtype]), grid, 128, args)
+    return True
