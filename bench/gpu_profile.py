@@ -19,6 +19,19 @@ import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 
+def set_switch(item: str) -> None:
+    """`[module.]NAME=INT`: engine.cuda.<module> (ops when none) gets NAME = INT; a name it lacks is an error (a
+    switch that moved to another module must not be set silently on the old one)."""
+    import importlib
+
+    target, _, value = item.partition("=")
+    module_name, _, name = target.rpartition(".")
+    module = importlib.import_module(f"engine.cuda.{module_name or 'ops'}")
+    if not hasattr(module, name):
+        raise SystemExit(f"--ops {item}: engine.cuda.{module_name or 'ops'} has no switch {name}")
+    setattr(module, name, int(value))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Set up the matrix, run the matmul --reps times, print its median time."""
     from bench.gpu_kernels import SHAPES_27B, timed_matrix
@@ -31,12 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--fast", action="store_true", help="fast mode (no f16 residue) for the f16 kernels")
-    parser.add_argument("--ops", action="append", default=[], metavar="NAME=INT",
-                        help="set a switch of engine/cuda/ops.py first (I8_WARPS=4, I8_TILES=2, ...)")
+    parser.add_argument("--ops", action="append", default=[], metavar="[MODULE.]NAME=INT",
+                        help="set a switch of engine/cuda/ops.py (I8_WARPS=4, I8_TILES=2, ...) or of another module "
+                             "of engine/cuda (gemm.WG=4) first")
     args = parser.parse_args(argv)
     for item in args.ops:
-        name, value = item.split("=")
-        setattr(ops, name, int(value))
+        set_switch(item)
     with Device() as dev:
         m = timed_matrix(dev, np.random.default_rng(0), args.shape, Q[args.qtype], precise=not args.fast,
                          tokens=max(8, args.tokens))
