@@ -26,6 +26,9 @@ struct Act8 {
 };
 
 __device__ __forceinline__ i64 act_pos(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
+// A staged row of act_from's PER 8 stores: 256 positions and 4 halves of padding, so that the 8-byte reads of a
+// warp's 8 slots (rows) and two pieces fall in different banks
+#define ACT_STAGE_LD (QK_SB + 4)
 
 // Warp sums (or maxima) of the group's tokens' values at once: one chain for a single token, else interleaved
 // butterflies over the first 4 or all 8 (the tokens past T hold zeros), so T tokens wait ~5 shuffles, not 5 T.
@@ -205,17 +208,38 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
         for (int n = 0; n < PER; ++n) v[n] = (t0 + n < T && k < K) ? v[n] * inv[n] * w_k : 0.f;
     if (a8.q) act_i8(a8, v, grp, n0, tokens, sb, nsb);
     float seen[8] = {};  // per token: what the mma multiplies (hi + lo), summed over the warp's sub-block below
+    // PER 8: the group's 8 slots (those past T zeros) of the superblock fill 4 KB of the act layout (and of act_lo),
+    // staged through shared memory so that each thread stores 16 contiguous bytes of it (a thread's own values
+    // are 2-byte pieces of 8-byte runs 512 bytes apart: 16 scattered stores a thread, bench/NOTES.md Z17)
+    __shared__ __align__(16) f16 staged[2][PER][ACT_STAGE_LD];
 #pragma unroll
-    for (int n = 0; n < PER; ++n) {  // PER 8: every slot of the group, those past T zeros
+    for (int n = 0; n < PER; ++n) {
         const int t = t0 + n;
         if (a.out32 && t < T && k < K) a.out32[(i64)t * a.ld_out32 + k] = v[n];
         const f16 hi = f32_to_f16(v[n]);
-        act_g[act_pos(sb, s, n0 + n) + 4 * c + r] = hi;
         seen[n] = f16_to_f32(hi);
-        if (act_lo) {
-            const f16 lo = f32_to_f16(v[n] - seen[n]);
-            act_lo[(i64)grp * nsb * 2048 + act_pos(sb, s, n0 + n) + 4 * c + r] = lo;
-            seen[n] += f16_to_f32(lo);
+        const f16 lo = f32_to_f16(v[n] - seen[n]);
+        if (act_lo) seen[n] += f16_to_f32(lo);
+        if constexpr (PER == 8) {
+            staged[0][n][k_local] = hi;
+            staged[1][n][k_local] = lo;
+        } else {
+            act_g[act_pos(sb, s, n0 + n) + 4 * c + r] = hi;
+            if (act_lo) act_lo[(i64)grp * nsb * 2048 + act_pos(sb, s, n0 + n) + 4 * c + r] = lo;
+        }
+    }
+    if constexpr (PER == 8) {  // thread p: halves 8p .. 8p + 7: step p / 16, slot (p / 2) % 8, c = 2 (p % 2), + 1
+        __syncthreads();
+        const int p = threadIdx.x, ps = p >> 4, pn = (p >> 1) & 7;
+        const int k0 = 128 * (p & 1) + 32 * (ps & 1) + 4 * (ps >> 1);  // position of (c = 2 (p % 2), r = 0)
+        const i64 at = (i64)grp * nsb * 2048 + (i64)sb * 2048 + 8 * p;
+#pragma unroll
+        for (int level = 0; level < 2; ++level) {
+            f16* dst = level ? act_lo : act;
+            if (!dst) continue;
+            const uint2 a0 = *reinterpret_cast<const uint2*>(&staged[level][pn][k0]);
+            const uint2 a1 = *reinterpret_cast<const uint2*>(&staged[level][pn][k0 + 64]);
+            *reinterpret_cast<uint4*>(dst + at) = make_uint4(a0.x, a0.y, a1.x, a1.y);
         }
     }
     warp_reduce_tokens<false>(seen, tokens);  // a warp covers one 32-wide sub-block; tokens past T sum zeros
