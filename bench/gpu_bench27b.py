@@ -271,6 +271,7 @@ def _prefill_sweep(backend, report: Report, pairs: list[tuple[int, int]]) -> Non
             with patched(gemm, WG=mode):
                 if first is None:  # the tokens every run since v7 printed after a 512-token prompt (the notes)
                     _decode_sanity(backend, report, tag)
+                    _profile(backend, report, tag, full=False, labels=("prefill512",))
                 tokens = _decode_sanity(backend, report, tag, prompt=2048)
                 first = first or tokens
                 same = sum(a == b for a, b in zip(tokens, first, strict=True))
