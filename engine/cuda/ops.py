@@ -85,6 +85,7 @@ class Act:
     sums8: Buffer | None = None
     sums8_lo: Buffer | None = None
     i8_tokens: int = 0
+    row_inv: Buffer | None = None  # [max_tokens] f32: RMSNorm's 1 / rms a token, for producers of several groups
 
     @property
     def num_superblocks(self) -> int:
@@ -109,7 +110,7 @@ class Act:
         """Every buffer of these activations, to free them (f32 included: leave it out where the caller
         passed its own to alloc_act)."""
         return [b for b in (self.x16, self.sums, self.f32, self.sums_lo, self.x16_lo, self.q8, self.scale8,
-                            self.sums8, self.sums8_lo) if b is not None]
+                            self.sums8, self.sums8_lo, self.row_inv) if b is not None]
 
 
 def _mmvq_instance(qtype: Q) -> str:
@@ -206,8 +207,12 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
         name, slices = f"act_{mode}_t1", num_tokens
     else:
         name, slices = (f"act_{mode}_g1" if groups == 1 and mode in ACT_ONE_GROUP_MODES else f"act_{mode}"), groups
+    row_inv = 0
+    if mode == "rmsnorm" and groups > 1 and act.row_inv is not None:  # each row reduced once, not by every block
+        dev.launch(dev.kernel("act_row_inv"), (num_tokens,), 256, [src, act.row_inv, act.width])
+        row_inv = act.row_inv.ptr
     dev.launch(dev.kernel(name), (act.num_superblocks, slices), 256,
-               [src, act.x16, act.sums, act.x16_lo, act.sums_lo, a8, num_tokens, act.width])
+               [src, act.x16, act.sums, act.x16_lo, act.sums_lo, a8, row_inv, num_tokens, act.width])
 
 
 # Whether the producers leave out the int8 copy of counts that only mmvq_i8v takes where no matmul of the act's width
@@ -680,6 +685,8 @@ def alloc_act(dev: Device, max_tokens: int, width: int, what: str, f32: Buffer |
     sums_lo = dev.alloc(groups * nsb * 128, f"{what}.sums_lo")
     act_lo = dev.alloc(groups * nsb * 4096, f"{what}.act_lo") if precise else None
     act = Act(x16, sums, f32, width, ld, max_tokens, sums_lo, act_lo)
+    if groups > 1:
+        act.row_inv = dev.alloc(4 * max_tokens, f"{what}.row_inv")
     if width % SUPERBLOCK == 0:  # the int8 matmul's whole superblocks (one group: it runs up to 4 tokens)
         act.q8 = dev.alloc(nsb * 4096, f"{what}.q8")
         act.scale8 = dev.alloc(nsb * 64, f"{what}.scale8")

@@ -69,3 +69,24 @@ def test_instances_carry_their_launch_bound() -> None:
         assert instances.INSTANCES[f"act_{mode}_g1"].expr == f"act_from<{i}, 1, 8>"
         assert instances.INSTANCES[f"act_{mode}_t1"].expr == f"act_from<{i}, 1, 1>"
     assert re.search(r"__launch_bounds__\(256, MIN_BLOCKS\)\s*act_from", (nvrtc.KERNEL_DIR / "act.cu").read_text())
+
+
+def test_prefill_rmsnorm_reduces_each_row_once_ahead_of_the_producer() -> None:
+    """Several groups: act_row_inv (a block a token) writes each token's 1 / rms, which act_rmsnorm's blocks read
+    instead of reducing their 8 rows over the whole width each; one group reduces in the producer itself."""
+    class Dev(RecordingDevice):
+        def launch(self, kernel, grid, block, args) -> None:
+            self.launches.append((kernel, grid, args))
+
+    dev = Dev()
+    act = ops.Act(None, None, None, 5120, 5120, 64)
+    act.row_inv = type("Buf", (), {"ptr": 0x1000})()
+    ops._act_from(dev, "rmsnorm", ops.ActSrc(), act, 20)
+    (inv_kernel, inv_grid, inv_args), (name, grid, args) = dev.launches
+    assert (inv_kernel, inv_grid, name, grid) == ("act_row_inv", (20,), "act_rmsnorm", (20, 3))
+    assert inv_args[1] is act.row_inv and args[6] == 0x1000  # the producer reads what act_row_inv wrote
+    for mode, tokens in (("rmsnorm", 8), ("swiglu", 20)):
+        dev.launches.clear()
+        ops._act_from(dev, mode, ops.ActSrc(), act, tokens)
+        (launch,) = dev.launches
+        assert launch[2][6] == 0  # no row_inv: reduced in the producer (or no norm)

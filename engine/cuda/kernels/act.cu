@@ -163,7 +163,7 @@ __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int 
 template <int MODE, int MIN_BLOCKS, int PER>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
 act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restrict__ act_lo,
-         f16* __restrict__ sums_lo, Act8 a8, int T, int K) {
+         f16* __restrict__ sums_lo, Act8 a8, const float* __restrict__ row_inv, int T, int K) {
     PDL_ENTER();
     __shared__ float inv[8];
     __shared__ float head_ss[8][8];  // GATEDNORM: [warp][token] partial sums of squares
@@ -183,7 +183,15 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
         v[n] = x;
     }
     const float w_k = k >= K ? 0.f : MODE == ACT_RMSNORM ? a.w[k] : MODE == ACT_GATEDNORM ? a.w[k % a.head] : 0.f;
-    if (MODE == ACT_RMSNORM) row_inv_rms<MIN_BLOCKS == 1>(a, t0, tokens, K, inv);
+    float rinv[PER];  // RMSNorm: each token's 1 / rms, from act_row_inv where the launcher ran it, else reduced here
+    if (MODE == ACT_RMSNORM && row_inv) {
+#pragma unroll
+        for (int n = 0; n < PER; ++n) rinv[n] = row_inv[t0 + min(n, tokens - 1)];
+    } else if (MODE == ACT_RMSNORM) {
+        row_inv_rms<MIN_BLOCKS == 1>(a, t0, tokens, K, inv);
+#pragma unroll
+        for (int n = 0; n < PER; ++n) rinv[n] = inv[n];
+    }
     if (MODE == ACT_GATEDNORM) {  // heads of a.head positions (a divisor of 256): warps, then whole heads
         float sq[8];
 #pragma unroll
@@ -205,7 +213,7 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
     f16* act_g = act + (i64)grp * nsb * 2048;
     if (MODE == ACT_RMSNORM)
 #pragma unroll
-        for (int n = 0; n < PER; ++n) v[n] = (t0 + n < T && k < K) ? v[n] * inv[n] * w_k : 0.f;
+        for (int n = 0; n < PER; ++n) v[n] = (t0 + n < T && k < K) ? v[n] * rinv[n] * w_k : 0.f;
     if (a8.q) act_i8(a8, v, grp, n0, tokens, sb, nsb);
     float seen[8] = {};  // per token: what the mma multiplies (hi + lo), summed over the warp's sub-block below
     // PER 8: the group's 8 slots (those past T zeros) of the superblock fill 4 KB of the act layout (and of act_lo),
@@ -249,4 +257,14 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
             const float sub = n < tokens ? seen[n] : 0.f;
             store_f16_pair(sums, sums_lo, (i64)grp * nsb * 64 + ((i64)sb * 8 + n0 + n) * 8 + (k_local >> 5), sub);
         }
+}
+
+// Each token's 1 / rms over its whole row (RMSNorm), a block a token, for act_from's instances of several token
+// groups (prefill): there each block (a superblock of 8 tokens) would otherwise reduce its 8 whole rows itself,
+// reading every row K / 256 times from L2 (bench/NOTES.md Z17).
+__global__ void __launch_bounds__(256) act_row_inv(ActSrc a, float* __restrict__ inv, int K) {
+    PDL_ENTER();
+    __shared__ float row[8];
+    row_inv_rms<true>(a, blockIdx.x, 1, K, row);
+    if (threadIdx.x == 0) inv[blockIdx.x] = row[0];
 }
