@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.backend import Backend, Checkpoint, Draft, RowChoices, TokenSequence
-from engine.cuda import env_flag, mixers, ops
+from engine.cuda import env_flag, gemm, mixers, ops
 from engine.cuda.device import Buffer, Device, Graph
 from engine.cuda.model import VERIFY_MAX, CudaModel
 from engine.cuda.penalties import PenaltyCounts, has_penalties, without_penalties
@@ -75,7 +75,7 @@ class CudaBackend(Backend):
 
     @classmethod
     def from_gguf(cls, path: str | Path, context_size: int | None = None, device: Device | None = None,
-                  max_tokens: int = 512, use_graphs: bool = True, precise: bool | None = None,
+                  max_tokens: int | None = None, use_graphs: bool = True, precise: bool | None = None,
                   mtp: bool | None = None) -> CudaBackend:
         """Open and validate a GGUF file, upload its weights and compile the kernels (NoGpuError,
         UnsupportedGpuError, DeviceOutOfMemoryError, UnsupportedModelError say why it cannot).
@@ -87,6 +87,8 @@ class CudaBackend(Backend):
 
         mtp (default: on, unless OPENJET_CUDA_MTP=0) uploads the file's MTP head, if it has one, and feeds it
         every pass, so that draft() works (can_draft).
+
+        max_tokens: the workspace's tokens, so the prefill's chunk (default: gemm.prefill_tokens for this GPU).
         """
         from engine.cuda.weights import upload_weights
         from engine.gguf.reader import GGUFFile
@@ -107,6 +109,7 @@ class CudaBackend(Backend):
             weights = upload_weights(dev, cfg, tensors, mtp=mtp)
             if precise is None:
                 precise = env_flag("OPENJET_CUDA_PRECISE", True)
+            max_tokens = max_tokens or gemm.prefill_tokens(dev.info.arch)
             model = CudaModel(dev, cfg, weights, capacity=context + VERIFY_MAX, max_tokens=max_tokens,
                               precise=precise)
         except BaseException:

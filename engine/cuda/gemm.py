@@ -41,10 +41,12 @@ def runs_cp(qtype: Q, max_smem: int) -> bool:
 # warpgroups): OPENJET_CUDA_GEMM_WG=1 (each superblock drained), 2 (overlapped), 3 (warp-specialised: producer
 # warpgroups decode each weight tile once into shared memory for two consumer warpgroups, gemm_ws.cu) or 4 (the
 # same on a persistent grid, a block an SM walking the tiles) runs it in place of gemm_cp for its types from
-# WG_MIN_TOKENS tokens on; 0, the default, until the 27B prefill has run on it end to end (greedy tokens, tok/s):
-# mode 4 beats gemm_cp at 8,192 tokens on every 27B shape and at 2,048 on Q6_K, loses at 512 (bench/NOTES.md Z16).
+# WG_MIN_TOKENS tokens on; 0 never. Unset, the default policy: mode 4 for matmuls of WS_AUTO_TOKENS tokens or more
+# (None: never, until the 27B prefill has run on it end to end), gemm_cp below. Mode 4 beats gemm_cp at 8,192
+# tokens on every 27B shape and at 2,048 on Q6_K, loses at 512 (bench/NOTES.md Z16).
 WG_ENV = "OPENJET_CUDA_GEMM_WG"
 WG_MIN_TOKENS = 64
+WS_AUTO_TOKENS: int | None = None
 WG_ROWS, WG_TOKENS, WG_THREADS = 128, 128, 256
 WG_SMEM = 2 * (8 * 4096 + 16 * WG_TOKENS * 32) + 128  # gemm_wg.cu WG_SMEM_BYTES
 WS_THREADS = 512  # gemm_ws.cu WS_THREADS: two producer warpgroups, two consumers
@@ -53,9 +55,12 @@ WG_MODES = {1: "", 2: "_o", 3: "_ws", 4: "_ws"}  # OPENJET_CUDA_GEMM_WG -> insta
 WS_PERSISTENT = 4  # the mode that runs gemm_ws on a block an SM walking the tiles (else a block a tile)
 
 
-def wg_mode() -> int:
-    """OPENJET_CUDA_GEMM_WG: 0 (unset), 1, 2, 3 or 4; anything else is an error naming the variable."""
-    value = os.environ.get(WG_ENV, "0")
+def wg_mode() -> int | None:
+    """OPENJET_CUDA_GEMM_WG: None (unset: the default policy), 0, 1, 2, 3 or 4; anything else is an error naming
+    the variable."""
+    value = os.environ.get(WG_ENV)
+    if value is None:
+        return None
     if value not in ("0", "1", "2", "3", "4"):
         raise ValueError(f"{WG_ENV}={value!r}: expected 0 (off), 1 (drained), 2 (overlapped), 3 "
                          "(warp-specialised) or 4 (warp-specialised, persistent)")
@@ -65,13 +70,29 @@ def wg_mode() -> int:
 WG = wg_mode()
 
 
+def mode_for(num_tokens: int) -> int:
+    """The OPENJET_CUDA_GEMM_WG mode a matmul of num_tokens takes: the variable's, else the default policy's."""
+    if WG is not None:
+        return WG
+    return WS_PERSISTENT if WS_AUTO_TOKENS is not None and num_tokens >= WS_AUTO_TOKENS else 0
+
+
 def wg_instance(arch: int, qtype: Q, num_tokens: int, cols: int, has_bias: bool) -> str | None:
-    """The gemm_wg instance a prefill matmul takes, or None: asked for, the GPU its file is built for (sm_90), a
-    type with it, enough tokens, whole superblocks, no bias (it adds a residual only)."""
-    if (not WG or ARCH_FEATURE_FILES["gemm_wg"] != arch or qtype not in GEMM_WG_QTYPES
+    """The gemm_wg instance a prefill matmul takes, or None: asked for (mode_for), the GPU its file is built for
+    (sm_90), a type with it, enough tokens, whole superblocks, no bias (it adds a residual only)."""
+    mode = mode_for(num_tokens)
+    if (not mode or ARCH_FEATURE_FILES["gemm_wg"] != arch or qtype not in GEMM_WG_QTYPES
             or num_tokens < WG_MIN_TOKENS or cols % 256 or has_bias):
         return None
-    return f"gemm_wg_{qtype_tag(qtype)}{WG_MODES[WG]}"
+    return f"gemm_wg_{qtype_tag(qtype)}{WG_MODES[mode]}"
+
+
+def prefill_tokens(arch: int) -> int:
+    """The prefill chunk (the workspace's tokens) for a GPU: 512, or WS_AUTO_TOKENS where the default policy runs
+    gemm_ws there (it gains only from that many tokens a matmul; ~0.45 MB of workspace a token at the 27B shape)."""
+    if WG is None and WS_AUTO_TOKENS is not None and ARCH_FEATURE_FILES["gemm_ws"] == arch:
+        return max(512, WS_AUTO_TOKENS)
+    return 512
 
 
 def ws_rows() -> int:
@@ -94,7 +115,7 @@ def launch(dev: Device, w, x16: Buffer, y: Buffer, num_tokens: int, ld_y: int, b
         if wg.endswith("_ws"):  # one dimension of tiles (gemm_ws.cu WsWalk), a block each or a block an SM
             threads, smem, tile_rows = WS_THREADS, WS_SMEM, ws_rows()
             grid = ((w.rows + tile_rows - 1) // tile_rows * token_tiles,)
-            if WG == WS_PERSISTENT:
+            if mode_for(num_tokens) == WS_PERSISTENT:
                 grid = (min(grid[0], dev.info.multiprocessors),)
         else:
             threads, smem = WG_THREADS, WG_SMEM

@@ -32,7 +32,7 @@ def megakernel_requested() -> bool:
 
 
 def select_backend(model_path: str | Path, requested: str = "auto", context_size: int | None = None,
-                   max_tokens: int = 512) -> tuple[Backend, str]:
+                   max_tokens: int | None = None) -> tuple[Backend, str]:
     """(backend, reason) for the requested backend; `cuda` raises the CUDA error, `auto` falls back."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown backend {requested!r} (choose from {', '.join(BACKENDS)})")
@@ -65,7 +65,7 @@ def select_backend(model_path: str | Path, requested: str = "auto", context_size
     return ReferenceBackend.from_gguf(model_path, context_size=context_size), reason
 
 
-def _cuda(model_path: str | Path, context_size: int | None, max_tokens: int) -> Backend:
+def _cuda(model_path: str | Path, context_size: int | None, max_tokens: int | None) -> Backend:
     """The CUDA backend, every failure an EngineError with a readable reason."""
     from engine.cuda.backend import CudaBackend
     from engine.cuda.device import CudaError
@@ -78,7 +78,7 @@ def _cuda(model_path: str | Path, context_size: int | None, max_tokens: int) -> 
         raise CudaError(f"CUDA libraries unavailable: {exc}") from exc
 
 
-def _megakernel(model_path: str | Path, context_size: int | None, max_tokens: int) -> tuple[Backend, str]:
+def _megakernel(model_path: str | Path, context_size: int | None, max_tokens: int | None) -> tuple[Backend, str]:
     """The megakernel with the per-op path behind it, and the reason; EngineError when it cannot run here."""
     from engine.cuda.fallback import FallbackBackend
     from engine.cuda.megakernel.runner import open_backend

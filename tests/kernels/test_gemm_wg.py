@@ -85,12 +85,31 @@ def test_matmul_takes_it_only_where_asked(monkeypatch) -> None:
                                                          "gemm_wg_q4_K_ws"))
 
 
+def test_unset_the_default_policy_takes_the_persistent_gemm_ws_from_its_token_count(monkeypatch) -> None:
+    """OPENJET_CUDA_GEMM_WG unset: gemm_ws on its persistent grid from WS_AUTO_TOKENS tokens a matmul (sm_90, its
+    types), gemm_cp below; the prefill chunk grows to that count on sm_90 only; None keeps gemm_cp everywhere."""
+    monkeypatch.setattr(gemm, "WG", None)
+    monkeypatch.setattr(gemm, "WS_AUTO_TOKENS", 2048)
+    assert [gemm.mode_for(t) for t in (512, 2047, 2048, 8192)] == [0, 0, 4, 4]
+    assert gemm.wg_instance(90, Q.Q4_K, 2048, 5120, False) == "gemm_wg_q4_K_ws"
+    assert gemm.wg_instance(90, Q.Q4_K, 512, 5120, False) is None
+    assert gemm.wg_instance(89, Q.Q4_K, 8192, 5120, False) is None  # no wgmma there
+    assert (gemm.prefill_tokens(90), gemm.prefill_tokens(89), gemm.prefill_tokens(120)) == (2048, 512, 512)
+    monkeypatch.setattr(gemm, "WG", 0)  # the variable set says otherwise: its mode everywhere, the engine's chunk
+    assert gemm.mode_for(8192) == 0 and gemm.prefill_tokens(90) == 512
+    monkeypatch.setattr(gemm, "WG", None)
+    monkeypatch.setattr(gemm, "WS_AUTO_TOKENS", None)
+    assert gemm.mode_for(1 << 20) == 0 and gemm.prefill_tokens(90) == 512
+
+
 def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
     monkeypatch.setenv(gemm.WG_ENV, "on")
     with pytest.raises(ValueError, match="OPENJET_CUDA_GEMM_WG='on'"):
         gemm.wg_mode()
     monkeypatch.setenv(gemm.WG_ENV, "4")
     assert gemm.wg_mode() == 4
+    monkeypatch.delenv(gemm.WG_ENV)
+    assert gemm.wg_mode() is None  # the default policy
     monkeypatch.setenv(gemm.WG_ENV, "5")
     with pytest.raises(ValueError, match="persistent"):
         gemm.wg_mode()
