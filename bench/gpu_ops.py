@@ -305,9 +305,8 @@ def check_act(dev: Device, report: Report, rng: np.random.Generator, num_tokens:
     levels' steps predict, gpu_fused.level_error) and its sums against them."""
     s = Scope(dev)
     act = ops.alloc_act(dev, num_tokens, k, "x", precise=precise)
-    s.bufs += [act.x16, act.sums, act.sums_lo, act.f32] + ([act.x16_lo] if precise else [])
+    s.bufs += act.buffers()
     act8 = [b for b in (act.q8, act.scale8, act.sums8, act.sums8_lo) if b is not None]
-    s.bufs += act8
     x, x2, w = randn(rng, num_tokens, k), randn(rng, num_tokens, k, scale=2.0), randn(rng, k)
     xb, x2b, wb = s.put(x), s.put(x2), s.put(w)
     wh = randn(rng, head)

@@ -207,10 +207,10 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
         name, slices = f"act_{mode}_t1", num_tokens
     else:
         name, slices = (f"act_{mode}_g1" if groups == 1 and mode in ACT_ONE_GROUP_MODES else f"act_{mode}"), groups
-    row_inv = 0
+    row_inv = None  # a Buffer (a pointer argument), or None: the producer reduces its rows itself
     if mode == "rmsnorm" and groups > 1 and act.row_inv is not None:  # each row reduced once, not by every block
-        dev.launch(dev.kernel("act_row_inv"), (num_tokens,), 256, [src, act.row_inv, act.width])
-        row_inv = act.row_inv.ptr
+        row_inv = act.row_inv
+        dev.launch(dev.kernel("act_row_inv"), (num_tokens,), 256, [src, row_inv, act.width])
     dev.launch(dev.kernel(name), (act.num_superblocks, slices), 256,
                [src, act.x16, act.sums, act.x16_lo, act.sums_lo, a8, row_inv, num_tokens, act.width])
 

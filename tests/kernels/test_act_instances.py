@@ -11,6 +11,7 @@ import re
 import pytest
 
 from engine.cuda import instances, nvrtc, ops
+from engine.cuda.memory import Buffer
 
 
 class RecordingDevice:
@@ -80,13 +81,14 @@ def test_prefill_rmsnorm_reduces_each_row_once_ahead_of_the_producer() -> None:
 
     dev = Dev()
     act = ops.Act(None, None, None, 5120, 5120, 64)
-    act.row_inv = type("Buf", (), {"ptr": 0x1000})()
+    act.row_inv = Buffer(0x1000, 4 * 64)
     ops._act_from(dev, "rmsnorm", ops.ActSrc(), act, 20)
     (inv_kernel, inv_grid, inv_args), (name, grid, args) = dev.launches
     assert (inv_kernel, inv_grid, name, grid) == ("act_row_inv", (20,), "act_rmsnorm", (20, 3))
-    assert inv_args[1] is act.row_inv and args[6] == 0x1000  # the producer reads what act_row_inv wrote
+    # the producer reads what act_row_inv wrote, passed as a Buffer: Device.launch marshals a Python int as int32
+    assert inv_args[1] is act.row_inv and args[6] is act.row_inv
     for mode, tokens in (("rmsnorm", 8), ("swiglu", 20)):
         dev.launches.clear()
         ops._act_from(dev, mode, ops.ActSrc(), act, tokens)
         (launch,) = dev.launches
-        assert launch[2][6] == 0  # no row_inv: reduced in the producer (or no norm)
+        assert launch[2][6] is None  # a null pointer: reduced in the producer (or no norm)
