@@ -96,10 +96,10 @@ def prefill_tokens(arch: int) -> int:
 
 
 def ws_rows() -> int:
-    """gemm_ws's rows a tile: 128, or 256 where OPENJET_CUDA_DEFINES builds it with WS_ROWS=256 (gemm_ws.cu)."""
+    """gemm_ws's rows a tile: 256, or 128 where OPENJET_CUDA_DEFINES builds it with WS_ROWS=128 (gemm_ws.cu)."""
     from engine.cuda.nvrtc import kernel_options
 
-    return 256 if "-DWS_ROWS=256" in kernel_options() else 128
+    return 128 if "-DWS_ROWS=128" in kernel_options() else 256
 
 
 def launch(dev: Device, w, x16: Buffer, y: Buffer, num_tokens: int, ld_y: int, bias: Buffer | None,

@@ -35,7 +35,7 @@ def test_launch_constants_are_the_kernels() -> None:
     # WS_ASLOTS slots of a chunk's A (WS_ROWS rows x 32 bytes a step) and as many of its B as fit (WsSmem)
     assert gemm.WS_THREADS == int(define("WS_THREADS")) == 4 * 128
     assert "static constexpr int FIXED = 1024 + 2 * RAW + WS_ASLOTS * WS_A_BYTES;" in SOURCE  # + aligned atoms
-    assert define("WS_STEP_A_BYTES") == "(WS_ROWS * 32)" and define("WS_ROWS") == "128"
+    assert define("WS_STEP_A_BYTES") == "(WS_ROWS * 32)" and define("WS_ROWS") == "256"
     assert define("WS_A_BYTES") == "(WS_CHUNK_STEPS * WS_STEP_A_BYTES)"
     assert define("WS_B_BYTES") == "(WS_CHUNK_STEPS * WG_STEP_BYTES)"
     assert define("WS_CHUNK_STEPS") == "(SB_STEPS / WS_CHUNKS)"
@@ -115,8 +115,10 @@ def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
         gemm.wg_mode()
 
 
-@pytest.mark.parametrize("defines", [(), ("-DWS_SWIZZLE=0",), ("-DWS_CHUNKS=2", "-DWS_BSLOTS=3"),
-                                     ("-DWS_CHUNKS=8", "-DWS_ASLOTS=4", "-DWS_BSLOTS=16", "-DWS_SWIZZLE=0")])
+@pytest.mark.parametrize("defines", [(), ("-DWS_ROWS=128",), ("-DWS_ROWS=128", "-DWS_SWIZZLE=0"),
+                                     ("-DWS_ROWS=128", "-DWS_CHUNKS=2", "-DWS_BSLOTS=3"),
+                                     ("-DWS_ROWS=128", "-DWS_CHUNKS=8", "-DWS_ASLOTS=4", "-DWS_BSLOTS=16",
+                                      "-DWS_SWIZZLE=0")])
 def test_the_warp_specialised_form_builds_in_each_layout(defines: tuple[str, ...]) -> None:
     """gemm_ws with both operands in shared memory (a chunk's steps of wgmma: 16 a superblock), FULL and EMPTY barriers
     an A slot, asynchronous, without spills, trapping elsewhere; 128-byte swizzled descriptors but with WS_SWIZZLE=0."""
@@ -140,14 +142,15 @@ def test_the_warp_specialised_form_builds_in_each_layout(defines: tuple[str, ...
 
 @pytest.mark.parametrize("defines, what", [
     (("-DWS_CHUNKS=3",), "equal chunks"), (("-DWS_ASLOTS=1",), "FULL and EMPTY"), (("-DWS_ROWS=192",), "row tiles"),
-    (("-DWS_ASLOTS=6", "-DWS_BSLOTS=6"), "shared memory"), (("-DWS_CHUNKS=8", "-DWS_BSLOTS=16"), "swizzled row")])
+    (("-DWS_ASLOTS=6", "-DWS_BSLOTS=6"), "shared memory"),
+    (("-DWS_ROWS=128", "-DWS_CHUNKS=8", "-DWS_BSLOTS=16"), "swizzled row")])
 def test_a_slot_count_that_cannot_work_is_refused_at_build_time(defines: tuple[str, ...], what: str) -> None:
     path = nvrtc.KERNEL_DIR / "gemm_ws.cu"
     with pytest.raises(Exception, match=what):
         nvrtc.compile_file(path, 90, WS_EXPRS, nvrtc.file_options("gemm_ws", 90) + defines, ptx=True)
 
 
-@pytest.mark.parametrize("mode, grid", [(3, (136 * 64,)), (4, (132,))])
+@pytest.mark.parametrize("mode, grid", [(3, (68 * 64,)), (4, (132,))])
 def test_gemm_ws_walks_one_dimension_of_tiles_a_block_each_or_a_block_an_sm(monkeypatch, mode: int, grid) -> None:
     """gemm_ws reads its tiles from blockIdx.x alone (WsWalk: row tiles fastest): mode 3 launches one block a tile,
     mode 4 one block an SM; 512 threads and sm_90's 227 KB either way."""
@@ -165,16 +168,16 @@ def test_gemm_ws_walks_one_dimension_of_tiles_a_block_each_or_a_block_an_sm(monk
 
 
 def test_256_row_tiles_build_without_spills_with_registers_moved_to_the_consumers(monkeypatch) -> None:
-    """WS_ROWS=256 (built, not yet run on a GPU): two wgmmas a consumer step (128 accumulators), setmaxnreg giving the
-    consumers 160 registers and the producers 96 (ptxas spills and serialises the wgmmas at 152), and ops' grid
-    counts 256-row tiles."""
-    path, options = nvrtc.KERNEL_DIR / "gemm_ws.cu", nvrtc.file_options("gemm_ws", 90) + ("-DWS_ROWS=256",)
+    """WS_ROWS=256, the default (bench/NOTES.md Z17): two wgmmas a consumer step (128 accumulators), setmaxnreg
+    giving the consumers 160 registers and the producers 96 (ptxas spills and serialises the wgmmas at 152), and the
+    launcher's grid counts 256-row tiles unless OPENJET_CUDA_DEFINES builds 128."""
+    path, options = nvrtc.KERNEL_DIR / "gemm_ws.cu", nvrtc.file_options("gemm_ws", 90)
     cubin = nvrtc.compile_file(path, 90, WS_EXPRS, options + ("--ptxas-options=-v",))
     assert "serialized" not in cubin.log
     assert all(m == ("0", "0") for m in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", cubin.log))
     ptx = nvrtc.compile_file(path, 90, WS_EXPRS, options, ptx=True).image.decode()
     assert "setmaxnreg.dec.sync.aligned.u32 96" in ptx and "setmaxnreg.inc.sync.aligned.u32 160" in ptx
-    monkeypatch.setenv(nvrtc.DEFINES_ENV, "WS_ROWS=256")
-    assert gemm.ws_rows() == 256
-    monkeypatch.setenv(nvrtc.DEFINES_ENV, "")
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "WS_ROWS=128")
     assert gemm.ws_rows() == 128
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "")
+    assert gemm.ws_rows() == 256

@@ -36,13 +36,14 @@
 #ifndef WS_BSLOTS
 #define WS_BSLOTS 8
 #endif
-// WS_ROWS (128, or 256: OPENJET_CUDA_DEFINES, built, not yet run on a GPU): the rows a tile. At 256 each
-// activation chunk serves twice the rows, so the activations' bytes a FLOP halve (their copies were the largest cost
-// at 128: bench/NOTES.md Z16); each producer warp decodes two row tiles (re-reading its raw rows from shared memory
-// every chunk rather than holding two tiles' rows in registers), each consumer warpgroup multiplies 128 rows with
-// two wgmmas a step (128 accumulators), and setmaxnreg moves registers from the producers to the consumers.
+// WS_ROWS (256, or 128 through OPENJET_CUDA_DEFINES): the rows a tile. At 256 each activation chunk serves twice
+// the rows, so the activations' bytes a FLOP halve (their copies were the largest cost at 128: bench/NOTES.md Z16);
+// each producer warp decodes two row tiles (re-reading its raw rows from shared memory every chunk rather than
+// holding two tiles' rows in registers), each consumer warpgroup multiplies 128 rows with two wgmmas a step (128
+// accumulators), and setmaxnreg moves registers from the producers to the consumers. Measured at 8,192 tokens
+// (bench/NOTES.md Z17, H100): 270-279 TFLOP/s on the 27B shapes against 242-249 at 128 rows.
 #ifndef WS_ROWS
-#define WS_ROWS 128
+#define WS_ROWS 256
 #endif
 #define WS_TILES (WS_ROWS / 16)                            // row tiles of 16 a block
 #define WS_WARP_TILES (WS_TILES / 8)                       // a producer warp's: tiles warp and warp + 8
@@ -53,7 +54,7 @@
 #define WS_B_BYTES (WS_CHUNK_STEPS * WG_STEP_BYTES)        // a B slot
 #define WS_A_QUARTER (WS_ROWS * 128)                       // 4 steps of A (the swizzle's rows)
 #define WS_B_QUARTER (WG_TOKENS * 128)                     // 4 steps of B
-#define WS_SMEM_MAX (227 * 1024)                           // sm_90's opt-in maximum: engine/cuda/ops.py GEMM_WS_SMEM
+#define WS_SMEM_MAX (227 * 1024)                           // sm_90's opt-in maximum: engine/cuda/gemm.py WS_SMEM
 #define WS_BAR_FULL 1                                      // + the chunk's A slot (barrier 0 is __syncthreads)
 #define WS_BAR_EMPTY (1 + WS_ASLOTS)
 #ifndef WS_PRODUCER_REGS
