@@ -88,7 +88,8 @@ class CudaBackend(Backend):
         mtp (default: on, unless OPENJET_CUDA_MTP=0) uploads the file's MTP head, if it has one, and feeds it
         every pass, so that draft() works (can_draft).
 
-        max_tokens: the workspace's tokens, so the prefill's chunk (default: gemm.prefill_tokens for this GPU).
+        max_tokens: the workspace's tokens, so the prefill's chunk (default: gemm.prefill_tokens for this GPU, no
+        more than the context needs).
         """
         from engine.cuda.weights import upload_weights
         from engine.gguf.reader import GGUFFile
@@ -109,7 +110,7 @@ class CudaBackend(Backend):
             weights = upload_weights(dev, cfg, tensors, mtp=mtp)
             if precise is None:
                 precise = env_flag("OPENJET_CUDA_PRECISE", True)
-            max_tokens = max_tokens or gemm.prefill_tokens(dev.info.arch)
+            max_tokens = max_tokens or min(gemm.prefill_tokens(dev.info.arch), max(512, context))
             model = CudaModel(dev, cfg, weights, capacity=context + VERIFY_MAX, max_tokens=max_tokens,
                               precise=precise)
         except BaseException:

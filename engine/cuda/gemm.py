@@ -42,11 +42,14 @@ def runs_cp(qtype: Q, max_smem: int) -> bool:
 # warpgroups decode each weight tile once into shared memory for two consumer warpgroups, gemm_ws.cu) or 4 (the
 # same on a persistent grid, a block an SM walking the tiles) runs it in place of gemm_cp for its types from
 # WG_MIN_TOKENS tokens on; 0 never. Unset, the default policy: mode 4 for matmuls of WS_AUTO_TOKENS tokens or more
-# (None: never, until the 27B prefill has run on it end to end), gemm_cp below. Mode 4 beats gemm_cp at 8,192
-# tokens on every 27B shape and at 2,048 on Q6_K, loses at 512 (bench/NOTES.md Z16).
+# (None: never), gemm_cp below, and the prefill in chunks of WS_PREFILL_TOKENS where gemm_ws runs (on sm_90). The
+# 256-row gemm_ws beats gemm_cp by 23-50 % at 8,192 tokens on every 27B shape, by -7 to +16 % at 2,048, and loses at
+# 512 (bench/NOTES.md Z17, H100); the 27B prefill of 8,192 tokens in chunks of 4,096 on it: 4,249 tok/s against
+# 3,588 in chunks of 512 on gemm_cp (chunks of 8,192: 4,282, twice the workspace), the greedy tokens equal.
 WG_ENV = "OPENJET_CUDA_GEMM_WG"
 WG_MIN_TOKENS = 64
-WS_AUTO_TOKENS: int | None = None
+WS_AUTO_TOKENS: int | None = 2048
+WS_PREFILL_TOKENS = 4096
 WG_ROWS, WG_TOKENS, WG_THREADS = 128, 128, 256
 WG_SMEM = 2 * (8 * 4096 + 16 * WG_TOKENS * 32) + 128  # gemm_wg.cu WG_SMEM_BYTES
 WS_THREADS = 512  # gemm_ws.cu WS_THREADS: two producer warpgroups, two consumers
@@ -88,10 +91,11 @@ def wg_instance(arch: int, qtype: Q, num_tokens: int, cols: int, has_bias: bool)
 
 
 def prefill_tokens(arch: int) -> int:
-    """The prefill chunk (the workspace's tokens) for a GPU: 512, or WS_AUTO_TOKENS where the default policy runs
-    gemm_ws there (it gains only from that many tokens a matmul; ~0.45 MB of workspace a token at the 27B shape)."""
-    if WG is None and WS_AUTO_TOKENS is not None and ARCH_FEATURE_FILES["gemm_ws"] == arch:
-        return max(512, WS_AUTO_TOKENS)
+    """The prefill chunk (the workspace's tokens) for a GPU: WS_PREFILL_TOKENS where a chunk of that many takes
+    gemm_ws there (it gains only from ~2,048 tokens a matmul; ~0.45 MB of workspace a token at the 27B shape), else
+    512."""
+    if ARCH_FEATURE_FILES["gemm_ws"] == arch and WG_MODES.get(mode_for(WS_PREFILL_TOKENS)) == "_ws":
+        return WS_PREFILL_TOKENS
     return 512
 
 

@@ -68,7 +68,7 @@ def test_sm_90a_build_is_asynchronous_warpgroup_mma_without_spills() -> None:
 
 def test_matmul_takes_it_only_where_asked(monkeypatch) -> None:
     monkeypatch.setattr(gemm, "WG", 0)
-    assert gemm.wg_instance(90, Q.Q4_K, 512, 5120, False) is None  # off by default
+    assert gemm.wg_instance(90, Q.Q4_K, 8192, 5120, False) is None  # OPENJET_CUDA_GEMM_WG=0: off
     monkeypatch.setattr(gemm, "WG", 1)
     assert gemm.wg_instance(90, Q.Q4_K, 512, 5120, False) == "gemm_wg_q4_K"
     assert gemm.wg_instance(90, Q.Q6_K, gemm.WG_MIN_TOKENS, 17408, False) == "gemm_wg_q6_K"
@@ -87,16 +87,18 @@ def test_matmul_takes_it_only_where_asked(monkeypatch) -> None:
 
 def test_unset_the_default_policy_takes_the_persistent_gemm_ws_from_its_token_count(monkeypatch) -> None:
     """OPENJET_CUDA_GEMM_WG unset: gemm_ws on its persistent grid from WS_AUTO_TOKENS tokens a matmul (sm_90, its
-    types), gemm_cp below; the prefill chunk grows to that count on sm_90 only; None keeps gemm_cp everywhere."""
+    types), gemm_cp below, and the prefill in chunks of WS_PREFILL_TOKENS on sm_90 only; the variable set, its mode
+    everywhere (the larger chunk with gemm_ws's modes); WS_AUTO_TOKENS None keeps gemm_cp and chunks of 512."""
     monkeypatch.setattr(gemm, "WG", None)
-    monkeypatch.setattr(gemm, "WS_AUTO_TOKENS", 2048)
+    assert (gemm.WS_AUTO_TOKENS, gemm.WS_PREFILL_TOKENS) == (2048, 4096)  # bench/NOTES.md Z17
     assert [gemm.mode_for(t) for t in (512, 2047, 2048, 8192)] == [0, 0, 4, 4]
     assert gemm.wg_instance(90, Q.Q4_K, 2048, 5120, False) == "gemm_wg_q4_K_ws"
     assert gemm.wg_instance(90, Q.Q4_K, 512, 5120, False) is None
     assert gemm.wg_instance(89, Q.Q4_K, 8192, 5120, False) is None  # no wgmma there
-    assert (gemm.prefill_tokens(90), gemm.prefill_tokens(89), gemm.prefill_tokens(120)) == (2048, 512, 512)
-    monkeypatch.setattr(gemm, "WG", 0)  # the variable set says otherwise: its mode everywhere, the engine's chunk
-    assert gemm.mode_for(8192) == 0 and gemm.prefill_tokens(90) == 512
+    assert (gemm.prefill_tokens(90), gemm.prefill_tokens(89), gemm.prefill_tokens(120)) == (4096, 512, 512)
+    for mode, chunk in ((0, 512), (1, 512), (3, 4096), (4, 4096)):
+        monkeypatch.setattr(gemm, "WG", mode)
+        assert gemm.mode_for(512) == gemm.mode_for(8192) == mode and gemm.prefill_tokens(90) == chunk, mode
     monkeypatch.setattr(gemm, "WG", None)
     monkeypatch.setattr(gemm, "WS_AUTO_TOKENS", None)
     assert gemm.mode_for(1 << 20) == 0 and gemm.prefill_tokens(90) == 512
