@@ -2,8 +2,9 @@
 
 From MIN_TOKENS tokens on, a weight type with a GEMM instance multiplies the chunk with it instead of the mmvq
 kernels (ops.matmul asks `launch` first): gemm_cp (kernels/gemm.cu, mma.sync with cp.async-staged operands) where
-its shared memory fits the GPU's per-block maximum, the plain gemm otherwise, and on sm_90 the warpgroup-MMA kernels
-(kernels/gemm_wg.cu, gemm_ws.cu) where OPENJET_CUDA_GEMM_WG asks for them.
+its shared memory fits the GPU's per-block maximum, the plain gemm otherwise, and on sm_90 the warp-specialised
+wgmma kernel (kernels/gemm_ws.cu) for matmuls of WS_AUTO_TOKENS tokens or more, or whichever warpgroup-MMA form
+OPENJET_CUDA_GEMM_WG asks for. prefill_tokens sizes the prefill's chunk to match.
 """
 
 from __future__ import annotations
