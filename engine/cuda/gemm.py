@@ -10,12 +10,16 @@ OPENJET_CUDA_GEMM_WG asks for. prefill_tokens sizes the prefill's chunk to match
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ARCH_FEATURE_FILES, GEMM_CP_QTYPES, GEMM_QTYPES, GEMM_WG_QTYPES, STAGE_SHAPE,
                                    qtype_tag)
+
+if TYPE_CHECKING:
+    from engine.cuda.ops import DeviceWeight
 
 MIN_TOKENS = 16  # from this many tokens on, a GEMM type runs the prefill GEMM instead of mmvq
 TOKENS = 32  # tokens per gemm / gemm_cp block (kernels/gemm.cu: GEMM_NG groups of 8)
@@ -107,7 +111,7 @@ def ws_rows() -> int:
     return 128 if "-DWS_ROWS=128" in kernel_options() else 256
 
 
-def launch(dev: Device, w, x16: Buffer, y: Buffer, num_tokens: int, ld_y: int, bias: Buffer | None,
+def launch(dev: Device, w: DeviceWeight, x16: Buffer, y: Buffer, num_tokens: int, ld_y: int, bias: Buffer | None,
            residual: Buffer | None) -> bool:
     """y[T, rows] = x16 (the act layout's f16 values) @ w^T (+ bias) (+ residual) on a prefill GEMM, if w's type
     has one and there are MIN_TOKENS tokens or more; False (nothing launched) where the mmvq kernels must run."""
