@@ -155,8 +155,8 @@ PROFILED_VARIANTS = frozenset({"v7", "close"})
 PASSES_ONLY_ENV = "OPENJET_BENCH_PASSES_ONLY"
 # OPENJET_BENCH_ABLATION=1 with it: the ablation of v7's T = 1 and T = 5 passes too
 ABLATION_ENV = "OPENJET_BENCH_ABLATION"
-# OPENJET_BENCH_PREFILL_CHUNK: the backend's workspace in tokens, so the prefill's chunk (512, the engine's: every
-# prefill GEMM then multiplies 512 tokens, where gemm_ws loses to gemm_cp; bench/NOTES.md Z16)
+# OPENJET_BENCH_PREFILL_CHUNK: the backend's workspace in tokens, so the prefill's chunk (default 512, as every run
+# before 2026-12-06 timed it; the engine's own default is gemm.prefill_tokens: 4,096 on sm_90, bench/NOTES.md Z17)
 PREFILL_CHUNK_ENV = "OPENJET_BENCH_PREFILL_CHUNK"
 # OPENJET_BENCH_PREFILL_SWEEP="512:0,2048:0,2048:4": the prefill alone, in one process (the workspace sized for
 # the largest chunk), at each chunk : OPENJET_CUDA_GEMM_WG mode pair in turn: tok/s at PREFILL_TOKENS and the

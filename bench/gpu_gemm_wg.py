@@ -6,7 +6,8 @@ Part `gemm_wg` of bench/gpu_check.py.
 
 Issue 5 asks for prefill at 8,192 tokens at 2 x llama.cpp's (2,451 tok/s on the H200); the per-op path's 3,262
 spends 66 % of its time in gemm_cp at ~220 TFLOP/s on mma.sync (bench/NOTES.md Y3): a GEMM 2 x faster is most of
-the way there. The engine runs gemm_wg only where OPENJET_CUDA_GEMM_WG asks, until this part has passed.
+the way there. The engine runs gemm_ws (mode 4) by default for matmuls of gemm.WS_AUTO_TOKENS tokens or more on
+sm_90 (bench/NOTES.md Z17), the other modes only where OPENJET_CUDA_GEMM_WG asks.
 """
 
 from __future__ import annotations

@@ -79,8 +79,8 @@ GEMM_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q4_0)
 # ... of which these also have the GEMM with cp.async-staged operands (their weights have a kernels/stage.cuh Stage).
 GEMM_CP_QTYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # Weight types of the prefill matmul on warpgroup MMA (kernels/gemm_wg.cu and gemm_ws.cu, sm_90a), each drained
-# (gemm_wg_<qt>), overlapped (gemm_wg_<qt>_o) and warp-specialised (gemm_wg_<qt>_ws): OPENJET_CUDA_GEMM_WG picks one
-# (gemm.py), off by default.
+# (gemm_wg_<qt>), overlapped (gemm_wg_<qt>_o) and warp-specialised (gemm_wg_<qt>_ws): gemm.py takes the last by
+# default from gemm.WS_AUTO_TOKENS tokens a matmul; OPENJET_CUDA_GEMM_WG picks one.
 GEMM_WG_QTYPES = (Q.Q4_K, Q.Q6_K)
 # Files built with an architecture's own feature set (-arch=sm_<arch>a: wgmma) where the GPU is that architecture;
 # for every other target they compile to kernels that trap.
