@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
+from engine.cuda import tma
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ARCH_FEATURE_FILES, GEMM_CP_QTYPES, GEMM_QTYPES, GEMM_WG_QTYPES, STAGE_SHAPE,
                                    qtype_tag)
@@ -104,11 +105,34 @@ def prefill_tokens(arch: int) -> int:
     return 512
 
 
-def ws_rows() -> int:
-    """gemm_ws's rows a tile: 256, or 128 where OPENJET_CUDA_DEFINES builds it with WS_ROWS=128 (gemm_ws.cu)."""
+def ws_define(name: str, default: int) -> int:
+    """A gemm_ws build option (gemm_ws.cu's #define) as OPENJET_CUDA_DEFINES sets it, else its default there."""
     from engine.cuda.nvrtc import kernel_options
 
-    return 128 if "-DWS_ROWS=128" in kernel_options() else 256
+    values = [o.split("=", 1)[1] for o in kernel_options() if o.startswith(f"-D{name}=")]
+    return int(values[-1]) if values else default
+
+
+def ws_rows() -> int:
+    """gemm_ws's rows a tile: 256, or 128 where OPENJET_CUDA_DEFINES builds it with WS_ROWS=128 (gemm_ws.cu)."""
+    return ws_define("WS_ROWS", 256)
+
+
+_B_MAPS: dict[tuple[int, int, int, int], tma.TensorMap] = {}
+
+
+def b_map(x16: Buffer, num_tokens: int, cols: int) -> tma.TensorMap:
+    """gemm_ws's B (used where it is built with WS_TMA_B=1): the act layout's f16 values as a 4-D tensor, innermost
+    first a step's 16 halves of a token (32 bytes), the group's 8 tokens 32 bytes apart, the steps of the row 256
+    bytes apart, the 8-token groups nsb x 4,096 bytes apart; a box is a chunk's steps of a 128-token tile (16 groups),
+    in 32-byte swizzle (gemm_ws.cu wg_desc_sw32). Tokens past the last group read as zeros."""
+    steps = 16 // ws_define("WS_CHUNKS", 4)
+    key = (x16.ptr, num_tokens, cols, steps)
+    if key not in _B_MAPS:
+        nsb, groups = cols // 256, (num_tokens + 7) // 8
+        _B_MAPS[key] = tma.encode(x16.ptr, "f16", (16, 8, nsb * 16, groups), (32, 256, nsb * 4096),
+                                  (16, 8, steps, WG_TOKENS // 8), 32)
+    return _B_MAPS[key]
 
 
 def launch(dev: Device, w: DeviceWeight, x16: Buffer, y: Buffer, num_tokens: int, ld_y: int, bias: Buffer | None,
@@ -121,16 +145,18 @@ def launch(dev: Device, w: DeviceWeight, x16: Buffer, y: Buffer, num_tokens: int
     if wg is not None:  # row tiles along x (gemm_wg.cu: the blocks in flight share a token tile)
         kernel = dev.kernel(wg)
         token_tiles = (num_tokens + WG_TOKENS - 1) // WG_TOKENS
+        args = [w.buf, x16, y, residual, w.rows, w.cols, num_tokens, ld_y]
         if wg.endswith("_ws"):  # one dimension of tiles (gemm_ws.cu WsWalk), a block each or a block an SM
             threads, smem, tile_rows = WS_THREADS, WS_SMEM, ws_rows()
             grid = ((w.rows + tile_rows - 1) // tile_rows * token_tiles,)
             if mode_for(num_tokens) == WS_PERSISTENT:
                 grid = (min(grid[0], dev.info.multiprocessors),)
+            args.insert(0, b_map(x16, num_tokens, w.cols))
         else:
             threads, smem = WG_THREADS, WG_SMEM
             grid = ((w.rows + WG_ROWS - 1) // WG_ROWS, token_tiles)
         dev.set_max_dynamic_smem(kernel, smem)
-        dev.launch(kernel, grid, threads, [w.buf, x16, y, residual, w.rows, w.cols, num_tokens, ld_y], smem=smem)
+        dev.launch(kernel, grid, threads, args, smem=smem)
         return True
     grid = ((num_tokens + TOKENS - 1) // TOKENS, (w.rows + ROWS - 1) // ROWS)
     args = [w.buf, x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y]

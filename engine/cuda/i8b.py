@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import env_switch
+from engine.cuda import env_switch, tma
 from engine.cuda.instances import I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES, I8V_SHAPE, I8V_TOKENS
 
 if TYPE_CHECKING:
@@ -152,33 +152,16 @@ class I8bSrc(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("x", "x2", "w")] + [("head", ctypes.c_int32), ("eps", ctypes.c_float)]
 
 
-class TensorMap(ctypes.Structure):
-    """Mirror of struct TensorMap (a CUtensorMap's 128 bytes, passed by value)."""
-
-    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+_MAPS: dict[tuple[int, int, int], tma.TensorMap] = {}
 
 
-_MAPS: dict[tuple[int, int, int], TensorMap] = {}
-
-
-def quant_map(w: DeviceWeight) -> TensorMap:
+def quant_map(w: DeviceWeight) -> tma.TensorMap:
     """The tensor map of w's quant plane (repack: [rows][nb x 128] bytes first in the buffer): boxes of 16 rows x
     128 bytes, 128-byte swizzle, rows past the end read as zeros. Encoded once per buffer and shape."""
     key = (w.buf.ptr, w.rows, w.cols)
     if key not in _MAPS:
-        from cuda.bindings import driver as drv
-
-        from engine.cuda.device import check
-
         row_bytes = w.cols // 256 * 128
-        u64, u32 = drv.cuuint64_t, drv.cuuint32_t  # the binding takes its own integer types in these lists
-        tmap = check(drv.cuTensorMapEncodeTiled(
-            drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w.buf.ptr, [u64(row_bytes), u64(w.rows)],
-            [u64(row_bytes)], [u32(128), u32(16)], [u32(1), u32(1)],
-            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
-        _MAPS[key] = TensorMap((ctypes.c_uint64 * 16)(*[int(v) for v in tmap.opaque]))
+        _MAPS[key] = tma.encode(w.buf.ptr, "u8", (row_bytes, w.rows), (row_bytes,), (128, 16), 128)
     return _MAPS[key]
 
 

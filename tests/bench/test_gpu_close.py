@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 
 from bench import gpu_close
 from bench.gpu_common import Report
-from engine.cuda import i8b
+from engine.cuda import i8b, tma
 from engine.cuda.memory import Buffer
 
 F32 = np.float32
@@ -146,7 +146,7 @@ class _HostDevice:
 
 
 def test_the_check_runs_through_on_a_device_that_computes_nothing(monkeypatch) -> None:
-    monkeypatch.setattr(i8b, "quant_map", lambda w: i8b.TensorMap())  # the driver encodes it on the GPU
+    monkeypatch.setattr(i8b, "quant_map", lambda w: tma.TensorMap())  # the driver encodes it on the GPU
     small = [gpu_close.Pair("small_norm", (512, 768), (1024, 512), "rmsnorm", Q.Q4_K),
              gpu_close.Pair("small_swiglu", (1024, 768), (512, 512), "swiglu", Q.Q4_K, tokens=3),
              gpu_close.Pair("small_gates", (512, 768), (96, 512), "rmsnorm", Q.Q8_0, tokens=2),

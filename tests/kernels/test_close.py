@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import closers, i8b, instances, nvrtc, ops
+from engine.cuda import closers, i8b, instances, nvrtc, ops, tma
 from engine.cuda.memory import Buffer
 from engine.cuda.model import CudaModel
 from engine.cuda.weights import Part, Projection
@@ -86,7 +86,7 @@ def closing(monkeypatch):
     monkeypatch.setattr(ops, "Q6_I8_COUNTS", ops.DEFAULT_Q6_I8_COUNTS)
     monkeypatch.setattr(ops, "Q8_I8", False)
     monkeypatch.setattr(ops, "I8_TILES", 1)
-    monkeypatch.setattr(i8b, "quant_map", lambda w: i8b.TensorMap())  # the driver encodes it on the GPU
+    monkeypatch.setattr(i8b, "quant_map", lambda w: tma.TensorMap())  # the driver encodes it on the GPU
 
 
 def _norm_closer(dev, mix_out, consumers, num_tokens=1, act=None, norm=None, x=None):

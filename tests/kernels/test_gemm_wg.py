@@ -6,11 +6,14 @@ asks, with the kernels' own tile and shared-memory sizes."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import gemm, instances, nvrtc, ops
+import numpy as np
+
+from engine.cuda import gemm, instances, nvrtc, ops, tma
 
 SOURCE = "\n".join((nvrtc.KERNEL_DIR / f).read_text() for f in ("wgmma.cuh", "gemm_wg.cu", "gemm_ws.cu"))
 EXPRS = tuple(i.expr for i in instances.files()["gemm_wg"])
@@ -34,7 +37,7 @@ def test_launch_constants_are_the_kernels() -> None:
     # the warp-specialised form: two producer warpgroups and two consumers; two slots of raw weights, then
     # WS_ASLOTS slots of a chunk's A (WS_ROWS rows x 32 bytes a step) and as many of its B as fit (WsSmem)
     assert gemm.WS_THREADS == int(define("WS_THREADS")) == 4 * 128
-    assert "static constexpr int FIXED = 1024 + 2 * RAW + WS_ASLOTS * WS_A_BYTES;" in SOURCE  # + aligned atoms
+    assert "static constexpr int FIXED = 1024 + 2 * RAW + WS_ASLOTS * WS_A_BYTES + WS_BARS_BYTES;" in SOURCE
     assert define("WS_STEP_A_BYTES") == "(WS_ROWS * 32)" and define("WS_ROWS") == "256"
     assert define("WS_A_BYTES") == "(WS_CHUNK_STEPS * WS_STEP_A_BYTES)"
     assert define("WS_B_BYTES") == "(WS_CHUNK_STEPS * WG_STEP_BYTES)"
@@ -159,6 +162,7 @@ def test_gemm_ws_walks_one_dimension_of_tiles_a_block_each_or_a_block_an_sm(monk
     from tests.kernels.test_close import _Dev, _act, _buf, _weight
 
     monkeypatch.setattr(gemm, "WG", mode)
+    monkeypatch.setattr(gemm, "b_map", lambda x16, t, cols: tma.TensorMap())  # the driver encodes it on the GPU
     dev, w = _Dev(), _weight(Q.Q4_K, 17408, 5120, "ffn_up")
     smem: list[int] = []
     monkeypatch.setattr(dev, "launch", lambda k, g, b, args, smem_=0, **kw: dev.grids.append((k.name, g, b)) or
@@ -183,3 +187,57 @@ def test_256_row_tiles_build_without_spills_with_registers_moved_to_the_consumer
     assert gemm.ws_rows() == 128
     monkeypatch.setenv(nvrtc.DEFINES_ENV, "")
     assert gemm.ws_rows() == 256
+
+
+def test_tma_b_build_copies_b_with_the_tensor_copy_engine_without_spills() -> None:
+    """WS_TMA_B=1: one 4-D tensor copy a chunk into B slots read through 32-byte swizzled descriptors, counted in at
+    mbarriers, no cp.async of activations left (the raw weights' remain), no spills, the wgmmas asynchronous."""
+    path = nvrtc.KERNEL_DIR / "gemm_ws.cu"
+    options = nvrtc.file_options("gemm_ws", 90) + ("-DWS_TMA_B=1",)
+    cubin = nvrtc.compile_file(path, 90, WS_EXPRS, options + ("--ptxas-options=-v",))
+    assert "serialized" not in cubin.log
+    assert all(m == ("0", "0") for m in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", cubin.log))
+    ptx = nvrtc.compile_file(path, 90, WS_EXPRS, options, ptx=True).image.decode()
+    assert "cp.async.bulk.tensor.4d" in ptx and "mbarrier.try_wait.parity" in ptx and "mbarrier.init" in ptx
+    sw32 = (3 << 62) | (64 << 32) | (1 << 16)  # SWIZZLE_32B, the token groups 4 x 256 bytes apart (signed in PTX)
+    assert str(sw32 - (1 << 64)) in ptx
+    default = nvrtc.compile_file(path, 90, WS_EXPRS, nvrtc.file_options("gemm_ws", 90), ptx=True).image.decode()
+    assert "cp.async.bulk.tensor" not in default and "mbarrier" not in default
+
+
+def test_b_map_boxes_land_what_the_32_byte_swizzled_descriptors_read(monkeypatch) -> None:
+    """Replays the tensor copy of every chunk's box (b_map's dims, strides and box; the map's 32-byte swizzle: 16-byte
+    chunk bit 4 of an address XORed with its bit 7) and wgmma's reads through wg_desc_sw32 (a step at 256 s, token
+    r's row at (r / 8) SBO + 32 (r % 8), the same swizzle) on an act layout of random halves: each token's step is
+    the act layout's 32 bytes of it, tokens past T zeros."""
+    captured = {}
+    monkeypatch.setattr(tma, "encode", lambda *a: captured.setdefault("args", a))
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "")
+    gemm._B_MAPS.clear()
+    cols, T = 512, 300
+    gemm.b_map(SimpleNamespace(ptr=4096), T, cols)
+    ptr, dtype, dims, strides, box, swizzle = captured["args"]
+    gemm._B_MAPS.clear()
+    assert (ptr, dtype, swizzle) == (4096, "f16", 32) and box[0] * 2 == 32  # a row: one step's 32 bytes
+    nsb, groups = cols // 256, (T + 7) // 8
+    rng = np.random.default_rng(0)
+    act = rng.integers(1, 1 << 15, size=groups * nsb * 2048, dtype=np.uint16)  # the act layout's halves
+    steps = 16 // int(define("WS_CHUNKS"))
+    sbo = int(re.search(r"\(\(u64\)\(WS_CHUNK_STEPS \* (\d+) >> 4\) << 32\)", SOURCE).group(1)) * steps
+    for grp0 in (0, 16, 32):  # the token tiles (the last one partial)
+        for step0 in range(0, nsb * 16, steps):
+            smem = np.zeros(np.prod(box), np.uint16)
+            idx = np.indices(box[::-1]).reshape(len(box), -1)[::-1]  # coordinates, innermost first, box order
+            coord = idx + np.array([0, 0, step0, grp0])[:, None]
+            live = np.all(coord < np.array(dims)[:, None], axis=0)
+            src = (coord * np.array([1] + [s // 2 for s in strides])[:, None]).sum(axis=0)
+            offset = np.arange(smem.size) * 2  # the box lands densely, then the swizzle moves 16-byte chunks
+            swizzled = offset ^ (((offset >> 7) & 1) << 4)
+            smem[swizzled // 2] = np.where(live, act[np.where(live, src, 0)], 0)
+            for r in range(128):  # wgmma's row r (token) of each step through the descriptor
+                for s_ in range(steps):
+                    base = 256 * s_ + (r // 8) * sbo + 32 * (r % 8)
+                    got = [smem[((base + b) ^ ((((base + b) >> 7) & 1) << 4)) // 2] for b in range(0, 32, 2)]
+                    t, step = 8 * grp0 + r, step0 + s_
+                    want = act[(t // 8) * nsb * 2048 + step * 128 + (t % 8) * 16:][:16] if t // 8 < groups else [0] * 16
+                    assert list(got) == list(want), (grp0, step0, r, s_)

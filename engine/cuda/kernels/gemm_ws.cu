@@ -16,6 +16,7 @@
 #include "common.cuh"
 #include "quants.cuh"
 #include "stage.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 #define WS_THREADS 512
@@ -63,9 +64,23 @@
 #ifndef WS_CONSUMER_REGS
 #define WS_CONSUMER_REGS 160
 #endif
+// WS_TMA_B=1 (through OPENJET_CUDA_DEFINES): B by the tensor copy engine, one 4-D box a chunk (the act layout's
+// token groups x steps x 8 tokens x a step's 32 bytes, engine/cuda/gemm.py b_map) issued by one producer thread and
+// counted in at an mbarrier a B slot, which that thread waits on before the chunk's FULL (the consumers, at 160
+// registers, spill with a wait of their own), instead of 256 threads' cp.async of 16 bytes and
+// the producers' wait for them (the activations' copies cost the most of anything the producers do: bench/NOTES.md
+// Z16, 249 -> 378 TFLOP/s without them at 128 rows). The box lands a step's 128 tokens in wgmma's 32-byte swizzle
+// (a token's step one 32-byte row, 8 rows an atom of 256 bytes, the chunk's steps 256 bytes apart within a token
+// group and the groups WS_CHUNK_STEPS x 256 apart: the descriptor's stride), as the map's swizzle writes it.
+#ifndef WS_TMA_B
+#define WS_TMA_B 0
+#endif
+#define WS_BARS_BYTES (WS_TMA_B ? 128 : 0)  // an mbarrier a B slot (WS_BSLOTS <= 16), after the B slots
+
 static_assert(WS_CHUNKS == 2 || WS_CHUNKS == 4 || WS_CHUNKS == 8, "a superblock's 16 steps in equal chunks");
 static_assert(WS_ROWS == 128 || WS_ROWS == 256, "one or two row tiles a producer warp");
 static_assert(WS_ASLOTS >= 2 && WS_BSLOTS >= WS_ASLOTS && 1 + 2 * WS_ASLOTS <= 16, "FULL and EMPTY an A slot");
+static_assert(!WS_TMA_B || WS_BSLOTS <= 16, "an mbarrier a B slot in WS_BARS_BYTES");
 
 __host__ __device__ constexpr int ws_min(int a, int b) { return a < b ? a : b; }
 
@@ -77,7 +92,7 @@ __host__ __device__ constexpr int ws_min(int a, int b) { return a < b ? a : b; }
 template <int QT> struct WsSmem {
     static constexpr int RAW_TILE = WS_ROWS == 128 ? 4096 : (Stage<QT>::BYTES + 127) / 128 * 128;
     static constexpr int RAW = WS_TILES * RAW_TILE;
-    static constexpr int FIXED = 1024 + 2 * RAW + WS_ASLOTS * WS_A_BYTES;  // + the swizzle atoms' alignment
+    static constexpr int FIXED = 1024 + 2 * RAW + WS_ASLOTS * WS_A_BYTES + WS_BARS_BYTES;  // 1024: atoms' alignment
     static constexpr int LEAD = WS_ROWS == 128 ? 2 * WS_CHUNKS - 1 : WS_CHUNKS - 1;
     static constexpr int FIT = (WS_SMEM_MAX - FIXED) / WS_B_BYTES;
     static constexpr int BSLOTS = ws_min(ws_min(WS_BSLOTS, FIT), WS_ASLOTS + LEAD);
@@ -116,6 +131,12 @@ __device__ __forceinline__ u32 sw128(int row, int piece) { return row * 128 + ((
 // Its descriptor: a step's start (the 4 steps' base + 32 (s % 4)), the atoms 1,024 bytes apart, layout SW128.
 __device__ __forceinline__ u64 wg_desc_sw128(u32 addr) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+// B's descriptor with WS_TMA_B: a step's start (the chunk's slot + 256 s), 32-byte swizzle, its 8-token atoms
+// WS_CHUNK_STEPS x 256 bytes apart (the box's token groups).
+__device__ __forceinline__ u64 wg_desc_sw32(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(WS_CHUNK_STEPS * 256 >> 4) << 32) | ((u64)3 << 62);
 }
 
 // Chunk PART of a superblock's steps of the warp's row tile (rows r, constants k) into the A slot, in B's layout.
@@ -196,8 +217,9 @@ __device__ __forceinline__ void ws_rows(typename QTraits<QT>::Row (&r)[2], typen
 // The producer warpgroups: warp w stages, reads and decodes each tile's row tiles w (and w + 8 at 256 rows); all
 // 256 threads copy B.
 template <int QT>
-__device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_s, const u8* raw_g, u32 a_s, u32 b_s,
-                                           const WsWalk& walk, int rows, int T) {
+__device__ __forceinline__ void ws_produce(const TensorMap& bmap, const u8* w, const f16* act, u32 raw_s,
+                                           const u8* raw_g, u32 a_s, u32 b_s, u32 bars, const WsWalk& walk, int rows,
+                                           int T) {
     using Q = QTraits<QT>;
     using F = FullFrag<QT>;
     using S = Stage<QT>;
@@ -207,8 +229,8 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
     const int nsb = walk.nsb, chunks = walk.chunks, per_tile = WS_CHUNKS * nsb;
     const u64 ntot = (u64)rows * nsb;
     const Planes P = Q::planes(w, ntot);
-    const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout
-    const int groups = (T + 7) / 8;
+    [[maybe_unused]] const i64 group_halves = (i64)nsb * 2048;  // one 8-token group of the act layout (cp.async)
+    [[maybe_unused]] const int groups = (T + 7) / 8;
     auto copy_raw = [&](int J) {  // superblock J of the walk (tile J / nsb) into raw slot J & 1
 #pragma unroll
         for (int t = 0; t < WS_WARP_TILES; ++t) {
@@ -219,10 +241,17 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
         }
     };
     auto copy_b = [&](int cs) {  // chunk cs's activations into its B slot: token tg * 8 + n a row
-        if (WS_SKIP_B) return;
         const int local = cs % per_tile, sb = local / WS_CHUNKS, step0 = WS_CHUNK_STEPS * (local % WS_CHUNKS);
         const int grp0 = walk.tok0(cs / per_tile) / 8;
         const u32 dst = b_s + (cs % BSLOTS) * WS_B_BYTES;
+#if WS_TMA_B  // one thread: the box (steps step0.. of superblock sb, token groups grp0..), its bytes counted in
+        if (tid == 0) {
+            const u32 bar = bars + 8 * (cs % BSLOTS);
+            mbar_expect_tx(bar, WS_SKIP_B ? 0 : WS_B_BYTES);
+            if (!WS_SKIP_B) tensor_copy_4d(dst, bmap, 0, 0, sb * SB_STEPS + step0, grp0, bar);
+        }
+#else
+        if (WS_SKIP_B) return;
 #pragma unroll
         for (int j = 0; j < WS_B_BYTES / 16 / WS_PRODUCERS; ++j) {
             const int q = tid + WS_PRODUCERS * j, st = q >> 8, tg = (q >> 4) & 15, n = (q >> 1) & 7, kh = q & 1;
@@ -237,6 +266,7 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
 #endif
             cp_async16z(at, src, live ? 16u : 0u);
         }
+#endif
     };
     // Copy groups: the prologue's BSLOTS (the first raw slots in the first, B(j) in group j), then one a chunk
     // (empty past the last): B(j) >= BSLOTS goes in at chunk j - (BSLOTS - WS_ASLOTS), so when chunk cs waits for
@@ -276,6 +306,9 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
             if (!WS_SKIP_DECODE) ws_decode_part<QT>(part, r, k, a_slot, warp + 8 * t, g, c);
         }
         cp_async_wait<BSLOTS - WS_ASLOTS>();
+#if WS_TMA_B  // B(cs)'s bytes in (the slot's use cs / BSLOTS), asked for long ago; FULL then tells the consumers
+        if (tid == 0) i8b_wait(bars + 8 * (cs % BSLOTS), cs / BSLOTS);
+#endif
         __syncwarp();
         fence_proxy_async();  // A's stores and B's copies visible to the wgmmas
         ws_arrive(WS_BAR_FULL + cs % WS_ASLOTS);
@@ -286,7 +319,10 @@ __device__ __forceinline__ void ws_produce(const u8* w, const f16* act, u32 raw_
 __device__ __forceinline__ void ws_mma(float (&d)[64], u32 a, u32 b, int j) {
 #pragma unroll
     for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl)
-#if WS_SWIZZLE
+#if WS_TMA_B
+        wgmma_ss_m64n128k16(d, wg_desc_sw128(a + (sl >> 2) * WS_A_QUARTER + 64 * 128 * j + 32 * (sl & 3)),
+                            wg_desc_sw32(b + 256 * sl));
+#elif WS_SWIZZLE
         wgmma_ss_m64n128k16(d, wg_desc_sw128(a + (sl >> 2) * WS_A_QUARTER + 64 * 128 * j + 32 * (sl & 3)),
                             wg_desc_sw128(b + (sl >> 2) * WS_B_QUARTER + 32 * (sl & 3)));
 #else
@@ -296,8 +332,8 @@ __device__ __forceinline__ void ws_mma(float (&d)[64], u32 a, u32 b, int j) {
 
 template <int QT>
 __global__ void __launch_bounds__(WS_THREADS, 1)
-gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict__ y,
-        const float* __restrict__ residual, int rows, int K, int T, int ldy) {
+gemm_ws(const __grid_constant__ TensorMap bmap, const u8* __restrict__ w, const f16* __restrict__ act,
+        float* __restrict__ y, const float* __restrict__ residual, int rows, int K, int T, int ldy) {
     PDL_ENTER();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using M = WsSmem<QT>;
@@ -305,10 +341,17 @@ gemm_ws(const u8* __restrict__ w, const f16* __restrict__ act, float* __restrict
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const WsWalk walk(rows, K, T);
     const u32 base_s = (smem_u32(smem) + 1023) & ~1023u;  // the swizzle atoms are 1,024-byte aligned
-    const u32 a_s = base_s + 2 * M::RAW, b_s = a_s + WS_ASLOTS * WS_A_BYTES;
+    const u32 a_s = base_s + 2 * M::RAW, b_s = a_s + WS_ASLOTS * WS_A_BYTES, bars = b_s + M::BSLOTS * WS_B_BYTES;
+#if WS_TMA_B  // the B slots' mbarriers, initialised before any thread copies into or waits on them
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < M::BSLOTS; ++k) mbar_init(bars + 8 * k, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+#endif
     if (warp < WS_PRODUCERS / 32) {
         if constexpr (WS_ROWS == 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(WS_PRODUCER_REGS));
-        ws_produce<QT>(w, act, base_s, smem + (base_s - smem_u32(smem)), a_s, b_s, walk, rows, T);
+        ws_produce<QT>(bmap, w, act, base_s, smem + (base_s - smem_u32(smem)), a_s, b_s, bars, walk, rows, T);
         return;
     }
     if constexpr (WS_ROWS == 256) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(WS_CONSUMER_REGS));

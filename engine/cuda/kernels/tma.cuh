@@ -65,6 +65,18 @@ __device__ __forceinline__ void tensor_copy_2d(u32 dst, const TensorMap& map, in
 #endif
 }
 
+// The 4-D box of map at coordinates (c0 .. c3, elements, innermost first) to shared dst (aligned to the map's
+// swizzle pattern), counted in at bar. No cache hint: activations (gemm_ws's B), read again by other blocks.
+__device__ __forceinline__ void tensor_copy_4d(u32 dst, const TensorMap& map, int c0, int c1, int c2, int c3,
+                                               u32 bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+        "[%6];" ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+#endif
+}
+
 // One stage: superblocks sb .. sb + n - 1 of the tile at row0, the quants to qdst (n boxes of 2 KB) and the word
 // units to wdst, counted in at bar. Issued by one lane.
 __device__ __forceinline__ void i8b_issue(const TensorMap& map, const u8* words, u32 qdst, u32 wdst, u32 bar,
