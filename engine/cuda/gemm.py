@@ -122,7 +122,7 @@ _B_MAPS: dict[tuple[int, int, int, int], tma.TensorMap] = {}
 
 
 def b_map(x16: Buffer, num_tokens: int, cols: int) -> tma.TensorMap:
-    """gemm_ws's B (used where it is built with WS_TMA_B=1): the act layout's f16 values as a 4-D tensor, innermost
+    """gemm_ws's B (its default build, WS_TMA_B=1; unused at 0): the act layout's f16 values as a 4-D tensor, innermost
     first a step's 16 halves of a token (32 bytes), the group's 8 tokens 32 bytes apart, the steps of the row 256
     bytes apart, the 8-token groups nsb x 4,096 bytes apart; a box is a chunk's steps of a 128-token tile (16 groups),
     in 32-byte swizzle (gemm_ws.cu wg_desc_sw32). Tokens past the last group read as zeros."""

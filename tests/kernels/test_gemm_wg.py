@@ -120,7 +120,8 @@ def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
         gemm.wg_mode()
 
 
-@pytest.mark.parametrize("defines", [(), ("-DWS_ROWS=128",), ("-DWS_ROWS=128", "-DWS_SWIZZLE=0"),
+@pytest.mark.parametrize("defines", [(), ("-DWS_TMA_B=0",), ("-DWS_ROWS=128",),
+                                     ("-DWS_ROWS=128", "-DWS_SWIZZLE=0"),
                                      ("-DWS_ROWS=128", "-DWS_CHUNKS=2", "-DWS_BSLOTS=3"),
                                      ("-DWS_ROWS=128", "-DWS_CHUNKS=8", "-DWS_ASLOTS=4", "-DWS_BSLOTS=16",
                                       "-DWS_SWIZZLE=0")])
@@ -190,10 +191,10 @@ def test_256_row_tiles_build_without_spills_with_registers_moved_to_the_consumer
 
 
 def test_tma_b_build_copies_b_with_the_tensor_copy_engine_without_spills() -> None:
-    """WS_TMA_B=1: one 4-D tensor copy a chunk into B slots read through 32-byte swizzled descriptors, counted in at
-    mbarriers, no cp.async of activations left (the raw weights' remain), no spills, the wgmmas asynchronous."""
+    """WS_TMA_B (the default): one 4-D tensor copy a chunk into B slots read through 32-byte swizzled descriptors,
+    counted in at mbarriers, no spills, the wgmmas asynchronous; WS_TMA_B=0 copies them with cp.async."""
     path = nvrtc.KERNEL_DIR / "gemm_ws.cu"
-    options = nvrtc.file_options("gemm_ws", 90) + ("-DWS_TMA_B=1",)
+    options = nvrtc.file_options("gemm_ws", 90)
     cubin = nvrtc.compile_file(path, 90, WS_EXPRS, options + ("--ptxas-options=-v",))
     assert "serialized" not in cubin.log
     assert all(m == ("0", "0") for m in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", cubin.log))
@@ -201,8 +202,8 @@ def test_tma_b_build_copies_b_with_the_tensor_copy_engine_without_spills() -> No
     assert "cp.async.bulk.tensor.4d" in ptx and "mbarrier.try_wait.parity" in ptx and "mbarrier.init" in ptx
     sw32 = (3 << 62) | (64 << 32) | (1 << 16)  # SWIZZLE_32B, the token groups 4 x 256 bytes apart (signed in PTX)
     assert str(sw32 - (1 << 64)) in ptx
-    default = nvrtc.compile_file(path, 90, WS_EXPRS, nvrtc.file_options("gemm_ws", 90), ptx=True).image.decode()
-    assert "cp.async.bulk.tensor" not in default and "mbarrier" not in default
+    off = nvrtc.compile_file(path, 90, WS_EXPRS, options + ("-DWS_TMA_B=0",), ptx=True).image.decode()
+    assert "cp.async.bulk.tensor" not in off and "mbarrier" not in off
 
 
 def test_b_map_boxes_land_what_the_32_byte_swizzled_descriptors_read(monkeypatch) -> None:

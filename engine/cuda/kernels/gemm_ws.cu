@@ -2,14 +2,15 @@
 // sm_90a alone, as kernels/gemm_wg.cu; y[T, rows] = x[T, K] @ W^T (+ residual), W Q4_K or Q6_K).
 //
 // In gemm_wg every warp decodes its own A between its wgmmas (bench/NOTES.md Y3: ~200 TFLOP/s). Here warpgroups 0
-// and 1 (the producers, a row tile a warp, two at WS_ROWS=256) copy each superblock's raw weights and its
-// activations ahead, decode the tile's rows into A once, in the layout B has (wgmma's 128-byte swizzle, k' in the
-// act layout's order), and hand each chunk of a superblock (WS_CHUNK_STEPS steps of A and of B) to warpgroups 2 and
+// and 1 (the producers, a row tile a warp, two at WS_ROWS=256) copy each superblock's raw weights ahead and have
+// the tensor copy engine bring its activations (WS_TMA_B), decode the tile's rows into A once (wgmma's 128-byte
+// swizzle, k' in the act layout's order), and hand each chunk of a superblock (WS_CHUNK_STEPS steps of A and of B) to warpgroups 2 and
 // 3, half the rows each, which multiply from shared memory (wgmma with both operands there), so the decode overlaps
 // the MMAs instead of alternating with them. Named barriers pass the chunks: FULL (the producers arrive, the
 // consumers wait) and EMPTY (the consumers arrive once their wgmmas on a chunk are done, the producers wait before
 // refilling its slots), one of each an A slot; the consumers keep a wgmma group in flight across chunks. Where the
-// time goes (Z16, 249 TFLOP/s at 8,192 tokens): the activations' copies most, then the decode.
+// time went (Z16, 249 TFLOP/s at 8,192 tokens): the activations' copies most, then the decode; with the copies on
+// the tensor copy engine, 286-330 TFLOP/s on the 27B shapes (Z18, H100).
 #ifndef WEIGHT_EVICT_FIRST
 #define WEIGHT_EVICT_FIRST 0  // a weight tile is read again by every token tile (common.cuh)
 #endif
@@ -64,7 +65,7 @@
 #ifndef WS_CONSUMER_REGS
 #define WS_CONSUMER_REGS 160
 #endif
-// WS_TMA_B=1 (through OPENJET_CUDA_DEFINES): B by the tensor copy engine, one 4-D box a chunk (the act layout's
+// WS_TMA_B (1, the default; 0 through OPENJET_CUDA_DEFINES): B by the tensor copy engine, one 4-D box a chunk (the act layout's
 // token groups x steps x 8 tokens x a step's 32 bytes, engine/cuda/gemm.py b_map) issued by one producer thread and
 // counted in at an mbarrier a B slot, which that thread waits on before the chunk's FULL (the consumers, at 160
 // registers, spill with a wait of their own), instead of 256 threads' cp.async of 16 bytes and
@@ -72,8 +73,10 @@
 // Z16, 249 -> 378 TFLOP/s without them at 128 rows). The box lands a step's 128 tokens in wgmma's 32-byte swizzle
 // (a token's step one 32-byte row, 8 rows an atom of 256 bytes, the chunk's steps 256 bytes apart within a token
 // group and the groups WS_CHUNK_STEPS x 256 apart: the descriptor's stride), as the map's swizzle writes it.
+// Measured at 8,192 tokens (bench/NOTES.md Z18, H100): 276-278 -> 286-330 TFLOP/s, the 27B prefill 4,233 -> 4,684
+// tok/s; at 512 tokens it draws level with gemm_cp on attn_q.
 #ifndef WS_TMA_B
-#define WS_TMA_B 0
+#define WS_TMA_B 1
 #endif
 #define WS_BARS_BYTES (WS_TMA_B ? 128 : 0)  // an mbarrier a B slot (WS_BSLOTS <= 16), after the B slots
 
@@ -318,16 +321,14 @@ __device__ __forceinline__ void ws_produce(const TensorMap& bmap, const u8* w, c
 // A chunk's steps for 64 rows (block j of the A slot's 64-row blocks) into d.
 __device__ __forceinline__ void ws_mma(float (&d)[64], u32 a, u32 b, int j) {
 #pragma unroll
-    for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl)
-#if WS_TMA_B
-        wgmma_ss_m64n128k16(d, wg_desc_sw128(a + (sl >> 2) * WS_A_QUARTER + 64 * 128 * j + 32 * (sl & 3)),
-                            wg_desc_sw32(b + 256 * sl));
-#elif WS_SWIZZLE
-        wgmma_ss_m64n128k16(d, wg_desc_sw128(a + (sl >> 2) * WS_A_QUARTER + 64 * 128 * j + 32 * (sl & 3)),
-                            wg_desc_sw128(b + (sl >> 2) * WS_B_QUARTER + 32 * (sl & 3)));
-#else
-        wgmma_ss_m64n128k16(d, wg_desc(a + sl * WS_STEP_A_BYTES + j * 2048), wg_desc(b + sl * WG_STEP_BYTES));
-#endif
+    for (int sl = 0; sl < WS_CHUNK_STEPS; ++sl) {
+        const u64 da = WS_SWIZZLE ? wg_desc_sw128(a + (sl >> 2) * WS_A_QUARTER + 64 * 128 * j + 32 * (sl & 3))
+                                  : wg_desc(a + sl * WS_STEP_A_BYTES + j * 2048);
+        const u64 db = WS_TMA_B     ? wg_desc_sw32(b + 256 * sl)
+                       : WS_SWIZZLE ? wg_desc_sw128(b + (sl >> 2) * WS_B_QUARTER + 32 * (sl & 3))
+                                    : wg_desc(b + sl * WG_STEP_BYTES);
+        wgmma_ss_m64n128k16(d, da, db);
+    }
 }
 
 template <int QT>
