@@ -258,7 +258,7 @@ def _sweep_pairs(text: str) -> list[tuple[int, int]]:
 
 def _prefill_sweep(backend, report: Report, pairs: list[tuple[int, int]]) -> None:
     """The prefill at each (chunk, gemm_wg mode): greedy tokens after a 2,048-token prompt (equal to the first
-    pair's: a check) and tok/s at PREFILL_TOKENS."""
+    pair's: a check) and tok/s at PREFILL_TOKENS; the first pair's chunk profiled (4,096 tokens, or 512)."""
     from bench.gpu_common import patched
     from engine.cuda import gemm
 
@@ -271,7 +271,7 @@ def _prefill_sweep(backend, report: Report, pairs: list[tuple[int, int]]) -> Non
             with patched(gemm, WG=mode):
                 if first is None:  # the tokens every run since v7 printed after a 512-token prompt (the notes)
                     _decode_sanity(backend, report, tag)
-                    _profile(backend, report, tag, full=False, labels=("prefill512",))
+                    _profile(backend, report, tag, full=False, labels=(f"prefill{4096 if chunk >= 4096 else 512}",))
                 tokens = _decode_sanity(backend, report, tag, prompt=2048)
                 first = first or tokens
                 same = sum(a == b for a, b in zip(tokens, first, strict=True))
@@ -302,9 +302,11 @@ def _profile(backend, report: Report, tag: str = "", full: bool = True, labels: 
     """Per-kernel device time of one eager pass (events around every launch): where a pass goes. full: every pass
     below, else verify1 (or the passes `labels` names)."""
     dev, rng = backend.dev, np.random.default_rng(4)
-    # the last: the fourth 512-token chunk of a 2,048-token prefill (attention over 2,048 keys)
+    # prefill512at1536: the fourth 512-token chunk of a 2,048-token prefill (attention over 2,048 keys);
+    # prefill4096: a chunk of gemm_ws's default prefill (a workspace of 4,096 tokens)
     passes = (("verify1", 1, False, 1, None), ("verify5", 5, False, 5, None), ("prefill512", 512, True, 0, None),
-              ("prefill512at1536", 512, True, 0, 1536), ("verify2", 2, False, 2, None), ("verify4", 4, False, 4, None))
+              ("prefill512at1536", 512, True, 0, 1536), ("verify2", 2, False, 2, None), ("verify4", 4, False, 4, None),
+              ("prefill4096", 4096, True, 0, None))
     chosen = passes[:4] if full else [p for p in passes if p[0] in labels] if labels else passes[:1]
     for label, n, commit, rows, start in chosen:
         label += tag
@@ -315,7 +317,7 @@ def _profile(backend, report: Report, tag: str = "", full: bool = True, labels: 
         summary = sorted(dev.profile_summary().items(), key=lambda kv: -kv[1][1])
         total = sum(ms for _, (_, ms) in summary)
         report.info[f"profile_{label}"] = {name: [count, round(ms, 4)] for name, (count, ms) in summary}
-        top = ", ".join(f"{name} {ms:.2f} ms/{count}" for name, (count, ms) in summary[:8])
+        top = ", ".join(f"{name} {ms:.2f} ms/{count}" for name, (count, ms) in summary[:12])
         print(f"  profile {label}: {total:.2f} ms in kernels: {top}", flush=True)
         report.notes.append(f"profile {label} ({total:.2f} ms of kernels): {top}")
 
