@@ -185,6 +185,50 @@ __device__ __forceinline__ void ws_decode_part(int part, const typename QTraits<
     }
 }
 
+// WS_KEEP_CONSTS (1, the default): at 256 rows a Q4_K row's constants (its sub-blocks' scales and mins, prepared
+// from the raw words) are computed once a superblock and kept through its chunks (2 tiles x 2 rows x 4 registers),
+// each chunk reading only the 8 bytes of a row's quants it decodes; at 0 every chunk reads both rows of each tile
+// whole and prepares them again (a quarter of them used, the preparation about as long as the chunk's decode).
+#ifndef WS_KEEP_CONSTS
+#define WS_KEEP_CONSTS 1
+#endif
+template <int QT> __host__ __device__ constexpr bool ws_keeps_consts() {
+    return WS_KEEP_CONSTS && WS_WARP_TILES > 1 && WS_CHUNKS == 4 && QT == QT_Q4_K;
+}
+
+// Q4_K, chunk PART (of 4): the 8 bytes of each of the lane's rows g, g + 8 of the stage at st that frag_full reads
+// for steps 4 PART .. 4 PART + 3 (words 2 PART, 2 PART + 1 of the lane's 32 bytes); the rest of r is not read.
+template <int PART>
+__device__ __forceinline__ void ws_q4k_words(QTraits<QT_Q4_K>::Row (&r)[2], const u8* st, int g, int c) {
+    using S = Stage<QT_Q4_K>;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint2 v = *reinterpret_cast<const uint2*>(st + S::QS + (g + 8 * h) * S::QS_PITCH + 32 * c + 8 * PART);
+        if constexpr (PART & 1) {
+            r[h].q[PART >> 1].z = v.x;
+            r[h].q[PART >> 1].w = v.y;
+        } else {
+            r[h].q[PART >> 1].x = v.x;
+            r[h].q[PART >> 1].y = v.y;
+        }
+    }
+}
+
+// ws_decode_part with the constants kept (ws_keeps_consts): chunk `part`'s words of the tile's stage st, then A.
+template <int QT, int PART = 0>
+__device__ __forceinline__ void ws_decode_kept(int part, const u8* st, const typename FullFrag<QT>::Consts (&k)[2],
+                                               u32 a_slot, int tile, int g, int c) {
+    if constexpr (PART < WS_CHUNKS) {
+        if (part == PART) {
+            typename QTraits<QT>::Row r[2];
+            ws_q4k_words<PART>(r, st, g, c);
+            ws_decode<QT, PART>(r, k, a_slot, tile, g, c);
+        } else {
+            ws_decode_kept<QT, PART + 1>(part, st, k, a_slot, tile, g, c);
+        }
+    }
+}
+
 // The block's tiles: tile blockIdx.x + i gridDim.x for i = 0, 1, ..., row tiles fastest (the blocks in flight
 // share a token tile's activations in L2). A grid of one block a tile runs each once; a persistent grid (a block an
 // SM, OPENJET_CUDA_GEMM_WG=4) walks on, so one tile's last chunks, stores and the next tile's first copies overlap
@@ -286,6 +330,7 @@ __device__ __forceinline__ void ws_produce(const TensorMap& bmap, const u8* w, c
     __syncwarp();                 // the warp's raw tiles, copied by all its lanes
     typename Q::Row r[2];
     typename F::Consts k[2];
+    [[maybe_unused]] typename F::Consts kept[WS_WARP_TILES][2];  // ws_keeps_consts: each tile's, a superblock
     for (int cs = 0; cs < chunks; ++cs) {
         const int J = cs / WS_CHUNKS, part = cs % WS_CHUNKS;
         if (cs >= WS_ASLOTS) {  // chunk cs - WS_ASLOTS is done: its A slot is cs's, its B slot the next copy's
@@ -298,6 +343,9 @@ __device__ __forceinline__ void ws_produce(const TensorMap& bmap, const u8* w, c
             // one tile a warp: its rows in registers for the superblock, so the slot takes raw(J + 2) at once; two:
             // their rows read again every chunk, so raw(J + 1) goes to the slot raw(J - 1) left
             if constexpr (WS_WARP_TILES == 1) ws_rows<QT>(r, k, raw_g, walk, J, warp, rows, g, c);
+            if constexpr (ws_keeps_consts<QT>())
+#pragma unroll
+                for (int t = 0; t < WS_WARP_TILES; ++t) ws_rows<QT>(r, kept[t], raw_g, walk, J, warp + 8 * t, rows, g, c);
             __syncwarp();  // every lane's reads of the slot before any lane's copy over them
             if (J + 3 - WS_WARP_TILES < sbs) copy_raw(J + 3 - WS_WARP_TILES);
         }
@@ -305,8 +353,13 @@ __device__ __forceinline__ void ws_produce(const TensorMap& bmap, const u8* w, c
         // A of this chunk into its slot, then B(cs) landed (this thread's copies; the barrier publishes all)
 #pragma unroll
         for (int t = 0; t < WS_WARP_TILES; ++t) {
-            if constexpr (WS_WARP_TILES > 1) ws_rows<QT>(r, k, raw_g, walk, J, warp + 8 * t, rows, g, c);
-            if (!WS_SKIP_DECODE) ws_decode_part<QT>(part, r, k, a_slot, warp + 8 * t, g, c);
+            if constexpr (ws_keeps_consts<QT>()) {
+                const u8* st = raw_g + (J & 1) * M::RAW + (warp + 8 * t) * M::RAW_TILE;
+                if (!WS_SKIP_DECODE) ws_decode_kept<QT>(part, st, kept[t], a_slot, warp + 8 * t, g, c);
+            } else {
+                if constexpr (WS_WARP_TILES > 1) ws_rows<QT>(r, k, raw_g, walk, J, warp + 8 * t, rows, g, c);
+                if (!WS_SKIP_DECODE) ws_decode_part<QT>(part, r, k, a_slot, warp + 8 * t, g, c);
+            }
         }
         cp_async_wait<BSLOTS - WS_ASLOTS>();
 #if WS_TMA_B  // B(cs)'s bytes in (the slot's use cs / BSLOTS), asked for long ago; FULL then tells the consumers
