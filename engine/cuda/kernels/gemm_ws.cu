@@ -185,31 +185,44 @@ __device__ __forceinline__ void ws_decode_part(int part, const typename QTraits<
     }
 }
 
-// WS_KEEP_CONSTS (1, the default): at 256 rows a Q4_K row's constants (its sub-blocks' scales and mins, prepared
-// from the raw words) are computed once a superblock and kept through its chunks (2 tiles x 2 rows x 4 registers),
-// each chunk reading only the 8 bytes of a row's quants it decodes; at 0 every chunk reads both rows of each tile
-// whole and prepares them again (a quarter of them used, the preparation about as long as the chunk's decode).
+// WS_KEEP_CONSTS (1, the default): at 256 rows a row's constants (its sub-blocks' scales, and Q4_K's mins,
+// prepared from the raw words) are computed once a superblock and kept through its chunks (2 tiles x 2 rows x 4
+// registers), each chunk reading only the bytes of a row's quants it decodes (Q4_K 8, Q6_K 8 + 8 of the high bits);
+// at 0 every chunk reads both rows of each tile whole and prepares them again (a quarter of the quants used, Q4_K's
+// preparation about as long as the chunk's decode).
 #ifndef WS_KEEP_CONSTS
 #define WS_KEEP_CONSTS 1
 #endif
 template <int QT> __host__ __device__ constexpr bool ws_keeps_consts() {
-    return WS_KEEP_CONSTS && WS_WARP_TILES > 1 && WS_CHUNKS == 4 && QT == QT_Q4_K;
+    return WS_KEEP_CONSTS && WS_WARP_TILES > 1 && WS_CHUNKS == 4 && (QT == QT_Q4_K || QT == QT_Q6_K);
 }
 
-// Q4_K, chunk PART (of 4): the 8 bytes of each of the lane's rows g, g + 8 of the stage at st that frag_full reads
-// for steps 4 PART .. 4 PART + 3 (words 2 PART, 2 PART + 1 of the lane's 32 bytes); the rest of r is not read.
-template <int PART>
-__device__ __forceinline__ void ws_q4k_words(QTraits<QT_Q4_K>::Row (&r)[2], const u8* st, int g, int c) {
-    using S = Stage<QT_Q4_K>;
+// Words 2 (PART & 1) and + 1 of v from 8 bytes at p (8-byte aligned).
+template <int PART> __device__ __forceinline__ void ws_set_pair(uint4& v, const u8* p) {
+    const uint2 x = *reinterpret_cast<const uint2*>(p);
+    if constexpr (PART & 1) {
+        v.z = x.x;
+        v.w = x.y;
+    } else {
+        v.x = x.x;
+        v.y = x.y;
+    }
+}
+
+// Chunk PART (of 4) of the lane's rows g, g + 8 from the stage at st: the quants frag_full reads for steps 4 PART ..
+// 4 PART + 3 (words 2 PART, 2 PART + 1 of the lane's 32 bytes; Q6_K's high bits: words 2 (PART & 1), + 1 of its
+// 16); the rest of r is not read.
+template <int QT, int PART>
+__device__ __forceinline__ void ws_words(typename QTraits<QT>::Row (&r)[2], const u8* st, int g, int c) {
+    using S = Stage<QT>;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const uint2 v = *reinterpret_cast<const uint2*>(st + S::QS + (g + 8 * h) * S::QS_PITCH + 32 * c + 8 * PART);
-        if constexpr (PART & 1) {
-            r[h].q[PART >> 1].z = v.x;
-            r[h].q[PART >> 1].w = v.y;
+        const int lr = g + 8 * h;
+        if constexpr (QT == QT_Q4_K) {
+            ws_set_pair<PART>(r[h].q[PART >> 1], st + S::QS + lr * S::QS_PITCH + 32 * c + 8 * PART);
         } else {
-            r[h].q[PART >> 1].x = v.x;
-            r[h].q[PART >> 1].y = v.y;
+            ws_set_pair<PART>(r[h].q[PART >> 1], st + S::QL + lr * S::QL_PITCH + 32 * c + 8 * PART);
+            ws_set_pair<PART>(r[h].qh, st + S::QH + lr * S::QH_PITCH + 16 * c + 8 * (PART & 1));
         }
     }
 }
@@ -221,7 +234,7 @@ __device__ __forceinline__ void ws_decode_kept(int part, const u8* st, const typ
     if constexpr (PART < WS_CHUNKS) {
         if (part == PART) {
             typename QTraits<QT>::Row r[2];
-            ws_q4k_words<PART>(r, st, g, c);
+            ws_words<QT, PART>(r, st, g, c);
             ws_decode<QT, PART>(r, k, a_slot, tile, g, c);
         } else {
             ws_decode_kept<QT, PART + 1>(part, st, k, a_slot, tile, g, c);
