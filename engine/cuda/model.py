@@ -18,8 +18,9 @@ import ctypes
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import closers, mixers, ops
+from engine.cuda import closers, gemm, mixers, ops
 from engine.cuda.device import Buffer, Device, pdl_for
 from engine.cuda.weights import CudaWeights, LayerWeights
 from engine.model.config import ModelConfig
@@ -77,6 +78,13 @@ class Workspace:
         self.close_q = closers.alloc_close_scratch(dev, cfg.q_size, "close.attn_out")
         self.close_ffn = closers.alloc_close_scratch(dev, cfg.ffn_size, "close.swiglu")
         acts = [self.act_h, self.act_q, self.act_ffn] + ([self.act_inner] if self.act_inner else [])
+        # the matrices these feed (the trunk's and the heads'): all on prefill GEMMs, a prefill's producers write
+        # no f16 residue (ops.Act.gemm_only)
+        readers = [weights.output] + ([weights.mtp.output] if weights.mtp is not None else []) + [
+            m for lw in layers for m in [p.weight for p in lw.mix_in.parts + lw.ffn_in.parts] + [lw.mix_out,
+                                                                                               lw.ffn_down]]
+        for act in acts:
+            act.gemm_only = all(m.qtype in gemm.INSTANCES for m in readers)
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
         self.conv_out = dev.alloc(4 * p * self.conv_dim, "conv_out")
         self.g, self.beta = dev.alloc(4 * p * self.ssm_heads, "g"), dev.alloc(4 * p * self.ssm_heads, "beta")
@@ -325,7 +333,8 @@ class CudaModel:
         if swiglu is None:
             gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
             up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
-            ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=ws.ffn)
+            f32_rows = ws.ffn if lw.ffn_down.qtype == Q.F32 else None  # the f32 matmul's input alone
+            ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=f32_rows)
         ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x, closer=closer)
 
     def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer,

@@ -86,6 +86,9 @@ class Act:
     sums8_lo: Buffer | None = None
     i8_tokens: int = 0
     row_inv: Buffer | None = None  # [max_tokens] f32: RMSNorm's 1 / rms a token, for producers of several groups
+    # every matrix reading these has a prefill GEMM (gemm.INSTANCES), which reads x16 alone: a producer of
+    # gemm.MIN_TOKENS tokens or more leaves x16_lo unwritten (the workspace sets it from the model's types)
+    gemm_only: bool = False
 
     @property
     def num_superblocks(self) -> int:
@@ -211,8 +214,9 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
     if mode == "rmsnorm" and groups > 1 and act.row_inv is not None:  # each row reduced once, not by every block
         row_inv = act.row_inv
         dev.launch(dev.kernel("act_row_inv"), (num_tokens,), 256, [src, row_inv, act.width])
+    x16_lo = None if act.gemm_only and num_tokens >= gemm.MIN_TOKENS else act.x16_lo
     dev.launch(dev.kernel(name), (act.num_superblocks, slices), 256,
-               [src, act.x16, act.sums, act.x16_lo, act.sums_lo, a8, row_inv, num_tokens, act.width])
+               [src, act.x16, act.sums, x16_lo, act.sums_lo, a8, row_inv, num_tokens, act.width])
 
 
 # Whether the producers leave out the int8 copy of counts that only mmvq_i8v takes where no matmul of the act's width

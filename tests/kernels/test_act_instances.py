@@ -92,3 +92,23 @@ def test_prefill_rmsnorm_reduces_each_row_once_ahead_of_the_producer() -> None:
         ops._act_from(dev, mode, ops.ActSrc(), act, tokens)
         (launch,) = dev.launches
         assert launch[2][6] is None  # a null pointer: reduced in the producer (or no norm)
+
+
+def test_a_prefill_for_gemms_alone_writes_no_f16_residue() -> None:
+    """Act.gemm_only (every matrix reading it has a prefill GEMM, which reads x16 alone): from gemm.MIN_TOKENS
+    tokens its producers get a null act_lo; fewer tokens (mmvq's passes, which multiply hi + lo) or an act some
+    matrix reads through mmvq keep it."""
+    from engine.cuda import gemm
+
+    class Dev(RecordingDevice):
+        def launch(self, kernel, grid, block, args) -> None:
+            self.launches.append((kernel, grid, args))
+
+    lo = Buffer(0x2000, 4096)
+    for gemm_only, tokens, kept in ((True, gemm.MIN_TOKENS, False), (True, 4096, False),
+                                    (True, gemm.MIN_TOKENS - 1, True), (False, 4096, True)):
+        dev = Dev()
+        act = ops.Act(None, None, None, 5120, 5120, 4096, x16_lo=lo, gemm_only=gemm_only)
+        ops._act_from(dev, "swiglu", ops.ActSrc(), act, tokens)
+        (launch,) = dev.launches
+        assert (launch[2][3] is lo) == kept, (gemm_only, tokens)
