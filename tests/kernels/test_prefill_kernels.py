@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import gemm, instances, mixers, nvrtc, ops
@@ -62,3 +63,18 @@ def test_staged_activations_respect_the_gpu_limit() -> None:
     assert ops.staged_act_fits(Q.Q4_K, 1, True, 8, max_smem=SM90)
     assert ops.staged_act_fits(Q.Q4_K, 1, True, 8, max_smem=need) and not ops.staged_act_fits(
         Q.Q4_K, 1, True, 8, max_smem=need - 1)
+
+
+@pytest.mark.parametrize("defines", [(), ("-DGDN_ASYNC_COPY=1",)])
+def test_the_chunked_scan_builds_with_either_copy(defines: tuple[str, ...]) -> None:
+    """gdn_chunk_scan's per-chunk inputs through registers, or by cp.async (GDN_ASYNC_COPY=1: every copy of a thread
+    in flight at once, the next chunk's Q' and P issued during this one), without spills at sm_80 and sm_90."""
+    exprs = tuple(i.expr for i in instances.files()["deltanet_chunked"])
+    for arch in (80, 90):
+        options = nvrtc.file_options("deltanet_chunked", arch) + defines
+        cubin = nvrtc.compile_file(nvrtc.KERNEL_DIR / "deltanet_chunked.cu", arch, exprs,
+                                   options + ("--ptxas-options=-v",))
+        assert all(m == "0" for m in re.findall(r"(\d+) bytes spill stores", cubin.log)), cubin.log
+        ptx = nvrtc.compile_file(nvrtc.KERNEL_DIR / "deltanet_chunked.cu", arch, exprs, options, ptx=True)
+        assert ("cp.async.cg.shared.global" in ptx.image.decode() or "cp.async.ca.shared.global" in
+                ptx.image.decode()) == bool(defines)

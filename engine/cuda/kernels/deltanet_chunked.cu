@@ -220,6 +220,28 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_chunk_prep(GdnChunkArgs p) {
     if (tid == 0) out[Out::TAIL] = expf(c_end);
 }
 
+// GDN_ASYNC_COPY=1 (through OPENJET_CUDA_DEFINES; 0 the default until measured): the scan's per-chunk inputs come
+// by cp.async, all of a thread's copies in flight at once (a float4 through registers each waits an L2 round trip:
+// ~30 a thread a chunk), Q' and P of the next chunk and K' of this one issued while the phase before runs.
+#ifndef GDN_ASYNC_COPY
+#define GDN_ASYNC_COPY 0
+#endif
+
+// Rows of `cols` floats (a multiple of 4, rows 16-byte aligned) from global into shared memory: cp.async with
+// GDN_ASYNC_COPY (the caller commits and waits), else float4 at a time through registers.
+__device__ __forceinline__ void load_rows(float* dst, int dst_pitch, const float* src, i64 src_pitch, int rows,
+                                          int cols) {
+    const int per_row = cols / 4;
+    for (int idx = threadIdx.x; idx < rows * per_row; idx += GDN_THREADS) {
+        const int r = idx / per_row, c4 = idx % per_row;
+#if GDN_ASYNC_COPY
+        cp_async16(smem_u32(&dst[r * dst_pitch + 4 * c4]), &src[r * src_pitch + 4 * c4]);
+#else
+        st4(&dst[r * dst_pitch + 4 * c4], ld4(&src[r * src_pitch + 4 * c4]));
+#endif
+    }
+}
+
 // Copy rows of `cols` floats (a multiple of 4, rows 16-byte aligned) between global and shared memory, float4 at a
 // time.
 __device__ __forceinline__ void copy_rows(float* dst, int dst_pitch, const float* src, i64 src_pitch, int rows,
@@ -250,14 +272,24 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_chunk_scan(GdnChunkArgs p) {
     const int tid = threadIdx.x, gx = tid % TX, gy = tid / TX;
     const int h = blockIdx.y, j0 = blockIdx.x * NC, num_chunks = (p.T + C - 1) / C;
     float* state = p.state + (i64)h * D * D + j0;
-    copy_rows(ss, SP, state, D, D, NC);
+    const float* work = p.work + (i64)h * num_chunks * Out::FLOATS;  // chunk c's at work + c FLOATS
+    load_rows(ss, SP, state, D, D, NC);
+#if GDN_ASYNC_COPY
+    load_rows(sq, PITCH, work + Out::QS, D, C, D);  // chunk 0's Q' and P (later chunks': during the one before)
+    load_rows(sp, PP, work + Out::P, C, C, C);
+#endif
     for (int chunk = 0; chunk < num_chunks; ++chunk) {
-        const float* in = p.work + ((i64)h * num_chunks + chunk) * Out::FLOATS;
+        const float* in = work + chunk * Out::FLOATS;
         const int t0 = chunk * C, n = min(C, p.T - t0);
-        copy_rows(sw, PITCH, in + Out::W, D, C, D);
-        copy_rows(sq, PITCH, in + Out::QS, D, C, D);
-        copy_rows(sp, PP, in + Out::P, C, C, C);
-        copy_rows(su, SP, in + Out::U + j0, D, C, NC);
+        load_rows(sw, PITCH, in + Out::W, D, C, D);
+        load_rows(su, SP, in + Out::U + j0, D, C, NC);
+#if GDN_ASYNC_COPY
+        cp_async_commit();
+        cp_async_wait<0>();
+#else
+        load_rows(sq, PITCH, in + Out::QS, D, C, D);
+        load_rows(sp, PP, in + Out::P, C, C, C);
+#endif
         __syncthreads();
         // U = U~ - W S and the inter-chunk part of O, Q' S: rows gy + TY a, columns 4 gx .. 4 gx + 3
         float4 uacc[RA], oacc[RA];
@@ -281,7 +313,11 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_chunk_scan(GdnChunkArgs p) {
             st4(at, make_float4(ut.x - uacc[a].x, ut.y - uacc[a].y, ut.z - uacc[a].z, ut.w - uacc[a].w));
         }
         __syncthreads();
-        copy_rows(sw, PITCH, in + Out::KS, D, C, D);  // W is spent: K' in its place, read after the next barrier
+        load_rows(sw, PITCH, in + Out::KS, D, C, D);  // W is spent: K' in its place, read after the next barrier
+#if GDN_ASYNC_COPY
+        if (chunk + 1 < num_chunks) load_rows(sq, PITCH, in + Out::FLOATS + Out::QS, D, C, D);  // Q' is spent too
+        cp_async_commit();
+#endif
         // the intra-chunk part: O += P U (P is zero above the diagonal)
         for (int i = 0; i < C; i += 4) {
             float4 u4[4];
@@ -297,7 +333,14 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_chunk_scan(GdnChunkArgs p) {
             const int t = gy + TY * a;
             if (t < n) st4(&p.o[(i64)(t0 + t) * p.ld_o + (i64)h * D + j0 + 4 * gx], oacc[a]);
         }
+#if GDN_ASYNC_COPY
+        cp_async_wait<0>();  // K' (and the next chunk's Q') in
+#endif
         __syncthreads();
+#if GDN_ASYNC_COPY
+        if (chunk + 1 < num_chunks) load_rows(sp, PP, in + Out::FLOATS + Out::P, C, C, C);  // P is spent
+        cp_async_commit();
+#endif
         // S = e^(c_end) S + K'^T U: rows RR gy .. RR gy + RR - 1, columns 4 gx .. 4 gx + 3
         {
             const float tail = in[Out::TAIL];
