@@ -227,30 +227,23 @@ __global__ void __launch_bounds__(GDN_THREADS) gdn_chunk_prep(GdnChunkArgs p) {
 #define GDN_ASYNC_COPY 0
 #endif
 
-// Rows of `cols` floats (a multiple of 4, rows 16-byte aligned) from global into shared memory: cp.async with
-// GDN_ASYNC_COPY (the caller commits and waits), else float4 at a time through registers.
-__device__ __forceinline__ void load_rows(float* dst, int dst_pitch, const float* src, i64 src_pitch, int rows,
-                                          int cols) {
-    const int per_row = cols / 4;
-    for (int idx = threadIdx.x; idx < rows * per_row; idx += GDN_THREADS) {
-        const int r = idx / per_row, c4 = idx % per_row;
-#if GDN_ASYNC_COPY
-        cp_async16(smem_u32(&dst[r * dst_pitch + 4 * c4]), &src[r * src_pitch + 4 * c4]);
-#else
-        st4(&dst[r * dst_pitch + 4 * c4], ld4(&src[r * src_pitch + 4 * c4]));
-#endif
-    }
-}
-
 // Copy rows of `cols` floats (a multiple of 4, rows 16-byte aligned) between global and shared memory, float4 at a
-// time.
+// time through registers, or (ASYNC: global into shared) by cp.async, which the caller commits and waits for.
+template <bool ASYNC = false>
 __device__ __forceinline__ void copy_rows(float* dst, int dst_pitch, const float* src, i64 src_pitch, int rows,
                                           int cols) {
     const int per_row = cols / 4;
     for (int idx = threadIdx.x; idx < rows * per_row; idx += GDN_THREADS) {
         const int r = idx / per_row, c4 = idx % per_row;
-        st4(&dst[r * dst_pitch + 4 * c4], ld4(&src[r * src_pitch + 4 * c4]));
+        if constexpr (ASYNC) cp_async16(smem_u32(&dst[r * dst_pitch + 4 * c4]), &src[r * src_pitch + 4 * c4]);
+        else st4(&dst[r * dst_pitch + 4 * c4], ld4(&src[r * src_pitch + 4 * c4]));
     }
+}
+
+// The scan's loads into shared memory: by cp.async with GDN_ASYNC_COPY.
+__device__ __forceinline__ void load_rows(float* dst, int dst_pitch, const float* src, i64 src_pitch, int rows,
+                                          int cols) {
+    copy_rows<GDN_ASYNC_COPY != 0>(dst, dst_pitch, src, src_pitch, rows, cols);
 }
 
 // Dynamic shared memory (engine/cuda/mixers.py _gdn_scan_smem): the state's NC columns (pitch NC + 4), W|K' and
