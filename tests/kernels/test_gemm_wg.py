@@ -120,7 +120,8 @@ def test_the_switch_refuses_a_bad_value(monkeypatch) -> None:
         gemm.wg_mode()
 
 
-@pytest.mark.parametrize("defines", [(), ("-DWS_TMA_B=0",), ("-DWS_KEEP_CONSTS=0",), ("-DWS_ROWS=128",),
+@pytest.mark.parametrize("defines", [(), ("-DWS_TMA_B=0",), ("-DWS_KEEP_CONSTS=0",), ("-DWS_KEEP_CONSTS=2",),
+                                     ("-DWS_ROWS=128",),
                                      ("-DWS_ROWS=128", "-DWS_SWIZZLE=0"),
                                      ("-DWS_ROWS=128", "-DWS_CHUNKS=2", "-DWS_BSLOTS=3"),
                                      ("-DWS_ROWS=128", "-DWS_CHUNKS=8", "-DWS_ASLOTS=4", "-DWS_BSLOTS=16",

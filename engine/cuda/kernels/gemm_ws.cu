@@ -185,16 +185,19 @@ __device__ __forceinline__ void ws_decode_part(int part, const typename QTraits<
     }
 }
 
-// WS_KEEP_CONSTS (1, the default): at 256 rows a row's constants (its sub-blocks' scales, and Q4_K's mins,
-// prepared from the raw words) are computed once a superblock and kept through its chunks (2 tiles x 2 rows x 4
-// registers), each chunk reading only the bytes of a row's quants it decodes (Q4_K 8, Q6_K 8 + 8 of the high bits);
-// at 0 every chunk reads both rows of each tile whole and prepares them again (a quarter of the quants used, Q4_K's
-// preparation about as long as the chunk's decode).
+// WS_KEEP_CONSTS (1, the default): at 256 rows a Q4_K row's constants (its sub-blocks' scales and mins, prepared
+// from the raw words) are computed once a superblock and kept through its chunks (2 tiles x 2 rows x 4 registers),
+// each chunk reading only the 8 bytes of a row's quants it decodes; at 0 every chunk reads both rows of each tile
+// whole and prepares them again (a quarter of the quants used, the preparation about as long as the chunk's
+// decode). Measured at 8,192 tokens (bench/NOTES.md Z18, H100): Q4_K 324-330 -> 370-382 TFLOP/s. Q6_K, whose
+// preparation is short, lost 3 % with it (8 + 8 bytes of quants and high bits a chunk: WS_KEEP_CONSTS=2 builds
+// that), so it reads its rows whole.
 #ifndef WS_KEEP_CONSTS
 #define WS_KEEP_CONSTS 1
 #endif
 template <int QT> __host__ __device__ constexpr bool ws_keeps_consts() {
-    return WS_KEEP_CONSTS && WS_WARP_TILES > 1 && WS_CHUNKS == 4 && (QT == QT_Q4_K || QT == QT_Q6_K);
+    return WS_KEEP_CONSTS && WS_WARP_TILES > 1 && WS_CHUNKS == 4 && (QT == QT_Q4_K || (WS_KEEP_CONSTS == 2 &&
+                                                                                     QT == QT_Q6_K));
 }
 
 // Words 2 (PART & 1) and + 1 of v from 8 bytes at p (8-byte aligned).
