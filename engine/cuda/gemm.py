@@ -51,7 +51,9 @@ def runs_cp(qtype: Q, max_smem: int) -> bool:
 # (None: never), gemm_cp below, and the prefill in chunks of WS_PREFILL_TOKENS where gemm_ws runs (on sm_90). The
 # 256-row gemm_ws beats gemm_cp by 23-50 % at 8,192 tokens on every 27B shape, by -7 to +16 % at 2,048, and loses at
 # 512 (bench/NOTES.md Z17, H100); the 27B prefill of 8,192 tokens in chunks of 4,096 on it: 4,249 tok/s against
-# 3,588 in chunks of 512 on gemm_cp (chunks of 8,192: 4,282, twice the workspace), the greedy tokens equal.
+# 3,588 in chunks of 512 on gemm_cp (chunks of 8,192: 4,282, twice the workspace), the greedy tokens equal. With its
+# activations by tensor copies and Q4_K's constants kept (Z18): 370-382 TFLOP/s on the Q4_K shapes at 8,192, level
+# with gemm_cp at 512 (ahead on ffn_up and attn_q, behind on ffn_down), the prefill of 8,192 tokens 5,178 tok/s.
 WG_ENV = "OPENJET_CUDA_GEMM_WG"
 WG_MIN_TOKENS = 64
 WS_AUTO_TOKENS: int | None = 2048
