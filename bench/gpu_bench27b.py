@@ -155,8 +155,8 @@ PROFILED_VARIANTS = frozenset({"v7", "close"})
 PASSES_ONLY_ENV = "OPENJET_BENCH_PASSES_ONLY"
 # OPENJET_BENCH_ABLATION=1 with it: the ablation of v7's T = 1 and T = 5 passes too
 ABLATION_ENV = "OPENJET_BENCH_ABLATION"
-# OPENJET_BENCH_PREFILL_CHUNK: the backend's workspace in tokens, so the prefill's chunk (default 512, as every run
-# before 2026-12-06 timed it; the engine's own default is gemm.prefill_tokens: 4,096 on sm_90, bench/NOTES.md Z17)
+# OPENJET_BENCH_PREFILL_CHUNK: the backend's workspace in tokens, so the prefill's chunk (unset: the engine's own
+# default, gemm.prefill_tokens: 4,096 on sm_90 since bench/NOTES.md Z17; runs before 2026-12-06 timed 512)
 PREFILL_CHUNK_ENV = "OPENJET_BENCH_PREFILL_CHUNK"
 # OPENJET_BENCH_PREFILL_SWEEP="512:0,2048:0,2048:4": the prefill alone, in one process (the workspace sized for
 # the largest chunk), at each chunk : OPENJET_CUDA_GEMM_WG mode pair in turn: tok/s at PREFILL_TOKENS and the
@@ -330,9 +330,9 @@ def bench_27b(report: Report, args) -> None:
     t0 = time.perf_counter()
     # the trunk alone, as every earlier run timed it (the MTP head's cost has its own part: bench/gpu_mtp27b.py)
     sweep = _sweep_pairs(os.environ.get(PREFILL_SWEEP_ENV, ""))
-    chunk = max(c for c, _ in sweep) if sweep else int(os.environ.get(PREFILL_CHUNK_ENV, "512"))
-    report.info["model27b_prefill_chunk"] = chunk
-    backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=chunk, mtp=False)
+    chunk = max(c for c, _ in sweep) if sweep else os.environ.get(PREFILL_CHUNK_ENV)
+    backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=int(chunk) if chunk else None, mtp=False)
+    report.info["model27b_prefill_chunk"] = backend.prefill_chunk
     report.info["model27b_load_s"] = round(time.perf_counter() - t0, 1)
     try:
         weights = backend.model.weights

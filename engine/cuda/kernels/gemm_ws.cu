@@ -10,7 +10,8 @@
 // consumers wait) and EMPTY (the consumers arrive once their wgmmas on a chunk are done, the producers wait before
 // refilling its slots), one of each an A slot; the consumers keep a wgmma group in flight across chunks. Where the
 // time went (Z16, 249 TFLOP/s at 8,192 tokens): the activations' copies most, then the decode; with the copies on
-// the tensor copy engine, 286-330 TFLOP/s on the 27B shapes (Z18, H100).
+// the tensor copy engine and Q4_K's row constants kept through a superblock, 370-382 TFLOP/s on the Q4_K shapes
+// and 276 on Q6_K (Z18, H100).
 #ifndef WEIGHT_EVICT_FIRST
 #define WEIGHT_EVICT_FIRST 0  // a weight tile is read again by every token tile (common.cuh)
 #endif
