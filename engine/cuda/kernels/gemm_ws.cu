@@ -4,14 +4,14 @@
 // In gemm_wg every warp decodes its own A between its wgmmas (bench/NOTES.md Y3: ~200 TFLOP/s). Here warpgroups 0
 // and 1 (the producers, a row tile a warp, two at WS_ROWS=256) copy each superblock's raw weights ahead and have
 // the tensor copy engine bring its activations (WS_TMA_B), decode the tile's rows into A once (wgmma's 128-byte
-// swizzle, k' in the act layout's order), and hand each chunk of a superblock (WS_CHUNK_STEPS steps of A and of B) to warpgroups 2 and
-// 3, half the rows each, which multiply from shared memory (wgmma with both operands there), so the decode overlaps
-// the MMAs instead of alternating with them. Named barriers pass the chunks: FULL (the producers arrive, the
-// consumers wait) and EMPTY (the consumers arrive once their wgmmas on a chunk are done, the producers wait before
-// refilling its slots), one of each an A slot; the consumers keep a wgmma group in flight across chunks. Where the
-// time went (Z16, 249 TFLOP/s at 8,192 tokens): the activations' copies most, then the decode; with the copies on
-// the tensor copy engine and Q4_K's row constants kept through a superblock, 370-382 TFLOP/s on the Q4_K shapes
-// and 276 on Q6_K (Z18, H100).
+// swizzle, k' in the act layout's order), and hand each chunk of a superblock (WS_CHUNK_STEPS steps of A and of B)
+// to warpgroups 2 and 3, half the rows each, which multiply from shared memory (wgmma with both operands there), so
+// the decode overlaps the MMAs instead of alternating with them. Named barriers pass the chunks: FULL (the
+// producers arrive, the consumers wait) and EMPTY (the consumers arrive once their wgmmas on a chunk are done, the
+// producers wait before refilling its slots), one of each an A slot; the consumers keep a wgmma group in flight
+// across chunks. Where the time went (Z16, 249 TFLOP/s at 8,192 tokens): the activations' copies most, then the
+// decode; with the copies on the tensor copy engine and Q4_K's row constants kept through a superblock, 370-382
+// TFLOP/s on the Q4_K shapes and 276 on Q6_K (Z18, H100).
 #ifndef WEIGHT_EVICT_FIRST
 #define WEIGHT_EVICT_FIRST 0  // a weight tile is read again by every token tile (common.cuh)
 #endif
@@ -66,10 +66,10 @@
 #ifndef WS_CONSUMER_REGS
 #define WS_CONSUMER_REGS 160
 #endif
-// WS_TMA_B (1, the default; 0 through OPENJET_CUDA_DEFINES): B by the tensor copy engine, one 4-D box a chunk (the act layout's
-// token groups x steps x 8 tokens x a step's 32 bytes, engine/cuda/gemm.py b_map) issued by one producer thread and
-// counted in at an mbarrier a B slot, which that thread waits on before the chunk's FULL (the consumers, at 160
-// registers, spill with a wait of their own), instead of 256 threads' cp.async of 16 bytes and
+// WS_TMA_B (1, the default; 0 through OPENJET_CUDA_DEFINES): B by the tensor copy engine, one 4-D box a chunk (the
+// act layout's token groups x steps x 8 tokens x a step's 32 bytes, engine/cuda/gemm.py b_map) issued by one
+// producer thread and counted in at an mbarrier a B slot, which that thread waits on before the chunk's FULL (the
+// consumers, at 160 registers, spill with a wait of their own), instead of 256 threads' cp.async of 16 bytes and
 // the producers' wait for them (the activations' copies cost the most of anything the producers do: bench/NOTES.md
 // Z16, 249 -> 378 TFLOP/s without them at 128 rows). The box lands a step's 128 tokens in wgmma's 32-byte swizzle
 // (a token's step one 32-byte row, 8 rows an atom of 256 bytes, the chunk's steps 256 bytes apart within a token
@@ -278,8 +278,8 @@ __device__ __forceinline__ void ws_rows(typename QTraits<QT>::Row (&r)[2], typen
     }
 }
 
-// The producer warpgroups: warp w stages, reads and decodes each tile's row tiles w (and w + 8 at 256 rows); all
-// 256 threads copy B.
+// The producer warpgroups: warp w stages, reads and decodes each tile's row tiles w (and w + 8 at 256 rows); thread
+// 0 has the tensor copy engine bring B (WS_TMA_B), else all 256 threads copy it.
 template <int QT>
 __device__ __forceinline__ void ws_produce(const TensorMap& bmap, const u8* w, const f16* act, u32 raw_s,
                                            const u8* raw_g, u32 a_s, u32 b_s, u32 bars, const WsWalk& walk, int rows,
@@ -362,7 +362,8 @@ __device__ __forceinline__ void ws_produce(const TensorMap& bmap, const u8* w, c
             if constexpr (WS_WARP_TILES == 1) ws_rows<QT>(r, k, raw_g, walk, J, warp, rows, g, c);
             if constexpr (ws_keeps_consts<QT>())
 #pragma unroll
-                for (int t = 0; t < WS_WARP_TILES; ++t) ws_rows<QT>(r, kept[t], raw_g, walk, J, warp + 8 * t, rows, g, c);
+                for (int t = 0; t < WS_WARP_TILES; ++t)
+                    ws_rows<QT>(r, kept[t], raw_g, walk, J, warp + 8 * t, rows, g, c);
             __syncwarp();  // every lane's reads of the slot before any lane's copy over them
             if (J + 3 - WS_WARP_TILES < sbs) copy_raw(J + 3 - WS_WARP_TILES);
         }
