@@ -330,8 +330,9 @@ def bench_27b(report: Report, args) -> None:
     t0 = time.perf_counter()
     # the trunk alone, as every earlier run timed it (the MTP head's cost has its own part: bench/gpu_mtp27b.py)
     sweep = _sweep_pairs(os.environ.get(PREFILL_SWEEP_ENV, ""))
-    chunk = max(c for c, _ in sweep) if sweep else os.environ.get(PREFILL_CHUNK_ENV)
-    backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=int(chunk) if chunk else None, mtp=False)
+    asked = os.environ.get(PREFILL_CHUNK_ENV)
+    chunk = max(c for c, _ in sweep) if sweep else int(asked) if asked else None  # None: the engine's default
+    backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=chunk, mtp=False)
     report.info["model27b_prefill_chunk"] = backend.prefill_chunk
     report.info["model27b_load_s"] = round(time.perf_counter() - t0, 1)
     try:

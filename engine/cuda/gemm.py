@@ -120,21 +120,14 @@ def ws_rows() -> int:
     return ws_define("WS_ROWS", 256)
 
 
-_B_MAPS: dict[tuple[int, int, int, int], tma.TensorMap] = {}
-
-
 def b_map(x16: Buffer, num_tokens: int, cols: int) -> tma.TensorMap:
     """gemm_ws's B (its default build, WS_TMA_B=1; unused at 0): the act layout's f16 values as a 4-D tensor, innermost
     first a step's 16 halves of a token (32 bytes), the group's 8 tokens 32 bytes apart, the steps of the row 256
     bytes apart, the 8-token groups nsb x 4,096 bytes apart; a box is a chunk's steps of a 128-token tile (16 groups),
     in 32-byte swizzle (gemm_ws.cu wg_desc_sw32). Tokens past the last group read as zeros."""
-    steps = 16 // ws_define("WS_CHUNKS", 4)
-    key = (x16.ptr, num_tokens, cols, steps)
-    if key not in _B_MAPS:
-        nsb, groups = cols // 256, (num_tokens + 7) // 8
-        _B_MAPS[key] = tma.encode(x16.ptr, "f16", (16, 8, nsb * 16, groups), (32, 256, nsb * 4096),
-                                  (16, 8, steps, WG_TOKENS // 8), 32)
-    return _B_MAPS[key]
+    steps, nsb, groups = 16 // ws_define("WS_CHUNKS", 4), cols // 256, (num_tokens + 7) // 8
+    return tma.encode(x16.ptr, "f16", (16, 8, nsb * 16, groups), (32, 256, nsb * 4096), (16, 8, steps,
+                                                                                         WG_TOKENS // 8), 32)
 
 
 def launch(dev: Device, w: DeviceWeight, x16: Buffer, y: Buffer, num_tokens: int, ld_y: int, bias: Buffer | None,

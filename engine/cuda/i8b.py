@@ -152,17 +152,11 @@ class I8bSrc(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("x", "x2", "w")] + [("head", ctypes.c_int32), ("eps", ctypes.c_float)]
 
 
-_MAPS: dict[tuple[int, int, int], tma.TensorMap] = {}
-
-
 def quant_map(w: DeviceWeight) -> tma.TensorMap:
     """The tensor map of w's quant plane (repack: [rows][nb x 128] bytes first in the buffer): boxes of 16 rows x
-    128 bytes, 128-byte swizzle, rows past the end read as zeros. Encoded once per buffer and shape."""
-    key = (w.buf.ptr, w.rows, w.cols)
-    if key not in _MAPS:
-        row_bytes = w.cols // 256 * 128
-        _MAPS[key] = tma.encode(w.buf.ptr, "u8", (row_bytes, w.rows), (row_bytes,), (128, 16), 128)
-    return _MAPS[key]
+    128 bytes, 128-byte swizzle, rows past the end read as zeros."""
+    row_bytes = w.cols // 256 * 128
+    return tma.encode(w.buf.ptr, "u8", (row_bytes, w.rows), (row_bytes,), (128, 16), 128)
 
 
 def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer] | None, y: Buffer,

@@ -83,8 +83,9 @@ class Workspace:
         readers = [weights.output] + ([weights.mtp.output] if weights.mtp is not None else []) + [
             m for lw in layers for m in [p.weight for p in lw.mix_in.parts + lw.ffn_in.parts] + [lw.mix_out,
                                                                                                lw.ffn_down]]
+        gemm_only = all(m.qtype in gemm.INSTANCES for m in readers)
         for act in acts:
-            act.gemm_only = all(m.qtype in gemm.INSTANCES for m in readers)
+            act.gemm_only = gemm_only
         self.conv_dim, self.ssm_heads = max(cfg.ssm_conv_dim, 1), max(cfg.ssm_num_v_heads, 1)
         self.conv_out = dev.alloc(4 * p * self.conv_dim, "conv_out")
         self.g, self.beta = dev.alloc(4 * p * self.ssm_heads, "g"), dev.alloc(4 * p * self.ssm_heads, "beta")

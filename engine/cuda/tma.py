@@ -1,6 +1,6 @@
 """Tensor maps for Hopper's tensor copies (kernels/tma.cuh): the driver's cuTensorMapEncodeTiled, passed to a kernel
-by value as struct TensorMap (its users keep the maps they encode: a driver call each launch would cost more than
-the copy).
+by value as struct TensorMap; each map encoded once and kept (a driver call each launch would cost more than the
+copy).
 
 Two maps: the quant plane of a repacked Q4_K weight (the int8 matmuls, engine/cuda/i8b.py) and a prefill chunk's
 f16 activations in the act layout (gemm_ws's B, engine/cuda/gemm.py).
@@ -17,12 +17,23 @@ class TensorMap(ctypes.Structure):
     _fields_ = [("opaque", ctypes.c_uint64 * 16)]
 
 
+_MAPS: dict[tuple, TensorMap] = {}  # encode's arguments -> its map
+
+
 def encode(ptr: int, dtype: str, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...],
            swizzle: int) -> TensorMap:
     """The tiled map of the tensor at device address ptr: dims innermost first (elements), strides of dims 1.. in
     bytes (multiples of 16, in any order), a box of `box` elements a copy, `swizzle` bytes (0, 32, 64 or 128: the
     16-byte chunks of each swizzle-wide row XORed by the row's index, as wgmma's swizzled layouts read them); boxes
-    past the end read zeros."""
+    past the end read zeros. Encoded once per set of arguments."""
+    key = (ptr, dtype, dims, strides, box, swizzle)
+    if key not in _MAPS:
+        _MAPS[key] = _encode(*key)
+    return _MAPS[key]
+
+
+def _encode(ptr: int, dtype: str, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...],
+            swizzle: int) -> TensorMap:
     from cuda.bindings import driver as drv
 
     from engine.cuda.device import check

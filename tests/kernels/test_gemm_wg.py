@@ -215,11 +215,9 @@ def test_b_map_boxes_land_what_the_32_byte_swizzled_descriptors_read(monkeypatch
     captured = {}
     monkeypatch.setattr(tma, "encode", lambda *a: captured.setdefault("args", a))
     monkeypatch.setenv(nvrtc.DEFINES_ENV, "")
-    gemm._B_MAPS.clear()
     cols, T = 512, 300
     gemm.b_map(SimpleNamespace(ptr=4096), T, cols)
     ptr, dtype, dims, strides, box, swizzle = captured["args"]
-    gemm._B_MAPS.clear()
     assert (ptr, dtype, swizzle) == (4096, "f16", 32) and box[0] * 2 == 32  # a row: one step's 32 bytes
     nsb, groups = cols // 256, (T + 7) // 8
     rng = np.random.default_rng(0)

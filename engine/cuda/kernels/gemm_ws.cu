@@ -415,10 +415,7 @@ gemm_ws(const __grid_constant__ TensorMap bmap, const u8* __restrict__ w, const 
     const u32 base_s = (smem_u32(smem) + 1023) & ~1023u;  // the swizzle atoms are 1,024-byte aligned
     const u32 a_s = base_s + 2 * M::RAW, b_s = a_s + WS_ASLOTS * WS_A_BYTES, bars = b_s + M::BSLOTS * WS_B_BYTES;
 #if WS_TMA_B  // the B slots' mbarriers, initialised before any thread copies into or waits on them
-    if (threadIdx.x == 0) {
-        for (int k = 0; k < M::BSLOTS; ++k) mbar_init(bars + 8 * k, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (threadIdx.x == 0) mbar_init_ring(bars, M::BSLOTS);
     __syncthreads();
 #endif
     if (warp < WS_PRODUCERS / 32) {

@@ -21,6 +21,15 @@ __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
 #endif
 }
 
+// count mbarriers 8 bytes apart from bar, each counting one arrival a phase, made visible to the copy engines
+// (one thread; the others wait for them behind a barrier of their own).
+__device__ __forceinline__ void mbar_init_ring(u32 bar, int count) {
+    for (int k = 0; k < count; ++k) mbar_init(bar + 8 * k, 1);
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
 // The barrier's phase expects `bytes` more and this thread's arrival (the only one it counts).
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
 #if __CUDA_ARCH__ >= 900
@@ -131,8 +140,7 @@ struct I8bRing {
     // this goes before PDL_ENTER.
     __device__ __forceinline__ void start(int lane) {
         if (lane != 0) return;
-        for (int k = 0; k < NS; ++k) mbar_init(bars + 8 * k, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_ring(bars, NS);
         for (int k = 0; k < NS - 1 && k < num_stages; ++k) issue(k);
     }
 
