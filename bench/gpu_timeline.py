@@ -176,24 +176,26 @@ def as_json(summary: Summary) -> dict:
 
 def profile_replays(dev, graph, replays: int = REPLAYS) -> list[list[Span]]:
     """Each replay's kernels, one profiler session a replay (after warm-up replays outside the profiler)."""
+    for _ in range(3):
+        graph.launch()
+    dev.synchronize()
+    return [profile_call(dev, graph.launch) for _ in range(replays)]
+
+
+def profile_call(dev, fn) -> list[Span]:
+    """The kernels of one call of fn (a graph replay, or eager launches: a prefill chunk), in a profiler session of
+    their own."""
     import torch  # the GPU machine's; CUPTI's records arrive through its profiler
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.init()
-    names = instance_names()
-    for _ in range(3):
-        graph.launch()
-    dev.synchronize()
-    out = []
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(replays):
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                graph.launch()
-                dev.synchronize()
-            path = Path(tmp) / f"replay{r}.json"
-            prof.export_chrome_trace(str(path))
-            out.append(spans_of_trace(json.loads(path.read_text()), names))
-    return out
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            dev.synchronize()
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return spans_of_trace(json.loads(path.read_text()), instance_names())
 
 
 def run_timeline(report, args) -> None:

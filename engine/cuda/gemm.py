@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import tma
+from engine.cuda import env_flag, tma
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ARCH_FEATURE_FILES, GEMM_CP_QTYPES, GEMM_QTYPES, GEMM_WG_QTYPES, STAGE_SHAPE,
                                    qtype_tag)
@@ -130,6 +130,43 @@ def b_map(x16: Buffer, num_tokens: int, cols: int) -> tma.TensorMap:
                                                                                          WG_TOKENS // 8), 32)
 
 
+# gate | up's gemm_ws storing silu(gate) * up into ffn_down's input itself (instances gemm_wg_<qt>_ws_swiglu) where
+# the prefill runs it, in place of act_swiglu reading back the f32 rows (bench/NOTES.md Z19);
+# OPENJET_CUDA_GEMM_SWIGLU=0: the two launches.
+SWIGLU_ENV = "OPENJET_CUDA_GEMM_SWIGLU"
+SWIGLU = env_flag(SWIGLU_ENV, True)
+
+
+def swiglu_instance(arch: int, w: DeviceWeight, num_tokens: int) -> str | None:
+    """The gemm_ws instance that multiplies gate | up (w: the gate's rows, then as many of up's) and stores the
+    SwiGLU of the sums, or None: SWIGLU on, gemm_ws where this matmul would run it, 256-row tiles, and each half a
+    whole number of superblocks."""
+    if not SWIGLU or w.qtype not in INSTANCES or num_tokens < MIN_TOKENS or w.rows % (2 * 256):
+        return None
+    wg = wg_instance(arch, w.qtype, num_tokens, w.cols, False)
+    return wg + "_swiglu" if wg is not None and wg.endswith("_ws") and ws_rows() == 256 else None
+
+
+def launch_swiglu(dev: Device, w: DeviceWeight, x16: Buffer, out16: Buffer, num_tokens: int) -> None:
+    """out16 (the act layout's f16 values of w.rows / 2 positions) = silu(gate) * up of x16 @ w^T, gate the first
+    half of w's rows and up the second, on swiglu_instance's kernel (which must not be None)."""
+    name = swiglu_instance(dev.info.arch, w, num_tokens)
+    assert name is not None, f"{w.name}: no gemm_ws with SwiGLU behind it for {num_tokens} tokens"
+    _launch_ws(dev, name, w, x16, out16, None, num_tokens, 0)
+
+
+def _launch_ws(dev: Device, name: str, w: DeviceWeight, x16: Buffer, y: Buffer, residual: Buffer | None,
+               num_tokens: int, ld_y: int) -> None:
+    """A gemm_ws instance: one dimension of tiles (gemm_ws.cu WsWalk), a block each or a block an SM."""
+    kernel, tile_rows = dev.kernel(name), ws_rows()
+    grid = ((w.rows + tile_rows - 1) // tile_rows * ((num_tokens + WG_TOKENS - 1) // WG_TOKENS),)
+    if mode_for(num_tokens) == WS_PERSISTENT:
+        grid = (min(grid[0], dev.info.multiprocessors),)
+    dev.set_max_dynamic_smem(kernel, WS_SMEM)
+    dev.launch(kernel, grid, WS_THREADS, [b_map(x16, num_tokens, w.cols), w.buf, x16, y, residual, w.rows, w.cols,
+                                          num_tokens, ld_y], smem=WS_SMEM)
+
+
 def launch(dev: Device, w: DeviceWeight, x16: Buffer, y: Buffer, num_tokens: int, ld_y: int, bias: Buffer | None,
            residual: Buffer | None) -> bool:
     """y[T, rows] = x16 (the act layout's f16 values) @ w^T (+ bias) (+ residual) on a prefill GEMM, if w's type
@@ -137,21 +174,15 @@ def launch(dev: Device, w: DeviceWeight, x16: Buffer, y: Buffer, num_tokens: int
     if w.qtype not in INSTANCES or num_tokens < MIN_TOKENS:
         return False
     wg = wg_instance(dev.info.arch, w.qtype, num_tokens, w.cols, bias is not None)
+    if wg is not None and wg.endswith("_ws"):
+        _launch_ws(dev, wg, w, x16, y, residual, num_tokens, ld_y)
+        return True
     if wg is not None:  # row tiles along x (gemm_wg.cu: the blocks in flight share a token tile)
         kernel = dev.kernel(wg)
-        token_tiles = (num_tokens + WG_TOKENS - 1) // WG_TOKENS
-        args = [w.buf, x16, y, residual, w.rows, w.cols, num_tokens, ld_y]
-        if wg.endswith("_ws"):  # one dimension of tiles (gemm_ws.cu WsWalk), a block each or a block an SM
-            threads, smem, tile_rows = WS_THREADS, WS_SMEM, ws_rows()
-            grid = ((w.rows + tile_rows - 1) // tile_rows * token_tiles,)
-            if mode_for(num_tokens) == WS_PERSISTENT:
-                grid = (min(grid[0], dev.info.multiprocessors),)
-            args.insert(0, b_map(x16, num_tokens, w.cols))
-        else:
-            threads, smem = WG_THREADS, WG_SMEM
-            grid = ((w.rows + WG_ROWS - 1) // WG_ROWS, token_tiles)
-        dev.set_max_dynamic_smem(kernel, smem)
-        dev.launch(kernel, grid, threads, args, smem=smem)
+        grid = ((w.rows + WG_ROWS - 1) // WG_ROWS, (num_tokens + WG_TOKENS - 1) // WG_TOKENS)
+        dev.set_max_dynamic_smem(kernel, WG_SMEM)
+        dev.launch(kernel, grid, WG_THREADS, [w.buf, x16, y, residual, w.rows, w.cols, num_tokens, ld_y],
+                   smem=WG_SMEM)
         return True
     grid = ((num_tokens + TOKENS - 1) // TOKENS, (w.rows + ROWS - 1) // ROWS)
     args = [w.buf, x16, y, bias, residual, w.rows, w.cols, num_tokens, ld_y]

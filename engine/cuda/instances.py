@@ -151,7 +151,8 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"gemm_{qtype_tag(qt)}_cp", "gemm", f"gemm_cp<{int(qt)}>") for qt in GEMM_CP_QTYPES]
     out += [Instance(f"gemm_wg_{qtype_tag(qt)}{suffix}", "gemm_wg", f"gemm_wg<{int(qt)}, {overlap}>")
             for qt in GEMM_WG_QTYPES for suffix, overlap in (("", "false"), ("_o", "true"))]
-    out += [Instance(f"gemm_wg_{qtype_tag(qt)}_ws", "gemm_ws", f"gemm_ws<{int(qt)}>") for qt in GEMM_WG_QTYPES]
+    out += [Instance(f"gemm_wg_{qtype_tag(qt)}_ws{suffix}", "gemm_ws", f"gemm_ws<{int(qt)}, {epi}>")
+            for qt in GEMM_WG_QTYPES for suffix, epi in (("", 0), ("_swiglu", 1))]  # gemm_ws.cu WS_EPI_*
     out += [Instance("mmv_f32", "mmvq", "mmv_f32")]
     out += [Instance(f"act_{mode}", "act", f"act_from<{i}, {ACT_MIN_BLOCKS}, 8>") for i, mode in enumerate(ACT_MODES)]
     out += [Instance(f"act_{mode}_g1", "act", f"act_from<{i}, 1, 8>") for i, mode in enumerate(ACT_MODES)]  # one group

@@ -308,17 +308,34 @@ class CudaModel:
                                   [part.weight for part in lw.mix_in.parts], ws.close_in,
                                   norm=lw.vectors["attn_norm"], eps=cfg.rms_eps, x=ws.act_ffn)
 
-    def _swiglu_closer(self, lw: LayerWeights, num_tokens: int) -> closers.Closer | None:
-        """SwiGLU formed into act_ffn by gate | up behind itself (closers.Closer), where they are one launch of the
-        gate rows then the up rows; None: _ffn launches it."""
+    def _gate_up(self, lw: LayerWeights) -> ops.DeviceWeight | None:
+        """gate | up as one matrix (the gate's rows, then up's) without a bias, or None (separate launches)."""
         ffn_in, f = lw.ffn_in, self.cfg.ffn_size
         if len(ffn_in.parts) != 1 or ffn_in.parts[0].bias is not None:
             return None
         first = ffn_in.parts[0].offset
         if (ffn_in.offsets["ffn_gate"], ffn_in.offsets["ffn_up"]) != (first, first + f):
             return None
-        return closers.closer_for(self.dev, ffn_in.parts[0].weight, num_tokens, "swiglu", self.ws.act_ffn,
-                                  [lw.ffn_down], self.ws.close_ffn, x=self.ws.act_h)
+        return ffn_in.parts[0].weight
+
+    def _swiglu_closer(self, lw: LayerWeights, num_tokens: int) -> closers.Closer | None:
+        """SwiGLU formed into act_ffn by gate | up behind itself (closers.Closer), where they are one launch of the
+        gate rows then the up rows; None: _ffn launches it."""
+        gate_up = self._gate_up(lw)
+        if gate_up is None:
+            return None
+        return closers.closer_for(self.dev, gate_up, num_tokens, "swiglu", self.ws.act_ffn, [lw.ffn_down],
+                                  self.ws.close_ffn, x=self.ws.act_h)
+
+    def _swiglu_gemm(self, lw: LayerWeights, num_tokens: int) -> ops.DeviceWeight | None:
+        """gate | up where its prefill GEMM stores SwiGLU into act_ffn itself (gemm.swiglu_instance): ffn_down
+        reads the f16 values alone there (a prefill GEMM, no f16 residue, no int8 copy); None: _ffn launches
+        act_swiglu."""
+        gate_up = self._gate_up(lw)
+        if (gate_up is None or not self.ws.act_ffn.gemm_only or lw.ffn_down.qtype not in gemm.INSTANCES
+                or gemm.swiglu_instance(self.dev.info.arch, gate_up, num_tokens) is None):
+            return None
+        return gate_up
 
     def _ffn(self, lw: LayerWeights, num_tokens: int, norm_closed: bool = False,
              closer: closers.Closer | None = None) -> None:
@@ -327,6 +344,14 @@ class CudaModel:
         cfg, ws, dev = self.cfg, self.ws, self.dev
         h = cfg.hidden_size
         normed = None if norm_closed else ops.rmsnorm_of(ws.x, self._ffn_norm(lw), h, cfg.rms_eps, out32=ws.xn)
+        gate_up = self._swiglu_gemm(lw, num_tokens)
+        if gate_up is not None:  # SwiGLU by the GEMM's own epilogue
+            if normed is not None:
+                ops.produce(dev, normed, ws.act_h, num_tokens)
+            gemm.launch_swiglu(dev, gate_up, ws.act_h.x16, ws.act_ffn.x16, num_tokens)
+            ws.act_ffn.i8_tokens = 0
+            ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x, closer=closer)
+            return
         swiglu = self._swiglu_closer(lw, num_tokens)
         lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE, producer=normed,
                       closer=swiglu)

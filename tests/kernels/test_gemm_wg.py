@@ -33,7 +33,8 @@ def test_launch_constants_are_the_kernels() -> None:
     assert gemm.WG_SMEM == 2 * (warps * 4096 + 16 * gemm.WG_TOKENS * 32) + 128
     assert {i.name for i in instances.files()["gemm_wg"]} == {
         f"gemm_wg_{t}{o}" for t in ("q4_K", "q6_K") for o in ("", "_o")}
-    assert {i.name for i in instances.files()["gemm_ws"]} == {f"gemm_wg_{t}_ws" for t in ("q4_K", "q6_K")}
+    assert {i.name for i in instances.files()["gemm_ws"]} == {f"gemm_wg_{t}_ws{e}" for t in ("q4_K", "q6_K")
+                                                             for e in ("", "_swiglu")}
     # the warp-specialised form: two producer warpgroups and two consumers; two slots of raw weights, then
     # WS_ASLOTS slots of a chunk's A (WS_ROWS rows x 32 bytes a step) and as many of its B as fit (WsSmem)
     assert gemm.WS_THREADS == int(define("WS_THREADS")) == 4 * 128
@@ -241,3 +242,70 @@ def test_b_map_boxes_land_what_the_32_byte_swizzled_descriptors_read(monkeypatch
                     t, step = 8 * grp0 + r, step0 + s_
                     want = act[(t // 8) * nsb * 2048 + step * 128 + (t % 8) * 16:][:16] if t // 8 < groups else [0] * 16
                     assert list(got) == list(want), (grp0, step0, r, s_)
+
+
+def test_gemm_ws_forms_swiglu_behind_gate_up_only_where_it_runs_in_256_row_tiles(monkeypatch) -> None:
+    """gemm.swiglu_instance: gate | up (its halves whole superblocks) where the matmul runs gemm_ws in 256-row tiles
+    and the switch is on; launch_swiglu launches that instance like gemm_ws, its output the f16 act values, no
+    residual."""
+    from tests.kernels.test_close import _Dev, _buf, _weight
+
+    monkeypatch.setattr(gemm, "WG", None)
+    monkeypatch.setattr(gemm, "SWIGLU", True)
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "")
+    w = _weight(Q.Q4_K, 2 * 17408, 5120, "gate|up")
+    assert gemm.swiglu_instance(90, w, 4096) == "gemm_wg_q4_K_ws_swiglu"
+    assert gemm.swiglu_instance(90, _weight(Q.Q6_K, 1024, 512), 2048) == "gemm_wg_q6_K_ws_swiglu"
+    for arch, weight, tokens in ((90, w, 512),  # gemm_cp below WS_AUTO_TOKENS
+                                 (89, w, 4096),  # no wgmma
+                                 (90, _weight(Q.Q4_K, 2 * 17408 + 256, 5120), 4096),  # halves not whole superblocks
+                                 (90, _weight(Q.Q5_K, 2 * 17408, 5120), 4096)):  # a type without gemm_ws
+        assert gemm.swiglu_instance(arch, weight, tokens) is None, (arch, weight.qtype, weight.rows, tokens)
+    monkeypatch.setattr(gemm, "WG", 1)  # gemm_wg asked for: no SwiGLU form
+    assert gemm.swiglu_instance(90, w, 4096) is None
+    monkeypatch.setattr(gemm, "WG", None)
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "WS_ROWS=128")  # one accumulator set a consumer
+    assert gemm.swiglu_instance(90, w, 4096) is None
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "")
+    monkeypatch.setattr(gemm, "SWIGLU", False)
+    assert gemm.swiglu_instance(90, w, 4096) is None
+    monkeypatch.setattr(gemm, "SWIGLU", True)
+    monkeypatch.setattr(gemm, "b_map", lambda x16, t, cols: ("map", x16, t, cols))
+    dev, x16, out16 = _Dev(), _buf(), _buf()
+    gemm.launch_swiglu(dev, w, x16, out16, 4096)
+    assert dev.grids == [("gemm_wg_q4_K_ws_swiglu", (132,), 512)]
+    assert dev.launches[0][1] == [("map", x16, 4096, 5120), w.buf, x16, out16, None, 2 * 17408, 5120, 4096, 0]
+
+
+def test_a_prefill_ffn_takes_the_swiglu_gemm_where_ffn_downs_input_is_gemm_only(monkeypatch) -> None:
+    """model._ffn at a prefill chunk: the norm, gate | up forming SwiGLU itself, ffn_down; two launches for SwiGLU
+    where its act keeps what a GEMM does not read (not gemm_only), where ffn_down has no prefill GEMM, or where
+    gemm_ws does not run."""
+    from tests.kernels.test_close import _model
+
+    monkeypatch.setattr(gemm, "WG", None)
+    monkeypatch.setattr(gemm, "SWIGLU", True)
+    monkeypatch.setenv(nvrtc.DEFINES_ENV, "")
+
+    def launches(model, lw, tokens: int) -> list[tuple]:
+        seen: list[tuple] = []
+        monkeypatch.setattr(ops, "produce", lambda dev, producer, act, t: seen.append(("produce", producer.mode)))
+        monkeypatch.setattr(gemm, "launch_swiglu", lambda dev, w, x16, out16, t: seen.append(
+            ("gemm swiglu", w.name, x16 is model.ws.act_h.x16, out16 is model.ws.act_ffn.x16)))
+        monkeypatch.setattr(ops, "matmul", lambda dev, w, act, y, t, ld, producer=None, closer=None, **k: seen.append(
+            (w.name, producer and producer.mode)))
+        monkeypatch.setattr(ops, "act_swiglu", lambda *a, **k: seen.append(("act_swiglu",)))
+        model._ffn(lw, tokens)
+        return seen
+
+    model, lw = _model()
+    model.ws.act_ffn.gemm_only = True
+    assert launches(model, lw, 4096) == [("produce", "rmsnorm"), ("gemm swiglu", "gate|up", True, True),
+                                         ("ffn_down", None)]
+    apart = [("gate|up", "rmsnorm"), ("act_swiglu",), ("ffn_down", None)]
+    assert launches(model, lw, 512) == apart  # gemm_cp
+    model.ws.act_ffn.gemm_only = False
+    assert launches(model, lw, 4096) == apart
+    model, lw = _model(down_qtype=Q.F16)
+    model.ws.act_ffn.gemm_only = True
+    assert launches(model, lw, 4096) == apart

@@ -25,7 +25,6 @@ struct Act8 {
     f16* sums_lo;
 };
 
-__device__ __forceinline__ i64 act_pos(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
 // A staged row of act_from's PER 8 stores: 256 positions and 4 halves of padding, so that the 8-byte reads of a
 // warp's 8 slots (rows) and two pieces fall in different banks
 #define ACT_STAGE_LD (QK_SB + 4)
@@ -232,8 +231,8 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
             staged[0][n][k_local] = hi;
             staged[1][n][k_local] = lo;
         } else {
-            act_g[act_pos(sb, s, n0 + n) + 4 * c + r] = hi;
-            if (act_lo) act_lo[(i64)grp * nsb * 2048 + act_pos(sb, s, n0 + n) + 4 * c + r] = lo;
+            act_g[act_index(sb, s, n0 + n) + 4 * c + r] = hi;
+            if (act_lo) act_lo[(i64)grp * nsb * 2048 + act_index(sb, s, n0 + n) + 4 * c + r] = lo;
         }
     }
     if constexpr (PER == 8) {  // thread p: halves 8p .. 8p + 7: step p / 16, slot (p / 2) % 8, c = 2 (p % 2), + 1

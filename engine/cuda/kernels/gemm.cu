@@ -6,8 +6,6 @@
 #include "quants.cuh"
 #include "stage.cuh"
 
-__device__ __forceinline__ i64 act_index(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
-
 #define GEMM_WARPS 4
 #define GEMM_MT 2   // 16-row tiles per warp
 #define GEMM_NG 4   // 8-token groups per warp (32 tokens)

@@ -12,6 +12,10 @@
 // across chunks. Where the time went (Z16, 249 TFLOP/s at 8,192 tokens): the activations' copies most, then the
 // decode; with the copies on the tensor copy engine and Q4_K's row constants kept through a superblock, 370-382
 // TFLOP/s on the Q4_K shapes and 276 on Q6_K (Z18, H100).
+//
+// Instances gemm_wg_<qt>_ws_swiglu (EPI = WS_EPI_SWIGLU) multiply gate | up and store silu(gate) * up straight into
+// the act layout of ffn_down's input, as f16 (what a prefill GEMM reads), instead of the f32 rows act_swiglu would
+// read back: that launch and ~4 of every 5 bytes the epilogue stored go (engine/cuda/gemm.py launch_swiglu).
 #ifndef WEIGHT_EVICT_FIRST
 #define WEIGHT_EVICT_FIRST 0  // a weight tile is read again by every token tile (common.cuh)
 #endif
@@ -251,7 +255,16 @@ __device__ __forceinline__ void ws_decode_kept(int part, const u8* st, const typ
 // SM, OPENJET_CUDA_GEMM_WG=4) walks on, so one tile's last chunks, stores and the next tile's first copies overlap
 // instead of every block filling its pipeline from cold. Chunks are counted over the block's whole walk (the slots
 // and barriers turn on across tiles), WS_CHUNKS nsb a tile.
-struct WsWalk {
+//
+// With SwiGLU behind (WS_EPI_SWIGLU: W is gate | up, `half` rows each, a multiple of 256) a tile's rows are not
+// contiguous: tile r of the row tiles takes 128 positions of the gate and the same 128 of up, so that each consumer
+// multiplies a gate row and its up row into the same registers of its two accumulator sets (tile_row). Those 128
+// positions are the ones whose act layout slots (16 values of a token's step) they fill whole: position k of
+// superblock r / 2 with bit 4 of k = r % 2, the consumers' halves by bit 7, their warps' 32 by bits 5-6.
+#define WS_EPI_STORE 0   // y[T, rows] = the sums (+ residual), f32
+#define WS_EPI_SWIGLU 1  // y is the f16 act layout of silu(gate) * up (W: gate | up); no residual
+
+template <int EPI> struct WsWalk {
     int row_tiles, tiles, nsb, chunks;
     __device__ __forceinline__ WsWalk(int rows, int K, int T) {
         row_tiles = (rows + WS_ROWS - 1) / WS_ROWS;
@@ -263,13 +276,21 @@ struct WsWalk {
     __device__ __forceinline__ int tile(int i) const { return blockIdx.x + i * gridDim.x; }
     __device__ __forceinline__ int row0(int i) const { return (tile(i) % row_tiles) * WS_ROWS; }
     __device__ __forceinline__ int tok0(int i) const { return (tile(i) / row_tiles) * WG_TOKENS; }
+    // The first weight row of the walk's tile i's 16-row tile t (A rows 16 t ..; A's 64-row block t / 4 is
+    // consumer t / 8's accumulator set (t / 4) % 2).
+    __device__ __forceinline__ int tile_row(int i, int t) const {
+        if constexpr (EPI == WS_EPI_STORE) return row0(i) + 16 * t;
+        const int r0 = row0(i), up = (t >> 2) & 1;  // up: set 1, else the gate's rows; r0 = 256 r
+        return (up ? half() : 0) + ((r0 >> 1) & ~255) + ((r0 >> 4) & 16) + 128 * (t >> 3) + 32 * (t & 3);
+    }
+    __device__ __forceinline__ int half() const { return row_tiles * (WS_ROWS / 2); }  // WS_EPI_SWIGLU's
 };
 
 // Rows g and g + 8 of row tile `tile` at superblock J of the walk from its raw slot, with their constants.
-template <int QT>
+template <int QT, class Walk>
 __device__ __forceinline__ void ws_rows(typename QTraits<QT>::Row (&r)[2], typename FullFrag<QT>::Consts (&k)[2],
-                                        const u8* raw_g, const WsWalk& walk, int J, int tile, int rows, int g, int c) {
-    const int row0 = walk.row0(J / walk.nsb) + 16 * tile, sb = J % walk.nsb;
+                                        const u8* raw_g, const Walk& walk, int J, int tile, int rows, int g, int c) {
+    const int row0 = walk.tile_row(J / walk.nsb, tile), sb = J % walk.nsb;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         Stage<QT>::read(r[h], raw_g + (J & 1) * WsSmem<QT>::RAW + tile * WsSmem<QT>::RAW_TILE, g + 8 * h, c,
@@ -280,9 +301,9 @@ __device__ __forceinline__ void ws_rows(typename QTraits<QT>::Row (&r)[2], typen
 
 // The producer warpgroups: warp w stages, reads and decodes each tile's row tiles w (and w + 8 at 256 rows); thread
 // 0 has the tensor copy engine bring B (WS_TMA_B), else all 256 threads copy it.
-template <int QT>
+template <int QT, class Walk>
 __device__ __forceinline__ void ws_produce(const TensorMap& bmap, const u8* w, const f16* act, u32 raw_s,
-                                           const u8* raw_g, u32 a_s, u32 b_s, u32 bars, const WsWalk& walk, int rows,
+                                           const u8* raw_g, u32 a_s, u32 b_s, u32 bars, const Walk& walk, int rows,
                                            int T) {
     using Q = QTraits<QT>;
     using F = FullFrag<QT>;
@@ -300,7 +321,7 @@ __device__ __forceinline__ void ws_produce(const TensorMap& bmap, const u8* w, c
         for (int t = 0; t < WS_WARP_TILES; ++t) {
             const int tile = warp + 8 * t;
             typename S::Lane L;
-            S::init(L, walk.row0(J / nsb) + 16 * tile, rows, nsb, lane);
+            S::init(L, walk.tile_row(J / nsb, tile), rows, nsb, lane);
             S::copy(raw_s + (J & 1) * M::RAW + tile * M::RAW_TILE, P, L, J % nsb, lane, ntot);
         }
     };
@@ -402,7 +423,25 @@ __device__ __forceinline__ void ws_mma(float (&d)[64], u32 a, u32 b, int j) {
     }
 }
 
-template <int QT>
+// The tile's SwiGLU (WS_EPI_SWIGLU) from a consumer's two sets of sums: silu(gate) * up of its rows g, g + 8 (gate
+// positions k0 + g, + 8) and its 32 tokens from tok0, rounded to f16 into the act layout of the next matmul's
+// input (nsb superblocks a row), as kernels/act.cu's act_swiglu would from the stored f32 rows. The last group's
+// slots past T get zeros (sums of zero activations), as act_swiglu's do.
+__device__ __forceinline__ void ws_store_swiglu(const float (&gate)[64], const float (&up)[64], f16* out, int nsb,
+                                                int k0, int tok0, int T, int g, int c) {
+    const i64 group = (i64)nsb * 2048;  // an 8-token group's values; the 32 tokens' groups tok0 / 8 + i
+    f16* base = out + (tok0 >> 3) * group + 16 * (2 * c);  // token 2c of the group (then 2c + 1)
+    const i64 at[2] = {act_at(k0 + g, 0), act_at(k0 + g + 8, 0)};  // rows g, g + 8
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        if (tok0 + 8 * i >= T) break;  // the last group is written whole (its slots past T: zeros)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            base[i * group + at[e >> 1] + 16 * (e & 1)] = f32_to_f16(siluf_(gate[4 * i + e]) * up[4 * i + e]);
+    }
+}
+
+template <int QT, int EPI>
 __global__ void __launch_bounds__(WS_THREADS, 1)
 gemm_ws(const __grid_constant__ TensorMap bmap, const u8* __restrict__ w, const f16* __restrict__ act,
         float* __restrict__ y, const float* __restrict__ residual, int rows, int K, int T, int ldy) {
@@ -411,7 +450,7 @@ gemm_ws(const __grid_constant__ TensorMap bmap, const u8* __restrict__ w, const 
     using M = WsSmem<QT>;
     extern __shared__ __align__(128) u8 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const WsWalk walk(rows, K, T);
+    const WsWalk<EPI> walk(rows, K, T);
     const u32 base_s = (smem_u32(smem) + 1023) & ~1023u;  // the swizzle atoms are 1,024-byte aligned
     const u32 a_s = base_s + 2 * M::RAW, b_s = a_s + WS_ASLOTS * WS_A_BYTES, bars = b_s + M::BSLOTS * WS_B_BYTES;
 #if WS_TMA_B  // the B slots' mbarriers, initialised before any thread copies into or waits on them
@@ -447,9 +486,19 @@ gemm_ws(const __grid_constant__ TensorMap bmap, const u8* __restrict__ w, const 
         wg_wait<0>();
         const int last = cs0 + per_tile - 1;
         if (last + WS_ASLOTS < chunks) ws_arrive(WS_BAR_EMPTY + last % WS_ASLOTS);
-        const int row0 = walk.row0(i) + (WS_ROWS / 2) * cw + 16 * (warp & 3);
+        if constexpr (EPI == WS_EPI_SWIGLU) {  // set 0 the gate's rows, set 1 up's (WsWalk::tile_row)
+#if WS_ROWS == 256
+            const int k0 = walk.tile_row(i, 8 * cw + (warp & 3));
+            ws_store_swiglu(d[0], d[1], reinterpret_cast<f16*>(y), walk.half() / QK_SB, k0, walk.tok0(i), T, g, c);
+#else
+            __trap();  // one set a consumer: the launcher takes it at 256 rows only (engine/cuda/gemm.py)
+#endif
+        } else {
+            const int row0 = walk.row0(i) + (WS_ROWS / 2) * cw + 16 * (warp & 3);
 #pragma unroll
-        for (int j = 0; j < WS_SETS; ++j) wg_store(d[j], y, residual, row0 + 64 * j, walk.tok0(i), rows, T, ldy, g, c);
+            for (int j = 0; j < WS_SETS; ++j)
+                wg_store(d[j], y, residual, row0 + 64 * j, walk.tok0(i), rows, T, ldy, g, c);
+        }
     }
 #else
     __trap();  // a build for another target: launching it is a dispatch bug

@@ -8,11 +8,8 @@
 #define MMVQ_MAX_WARPS 8
 #define MMVQ_NCOLS 8
 
-// Activation layout ("act"): tokens in groups of 8; per group, superblock sb and step s, the 8 tokens' 16 values
-// at the canonical positions (quants.cuh) of that step: act[((sb * 16 + s) * 8 + n) * 16 + 4c + r] holds x[n][k],
-// k = 256 sb + 64c + 32 (s & 1) + 4 (s >> 1) + r. Positions past K hold zeros. One step's fragment of all 8 tokens
-// is 256 contiguous bytes. Sums: sums[(sb * 8 + n) * 8 + j] = sum of x[n][256 sb + 32 j .. + 31] (f16).
-__device__ __forceinline__ i64 act_index(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
+// Activation layout ("act", quants.cuh act_index): positions past K hold zeros. Sums: sums[(sb * 8 + n) * 8 + j] =
+// sum of x[n][256 sb + 32 j .. + 31] (f16).
 
 // The min term of Q4_K/Q5_K: sum over sub-blocks of m * (sum of x over the sub-block), k-slots 2c, 2c+1 only.
 __device__ __forceinline__ void min_mma(float (&cm)[4], u32 m0, u32 m1, u32 sums_pair) {

@@ -56,6 +56,15 @@ __device__ __forceinline__ u32 word_at(const uint4& v, int i) { return i == 0 ? 
 __device__ __forceinline__ u32 pair_bytes(u32 w) { return prmt(w, w, 0x3120); }
 // Position of step s of lane c inside its superblock (the canonical assignment above).
 __device__ __forceinline__ int canon_kofs(int c, int s) { return 64 * c + 32 * (s & 1) + 4 * (s >> 1); }
+// Activation layout ("act"): tokens in groups of 8; per group, superblock sb and step s, the 8 tokens' 16 values
+// at the canonical positions of that step: act[act_index(sb, s, n) + 4c + r] holds x[n][k], k = 256 sb +
+// canon_kofs(c, s) + r. One step's fragment of all 8 tokens is 256 contiguous bytes; a group is nsb x 2,048 values.
+__device__ __forceinline__ i64 act_index(int sb, int s, int n) { return ((i64)(sb * SB_STEPS + s) * 8 + n) * 16; }
+// Where x[n][k] sits in its group's act layout.
+__device__ __forceinline__ i64 act_at(int k, int n) {
+    const int kl = k & (QK_SB - 1);
+    return act_index(k / QK_SB, 2 * ((kl >> 2) & 7) + ((kl >> 5) & 1), n) + 4 * (kl >> 6) + (kl & 3);
+}
 
 template <int QT> struct QTraits;
 
