@@ -97,14 +97,25 @@ __host__ __device__ constexpr int ws_min(int a, int b) { return a < b ? a : b; }
 // weights' copy must land before the chunk that reads them waits, with BSLOTS - WS_ASLOTS groups left in flight
 // (raw(sb + 2) is copied at chunk WS_CHUNKS sb at 128 rows, raw(sb + 1) at 256, where the slot is re-read all
 // through its superblock).
+// WS_Q6_TIGHT (1, or 0 through OPENJET_CUDA_DEFINES): Q6_K's raw rows at a 128-byte ql' pitch, swizzled (stage.cuh
+// Q6KStage SWZ) instead of padded to 144: 8 KB of raw slots less at 256 rows, where Q6_K had room for only two B
+// slots (each chunk's activations asked for no chunk ahead of its decode) and so has three (bench/NOTES.md Z19).
+// Not with WS_TMA_B=0, whose producers' copies of a third B slot spill.
+#ifndef WS_Q6_TIGHT
+#define WS_Q6_TIGHT WS_TMA_B
+#endif
+template <int QT, bool TIGHT = (WS_Q6_TIGHT != 0)> struct WsStageOf { using T = Stage<QT>; };
+template <> struct WsStageOf<QT_Q6_K, true> { using T = Q6KStage<128, 64, true>; };
+template <int QT> using WsStage = typename WsStageOf<QT>::T;
+
 template <int QT> struct WsSmem {
-    static constexpr int RAW_TILE = WS_ROWS == 128 ? 4096 : (Stage<QT>::BYTES + 127) / 128 * 128;
+    static constexpr int RAW_TILE = WS_ROWS == 128 ? 4096 : (WsStage<QT>::BYTES + 127) / 128 * 128;
     static constexpr int RAW = WS_TILES * RAW_TILE;
     static constexpr int FIXED = 1024 + 2 * RAW + WS_ASLOTS * WS_A_BYTES + WS_BARS_BYTES;  // 1024: atoms' alignment
     static constexpr int LEAD = WS_ROWS == 128 ? 2 * WS_CHUNKS - 1 : WS_CHUNKS - 1;
     static constexpr int FIT = (WS_SMEM_MAX - FIXED) / WS_B_BYTES;
     static constexpr int BSLOTS = ws_min(ws_min(WS_BSLOTS, FIT), WS_ASLOTS + LEAD);
-    static_assert(Stage<QT>::BYTES <= RAW_TILE, "a row tile's stage fits its part of a raw slot");
+    static_assert(WsStage<QT>::BYTES <= RAW_TILE, "a row tile's stage fits its part of a raw slot");
     static_assert(BSLOTS >= WS_ASLOTS && FIXED + BSLOTS * WS_B_BYTES <= WS_SMEM_MAX, "the slots fit shared memory");
 };
 
@@ -222,14 +233,14 @@ template <int PART> __device__ __forceinline__ void ws_set_pair(uint4& v, const 
 // 16); the rest of r is not read.
 template <int QT, int PART>
 __device__ __forceinline__ void ws_words(typename QTraits<QT>::Row (&r)[2], const u8* st, int g, int c) {
-    using S = Stage<QT>;
+    using S = WsStage<QT>;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int lr = g + 8 * h;
         if constexpr (QT == QT_Q4_K) {
             ws_set_pair<PART>(r[h].q[PART >> 1], st + S::QS + lr * S::QS_PITCH + 32 * c + 8 * PART);
         } else {
-            ws_set_pair<PART>(r[h].q[PART >> 1], st + S::QL + lr * S::QL_PITCH + 32 * c + 8 * PART);
+            ws_set_pair<PART>(r[h].q[PART >> 1], st + S::ql_at(lr, 2 * c + (PART >> 1)) + 8 * (PART & 1));
             ws_set_pair<PART>(r[h].qh, st + S::QH + lr * S::QH_PITCH + 16 * c + 8 * (PART & 1));
         }
     }
@@ -293,7 +304,7 @@ __device__ __forceinline__ void ws_rows(typename QTraits<QT>::Row (&r)[2], typen
     const int row0 = walk.tile_row(J / walk.nsb, tile), sb = J % walk.nsb;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        Stage<QT>::read(r[h], raw_g + (J & 1) * WsSmem<QT>::RAW + tile * WsSmem<QT>::RAW_TILE, g + 8 * h, c,
+        WsStage<QT>::read(r[h], raw_g + (J & 1) * WsSmem<QT>::RAW + tile * WsSmem<QT>::RAW_TILE, g + 8 * h, c,
                         stage_row_base(row0, g + 8 * h, rows, walk.nsb) + sb);
         FullFrag<QT>::prepare(r[h], c, k[h]);
     }
@@ -307,7 +318,7 @@ __device__ __forceinline__ void ws_produce(const TensorMap& bmap, const u8* w, c
                                            int T) {
     using Q = QTraits<QT>;
     using F = FullFrag<QT>;
-    using S = Stage<QT>;
+    using S = WsStage<QT>;
     using M = WsSmem<QT>;
     constexpr int BSLOTS = M::BSLOTS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;

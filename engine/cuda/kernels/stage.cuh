@@ -121,11 +121,17 @@ __device__ __forceinline__ void q6k_d_word_copy(u32 dst, const u8* plane, u64 id
 }
 __device__ __forceinline__ u32 q6k_d_of_word(u32 word, u64 idx) { return (idx & 1u) ? word >> 16 : word & 0xFFFFu; }
 
-template <int QL_P, int QH_P> struct Q6KStage {
+// SWZ (gemm_ws.cu's tight form, QL_P 128): odd rows swap each pair of ql' chunks (16 bytes at 16 (j ^ 1)), which keeps
+// a quarter-warp's 16-byte reads of chunks 2c (rows g, g + 1) in different banks without the pitch's padding.
+template <int QL_P, int QH_P, bool SWZ = false> struct Q6KStage {
     static constexpr int STAGES = 3;  // 3648-byte stages: 3 let two blocks of 8 warps share one SM
     static constexpr int QL = 0, QL_PITCH = QL_P, QH = QL + STAGE_ROWS * QL_PITCH, QH_PITCH = QH_P;
     static constexpr int SC = QH + STAGE_ROWS * QH_PITCH;
     static constexpr int D = SC + STAGE_ROWS * 16, BYTES = D + STAGE_ROWS * 4;
+    // where ql' chunk j (16 bytes) of row lr sits
+    static __host__ __device__ __forceinline__ constexpr int ql_at(int lr, int j) {
+        return QL + lr * QL_PITCH + 16 * (SWZ ? j ^ (lr & 1) : j);
+    }
     struct Lane { u32 lrow[4], hrow[2], xrow; };
     static __device__ __forceinline__ void init(Lane& L, int row0, int rows, int nb, int lane) {
 #pragma unroll
@@ -138,8 +144,7 @@ template <int QL_P, int QH_P> struct Q6KStage {
         const int part8 = lane & 7, part4 = lane & 3, r = lane & 15;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            cp_async16_w(dst + QL + ((lane >> 3) + 4 * j) * QL_PITCH + 16 * part8,
-                       P.p[0] + (u64)(L.lrow[j] + sb) * 128 + 16 * part8);
+            cp_async16_w(dst + ql_at((lane >> 3) + 4 * j, part8), P.p[0] + (u64)(L.lrow[j] + sb) * 128 + 16 * part8);
 #pragma unroll
         for (int j = 0; j < 2; ++j)
             cp_async16_w(dst + QH + ((lane >> 2) + 8 * j) * QH_PITCH + 16 * part4,
@@ -152,9 +157,8 @@ template <int QL_P, int QH_P> struct Q6KStage {
         }
     }
     static __device__ __forceinline__ void read(QTraits<QT_Q6_K>::Row& r, const u8* st, int lr, int c, u32 idx) {
-        const uint4* q = reinterpret_cast<const uint4*>(st + QL + lr * QL_PITCH + 32 * c);
-        r.q[0] = q[0];
-        r.q[1] = q[1];
+        r.q[0] = *reinterpret_cast<const uint4*>(st + ql_at(lr, 2 * c));
+        r.q[1] = *reinterpret_cast<const uint4*>(st + ql_at(lr, 2 * c + 1));
         r.qh = *reinterpret_cast<const uint4*>(st + QH + lr * QH_PITCH + 16 * c);
         r.sc = *reinterpret_cast<const u32*>(st + SC + 16 * lr + 4 * c);
         r.d = q6k_d_of_word(*reinterpret_cast<const u32*>(st + D + 4 * lr), idx);
