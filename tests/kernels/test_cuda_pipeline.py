@@ -23,8 +23,10 @@ def _stage_constants(qtype: Q) -> dict[str, int]:
     base = re.search(rf"struct Stage<{tag}> : (\w+)<([\d, ]+)>", text)
     if base:
         params = re.search(rf"template <([^>]+)> struct {base.group(1)} {{", text).group(1)
-        names = [part.split()[-1] for part in params.split(",")]
-        values.update(zip(names, (int(v) for v in base.group(2).split(",")), strict=True))
+        names = [part.split("=")[0].split()[-1] for part in params.split(",")]  # trailing ones may default
+        given = [int(v) for v in base.group(2).split(",")]
+        assert len(given) <= len(names)
+        values.update(zip(names, given))
         tag = None
     body = text[text.index(f"struct Stage<{tag}>" if tag else f"struct {base.group(1)} {{"):]
     body = body[: body.index("\n};")]
