@@ -211,10 +211,11 @@ VERIFY_TRIM = True
 DEFAULT_VERIFY_SPARE_PER_SM = 0
 VERIFY_SPARE_PER_SM = DEFAULT_VERIFY_SPARE_PER_SM
 # Warps a block by token count where VERIFY_WARPS is None (others: mmvq_i8's choice, ops.i8_warps): the kernel's
-# most at every count, as many as fit (verify_warps), 10 busy at K = 5,120 and 12 at 6,144. The 27B pass (H100,
+# most from 3 tokens on, as many as fit (verify_warps), 10 busy at K = 5,120 and 12 at 6,144. The 27B pass (H100,
 # 3d5a955, variant i8vw12) at 2 / 4 / 5 tokens 8.143 / 8.197 / 9.678 ms against 8.166 / 8.901 / 10.202 with mmvq_i8's
-# choice at 2 and 4 (5 warps) and 8 from 5 tokens (bench/NOTES.md Z5).
-DEFAULT_VERIFY_WARPS_AT = {t: VERIFY_MAX_WARPS for t in I8V_TOKENS}
+# choice at 2 and 4 (5 warps) and 8 from 5 tokens (bench/NOTES.md Z5). At 2 tokens mmvq_i8's 5 (two blocks an SM):
+# level with 12 on the H100, and on the H200 6.849 ms against 7.507 (fd8d60b, variant i8vw8old; Z19).
+DEFAULT_VERIFY_WARPS_AT = {t: VERIFY_MAX_WARPS for t in I8V_TOKENS if t > 2}
 VERIFY_WARPS_AT = dict(DEFAULT_VERIFY_WARPS_AT)
 # The token counts it takes (of instances.I8V_TOKENS), in precise mode: every one. 3 stayed on mmvq_i8 while its
 # blocks were of 5 warps (27B pass 8.88 ms against 9.36, 36e18fb); in 12-warp blocks, with PDL at 3 tokens
