@@ -15,7 +15,8 @@
 //
 // Instances gemm_wg_<qt>_ws_swiglu (EPI = WS_EPI_SWIGLU) multiply gate | up and store silu(gate) * up straight into
 // the act layout of ffn_down's input, as f16 (what a prefill GEMM reads), instead of the f32 rows act_swiglu would
-// read back: that launch and ~4 of every 5 bytes the epilogue stored go (engine/cuda/gemm.py launch_swiglu).
+// read back: that launch and three quarters of the bytes the epilogue stored go (engine/cuda/gemm.py
+// launch_swiglu; bench/NOTES.md Z19: gate | up with SwiGLU at 8,192 tokens 8.47 ms against 8.92 apart, H200).
 #ifndef WEIGHT_EVICT_FIRST
 #define WEIGHT_EVICT_FIRST 0  // a weight tile is read again by every token tile (common.cuh)
 #endif
@@ -99,8 +100,9 @@ __host__ __device__ constexpr int ws_min(int a, int b) { return a < b ? a : b; }
 // through its superblock).
 // WS_Q6_TIGHT (1, or 0 through OPENJET_CUDA_DEFINES): Q6_K's raw rows at a 128-byte ql' pitch, swizzled (stage.cuh
 // Q6KStage SWZ) instead of padded to 144: 8 KB of raw slots less at 256 rows, where Q6_K had room for only two B
-// slots (each chunk's activations asked for no chunk ahead of its decode) and so has three (bench/NOTES.md Z19).
-// Not with WS_TMA_B=0, whose producers' copies of a third B slot spill.
+// slots (each chunk's activations asked for no chunk ahead of its decode) and so has three: ffn_down at 8,192 tokens
+// 308 TFLOP/s (H200) against 276-286 with two (H100; bench/NOTES.md Z19). Not with WS_TMA_B=0, whose producers'
+// copies of a third B slot spill.
 #ifndef WS_Q6_TIGHT
 #define WS_Q6_TIGHT WS_TMA_B
 #endif
