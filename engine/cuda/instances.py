@@ -98,6 +98,9 @@ ACT_MIN_BLOCKS = 4
 ATTN_HEAD_DIMS = {32: 16, 64: 16, 128: 16, 256: 12}
 # The narrower instances (queries per warp) of decode and verify, attn_d{D}_q{n} (engine/cuda/mixers.py attn_qpw).
 ATTN_DECODE_QPW = (1, 2, 4)
+# Keys of earlier passes those instances copy into shared memory before their PDL wait (kernels/attention.cu PRE):
+# a split's first 32, one pass of its key loop
+ATTN_PRE_KEYS = 32
 # Head sizes with the tensor-core prefill attention (kernels/attention_prefill.cu attn_mma).
 ATTN_MMA_DIMS = (64, 128, 256)
 # DeltaNet key-head sizes with an instance (multiples of 32: rows per lane = size / 32).
@@ -165,8 +168,8 @@ def _build() -> dict[str, Instance]:
     out += [Instance(n, "attention", n) for n in ("kv_store", "qk_prep")]
     out += [Instance("attn_combine", "attention", "attn_combine<-1>"),  # and with the plain copy closed behind it
             Instance("attn_combine_close_plain", "attention", f"attn_combine<{ACT_MODES.index('plain')}>")]
-    out += [Instance(f"attn_d{d}", "attention", f"attn<{d}, {qpw}>") for d, qpw in ATTN_HEAD_DIMS.items()]
-    out += [Instance(f"attn_d{d}_q{n}", "attention", f"attn<{d}, {n}>") for d in ATTN_HEAD_DIMS
+    out += [Instance(f"attn_d{d}", "attention", f"attn<{d}, {qpw}, 0>") for d, qpw in ATTN_HEAD_DIMS.items()]
+    out += [Instance(f"attn_d{d}_q{n}", "attention", f"attn<{d}, {n}, {ATTN_PRE_KEYS}>") for d in ATTN_HEAD_DIMS
             for n in ATTN_DECODE_QPW]
     out += [Instance(f"attn_mma_d{d}", "attention_prefill", f"attn_mma<{d}>") for d in ATTN_MMA_DIMS]
     out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]

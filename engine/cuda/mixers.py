@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from engine.cuda import closers, env_switch
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import (ATTN_DECODE_QPW, ATTN_HEAD_DIMS, ATTN_MMA_DIMS, GDN_CHUNK_DIMS, GDN_CONV_TAPS,
-                                   GDN_KEY_DIMS)
+from engine.cuda.instances import (ATTN_DECODE_QPW, ATTN_HEAD_DIMS, ATTN_MMA_DIMS, ATTN_PRE_KEYS, GDN_CHUNK_DIMS,
+                                   GDN_CONV_TAPS, GDN_KEY_DIMS)
 
 ATTN_WARPS = 4
 ATTN_DECODE_MAX_TOKENS = 8  # runs up to this long take a narrow instance (attn_qpw)
@@ -200,6 +200,12 @@ def attn_splits(num_tokens: int, num_kv_heads: int, tile: int, multiprocessors: 
     return max(1, min(MAX_SPLITS, (2 * multiprocessors + blocks - 1) // blocks))
 
 
+def attn_smem(head_dim: int, qpw: int, pre_keys: int) -> int:
+    """The attention kernel's dynamic shared memory: its warps' queries (f32), then the keys and values it copies
+    before the PDL wait (f16 rows at a pitch of head_dim + 8, kernels/attention.cu ATTN_PRE_PITCH)."""
+    return ATTN_WARPS * qpw * head_dim * 4 + 2 * pre_keys * (head_dim + 8) * 2
+
+
 def attn_scratch_bytes(splits: int, num_tokens: int, num_heads: int, head_dim: int) -> int:
     """Bytes of the split partials (o, then max and sum)."""
     return 4 * splits * num_tokens * num_heads * (head_dim + 2)
@@ -236,8 +242,9 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
         rows = num_tokens * (num_heads // num_kv_heads)
         dev.launch(kernel, (num_kv_heads, -(-rows // ATTN_MMA_ROWS)), 128, [args], smem=smem)
         return
-    smem = ATTN_WARPS * qpw * head_dim * 4
-    kernel = dev.kernel(f"attn_d{head_dim}" if qpw == ATTN_HEAD_DIMS[head_dim] else f"attn_d{head_dim}_q{qpw}")
+    wide = qpw == ATTN_HEAD_DIMS[head_dim]
+    smem = attn_smem(head_dim, qpw, 0 if wide else ATTN_PRE_KEYS)
+    kernel = dev.kernel(f"attn_d{head_dim}" if wide else f"attn_d{head_dim}_q{qpw}")
     if smem > 48 * 1024:
         dev.set_max_dynamic_smem(kernel, smem)
     grid = (num_kv_heads, (num_tokens + tile - 1) // tile, splits)

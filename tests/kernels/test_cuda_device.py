@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import re
+from types import SimpleNamespace
 
 import pytest
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import device, instances, mixers, nvrtc, ops
+from engine.cuda.device import Buffer
 from engine.cuda.select import select_backend
 from engine.errors import EngineError
 
@@ -126,3 +128,23 @@ def test_mmvq_warps_divide_the_superblocks() -> None:
     assert ops._mmvq_warps(5120) == 5  # 20 superblocks: 5 warps of 4
     assert ops._mmvq_warps(17408) == 4  # 68 = 4 x 17
     assert ops._mmvq_warps(256) == 1
+
+
+def test_decode_attention_asks_for_shared_memory_for_the_keys_it_copies_before_its_wait() -> None:
+    """The narrow instances (decode and verify) stage ATTN_PRE_KEYS keys and values of earlier passes (f16 rows at a
+    pitch of D + 8, kernels/attention.cu ATTN_PRE_PITCH) beside their queries; the wide one (a long run) does not."""
+    launches: list[tuple[str, int]] = []
+    dev = SimpleNamespace(info=SimpleNamespace(max_smem_per_block=227 * 1024),
+                          kernel=lambda name: SimpleNamespace(name=name), set_max_dynamic_smem=lambda k, n: None,
+                          launch=lambda k, grid, block, args, smem=0: launches.append((k.name, smem)))
+    buf = Buffer(0x10000, 1 << 24, "buf")
+    src = (nvrtc.KERNEL_DIR / "attention.cu").read_text()
+    assert "#define ATTN_PRE_PITCH(D) ((D) + 8)" in src and instances.ATTN_PRE_KEYS == 32
+    assert all(f"attn<{d}, {n}, 32>" in {i.expr for i in instances.INSTANCES.values()}
+               for d in instances.ATTN_HEAD_DIMS for n in instances.ATTN_DECODE_QPW)
+    mixers.attention(dev, buf, buf, buf, buf, buf, 1, 24, 4, 256, 4096, 12288, 512, 6144, 0.0625, scratch=buf,
+                     splits=64)
+    assert launches[0] == ("attn_d256_q2", 4 * 2 * 256 * 4 + 2 * 32 * 264 * 2)
+    launches.clear()
+    mixers.attention(dev, buf, buf, buf, buf, buf, 12, 8, 8, 32, 4096, 256, 32, 256, 0.125)  # no mma at D = 32
+    assert launches == [("attn_d32", 4 * 16 * 32 * 4)]

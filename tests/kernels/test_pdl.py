@@ -21,6 +21,11 @@ WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_cpa", "mmvq_persist", "mmvq_i8b",
 WAIT_AFTER_STATE_PREFETCH = {"gdn_recurrent": {"p.state", "p.window", "p.conv_w", "p.a", "p.dt_bias"}}
 # ... and the launch's sizes and flags they may read beside them
 SIZES = {"p.num_k_heads", "p.Dk", "p.Dv", "p.prepared", "p.save", "p.C"}
+# Kernels whose PDL_ENTER comes after copies of KV cache rows that earlier passes wrote (attention: keys below the
+# pass's first position, which qk_prep's writes of this pass do not reach; positions is set before a pass), into
+# shared memory only, and the sizes that place them.
+WAIT_AFTER_CACHE_PREFETCH = {"attn": {"a.positions", "a.kcache", "a.vcache", "a.capacity", "a.T", "a.num_heads",
+                                      "a.num_kv_heads", "a.tile_tokens", "a.min_keys_log2"}}
 
 
 def kernel_bodies() -> dict[str, str]:
@@ -59,6 +64,12 @@ def test_kernel_waits_for_its_predecessor(name: str) -> None:
         stores = re.findall(r"(\w+)\[[^\]=;]*\](?:\[[^\]=;]*\])*\s*=[^=]", before)
         assert set(stores) <= {"s", "wq", "wk", "hq", "hkk", "hv"}, (name, stores)  # registers
         assert "gdn_load" not in before, name  # the token loads read the pass's activations
+    elif name in WAIT_AFTER_CACHE_PREFETCH:
+        reads = set(re.findall(r"\ba\.\w+", before))
+        assert reads <= WAIT_AFTER_CACHE_PREFETCH[name], (name, reads - WAIT_AFTER_CACHE_PREFETCH[name])
+        stores = re.findall(r"(\w+(?:\[[^\]=;]*\])+)\s*=[^=]", before)
+        assert not stores, (name, stores)  # nothing stored before the wait but the copies into shared memory
+        assert "cp_async16(smem_u32(" in before, name
     elif name in WAIT_AFTER_WEIGHT_PREFETCH:
         # only the weight ring's first copies may precede the wait: no activation, output or count access
         for arg in ("act", "sums", "y[", "y +", "residual", "counts", "partials", "bias"):

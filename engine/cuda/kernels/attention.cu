@@ -125,12 +125,22 @@ __device__ __forceinline__ constexpr int attn_pv_rows(int D, int QPW) {
     return rows > 32 ? 32 : rows < 1 ? 1 : rows;
 }
 
-template <int D, int QPW>
+// PRE (the decode and verify instances, attn_d{D}_q{n}: engine/cuda/mixers.py ATTN_PRE_KEYS): the first PRE keys of
+// the split that earlier passes wrote (below the pass's first position: qk_prep writes this pass's) are copied into
+// shared memory before the PDL wait, so that their round trips overlap the kernels in front instead of following
+// qk_prep (at a 528-key context a split's 32 keys were ~8 dependent loads after it: 17 us a layer on the H200,
+// bench/NOTES.md Z19). Only kernels of earlier passes wrote those rows, and positions is set before the pass.
+// Rows at a pitch of D + 8 halves: a lane reads its own key's row, 16 bytes at a time, the 8 of a phase in 8 banks.
+#define ATTN_PRE_PITCH(D) ((D) + 8)
+
+template <int D, int QPW, int PRE>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
-    PDL_ENTER();
     constexpr int DL = D / 32;
     constexpr int ATTN_PV_ROWS = attn_pv_rows(D, QPW);
-    extern __shared__ float qs[];  // [ATTN_WARPS * QPW][D] queries of the block, pre-scaled
+    constexpr int KP = ATTN_PRE_PITCH(D);
+    extern __shared__ float qs[];  // [ATTN_WARPS * QPW][D] queries of the block, pre-scaled; then PRE keys and values
+    f16* pk = reinterpret_cast<f16*>(qs + ATTN_WARPS * QPW * D);  // [PRE][KP] keys k_begin .., then [PRE][KP] values
+    f16* pv = pk + PRE * KP;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = blockIdx.x, t0 = blockIdx.y * a.tile_tokens, split = blockIdx.z, splits = gridDim.z;
     const int G = a.num_heads / a.num_kv_heads;
@@ -144,7 +154,21 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
     const int active = max(1, min(splits, (kv_len + (1 << a.min_keys_log2) - 1) >> a.min_keys_log2));
     const int k_begin = split < active ? (int)((i64)kv_len * split / active) : kv_len;
     const int k_end = split < active ? (int)((i64)kv_len * (split + 1) / active) : kv_len;
-    if (k_begin >= k_end && splits > 1) {  // idle split: an empty partial, without loading the queries
+    const bool idle = k_begin >= k_end && splits > 1;
+    const f16* kc = a.kcache + (i64)kvh * a.capacity * D;
+    const f16* vc = a.vcache + (i64)kvh * a.capacity * D;
+    int pre_end = k_begin;  // keys k_begin .. pre_end - 1 come from shared memory
+    if (PRE > 0 && !idle) {
+        pre_end = max(k_begin, min(min(k_end, k_begin + PRE), a.positions[0]));
+        for (int i = threadIdx.x; i < (pre_end - k_begin) * (D / 8); i += blockDim.x) {
+            const int r = i / (D / 8), c = 8 * (i % (D / 8));
+            cp_async16(smem_u32(pk + r * KP + c), kc + (i64)(k_begin + r) * D + c);
+            cp_async16(smem_u32(pv + r * KP + c), vc + (i64)(k_begin + r) * D + c);
+        }
+        cp_async_commit();
+    }
+    PDL_ENTER();
+    if (idle) {  // idle split: an empty partial, without loading the queries
         for (int qi = threadIdx.x; qi < num_q; qi += blockDim.x) {
             const int t = t0 + qi / G, h = kvh * G + qi % G;
             const i64 row = ((i64)split * a.T + t) * a.num_heads + h;
@@ -162,6 +186,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
         }
         qs[i] = v;
     }
+    if (PRE > 0) cp_async_wait<0>();
     __syncthreads();
     if (warp * QPW >= num_q) return;  // a warp without queries (no block barrier follows)
     int qpos[QPW];
@@ -178,8 +203,6 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
 #pragma unroll
         for (int e = 0; e < DL; ++e) o[j][e] = 0.f;
     }
-    const f16* kc = a.kcache + (i64)kvh * a.capacity * D;
-    const f16* vc = a.vcache + (i64)kvh * a.capacity * D;
     const float* qw = qs + warp * QPW * D;
 
     for (int k0 = k_begin; k0 < k_end; k0 += 32) {
@@ -189,7 +212,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
 #pragma unroll
         for (int j = 0; j < QPW; ++j) s[j] = 0.f;
         if (key < k_end) {
-            const f16* kr = kc + (i64)key * D;
+            const f16* kr = key < pre_end ? pk + (key - k_begin) * KP : kc + (i64)key * D;
 #pragma unroll 8
             for (int d0 = 0; d0 < D; d0 += 8) {
                 const uint4 raw = *reinterpret_cast<const uint4*>(kr + d0);
@@ -231,7 +254,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
 #pragma unroll
             for (int u = 0; u < ATTN_PV_ROWS; ++u) {
                 if (kk0 + u < num_keys) {
-                    load_row_f16<D>(vc + (i64)(k0 + kk0 + u) * D, v[u], lane);
+                    const int key_u = k0 + kk0 + u;
+                    load_row_f16<D>(key_u < pre_end ? pv + (key_u - k_begin) * KP : vc + (i64)key_u * D, v[u], lane);
                 } else {
 #pragma unroll
                     for (int e = 0; e < DL; ++e) v[u][e] = 0.f;
