@@ -98,8 +98,8 @@ ACT_MIN_BLOCKS = 4
 ATTN_HEAD_DIMS = {32: 16, 64: 16, 128: 16, 256: 12}
 # The narrower instances (queries per warp) of decode and verify, attn_d{D}_q{n} (engine/cuda/mixers.py attn_qpw).
 ATTN_DECODE_QPW = (1, 2, 4)
-# Keys of earlier passes those instances copy into shared memory before their PDL wait (kernels/attention.cu PRE):
-# a split's first 32, one pass of its key loop
+# Keys of earlier passes those instances' _pre forms copy into shared memory before their PDL wait
+# (kernels/attention.cu PRE; engine/cuda/mixers.py ATTN_PRE): a split's first 32, one pass of its key loop
 ATTN_PRE_KEYS = 32
 # Head sizes with the tensor-core prefill attention (kernels/attention_prefill.cu attn_mma).
 ATTN_MMA_DIMS = (64, 128, 256)
@@ -169,8 +169,8 @@ def _build() -> dict[str, Instance]:
     out += [Instance("attn_combine", "attention", "attn_combine<-1>"),  # and with the plain copy closed behind it
             Instance("attn_combine_close_plain", "attention", f"attn_combine<{ACT_MODES.index('plain')}>")]
     out += [Instance(f"attn_d{d}", "attention", f"attn<{d}, {qpw}, 0>") for d, qpw in ATTN_HEAD_DIMS.items()]
-    out += [Instance(f"attn_d{d}_q{n}", "attention", f"attn<{d}, {n}, {ATTN_PRE_KEYS}>") for d in ATTN_HEAD_DIMS
-            for n in ATTN_DECODE_QPW]
+    out += [Instance(f"attn_d{d}_q{n}{suffix}", "attention", f"attn<{d}, {n}, {pre}>") for d in ATTN_HEAD_DIMS
+            for n in ATTN_DECODE_QPW for suffix, pre in (("", 0), ("_pre", ATTN_PRE_KEYS))]
     out += [Instance(f"attn_mma_d{d}", "attention_prefill", f"attn_mma<{d}>") for d in ATTN_MMA_DIMS]
     out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]
     out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}, 8, -1, 0>") for d in GDN_KEY_DIMS]

@@ -21,6 +21,17 @@ MAX_SPLITS = 64
 # Fewest keys per active attention split (a power of two). 32 = one pass of the kernel's key loop: a decode step at a 512-token
 # context then spreads over 16 splits per KV head instead of 4 (128 keys, the v6 setting: 1.9 ms per 27B pass).
 ATTN_MIN_KEYS = 32
+# Decode and verify attention with the split's first keys of earlier passes copied before the PDL wait (the _pre
+# instances, kernels/attention.cu PRE): OPENJET_CUDA_ATTN_PRE=1; off until a GPU run measures it (bench variant
+# attnpre; bench/NOTES.md Z19).
+ATTN_PRE_ENV = "OPENJET_CUDA_ATTN_PRE"
+
+
+def _attn_pre_default() -> bool:
+    return env_switch(ATTN_PRE_ENV, False)
+
+
+ATTN_PRE = _attn_pre_default()
 # Prefill on tensor cores (kernels/attention_prefill.cu attn_mma): runs of this many tokens or more, query rows per block,
 # and the shared memory (queries, a key tile and a value tile of 64 rows, f16 at a pitch of D + 8).
 ATTN_MMA_MIN_TOKENS = 16
@@ -242,9 +253,10 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
         rows = num_tokens * (num_heads // num_kv_heads)
         dev.launch(kernel, (num_kv_heads, -(-rows // ATTN_MMA_ROWS)), 128, [args], smem=smem)
         return
-    wide = qpw == ATTN_HEAD_DIMS[head_dim]
-    smem = attn_smem(head_dim, qpw, 0 if wide else ATTN_PRE_KEYS)
-    kernel = dev.kernel(f"attn_d{head_dim}" if wide else f"attn_d{head_dim}_q{qpw}")
+    pre = ATTN_PRE and qpw != ATTN_HEAD_DIMS[head_dim]  # the narrow instances have the _pre form
+    smem = attn_smem(head_dim, qpw, ATTN_PRE_KEYS if pre else 0)
+    kernel = dev.kernel(f"attn_d{head_dim}" if qpw == ATTN_HEAD_DIMS[head_dim] else
+                        f"attn_d{head_dim}_q{qpw}" + ("_pre" if pre else ""))
     if smem > 48 * 1024:
         dev.set_max_dynamic_smem(kernel, smem)
     grid = (num_kv_heads, (num_tokens + tile - 1) // tile, splits)

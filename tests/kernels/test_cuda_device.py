@@ -130,9 +130,10 @@ def test_mmvq_warps_divide_the_superblocks() -> None:
     assert ops._mmvq_warps(256) == 1
 
 
-def test_decode_attention_asks_for_shared_memory_for_the_keys_it_copies_before_its_wait() -> None:
-    """The narrow instances (decode and verify) stage ATTN_PRE_KEYS keys and values of earlier passes (f16 rows at a
-    pitch of D + 8, kernels/attention.cu ATTN_PRE_PITCH) beside their queries; the wide one (a long run) does not."""
+def test_decode_attention_asks_for_shared_memory_for_the_keys_it_copies_before_its_wait(monkeypatch) -> None:
+    """With ATTN_PRE the narrow instances (decode and verify) take their _pre form, which stages ATTN_PRE_KEYS keys and
+    values of earlier passes (f16 rows at a pitch of D + 8, kernels/attention.cu ATTN_PRE_PITCH) beside its queries;
+    the wide one (a long run) never does."""
     launches: list[tuple[str, int]] = []
     dev = SimpleNamespace(info=SimpleNamespace(max_smem_per_block=227 * 1024),
                           kernel=lambda name: SimpleNamespace(name=name), set_max_dynamic_smem=lambda k, n: None,
@@ -140,11 +141,16 @@ def test_decode_attention_asks_for_shared_memory_for_the_keys_it_copies_before_i
     buf = Buffer(0x10000, 1 << 24, "buf")
     src = (nvrtc.KERNEL_DIR / "attention.cu").read_text()
     assert "#define ATTN_PRE_PITCH(D) ((D) + 8)" in src and instances.ATTN_PRE_KEYS == 32
-    assert all(f"attn<{d}, {n}, 32>" in {i.expr for i in instances.INSTANCES.values()}
+    assert all(instances.INSTANCES[f"attn_d{d}_q{n}_pre"].expr == f"attn<{d}, {n}, 32>" and
+               instances.INSTANCES[f"attn_d{d}_q{n}"].expr == f"attn<{d}, {n}, 0>"
                for d in instances.ATTN_HEAD_DIMS for n in instances.ATTN_DECODE_QPW)
-    mixers.attention(dev, buf, buf, buf, buf, buf, 1, 24, 4, 256, 4096, 12288, 512, 6144, 0.0625, scratch=buf,
-                     splits=64)
-    assert launches[0] == ("attn_d256_q2", 4 * 2 * 256 * 4 + 2 * 32 * 264 * 2)
-    launches.clear()
+    for pre, launched in ((True, ("attn_d256_q2_pre", 4 * 2 * 256 * 4 + 2 * 32 * 264 * 2)),
+                          (False, ("attn_d256_q2", 4 * 2 * 256 * 4))):
+        monkeypatch.setattr(mixers, "ATTN_PRE", pre)
+        mixers.attention(dev, buf, buf, buf, buf, buf, 1, 24, 4, 256, 4096, 12288, 512, 6144, 0.0625, scratch=buf,
+                         splits=64)
+        assert launches == [launched, ("attn_combine", 0)]
+        launches.clear()
+    monkeypatch.setattr(mixers, "ATTN_PRE", True)
     mixers.attention(dev, buf, buf, buf, buf, buf, 12, 8, 8, 32, 4096, 256, 32, 256, 0.125)  # no mma at D = 32
     assert launches == [("attn_d32", 4 * 16 * 32 * 4)]

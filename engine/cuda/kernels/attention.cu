@@ -125,8 +125,8 @@ __device__ __forceinline__ constexpr int attn_pv_rows(int D, int QPW) {
     return rows > 32 ? 32 : rows < 1 ? 1 : rows;
 }
 
-// PRE (the decode and verify instances, attn_d{D}_q{n}: engine/cuda/mixers.py ATTN_PRE_KEYS): the first PRE keys of
-// the split that earlier passes wrote (below the pass's first position: qk_prep writes this pass's) are copied into
+// PRE (the decode and verify instances' _pre forms, attn_d{D}_q{n}_pre, where engine/cuda/mixers.py ATTN_PRE asks;
+// instances.ATTN_PRE_KEYS): the first PRE keys of the split that earlier passes wrote (below the pass's first position: qk_prep writes this pass's) are copied into
 // shared memory before the PDL wait, so that their round trips overlap the kernels in front instead of following
 // qk_prep (at a 528-key context a split's 32 keys were ~8 dependent loads after it: 17 us a layer on the H200,
 // bench/NOTES.md Z19). Only kernels of earlier passes wrote those rows, and positions is set before the pass.
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
 #pragma unroll
         for (int j = 0; j < QPW; ++j) s[j] = 0.f;
         if (key < k_end) {
-            const f16* kr = key < pre_end ? pk + (key - k_begin) * KP : kc + (i64)key * D;
+            const f16* kr = PRE > 0 && key < pre_end ? pk + (key - k_begin) * KP : kc + (i64)key * D;
 #pragma unroll 8
             for (int d0 = 0; d0 < D; d0 += 8) {
                 const uint4 raw = *reinterpret_cast<const uint4*>(kr + d0);
@@ -255,7 +255,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
             for (int u = 0; u < ATTN_PV_ROWS; ++u) {
                 if (kk0 + u < num_keys) {
                     const int key_u = k0 + kk0 + u;
-                    load_row_f16<D>(key_u < pre_end ? pv + (key_u - k_begin) * KP : vc + (i64)key_u * D, v[u], lane);
+                    load_row_f16<D>(PRE > 0 && key_u < pre_end ? pv + (key_u - k_begin) * KP : vc + (i64)key_u * D,
+                                    v[u], lane);
                 } else {
 #pragma unroll
                     for (int e = 0; e < DL; ++e) v[u][e] = 0.f;
