@@ -34,7 +34,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
-               "accept4", "attnpre")
+               "accept4", "attnpre", "attnplain")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -53,8 +53,10 @@ VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYP
             "i8vall": (STAGED_QTYPES, False, 32, "cp", "auto"), "serialpdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             **{v: (STAGED_QTYPES, False, 32, "cp", "auto") for v in V7_SETTINGS},
             **{f"s{s}n{n}": (STAGED_QTYPES, False, 32, "cp", "auto") for s, n in I8B_SHAPES}}
-# attnpre: v7 with decode attention's first keys of earlier passes copied before its PDL wait (mixers.ATTN_PRE)
+# attnpre: decode attention's first keys of earlier passes copied before its PDL wait (mixers.ATTN_PRE, v7's since
+# Z19); attnplain: without
 ATTN_PRE_VARIANTS = frozenset({"attnpre"})
+ATTN_PLAIN_VARIANTS = frozenset({"attnplain"})
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
@@ -525,7 +527,7 @@ def _use_variant(backend, name: str) -> None:
                                                                                     i8b.DEFAULT_VERIFY_FAST_TOKENS))
     i8b.VERIFY_MAX_SUPERBLOCKS = VERIFY_WIDTH_VARIANTS.get(name, i8b.DEFAULT_VERIFY_MAX_SUPERBLOCKS)
     mixers.ATTN_MIN_KEYS = min_keys
-    mixers.ATTN_PRE = name in ATTN_PRE_VARIANTS or mixers._attn_pre_default()
+    mixers.ATTN_PRE = name in ATTN_PRE_VARIANTS or (name not in ATTN_PLAIN_VARIANTS and mixers._attn_pre_default())
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
     backend.dev.pdl = pdl == "on"
     backend.drop_graphs()

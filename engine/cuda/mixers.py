@@ -22,13 +22,14 @@ MAX_SPLITS = 64
 # context then spreads over 16 splits per KV head instead of 4 (128 keys, the v6 setting: 1.9 ms per 27B pass).
 ATTN_MIN_KEYS = 32
 # Decode and verify attention with the split's first keys of earlier passes copied before the PDL wait (the _pre
-# instances, kernels/attention.cu PRE): OPENJET_CUDA_ATTN_PRE=1; off until a GPU run measures it (bench variant
-# attnpre; bench/NOTES.md Z19).
+# instances, kernels/attention.cu PRE); OPENJET_CUDA_ATTN_PRE=0 the plain ones. The 27B passes T = 1..5 (H100,
+# b8da14f, one process, variant attnpre): 7.772 / 7.901 / 8.081 / 7.886 / 9.260 ms against 7.887 / 7.984 / 8.152 /
+# 7.975 / 9.334 (bench/NOTES.md Z19).
 ATTN_PRE_ENV = "OPENJET_CUDA_ATTN_PRE"
 
 
 def _attn_pre_default() -> bool:
-    return env_switch(ATTN_PRE_ENV, False)
+    return env_switch(ATTN_PRE_ENV, True)
 
 
 ATTN_PRE = _attn_pre_default()

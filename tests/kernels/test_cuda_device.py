@@ -134,6 +134,10 @@ def test_decode_attention_asks_for_shared_memory_for_the_keys_it_copies_before_i
     """With ATTN_PRE the narrow instances (decode and verify) take their _pre form, which stages ATTN_PRE_KEYS keys and
     values of earlier passes (f16 rows at a pitch of D + 8, kernels/attention.cu ATTN_PRE_PITCH) beside its queries;
     the wide one (a long run) never does."""
+    monkeypatch.delenv(mixers.ATTN_PRE_ENV, raising=False)
+    assert mixers._attn_pre_default()  # on by default since Z19's H100 run
+    monkeypatch.setenv(mixers.ATTN_PRE_ENV, "0")
+    assert not mixers._attn_pre_default()
     launches: list[tuple[str, int]] = []
     dev = SimpleNamespace(info=SimpleNamespace(max_smem_per_block=227 * 1024),
                           kernel=lambda name: SimpleNamespace(name=name), set_max_dynamic_smem=lambda k, n: None,
