@@ -4,7 +4,8 @@ From MIN_TOKENS tokens on, a weight type with a GEMM instance multiplies the chu
 kernels (ops.matmul asks `launch` first): gemm_cp (kernels/gemm.cu, mma.sync with cp.async-staged operands) where
 its shared memory fits the GPU's per-block maximum, the plain gemm otherwise, and on sm_90 the warp-specialised
 wgmma kernel (kernels/gemm_ws.cu) for matmuls of WS_AUTO_TOKENS tokens or more, or whichever warpgroup-MMA form
-OPENJET_CUDA_GEMM_WG asks for. prefill_tokens sizes the prefill's chunk to match.
+OPENJET_CUDA_GEMM_WG asks for. prefill_tokens sizes the prefill's chunk to match. Where gemm_ws multiplies gate | up,
+its SwiGLU form stores silu(gate) * up as ffn_down's input itself (swiglu_instance, launch_swiglu).
 """
 
 from __future__ import annotations

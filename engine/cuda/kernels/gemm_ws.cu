@@ -307,7 +307,7 @@ __device__ __forceinline__ void ws_rows(typename QTraits<QT>::Row (&r)[2], typen
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         WsStage<QT>::read(r[h], raw_g + (J & 1) * WsSmem<QT>::RAW + tile * WsSmem<QT>::RAW_TILE, g + 8 * h, c,
-                        stage_row_base(row0, g + 8 * h, rows, walk.nsb) + sb);
+                          stage_row_base(row0, g + 8 * h, rows, walk.nsb) + sb);
         FullFrag<QT>::prepare(r[h], c, k[h]);
     }
 }
