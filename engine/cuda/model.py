@@ -332,7 +332,8 @@ class CudaModel:
         reads the f16 values alone there (a prefill GEMM, no f16 residue, no int8 copy); None: _ffn launches
         act_swiglu."""
         gate_up = self._gate_up(lw)
-        if (gate_up is None or not self.ws.act_ffn.gemm_only or lw.ffn_down.qtype not in gemm.INSTANCES
+        if (gate_up is None or gate_up.rows != 2 * self.cfg.ffn_size or not self.ws.act_ffn.gemm_only
+                or lw.ffn_down.qtype not in gemm.INSTANCES
                 or gemm.swiglu_instance(self.dev.info.arch, gate_up, num_tokens) is None):
             return None
         return gate_up
