@@ -324,25 +324,6 @@ def _profile(backend, report: Report, tag: str = "", full: bool = True, labels: 
         top = ", ".join(f"{name} {ms:.2f} ms/{count}" for name, (count, ms) in summary[:12])
         print(f"  profile {label}: {total:.2f} ms in kernels: {top}", flush=True)
         report.notes.append(f"profile {label} ({total:.2f} ms of kernels): {top}")
-        if label.startswith("prefill4096"):  # its timeline too: what each kernel adds to the chunk's wall time,
-            _prefill_timeline(backend, report, label, n, commit, rows)  # side streams' waits left out
-
-
-def _prefill_timeline(backend, report: Report, label: str, n: int, commit: bool, rows: int) -> None:
-    """The same prefill chunk again without events, its kernels' spans from CUPTI (bench/gpu_timeline.py): each
-    kernel's increment of the wall time, so that a launch beside the main stream (the DeltaNet's gates, attn_k)
-    counts for what it delays rather than for its span, which includes its wait for SMs."""
-    from bench import gpu_timeline
-
-    dev = backend.dev
-    dev.profile = None
-    spans = gpu_timeline.profile_call(dev, lambda: backend.model.forward(n, commit, rows))
-    if not spans:
-        report.notes.append(f"timeline {label}: the profiler saw no kernels")
-        return
-    summary = gpu_timeline.summarize(spans)
-    report.info[f"timeline_{label}"] = gpu_timeline.as_json(summary)
-    print(gpu_timeline.table(summary, f"timeline {label}"), flush=True)
 
 
 def bench_27b(report: Report, args) -> None:

@@ -15,6 +15,8 @@ Z3).
   python bench/gpu_check.py --parts model27b,timeline      (the 27B file from model27b, or OPENJET_27B)
   OPENJET_BENCH_VARIANTS=v7,close ... --parts timeline    (each variant of bench/gpu_bench27b.py in turn)
 
+Last, one prefill chunk of the engine's size (eager launches) the same way (prefill_chunk).
+
 summarize() is plain Python over spans, tested without a GPU (tests/bench/test_gpu_timeline.py).
 """
 
@@ -199,14 +201,15 @@ def profile_call(dev, fn) -> list[Span]:
 
 
 def run_timeline(report, args) -> None:
-    """Each variant's passes of token_counts() tokens after a 512-token prompt: the median replay's summary."""
+    """Each variant's passes of token_counts() tokens after a 512-token prompt: the median replay's summary; then
+    one prefill chunk of the engine's size (v7)."""
     import numpy as np
 
     from bench.gpu_bench27b import CONTEXT, VARIANTS, _decode_sanity, _model_file, _use_variant
     from engine.cuda.backend import CudaBackend
 
     path = _model_file(report)
-    backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=512, mtp=False)
+    backend = CudaBackend.from_gguf(path, context_size=CONTEXT, max_tokens=None, mtp=False)  # its prefill chunk
     chosen = [v for v in os.environ.get("OPENJET_BENCH_VARIANTS", "v7").split(",") if v]
     results = report.info.setdefault("timeline", {})
     try:
@@ -231,6 +234,32 @@ def run_timeline(report, args) -> None:
                     "walls_us": [round(s.wall_us, 2) for s in summaries],
                     "wall_median_us": round(statistics.median(s.wall_us for s in summaries), 2)}
                 print(table(median, f"timeline {name} T={t} (median of {len(summaries)} replays)"), flush=True)
+        _use_variant(backend, "v7")
+        prefill_chunk(backend, report, results)
     finally:
         _use_variant(backend, "v7")
         backend.close()
+
+
+def prefill_chunk(backend, report, results: dict) -> None:
+    """One prefill chunk (the engine's size, eager launches after one unprofiled run) on the timeline: what each
+    kernel adds to its wall time, so that a launch beside the main stream (the DeltaNet's gates, attn_k) counts for
+    what it delays rather than for its event span, which includes its wait for SMs held by the persistent GEMM."""
+    import numpy as np
+
+    n, rng = backend.prefill_chunk, np.random.default_rng(4)
+    tokens = [int(x) for x in rng.integers(0, backend.vocab_size, size=n)]
+
+    def chunk() -> None:
+        backend.model.set_tokens(tokens, 0)
+        backend.model.forward(n, True, 0)
+
+    chunk()
+    backend.dev.synchronize()
+    spans = profile_call(backend.dev, chunk)
+    if not spans:
+        report.notes.append(f"timeline prefill{n}: the profiler saw no kernels")
+        return
+    summary = summarize(spans)
+    results[f"prefill{n}"] = as_json(summary)
+    print(table(summary, f"timeline prefill{n} (one chunk)"), flush=True)
