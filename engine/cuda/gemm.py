@@ -142,9 +142,9 @@ def swiglu_instance(arch: int, w: DeviceWeight, num_tokens: int) -> str | None:
     """The gemm_ws instance that multiplies gate | up (w: the gate's rows, then as many of up's) and stores the
     SwiGLU of the sums, or None: SWIGLU on, gemm_ws where this matmul would run it, 256-row tiles, and each half a
     whole number of superblocks."""
-    if not SWIGLU or w.qtype not in INSTANCES or num_tokens < MIN_TOKENS or w.rows % (2 * 256):
+    if not SWIGLU or w.rows % (2 * 256):
         return None
-    wg = wg_instance(arch, w.qtype, num_tokens, w.cols, False)
+    wg = wg_instance(arch, w.qtype, num_tokens, w.cols, False)  # its types and token counts (WG_MIN_TOKENS on)
     return wg + "_swiglu" if wg is not None and wg.endswith("_ws") and ws_rows() == 256 else None
 
 

@@ -351,17 +351,16 @@ class CudaModel:
                 ops.produce(dev, normed, ws.act_h, num_tokens)
             gemm.launch_swiglu(dev, gate_up, ws.act_h.x16, ws.act_ffn.x16, num_tokens)
             ws.act_ffn.i8_tokens = 0
-            ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x, closer=closer)
-            return
-        swiglu = self._swiglu_closer(lw, num_tokens)
-        lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE, producer=normed,
-                      closer=swiglu)
-        dev.join()
-        if swiglu is None:
-            gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
-            up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
-            f32_rows = ws.ffn if lw.ffn_down.qtype == Q.F32 else None  # the f32 matmul's input alone
-            ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=f32_rows)
+        else:
+            swiglu = self._swiglu_closer(lw, num_tokens)
+            lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE, producer=normed,
+                          closer=swiglu)
+            dev.join()
+            if swiglu is None:
+                gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
+                up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
+                f32_rows = ws.ffn if lw.ffn_down.qtype == Q.F32 else None  # the f32 matmul's input alone
+                ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=f32_rows)
         ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x, closer=closer)
 
     def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer,

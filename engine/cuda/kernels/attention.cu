@@ -126,10 +126,11 @@ __device__ __forceinline__ constexpr int attn_pv_rows(int D, int QPW) {
 }
 
 // PRE (the decode and verify instances' _pre forms, attn_d{D}_q{n}_pre, the default: engine/cuda/mixers.py ATTN_PRE;
-// instances.ATTN_PRE_KEYS): the first PRE keys of the split that earlier passes wrote (below the pass's first position: qk_prep writes this pass's) are copied into
-// shared memory before the PDL wait, so that their round trips overlap the kernels in front instead of following
-// qk_prep (at a 528-key context a split's 32 keys were ~8 dependent loads after it: 17 us a layer on the H200; the
-// H100's 27B one-token pass 7.887 -> 7.772 ms, bench/NOTES.md Z19). Only kernels of earlier passes wrote those rows, and positions is set before the pass.
+// instances.ATTN_PRE_KEYS): the first PRE keys of the split that earlier passes wrote (below the pass's first
+// position: qk_prep writes this pass's) are copied into shared memory before the PDL wait, so that their round
+// trips overlap the kernels in front instead of following qk_prep (at a 528-key context a split's 32 keys were ~8
+// dependent loads after it: 17 us a layer on the H200; the H100's 27B one-token pass 7.887 -> 7.772 ms,
+// bench/NOTES.md Z19). Only kernels of earlier passes wrote those rows, and positions is set before the pass.
 // Rows at a pitch of D + 8 halves: a lane reads its own key's row, 16 bytes at a time, the 8 of a phase in 8 banks.
 #define ATTN_PRE_PITCH(D) ((D) + 8)
 
