@@ -495,6 +495,12 @@ I8_WARPS: int | None = None
 # none). 4 everywhere made the 2-token pass slower (v14).
 DEFAULT_I8_WARPS_AT = {1: 4}
 I8_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WARPS_AT)
+# ... and for rows of at least WIDE_COLS (ffn_down's 17,408: 68 superblocks, 17 a warp in 4-warp blocks, where
+# K = 5,120 leaves a warp 5), where set: more warps give each a shorter chain of units (the benchmark's dw<n>
+# variants compare them; empty until measured).
+WIDE_COLS = 8192
+DEFAULT_I8_WIDE_WARPS_AT: dict[int, int] = {}
+I8_WIDE_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WIDE_WARPS_AT)
 # Row tiles a block walks in sequence (instances.I8_TILE_COUNTS): each warp then streams TILES x its superblocks
 # of a row through one ring (4-5 at K = 5,120 with one tile). 1 until the longer blocks are measured.
 I8_TILES = 1
@@ -629,9 +635,11 @@ def _mmvq_q8_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buff
 
 
 def i8_warps(cols: int, tiles: int, num_tokens: int, multiprocessors: int) -> int:
-    """Warps per block of an mmvq_i8 launch: I8_WARPS, else I8_WARPS_AT's for num_tokens, else _pipelined_warps;
-    never more than the superblocks (with several tiles a block, a warp without one would miss their barriers)."""
-    warps = I8_WARPS or I8_WARPS_AT.get(num_tokens) or _pipelined_warps(cols, tiles, multiprocessors)
+    """Warps per block of an mmvq_i8 launch: I8_WARPS, else I8_WIDE_WARPS_AT's (rows of WIDE_COLS or more) or
+    I8_WARPS_AT's for num_tokens, else _pipelined_warps; never more than the superblocks (with several tiles a
+    block, a warp without one would miss their barriers)."""
+    wide = I8_WIDE_WARPS_AT.get(num_tokens) if cols >= WIDE_COLS else None
+    warps = I8_WARPS or wide or I8_WARPS_AT.get(num_tokens) or _pipelined_warps(cols, tiles, multiprocessors)
     return min(warps, cols // SUPERBLOCK)
 
 

@@ -103,3 +103,16 @@ def test_warps_per_block_follow_the_switches_in_order(monkeypatch) -> None:
     monkeypatch.setattr(ops, "I8_WARPS", 8)
     assert ops.i8_warps(cols, tiles, 1, sms) == 8
     assert ops.i8_warps(512, tiles, 1, sms) == 2  # two superblocks, two warps
+
+
+def test_the_widest_rows_take_their_own_warps(monkeypatch) -> None:
+    """I8_WIDE_WARPS_AT sets a token count's warps for rows of WIDE_COLS or more (ffn_down's 17,408) and no
+    narrower ones; I8_WARPS still overrides it."""
+    sms, tiles, wide = 132, 320, 17408
+    assert ops.i8_warps(wide, tiles, 1, sms) == 4  # empty by default: I8_WARPS_AT's one-token 4
+    monkeypatch.setattr(ops, "I8_WIDE_WARPS_AT", {1: 7, 3: 6})
+    assert ops.i8_warps(wide, tiles, 1, sms) == 7 and ops.i8_warps(wide, tiles, 3, sms) == 6
+    assert ops.i8_warps(wide, tiles, 2, sms) == ops._pipelined_warps(wide, tiles, sms)
+    assert ops.i8_warps(ops.WIDE_COLS - 256, tiles, 1, sms) == 4 and ops.i8_warps(5120, tiles, 3, sms) == 5
+    monkeypatch.setattr(ops, "I8_WARPS", 8)
+    assert ops.i8_warps(wide, tiles, 1, sms) == 8
