@@ -34,7 +34,8 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
-               "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw6all")
+               "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
+               "dw6all")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -69,9 +70,10 @@ I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5}
 # v7 with the int8 matmuls' warps a block by token count (ops.I8_WARPS_AT; v7: 4 at one token since v19): w4t1 that
 # default, named as it was measured; apart and fused mmvq_i8's own choice (5 at K = 5,120)
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
-# v7 with the int8 matmuls of the widest rows (ffn_down, K = 17,408) in blocks of n warps at one token (dw<n>) or at
-# 1-4 tokens (dw6all) (ops.I8_WIDE_WARPS_AT; v7: the 4 of every width)
-I8_WIDE_WARPS_VARIANTS = {**{f"dw{n}": {1: n} for n in (5, 6, 7, 8)}, "dw6all": dict.fromkeys(range(1, 5), 6)}
+# v7 with the int8 matmuls of the widest rows (ffn_down, K = 17,408) in blocks of n warps at one token (dw<n>: Q4_K
+# and Q6_K; dw<n>q<m>: Q6_K's m) or at 1-4 tokens (dw6all) (ops.I8_WIDE_WARPS_AT, Q6_I8_WIDE_WARPS_AT; v7: 4)
+I8_WIDE_WARPS_VARIANTS = {**{f"dw{n}": ({1: n}, {1: n}) for n in (5, 6, 7, 8)}, "dw8q6": ({1: 8}, {1: 6}),
+                          "dw8q7": ({1: 8}, {1: 7}), "dw6all": (dict.fromkeys(range(1, 5), 6),) * 2}
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
 # mode's since v16, 0.03-0.05 ms a pass faster), the others on their ACT_MIN_BLOCKS instance as in v15
 ONE_GROUP_VARIANTS = {"g1rms": frozenset({"rmsnorm"})}
@@ -486,7 +488,8 @@ def _use_variant(backend, name: str) -> None:
     ops.ACT_ONE_GROUP_MODES = ONE_GROUP_VARIANTS.get(name, ops.ACT_ONE_GROUP_DEFAULT)
     ops.ACT_SPLIT_TOKENS = SPLIT_VARIANTS.get(name, ops.ACT_SPLIT_DEFAULT)
     ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, ops.DEFAULT_I8_WARPS_AT)
-    ops.I8_WIDE_WARPS_AT = I8_WIDE_WARPS_VARIANTS.get(name, ops.DEFAULT_I8_WIDE_WARPS_AT)
+    ops.I8_WIDE_WARPS_AT, ops.Q6_I8_WIDE_WARPS_AT = I8_WIDE_WARPS_VARIANTS.get(
+        name, (ops.DEFAULT_I8_WIDE_WARPS_AT, ops.DEFAULT_Q6_I8_WIDE_WARPS_AT))
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
     i8b.ON = name in BULK_I8_VARIANTS or (name in I8_VARIANTS and name not in NO_BULK_VARIANTS and i8b._default())
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)

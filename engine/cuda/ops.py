@@ -497,10 +497,13 @@ DEFAULT_I8_WARPS_AT = {1: 4}
 I8_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WARPS_AT)
 # ... and for rows of at least WIDE_COLS (ffn_down's 17,408: 68 superblocks, 17 a warp in 4-warp blocks, where
 # K = 5,120 leaves a warp 5), where set: more warps give each a shorter chain of units (the benchmark's dw<n>
-# variants compare them; empty until measured).
+# variants compare them; empty until measured). Q4_K (mmvq_i8, mmvq_i8v's fallback) and Q6_K (mmvq_q6_i8, whose
+# larger stages fit fewer blocks an SM) each have their own.
 WIDE_COLS = 8192
 DEFAULT_I8_WIDE_WARPS_AT: dict[int, int] = {}
 I8_WIDE_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WIDE_WARPS_AT)
+DEFAULT_Q6_I8_WIDE_WARPS_AT: dict[int, int] = {}
+Q6_I8_WIDE_WARPS_AT: dict[int, int] = dict(DEFAULT_Q6_I8_WIDE_WARPS_AT)
 # Row tiles a block walks in sequence (instances.I8_TILE_COUNTS): each warp then streams TILES x its superblocks
 # of a row through one ring (4-5 at K = 5,120 with one tile). 1 until the longer blocks are measured.
 I8_TILES = 1
@@ -583,7 +586,7 @@ def _q6_i8_shape(dev: Device, w: DeviceWeight, num_tokens: int) -> tuple[int, in
     """(blocks, warps a block, dynamic shared memory) of an mmvq_q6_i8 launch. Its ring keeps ACT_STAGES stages a
     warp: 3 or 4 made ffn_down slower (bench/NOTES.md v21)."""
     blocks = (w.rows + 15) // 16
-    warps = i8_warps(w.cols, blocks, num_tokens, dev.info.multiprocessors)
+    warps = i8_warps(w.cols, blocks, num_tokens, dev.info.multiprocessors, Q6_I8_WIDE_WARPS_AT)
     return blocks, warps, warps * ACT_STAGES * q6_i8_stage_bytes(num_tokens)
 
 
@@ -634,11 +637,13 @@ def _mmvq_q8_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buff
                [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, t, ld_y])
 
 
-def i8_warps(cols: int, tiles: int, num_tokens: int, multiprocessors: int) -> int:
-    """Warps per block of an mmvq_i8 launch: I8_WARPS, else I8_WIDE_WARPS_AT's (rows of WIDE_COLS or more) or
-    I8_WARPS_AT's for num_tokens, else _pipelined_warps; never more than the superblocks (with several tiles a
-    block, a warp without one would miss their barriers)."""
-    wide = I8_WIDE_WARPS_AT.get(num_tokens) if cols >= WIDE_COLS else None
+def i8_warps(cols: int, tiles: int, num_tokens: int, multiprocessors: int,
+             wide_at: dict[int, int] | None = None) -> int:
+    """Warps per block of an mmvq_i8 launch: I8_WARPS, else wide_at's (default I8_WIDE_WARPS_AT; rows of
+    WIDE_COLS or more) or I8_WARPS_AT's for num_tokens, else _pipelined_warps; never more than the superblocks
+    (with several tiles a block, a warp without one would miss their barriers)."""
+    wide_at = I8_WIDE_WARPS_AT if wide_at is None else wide_at
+    wide = wide_at.get(num_tokens) if cols >= WIDE_COLS else None
     warps = I8_WARPS or wide or I8_WARPS_AT.get(num_tokens) or _pipelined_warps(cols, tiles, multiprocessors)
     return min(warps, cols // SUPERBLOCK)
 

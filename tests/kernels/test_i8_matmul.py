@@ -114,5 +114,6 @@ def test_the_widest_rows_take_their_own_warps(monkeypatch) -> None:
     assert ops.i8_warps(wide, tiles, 1, sms) == 7 and ops.i8_warps(wide, tiles, 3, sms) == 6
     assert ops.i8_warps(wide, tiles, 2, sms) == ops._pipelined_warps(wide, tiles, sms)
     assert ops.i8_warps(ops.WIDE_COLS - 256, tiles, 1, sms) == 4 and ops.i8_warps(5120, tiles, 3, sms) == 5
+    assert ops.i8_warps(wide, tiles, 1, sms, {1: 6}) == 6 and ops.i8_warps(wide, tiles, 1, sms, {}) == 4  # Q6_K's own
     monkeypatch.setattr(ops, "I8_WARPS", 8)
     assert ops.i8_warps(wide, tiles, 1, sms) == 8
