@@ -13,7 +13,7 @@ from engine.cuda import nvrtc
 
 # Kernels whose PDL_ENTER comes after their first weight copies (weights are never written during a pass);
 # every other kernel waits before its first statement.
-WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_cpa", "mmvq_persist", "mmvq_i8b", "mmvq_i8v"}
+WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_cpa", "mmvq_persist", "mmvq_i8b", "mmvq_i8v", "mmvq_i8", "mmvq_q6_i8"}
 # Kernels whose PDL_ENTER comes after loads of their layer's recurrent state (the delta rule: S, the conv window's
 # state rows, the conv and gate weights), which only kernels two or more launches back write: a kernel triggers its
 # dependents only after its own wait, so those have finished. Nothing of the pass's activations is read and
@@ -72,8 +72,9 @@ def test_kernel_waits_for_its_predecessor(name: str) -> None:
         assert "cp_async16(smem_u32(" in before, name
     elif name in WAIT_AFTER_WEIGHT_PREFETCH:
         # only the weight ring's first copies may precede the wait: no activation, output or count access
-        for arg in ("act", "sums", "y[", "y +", "residual", "counts", "partials", "bias"):
-            assert not re.search(rf"\b{re.escape(arg)}", before.replace("cp_async", "")), (name, arg)
+        code = re.sub(r"//[^\n]*", "", before).replace("cp_async", "")  # (comments may name them)
+        for arg in ("act", "sums", "q8", "scale8", "y[", "y +", "residual", "counts", "partials", "bias"):
+            assert not re.search(rf"\b{re.escape(arg)}", code), (name, arg)
     else:
         assert before.strip() == "", f"{name}: PDL_ENTER() must be its first statement"
 

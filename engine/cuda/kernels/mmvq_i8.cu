@@ -41,9 +41,15 @@ struct I8Copies {
     u32 qdst, col_dst, meta_dst[2], words_dst;
     bool words_on;
 
-    // Pointers at superblock sb0 of the tile whose first row is row0.
+    // Pointers at superblock sb0 of the tile whose first row is row0: the weights' (init_w) and the activations'
+    // (init_x), so that the first stages' weights can be copied before the PDL wait.
     __device__ __forceinline__ void init(const Planes& P, const i8* q8, const float* scale8, const f16* sums,
                                          const f16* sums_lo, int row0, int rows, int nb, int lane, int sb0) {
+        init_w(P, row0, rows, nb, lane, sb0);
+        init_x(q8, scale8, sums, sums_lo, lane, sb0);
+    }
+
+    __device__ __forceinline__ void init_w(const Planes& P, int row0, int rows, int nb, int lane, int sb0) {
         using S = Q4KStage8;
         const int part = lane & 7;
 #pragma unroll
@@ -53,6 +59,11 @@ struct I8Copies {
         words = P.p[1] + ((u64)stage_unit0(row0, nb) + sb0) * TILE_UNIT + 16 * lane;
         words_dst = S::SC + 16 * lane;
         words_on = lane < 16;
+    }
+
+    __device__ __forceinline__ void init_x(const i8* q8, const float* scale8, const f16* sums, const f16* sums_lo,
+                                           int lane, int sb0) {
+        using S = Q4KStage8;
 #pragma unroll
         for (int m = 0; m < T; ++m) {
             const int slot = (lane >> 4) + 2 * m, level = slot < T ? 0 : 1, tok = slot < T ? slot : slot - T;
@@ -69,6 +80,11 @@ struct I8Copies {
     // The copies of the current superblock into the stage at dst, then the pointers to the next one (`step`
     // superblocks on).
     __device__ __forceinline__ void issue(u32 dst, int step, bool with_meta) {
+        issue_w(dst, step);
+        issue_x(dst, step, with_meta);
+    }
+
+    __device__ __forceinline__ void issue_w(u32 dst, int step) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             cp_async16_w(dst + qdst + 4 * Q4KStage8::QS_PITCH * j, q[j]);
@@ -76,6 +92,9 @@ struct I8Copies {
         }
         if (words_on) cp_async16_w(dst + words_dst, words);
         words += TILE_UNIT * step;
+    }
+
+    __device__ __forceinline__ void issue_x(u32 dst, int step, bool with_meta) {
 #pragma unroll
         for (int m = 0; m < T; ++m) {
             cp_async16(dst + col_dst + 2 * I8_SLOT_PITCH * m, col[m]);
@@ -103,7 +122,6 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
         const f16* __restrict__ sums, const f16* __restrict__ sums_lo, float* __restrict__ y,
         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int ldy,
         const Act8Close close) {
-    PDL_ENTER();  // the activations are the previous kernel's output (the first weights wait too: one stage)
     static_assert(CLOSE == CLOSE_NONE || TILES == 1, "a closer behind one tile a block");
     using S = Q4KStage8;
     constexpr int STAGE = i8_stage_bytes(T), NSLOT = i8_slots(T);
@@ -120,7 +138,15 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     const bool with_meta = lane < NSLOT;
     const Planes P = QTraits<QT_Q4_K>::planes(w, (u64)rows * nb);
     I8Copies<T> cp;
-    cp.init(P, q8, scale8, sums, sums_lo, 16 * tile0, rows, nb, lane, warp);
+    cp.init_w(P, 16 * tile0, rows, nb, lane, warp);
+    // The first stages' weights before the PDL wait (nobody writes them), their activations after it; with several
+    // tiles a block the first stages may cross into the next tile, so there all of them wait.
+    constexpr int EARLY = TILES == 1 ? NS - 1 : 0;
+#pragma unroll
+    for (int s = 0; s < EARLY; ++s)
+        if (s < total) cp.issue_w(ring_s + s * STAGE, num_warps);
+    PDL_ENTER();  // the activations are the previous kernel's output
+    cp.init_x(q8, scale8, sums, sums_lo, lane, warp);
     int next_tile = 1, left_in_tile = n;  // the tile the copier moves to next; units it has left in its tile
     auto issue = [&](u32 dst) {  // the next unit's copies, moving the copier to the next tile at its start
         if constexpr (TILES > 1) {
@@ -134,8 +160,11 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     };
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
-        if (s < total) issue(ring_s + s * STAGE);
-        cp_async_commit();
+        if (s < EARLY && s < total)
+            cp.issue_x(ring_s + s * STAGE, num_warps, with_meta);
+        else if (s < total)
+            issue(ring_s + s * STAGE);
+        cp_async_commit();  // stage s's group (the first also holds the weights copied before the wait)
     }
     u8* zero = ring + NS * STAGE;
     for (int k = lane; k < I8_ZERO_BYTES / 16; k += 32) reinterpret_cast<uint4*>(zero)[k] = make_uint4(0u, 0u, 0u, 0u);

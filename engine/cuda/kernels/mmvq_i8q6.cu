@@ -44,8 +44,9 @@ struct Q6I8Copies {
     const u8* scale;   // lanes below 2T: their slot's level scale
     u32 ql_dst, qh_dst, sc_dst, col_dst, scale_dst;
 
-    __device__ __forceinline__ void init(const Planes& P, const i8* q8, const float* scale8, int row0, int rows,
-                                         int nb, int lane, int sb0) {
+    // The weights' pointers (init_w) and the activations' (init_x), at superblock sb0 of the tile at row0: the
+    // first stages' weights are copied before the PDL wait, their activations after it.
+    __device__ __forceinline__ void init_w(const Planes& P, int row0, int rows, int nb, int lane, int sb0) {
         using S = Q6I8Stage;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -60,6 +61,10 @@ struct Q6I8Copies {
         sc = P.p[2] + idx * 16;
         d = P.p[3];
         sc_dst = lane < 16 ? S::SC + 16 * lane : S::D + 4 * (lane - 16);
+    }
+
+    __device__ __forceinline__ void init_x(const i8* q8, const float* scale8, int lane, int sb0) {
+        using S = Q6I8Stage;
 #pragma unroll
         for (int m = 0; m < T; ++m) {
             const int slot = (lane >> 4) + 2 * m, level = slot < T ? 0 : 1, tok = slot < T ? slot : slot - T;
@@ -71,7 +76,8 @@ struct Q6I8Copies {
         scale_dst = S::BYTES + Q6I8_SLOT_PITCH * 2 * T + 4 * lane;
     }
 
-    __device__ __forceinline__ void issue(u32 dst, int step, int lane) {
+    // A stage's copies into dst, then the pointers `step` superblocks on: the weights, the activations.
+    __device__ __forceinline__ void issue_w(u32 dst, int step, int lane) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             cp_async16_w(dst + ql_dst + 4 * Q6I8Stage::QL_PITCH * j, ql[j]);
@@ -89,6 +95,9 @@ struct Q6I8Copies {
         }
         sc += 16 * step;
         idx += step;
+    }
+
+    __device__ __forceinline__ void issue_x(u32 dst, int step, int lane) {
 #pragma unroll
         for (int m = 0; m < T; ++m) {
             cp_async16(dst + col_dst + 2 * Q6I8_SLOT_PITCH * m, col[m]);
@@ -96,6 +105,11 @@ struct Q6I8Copies {
         }
         if (lane < 2 * T) cp_async4(dst + scale_dst, scale);
         scale += 64 * step;
+    }
+
+    __device__ __forceinline__ void issue(u32 dst, int step, int lane) {
+        issue_w(dst, step, lane);
+        issue_x(dst, step, lane);
     }
 };
 
@@ -108,7 +122,6 @@ __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
            float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
            int ldy, const Act8Close close) {
-    PDL_ENTER();  // the activations are the previous kernel's output
     using S = Q6I8Stage;
     constexpr int L = 2 * T <= MMVQ_NCOLS ? 1 : 2;          // passes: one, or a level each
     constexpr int P = L == 1 ? 2 * T : T;                   // columns a sub-block
@@ -124,11 +137,16 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
     const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0;
     const Planes P6 = QTraits<QT_Q6_K>::planes(w, (u64)rows * nb);
     Q6I8Copies<T> cp;
-    cp.init(P6, q8, scale8, row0, rows, nb, lane, warp);
+    cp.init_w(P6, row0, rows, nb, lane, warp);
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s)
+        if (s < n) cp.issue_w(ring_s + s * STAGE, num_warps, lane);
+    PDL_ENTER();  // the activations are the previous kernel's output (the weights are nobody's: copied before)
+    cp.init_x(q8, scale8, lane, warp);
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
-        if (s < n) cp.issue(ring_s + s * STAGE, num_warps, lane);
-        cp_async_commit();
+        if (s < n) cp.issue_x(ring_s + s * STAGE, num_warps, lane);
+        cp_async_commit();  // stage s's group: its activations (and, for s = 0, the weights copied before)
     }
     // The lane's column g: sub-block u of a set, its slot per pass; on[set][h]: whether the lane's bytes of the
     // chunk's low (h = 0) or high (h = 1) mma belong to that column's sub-block.
