@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, patched, poison
-from engine.cuda import gemm, i8b, instances, ops
+from engine.cuda import gemm, i8b, instances, ksplit, ops
 from engine.cuda.device import PDL_MIN_ARCH, Buffer, CudaError, Device
 from engine.cuda.repack import device_nbytes, random_blocks
 from engine.gguf.quants import dequantize
@@ -341,6 +341,25 @@ def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
         for name, num_tokens in Q6_I8_CHECKS:
             for precise in (False, True):
                 check_matmul(dev, report, rng, name, Q.Q6_K, num_tokens, precise=precise)
+    run_ksplit_checks(dev, report, rng)
+
+
+# The widest int8 matmuls split in K (engine/cuda/ksplit.py): ffn_down's 68 superblocks in 2 and in 3 parts (22 /
+# 23 / 23) at the counts the kernels take, on Q4_K (mmvq_i8) and Q6_K (mmvq_q6_i8). Fast then precise on the same
+# scratch, so a count the first launch left non-zero fails the second.
+KSPLIT_CHECKS = [(qtype, t, parts) for qtype in (Q.Q4_K, Q.Q6_K) for t, parts in ((1, 2), (1, 3), (2, 2), (4, 2))]
+
+
+def run_ksplit_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
+    saved = ksplit.PARTS_AT
+    try:
+        with q6_i8(True), bulk_i8(False), verify_i8(False):
+            for qtype, num_tokens, parts in KSPLIT_CHECKS:
+                ksplit.PARTS_AT = {num_tokens: parts}
+                for precise in (False, True):
+                    check_matmul(dev, report, rng, "ffn_down", qtype, num_tokens, precise=precise, tag=f".ks{parts}")
+    finally:
+        ksplit.PARTS_AT = saved
 
 
 # Launch shapes timed beside the launcher's: (label, warps per block or None, row tiles a block walks). 4 warps

@@ -201,3 +201,47 @@ __device__ __forceinline__ void mmvq_store(const float (&acc)[4], float* __restr
         y[(i64)col * ldy + row] = v;
     }
 }
+
+// ---- rows split in K over several blocks (mmvq_i8, mmvq_q6_i8; engine/cuda/ksplit.py) ----
+//
+// ffn_down's 320 tiles of 68 superblocks on 132 SMs: a block a tile puts 3 blocks on 56 SMs and 2 on the others, and
+// the pass waits for the 3s. With each tile's superblocks split over `parts` blocks (640 of 34 at parts = 2: 4 or 5
+// an SM, every SM within 3 % of the mean) each block stores its sums of the tile's rows in `part`, and the tile's
+// last block to count itself in sums the parts in part order (the same result whichever arrives last), adds bias
+// and residual, stores y and leaves the count zero for the next launch.
+struct KSplit {  // mirror of engine/cuda/ksplit.py KSplitArg
+    float* part;  // [tiles][parts][MMVQ_NCOLS][16]: each block's sums, token-major
+    u32* count;   // [tiles]: blocks of the tile done, zero between launches
+    int parts;    // 1: no split (part and count unused)
+};
+
+// The superblocks [begin, end) of a row that piece `piece` of `parts` takes.
+__device__ __forceinline__ int ksplit_begin(int nb, int parts, int piece) { return piece * nb / parts; }
+
+// mmvq_store for a block that is piece blockIdx.x % parts of its tile (row0 / 16), parts > 1.
+__device__ __forceinline__ void mmvq_store_parts(const float (&acc)[4], float* __restrict__ y,
+                                              const float* __restrict__ bias, const float* __restrict__ residual,
+                                              int row0, int rows, int T, int ldy, bool packed, int used,
+                                              const KSplit& ks) {
+    __shared__ bool last;
+    const int tile = row0 / 16;
+    float* parts = ks.part + (i64)tile * ks.parts * 16 * MMVQ_NCOLS;
+    mmvq_store(acc, parts + (blockIdx.x % ks.parts) * 16 * MMVQ_NCOLS, nullptr, nullptr, 0, 16, T, 16, packed,
+               used);
+    __threadfence();  // this thread's sums before the count (the pattern of CUDA's threadFenceReduction)
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ks.count + tile, 1u) == (u32)ks.parts - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the other blocks' sums, counted before ours, are visible: read them from L2
+    for (int o = threadIdx.x; o < 16 * T; o += blockDim.x) {
+        const int col = o / 16, lr = o % 16, row = row0 + lr;
+        if (row >= rows) continue;
+        float v = 0.f;
+        for (int p = 0; p < ks.parts; ++p) v += __ldcg(parts + p * 16 * MMVQ_NCOLS + col * 16 + lr);
+        if (bias) v += bias[row];
+        if (residual) v += residual[(i64)col * ldy + row];
+        y[(i64)col * ldy + row] = v;
+    }
+    if (threadIdx.x == 0) ks.count[tile] = 0u;
+}
