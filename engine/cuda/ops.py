@@ -350,7 +350,7 @@ def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: in
     return pipeline_kernel(w.qtype, act.x16_lo is not None and w.qtype != Q.F32, t)
 
 
-def runs_persist(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
+def uses_device_scratch(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
     """Whether matmul(w, act, num_tokens) launches the persistent mmvq, whose partials and counts (persist.scratch)
     are one per device, or a matmul split in K (ksplit, its scratch one per device too): such a launch must not run
     beside another one (Device.beside)."""

@@ -70,3 +70,17 @@ def test_ffn_down_launches_parts_blocks_a_tile_on_one_scratch(monkeypatch, qtype
     ops.matmul(dev, _weight(qtype, H, H), _act(H, i8_tokens=1), y, 1, H)
     ((launched, args),) = dev.launches
     assert not launched.endswith("_ks") and args[-1].parts == 1
+
+
+def test_a_split_launch_keeps_off_the_side_stream(monkeypatch) -> None:
+    """Its scratch is one per device, as the persistent kernel's: ops.uses_device_scratch (which keeps a projection's
+    part on the main stream) says so for a split launch and not for the same launch unsplit."""
+    monkeypatch.setattr(ops, "I8_MATMUL", True)
+    monkeypatch.setattr(ops, "Q6_I8", True)
+    dev, act = _Dev(), _act(FFN, i8_tokens=1)
+    for qtype in (Q.Q4_K, Q.Q6_K):
+        down = _weight(qtype, H, FFN)
+        monkeypatch.setattr(ksplit, "PARTS_AT", {})
+        assert not ops.uses_device_scratch(dev, down, act, 1)
+        monkeypatch.setattr(ksplit, "PARTS_AT", {1: 2})
+        assert ops.uses_device_scratch(dev, down, act, 1)
