@@ -220,9 +220,9 @@ __device__ __forceinline__ int ksplit_begin(int nb, int parts, int piece) { retu
 
 // mmvq_store for a block that is piece blockIdx.x % parts of its tile (row0 / 16), parts > 1.
 __device__ __forceinline__ void mmvq_store_parts(const float (&acc)[4], float* __restrict__ y,
-                                              const float* __restrict__ bias, const float* __restrict__ residual,
-                                              int row0, int rows, int T, int ldy, bool packed, int used,
-                                              const KSplit& ks) {
+                                                 const float* __restrict__ bias, const float* __restrict__ residual,
+                                                 int row0, int rows, int T, int ldy, bool packed, int used,
+                                                 const KSplit& ks) {
     __shared__ bool last;
     const int tile = row0 / 16;
     float* parts = ks.part + (i64)tile * ks.parts * 16 * MMVQ_NCOLS;

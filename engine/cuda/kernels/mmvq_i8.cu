@@ -115,7 +115,8 @@ struct I8Copies {
 // activation columns by cp.async) that runs on across the tiles, so a warp pays the ring's first wait once per
 // block, not once per tile; dynamic shared memory W * (NS * i8_stage_bytes(T) + I8_ZERO_BYTES). CLOSE (one tile a
 // block): the producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
-// (kernels/act8_close.cuh; CLOSE_NONE: none).
+// (kernels/act8_close.cuh; CLOSE_NONE: none). KS (one tile a block, no closer): ks.parts blocks a tile, each a
+// contiguous share of its superblocks, summed by the tile's last block (kernels/mmvq.cuh mmvq_store_parts).
 template <int T, int NS, int TILES, int CLOSE, bool KS = false>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,

@@ -113,8 +113,9 @@ struct Q6I8Copies {
     }
 };
 
-// Launch: a block of W warps per 16-row tile; warp w takes superblocks w, w + W, ... (any W: the last warps may
-// take one fewer) through a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T). CLOSE: the
+// Launch: a block of W warps per 16-row tile (KS: ks.parts blocks a tile, each a contiguous share of its
+// superblocks); warp w takes superblocks w, w + W, ... (any W: the last warps may take one fewer) of the block's
+// through a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T). CLOSE: the
 // producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
 // (kernels/act8_close.cuh; CLOSE_NONE: none).
 template <int T, int NS, int CLOSE, bool KS = false>
