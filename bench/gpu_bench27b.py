@@ -77,6 +77,7 @@ I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
 # split instance's 106 registers fit 4 blocks of 4 warps an SM, 528 of the 640)
 KSPLIT_VARIANTS = {**{f"ks{n}": {1: n} for n in (2, 3, 4)}, "ks2q3": {1: 2}, "ks2q2": {1: 2},
                    "ks2all": dict.fromkeys(range(1, 5), 2)}
+KSPLIT_Q6_WARPS = {"ks2q3": {1: 3}, "ks2q2": {1: 2}}  # ops.Q6_I8_WIDE_WARPS_AT of those
 I8_WIDE_WARPS_VARIANTS = {**{f"dw{n}": ({1: n}, {1: n}) for n in (5, 6, 7, 8)}, "dw8q6": ({1: 8}, {1: 6}),
                           "dw8q7": ({1: 8}, {1: 7}), "dw6all": (dict.fromkeys(range(1, 5), 6),) * 2}
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
@@ -495,8 +496,7 @@ def _use_variant(backend, name: str) -> None:
     ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, ops.DEFAULT_I8_WARPS_AT)
     ksplit.PARTS_AT = KSPLIT_VARIANTS.get(name, ksplit.DEFAULT_PARTS_AT)
     ops.I8_WIDE_WARPS_AT, ops.Q6_I8_WIDE_WARPS_AT = I8_WIDE_WARPS_VARIANTS.get(
-        name, (ops.DEFAULT_I8_WIDE_WARPS_AT, {1: int(name[-1])} if name in ("ks2q3", "ks2q2") else
-               ops.DEFAULT_Q6_I8_WIDE_WARPS_AT))
+        name, (ops.DEFAULT_I8_WIDE_WARPS_AT, KSPLIT_Q6_WARPS.get(name, ops.DEFAULT_Q6_I8_WIDE_WARPS_AT)))
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
     i8b.ON = name in BULK_I8_VARIANTS or (name in I8_VARIANTS and name not in NO_BULK_VARIANTS and i8b._default())
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)
