@@ -70,14 +70,14 @@ I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5}
 # v7 with the int8 matmuls' warps a block by token count (ops.I8_WARPS_AT; v7: 4 at one token since v19): w4t1 that
 # default, named as it was measured; apart and fused mmvq_i8's own choice (5 at K = 5,120)
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
-# v7 with the int8 matmuls of the widest rows (ffn_down, K = 17,408) in blocks of n warps at one token (dw<n>: Q4_K
-# and Q6_K; dw<n>q<m>: Q6_K's m) or at 1-4 tokens (dw6all) (ops.I8_WIDE_WARPS_AT, Q6_I8_WIDE_WARPS_AT; v7: 4)
 # v7 with the widest int8 matmuls (ffn_down) split in K over n blocks a tile at one token (ks<n>) or at 1-4 tokens
 # (ks2all) (engine/cuda/ksplit.py PARTS_AT; v7: a block a tile); ks2q<w>: ks2 with Q6_K's blocks of w warps (its
 # split instance's 106 registers fit 4 blocks of 4 warps an SM, 528 of the 640)
 KSPLIT_VARIANTS = {**{f"ks{n}": {1: n} for n in (2, 3, 4)}, "ks2q3": {1: 2}, "ks2q2": {1: 2},
                    "ks2all": dict.fromkeys(range(1, 5), 2)}
 KSPLIT_Q6_WARPS = {"ks2q3": {1: 3}, "ks2q2": {1: 2}}  # ops.Q6_I8_WIDE_WARPS_AT of those
+# v7 with the int8 matmuls of the widest rows (ffn_down, K = 17,408) in blocks of n warps at one token (dw<n>: Q4_K
+# and Q6_K; dw<n>q<m>: Q6_K's m) or at 1-4 tokens (dw6all) (ops.I8_WIDE_WARPS_AT, Q6_I8_WIDE_WARPS_AT; v7: 4)
 I8_WIDE_WARPS_VARIANTS = {**{f"dw{n}": ({1: n}, {1: n}) for n in (5, 6, 7, 8)}, "dw8q6": ({1: 8}, {1: 6}),
                           "dw8q7": ({1: 8}, {1: 7}), "dw6all": (dict.fromkeys(range(1, 5), 6),) * 2}
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every

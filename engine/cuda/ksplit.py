@@ -20,7 +20,7 @@ from engine.cuda.instances import KSPLIT_TOKENS
 from engine.cuda.persist import is_capturing
 
 KSPLIT_ENV = "OPENJET_CUDA_KSPLIT"
-MIN_COLS = 8192  # rows narrower than this keep a block a tile
+MIN_COLS = 8192  # rows narrower than this keep a block a tile (ops.WIDE_COLS: the same widest rows)
 MAX_PARTS = 4
 NCOLS = 8  # mirror of kernels/mmvq.cuh MMVQ_NCOLS: a part's sums are [NCOLS][16] floats
 TILE_ROWS = 16

@@ -501,7 +501,7 @@ I8_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WARPS_AT)
 # K = 5,120 leaves a warp 5), where set: more warps give each a shorter chain of units (the benchmark's dw<n>
 # variants compare them; empty until measured). Q4_K (mmvq_i8, mmvq_i8v's fallback) and Q6_K (mmvq_q6_i8, whose
 # larger stages fit fewer blocks an SM) each have their own.
-WIDE_COLS = 8192
+WIDE_COLS = ksplit.MIN_COLS  # the rows ffn_down's own settings are for (its split in K too)
 DEFAULT_I8_WIDE_WARPS_AT: dict[int, int] = {}
 I8_WIDE_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WIDE_WARPS_AT)
 DEFAULT_Q6_I8_WIDE_WARPS_AT: dict[int, int] = {}
