@@ -35,7 +35,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
                "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
-               "dw6all", "ks2", "ks3", "ks4", "ks2q3", "ks2q2", "ks2all")
+               "dw6all")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -70,12 +70,6 @@ I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5}
 # v7 with the int8 matmuls' warps a block by token count (ops.I8_WARPS_AT; v7: 4 at one token since v19): w4t1 that
 # default, named as it was measured; apart and fused mmvq_i8's own choice (5 at K = 5,120)
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
-# v7 with the widest int8 matmuls (ffn_down) split in K over n blocks a tile at one token (ks<n>) or at 1-4 tokens
-# (ks2all) (engine/cuda/ksplit.py PARTS_AT; v7: a block a tile); ks2q<w>: ks2 with Q6_K's blocks of w warps (its
-# split instance's 106 registers fit 4 blocks of 4 warps an SM, 528 of the 640)
-KSPLIT_VARIANTS = {**{f"ks{n}": {1: n} for n in (2, 3, 4)}, "ks2q3": {1: 2}, "ks2q2": {1: 2},
-                   "ks2all": dict.fromkeys(range(1, 5), 2)}
-KSPLIT_Q6_WARPS = {"ks2q3": {1: 3}, "ks2q2": {1: 2}}  # ops.Q6_I8_WIDE_WARPS_AT of those
 # v7 with the int8 matmuls of the widest rows (ffn_down, K = 17,408) in blocks of n warps at one token (dw<n>: Q4_K
 # and Q6_K; dw<n>q<m>: Q6_K's m) or at 1-4 tokens (dw6all) (ops.I8_WIDE_WARPS_AT, Q6_I8_WIDE_WARPS_AT; v7: 4)
 I8_WIDE_WARPS_VARIANTS = {**{f"dw{n}": ({1: n}, {1: n}) for n in (5, 6, 7, 8)}, "dw8q6": ({1: 8}, {1: 6}),
@@ -483,7 +477,7 @@ def _prefill_before(backend, report: Report, v7_tokens: list[int]) -> None:
 
 def _use_variant(backend, name: str) -> None:
     """Switch the matmul and attention kernels to a generation of VARIANTS (captured passes are dropped)."""
-    from engine.cuda import device, i8b, ksplit, mixers, ops
+    from engine.cuda import device, i8b, mixers, ops
 
     types, everywhere, min_keys, kernel, pdl = VARIANTS[name]
     ops.PIPELINE_TABLE = ops.DEFAULT_PIPELINE_TABLE | PIPELINE_TABLE_VARIANTS.get(name, {})
@@ -494,9 +488,8 @@ def _use_variant(backend, name: str) -> None:
     ops.ACT_ONE_GROUP_MODES = ONE_GROUP_VARIANTS.get(name, ops.ACT_ONE_GROUP_DEFAULT)
     ops.ACT_SPLIT_TOKENS = SPLIT_VARIANTS.get(name, ops.ACT_SPLIT_DEFAULT)
     ops.I8_WARPS_AT = I8_WARPS_VARIANTS.get(name, ops.DEFAULT_I8_WARPS_AT)
-    ksplit.PARTS_AT = KSPLIT_VARIANTS.get(name, ksplit.DEFAULT_PARTS_AT)
     ops.I8_WIDE_WARPS_AT, ops.Q6_I8_WIDE_WARPS_AT = I8_WIDE_WARPS_VARIANTS.get(
-        name, (ops.DEFAULT_I8_WIDE_WARPS_AT, KSPLIT_Q6_WARPS.get(name, ops.DEFAULT_Q6_I8_WIDE_WARPS_AT)))
+        name, (ops.DEFAULT_I8_WIDE_WARPS_AT, ops.DEFAULT_Q6_I8_WIDE_WARPS_AT))
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
     i8b.ON = name in BULK_I8_VARIANTS or (name in I8_VARIANTS and name not in NO_BULK_VARIANTS and i8b._default())
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)

@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, patched, poison
-from engine.cuda import gemm, i8b, instances, ksplit, ops
+from engine.cuda import gemm, i8b, instances, ops
 from engine.cuda.device import PDL_MIN_ARCH, Buffer, CudaError, Device
 from engine.cuda.repack import device_nbytes, random_blocks
 from engine.gguf.quants import dequantize
@@ -341,25 +341,6 @@ def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
         for name, num_tokens in Q6_I8_CHECKS:
             for precise in (False, True):
                 check_matmul(dev, report, rng, name, Q.Q6_K, num_tokens, precise=precise)
-    run_ksplit_checks(dev, report, rng)
-
-
-# The widest int8 matmuls split in K (engine/cuda/ksplit.py): ffn_down's 68 superblocks in 2 and in 3 parts (22 /
-# 23 / 23) at the counts the kernels take, on Q4_K (mmvq_i8) and Q6_K (mmvq_q6_i8). Fast then precise on the same
-# scratch, so a count the first launch left non-zero fails the second.
-KSPLIT_CHECKS = [(qtype, t, parts) for qtype in (Q.Q4_K, Q.Q6_K) for t, parts in ((1, 2), (1, 3), (2, 2), (4, 2))]
-
-
-def run_ksplit_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
-    saved = ksplit.PARTS_AT
-    try:
-        with q6_i8(True), bulk_i8(False), verify_i8(False):
-            for qtype, num_tokens, parts in KSPLIT_CHECKS:
-                ksplit.PARTS_AT = {num_tokens: parts}
-                for precise in (False, True):
-                    check_matmul(dev, report, rng, "ffn_down", qtype, num_tokens, precise=precise, tag=f".ks{parts}")
-    finally:
-        ksplit.PARTS_AT = saved
 
 
 # Launch shapes timed beside the launcher's: (label, warps per block or None, row tiles a block walks). 4 warps
@@ -400,7 +381,6 @@ def _i8_trials(dev: Device, t: int) -> list[tuple[str, int | None, object]]:
     trials = [("f16", None, 1)]
     if t <= instances.I8_MAX_TOKENS:
         trials += [("i8", None, 1)] + (list(I8_SHAPE_TRIALS) if t <= 4 and I8_SHAPES_TIMED else [])
-        trials += [("ks2", None, 1)] if t in instances.KSPLIT_TOKENS else []  # the widest rows split in K (Z20)
     if dev.info.arch >= i8b.MIN_ARCH:
         trials += (list(I8B_TRIALS) if I8_SHAPES_TIMED else [I8B_TRIALS[1]]) if t == 1 else list(I8V_TRIALS)
     return trials
@@ -415,26 +395,20 @@ def _time_i8_trial(dev: Device, report: Report, m: TimedMatrix, name: str, t: in
     label = (kind if kind.startswith("i8") else f"i8.{kind}") if on else \
         (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise"
     shape, persist = extra if is_bulk else (None, None)
-    parts = 2 if kind == "ks2" else 1
     with bulk_i8(is_bulk, shape, warps if is_bulk else None, persist), \
-            verify_i8(is_verify, warps if is_verify else None, extra if is_verify else None), \
-            patched(ksplit, PARTS_AT={t: parts}):
+            verify_i8(is_verify, warps if is_verify else None, extra if is_verify else None):
         ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
         if is_verify and not i8b.verify_runs(dev, m.ws[0], t, m.act):
             return ""
-        if ksplit.parts(m.ws[0].cols, t) != parts or (parts > 1 and not ops.i8_runs(Q.Q4_K, t, m.act, 1 << 30)):
-            return ""  # a split the launcher would not take here
         timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
     return f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}"
 
 
 Q6_I8_TIMED = ("ffn_down", "output", "attn_kv")
-# (label, warps a block or None: the launcher's, blocks a tile) of each int8 Q6_K launch time_q6_i8 runs. Rings of
-# 3-4 stages, blocks of 2 warps (run 1346a1a) and each row split over two blocks (aad30b3) were slower: bench/NOTES.md
-# v21. The split's own instances (engine/cuda/ksplit.py, Z20) on the widest rows at 1-4 tokens: in blocks of the
-# launcher's warps, of 3 and of 2 (more blocks an SM at its registers).
-Q6_I8_TRIALS = (("i8q6", None, 1), ("i8q6.w4", 4, 1), ("i8q6.w8", 8, 1), ("i8q6.ks2", None, 2),
-                ("i8q6.ks2.w3", 3, 2), ("i8q6.ks2.w2", 2, 2))
+# (label, warps a block or None: the launcher's) of each int8 Q6_K launch time_q6_i8 runs. Rings of 3-4 stages,
+# blocks of 2 warps (run 1346a1a) and each row split over two blocks (aad30b3; again with instances of their own,
+# 2332c36, removed after it lost) were slower: bench/NOTES.md v21, Z21.
+Q6_I8_TRIALS = (("i8q6", None), ("i8q6.w4", 4), ("i8q6.w8", 8))
 
 
 @contextmanager
@@ -459,13 +433,13 @@ def time_q6_i8(dev: Device, report: Report, rng: np.random.Generator, token_coun
         m = timed_matrix(dev, rng, name, Q.Q6_K, precise=True)
         for t in token_counts:
             cells = []
-            for label, warps, parts in (("f16", None, 1),) + Q6_I8_TRIALS:
-                with q6_i8(label != "f16", warps=warps), patched(ksplit, PARTS_AT={t: parts}):
+            for label, warps in (("f16", None),) + Q6_I8_TRIALS:
+                with q6_i8(label != "f16", warps=warps):
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)
                     if label == "f16":  # Q6_I8 off: the f16 kernel the table picks
                         label = (ops.pipeline_kernel(Q.Q6_K, True, t) or "plain") + ".precise"
-                    elif not ops.q6_i8_runs(dev, m.ws[0], t, m.act) or ksplit.parts(m.ws[0].cols, t) != parts:
-                        continue  # (a split the launcher would not take here)
+                    elif not ops.q6_i8_runs(dev, m.ws[0], t, m.act):
+                        continue
                     timing = m.record(dev, report, t, "matmul", f"{name}.Q6_K.T{t}.{label}")
                 cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")
             print(f"  {name:<11} T={t}  " + " | ".join(cells), flush=True)

@@ -3,7 +3,6 @@ machine): the stall reasons, occupancy and DRAM throughput that CUDA-event timin
 
   ncu --kernel-name regex:mmvq --launch-skip 20 --launch-count 1 --section SpeedOfLight \\
       python bench/gpu_profile.py --shape ffn_gate_up --tokens 1
-  ncu ... python bench/gpu_profile.py --shape ffn_down --qtype Q6_K --ksplit 2    (split in K over 2 blocks a tile)
 
 The launches rotate over weight copies larger than the L2 (bench.gpu_kernels.timed_matrix), as the timings do.
 """
@@ -45,17 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--fast", action="store_true", help="fast mode (no f16 residue) for the f16 kernels")
-    parser.add_argument("--ksplit", type=int, default=1, metavar="N",
-                        help="split the widest rows' int8 matmul in K over N blocks a tile (engine/cuda/ksplit.py)")
     parser.add_argument("--ops", action="append", default=[], metavar="[MODULE.]NAME=INT",
                         help="set a switch of engine/cuda/ops.py (I8_WARPS=4, I8_TILES=2, ...) or of another module "
                              "of engine/cuda (gemm.WG=4) first")
     args = parser.parse_args(argv)
     for item in args.ops:
         set_switch(item)
-    from engine.cuda import ksplit
-
-    ksplit.PARTS_AT = {args.tokens: args.ksplit}
     with Device() as dev:
         m = timed_matrix(dev, np.random.default_rng(0), args.shape, Q[args.qtype], precise=not args.fast,
                          tokens=max(8, args.tokens))

@@ -69,7 +69,6 @@ I8V_SHAPE = (2, 2)
 # Tokens of the int8-activation Q6_K matmul (kernels/mmvq_i8q6.cu: a sub-block's 2T columns in one mma up to 4
 # tokens, a pass a level past that), an instance each: mmvq_q6_K_i8_t{T}.
 Q6_I8_TOKENS = tuple(range(1, 9))
-KSPLIT_TOKENS = (1, 2, 3, 4)  # the split-in-K instances of both (engine/cuda/ksplit.py): _ks
 # Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type it stages.
 STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q5_K: (4, 3072), Q.Q6_K: (3, 3648)}
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
@@ -143,11 +142,6 @@ def _build() -> dict[str, Instance]:
                      f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, {ACT_MODES.index(mode)}>")
             for t in I8V_TOKENS for mode in I8V_CLOSE_MODES]
     out += [Instance(f"mmvq_q6_K_i8_t{t}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, -1>") for t in Q6_I8_TOKENS]
-    # ... and both split in K over several blocks a tile (engine/cuda/ksplit.py), at 1-4 tokens
-    out += [Instance(f"mmvq_q4_K_i8_t{t}_ks", "mmvq_i8", f"mmvq_i8<{t}, {ACT_STAGES}, 1, -1, true>")
-            for t in KSPLIT_TOKENS]
-    out += [Instance(f"mmvq_q6_K_i8_t{t}_ks", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, -1, true>")
-            for t in KSPLIT_TOKENS]
     out += [Instance(f"mmvq_q6_K_i8_t{t}_close_{mode}", "mmvq_i8q6",
                      f"mmvq_q6_i8<{t}, {ACT_STAGES}, {ACT_MODES.index(mode)}>")
             for t in I8_CLOSE_TOKENS for mode in Q6_I8_CLOSE_MODES]

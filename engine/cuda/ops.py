@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import env_flag, env_switch, gemm, i8b, ksplit, persist
+from engine.cuda import env_flag, env_switch, gemm, i8b, persist
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, I8_MAX_TOKENS, MATMUL_QTYPES,
                                    PERSIST_QTYPES, STAGE_SHAPE, STAGED_QTYPES, qtype_tag)
@@ -350,15 +350,13 @@ def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: in
     return pipeline_kernel(w.qtype, act.x16_lo is not None and w.qtype != Q.F32, t)
 
 
-def uses_device_scratch(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
+def runs_persist(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
     """Whether matmul(w, act, num_tokens) launches the persistent mmvq, whose partials and counts (persist.scratch)
-    are one per device, or a matmul split in K (ksplit, its scratch one per device too): such a launch must not run
-    beside another one (Device.beside)."""
+    are one per device: such a launch must not run beside another one (Device.beside)."""
     if w.qtype in gemm.INSTANCES and num_tokens >= gemm.MIN_TOKENS:
         return False
-    kernels = {_group_kernel(dev, w, act, num_tokens, min(ACT_GROUP, num_tokens - t0))
-               for t0 in range(0, num_tokens, ACT_GROUP)}
-    return "persist" in kernels or (bool(kernels & {"i8", "i8q6"}) and ksplit.parts(w.cols, num_tokens) > 1)
+    return any(_group_kernel(dev, w, act, num_tokens, min(ACT_GROUP, num_tokens - t0)) == "persist"
+               for t0 in range(0, num_tokens, ACT_GROUP))
 
 
 def _default_pipelined() -> tuple[frozenset[Q], bool, str]:
@@ -501,7 +499,7 @@ I8_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WARPS_AT)
 # K = 5,120 leaves a warp 5), where set: more warps give each a shorter chain of units (the benchmark's dw<n>
 # variants compare them; empty until measured). Q4_K (mmvq_i8, mmvq_i8v's fallback) and Q6_K (mmvq_q6_i8, whose
 # larger stages fit fewer blocks an SM) each have their own.
-WIDE_COLS = ksplit.MIN_COLS  # the rows ffn_down's own settings are for (its split in K too)
+WIDE_COLS = 8192
 DEFAULT_I8_WIDE_WARPS_AT: dict[int, int] = {}
 I8_WIDE_WARPS_AT: dict[int, int] = dict(DEFAULT_I8_WIDE_WARPS_AT)
 DEFAULT_Q6_I8_WIDE_WARPS_AT: dict[int, int] = {}
@@ -557,13 +555,11 @@ def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer,
     q8, scale8, sums8, sums8_lo = group8
     blocks = -(-((w.rows + 15) // 16) // I8_TILES)
     warps = i8_warps(w.cols, blocks * I8_TILES, t, dev.info.multiprocessors)
-    parts = ksplit.parts(w.cols, t) if I8_TILES == 1 and closer is None else 1
-    name = instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else ""), closer) + ksplit.suffix(parts)
+    name = instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else ""), closer)
     kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
-    dev.launch(kernel, blocks * parts, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows,
-                                                    w.cols, ld_y, close_dst(closer, t, ld_y),
-                                                    ksplit.arg(dev, w.rows, parts)], smem=smem)
+    dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
+                                            ld_y, close_dst(closer, t, ld_y)], smem=smem)
 
 
 # ---- int8 activations for Q6_K (kernels/mmvq_i8q6.cu) ----
@@ -611,12 +607,10 @@ def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buff
 
     q8, scale8, _, _ = group8
     blocks, warps, smem = _q6_i8_shape(dev, w, t)
-    parts = ksplit.parts(w.cols, t) if closer is None else 1
-    kernel = dev.kernel(instance(f"mmvq_q6_K_i8_t{t}", closer) + ksplit.suffix(parts))
+    kernel = dev.kernel(instance(f"mmvq_q6_K_i8_t{t}", closer))
     dev.set_max_dynamic_smem(kernel, smem)
-    dev.launch(kernel, blocks * parts, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y,
-                                                    close_dst(closer, t, ld_y), ksplit.arg(dev, w.rows, parts)],
-               smem=smem)
+    dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y,
+                                            close_dst(closer, t, ld_y)], smem=smem)
 
 
 # ---- int8 activations for Q8_0 (kernels/mmvq_i8q8.cu) ----

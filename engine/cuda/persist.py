@@ -109,7 +109,7 @@ class Scratch:
 _SCRATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Device -> Scratch
 
 
-def is_capturing(dev: Device) -> bool:
+def _is_capturing(dev: Device) -> bool:
     """Whether dev's stream is capturing a graph now."""
     from engine.cuda.device import _driver, check
 
@@ -125,7 +125,7 @@ def scratch(dev: Device, num_tiles: int) -> tuple[Buffer, Buffer]:
     state = _SCRATCH.setdefault(dev, Scratch())
     if state.partials is not None and state.counts is not None and state.counts.nbytes >= 4 * num_tiles:
         return state.partials, state.counts
-    if is_capturing(dev):
+    if _is_capturing(dev):
         from engine.cuda.device import CudaError
 
         raise CudaError("mmvq_persist scratch first needed under graph capture: run the pass eagerly first")

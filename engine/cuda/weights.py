@@ -54,8 +54,8 @@ class Projection:
 
         beside: the parts other than the largest run on the device's side stream (Device.beside), so that a small
         one (DeltaNet's 96-row alpha | beta) overlaps the large one instead of following it; the caller joins
-        (dev.join()) before reading their outputs. Parts that launch the persistent mmvq or a matmul split in K
-        stay on the main stream (their scratch is one per device: ops.uses_device_scratch)."""
+        (dev.join()) before reading their outputs. Parts that launch the persistent mmvq stay on the main
+        stream (its scratch is one per device)."""
         assert closer is None or len(self.parts) == 1, "a closer behind a projection of several launches"
         if (producer is not None or closer is not None) and len(self.parts) == 1:
             part = self.parts[0]
@@ -66,7 +66,7 @@ class Projection:
             ops.produce(dev, producer, act, num_tokens)
         main = max(self.parts, key=lambda part: part.weight.buf.nbytes)
         side = [part for part in self.parts if part is not main and beside and
-                not ops.uses_device_scratch(dev, part.weight, act, num_tokens)]
+                not ops.runs_persist(dev, part.weight, act, num_tokens)]
         if side:
             with dev.beside():
                 for part in side:

@@ -18,7 +18,7 @@ SM90 = 232448
 
 
 class _Streams:
-    """What Projection.run asks of a device: beside() and, for uses_device_scratch, its shared memory limit."""
+    """What Projection.run asks of a device: beside() and, for runs_persist, its shared memory limit."""
 
     def __init__(self) -> None:
         self.side_active = False
@@ -81,18 +81,18 @@ def test_a_persistent_launch_never_goes_beside(monkeypatch, tokens: int) -> None
     proj = Projection([Part(_weight("big", Q.Q6_K, 16384), None, 0), Part(_weight("small", Q.Q4_K, 512), None, 16384)],
                       16896)
     act = _act(True)
-    assert ops.uses_device_scratch(_Streams(), proj.parts[1].weight, act, tokens)
+    assert ops.runs_persist(_Streams(), proj.parts[1].weight, act, tokens)
     assert _launches(monkeypatch, proj, act, tokens, beside=True) == [("big", False), ("small", False)]
 
 
-def test_uses_device_scratch_follows_the_kernel_choice(monkeypatch) -> None:
+def test_runs_persist_follows_the_kernel_choice(monkeypatch) -> None:
     monkeypatch.setattr(ops, "PIPELINED", ops.TABLE_QTYPES)
     monkeypatch.setattr(ops, "PIPELINE_EVERYWHERE", False)
     monkeypatch.setattr(ops, "I8_MATMUL", True)
     dev, q4 = _Streams(), _weight("w", Q.Q4_K, 512)
-    assert not ops.uses_device_scratch(dev, q4, _act(True, i8_tokens=4), 4)  # the int8 kernel
-    assert not ops.uses_device_scratch(dev, q4, _act(False), 5)  # fast mode: plain above 2 tokens
-    assert not ops.uses_device_scratch(dev, _weight("ab", Q.Q8_0, 96), _act(True), 5)
-    assert not ops.uses_device_scratch(dev, q4, _act(True), gemm.MIN_TOKENS)  # prefill: the GEMM
-    assert ops.uses_device_scratch(dev, q4, _act(True), 5)  # precise, no int8 copy written: the two-pass persist
-    assert not ops.uses_device_scratch(dev, q4, _act(True), 4)  # precise up to 4 tokens: mmvq_cp
+    assert not ops.runs_persist(dev, q4, _act(True, i8_tokens=4), 4)  # the int8 kernel
+    assert not ops.runs_persist(dev, q4, _act(False), 5)  # fast mode: plain above 2 tokens
+    assert not ops.runs_persist(dev, _weight("ab", Q.Q8_0, 96), _act(True), 5)
+    assert not ops.runs_persist(dev, q4, _act(True), gemm.MIN_TOKENS)  # prefill: the GEMM
+    assert ops.runs_persist(dev, q4, _act(True), 5)  # precise, no int8 copy written: the two-pass persist
+    assert not ops.runs_persist(dev, q4, _act(True), 4)  # precise up to 4 tokens: mmvq_cp
