@@ -35,7 +35,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
                "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
-               "dw6all")
+               "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -94,6 +94,9 @@ FUSED_VARIANTS = frozenset({"fused"})
 # v7 with mmvq_i8b's walking grid filling every SM (v7 leaves a block an SM free for what runs beside it since
 # v17: i8b.SPARE_PER_SM); serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
 SPARE_VARIANTS = {"full": 0, "spare": 1, "spare2": 2}
+# ... and in another instance shape at the same time (s<S>n<NS>full: no block spared, s<S>n<NS>spare2: two)
+SHAPE_SPARE_VARIANTS = {f"s{s}n{n}{label}": ((s, n), spare) for s, n in ((3, 2), (5, 2))
+                        for label, spare in (("full", 0), ("spare2", 2))}
 NO_BULK_VARIANTS = frozenset({"i8", "serial8"})
 # v7 with mmvq_i8b in another instance shape (S superblocks a stage, NS stages a warp; v7: i8b.SHAPE)
 SHAPE_VARIANTS = {f"s{s}n{n}": (s, n) for s, n in I8B_SHAPES}
@@ -502,8 +505,9 @@ def _use_variant(backend, name: str) -> None:
     ops.I8_COPY_BY_WIDTH = name not in COPY_ALL_VARIANTS
     mixers.GDN_ACCEPT_LAYERS = name not in ACCEPT_APART_VARIANTS and env_switch(mixers.GDN_ACCEPT_ENV, True)
     mixers.GDN_ACCEPT_COLS = ACCEPT_COLS_VARIANTS.get(name, mixers.DEFAULT_GDN_ACCEPT_COLS)
-    i8b.SPARE_PER_SM = SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)
-    i8b.SHAPE = SHAPE_VARIANTS.get(name, i8b.DEFAULT_SHAPE)
+    shape, spare = SHAPE_SPARE_VARIANTS.get(name, (SHAPE_VARIANTS.get(name, i8b.DEFAULT_SHAPE),
+                                                   SPARE_VARIANTS.get(name, i8b.DEFAULT_SPARE_PER_SM)))
+    i8b.SHAPE, i8b.SPARE_PER_SM = shape, spare
     i8b.VERIFY_ON = VERIFY_VARIANTS.get(name, name in I8_VARIANTS and i8b._verify_default())
     i8b.VERIFY_SPARE_PER_SM = VERIFY_SPARE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_SPARE_PER_SM)
     i8b.VERIFY_WARPS = VERIFY_WARPS_VARIANTS.get(name)

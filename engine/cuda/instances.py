@@ -44,7 +44,7 @@ I8_MAX_TOKENS = 5
 I8_TILE_COUNTS = (1, 2, 4)
 # (superblocks a stage, stages a warp) of the bulk-copy int8 Q4_K matmul of one token (kernels/mmvq_i8b.cu,
 # sm_90+), an instance each: mmvq_q4_K_i8b_s{S}n{NS}.
-I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2))
+I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2), (5, 2))
 # Producers (ACT_MODES) it can compute itself in front of the matmul, and the shapes built with them:
 # mmvq_q4_K_i8b_s{S}n{NS}_{mode}. (2, 2) only: with fused producers the others made the 27B pass 0.29-0.82 ms
 # slower (bench/NOTES.md v17, dad12b5).
