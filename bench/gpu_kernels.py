@@ -347,10 +347,11 @@ def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
 # (against its 5 at K = 5120) ran gate|up faster alone but not the pass (v12); 2 and 4 tiles give each warp 2-4 x
 # the superblocks through one ring (not yet timed).
 I8_SHAPE_TRIALS = (("w4", 4, 1), ("r2", None, 2), ("r4", None, 4))
-# The tensor-copy form at one token: (label, warps or None, (instance shape, persistent grid)).
-I8B_TRIALS = (("i8b.s2n2", None, ((2, 2), False)), ("i8b.s2n2.p", None, ((2, 2), True)),
-              ("i8b.s1n4.p", None, ((1, 4), True)), ("i8b.s2n2.w4.p", 4, ((2, 2), True)),
-              ("i8b.s2n2.w8.p", 8, ((2, 2), True)))
+# The tensor-copy form at one token: (label, warps or None, (instance shape, persistent grid)); the launcher's
+# shape (i8b.DEFAULT_SHAPE) second.
+I8B_TRIALS = (("i8b.s2n2", None, ((2, 2), False)), ("i8b.s3n2.p", None, ((3, 2), True)),
+              ("i8b.s2n2.p", None, ((2, 2), True)), ("i8b.s1n4.p", None, ((1, 4), True)),
+              ("i8b.s2n2.w4.p", 4, ((2, 2), True)), ("i8b.s2n2.w8.p", 8, ((2, 2), True)))
 # OPENJET_BENCH_I8_SHAPES=1: time_i8 also times the other launch shapes of mmvq_i8 and mmvq_i8b (I8_SHAPE_TRIALS,
 # I8B_TRIALS: measured in v12-v16); else each kernel in the launcher's shape.
 I8_SHAPES_TIMED = os.environ.get("OPENJET_BENCH_I8_SHAPES") == "1"

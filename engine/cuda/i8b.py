@@ -62,9 +62,11 @@ def _close_default() -> bool:
 
 
 CLOSE = _close_default()
-# (superblocks a stage, stages a warp): one of instances.I8B_SHAPES. (2, 2) measured fastest: 3 stages a warp or
-# 3 superblocks a stage leave fewer blocks an SM (gate|up 44.2 / 40.7 against 32.6 us, bench/NOTES.md v16).
-DEFAULT_SHAPE = (2, 2)
+# (superblocks a stage, stages a warp): one of instances.I8B_SHAPES. (3, 2): a 5,120-wide tile's share of 5
+# superblocks a warp in 2 stages, not 3, and two 69 KB blocks an SM with one spare (against three of 51 KB): the
+# 27B one-token pass 7.561 ms against 7.659 with (2, 2) on an H100 (bench/NOTES.md Z21; v16 had (2, 2) faster
+# alone, 32.6 against 40.7 us for gate | up, with the producers fused in front).
+DEFAULT_SHAPE = (3, 2)
 SHAPE = DEFAULT_SHAPE
 WARPS: int | None = None  # warps per block; None: ops.i8_warps' choice for mmvq_i8
 # True: a grid of as many blocks as fit at once (or fewer, each the same number of tiles), each walking its tiles

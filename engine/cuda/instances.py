@@ -46,14 +46,14 @@ I8_TILE_COUNTS = (1, 2, 4)
 # sm_90+), an instance each: mmvq_q4_K_i8b_s{S}n{NS}.
 I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2), (5, 2))
 # Producers (ACT_MODES) it can compute itself in front of the matmul, and the shapes built with them:
-# mmvq_q4_K_i8b_s{S}n{NS}_{mode}. (2, 2) only: with fused producers the others made the 27B pass 0.29-0.82 ms
-# slower (bench/NOTES.md v17, dad12b5).
+# mmvq_q4_K_i8b_s{S}n{NS}_{mode}, in the default shape only (i8b.DEFAULT_SHAPE; with fused producers the other
+# shapes made the 27B pass 0.29-0.82 ms slower than (2, 2), the default then: bench/NOTES.md v17, dad12b5).
 I8B_FUSED_MODES = ("plain", "rmsnorm", "gatednorm")
-I8B_FUSED_SHAPES = ((2, 2),)
+I8B_FUSED_SHAPES = ((3, 2),)
 # Producers it can form behind itself for the next matmul (kernels/act8_close.cuh, engine/cuda/closers.py), and
 # the shapes built with them: mmvq_q4_K_i8b_s{S}n{NS}_close_{mode}.
 I8B_CLOSE_MODES = ("rmsnorm", "swiglu")
-I8B_CLOSE_SHAPES = ((2, 2),)
+I8B_CLOSE_SHAPES = ((3, 2),)  # the default shape (Z1-Z2 measured the closers at (2, 2))
 # ... and the int8 matmuls of more tokens or wider rows: the verify form (mmvq_q4_K_i8v_t{T}_close_{mode}), mmvq_i8
 # (gate | up at 3 tokens, ffn_down Q4_K: mmvq_q4_K_i8_t{T}_close_{mode}) and mmvq_q6_i8 (ffn_down Q6_K behind which
 # the next layer's input norm closes: mmvq_q6_K_i8_t{T}_close_rmsnorm), at the token counts whose consumers read

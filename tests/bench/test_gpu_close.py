@@ -159,7 +159,7 @@ def test_the_check_runs_through_on_a_device_that_computes_nothing(monkeypatch) -
     dev, report = _HostDevice(), Report()
     gpu_close.run_close_checks(dev, report, np.random.default_rng(3))
     launched = set(dev.launched)
-    for name in ("mmvq_q4_K_i8b_s2n2_close_rmsnorm", "mmvq_q4_K_i8v_t3_close_swiglu", "mmvq_q8_0_i8",
+    for name in ("mmvq_q4_K_i8b_s3n2_close_rmsnorm", "mmvq_q4_K_i8v_t3_close_swiglu", "mmvq_q8_0_i8",
                  "mmvq_q6_K_i8_t4_close_rmsnorm", "mmvq_q4_K_i8v_t5_close_rmsnorm", "gdn_k128_close_gatednorm",
                  "mmvq_q6_K_i8_t5_close_rmsnorm", "mmvq_q6_K_i8_t5", "attn_combine_close_plain", "act_plain_t1",
                  "act_rmsnorm_t1", "act_swiglu_t1", "act_gatednorm_t1"):

@@ -276,7 +276,7 @@ def test_the_launch_hands_the_kernel_its_closer_and_marks_the_input_written(clos
     x, y = _act(6144, i8_tokens=1), _buf(4 * H)
     ops.matmul(dev, mix_out, x, y, 1, H, residual=y, closer=closer)
     ((name, args),) = dev.launches
-    assert name == "mmvq_q4_K_i8b_s2n2_close_rmsnorm"
+    assert name == "mmvq_q4_K_i8b_s3n2_close_rmsnorm"
     dst = args[-1]
     assert isinstance(dst, closers.CloseDst)
     assert (dst.w, dst.q, dst.scale, dst.sums, dst.sums_lo) == (norm.ptr, act_h.q8.ptr, act_h.scale8.ptr,
@@ -294,7 +294,7 @@ def test_a_producer_in_front_is_launched_apart_even_where_it_would_fuse(closing,
     closer = _norm_closer(dev, mix_out, [_weight(Q.Q4_K, 2 * FFN, H)])
     x, y, src = _act(6144), _buf(4 * H), _buf(4 * 6144)
     ops.matmul(dev, mix_out, x, y, 1, H, residual=y, producer=ops.plain_of(src, 6144), closer=closer)
-    assert [name for name, _ in dev.launches] == ["act_plain_t1", "mmvq_q4_K_i8b_s2n2_close_rmsnorm"]
+    assert [name for name, _ in dev.launches] == ["act_plain_t1", "mmvq_q4_K_i8b_s3n2_close_rmsnorm"]
 
 
 def test_a_launch_that_does_not_take_mmvq_i8b_refuses_the_closer(closing) -> None:

@@ -110,10 +110,10 @@ def test_fused_only_where_the_int8_matmul_takes_the_launch_and_the_inputs_align(
     monkeypatch.setattr(i8b, "WARPS", 4)  # 5 superblocks a warp: more than its loads in flight hold
     assert not i8b.fuses(_dev(90), _weight(), 1, norm)
     monkeypatch.setattr(i8b, "WARPS", None)
-    monkeypatch.setattr(i8b, "I8B_FUSED_SHAPES", ((2, 2),))
+    monkeypatch.setattr(i8b, "I8B_FUSED_SHAPES", ((3, 2),))
     monkeypatch.setattr(i8b, "SHAPE", (1, 4))  # a shape built without the fused modes
     assert not i8b.fuses(_dev(90), _weight(), 1, norm)
-    monkeypatch.setattr(i8b, "SHAPE", (2, 2))
+    monkeypatch.setattr(i8b, "SHAPE", (3, 2))
     monkeypatch.setattr(ops, "I8_MATMUL", False)
     assert not i8b.fuses(_dev(90), _weight(), 1, norm)
     monkeypatch.setattr(ops, "I8_MATMUL", True)
