@@ -31,3 +31,13 @@ def test_the_ablation_classes_name_launched_kernels() -> None:
         for prefix in prefixes:
             assert any(n.startswith(prefix) for n in names), (label, prefix)
     assert gpu_bench27b.ABLATION[-1][1] is None
+
+
+def test_the_one_token_bulk_shapes_the_bench_names_are_built() -> None:
+    """Every mmvq_i8b shape a variant or a timed trial names has an instance, and the default is one of them."""
+    shapes = set(gpu_bench27b.SHAPE_VARIANTS.values())
+    shapes |= {shape for shape, _ in gpu_bench27b.SHAPE_SPARE_VARIANTS.values()}
+    shapes |= {shape for _, _, (shape, _) in gpu_kernels.I8B_TRIALS}
+    assert shapes <= set(instances.I8B_SHAPES)
+    assert set(gpu_bench27b.SHAPE_SPARE_VARIANTS) <= gpu_bench27b.I8_VARIANTS
+    assert all(spare >= 0 for _, spare in gpu_bench27b.SHAPE_SPARE_VARIANTS.values())
