@@ -35,7 +35,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
                "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
-               "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2")
+               "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -86,14 +86,15 @@ I8_TILE_VARIANTS = {"r2": 2, "r4": 4}  # v7 with the int8 matmul's blocks walkin
 # serialpdl: one stream, PDL on every pass; serialauto: one stream, PDL where v7 has it
 SERIAL_VARIANTS = frozenset({"serial", "serial8", "serialpdl", "serialauto"})
 # The one-token Q4_K matmuls on the tensor-copy form (engine/cuda/i8b.py), v7's default since v16 for rows up to
-# 24 superblocks (K <= 6,144): i8b at every width, i8bs that default; i8 (v7 with OPENJET_CUDA_I8B=0) none
-BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24}
+# 24 superblocks (K <= 6,144): i8b at every width (i8bfull: with no block an SM spared, as ffn_down's 38 KB of staged
+# activations leave (3, 2) two blocks an SM), i8bs that default; i8 (v7 with OPENJET_CUDA_I8B=0) none
+BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24, "i8bfull": None}
 # v7 with the producers fused into the one-token int8 matmul after them (engine/cuda/i8b.py FUSE: RMSNorm, the gated
 # norm and the plain copy; v7 until v19, now off: v7 launches every producer on its own, as apart does)
 FUSED_VARIANTS = frozenset({"fused"})
 # v7 with mmvq_i8b's walking grid filling every SM (v7 leaves a block an SM free for what runs beside it since
 # v17: i8b.SPARE_PER_SM); serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
-SPARE_VARIANTS = {"full": 0, "spare": 1, "spare2": 2}
+SPARE_VARIANTS = {"full": 0, "spare": 1, "spare2": 2, "i8bfull": 0}
 # ... and in another instance shape at the same time (s<S>n<NS>full: no block spared, s<S>n<NS>spare2: two)
 SHAPE_SPARE_VARIANTS = {f"s{s}n{n}{label}": ((s, n), spare) for s, n in ((3, 2), (5, 2))
                         for label, spare in (("full", 0), ("spare2", 2))}
