@@ -4,7 +4,7 @@ would only fail on the GPU machine, after its device time is spent."""
 from __future__ import annotations
 
 from bench import gpu_bench27b, gpu_kernels
-from engine.cuda import instances, ops
+from engine.cuda import i8b, instances, ops
 
 
 def test_int8_variants_and_tiles_are_variants_and_built_tile_counts() -> None:
@@ -34,10 +34,12 @@ def test_the_ablation_classes_name_launched_kernels() -> None:
 
 
 def test_the_one_token_bulk_shapes_the_bench_names_are_built() -> None:
-    """Every mmvq_i8b shape a variant or a timed trial names has an instance, and the default is one of them."""
+    """Every mmvq_i8b shape a variant or a timed trial names has an instance, and the trial the i8 part times by
+    default (the second) is the launcher's default shape."""
     shapes = set(gpu_bench27b.SHAPE_VARIANTS.values())
     shapes |= {shape for shape, _ in gpu_bench27b.SHAPE_SPARE_VARIANTS.values()}
     shapes |= {shape for _, _, (shape, _) in gpu_kernels.I8B_TRIALS}
     assert shapes <= set(instances.I8B_SHAPES)
     assert set(gpu_bench27b.SHAPE_SPARE_VARIANTS) <= gpu_bench27b.I8_VARIANTS
     assert all(spare >= 0 for _, spare in gpu_bench27b.SHAPE_SPARE_VARIANTS.values())
+    assert gpu_kernels.I8B_TRIALS[1][2] == (i8b.DEFAULT_SHAPE, True)
