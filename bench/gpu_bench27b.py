@@ -35,7 +35,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
                "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
-               "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull")
+               "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -88,7 +88,7 @@ SERIAL_VARIANTS = frozenset({"serial", "serial8", "serialpdl", "serialauto"})
 # The one-token Q4_K matmuls on the tensor-copy form (engine/cuda/i8b.py), v7's default since v16 for rows up to
 # 24 superblocks (K <= 6,144): i8b at every width (i8bfull: with no block an SM spared, as ffn_down's 38 KB of staged
 # activations leave (3, 2) two blocks an SM), i8bs that default; i8 (v7 with OPENJET_CUDA_I8B=0) none
-BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24, "i8bfull": None}
+BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24, "i8bfull": None, "halvesi8b": None}
 # v7 with the producers fused into the one-token int8 matmul after them (engine/cuda/i8b.py FUSE: RMSNorm, the gated
 # norm and the plain copy; v7 until v19, now off: v7 launches every producer on its own, as apart does)
 FUSED_VARIANTS = frozenset({"fused"})
@@ -143,6 +143,9 @@ Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4
 # layers' input norm needs. q8i8: the Q8_0 gates on int8 alone. close5: close with ffn_down (Q4_K and Q6_K) and
 # attn_v on the int8 kernels at 5 tokens too (ops.I8_TOKENS, Q6_I8_COUNTS), so that SwiGLU and the input norms close
 # in the 5-token pass as well (each lost alone: i8t5, q6i8all).
+# ffn_down at one token in two blocks a tile (ops.DOWN_HALVES: the second half's sums added by the next input norm);
+# halvesi8b: with the Q4_K ffn_downs on mmvq_i8b as in i8b (there only the Q6_K ones go in halves)
+HALVES_VARIANTS = frozenset({"halves", "halvesi8b"})
 CLOSE_VARIANTS = frozenset({"close", "close5"})
 Q8_I8_VARIANTS = frozenset({"close", "q8i8", "close5"})
 # The recurrent delta rule's state columns a warp (mixers.GDN_COLS, 4 by default since Z4; gdn8 the old form)
@@ -499,6 +502,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)
     i8b.FUSE = name in FUSED_VARIANTS or i8b._fuse_default()
     i8b.CLOSE = name in CLOSE_VARIANTS or i8b._close_default()
+    ops.DOWN_HALVES = name in HALVES_VARIANTS or ops._down_halves_default()
     ops.Q8_I8 = name in Q8_I8_VARIANTS or env_flag(ops.Q8_I8_ENV, False)
     mixers.GDN_COLS = GDN_COLS_VARIANTS.get(name, mixers._gdn_cols_default())
     mixers.GDN_CONV = name not in CONV_APART_VARIANTS and env_switch(mixers.GDN_CONV_ENV, True)

@@ -124,6 +124,8 @@ def fuses(dev: Device, w: DeviceWeight, num_tokens: int, producer: Producer) -> 
     src = producer.src
     if not (FUSE and ops.I8_MATMUL and producer.mode in I8B_FUSED_MODES and SHAPE in I8B_FUSED_SHAPES):
         return False
+    if src.x_sum:  # a norm of two halves' sum (ops.rmsnorm_of add=), which the fused producers do not form
+        return False
     if not (all(p % 16 == 0 for p in (src.x, src.x2, src.w)) and _takes(dev, w, num_tokens)):
         return False
     nb = w.cols // ops.SUPERBLOCK

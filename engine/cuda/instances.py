@@ -145,6 +145,9 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q6_K_i8_t{t}_close_{mode}", "mmvq_i8q6",
                      f"mmvq_q6_i8<{t}, {ACT_STAGES}, {ACT_MODES.index(mode)}>")
             for t in I8_CLOSE_TOKENS for mode in Q6_I8_CLOSE_MODES]
+    # ... and both in two blocks a tile, each half of its superblocks (ops.DOWN_HALVES: ffn_down at one token)
+    out += [Instance("mmvq_q4_K_i8_t1_halves", "mmvq_i8", f"mmvq_i8<1, {ACT_STAGES}, 1, -1, true>"),
+            Instance("mmvq_q6_K_i8_t1_halves", "mmvq_i8q6", f"mmvq_q6_i8<1, {ACT_STAGES}, -1, true>")]
     out += [Instance("mmvq_q8_0_i8", "mmvq_i8q8", "mmvq_q8_0_i8")]  # Q8_0, 1-8 tokens of int8 activations
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:

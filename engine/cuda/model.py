@@ -60,6 +60,8 @@ class Workspace:
         self.max_tokens, self.proj_width, self.mix_width = p, proj_width, mix_width
         self.ids, self.pos = dev.alloc(4 * p, "ids"), dev.alloc(4 * p, "positions")
         self.x, self.xn = dev.alloc(4 * p * h, "x"), dev.alloc(4 * p * h, "xn")
+        # ffn_down's two halves at one token (ops.splits_in_halves), summed into x by the next layer's input norm
+        self.x_halves = (dev.alloc(4 * h, "x.half0"), dev.alloc(4 * h, "x.half1"))
         self.act_h = ops.alloc_act(dev, p, h, "act_h", f32=self.xn, precise=True)
         self.proj = dev.alloc(4 * p * proj_width, "proj")
         self.mix, self.mix2 = dev.alloc(4 * p * mix_width, "mix"), dev.alloc(4 * p * mix_width, "mix2")
@@ -202,15 +204,19 @@ class CudaModel:
         dev.pdl = pdl_for(dev.pdl_policy, num_tokens, VERIFY_MAX)
         ops.get_rows(dev, self.weights.token_embd, ws.ids, ws.x, num_tokens, h)
         layers, input_norm = self.weights.layers, None  # input_norm: the layer's, formed behind the last ffn_down
+        halves = None  # the last ffn_down's halves (ws.x_halves), which the input norm sums into x
         for i, lw in enumerate(layers):
-            normed = None if input_norm else ops.rmsnorm_of(ws.x, lw.vectors["attn_norm"], h, cfg.rms_eps, out32=ws.xn)
+            normed = None if input_norm else ops.rmsnorm_of(ws.x, lw.vectors["attn_norm"], h, cfg.rms_eps, out32=ws.xn,
+                                                            add=halves)
             ffn_norm = self._ffn_norm_closer(lw, num_tokens)
             if lw.kind == "attention":
                 self._attention(lw, self.kv[i], num_tokens, ws.pos, normed, ffn_norm)
             else:
                 self._deltanet(i, lw, num_tokens, commit, normed, ffn_norm)
             input_norm = self._input_norm_closer(layers[i + 1], lw, num_tokens) if i + 1 < len(layers) else None
-            self._ffn(lw, num_tokens, norm_closed=ffn_norm is not None, closer=input_norm)
+            # (the last layer's output and a traced one are read whole: not in halves)
+            halves = self._ffn(lw, num_tokens, norm_closed=ffn_norm is not None, closer=input_norm,
+                               may_halve=i + 1 < len(layers) and trace is None)
             if trace is not None:
                 trace.append(dev.download(ws.x, np.float32, (num_tokens, h)))
         if self.weights.mtp is not None:  # every token's output-normed hidden, for the MTP head
@@ -339,9 +345,11 @@ class CudaModel:
         return gate_up
 
     def _ffn(self, lw: LayerWeights, num_tokens: int, norm_closed: bool = False,
-             closer: closers.Closer | None = None) -> None:
+             closer: closers.Closer | None = None, may_halve: bool = False) -> tuple[Buffer, Buffer] | None:
         """x += ffn_down(silu(gate) * up) of RMSNorm(x); norm_closed: act_h already holds the norm (the mixer's
-        output projection formed it); closer: the next layer's input norm, formed behind ffn_down."""
+        output projection formed it); closer: the next layer's input norm, formed behind ffn_down. may_halve: the
+        caller's next input norm takes ffn_down's halves (ops.splits_in_halves), returned where it split: x is
+        then stale until that norm (rmsnorm_of add=) stores their sum."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         h = cfg.hidden_size
         normed = None if norm_closed else ops.rmsnorm_of(ws.x, self._ffn_norm(lw), h, cfg.rms_eps, out32=ws.xn)
@@ -361,7 +369,11 @@ class CudaModel:
                 up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
                 f32_rows = ws.ffn if lw.ffn_down.qtype == Q.F32 else None  # the f32 matmul's input alone
                 ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=f32_rows)
+        if may_halve and closer is None and ops.splits_in_halves(dev, lw.ffn_down, ws.act_ffn, num_tokens):
+            ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x_halves[0], num_tokens, h, residual=ws.x, y2=ws.x_halves[1])
+            return ws.x_halves
         ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x, closer=closer)
+        return None
 
     def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer,
                    normed: ops.Producer | None, ffn_norm: closers.Closer | None = None) -> None:

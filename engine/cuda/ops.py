@@ -138,7 +138,8 @@ class ActSrc(ctypes.Structure):
     """Mirror of struct ActSrc in kernels/act.cu."""
 
     _fields_ = [(n, ctypes.c_uint64) for n in ("x", "x2", "w", "out32")] + [
-        (n, ctypes.c_int32) for n in ("ldx", "ldx2", "ld_out32", "head")] + [("eps", ctypes.c_float)]
+        (n, ctypes.c_int32) for n in ("ldx", "ldx2", "ld_out32", "head")] + [("eps", ctypes.c_float),
+                                                                              ("x_sum", ctypes.c_uint64)]
 
 
 class Act8(ctypes.Structure):
@@ -171,10 +172,15 @@ class Producer:
     src: ActSrc
 
 
-def rmsnorm_of(x: Buffer, w: Buffer, ld_in: int, eps: float, out32: Buffer | None = None, ld_out32: int = 0
-               ) -> Producer:
-    """RMSNorm(x) * w over rows of the act's width (see act_rmsnorm)."""
-    return Producer("rmsnorm", ActSrc(x.ptr, 0, w.ptr, _p(out32), ld_in, 0, ld_out32, 0, eps))
+def rmsnorm_of(x: Buffer, w: Buffer, ld_in: int, eps: float, out32: Buffer | None = None, ld_out32: int = 0,
+               add: tuple[Buffer, Buffer] | None = None) -> Producer:
+    """RMSNorm(x) * w over rows of the act's width (see act_rmsnorm). add (a, b): the rows are a + b instead (a
+    matmul's halves, matmul(y2=)), which the producer also stores into x (same strides)."""
+    if add is None:
+        return Producer("rmsnorm", ActSrc(x.ptr, 0, w.ptr, _p(out32), ld_in, 0, ld_out32, 0, eps))
+    a, b = add
+    assert x.ptr not in (a.ptr, b.ptr), "the sum goes to a row of its own: every block reads both halves whole"
+    return Producer("rmsnorm", ActSrc(a.ptr, b.ptr, w.ptr, _p(out32), ld_in, ld_in, ld_out32, 0, eps, x.ptr))
 
 
 def gatednorm_of(o: Buffer, z: Buffer, w: Buffer, head: int, ld_o: int, ld_z: int, eps: float,
@@ -264,7 +270,7 @@ def act_gatednorm(dev: Device, o: Buffer, z: Buffer, w: Buffer, act: Act, num_to
 
 def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, ld_y: int,
            bias: Buffer | None = None, residual: Buffer | None = None, producer: Producer | None = None,
-           closer: Closer | None = None) -> None:
+           closer: Closer | None = None, y2: Buffer | None = None) -> None:
     """y[T, rows] = act[T, cols] @ w^T (+ bias[rows]) (+ residual[T, rows]); 8 tokens per launch.
 
     y and residual are f32 [T, ld_y]; residual may be y itself (each element is read once before it is written).
@@ -272,12 +278,18 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
     it can (act is then left unwritten: its i8_tokens 0); it must not read y.
     closer: the next matmul's producer, formed from y by this launch's blocks at its tail (closers.closer_for made
     it).
+    y2: where splits_in_halves says so, the launch's second half of every row's superblocks goes there (y then
+    holds the first half + bias + residual, and the result is y + y2: rmsnorm_of(add=) forms it); must be None
+    elsewhere.
     """
     assert 1 <= num_tokens <= act.max_tokens, f"{w.name}: {num_tokens} tokens for {act.max_tokens}"
+    assert y2 is None or (closer is None and splits_in_halves(dev, w, act, num_tokens)), \
+        f"{w.name}: no launch in halves at {num_tokens} tokens"
     if w.cols != act.width:
         raise ValueError(f"{w.name}: {w.cols} columns but activations of width {act.width}")
     if producer is not None:
-        assert y.ptr not in (producer.src.x, producer.src.x2), f"{w.name}: the producer reads the matmul's output"
+        assert y.ptr not in (producer.src.x, producer.src.x2, producer.src.x_sum), \
+            f"{w.name}: the producer reads (or writes) the matmul's output"
         if closer is None and i8b.fuses(dev, w, num_tokens, producer):
             act.i8_tokens = 0
             i8b.launch(dev, w, None, y, bias, residual, producer)
@@ -311,10 +323,10 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
             i8b.launch_verify(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer=closer)
             continue
         if pipelined == "i8":
-            _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer)
+            _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer, y2)
             continue
         if pipelined == "i8q6":
-            _mmvq_q6_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer)
+            _mmvq_q6_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer, y2)
             continue
         if pipelined == "i8q8":
             _mmvq_q8_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
@@ -547,19 +559,23 @@ def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
 
 
 def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-             bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None) -> None:
+             bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None,
+             y2: Buffer | None = None) -> None:
     """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
-    closer (one tile a block), the next matmul's input formed from y behind it."""
+    closer (one tile a block), the next matmul's input formed from y behind it; with y2, two blocks a tile (the
+    halves of its superblocks, the second's sums into y2)."""
     from engine.cuda.closers import close_dst, instance
 
     q8, scale8, sums8, sums8_lo = group8
     blocks = -(-((w.rows + 15) // 16) // I8_TILES)
     warps = i8_warps(w.cols, blocks * I8_TILES, t, dev.info.multiprocessors)
     name = instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else ""), closer)
+    if y2 is not None:
+        name, blocks = f"{name}_halves", 2 * blocks
     kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
-                                            ld_y, close_dst(closer, t, ld_y)], smem=smem)
+                                            ld_y, close_dst(closer, t, ld_y), y2], smem=smem)
 
 
 # ---- int8 activations for Q6_K (kernels/mmvq_i8q6.cu) ----
@@ -600,17 +616,48 @@ def q6_i8_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
 
 
 def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-                bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None) -> None:
+                bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None,
+                y2: Buffer | None = None) -> None:
     """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
-    closer, the next matmul's input formed from y behind it."""
+    closer, the next matmul's input formed from y behind it; with y2, two blocks a tile (as _mmvq_i8)."""
     from engine.cuda.closers import close_dst, instance
 
     q8, scale8, _, _ = group8
     blocks, warps, smem = _q6_i8_shape(dev, w, t)
-    kernel = dev.kernel(instance(f"mmvq_q6_K_i8_t{t}", closer))
+    name = instance(f"mmvq_q6_K_i8_t{t}", closer)
+    if y2 is not None:
+        name, blocks = f"{name}_halves", 2 * blocks
+    kernel = dev.kernel(name)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y,
-                                            close_dst(closer, t, ld_y)], smem=smem)
+                                            close_dst(closer, t, ld_y), y2], smem=smem)
+
+
+# ---- the widest rows in two halves (ffn_down at one token) ----
+# ffn_down's 320 row tiles leave 56 of 132 SMs three blocks and the rest two, and on the H200 each SM's int8 matmul
+# streams at its own ~23 GB/s (bench/NOTES.md Z21), so the launch waits for the SMs with three. In halves (two
+# blocks a tile, 640 blocks: 4 or 5 an SM) it evens out; the second half's sums go to a row of their own, which the
+# next layer's input RMSNorm adds (rmsnorm_of(add=)), so no block waits for another. OPENJET_CUDA_DOWN_HALVES=1 (or
+# the bench's halves variant) turns it on; off until measured on the H200 (the split in K summed by the tile's last
+# block lost on the H100, Z21).
+DOWN_HALVES_ENV = "OPENJET_CUDA_DOWN_HALVES"
+
+
+def _down_halves_default() -> bool:
+    return env_switch(DOWN_HALVES_ENV, False)
+
+
+DOWN_HALVES = _down_halves_default()
+HALVES_TOKENS = (1,)  # the instances' token count (instances.py: mmvq_q{4,6}_K_i8_t1_halves)
+
+
+def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
+    """Whether matmul(w, act, num_tokens) may go in halves (y2): DOWN_HALVES, rows of WIDE_COLS or more, a token
+    count with the instances, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8."""
+    if not (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_TOKENS and w.cols // SUPERBLOCK >= 2):
+        return False
+    kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
+    return kernel == "i8q6" or (kernel == "i8" and I8_TILES == 1)
 
 
 # ---- int8 activations for Q8_0 (kernels/mmvq_i8q8.cu) ----

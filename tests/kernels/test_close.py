@@ -335,12 +335,13 @@ def test_ffn_down_launches_its_close_instance_with_the_closer(closing, qtype: Q,
     ops.matmul(dev, down, x, y, 1, H, residual=y, closer=closer)
     ((launched, args),) = dev.launches
     assert launched == name
-    assert (args[-1].q, args[-1].count, args[-1].width) == (act_h.q8.ptr, scratch.ptr, H)
+    close, y2 = args[-2:]  # (the halves' second output last: tests/kernels/test_halves.py)
+    assert (close.q, close.count, close.width, y2) == (act_h.q8.ptr, scratch.ptr, H, None)
     assert act_h.i8_tokens == 1
     dev.launches.clear()
     ops.matmul(dev, down, x, y, 1, H, residual=y)  # without: the plain instance, a zero closer
     ((launched, args),) = dev.launches
-    assert launched == name.removesuffix("_close_rmsnorm") and args[-1].q == 0
+    assert launched == name.removesuffix("_close_rmsnorm") and args[-2].q == 0
 
 
 def test_q8_0_takes_the_int8_kernel_for_up_to_a_token_group_of_an_int8_copy(closing, monkeypatch) -> None:
@@ -419,8 +420,8 @@ def test_the_launcher_mirrors_the_kernels_struct() -> None:
     assert fields == [name for name, _ in closers.CloseDst._fields_]
     assert int(re.search(r"#define CLOSE_PART (\d+)", src).group(1)) == closers.CLOSE_PART
     assert int(re.search(r"#define CLOSE_TOKENS (\d+)", src).group(1)) == closers.CLOSE_TOKENS
-    for file in ("mmvq_i8b", "mmvq_i8", "mmvq_i8q6", "mmvq_i8v"):  # the launchers' last argument
-        assert re.search(r"int rows, int K,(\s*int ld_?y,)?\s*const Act8Close close\)",
+    for file in ("mmvq_i8b", "mmvq_i8", "mmvq_i8q6", "mmvq_i8v"):  # the launchers' last argument (or before y2)
+        assert re.search(r"int rows, int K,(\s*int ld_?y,)?\s*const Act8Close close(, float\* __restrict__ y2)?\)",
                          (nvrtc.KERNEL_DIR / f"{file}.cu").read_text()), file
     assert "gdn_recurrent(GdnArgs p, const Act8Close close)" in (nvrtc.KERNEL_DIR / "deltanet.cu").read_text()
     assert "attn_combine(AttnArgs a, int splits, int D, const Act8Close close)" in \

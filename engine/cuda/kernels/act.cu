@@ -14,6 +14,7 @@ struct ActSrc {
     float* out32;  // optional f32 copy of v, [T, ld_out32] (read by the f32-weight path)
     int ldx, ldx2, ld_out32, head;
     float eps;
+    float* x_sum;  // RMSNORM with x2: the rows are x + x2 (a matmul's halves), stored here too ([T, ldx])
 };
 
 // The int8 copy of the activations (null q: not wanted). Per group of 8 tokens: q [nsb][2][8][256], scale
@@ -51,9 +52,10 @@ __device__ __forceinline__ void warp_reduce_tokens(float (&v)[8], int tokens) {
 // This thread's sums of squares of the group's rows (float4 columns 4 tid, 4 (tid + blockDim), ...), NT rows at
 // most: KU columns of every row loaded before any is summed, so NT x KU loads are in flight together. The loads
 // are unconditional (rows past `tokens` and columns past K read a valid element again and are not summed): with
-// predicated loads ptxas consumed each load before issuing the next.
-template <int NT, int KU>
-__device__ __forceinline__ void row_squares(const float* rows, i64 ldx, int K, int tokens, float (&ss)[8]) {
+// predicated loads ptxas consumed each load before issuing the next. ADD: the rows are rows + rows2 (same ldx).
+template <int NT, int KU, bool ADD>
+__device__ __forceinline__ void row_squares(const float* rows, const float* rows2, i64 ldx, int K, int tokens,
+                                            float (&ss)[8]) {
     for (int k0 = 4 * threadIdx.x; k0 < K; k0 += 4 * KU * blockDim.x) {
         float4 v[KU][NT];
 #pragma unroll
@@ -62,6 +64,10 @@ __device__ __forceinline__ void row_squares(const float* rows, i64 ldx, int K, i
             for (int n = 0; n < NT; ++n) {
                 const int k = min(k0 + 4 * u * (int)blockDim.x, K - 4);
                 v[u][n] = *reinterpret_cast<const float4*>(rows + min(n, tokens - 1) * ldx + k);
+                if (ADD) {
+                    const float4 b = *reinterpret_cast<const float4*>(rows2 + min(n, tokens - 1) * ldx + k);
+                    v[u][n].x += b.x, v[u][n].y += b.y, v[u][n].z += b.z, v[u][n].w += b.w;
+                }
             }
 #pragma unroll
         for (int u = 0; u < KU; ++u)
@@ -76,27 +82,40 @@ __device__ __forceinline__ void row_squares(const float* rows, i64 ldx, int K, i
 // Per-token 1/rms of the whole row (RMSNORM) of the block's tokens t0 .. t0 + tokens - 1: each block reduces
 // them itself. WIDE (the one-group instances, whose registers are not needed for occupancy): all loads of a
 // 5,120-wide row in flight together (5 float4 a thread; one round trip for 1-4 tokens, two for 5-8); else a few
-// at a time.
+// at a time. With a.x2 (ActSrc.x_sum) the rows are x + x2.
+template <bool WIDE, bool ADD>
+__device__ __forceinline__ void row_squares_of(const ActSrc& a, const float* rows, const float* rows2, int tokens,
+                                               int K, float (&ss)[8]) {
+    if (!WIDE)
+        row_squares<8, 1, ADD>(rows, rows2, a.ldx, K, tokens, ss);
+    else if (tokens == 1)
+        row_squares<1, 5, ADD>(rows, rows2, a.ldx, K, tokens, ss);
+    else if (tokens <= 4)
+        row_squares<4, 5, ADD>(rows, rows2, a.ldx, K, tokens, ss);
+    else
+        row_squares<8, 3, ADD>(rows, rows2, a.ldx, K, tokens, ss);
+}
+
 template <bool WIDE>
 __device__ __forceinline__ void row_inv_rms(const ActSrc& a, int t0, int tokens, int K, float* inv /* [8] shared */) {
     __shared__ float part[8][8];  // [warp][token]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float* rows = a.x + (i64)t0 * a.ldx;
+    const float* rows2 = a.x2 ? a.x2 + (i64)t0 * a.ldx : nullptr;  // (the launcher gives both one stride)
     float ss[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if ((K & 3) == 0 && (a.ldx & 3) == 0) {
-        if (!WIDE)
-            row_squares<8, 1>(rows, a.ldx, K, tokens, ss);
-        else if (tokens == 1)
-            row_squares<1, 5>(rows, a.ldx, K, tokens, ss);
-        else if (tokens <= 4)
-            row_squares<4, 5>(rows, a.ldx, K, tokens, ss);
+        if (rows2)
+            row_squares_of<WIDE, true>(a, rows, rows2, tokens, K, ss);
         else
-            row_squares<8, 3>(rows, a.ldx, K, tokens, ss);
+            row_squares_of<WIDE, false>(a, rows, rows2, tokens, K, ss);
     } else {
         for (int k = threadIdx.x; k < K; k += blockDim.x)
 #pragma unroll
             for (int n = 0; n < 8; ++n)
-                if (n < tokens) ss[n] += rows[(i64)n * a.ldx + k] * rows[(i64)n * a.ldx + k];
+                if (n < tokens) {
+                    const float x = rows[(i64)n * a.ldx + k] + (rows2 ? rows2[(i64)n * a.ldx + k] : 0.f);
+                    ss[n] += x * x;
+                }
     }
     warp_reduce_tokens<false>(ss, tokens);
     if (lane == 0)
@@ -178,6 +197,10 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
         const bool ok = t < T && k < K;
         float x = ok ? a.x[(i64)t * a.ldx + k] : 0.f;
         if (MODE == ACT_SWIGLU) x = ok ? siluf_(x) * a.x2[(i64)t * a.ldx2 + k] : 0.f;
+        if (MODE == ACT_RMSNORM && a.x2 && ok) {  // a matmul's halves: their sum is the row, kept in x_sum
+            x += a.x2[(i64)t * a.ldx2 + k];
+            a.x_sum[(i64)t * a.ldx + k] = x;
+        }
         gate[n] = MODE == ACT_GATEDNORM && ok ? siluf_(a.x2[(i64)t * a.ldx2 + k]) : 0.f;
         v[n] = x;
     }

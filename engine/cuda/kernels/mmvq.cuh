@@ -201,3 +201,35 @@ __device__ __forceinline__ void mmvq_store(const float (&acc)[4], float* __restr
         y[(i64)col * ldy + row] = v;
     }
 }
+
+// ---- a tile's superblocks in two halves (mmvq_i8, mmvq_q6_i8 at HALVES; engine/cuda/ops.py DOWN_HALVES) ----
+//
+// ffn_down's 320 tiles on 132 SMs: a block a tile puts 3 blocks on 56 SMs and 2 on the others, and the launch lasts
+// as long as the SMs with 3. In two blocks a tile (640 of 34 superblocks: 4 or 5 an SM) the work evens out. The
+// halves are not summed here (a count, a fence and a second read at the tail of every tile cost more than the
+// balance gained, bench/NOTES.md Z21): the first stores y = its sum + bias + residual, the second y2 = its sum, and
+// the next kernel that reads the row (the next layer's input RMSNorm, kernels/act.cu) adds them.
+struct MmvqHalf {
+    int tile;   // the block's tile
+    int begin;  // its first superblock of the tile's row
+    int len;    // its superblocks
+    int piece;  // 0: the first half (stores y), 1: the second (y2)
+};
+
+template <bool HALVES>
+__device__ __forceinline__ MmvqHalf mmvq_half(int nb) {
+    if (!HALVES) return {(int)blockIdx.x, 0, nb, 0};
+    const int piece = blockIdx.x & 1, first = nb / 2;  // blocks 2t, 2t + 1: the halves of tile t
+    return {(int)(blockIdx.x >> 1), piece ? first : 0, piece ? nb - first : first, piece};
+}
+
+// mmvq_store of one half: the first with bias and residual into y, the second bare into y2.
+__device__ __forceinline__ void mmvq_store_half(const float (&acc)[4], const MmvqHalf& half, float* __restrict__ y,
+                                                float* __restrict__ y2, const float* __restrict__ bias,
+                                                const float* __restrict__ residual, int row0, int rows, int T,
+                                                int ldy, bool packed, int used = 0) {
+    if (half.piece == 0)
+        mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, packed, used);
+    else
+        mmvq_store(acc, y2, nullptr, nullptr, row0, rows, T, ldy, packed, used);
+}

@@ -115,14 +115,16 @@ struct I8Copies {
 // activation columns by cp.async) that runs on across the tiles, so a warp pays the ring's first wait once per
 // block, not once per tile; dynamic shared memory W * (NS * i8_stage_bytes(T) + I8_ZERO_BYTES). CLOSE (one tile a
 // block): the producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
-// (kernels/act8_close.cuh; CLOSE_NONE: none).
-template <int T, int NS, int TILES, int CLOSE>
+// (kernels/act8_close.cuh; CLOSE_NONE: none). HALVES (one tile a block, no closer): two blocks a tile, each half
+// of its superblocks (kernels/mmvq.cuh mmvq_halves); the first stores y (with bias and residual), the second y2.
+template <int T, int NS, int TILES, int CLOSE, bool HALVES = false>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
         const f16* __restrict__ sums, const f16* __restrict__ sums_lo, float* __restrict__ y,
         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int ldy,
-        const Act8Close close) {
+        const Act8Close close, float* __restrict__ y2) {
     static_assert(CLOSE == CLOSE_NONE || TILES == 1, "a closer behind one tile a block");
+    static_assert(!HALVES || (TILES == 1 && CLOSE == CLOSE_NONE), "halves: one tile a block, no closer");
     using S = Q4KStage8;
     constexpr int STAGE = i8_stage_bytes(T), NSLOT = i8_slots(T);
     constexpr int META = S::BYTES + I8_SLOT_PITCH * NSLOT;
@@ -130,15 +132,17 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     extern __shared__ __align__(16) u8 stages[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int nb = K / QK_SB, tile0 = blockIdx.x * TILES, ntiles = min(TILES, (rows + 15) / 16 - tile0);
+    const MmvqHalf part = mmvq_half<HALVES>(K / QK_SB);  // the block's superblocks of its tile
+    const int nb = K / QK_SB, tile0 = part.tile * TILES, ntiles = min(TILES, (rows + 15) / 16 - tile0);
     u8* ring = stages + warp * (NS * STAGE + I8_ZERO_BYTES);
     const u32 ring_s = smem_u32(ring);
-    // superblocks warp, warp + W, ... of each tile (every warp the same count: the launcher's W divides nb)
-    const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0, total = n * ntiles;
+    // superblocks warp, warp + W, ... of each tile's share (every warp the same count with several tiles a
+    // block: the launcher's W divides nb)
+    const int n = warp < part.len ? (part.len - warp + num_warps - 1) / num_warps : 0, total = n * ntiles;
     const bool with_meta = lane < NSLOT;
     const Planes P = QTraits<QT_Q4_K>::planes(w, (u64)rows * nb);
     I8Copies<T> cp;
-    cp.init_w(P, 16 * tile0, rows, nb, lane, warp);
+    cp.init_w(P, 16 * tile0, rows, nb, lane, part.begin + warp);
     // The first stages' weights before the PDL wait (nobody writes them), their activations after it; with several
     // tiles a block the first stages may cross into the next tile, so there all of them wait.
     constexpr int EARLY = TILES == 1 ? NS - 1 : 0;
@@ -146,7 +150,7 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
     for (int s = 0; s < EARLY; ++s)
         if (s < total) cp.issue_w(ring_s + s * STAGE, num_warps);
     PDL_ENTER();  // the activations are the previous kernel's output
-    cp.init_x(q8, scale8, sums, sums_lo, lane, warp);
+    cp.init_x(q8, scale8, sums, sums_lo, lane, part.begin + warp);
     int next_tile = 1, left_in_tile = n;  // the tile the copier moves to next; units it has left in its tile
     auto issue = [&](u32 dst) {  // the next unit's copies, moving the copier to the next tile at its start
         if constexpr (TILES > 1) {
@@ -222,7 +226,10 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
         }
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
-    if constexpr (TILES == 1) mmvq_store(acc, y, bias, residual, 16 * tile0, rows, T, ldy, PACKED);
+    if constexpr (HALVES)
+        mmvq_store_half(acc, part, y, y2, bias, residual, 16 * tile0, rows, T, ldy, PACKED);
+    else if constexpr (TILES == 1)
+        mmvq_store(acc, y, bias, residual, 16 * tile0, rows, T, ldy, PACKED);
     if constexpr (CLOSE != CLOSE_NONE) {
         __syncthreads();  // the block's rows (stored by several warps), then warp 0's fence and counts
         if (warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, 1);

@@ -116,12 +116,14 @@ struct Q6I8Copies {
 // Launch: a block of W warps per 16-row tile; warp w takes superblocks w, w + W, ... (any W: the last warps may
 // take one fewer) through a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T). CLOSE: the
 // producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
-// (kernels/act8_close.cuh; CLOSE_NONE: none).
-template <int T, int NS, int CLOSE>
+// (kernels/act8_close.cuh; CLOSE_NONE: none). HALVES (no closer): two blocks a tile, each half of its superblocks
+// (kernels/mmvq.cuh mmvq_halves); the first stores y (with bias and residual), the second y2.
+template <int T, int NS, int CLOSE, bool HALVES = false>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
            float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
-           int ldy, const Act8Close close) {
+           int ldy, const Act8Close close, float* __restrict__ y2) {
+    static_assert(!HALVES || CLOSE == CLOSE_NONE, "halves: no closer");
     using S = Q6I8Stage;
     constexpr int L = 2 * T <= MMVQ_NCOLS ? 1 : 2;          // passes: one, or a level each
     constexpr int P = L == 1 ? 2 * T : T;                   // columns a sub-block
@@ -131,18 +133,19 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
     extern __shared__ __align__(16) u8 stages[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3, half = c >> 1;
-    const int nb = K / QK_SB, row0 = 16 * blockIdx.x;
+    const MmvqHalf part = mmvq_half<HALVES>(K / QK_SB);  // the block's superblocks of its tile
+    const int nb = K / QK_SB, row0 = 16 * part.tile;
     u8* ring = stages + warp * NS * STAGE;
     const u32 ring_s = smem_u32(ring);
-    const int n = warp < nb ? (nb - warp + num_warps - 1) / num_warps : 0;
+    const int n = warp < part.len ? (part.len - warp + num_warps - 1) / num_warps : 0;
     const Planes P6 = QTraits<QT_Q6_K>::planes(w, (u64)rows * nb);
     Q6I8Copies<T> cp;
-    cp.init_w(P6, row0, rows, nb, lane, warp);
+    cp.init_w(P6, row0, rows, nb, lane, part.begin + warp);
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s)
         if (s < n) cp.issue_w(ring_s + s * STAGE, num_warps, lane);
     PDL_ENTER();  // the activations are the previous kernel's output (the weights are nobody's: copied before)
-    cp.init_x(q8, scale8, lane, warp);
+    cp.init_x(q8, scale8, lane, part.begin + warp);
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
         if (s < n) cp.issue_x(ring_s + s * STAGE, num_warps, lane);
@@ -180,7 +183,7 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
         cp_async_wait<NS - 1>();  // this lane's copies of unit i have landed
         __syncwarp();             // and every other lane's
         const u8* st = ring + (i % NS) * STAGE;
-        const int sb = warp + i * num_warps;
+        const int sb = part.begin + warp + i * num_warps;
         const uint4 sc0 = *reinterpret_cast<const uint4*>(st + S::SC + 16 * g);
         const uint4 sc1 = *reinterpret_cast<const uint4*>(st + S::SC + 16 * (g + 8));
         const u32 scw0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, scw1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
@@ -229,7 +232,10 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
         }
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
-    mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, false, USED);  // token t: columns t, t + T, ... < USED
+    if constexpr (HALVES)  // token t: columns t, t + T, ... < USED
+        mmvq_store_half(acc, part, y, y2, bias, residual, row0, rows, T, ldy, false, USED);
+    else
+        mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, false, USED);
     if constexpr (CLOSE != CLOSE_NONE) {
         __syncthreads();  // the block's rows (stored by several warps), then warp 0's fence and counts
         if (warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, 1);

@@ -1,0 +1,143 @@
+"""Host-side rules of ffn_down in halves (ops.DOWN_HALVES): the instances, when a launch goes in two blocks a tile,
+and the input norm that adds the halves (ops.rmsnorm_of add=). The kernels and the norm are checked on the GPU
+(bench/gpu_kernels.py check_halves: the halves' sum against the whole launch, the norm against numpy's) and in
+the 27B pass (bench/gpu_bench27b.py variant halves: its greedy tokens against v7's)."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine.cuda import i8b, instances, nvrtc, ops, tma
+from engine.cuda.device import Buffer
+
+
+def _dev():
+    return SimpleNamespace(info=SimpleNamespace(arch=90, max_smem_per_block=232448, multiprocessors=132))
+
+
+def _weight(qtype: Q, cols: int = 17408) -> ops.DeviceWeight:
+    return ops.DeviceWeight(None, qtype, 5120, cols)
+
+
+def _act(cols: int = 17408, i8_tokens: int = 1) -> ops.Act:
+    return ops.Act(None, None, None, cols, cols, 8, i8_tokens=i8_tokens)
+
+
+def _buf(ptr: int) -> Buffer:
+    return Buffer(ptr, 4 * 5120)
+
+
+@pytest.fixture
+def on(monkeypatch):
+    monkeypatch.setattr(ops, "DOWN_HALVES", True)
+    monkeypatch.setattr(ops, "I8_MATMUL", True)
+    monkeypatch.setattr(ops, "I8_TOKENS", 4)
+    monkeypatch.setattr(ops, "I8_TILES", 1)
+    monkeypatch.setattr(ops, "Q6_I8", True)
+    monkeypatch.setattr(ops, "Q6_I8_COUNTS", frozenset({1, 2, 3, 4}))
+    monkeypatch.setattr(i8b, "ON", True)
+    monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", 24)  # ffn_down's 68 stay on mmvq_i8
+
+
+def test_the_instances_are_the_one_token_kernels_with_halves_on() -> None:
+    stages = instances.ACT_STAGES
+    assert instances.INSTANCES["mmvq_q4_K_i8_t1_halves"].expr == f"mmvq_i8<1, {stages}, 1, -1, true>"
+    assert instances.INSTANCES["mmvq_q6_K_i8_t1_halves"].expr == f"mmvq_q6_i8<1, {stages}, -1, true>"
+    assert ops.HALVES_TOKENS == (1,)
+
+
+def test_both_kernels_take_the_second_output_last() -> None:
+    """The launchers append y2 after the closer's argument: every instance of both kernels takes it."""
+    for name in ("mmvq_i8.cu", "mmvq_i8q6.cu"):
+        src = (nvrtc.KERNEL_DIR / name).read_text()
+        signature = re.search(r"__global__ void __launch_bounds__\([^)]*\)\s*\n\w+\(([^)]*)\)", src).group(1)
+        assert signature.rstrip().endswith("const Act8Close close, float* __restrict__ y2"), name
+
+
+def test_off_unless_the_environment_turns_it_on(monkeypatch) -> None:
+    monkeypatch.delenv(ops.DOWN_HALVES_ENV, raising=False)
+    assert not ops._down_halves_default()
+    monkeypatch.setenv(ops.DOWN_HALVES_ENV, "1")
+    assert ops._down_halves_default()
+    monkeypatch.setenv(ops.DOWN_HALVES_ENV, "yes")
+    with pytest.raises(ValueError, match=ops.DOWN_HALVES_ENV):
+        ops._down_halves_default()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_ffn_down_at_one_token_goes_in_halves(on, qtype: Q) -> None:
+    assert ops.splits_in_halves(_dev(), _weight(qtype), _act(), 1)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_not_at_more_tokens_nor_on_narrower_rows(on, qtype: Q) -> None:
+    assert not ops.splits_in_halves(_dev(), _weight(qtype), _act(i8_tokens=2), 2)
+    assert not ops.splits_in_halves(_dev(), _weight(qtype, cols=6144), _act(6144), 1)  # attn_output
+
+
+def test_not_off_the_int8_kernels(on, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "I8_TILES", 2)  # blocks of several tiles: no halves instance
+    assert not ops.splits_in_halves(_dev(), _weight(Q.Q4_K), _act(), 1)
+    monkeypatch.setattr(ops, "I8_TILES", 1)
+    monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", None)  # ffn_down on mmvq_i8b
+    assert not ops.splits_in_halves(_dev(), _weight(Q.Q4_K), _act(), 1)
+    assert not ops.splits_in_halves(_dev(), _weight(Q.Q4_K), _act(i8_tokens=0), 1)  # no int8 copy: f16 kernels
+    monkeypatch.setattr(ops, "DOWN_HALVES", False)
+    assert not ops.splits_in_halves(_dev(), _weight(Q.Q6_K), _act(), 1)
+
+
+def test_the_norm_of_two_halves_reads_both_and_stores_their_sum_apart() -> None:
+    x, a, b, w = _buf(0x1000), _buf(0x2000), _buf(0x3000), _buf(0x4000)
+    src = ops.rmsnorm_of(x, w, 5120, 1e-6, add=(a, b)).src
+    assert (src.x, src.x2, src.x_sum, src.w, src.ldx, src.ldx2) == (a.ptr, b.ptr, x.ptr, w.ptr, 5120, 5120)
+    plain = ops.rmsnorm_of(x, w, 5120, 1e-6).src
+    assert (plain.x, plain.x2, plain.x_sum) == (x.ptr, 0, 0)
+    with pytest.raises(AssertionError):  # each block reads the whole rows: the sum must not overwrite one
+        ops.rmsnorm_of(a, w, 5120, 1e-6, add=(a, b))
+
+
+def test_the_fused_producers_never_take_a_norm_of_halves(monkeypatch) -> None:
+    monkeypatch.setattr(i8b, "FUSE", True)
+    monkeypatch.setattr(ops, "I8_MATMUL", True)
+    norm = ops.rmsnorm_of(_buf(0x1000), _buf(0x4000), 5120, 1e-6, add=(_buf(0x2000), _buf(0x3000)))
+    assert not i8b.fuses(_dev(), _weight(Q.Q4_K, cols=5120), 1, norm)
+
+
+def test_the_act_kernel_stores_the_sum_only_for_rmsnorm() -> None:
+    """act_from adds x2 to an RMSNorm's rows (SwiGLU and the gated norm read x2 as their second input)."""
+    src = (nvrtc.KERNEL_DIR / "act.cu").read_text()
+    assert "if (MODE == ACT_RMSNORM && a.x2 && ok)" in src and "a.x_sum[(i64)t * a.ldx + k] = x;" in src
+
+
+def _ffn_in_halves(monkeypatch, qtype: Q, num_tokens: int, may_halve: bool):
+    """The recording model of tests/kernels/test_close.py, closers off: (what _ffn returns, the ffn_down launch)."""
+    from tests.kernels.test_close import _model
+
+    monkeypatch.setattr(i8b, "CLOSE", False)
+    monkeypatch.setattr(i8b, "PERSIST", False)  # gate | up a block a tile: no occupancy to ask a driver for
+    monkeypatch.setattr(i8b, "quant_map", lambda w: tma.TensorMap())  # (the driver encodes it on the GPU)
+    model, lw = _model(qtype)
+    model.ws.x_halves = (_buf(0x5000), _buf(0x6000))
+    got = model._ffn(lw, num_tokens, norm_closed=True, may_halve=may_halve)
+    (name, args), (_, grid, _) = model.dev.launches[-1], model.dev.grids[-1]
+    return model, got, name, args, grid
+
+
+@pytest.mark.parametrize("qtype, name", [(Q.Q4_K, "mmvq_q4_K_i8_t1_halves"), (Q.Q6_K, "mmvq_q6_K_i8_t1_halves")])
+def test_the_ffn_launches_ffn_down_in_halves_and_hands_them_on(on, monkeypatch, qtype: Q, name: str) -> None:
+    model, got, launched, args, grid = _ffn_in_halves(monkeypatch, qtype, 1, may_halve=True)
+    half0, half1 = model.ws.x_halves
+    assert got == model.ws.x_halves and launched == name and grid == 2 * 5120 // 16
+    y_at, residual_at = (5, 7) if qtype == Q.Q4_K else (3, 5)  # (q8, scale8, sums, sums_lo for Q4_K)
+    assert [args[y_at].ptr, args[residual_at].ptr, args[-1].ptr] == [half0.ptr, model.ws.x.ptr, half1.ptr]
+
+
+@pytest.mark.parametrize("num_tokens, may_halve", [(1, False), (2, True)])
+def test_otherwise_ffn_down_adds_into_x_whole(on, monkeypatch, num_tokens: int, may_halve: bool) -> None:
+    model, got, launched, args, grid = _ffn_in_halves(monkeypatch, Q.Q4_K, num_tokens, may_halve)
+    assert got is None and launched == f"mmvq_q4_K_i8_t{num_tokens}" and grid == 5120 // 16
+    assert args[5].ptr == args[7].ptr == model.ws.x.ptr and args[-1] is None
