@@ -35,7 +35,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
                "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
-               "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b")
+               "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -66,7 +66,7 @@ I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs",
                          "i8vcopy", "i8voff", "i8vall", "serialpdl", *V7_SETTINGS} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
-I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5}
+I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5, "halves5": 5}
 # v7 with the int8 matmuls' warps a block by token count (ops.I8_WARPS_AT; v7: 4 at one token since v19): w4t1 that
 # default, named as it was measured; apart and fused mmvq_i8's own choice (5 at K = 5,120)
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
@@ -136,7 +136,8 @@ PIPELINE_TABLE_VARIANTS = {"q6persist": {(Q.Q6_K, True): ((8, "persist"),)},
 # v7 with the Q6_K matmuls off the int8 kernel (noq6i8: on the f16 ones, as before v21) or on it at 1 (q6i8t1),
 # 1-4 (q6i8t4, v7's since v21) or 1-8 tokens (q6i8all) (ops.Q6_I8_COUNTS)
 Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4": frozenset(range(1, 5)),
-                        "q6i8all": frozenset(Q6_I8_TOKENS), "close5": frozenset(range(1, 6))}
+                        "q6i8all": frozenset(Q6_I8_TOKENS), "close5": frozenset(range(1, 6)),
+                        "halves5": frozenset(range(1, 6))}
 # v7 with the closers (engine/cuda/i8b.py CLOSE, off in v7 until measured: bench/NOTES.md Z1): the one-token pass's
 # FFN norm formed behind the mixer's output projection, SwiGLU behind gate | up and the next layer's input norm
 # behind ffn_down, their producer launches gone; with the Q8_0 gates on int8 (ops.Q8_I8), which the DeltaNet
@@ -144,8 +145,9 @@ Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4
 # attn_v on the int8 kernels at 5 tokens too (ops.I8_TOKENS, Q6_I8_COUNTS), so that SwiGLU and the input norms close
 # in the 5-token pass as well (each lost alone: i8t5, q6i8all).
 # ffn_down at one token in two blocks a tile (ops.DOWN_HALVES: the second half's sums added by the next input norm);
-# halvesi8b: with the Q4_K ffn_downs on mmvq_i8b as in i8b (there only the Q6_K ones go in halves)
-HALVES_VARIANTS = frozenset({"halves", "halvesi8b"})
+# halvesi8b: with the Q4_K ffn_downs on mmvq_i8b as in i8b (there only the Q6_K ones go in halves); halves5: with
+# both ffn_downs on the int8 kernels at 5 tokens too (i8t5's and q6i8all's settings), in halves there as well
+HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5"})
 CLOSE_VARIANTS = frozenset({"close", "close5"})
 Q8_I8_VARIANTS = frozenset({"close", "q8i8", "close5"})
 # The recurrent delta rule's state columns a warp (mixers.GDN_COLS, 4 by default since Z4; gdn8 the old form)

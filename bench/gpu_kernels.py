@@ -325,7 +325,8 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
                 for name, num_tokens, precise in I8V_WIDE_CHECKS:
                     check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise, tag=".w12")
         with bulk_i8(False):
-            check_halves(dev, report, rng, Q.Q4_K)
+            for num_tokens in (1, 5):
+                check_halves(dev, report, rng, Q.Q4_K, num_tokens)
         run_q6_i8_checks(dev, report, rng)
         try:
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
@@ -343,7 +344,8 @@ def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
         for name, num_tokens in Q6_I8_CHECKS:
             for precise in (False, True):
                 check_matmul(dev, report, rng, name, Q.Q6_K, num_tokens, precise=precise)
-        check_halves(dev, report, rng, Q.Q6_K)
+        for num_tokens in (1, 5):
+            check_halves(dev, report, rng, Q.Q6_K, num_tokens)
 
 
 @contextmanager
@@ -362,35 +364,36 @@ def halves(on: bool):
 TOL_HALVES = 1e-5
 
 
-def check_halves(dev: Device, report: Report, rng: np.random.Generator, qtype: Q) -> None:
-    """ffn_down in halves (mmvq_i8 / mmvq_q6_i8 at one token, ops.matmul y2): y + y2 against the launch of a block a
-    tile on the same inputs, then the input norm that adds them (rmsnorm_of add=): the sum it stores and the
-    normed rows against numpy's RMSNorm of the whole launch's output."""
+def check_halves(dev: Device, report: Report, rng: np.random.Generator, qtype: Q, num_tokens: int) -> None:
+    """ffn_down in halves (mmvq_i8 / mmvq_q6_i8, ops.matmul y2): y + y2 against the launch of a block a tile on the
+    same inputs, then the input norm that adds them (rmsnorm_of add=): the sum it stores and the normed rows
+    against numpy's RMSNorm of the whole launch's output."""
     rows, cols = SHAPES_27B["ffn_down"]
+    t = num_tokens
     data = random_blocks(qtype, (rows, cols), rng)
     w = ops.upload_weight(dev, data, qtype, (rows, cols), "ffn_down")
-    act = ops.alloc_act(dev, 1, cols, "x", precise=True)
-    dev.upload(act.f32, rng.standard_normal((1, cols), dtype=np.float32))
-    ops.act_f16(dev, act.f32, act, 1, act.ld)
-    res = dev.to_device(rng.standard_normal((1, rows), dtype=np.float32), "res")
-    y, y2, total = (dev.alloc(4 * rows, what) for what in ("y", "y2", "sum"))
-    variant = f"{qtype.name}.T1.halves"
+    act = ops.alloc_act(dev, t, cols, "x", precise=True)
+    dev.upload(act.f32, rng.standard_normal((t, cols), dtype=np.float32))
+    ops.act_f16(dev, act.f32, act, t, act.ld)
+    res = dev.to_device(rng.standard_normal((t, rows), dtype=np.float32), "res")
+    y, y2, total = (dev.alloc(4 * t * rows, what) for what in ("y", "y2", "sum"))
+    variant = f"{qtype.name}.T{t}.halves"
     with halves(False):
-        whole = _rerun(dev, w, act, y, res, 1)
+        whole = _rerun(dev, w, act, y, res, t)
     with halves(True):
-        if not ops.splits_in_halves(dev, w, act, 1):
+        if not ops.splits_in_halves(dev, w, act, t):
             raise AssertionError(f"{variant}: ffn_down does not go in halves with DOWN_HALVES on")
         for buf in (y, y2, total):
             poison(dev, buf)
-        ops.matmul(dev, w, act, y, 1, rows, residual=res, y2=y2)
-    a, b = dev.download(y, np.float32, (1, rows)), dev.download(y2, np.float32, (1, rows))
+        ops.matmul(dev, w, act, y, t, rows, residual=res, y2=y2)
+    a, b = dev.download(y, np.float32, (t, rows)), dev.download(y2, np.float32, (t, rows))
     compare(report, "matmul.same", variant, a + b, whole, TOL_HALVES)
     norm_w = rng.standard_normal(rows, dtype=np.float32)
-    normed, norm_buf = ops.alloc_act(dev, 1, rows, "normed", precise=True), dev.to_device(norm_w, "norm_w")
-    ops.produce(dev, ops.rmsnorm_of(total, norm_buf, rows, 1e-6, out32=normed.f32, add=(y, y2)), normed, 1)
-    compare(report, "act.rmsnorm", variant + ".sum", dev.download(total, np.float32, (1, rows)), a + b, 1e-7)
+    normed, norm_buf = ops.alloc_act(dev, t, rows, "normed", precise=True), dev.to_device(norm_w, "norm_w")
+    ops.produce(dev, ops.rmsnorm_of(total, norm_buf, rows, 1e-6, out32=normed.f32, add=(y, y2)), normed, t)
+    compare(report, "act.rmsnorm", variant + ".sum", dev.download(total, np.float32, (t, rows)), a + b, 1e-7)
     ref = whole / np.sqrt(np.mean(whole.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-6) * norm_w
-    compare(report, "act.rmsnorm", variant + ".normed", dev.download(normed.f32, np.float32, (1, rows)), ref,
+    compare(report, "act.rmsnorm", variant + ".normed", dev.download(normed.f32, np.float32, (t, rows)), ref,
             TOL_HALVES)
     for buf in [w.buf, res, y, y2, total, norm_buf, *act.buffers(), *normed.buffers()]:
         dev.memory.free(buf)

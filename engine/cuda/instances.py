@@ -69,6 +69,8 @@ I8V_SHAPE = (2, 2)
 # Tokens of the int8-activation Q6_K matmul (kernels/mmvq_i8q6.cu: a sub-block's 2T columns in one mma up to 4
 # tokens, a pass a level past that), an instance each: mmvq_q6_K_i8_t{T}.
 Q6_I8_TOKENS = tuple(range(1, 9))
+# Tokens of both in halves (two blocks a tile: ops.DOWN_HALVES), an instance each: mmvq_q{4,6}_K_i8_t{T}_halves.
+HALVES_TOKENS = tuple(range(1, I8_MAX_TOKENS + 1))
 # Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type it stages.
 STAGE_SHAPE: dict[Q, tuple[int, int]] = {Q.Q4_K: (4, 2560), Q.Q5_K: (4, 3072), Q.Q6_K: (3, 3648)}
 # Stages per warp of mmvq_cp with staged activations (its stages are larger: up to 8 KB more at 4 precise tokens).
@@ -145,9 +147,11 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q6_K_i8_t{t}_close_{mode}", "mmvq_i8q6",
                      f"mmvq_q6_i8<{t}, {ACT_STAGES}, {ACT_MODES.index(mode)}>")
             for t in I8_CLOSE_TOKENS for mode in Q6_I8_CLOSE_MODES]
-    # ... and both in two blocks a tile, each half of its superblocks (ops.DOWN_HALVES: ffn_down at one token)
-    out += [Instance("mmvq_q4_K_i8_t1_halves", "mmvq_i8", f"mmvq_i8<1, {ACT_STAGES}, 1, -1, true>"),
-            Instance("mmvq_q6_K_i8_t1_halves", "mmvq_i8q6", f"mmvq_q6_i8<1, {ACT_STAGES}, -1, true>")]
+    # ... and both in two blocks a tile, each half of its superblocks (ops.DOWN_HALVES: ffn_down)
+    out += [Instance(f"mmvq_q4_K_i8_t{t}_halves", "mmvq_i8", f"mmvq_i8<{t}, {ACT_STAGES}, 1, -1, true>")
+            for t in HALVES_TOKENS]
+    out += [Instance(f"mmvq_q6_K_i8_t{t}_halves", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, -1, true>")
+            for t in HALVES_TOKENS]
     out += [Instance("mmvq_q8_0_i8", "mmvq_i8q8", "mmvq_q8_0_i8")]  # Q8_0, 1-8 tokens of int8 activations
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:

@@ -14,8 +14,8 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_flag, env_switch, gemm, i8b, persist
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, I8_MAX_TOKENS, MATMUL_QTYPES,
-                                   PERSIST_QTYPES, STAGE_SHAPE, STAGED_QTYPES, qtype_tag)
+from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, HALVES_TOKENS, I8_MAX_TOKENS,
+                                   MATMUL_QTYPES, PERSIST_QTYPES, STAGE_SHAPE, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
 if TYPE_CHECKING:
@@ -648,13 +648,16 @@ def _down_halves_default() -> bool:
 
 
 DOWN_HALVES = _down_halves_default()
-HALVES_TOKENS = (1,)  # the instances' token count (instances.py: mmvq_q{4,6}_K_i8_t1_halves)
+# the counts that may go in halves: where the launch is on the int8 kernels (1-4 tokens by default; 5 with
+# I8_TOKENS 5 and Q6_I8_COUNTS holding 5)
+DEFAULT_HALVES_TOKENS = frozenset(HALVES_TOKENS)
+HALVES_AT = DEFAULT_HALVES_TOKENS
 
 
 def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
-    """Whether matmul(w, act, num_tokens) may go in halves (y2): DOWN_HALVES, rows of WIDE_COLS or more, a token
-    count with the instances, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8."""
-    if not (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_TOKENS and w.cols // SUPERBLOCK >= 2):
+    """Whether matmul(w, act, num_tokens) may go in halves (y2): DOWN_HALVES, rows of WIDE_COLS or more, a count
+    of HALVES_AT, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8."""
+    if not (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_AT and w.cols // SUPERBLOCK >= 2):
         return False
     kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
     return kernel == "i8q6" or (kernel == "i8" and I8_TILES == 1)

@@ -43,11 +43,13 @@ def on(monkeypatch):
     monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", 24)  # ffn_down's 68 stay on mmvq_i8
 
 
-def test_the_instances_are_the_one_token_kernels_with_halves_on() -> None:
+def test_the_instances_are_the_int8_kernels_with_halves_on_at_every_count_of_mmvq_i8() -> None:
     stages = instances.ACT_STAGES
-    assert instances.INSTANCES["mmvq_q4_K_i8_t1_halves"].expr == f"mmvq_i8<1, {stages}, 1, -1, true>"
-    assert instances.INSTANCES["mmvq_q6_K_i8_t1_halves"].expr == f"mmvq_q6_i8<1, {stages}, -1, true>"
-    assert ops.HALVES_TOKENS == (1,)
+    assert instances.HALVES_TOKENS == tuple(range(1, instances.I8_MAX_TOKENS + 1))
+    for t in instances.HALVES_TOKENS:
+        assert instances.INSTANCES[f"mmvq_q4_K_i8_t{t}_halves"].expr == f"mmvq_i8<{t}, {stages}, 1, -1, true>"
+        assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}_halves"].expr == f"mmvq_q6_i8<{t}, {stages}, -1, true>"
+    assert ops.HALVES_AT == frozenset(instances.HALVES_TOKENS)
 
 
 def test_both_kernels_take_the_second_output_last() -> None:
@@ -74,9 +76,25 @@ def test_ffn_down_at_one_token_goes_in_halves(on, qtype: Q) -> None:
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
-def test_not_at_more_tokens_nor_on_narrower_rows(on, qtype: Q) -> None:
-    assert not ops.splits_in_halves(_dev(), _weight(qtype), _act(i8_tokens=2), 2)
+def test_so_do_the_launches_of_2_to_4_tokens_on_the_int8_kernels(on, qtype: Q) -> None:
+    for t in (2, 3, 4):
+        assert ops.splits_in_halves(_dev(), _weight(qtype), _act(i8_tokens=t), t)
+    assert not ops.splits_in_halves(_dev(), _weight(qtype), _act(i8_tokens=5), 5)  # 5: on the f16 kernels
+
+
+def test_five_tokens_where_both_int8_kernels_take_them(on, monkeypatch) -> None:
+    monkeypatch.setattr(ops, "I8_TOKENS", 5)
+    monkeypatch.setattr(ops, "Q6_I8_COUNTS", frozenset(range(1, 6)))
+    for qtype in (Q.Q4_K, Q.Q6_K):
+        assert ops.splits_in_halves(_dev(), _weight(qtype), _act(i8_tokens=5), 5)
+    monkeypatch.setattr(ops, "HALVES_AT", frozenset({1}))
+    assert not ops.splits_in_halves(_dev(), _weight(Q.Q4_K), _act(i8_tokens=5), 5)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_not_on_narrower_rows(on, qtype: Q) -> None:
     assert not ops.splits_in_halves(_dev(), _weight(qtype, cols=6144), _act(6144), 1)  # attn_output
+    assert not ops.splits_in_halves(_dev(), _weight(qtype, cols=6144), _act(6144, i8_tokens=2), 2)
 
 
 def test_not_off_the_int8_kernels(on, monkeypatch) -> None:
@@ -136,8 +154,14 @@ def test_the_ffn_launches_ffn_down_in_halves_and_hands_them_on(on, monkeypatch, 
     assert [args[y_at].ptr, args[residual_at].ptr, args[-1].ptr] == [half0.ptr, model.ws.x.ptr, half1.ptr]
 
 
-@pytest.mark.parametrize("num_tokens, may_halve", [(1, False), (2, True)])
-def test_otherwise_ffn_down_adds_into_x_whole(on, monkeypatch, num_tokens: int, may_halve: bool) -> None:
+def test_two_tokens_go_in_halves_too(on, monkeypatch) -> None:
+    model, got, launched, args, grid = _ffn_in_halves(monkeypatch, Q.Q4_K, 2, may_halve=True)
+    assert got == model.ws.x_halves and launched == "mmvq_q4_K_i8_t2_halves" and grid == 2 * 5120 // 16
+
+
+@pytest.mark.parametrize("num_tokens, may_halve, i8_tokens", [(1, False, 4), (2, True, 1)])
+def test_otherwise_ffn_down_adds_into_x_whole(on, monkeypatch, num_tokens: int, may_halve: bool,
+                                              i8_tokens: int) -> None:
+    monkeypatch.setattr(ops, "I8_TOKENS", i8_tokens)  # 1: the 2-token launch on the f16 kernels
     model, got, launched, args, grid = _ffn_in_halves(monkeypatch, Q.Q4_K, num_tokens, may_halve)
-    assert got is None and launched == f"mmvq_q4_K_i8_t{num_tokens}" and grid == 5120 // 16
-    assert args[5].ptr == args[7].ptr == model.ws.x.ptr and args[-1] is None
+    assert got is None and not launched.endswith("_halves") and model.ws.x.ptr in [getattr(a, "ptr", None) for a in args]

@@ -35,7 +35,7 @@ def test_one_instance_per_token_count_and_tiles_a_block() -> None:
     several = {f"mmvq_q4_K_i8_t{t}_r{r}" for t in range(1, 5) for r in instances.I8_TILE_COUNTS if r > 1}
     closing = {f"mmvq_q4_K_i8_t{t}_close_{mode}" for t in instances.I8_CLOSE_TOKENS  # tests/kernels/test_close.py
                for mode in instances.I8_CLOSE_MODES}
-    halves = {"mmvq_q4_K_i8_t1_halves"}  # tests/kernels/test_halves.py
+    halves = {f"mmvq_q4_K_i8_t{t}_halves" for t in instances.HALVES_TOKENS}  # tests/kernels/test_halves.py
     assert names == single | several | closing | halves
     assert ops.I8_TOKENS <= instances.I8_MAX_TOKENS and ops.I8_TILES in instances.I8_TILE_COUNTS
 
