@@ -116,7 +116,7 @@ struct I8Copies {
 // block, not once per tile; dynamic shared memory W * (NS * i8_stage_bytes(T) + I8_ZERO_BYTES). CLOSE (one tile a
 // block): the producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
 // (kernels/act8_close.cuh; CLOSE_NONE: none). HALVES (one tile a block, no closer): two blocks a tile, each half
-// of its superblocks (kernels/mmvq.cuh mmvq_halves); the first stores y (with bias and residual), the second y2.
+// of its superblocks (kernels/mmvq.cuh MmvqHalf); the first stores y (with bias and residual), the second y2.
 template <int T, int NS, int TILES, int CLOSE, bool HALVES = false>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,

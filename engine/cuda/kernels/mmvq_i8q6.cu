@@ -117,7 +117,7 @@ struct Q6I8Copies {
 // take one fewer) through a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T). CLOSE: the
 // producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
 // (kernels/act8_close.cuh; CLOSE_NONE: none). HALVES (no closer): two blocks a tile, each half of its superblocks
-// (kernels/mmvq.cuh mmvq_halves); the first stores y (with bias and residual), the second y2.
+// (kernels/mmvq.cuh MmvqHalf); the first stores y (with bias and residual), the second y2.
 template <int T, int NS, int CLOSE, bool HALVES = false>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
