@@ -348,17 +348,6 @@ def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
             check_halves(dev, report, rng, Q.Q6_K, num_tokens)
 
 
-@contextmanager
-def halves(on: bool):
-    """ffn_down in two blocks a tile (ops.DOWN_HALVES) switched for the block, restored after it."""
-    saved = ops.DOWN_HALVES
-    try:
-        ops.DOWN_HALVES = on
-        yield
-    finally:
-        ops.DOWN_HALVES = saved
-
-
 # The halves' sum against the whole launch: the same int32 products, the float sums in another order (~1e-7); a
 # dropped or doubled superblock, or bias or residual in both halves, is 1e-3 or more.
 TOL_HALVES = 1e-5
@@ -378,9 +367,9 @@ def check_halves(dev: Device, report: Report, rng: np.random.Generator, qtype: Q
     res = dev.to_device(rng.standard_normal((t, rows), dtype=np.float32), "res")
     y, y2, total = (dev.alloc(4 * t * rows, what) for what in ("y", "y2", "sum"))
     variant = f"{qtype.name}.T{t}.halves"
-    with halves(False):
+    with patched(ops, DOWN_HALVES=False):
         whole = _rerun(dev, w, act, y, res, t)
-    with halves(True):
+    with patched(ops, DOWN_HALVES=True):
         if not ops.splits_in_halves(dev, w, act, t):
             raise AssertionError(f"{variant}: ffn_down does not go in halves with DOWN_HALVES on")
         for buf in (y, y2, total):

@@ -283,8 +283,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
     elsewhere.
     """
     assert 1 <= num_tokens <= act.max_tokens, f"{w.name}: {num_tokens} tokens for {act.max_tokens}"
-    assert y2 is None or (closer is None and splits_in_halves(dev, w, act, num_tokens)), \
-        f"{w.name}: no launch in halves at {num_tokens} tokens"
+    assert y2 is None or closer is None, f"{w.name}: a launch in halves takes no closer"
     if w.cols != act.width:
         raise ValueError(f"{w.name}: {w.cols} columns but activations of width {act.width}")
     if producer is not None:
@@ -316,6 +315,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
         pipelined = _group_kernel(dev, w, act, num_tokens, t)
+        assert y2 is None or pipelined in ("i8", "i8q6"), f"{w.name}: no launch in halves at {num_tokens} tokens"
         if pipelined == "i8b":
             i8b.launch(dev, w, act.group8(0), y_t, bias, res_t, closer=closer)
             continue
@@ -650,14 +650,13 @@ def _down_halves_default() -> bool:
 DOWN_HALVES = _down_halves_default()
 # the counts that may go in halves: where the launch is on the int8 kernels (1-4 tokens by default; 5 with
 # I8_TOKENS 5 and Q6_I8_COUNTS holding 5)
-DEFAULT_HALVES_TOKENS = frozenset(HALVES_TOKENS)
-HALVES_AT = DEFAULT_HALVES_TOKENS
+HALVES_AT = frozenset(HALVES_TOKENS)
 
 
 def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
     """Whether matmul(w, act, num_tokens) may go in halves (y2): DOWN_HALVES, rows of WIDE_COLS or more, a count
     of HALVES_AT, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8."""
-    if not (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_AT and w.cols // SUPERBLOCK >= 2):
+    if not (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_AT):
         return False
     kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
     return kernel == "i8q6" or (kernel == "i8" and I8_TILES == 1)

@@ -198,7 +198,7 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
         float x = ok ? a.x[(i64)t * a.ldx + k] : 0.f;
         if (MODE == ACT_SWIGLU) x = ok ? siluf_(x) * a.x2[(i64)t * a.ldx2 + k] : 0.f;
         if (MODE == ACT_RMSNORM && a.x2 && ok) {  // a matmul's halves: their sum is the row, kept in x_sum
-            x += a.x2[(i64)t * a.ldx2 + k];
+            x += a.x2[(i64)t * a.ldx + k];  // (one stride for both halves, as row_inv_rms reads them)
             a.x_sum[(i64)t * a.ldx + k] = x;
         }
         gate[n] = MODE == ACT_GATEDNORM && ok ? siluf_(a.x2[(i64)t * a.ldx2 + k]) : 0.f;
