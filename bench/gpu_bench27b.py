@@ -16,7 +16,7 @@ from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
 from engine.cuda import env_flag, env_switch
 from engine.cuda.i8b import DEFAULT_VERIFY_WARPS_AT
-from engine.cuda.instances import I8B_SHAPES, PERSIST_QTYPES, Q6_I8_TOKENS, STAGED_QTYPES
+from engine.cuda.instances import I8B_SHAPES, I8V_WIDE_TOKENS, PERSIST_QTYPES, Q6_I8_TOKENS, STAGED_QTYPES
 
 PASS_TOKENS = (1, 2, 3, 4, 5)
 PREFILL_TOKENS = (512, 2048, 8192)
@@ -35,7 +35,8 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
                "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
-               "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5")
+               "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
+               "wide", "wide5", "widehalves")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -147,7 +148,11 @@ Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4
 # ffn_down at one token in two blocks a tile (ops.DOWN_HALVES: the second half's sums added by the next input norm);
 # halvesi8b: with the Q4_K ffn_downs on mmvq_i8b as in i8b (there only the Q6_K ones go in halves); halves5: with
 # both ffn_downs on the int8 kernels at 5 tokens too (i8t5's and q6i8all's settings), in halves there as well
-HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5"})
+HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5", "widehalves"})
+# v7 with the verify launches of these token counts in mmvq_i8v's wide form (i8b.VERIFY_WIDE_TOKENS: blocks of up
+# to 24 warps, one superblock a stage): wide from 3 tokens, wide5 from 5, widehalves from 3 with halves' ffn_down
+WIDE_VARIANTS = {"wide": frozenset(I8V_WIDE_TOKENS), "wide5": frozenset(t for t in I8V_WIDE_TOKENS if t >= 5),
+                 "widehalves": frozenset(I8V_WIDE_TOKENS)}
 CLOSE_VARIANTS = frozenset({"close", "close5"})
 Q8_I8_VARIANTS = frozenset({"close", "q8i8", "close5"})
 # The recurrent delta rule's state columns a warp (mixers.GDN_COLS, 4 by default since Z4; gdn8 the old form)
@@ -519,6 +524,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_SPARE_PER_SM = VERIFY_SPARE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_SPARE_PER_SM)
     i8b.VERIFY_WARPS = VERIFY_WARPS_VARIANTS.get(name)
     i8b.VERIFY_TRIM = name not in NO_TRIM_VARIANTS
+    i8b.VERIFY_WIDE_TOKENS = WIDE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_WIDE_TOKENS)
     i8b.VERIFY_WARPS_AT = VERIFY_WARPS_AT_VARIANTS.get(name, dict(i8b.DEFAULT_VERIFY_WARPS_AT))
     i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, VERIFY_PRECISE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS))
     device.PDL_TOKEN_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_TOKEN_COUNTS)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch, tma
-from engine.cuda.instances import I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES, I8V_SHAPE, I8V_TOKENS
+from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES, I8V_SHAPE, I8V_TOKENS,
+                                    I8V_WIDE_SHAPE, I8V_WIDE_TOKENS, I8V_WIDE_WARPS)
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
@@ -233,6 +234,19 @@ DEFAULT_VERIFY_TOKENS = frozenset({2, 3, 4, 5, 6, 7, 8})
 VERIFY_TOKENS = DEFAULT_VERIFY_TOKENS
 DEFAULT_VERIFY_FAST_TOKENS = DEFAULT_VERIFY_TOKENS
 VERIFY_FAST_TOKENS = DEFAULT_VERIFY_FAST_TOKENS
+# The token counts launched in the wide form (instances.I8V_WIDE_TOKENS: blocks of up to 24 warps, one superblock a
+# stage; never with a closer behind). From 3 tokens one block fills an SM, and at K = 5,120 its 12 warps run 10 busy
+# in shares of 2: the SM's issue slots were 47 % busy at 5 tokens with 2.5 warps a scheduler, none eligible half
+# the cycles (bench/results/ncu-2026-12-06-c45671c-i8v-t5-gate-up-h100.txt), and 10 busy warps against 7 took
+# gate | up at 5 tokens from 48.2 to 41.7 us (bench/NOTES.md Z5). In shares of one, 20 warps. Empty until a GPU
+# has timed it (bench variants wide, wide5).
+DEFAULT_VERIFY_WIDE_TOKENS: frozenset[int] = frozenset()
+VERIFY_WIDE_TOKENS = DEFAULT_VERIFY_WIDE_TOKENS
+
+
+def verify_wide(num_tokens: int) -> bool:
+    """Whether a launch of num_tokens (with no closer behind) takes the wide form."""
+    return num_tokens in VERIFY_WIDE_TOKENS and num_tokens in I8V_WIDE_TOKENS
 
 
 def verify_x_bytes(nb: int, num_tokens: int) -> int:
@@ -241,15 +255,15 @@ def verify_x_bytes(nb: int, num_tokens: int) -> int:
     return (2 * num_tokens * (256 * nb + 64) + 40 * num_tokens * nb + 1023) // 1024 * 1024
 
 
-def verify_static_smem(num_tokens: int) -> int:
-    """A block's static shared memory (its per-tile sums, 2 x VERIFY_MAX_WARPS x 64 bytes a token, and barriers)
+def verify_static_smem(num_tokens: int, wide: bool = False) -> int:
+    """A block's static shared memory (its per-tile sums, 2 x its most warps x 64 bytes a token, and barriers)
     and the driver's reserve."""
-    return 2048 + 128 * VERIFY_MAX_WARPS * num_tokens
+    return 2048 + 128 * (I8V_WIDE_WARPS if wide else VERIFY_MAX_WARPS) * num_tokens
 
 
-def verify_smem_bytes(nb: int, num_tokens: int, warps: int) -> int:
+def verify_smem_bytes(nb: int, num_tokens: int, warps: int, wide: bool = False) -> int:
     """Dynamic shared memory of a launch of num_tokens tokens: the staged activations and every warp's ring."""
-    s, ns = I8V_SHAPE
+    s, ns = I8V_WIDE_SHAPE if wide else I8V_SHAPE
     return ALIGN_SLACK + verify_x_bytes(nb, num_tokens) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
 
 
@@ -276,28 +290,30 @@ def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool
     counts = verify_token_counts(act.x16_lo is not None)
     if act.i8_tokens != num_tokens or num_tokens not in I8V_TOKENS or num_tokens not in counts:
         return False
-    nb = w.cols // ops.SUPERBLOCK
-    smem = verify_smem_bytes(nb, num_tokens, verify_warps(dev, w, num_tokens)) + verify_static_smem(num_tokens)
+    nb, wide = w.cols // ops.SUPERBLOCK, verify_wide(num_tokens)
+    smem = (verify_smem_bytes(nb, num_tokens, verify_warps(dev, w, num_tokens, wide), wide)
+            + verify_static_smem(num_tokens, wide))
     return nb <= VERIFY_MAX_SUPERBLOCKS and smem <= dev.info.max_smem_per_block
 
 
-def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int) -> int:
-    """Warps per block: VERIFY_WARPS, else VERIFY_WARPS_AT's for num_tokens, else mmvq_i8's choice for
-    num_tokens (ops.i8_warps); never more than VERIFY_MAX_WARPS, nor than the warps its shares of a tile's
-    superblocks keep busy (20 superblocks in shares of 3 take 7 warps of 8), nor than leave the block within the
-    GPU's shared memory (each warp's ring is 9 KB: at 8 tokens and K = 6,144 11 fit, 8 of them busy in shares
-    of 3)."""
+def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int, wide: bool = False) -> int:
+    """Warps per block: VERIFY_WARPS, else (wide) the wide form's most, else VERIFY_WARPS_AT's for num_tokens,
+    else mmvq_i8's choice for num_tokens (ops.i8_warps); never more than the form's most (VERIFY_MAX_WARPS,
+    I8V_WIDE_WARPS), nor than the warps its shares of a tile's superblocks keep busy (20 superblocks in shares of 3
+    take 7 warps of 8), nor than leave the block within the GPU's shared memory (each warp's ring is 9 KB: at 8
+    tokens and K = 6,144 11 fit, 8 of them busy in shares of 3)."""
     from engine.cuda import ops
 
     tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
-    chosen = VERIFY_WARPS or VERIFY_WARPS_AT.get(num_tokens) or ops.i8_warps(w.cols, tiles, num_tokens,
-                                                                             dev.info.multiprocessors)
+    most = I8V_WIDE_WARPS if wide else VERIFY_MAX_WARPS
+    chosen = VERIFY_WARPS or (most if wide else None) or VERIFY_WARPS_AT.get(num_tokens) or ops.i8_warps(
+        w.cols, tiles, num_tokens, dev.info.multiprocessors)
 
     def busy(n: int) -> int:
         return -(-nb // -(-nb // n)) if VERIFY_TRIM else n
 
-    warps = busy(min(chosen, nb, VERIFY_MAX_WARPS))
-    while warps > 1 and (verify_smem_bytes(nb, num_tokens, warps) + verify_static_smem(num_tokens)
+    warps = busy(min(chosen, nb, most))
+    while warps > 1 and (verify_smem_bytes(nb, num_tokens, warps, wide) + verify_static_smem(num_tokens, wide)
                          > dev.info.max_smem_per_block):
         warps = busy(warps - 1)
     return warps
@@ -311,12 +327,13 @@ def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Bu
     from engine.cuda import ops
     from engine.cuda.closers import close_dst, instance
 
-    tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w, num_tokens)
-    name = instance(f"mmvq_q4_K_i8v_t{num_tokens}", closer)
-    kernel, smem = dev.kernel(name), verify_smem_bytes(nb, num_tokens, num_warps)
+    wide = closer is None and verify_wide(num_tokens)
+    tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w, num_tokens, wide)
+    name = f"mmvq_q4_K_i8v_t{num_tokens}_wide" if wide else instance(f"mmvq_q4_K_i8v_t{num_tokens}", closer)
+    kernel, smem = dev.kernel(name), verify_smem_bytes(nb, num_tokens, num_warps, wide)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y,
             close_dst(closer, num_tokens, ld_y)]
-    blocks = grid(dev, tiles, num_warps, smem, verify_static_smem(num_tokens), VERIFY_SPARE_PER_SM)
+    blocks = grid(dev, tiles, num_warps, smem, verify_static_smem(num_tokens, wide), VERIFY_SPARE_PER_SM)
     dev.launch(kernel, blocks, 32 * num_warps, args, smem=smem)

@@ -231,12 +231,18 @@ def test_the_verify_layout_mirrors_the_kernel() -> None:
     assert i8b.verify_smem_bytes(20, 5, 5) == 1024 + i8b.verify_x_bytes(20, 5) + 5 * 2 * 2 * (2048 + 256)
     src = (nvrtc.KERNEL_DIR / "mmvq_i8v.cu").read_text()
     assert int(re.search(r"#define I8V_MAX_WARPS (\d+)", src).group(1)) == i8b.VERIFY_MAX_WARPS
-    # red[2][I8V_MAX_WARPS][T][16] floats and the barriers, past the driver's 1 KB
-    assert "__shared__ float red[2][I8V_MAX_WARPS][T][16];" in src
+    assert int(re.search(r"#define I8V_WIDE_WARPS (\d+)", src).group(1)) == instances.I8V_WIDE_WARPS
+    # red[2][MAXW][T][16] floats and the barriers, past the driver's 1 KB
+    assert "__shared__ float red[2][MAXW][T][16];" in src and "int MAXW = I8V_MAX_WARPS>" in src
     assert i8b.verify_static_smem(5) >= 1024 + 2 * i8b.VERIFY_MAX_WARPS * 5 * 16 * 4 + 8 * i8b.VERIFY_MAX_WARPS * 2
+    wide_warps, (ws, wn) = instances.I8V_WIDE_WARPS, instances.I8V_WIDE_SHAPE
+    assert i8b.verify_static_smem(5, wide=True) >= 1024 + 2 * wide_warps * 5 * 16 * 4 + 8 * wide_warps * wn
+    assert i8b.verify_smem_bytes(20, 5, 20, wide=True) == 1024 + i8b.verify_x_bytes(20, 5) + 20 * ws * wn * 2304
     for t in instances.I8V_TOKENS:
         s, n = instances.I8V_SHAPE
         assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}"].expr == f"mmvq_i8v<{t}, {s}, {n}, -1>"
+    for t in instances.I8V_WIDE_TOKENS:
+        assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}_wide"].expr == f"mmvq_i8v<{t}, {ws}, {wn}, -1, {wide_warps}>"
 
 
 def test_the_verify_kernels_static_shared_memory_fits_what_the_launcher_counts() -> None:
@@ -244,7 +250,7 @@ def test_the_verify_kernels_static_shared_memory_fits_what_the_launcher_counts()
     figure for sm_90) must fit in it, beside the driver's 1 KB."""
     for name, use in ptxas.usage("mmvq_i8v").items():
         tokens = int(re.search(r"_t(\d)", name).group(1))
-        assert use.static_smem + 1024 <= i8b.verify_static_smem(tokens), \
+        assert use.static_smem + 1024 <= i8b.verify_static_smem(tokens, wide=name.endswith("_wide")), \
             f"{name}: {use.static_smem} bytes of static shared memory"
 
 
@@ -292,3 +298,40 @@ def test_verify_warps_keep_every_warp_busy_up_to_the_kernels_most(monkeypatch) -
     monkeypatch.setattr(i8b, "VERIFY_WARPS_AT", {5: 10})
     assert i8b.verify_warps(_dev(90), _weight(cols=6144), 5) == 8  # 24 in shares of 3
 
+
+
+def test_the_wide_form_runs_a_superblock_a_warp_where_one_block_fills_an_sm(monkeypatch) -> None:
+    monkeypatch.setattr(i8b, "VERIFY_WARPS", None)
+    monkeypatch.setattr(i8b, "VERIFY_TRIM", True)
+    assert i8b.DEFAULT_VERIFY_WIDE_TOKENS == frozenset()  # off until a GPU has timed it
+    monkeypatch.setattr(i8b, "VERIFY_WIDE_TOKENS", frozenset(instances.I8V_WIDE_TOKENS))
+    assert not i8b.verify_wide(2) and i8b.verify_wide(5)  # 2 tokens have no wide instance
+    # K = 5,120: 20 warps of one superblock each (12 in shares of 2 without, 10 busy)
+    assert i8b.verify_warps(_dev(90), _weight(), 5, wide=True) == 20
+    assert i8b.verify_warps(_dev(90), _weight(), 5) == 10
+    # K = 6,144 at 5 tokens: 24 rings of 3 stages and the staged rows pass the SM's shared memory; the next count
+    # that keeps every warp busy is 12, in shares of 2
+    assert (i8b.verify_smem_bytes(24, 5, 24, wide=True) + i8b.verify_static_smem(5, wide=True)
+            > _dev(90).info.max_smem_per_block)
+    assert i8b.verify_warps(_dev(90), _weight(cols=6144), 5, wide=True) == 12
+    assert i8b.verify_warps(_dev(90), _weight(cols=768), 5, wide=True) == 3  # never more warps than superblocks
+    # the walking grid: one block an SM
+    smem = i8b.verify_smem_bytes(20, 5, 20, wide=True)
+    assert i8b.grid(_dev(90), 2176, 20, smem, i8b.verify_static_smem(5, wide=True), 0) == 128
+
+
+def test_a_wide_launch_names_its_instance_and_block(monkeypatch) -> None:
+    launched = []
+    dev = SimpleNamespace(info=_dev(90).info, kernel=lambda name: name,
+                          set_max_dynamic_smem=lambda kernel, smem: None,
+                          launch=lambda kernel, blocks, threads, args, smem: launched.append(
+                              (kernel, blocks, threads, smem)))
+    monkeypatch.setattr(i8b, "quant_map", lambda w: None)
+    monkeypatch.setattr(i8b, "VERIFY_WARPS", None)
+    monkeypatch.setattr(i8b, "VERIFY_WIDE_TOKENS", frozenset({5}))
+    w, group8 = _weight(), (None, None, None, None)
+    i8b.launch_verify(dev, w, group8, None, None, None, 5, 10240)
+    i8b.launch_verify(dev, w, group8, None, None, None, 4, 10240)
+    assert launched[0][:3] == ("mmvq_q4_K_i8v_t5_wide", 128, 640)
+    assert launched[0][3] == i8b.verify_smem_bytes(20, 5, 20, wide=True)
+    assert launched[1][0] == "mmvq_q4_K_i8v_t4" and launched[1][2] == 32 * 10

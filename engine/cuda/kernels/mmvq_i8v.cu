@@ -23,7 +23,10 @@
 
 // Up to 12 warps a block: from 5 tokens a block's staged activations (55 KB at K = 5,120) and rings leave one block
 // an SM, so its warps are all the SM has to hide the mma and scale chains with (engine/cuda/i8b.py VERIFY_WARPS_AT).
+// The wide form (MAXW = I8V_WIDE_WARPS, one superblock a stage) takes up to 24: a share of one superblock a warp at
+// K = 5,120, twice the warps to hide those chains with (engine/cuda/i8b.py VERIFY_WIDE_TOKENS).
 #define I8V_MAX_WARPS 12
+#define I8V_WIDE_WARPS 24
 
 // The block's activations, staged once for the whole row: token t's level l (0 hi, 1 lo) as [nb][256] at
 // (2t + l) i8v_xpitch (a pitch of 64 mod 128 bytes: the hi and lo readers of a quarter-warp fall in other banks),
@@ -145,12 +148,13 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
 
 // y[T, rows] (row stride ld_y) = x @ W^T (+ bias) (+ residual, the same stride), W Q4_K (qmap: its quant plane,
 // engine/cuda/i8b.py), K a multiple of 256, x the act8 copy of T tokens (group 0's bases). Launch as mmvq_i8b's:
-// blocks of W <= I8V_MAX_WARPS warps walking the 16-row tiles b, b + gridDim.x, ..., each warp its share of a
+// blocks of W <= MAXW warps walking the 16-row tiles b, b + gridDim.x, ..., each warp its share of a
 // tile's superblocks through a ring of NS stages of S; dynamic shared memory 1024 + i8v_x_bytes<T>(nb) +
 // W NS S (2048 + 256). CLOSE: the producer whose int8 output of the T tokens for the next matmul `close`
-// describes, formed from y behind the launch (kernels/act8_close.cuh; CLOSE_NONE: none).
-template <int T, int S, int NS, int CLOSE>
-__global__ void __launch_bounds__(I8V_MAX_WARPS * 32)
+// describes, formed from y behind the launch (kernels/act8_close.cuh; CLOSE_NONE: none). MAXW: the most warps a
+// block (its launch bounds and per-tile sums).
+template <int T, int S, int NS, int CLOSE, int MAXW = I8V_MAX_WARPS>
+__global__ void __launch_bounds__(MAXW * 32)
 mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
@@ -158,8 +162,8 @@ mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
 #if __CUDA_ARCH__ >= 900
     constexpr int NM = (T + 3) / 4;
     extern __shared__ __align__(1024) u8 smem[];
-    __shared__ __align__(8) u64 bars[I8V_MAX_WARPS][NS];
-    __shared__ float red[2][I8V_MAX_WARPS][T][16];  // by tile parity: one __syncthreads a tile
+    __shared__ __align__(8) u64 bars[MAXW][NS];
+    __shared__ float red[2][MAXW][T][16];  // by tile parity: one __syncthreads a tile
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3, nb = K / QK_SB, ntiles = (rows + 15) / 16;
     const int share = (nb + num_warps - 1) / num_warps, sb0 = warp * share;
