@@ -36,7 +36,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
                "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
-               "wide", "wide5", "widehalves")
+               "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -148,7 +148,12 @@ Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4
 # ffn_down at one token in two blocks a tile (ops.DOWN_HALVES: the second half's sums added by the next input norm);
 # halvesi8b: with the Q4_K ffn_downs on mmvq_i8b as in i8b (there only the Q6_K ones go in halves); halves5: with
 # both ffn_downs on the int8 kernels at 5 tokens too (i8t5's and q6i8all's settings), in halves there as well
-HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5", "widehalves"})
+HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5", "widehalves", "fillhalves", "allhalves"})
+# v7 with the mixers' output projections on mmvq_i8b in halves (ops.OUT_HALVES) where that evens the blocks' work;
+# allhalves and fillhalves with ffn_down's halves too
+OUT_HALVES_VARIANTS = frozenset({"outhalves", "fillhalves", "allhalves"})
+# v7 with mmvq_i8b's walking grid on every resident block (i8b.FILL: some blocks a tile more)
+FILL_VARIANTS = frozenset({"fill", "fillhalves"})
 # v7 with the verify launches of these token counts in mmvq_i8v's wide form (i8b.VERIFY_WIDE_TOKENS: blocks of up
 # to 24 warps, one superblock a stage): wide from 3 tokens, wide5 from 5, widehalves from 3 with halves' ffn_down
 WIDE_VARIANTS = {"wide": frozenset(I8V_WIDE_TOKENS), "wide5": frozenset(t for t in I8V_WIDE_TOKENS if t >= 5),
@@ -510,6 +515,8 @@ def _use_variant(backend, name: str) -> None:
     i8b.FUSE = name in FUSED_VARIANTS or i8b._fuse_default()
     i8b.CLOSE = name in CLOSE_VARIANTS or i8b._close_default()
     ops.DOWN_HALVES = name in HALVES_VARIANTS or ops._down_halves_default()
+    ops.OUT_HALVES = name in OUT_HALVES_VARIANTS or ops._out_halves_default()
+    i8b.FILL = name in FILL_VARIANTS
     ops.Q8_I8 = name in Q8_I8_VARIANTS or env_flag(ops.Q8_I8_ENV, False)
     mixers.GDN_COLS = GDN_COLS_VARIANTS.get(name, mixers._gdn_cols_default())
     mixers.GDN_CONV = name not in CONV_APART_VARIANTS and env_switch(mixers.GDN_CONV_ENV, True)

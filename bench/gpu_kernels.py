@@ -338,6 +338,13 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
         with bulk_i8(False):
             for num_tokens in (1, 5):
                 check_halves(dev, report, rng, Q.Q4_K, num_tokens)
+        if dev.info.arch >= i8b.MIN_ARCH:  # the mixers' outputs on mmvq_i8b, walking half-tiles (every grid rule)
+            for fill in (False, True):
+                with bulk_i8(True), patched(i8b, FILL=fill):
+                    for name in ("ssm_out", "attn_output"):
+                        check_halves(dev, report, rng, Q.Q4_K, 1, name, "OUT_HALVES", ".fill" if fill else "")
+                    for name in ("ffn_gate_up", "odd_rows") if fill else ():  # every resident block, some a tile more
+                        check_matmul(dev, report, rng, name, Q.Q4_K, 1, precise=True, tag=".fill")
         run_q6_i8_checks(dev, report, rng)
         try:
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)
@@ -364,25 +371,27 @@ def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
 TOL_HALVES = 1e-5
 
 
-def check_halves(dev: Device, report: Report, rng: np.random.Generator, qtype: Q, num_tokens: int) -> None:
-    """ffn_down in halves (mmvq_i8 / mmvq_q6_i8, ops.matmul y2): y + y2 against the launch of a block a tile on the
-    same inputs, then the input norm that adds them (rmsnorm_of add=): the sum it stores and the normed rows
-    against numpy's RMSNorm of the whole launch's output."""
-    rows, cols = SHAPES_27B["ffn_down"]
+def check_halves(dev: Device, report: Report, rng: np.random.Generator, qtype: Q, num_tokens: int,
+                 name: str = "ffn_down", switch: str = "DOWN_HALVES", tag: str = "") -> None:
+    """A launch in halves (ffn_down on mmvq_i8 / mmvq_q6_i8 with DOWN_HALVES, the mixers' output on mmvq_i8b with
+    OUT_HALVES; ops.matmul y2): y + y2 against the whole launch on the same inputs, then the norm that adds them
+    (rmsnorm_of add=): the sum it stores and the normed rows against numpy's RMSNorm of the whole launch's
+    output."""
+    rows, cols = SHAPES_27B[name]
     t = num_tokens
     data = random_blocks(qtype, (rows, cols), rng)
-    w = ops.upload_weight(dev, data, qtype, (rows, cols), "ffn_down")
+    w = ops.upload_weight(dev, data, qtype, (rows, cols), name)
     act = ops.alloc_act(dev, t, cols, "x", precise=True)
     dev.upload(act.f32, rng.standard_normal((t, cols), dtype=np.float32))
     ops.act_f16(dev, act.f32, act, t, act.ld)
     res = dev.to_device(rng.standard_normal((t, rows), dtype=np.float32), "res")
     y, y2, total = (dev.alloc(4 * t * rows, what) for what in ("y", "y2", "sum"))
-    variant = f"{qtype.name}.T{t}.halves"
-    with patched(ops, DOWN_HALVES=False):
+    variant = f"{name}.{qtype.name}.T{t}.halves{tag}"
+    with patched(ops, **{switch: False}):
         whole = _rerun(dev, w, act, y, res, t)
-    with patched(ops, DOWN_HALVES=True):
+    with patched(ops, **{switch: True}):
         if not ops.splits_in_halves(dev, w, act, t):
-            raise AssertionError(f"{variant}: ffn_down does not go in halves with DOWN_HALVES on")
+            raise AssertionError(f"{variant}: {name} does not go in halves with {switch} on")
         for buf in (y, y2, total):
             poison(dev, buf)
         ops.matmul(dev, w, act, y, t, rows, residual=res, y2=y2)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch, tma
-from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_SHAPES, I8V_SHAPE, I8V_TOKENS,
+from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_HALVES_SHAPES, I8B_SHAPES, I8V_SHAPE,
+                                    I8V_TOKENS,
                                     I8V_WIDE_SHAPE, I8V_WIDE_TOKENS, I8V_WIDE_WARPS)
 
 if TYPE_CHECKING:
@@ -97,17 +98,60 @@ def smem_bytes(nb: int, warps: int, shape: tuple[int, int]) -> int:
     return ALIGN_SLACK + x_bytes(nb) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
 
 
-def grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SMEM,
-         spare: int | None = None) -> int:
-    """Blocks of a launch: one a tile, or (PERSIST) as many as are resident at once (smem dynamic and `static`
-    bytes of shared memory a block) less `spare` an SM (SPARE_PER_SM), fewer where that leaves every block the
-    same number of tiles."""
-    if not PERSIST:
-        return tiles
+def resident(dev: Device, warps: int, smem: int, static: int = STATIC_SMEM, spare: int | None = None) -> int:
+    """Blocks of the walking grid resident at once: as many an SM as fit (smem dynamic and `static` bytes of
+    shared memory a block) less `spare` (SPARE_PER_SM), at least one."""
     spare = SPARE_PER_SM if spare is None else spare
     per_sm = max(1, min(64 // warps, (dev.info.max_smem_per_block + 1024) // (smem + static)) - spare)
-    per_block = -(-tiles // (per_sm * dev.info.multiprocessors))
+    return per_sm * dev.info.multiprocessors
+
+
+# Whether the walking grid takes every resident block (the first tiles % blocks one tile more), not the fewest
+# that give every block the same tiles. With two blocks an SM, gate | up's 2,176 tiles run on 242 blocks of 9: 110
+# SMs stream 18 tiles and 22 SMs 9; on all 264, no SM more than 17 (one block of 9, one of 8). A bench knob (variant
+# fill) until timed.
+FILL = False
+
+
+def grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SMEM,
+         spare: int | None = None) -> int:
+    """Blocks of a launch: one a tile, or (PERSIST) as many as are resident at once, fewer where that leaves every
+    block the same number of tiles (unless FILL)."""
+    if not PERSIST:
+        return tiles
+    blocks = resident(dev, warps, smem, static, spare)
+    if FILL:
+        return min(tiles, blocks)
+    per_block = -(-tiles // blocks)
     return -(-tiles // per_block)
+
+
+# A launch in halves (instances.I8B_HALVES_SHAPES; ops.OUT_HALVES): where its grid would leave the blocks this
+# much of a whole tile's work fewer or more a block. The mixers' output projections (320 tiles) run 3 tiles a
+# block on 107 blocks whole, 5 half-tiles on 128 in halves (2.5 tiles); gate | up's 2,176 run 17 tiles or 16.5.
+HALVES_GAIN = 0.85
+
+
+def halves_grid(dev: Device, tiles: int, warps: int, smem: int) -> int:
+    """Blocks of a launch in halves: the walking grid over 2 x tiles half-tiles, even (each block keeps the half
+    of its index's parity), within the resident blocks."""
+    cap = resident(dev, warps, smem) if PERSIST else 2 * tiles
+    blocks = grid(dev, 2 * tiles, warps, smem) if PERSIST else 2 * tiles
+    return blocks + 1 if blocks % 2 and blocks < cap else blocks - blocks % 2
+
+
+def halves_pay(dev: Device, w: DeviceWeight) -> bool:
+    """Whether w's one-token launch would walk fewer tiles' work a block in halves (HALVES_GAIN): only in the shapes
+    built for it, and on a walking grid."""
+    from engine.cuda import ops
+
+    if SHAPE not in I8B_HALVES_SHAPES or not PERSIST:
+        return False
+    tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, warps(dev, w)
+    smem = smem_bytes(nb, num_warps, SHAPE)
+    whole = -(-tiles // grid(dev, tiles, num_warps, smem))
+    halves = -(-2 * tiles // halves_grid(dev, tiles, num_warps, smem))  # half-tiles a block, at most
+    return halves / 2 <= HALVES_GAIN * whole
 
 
 def runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
@@ -166,17 +210,20 @@ def quant_map(w: DeviceWeight) -> tma.TensorMap:
 
 def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer] | None, y: Buffer,
            bias: Buffer | None, residual: Buffer | None, producer: Producer | None = None,
-           closer: Closer | None = None) -> None:
+           closer: Closer | None = None, y2: Buffer | None = None) -> None:
     """One launch of mmvq_i8b: blocks of warps walking 16-row tiles (grid), each warp a contiguous share of the
     row; its activations the int8 copy group8, or computed from producer (fuses() said so; group8 None); with
-    closer, the next matmul's input formed from y at its tail."""
+    closer, the next matmul's input formed from y at its tail; with y2, walking half-tiles (halves_grid), the
+    second half of every row's superblocks summed into y2 (y: the first half + bias + residual)."""
     from engine.cuda import ops
     from engine.cuda.closers import close_dst, instance
 
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
     assert producer is None or closer is None, "no mmvq_i8b instance both fuses a producer and closes one"
+    assert y2 is None or (producer is None and closer is None and SHAPE in I8B_HALVES_SHAPES), \
+        f"{w.name}: no mmvq_i8b instance in halves for {SHAPE} with a producer or closer"
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, warps(dev, w)
-    name = f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}"
+    name = f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}" + ("_halves" if y2 is not None else "")
     if producer is None:
         src, (q8, scale8, sums8, sums8_lo) = I8bSrc(), group8
     else:
@@ -186,8 +233,9 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     kernel, smem = dev.kernel(instance(name, closer)), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols,
-            close_dst(closer, 1, w.rows)]
-    dev.launch(kernel, grid(dev, tiles, num_warps, smem), 32 * num_warps, args, smem=smem)
+            close_dst(closer, 1, w.rows), y2]
+    blocks = grid(dev, tiles, num_warps, smem) if y2 is None else halves_grid(dev, tiles, num_warps, smem)
+    dev.launch(kernel, blocks, 32 * num_warps, args, smem=smem)
 
 
 # ---- 2 to 8 tokens (kernels/mmvq_i8v.cu) ----

@@ -50,6 +50,9 @@ I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2), (5, 2))
 # shapes made the 27B pass 0.29-0.82 ms slower than (2, 2), the default then: bench/NOTES.md v17, dad12b5).
 I8B_FUSED_MODES = ("plain", "rmsnorm", "gatednorm")
 I8B_FUSED_SHAPES = ((3, 2),)
+# ... and the shapes built to walk half-tiles (ops.OUT_HALVES: the mixers' output projections in halves):
+# mmvq_q4_K_i8b_s{S}n{N}_halves
+I8B_HALVES_SHAPES = ((3, 2),)
 # Producers it can form behind itself for the next matmul (kernels/act8_close.cuh, engine/cuda/closers.py), and
 # the shapes built with them: mmvq_q4_K_i8b_s{S}n{NS}_close_{mode}.
 I8B_CLOSE_MODES = ("rmsnorm", "swiglu")
@@ -158,6 +161,8 @@ def _build() -> dict[str, Instance]:
     # ... and both in two blocks a tile, each half of its superblocks (ops.DOWN_HALVES: ffn_down)
     out += [Instance(f"mmvq_q4_K_i8_t{t}_halves", "mmvq_i8", f"mmvq_i8<{t}, {ACT_STAGES}, 1, -1, true>")
             for t in HALVES_TOKENS]
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_halves", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1, -1, true>")
+            for s, n in I8B_HALVES_SHAPES]
     out += [Instance(f"mmvq_q6_K_i8_t{t}_halves", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, -1, true>")
             for t in HALVES_TOKENS]
     out += [Instance("mmvq_q8_0_i8", "mmvq_i8q8", "mmvq_q8_0_i8")]  # Q8_0, 1-8 tokens of int8 activations

@@ -210,14 +210,15 @@ class CudaModel:
             normed = None if input_norm else ops.rmsnorm_of(ws.x, lw.vectors["attn_norm"], h, cfg.rms_eps, out32=ws.xn,
                                                             add=halves)
             ffn_norm = self._ffn_norm_closer(lw, num_tokens)
+            # the mixer's output in halves (ops.OUT_HALVES), which the FFN norm sums into x; never traced
             if lw.kind == "attention":
-                self._attention(lw, self.kv[i], num_tokens, ws.pos, normed, ffn_norm)
+                mixed = self._attention(lw, self.kv[i], num_tokens, ws.pos, normed, ffn_norm, may_halve=trace is None)
             else:
-                self._deltanet(i, lw, num_tokens, commit, normed, ffn_norm)
+                mixed = self._deltanet(i, lw, num_tokens, commit, normed, ffn_norm, may_halve=trace is None)
             input_norm = self._input_norm_closer(layers[i + 1], lw, num_tokens) if i + 1 < len(layers) else None
             # (the last layer's output and a traced one are read whole: not in halves)
             halves = self._ffn(lw, num_tokens, norm_closed=ffn_norm is not None, closer=input_norm,
-                               may_halve=i + 1 < len(layers) and trace is None)
+                               may_halve=i + 1 < len(layers) and trace is None, add=mixed)
             if trace is not None:
                 trace.append(dev.download(ws.x, np.float32, (num_tokens, h)))
         if self.weights.mtp is not None:  # every token's output-normed hidden, for the MTP head
@@ -346,14 +347,18 @@ class CudaModel:
         return gate_up
 
     def _ffn(self, lw: LayerWeights, num_tokens: int, norm_closed: bool = False,
-             closer: closers.Closer | None = None, may_halve: bool = False) -> tuple[Buffer, Buffer] | None:
+             closer: closers.Closer | None = None, may_halve: bool = False,
+             add: tuple[Buffer, Buffer] | None = None) -> tuple[Buffer, Buffer] | None:
         """x += ffn_down(silu(gate) * up) of RMSNorm(x); norm_closed: act_h already holds the norm (the mixer's
         output projection formed it); closer: the next layer's input norm, formed behind ffn_down. may_halve: the
         caller's next input norm takes ffn_down's halves (ops.splits_in_halves), returned where it split: x is
-        then stale until that norm (rmsnorm_of add=) stores their sum."""
+        then stale until that norm (rmsnorm_of add=) stores their sum. add: the mixer's output in halves, which
+        the FFN norm sums into x first."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         h = cfg.hidden_size
-        normed = None if norm_closed else ops.rmsnorm_of(ws.x, self._ffn_norm(lw), h, cfg.rms_eps, out32=ws.xn)
+        assert add is None or not norm_closed, "a closed FFN norm reads x whole"
+        normed = None if norm_closed else ops.rmsnorm_of(ws.x, self._ffn_norm(lw), h, cfg.rms_eps, out32=ws.xn,
+                                                         add=add)
         gate_up = self._swiglu_gemm(lw, num_tokens)
         if gate_up is not None:  # SwiGLU by the GEMM's own epilogue
             if normed is not None:
@@ -377,10 +382,11 @@ class CudaModel:
         return None
 
     def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer,
-                   normed: ops.Producer | None, ffn_norm: closers.Closer | None = None) -> None:
+                   normed: ops.Producer | None, ffn_norm: closers.Closer | None = None,
+                   may_halve: bool = False) -> tuple[Buffer, Buffer] | None:
         """x += attn_output(attention(q, k, v)) of normed (the input norm of x; None: act_h holds it already) with
         q/k norm, rope, the KV write at positions pos and qwen35's output gate; ffn_norm: the closer behind
-        attn_output."""
+        attn_output. may_halve: as _out's."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         d, hq, hkv, width = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, ws.proj_width
         lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE, producer=normed)
@@ -402,13 +408,14 @@ class CudaModel:
                          q_stride, cfg.q_size, d ** -0.5, gate=q.view(4 * d) if cfg.has_attn_gate else None,
                          ld_gate=width, gate_head_stride=q_stride, scratch=ws.attn_scratch, splits=splits,
                          closer=plain)
-        ops.matmul(dev, lw.mix_out, ws.act_q, ws.x, num_tokens, cfg.hidden_size, residual=ws.x,
-                   producer=None if plain else ops.plain_of(ws.mix2, cfg.q_size), closer=ffn_norm)
+        return self._out(lw, ws.act_q, num_tokens, None if plain else ops.plain_of(ws.mix2, cfg.q_size), ffn_norm,
+                         may_halve)
 
     def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer | None,
-                  ffn_norm: closers.Closer | None = None) -> None:
+                  ffn_norm: closers.Closer | None = None, may_halve: bool = False) -> tuple[Buffer, Buffer] | None:
         """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)) of normed (the input norm of x; None: act_h holds it
-        already); a verify pass keeps its inputs in the layer; ffn_norm: the closer behind ssm_out."""
+        already); a verify pass keeps its inputs in the layer; ffn_norm: the closer behind ssm_out. may_halve: as
+        _out's."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         width, c, hk, hv = ws.proj_width, cfg.ssm_conv_dim, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads
         dk, dv, inner, key = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size, hk * cfg.ssm_head_dim
@@ -444,8 +451,20 @@ class CudaModel:
                     **gates)
         normed = None if gated else ops.gatednorm_of(ws.mix, z, lw.vectors["ssm_norm"], dv, inner, width, cfg.rms_eps,
                                                      out32=ws.mix2)
-        ops.matmul(dev, lw.mix_out, ws.act_inner, ws.x, num_tokens, cfg.hidden_size, residual=ws.x, producer=normed,
-                   closer=ffn_norm)
+        return self._out(lw, ws.act_inner, num_tokens, normed, ffn_norm, may_halve)
+
+    def _out(self, lw: LayerWeights, act: ops.Act, num_tokens: int, producer: ops.Producer | None,
+             closer: closers.Closer | None, may_halve: bool) -> tuple[Buffer, Buffer] | None:
+        """x += mix_out(act) (of producer), the mixer's output projection; closer: the FFN norm behind it.
+        may_halve: the caller's FFN norm takes its halves (ops.splits_in_halves), returned where it split: x is
+        then stale until that norm (rmsnorm_of add=) stores their sum."""
+        ws, h = self.ws, self.cfg.hidden_size
+        if may_halve and closer is None and ops.splits_in_halves(self.dev, lw.mix_out, act, num_tokens, producer):
+            ops.matmul(self.dev, lw.mix_out, act, ws.x_halves[0], num_tokens, h, residual=ws.x, producer=producer,
+                       y2=ws.x_halves[1])
+            return ws.x_halves
+        ops.matmul(self.dev, lw.mix_out, act, ws.x, num_tokens, h, residual=ws.x, producer=producer, closer=closer)
+        return None
 
     def accept(self, num_pass_tokens: int, n: int) -> None:
         """Commit the first n tokens of the last non-committing pass (DeltaNet layers and the MTP head's starting

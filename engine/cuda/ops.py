@@ -7,7 +7,7 @@ they never synchronise. Shapes in comments are logical: [T, K] means T rows of K
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
@@ -200,7 +200,7 @@ def produce(dev: Device, producer: Producer, act: Act, num_tokens: int) -> None:
     """Launch the producer into act (its out32 rows at act.ld where the caller gave no stride)."""
     src = producer.src
     if src.out32 and not src.ld_out32:
-        src = ActSrc(src.x, src.x2, src.w, src.out32, src.ldx, src.ldx2, act.ld, src.head, src.eps)
+        src = ActSrc(src.x, src.x2, src.w, src.out32, src.ldx, src.ldx2, act.ld, src.head, src.eps, src.x_sum)
     _act_from(dev, producer.mode, src, act, num_tokens)
 
 
@@ -209,9 +209,9 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
     ACT_SPLIT_TOKENS has the count; the int8 copy too where the int8 matmul will read it."""
     assert 1 <= num_tokens <= act.max_tokens, f"{num_tokens} tokens for activations of {act.max_tokens}"
     groups = (num_tokens + ACT_GROUP - 1) // ACT_GROUP
-    i8 = I8_MATMUL and act.q8 is not None and num_tokens <= _i8_copy_tokens(dev, act)
+    act.i8_tokens = _i8_written(dev, act, num_tokens)
+    i8 = act.i8_tokens > 0
     a8 = Act8(act.q8.ptr, act.scale8.ptr, act.sums8.ptr, act.sums8_lo.ptr) if i8 else Act8()
-    act.i8_tokens = num_tokens if i8 else 0
     if num_tokens in ACT_SPLIT_TOKENS:
         name, slices = f"act_{mode}_t1", num_tokens
     else:
@@ -223,6 +223,12 @@ def _act_from(dev: Device, mode: str, src: ActSrc, act: Act, num_tokens: int) ->
     x16_lo = None if act.gemm_only and num_tokens >= gemm.MIN_TOKENS else act.x16_lo
     dev.launch(dev.kernel(name), (act.num_superblocks, slices), 256,
                [src, act.x16, act.sums, x16_lo, act.sums_lo, a8, row_inv, num_tokens, act.width])
+
+
+def _i8_written(dev: Device, act: Act, num_tokens: int) -> int:
+    """The tokens of the int8 copy a producer of num_tokens writes into act: all where an int8 matmul of its
+    width may read them, else none."""
+    return num_tokens if I8_MATMUL and act.q8 is not None and num_tokens <= _i8_copy_tokens(dev, act) else 0
 
 
 # Whether the producers leave out the int8 copy of counts that only mmvq_i8v takes where no matmul of the act's width
@@ -289,7 +295,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
     if producer is not None:
         assert y.ptr not in (producer.src.x, producer.src.x2, producer.src.x_sum), \
             f"{w.name}: the producer reads (or writes) the matmul's output"
-        if closer is None and i8b.fuses(dev, w, num_tokens, producer):
+        if closer is None and y2 is None and i8b.fuses(dev, w, num_tokens, producer):
             act.i8_tokens = 0
             i8b.launch(dev, w, None, y, bias, residual, producer)
             return
@@ -315,9 +321,10 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         y_t = y.view(4 * t0 * ld_y)
         res_t = residual.view(4 * t0 * ld_y) if residual is not None else None
         pipelined = _group_kernel(dev, w, act, num_tokens, t)
-        assert y2 is None or pipelined in ("i8", "i8q6"), f"{w.name}: no launch in halves at {num_tokens} tokens"
+        assert y2 is None or pipelined in ("i8", "i8q6", "i8b"), \
+            f"{w.name}: no launch in halves at {num_tokens} tokens"
         if pipelined == "i8b":
-            i8b.launch(dev, w, act.group8(0), y_t, bias, res_t, closer=closer)
+            i8b.launch(dev, w, act.group8(0), y_t, bias, res_t, closer=closer, y2=y2)
             continue
         if pipelined == "i8v":
             i8b.launch_verify(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer=closer)
@@ -648,18 +655,36 @@ def _down_halves_default() -> bool:
 
 
 DOWN_HALVES = _down_halves_default()
+# The mixers' output projections (ssm_out, attn_output: 320 tiles at one token) on mmvq_i8b walking half-tiles
+# where that evens the blocks' work (i8b.halves_pay), their halves added by the FFN norm the same way.
+# OPENJET_CUDA_OUT_HALVES=1 (or the bench's outhalves variant) turns it on; off until measured.
+OUT_HALVES_ENV = "OPENJET_CUDA_OUT_HALVES"
+
+
+def _out_halves_default() -> bool:
+    return env_switch(OUT_HALVES_ENV, False)
+
+
+OUT_HALVES = _out_halves_default()
 # the counts that may go in halves: where the launch is on the int8 kernels (1-4 tokens by default; 5 with
 # I8_TOKENS 5 and Q6_I8_COUNTS holding 5)
 HALVES_AT = frozenset(HALVES_TOKENS)
 
 
-def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
-    """Whether matmul(w, act, num_tokens) may go in halves (y2): DOWN_HALVES, rows of WIDE_COLS or more, a count
-    of HALVES_AT, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8."""
-    if not (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_AT):
+def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int,
+                     producer: Producer | None = None) -> bool:
+    """Whether matmul(w, act, num_tokens, producer=producer) may go in halves (y2): DOWN_HALVES, rows of WIDE_COLS
+    or more, a count of HALVES_AT, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8; or OUT_HALVES and
+    the launch on mmvq_i8b where i8b.halves_pay. producer: the launch's own, not yet run (what it will write is
+    what the launch reads)."""
+    if not (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_AT or OUT_HALVES and num_tokens == 1):
         return False
+    if producer is not None:
+        act = replace(act, i8_tokens=_i8_written(dev, act, num_tokens))
     kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
-    return kernel == "i8q6" or (kernel == "i8" and I8_TILES == 1)
+    if kernel == "i8b":
+        return OUT_HALVES and i8b.halves_pay(dev, w)
+    return DOWN_HALVES and (kernel == "i8q6" or (kernel == "i8" and I8_TILES == 1))
 
 
 # ---- int8 activations for Q8_0 (kernels/mmvq_i8q8.cu) ----

@@ -277,8 +277,8 @@ def test_the_launch_hands_the_kernel_its_closer_and_marks_the_input_written(clos
     ops.matmul(dev, mix_out, x, y, 1, H, residual=y, closer=closer)
     ((name, args),) = dev.launches
     assert name == "mmvq_q4_K_i8b_s3n2_close_rmsnorm"
-    dst = args[-1]
-    assert isinstance(dst, closers.CloseDst)
+    dst, y2 = args[-2:]  # (the halves' second output last: tests/kernels/test_halves.py)
+    assert isinstance(dst, closers.CloseDst) and y2 is None
     assert (dst.w, dst.q, dst.scale, dst.sums, dst.sums_lo) == (norm.ptr, act_h.q8.ptr, act_h.scale8.ptr,
                                                                  act_h.sums8.ptr, act_h.sums8_lo.ptr)
     assert (dst.count, dst.part, dst.width) == (scratch.ptr, scratch.ptr + closers.close_count_bytes(H), H)

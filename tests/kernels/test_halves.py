@@ -118,6 +118,16 @@ def test_the_norm_of_two_halves_reads_both_and_stores_their_sum_apart() -> None:
         ops.rmsnorm_of(a, w, 5120, 1e-6, add=(a, b))
 
 
+def test_the_launch_keeps_the_sum_where_it_fills_in_the_rows_stride() -> None:
+    """produce() sets out32's row stride to the act's where the caller gave none: the sum's row must survive it."""
+    from tests.kernels.test_close import _act, _Dev
+
+    dev, act, x, xn = _Dev(), _act(5120), _buf(0x1000), _buf(0x7000)
+    ops.produce(dev, ops.rmsnorm_of(x, _buf(0x4000), 5120, 1e-6, out32=xn, add=(_buf(0x2000), _buf(0x3000))), act, 1)
+    ((_, args),) = dev.launches
+    assert (args[0].x_sum, args[0].out32, args[0].ld_out32) == (x.ptr, xn.ptr, act.ld)
+
+
 def test_the_fused_producers_never_take_a_norm_of_halves(monkeypatch) -> None:
     monkeypatch.setattr(i8b, "FUSE", True)
     monkeypatch.setattr(ops, "I8_MATMUL", True)

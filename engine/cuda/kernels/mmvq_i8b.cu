@@ -29,6 +29,11 @@
 // A closer behind (CLOSE != CLOSE_NONE, kernels/act8_close.cuh): the block's warp 0 counts its tiles once it has
 // stored them, and closes the superblocks of the next matmul's int8 input that its count completes.
 //
+// In halves (HALVES, an even grid): the walk goes over half-tiles, tile v >> 1's superblocks of half v & 1, so each
+// block keeps one half (its index's parity) and a launch of 320 tiles on 128 blocks runs 5 halves a block where it
+// ran 3 whole tiles on 107. The first half stores y = its sums + bias + residual, the second y2 = its sums; the
+// next RMSNorm adds them (engine/cuda/ops.py rmsnorm_of add=, as ffn_down's halves on mmvq_i8: kernels/mmvq.cuh).
+//
 // Not built before sm_90 (no tensor copies): the launcher (engine/cuda/i8b.py) takes it on sm_90+ only, and the
 // body compiles to a trap elsewhere so that every architecture still builds the file.
 #include "act8.cuh"
@@ -226,29 +231,35 @@ __device__ __forceinline__ void i8b_superblock(const u8* qst, const u8* words, c
 // once; warp w takes the w-th contiguous share of each tile's superblocks (ceil(nb / W), the last ones fewer)
 // through its own ring of NS stages of S superblocks, which runs on from one tile into the next; dynamic shared
 // memory 1024 (alignment) + i8b_x_bytes(nb) + W NS S (2048 + 256). CLOSE: the producer (ACT_RMSNORM, ACT_SWIGLU)
-// whose output for the next matmul `close` describes, formed from y at the tail (CLOSE_NONE: none).
-template <int S, int NS, int MODE, int CLOSE>
+// whose output for the next matmul `close` describes, formed from y at the tail (CLOSE_NONE: none). HALVES (an
+// even grid, no producer or closer): the block's half-tiles as above, the second halves' sums into y2.
+template <int S, int NS, int MODE, int CLOSE, bool HALVES = false>
 __global__ void __launch_bounds__(I8B_MAX_WARPS * 32)
 mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          const I8bSrc src, float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual,
-         int rows, int K, const Act8Close close) {
+         int rows, int K, const Act8Close close, float* __restrict__ y2) {
 #if __CUDA_ARCH__ >= 900
+    static_assert(!HALVES || (MODE == I8B_STAGED && CLOSE == CLOSE_NONE), "halves: staged, no closer");
     extern __shared__ __align__(1024) u8 smem[];
     __shared__ __align__(8) u64 bars[I8B_MAX_WARPS][NS];
     __shared__ float red[2][I8B_MAX_WARPS][16];  // by tile parity: one __syncthreads a tile
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3, nb = K / QK_SB, ntiles = (rows + 15) / 16;
-    const int share = (nb + num_warps - 1) / num_warps, sb0 = warp * share;
-    const int n = max(0, min(share, nb - sb0));  // the warp's superblocks of a tile
-    const int my_tiles = (ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    // the block's superblocks of each tile: all, or (HALVES) the first (nb + 1) / 2 or the rest by its parity
+    const int half = HALVES ? (int)(blockIdx.x & 1) : 0, first = HALVES ? (nb + 1) / 2 : nb;
+    const int part0 = half * first, part_nb = half ? nb - first : first;
+    const int share = (part_nb + num_warps - 1) / num_warps, sb0 = part0 + warp * share;
+    const int n = max(0, min(share, part0 + part_nb - sb0));  // the warp's superblocks of a tile
+    const int walked = HALVES ? 2 * ntiles : ntiles;  // tiles, or half-tiles
+    const int my_tiles = (walked - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
     // the regions: x, then every warp's quant ring (1024-byte aligned boxes), then every warp's word ring
     const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
     const u8* x = smem + (base - smem_u32(smem));
     const u32 qring = base + i8b_x_bytes(nb) + warp * NS * S * I8B_QUANT_BYTES;
     const u32 wring = base + i8b_x_bytes(nb) + num_warps * NS * S * I8B_QUANT_BYTES + warp * NS * S * TILE_UNIT;
     I8bRing<S, NS> ring(qmap, QTraits<QT_Q4_K>::planes(w, (u64)rows * nb).p[1], qring, wring,
-                        smem_u32(&bars[warp][0]), nb, sb0, n, my_tiles);
+                        smem_u32(&bars[warp][0]), nb, sb0, n, my_tiles, HALVES ? 1 : 0);
     ring.start(lane);
     PDL_ENTER();  // the activations (or what they are computed from) are the previous kernel's output
     if (MODE == I8B_STAGED)
@@ -282,13 +293,17 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
             red[k & 1][warp][2 * g + 1] = acc[1];
         }
         __syncthreads();  // (the other parity's sums, read after the last one, are rewritten only after the next)
-        const int row = 16 * ((int)blockIdx.x + k * (int)gridDim.x) + threadIdx.x;
+        const int row = 16 * (((int)blockIdx.x + k * (int)gridDim.x) >> (HALVES ? 1 : 0)) + threadIdx.x;
         if (threadIdx.x < 16 && row < rows) {
             float v = 0.f;
             for (int wi = 0; wi < num_warps; ++wi) v += red[k & 1][wi][threadIdx.x];
-            if (bias) v += bias[row];
-            if (residual) v += residual[row];
-            y[row] = v;
+            if (half) {  // the second half: its bare sums
+                y2[row] = v;
+            } else {
+                if (bias) v += bias[row];
+                if (residual) v += residual[row];
+                y[row] = v;
+            }
         }
     }
     if (CLOSE != CLOSE_NONE && warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, my_tiles);

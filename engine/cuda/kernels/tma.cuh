@@ -111,20 +111,20 @@ __device__ __forceinline__ void i8b_wait(u32 bar, int round) {
 }
 
 // A warp's ring of NS stages of S superblocks over its share (superblocks sb0 .. sb0 + n - 1) of each tile its
-// block walks (blockIdx.x + k gridDim.x): quant boxes at qring, word units at wring (shared addresses), one
-// mbarrier a slot at bars. Lane 0 issues the copies; every lane waits for them.
+// block walks (blockIdx.x + k gridDim.x, or in halves that >> 1: tshift 1): quant boxes at qring, word units at
+// wring (shared addresses), one mbarrier a slot at bars. Lane 0 issues the copies; every lane waits for them.
 template <int S, int NS>
 struct I8bRing {
     const TensorMap* map;
     const u8* words;
     u32 qring, wring, bars;
-    int nb, sb0, n, spt, num_stages;  // spt: stages a tile
-    I8bCursor out;                    // the next stage to issue
+    int nb, sb0, n, spt, num_stages, tshift;  // spt: stages a tile
+    I8bCursor out;                            // the next stage to issue
 
     __device__ __forceinline__ I8bRing(const TensorMap& m, const u8* w, u32 q, u32 wr, u32 b, int nb_, int sb0_,
-                                       int n_, int my_tiles)
+                                       int n_, int my_tiles, int tshift_ = 0)
         : map(&m), words(w), qring(q), wring(wr), bars(b), nb(nb_), sb0(sb0_), n(n_), spt((n_ + S - 1) / S),
-          num_stages(my_tiles * ((n_ + S - 1) / S)) {}
+          num_stages(my_tiles * ((n_ + S - 1) / S)), tshift(tshift_) {}
 
     __device__ __forceinline__ u32 quants(int slot) const { return qring + slot * S * I8B_QUANT_BYTES; }
     __device__ __forceinline__ u32 units(int slot) const { return wring + slot * S * TILE_UNIT; }
@@ -132,7 +132,8 @@ struct I8bRing {
     // Lane 0: the copies of stage `out` into ring slot `slot`.
     __device__ __forceinline__ void issue(int slot) {
         i8b_issue(*map, words, quants(slot), units(slot), bars + 8 * slot,
-                  16 * ((int)blockIdx.x + out.k * (int)gridDim.x), nb, sb0 + out.j * S, min(S, n - out.j * S));
+                  16 * (((int)blockIdx.x + out.k * (int)gridDim.x) >> tshift), nb, sb0 + out.j * S,
+                  min(S, n - out.j * S));
         out.next(spt);
     }
 
