@@ -18,8 +18,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch, tma
 from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_HALVES_SHAPES, I8B_SHAPES, I8V_SHAPE,
-                                    I8V_TOKENS,
-                                    I8V_WIDE_SHAPE, I8V_WIDE_TOKENS, I8V_WIDE_WARPS)
+                                    I8V_TOKENS, I8V_WIDE_SHAPE, I8V_WIDE_TOKENS, I8V_WIDE_WARPS)
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
@@ -126,9 +125,10 @@ def grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SM
     return -(-tiles // per_block)
 
 
-# A launch in halves (instances.I8B_HALVES_SHAPES; ops.OUT_HALVES): where its grid would leave the blocks this
-# much of a whole tile's work fewer or more a block. The mixers' output projections (320 tiles) run 3 tiles a
-# block on 107 blocks whole, 5 half-tiles on 128 in halves (2.5 tiles); gate | up's 2,176 run 17 tiles or 16.5.
+# A launch in halves (instances.I8B_HALVES_SHAPES; ops.OUT_HALVES): where its grid leaves a block this much of a
+# whole grid's tiles, or less. The mixers' output projections (320 tiles; three 72 KB blocks fit an SM, one is
+# spared: 264 resident) run 2 tiles a block on 160 blocks whole and 3 half-tiles (1.5 tiles) on 214 in halves;
+# gate | up's 2,176 run 9 tiles a block or 8.5, attn_q's 768 3 either way.
 HALVES_GAIN = 0.85
 
 
