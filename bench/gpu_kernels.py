@@ -343,8 +343,9 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
                 with bulk_i8(True), patched(i8b, FILL=fill):
                     for name in ("ssm_out", "attn_output"):
                         check_halves(dev, report, rng, Q.Q4_K, 1, name, "OUT_HALVES", ".fill" if fill else "")
-                    for name in ("ffn_gate_up", "odd_rows") if fill else ():  # every resident block, some a tile more
-                        check_matmul(dev, report, rng, name, Q.Q4_K, 1, precise=True, tag=".fill")
+            with bulk_i8(True), patched(i8b, FILL=True):  # every resident block, some a tile more
+                for name in ("ffn_gate_up", "odd_rows"):
+                    check_matmul(dev, report, rng, name, Q.Q4_K, 1, precise=True, tag=".fill")
         run_q6_i8_checks(dev, report, rng)
         try:
             for tiles in instances.I8_TILE_COUNTS[1:]:  # blocks of several row tiles (a partial last block too)

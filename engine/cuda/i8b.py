@@ -135,9 +135,10 @@ HALVES_GAIN = 0.85
 def halves_grid(dev: Device, tiles: int, warps: int, smem: int) -> int:
     """Blocks of a launch in halves: the walking grid over 2 x tiles half-tiles, even (each block keeps the half
     of its index's parity), within the resident blocks."""
-    cap = resident(dev, warps, smem) if PERSIST else 2 * tiles
-    blocks = grid(dev, 2 * tiles, warps, smem) if PERSIST else 2 * tiles
-    return blocks + 1 if blocks % 2 and blocks < cap else blocks - blocks % 2
+    blocks = grid(dev, 2 * tiles, warps, smem)  # (odd only on a walking grid: else a block a half-tile)
+    if blocks % 2:
+        blocks += 1 if blocks < resident(dev, warps, smem) else -1
+    return blocks
 
 
 def halves_pay(dev: Device, w: DeviceWeight) -> bool:

@@ -677,14 +677,15 @@ def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int,
     or more, a count of HALVES_AT, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8; or OUT_HALVES and
     the launch on mmvq_i8b where i8b.halves_pay. producer: the launch's own, not yet run (what it will write is
     what the launch reads)."""
-    if not (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_AT or OUT_HALVES and num_tokens == 1):
+    if not (DOWN_HALVES or OUT_HALVES):
         return False
     if producer is not None:
         act = replace(act, i8_tokens=_i8_written(dev, act, num_tokens))
     kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
-    if kernel == "i8b":
+    if kernel == "i8b":  # (one token)
         return OUT_HALVES and i8b.halves_pay(dev, w)
-    return DOWN_HALVES and (kernel == "i8q6" or (kernel == "i8" and I8_TILES == 1))
+    return (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_AT
+            and (kernel == "i8q6" or (kernel == "i8" and I8_TILES == 1)))
 
 
 # ---- int8 activations for Q8_0 (kernels/mmvq_i8q8.cu) ----

@@ -132,3 +132,11 @@ def test_otherwise_the_mixer_adds_into_x_whole(on, num_tokens: int, may_halve: b
     assert model._out(lw, model.ws.act_inner, num_tokens, None, None, may_halve) is None
     name, args = model.dev.launches[-1]
     assert not name.endswith("_halves") and model.ws.x.ptr in [getattr(a, "ptr", None) for a in args]
+
+
+def test_a_narrow_matrix_off_mmvq_i8b_stays_whole_with_both_kinds_on(on) -> None:
+    """ffn_down's halves are for rows of WIDE_COLS or more: with both switches on, ssm_out on mmvq_i8 (i8b off)
+    is not split."""
+    ops.DOWN_HALVES, i8b.ON = True, False
+    assert not ops.splits_in_halves(_Dev(), _weight(Q.Q4_K, H, 6144), _act(6144, i8_tokens=1), 1)
+    assert ops.splits_in_halves(_Dev(), _weight(Q.Q4_K, H, FFN), _act(FFN, i8_tokens=1), 1)  # ffn_down is

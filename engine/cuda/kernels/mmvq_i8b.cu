@@ -30,9 +30,9 @@
 // stored them, and closes the superblocks of the next matmul's int8 input that its count completes.
 //
 // In halves (HALVES, an even grid): the walk goes over half-tiles, tile v >> 1's superblocks of half v & 1, so each
-// block keeps one half (its index's parity) and a launch of 320 tiles on 128 blocks runs 5 halves a block where it
-// ran 3 whole tiles on 107. The first half stores y = its sums + bias + residual, the second y2 = its sums; the
-// next RMSNorm adds them (engine/cuda/ops.py rmsnorm_of add=, as ffn_down's halves on mmvq_i8: kernels/mmvq.cuh).
+// block keeps one half (its index's parity, as mmvq_half splits a tile: kernels/mmvq.cuh) and a launch of 320 tiles
+// runs 3 half-tiles a block on 214 blocks where it ran 2 whole tiles on 160. The first half stores y = its sums +
+// bias + residual, the second y2 = its sums; the next RMSNorm adds them (engine/cuda/ops.py rmsnorm_of add=).
 //
 // Not built before sm_90 (no tensor copies): the launcher (engine/cuda/i8b.py) takes it on sm_90+ only, and the
 // body compiles to a trap elsewhere so that every architecture still builds the file.
@@ -246,11 +246,10 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
     __shared__ float red[2][I8B_MAX_WARPS][16];  // by tile parity: one __syncthreads a tile
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3, nb = K / QK_SB, ntiles = (rows + 15) / 16;
-    // the block's superblocks of each tile: all, or (HALVES) the first (nb + 1) / 2 or the rest by its parity
-    const int half = HALVES ? (int)(blockIdx.x & 1) : 0, first = HALVES ? (nb + 1) / 2 : nb;
-    const int part0 = half * first, part_nb = half ? nb - first : first;
-    const int share = (part_nb + num_warps - 1) / num_warps, sb0 = part0 + warp * share;
-    const int n = max(0, min(share, part0 + part_nb - sb0));  // the warp's superblocks of a tile
+    // the block's superblocks of each tile: all, or (HALVES) its index's half (its .tile unused: the block walks)
+    const MmvqHalf part = mmvq_half<HALVES>(nb);
+    const int share = (part.len + num_warps - 1) / num_warps, sb0 = part.begin + warp * share;
+    const int n = max(0, min(share, part.begin + part.len - sb0));  // the warp's superblocks of a tile
     const int walked = HALVES ? 2 * ntiles : ntiles;  // tiles, or half-tiles
     const int my_tiles = (walked - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
     // the regions: x, then every warp's quant ring (1024-byte aligned boxes), then every warp's word ring
@@ -297,7 +296,7 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
         if (threadIdx.x < 16 && row < rows) {
             float v = 0.f;
             for (int wi = 0; wi < num_warps; ++wi) v += red[k & 1][wi][threadIdx.x];
-            if (half) {  // the second half: its bare sums
+            if (part.piece) {  // the second half: its bare sums
                 y2[row] = v;
             } else {
                 if (bias) v += bias[row];
