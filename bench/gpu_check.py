@@ -85,6 +85,7 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_kernels.run_i8_checks(dev, report, rng)
         gpu_kernels.time_i8(dev, report, rng)
+        gpu_kernels.time_q6_i8(dev, report, rng, token_counts=(1,))  # the one-token Q6_K forms (q6i8: 1-5 tokens)
     elif name == "q6i8":  # the int8-activation Q6_K matmul alone (also inside "i8"), timed beside the f16 kernels
         from bench import gpu_kernels
 

@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, patched, poison
-from engine.cuda import gemm, i8b, instances, ops
+from engine.cuda import gemm, i8b, instances, ops, q6b
 from engine.cuda.device import PDL_MIN_ARCH, Buffer, CudaError, Device
 from engine.cuda.repack import device_nbytes, random_blocks
 from engine.gguf.quants import dequantize
@@ -98,6 +98,12 @@ I8_TILE_CHECKS = [("odd_rows", 1), ("odd_rows", 4), ("ssm_ab", 1), ("ffn_down", 
 # output head at one token. Held to TOL_I8 against the float64 reference and, precise, to the f16 kernels.
 Q6_I8_CHECKS = [(name, t) for name in ("odd_rows", "ffn_down") for t in instances.Q6_I8_TOKENS] + [
     ("attn_kv", 1), ("attn_kv", 5), ("output", 1)]
+# ... and its one-token form on tensor copies (kernels/mmvq_i8q6b.cu): every instance shape on a partial tile with
+# an odd number of blocks (odd_rows: the last d word) and round a warp's ring on ffn_down (17 superblocks a warp),
+# the launcher's shape on attn_v's 64 tiles and on the output head (~59 tiles a block). Held to TOL_I8 against the
+# float64 reference and to mmvq_q6_i8 (the same int32 products, summed in another order) at TOL_I8B_SAME.
+Q6B_CHECKS = [(name, shape) for shape in instances.Q6B_SHAPES for name in ("odd_rows", "ffn_down")] + [
+    ("attn_kv", None), ("output", None)]
 
 
 def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q, num_tokens: int,
@@ -123,10 +129,11 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
     variant = f"{qtype.name}.T{num_tokens}" + (".precise" if precise else "") + tag
     verify = i8b.verify_runs(dev, w, num_tokens, act)
     q6 = ops.q6_i8_runs(dev, w, num_tokens, act)
+    q6_bulk = q6 and q6b.runs(dev, w, num_tokens)
     i8 = verify or q6 or ops.i8_runs(qtype, num_tokens, act, dev.info.max_smem_per_block)
     bulk = i8 and not verify and not q6 and i8b.runs(dev, w, num_tokens, act)
-    pipelined = ("i8v" if verify else "i8q6" if q6 else "i8b" if bulk else "i8") if i8 else \
-        _runs_pipeline(qtype, precise, num_tokens)
+    pipelined = ("i8v" if verify else ("i8q6b" if q6_bulk else "i8q6") if q6 else "i8b" if bulk else "i8") if i8 \
+        else _runs_pipeline(qtype, precise, num_tokens)
     variant += f".{pipelined}" if pipelined else ""
     compare(report, "matmul", variant, out[:, pick], ref, TOL_I8 if i8 else tol)
     unwritten = int(np.count_nonzero(np.isnan(out)))
@@ -134,6 +141,10 @@ def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: st
         report.checks[-1].unwritten = unwritten
     if bulk or (verify and num_tokens <= instances.I8_MAX_TOKENS):  # mmvq_i8's arithmetic in another order
         _check_against_i8(dev, report, w, act, y, res, out, num_tokens, variant)
+    if q6_bulk:  # mmvq_q6_i8's
+        with q6_i8_bulk(False):
+            plain = _rerun(dev, w, act, y, res, num_tokens)
+        compare(report, "matmul.same", variant + ".vs_i8q6", out, plain, TOL_I8B_SAME)
     if i8 and precise:  # against the fast f16 kernel the difference is that kernel's own error (~2e-4)
         _check_against_f16(dev, report, w, act, y, res, out, num_tokens, variant)
     elif pipelined and not i8:
@@ -365,6 +376,15 @@ def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
                 check_matmul(dev, report, rng, name, Q.Q6_K, num_tokens, precise=precise)
         for num_tokens in (1, 5):
             check_halves(dev, report, rng, Q.Q6_K, num_tokens)
+        if dev.info.arch >= i8b.MIN_ARCH:
+            for name, shape in Q6B_CHECKS:
+                for precise in (False, True):
+                    with q6_i8_bulk(True, shape):
+                        tag = f".s{q6b.SHAPE[0]}n{q6b.SHAPE[1]}"
+                        check_matmul(dev, report, rng, name, Q.Q6_K, 1, precise=precise, tag=tag)
+            for shape in instances.Q6B_SHAPES:  # walking half-tiles
+                with q6_i8_bulk(True, shape):
+                    check_halves(dev, report, rng, Q.Q6_K, 1, tag=f".i8q6b.s{shape[0]}n{shape[1]}")
 
 
 # The halves' sum against the whole launch: the same int32 products, the float sums in another order (~1e-7); a
@@ -493,20 +513,29 @@ def q6_i8(on: bool, warps: int | None = None):
         ops.Q6_I8, ops.Q6_I8_COUNTS, ops.I8_WARPS = saved
 
 
+@contextmanager
+def q6_i8_bulk(on: bool, shape: tuple[int, int] | None = None):
+    """The tensor-copy int8 Q6_K matmul of one token (engine/cuda/q6b.py) switched for the block at every row
+    width, in `shape` (None: the launcher's); its settings restored after it."""
+    with patched(q6b, ON=on, SHAPE=shape or q6b.SHAPE, MIN_COLS=0):
+        yield
+
+
 def time_q6_i8(dev: Device, report: Report, rng: np.random.Generator, token_counts=(1, 2, 3, 4, 5)) -> None:
-    """The int8 Q6_K matmul (Q6_I8_TRIALS: blocks of the launcher's, 4 and 8 warps) against the f16 kernel the
-    table runs (precise) at each Q6_K shape of the 27B pass."""
+    """The int8 Q6_K matmul (Q6_I8_TRIALS: blocks of the launcher's, 4 and 8 warps; at one token its tensor-copy
+    form too) against the f16 kernel the table runs (precise) at each Q6_K shape of the 27B pass."""
     print("int8 Q6_K matmul timings (us, GB/s): the f16 kernel the table picks (precise) | i8q6 ...", flush=True)
     for name in Q6_I8_TIMED:
         m = timed_matrix(dev, rng, name, Q.Q6_K, precise=True)
         for t in token_counts:
             cells = []
-            for label, warps in (("f16", None),) + Q6_I8_TRIALS:
-                with q6_i8(label != "f16", warps=warps):
+            for label, warps in (("f16", None),) + Q6_I8_TRIALS + (("i8q6b", None),):
+                with q6_i8(label != "f16", warps=warps), q6_i8_bulk(label == "i8q6b"):
                     ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)
                     if label == "f16":  # Q6_I8 off: the f16 kernel the table picks
                         label = (ops.pipeline_kernel(Q.Q6_K, True, t) or "plain") + ".precise"
-                    elif not ops.q6_i8_runs(dev, m.ws[0], t, m.act):
+                    elif not ops.q6_i8_runs(dev, m.ws[0], t, m.act) or \
+                            (label == "i8q6b") != q6b.runs(dev, m.ws[0], t):
                         continue
                     timing = m.record(dev, report, t, "matmul", f"{name}.Q6_K.T{t}.{label}")
                 cells.append(f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}")

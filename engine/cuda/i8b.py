@@ -132,12 +132,13 @@ def grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SM
 HALVES_GAIN = 0.85
 
 
-def halves_grid(dev: Device, tiles: int, warps: int, smem: int) -> int:
+def halves_grid(dev: Device, tiles: int, warps: int, smem: int, static: int = STATIC_SMEM,
+                spare: int | None = None) -> int:
     """Blocks of a launch in halves: the walking grid over 2 x tiles half-tiles, even (each block keeps the half
     of its index's parity), within the resident blocks."""
-    blocks = grid(dev, 2 * tiles, warps, smem)  # (odd only on a walking grid: else a block a half-tile)
+    blocks = grid(dev, 2 * tiles, warps, smem, static, spare)  # (odd only on a walking grid: else a block a half)
     if blocks % 2:
-        blocks += 1 if blocks < resident(dev, warps, smem) else -1
+        blocks += 1 if blocks < resident(dev, warps, smem, static, spare) else -1
     return blocks
 
 

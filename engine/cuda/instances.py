@@ -77,6 +77,9 @@ I8V_WIDE_SHAPE = (1, 3)
 # Tokens of the int8-activation Q6_K matmul (kernels/mmvq_i8q6.cu: a sub-block's 2T columns in one mma up to 4
 # tokens, a pass a level past that), an instance each: mmvq_q6_K_i8_t{T}.
 Q6_I8_TOKENS = tuple(range(1, 9))
+# (superblocks a stage, stages a warp) of its one-token form on tensor copies (kernels/mmvq_i8q6b.cu, sm_90+),
+# whole and walking half-tiles: mmvq_q6_K_i8b_s{S}n{NS}[_halves].
+Q6B_SHAPES = ((2, 2), (3, 2))
 # Tokens of both in halves (two blocks a tile: ops.DOWN_HALVES), an instance each: mmvq_q{4,6}_K_i8_t{T}_halves.
 HALVES_TOKENS = tuple(range(1, I8_MAX_TOKENS + 1))
 # Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type it stages.
@@ -165,6 +168,9 @@ def _build() -> dict[str, Instance]:
             for s, n in I8B_HALVES_SHAPES]
     out += [Instance(f"mmvq_q6_K_i8_t{t}_halves", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, -1, true>")
             for t in HALVES_TOKENS]
+    out += [Instance(f"mmvq_q6_K_i8b_s{s}n{n}" + ("_halves" if halves else ""), "mmvq_i8q6b",
+                     f"mmvq_q6_i8b<{s}, {n}, {'true' if halves else 'false'}>")
+            for s, n in Q6B_SHAPES for halves in (False, True)]
     out += [Instance("mmvq_q8_0_i8", "mmvq_i8q8", "mmvq_q8_0_i8")]  # Q8_0, 1-8 tokens of int8 activations
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import env_flag, env_switch, gemm, i8b, persist
+from engine.cuda import env_flag, env_switch, gemm, i8b, persist, q6b
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, HALVES_TOKENS, I8_MAX_TOKENS,
                                    MATMUL_QTYPES, PERSIST_QTYPES, STAGE_SHAPE, STAGED_QTYPES, qtype_tag)
@@ -626,10 +626,14 @@ def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buff
                 bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None,
                 y2: Buffer | None = None) -> None:
     """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
-    closer, the next matmul's input formed from y behind it; with y2, two blocks a tile (as _mmvq_i8)."""
+    closer, the next matmul's input formed from y behind it; with y2, two blocks a tile (as _mmvq_i8). One token
+    with no closer goes to its tensor-copy form where q6b.runs says so."""
     from engine.cuda.closers import close_dst, instance
 
     q8, scale8, _, _ = group8
+    if closer is None and q6b.runs(dev, w, t, halves=y2 is not None):
+        q6b.launch(dev, w, q8, scale8, y, bias, residual, y2)
+        return
     blocks, warps, smem = _q6_i8_shape(dev, w, t)
     name = instance(f"mmvq_q6_K_i8_t{t}", closer)
     if y2 is not None:

@@ -1,0 +1,274 @@
+// Q6_K x one token with int8 activations, the weights streamed by the tensor-copy engine (sm_90+): y[rows] = W x
+// (+ bias) (+ residual). The arithmetic of kernels/mmvq_i8q6.cu at T = 1 (signed 6-bit weights in a few logic ops,
+// mma.m16n8k32 against the act8 copy's two int8 levels, each column one 16-wide sub-block at one level); the
+// copies, the walking grid and the staged row of kernels/mmvq_i8b.cu.
+//
+// Why. mmvq_q6_i8 issues 7 cp.async copies a lane a stage, and on the H200 a cp.async matmul streams at ~23 GB/s
+// an SM where mmvq_i8b's tensor copies reach ~27 (bench/NOTES.md Z21): ffn_down's Q6_K bytes were the slowest of
+// the one-token pass (~2.1 TB/s, 24 launches of 73 MB). Here lane 0 of a warp issues a stage: per superblock one
+// tensor copy of the tile's 16 ql' rows (a 16 x 128-byte box, 128-byte swizzle, as Q4_K's quants) and one of its
+// 16 qh' rows (16 x 64 bytes, 64-byte swizzle), both counted in at the stage's mbarrier. The scales and d are
+// small and row-major with strides no tensor map takes (d's row is 2 nb bytes), so every lane copies a piece of
+// them by cp.async as mmvq_q6_i8 does (lanes 0-15 a row's 16 scales, 16-31 the word that holds a row's d), one
+// commit group a stage: a stage is in once its mbarrier's phase has passed and its group has landed.
+//
+// Rows. Lane (g, c) takes tile rows 2g and 2g + 1 (mma rows g and g + 8), as mmvq_i8b: a half-warp's four rows
+// have swizzles of both parities, so its 8-byte reads of ql' fall in eight different 16-byte chunks, and of qh'
+// (swizzled by row / 2) in four chunks of different banks.
+//
+// In halves (HALVES, an even grid), as mmvq_i8b: block b walks half-tiles b, b + G, ..., all of its index's
+// parity (mmvq_half's split of a tile), and stages only that half of the row; the first half stores y = its sums
+// + bias + residual, the second y2 = its sums, which the next RMSNorm adds (engine/cuda/ops.py rmsnorm_of add=).
+//
+// Not built before sm_90 (no tensor copies): the launcher (engine/cuda/q6b.py) takes it on sm_90+ only.
+#include "i8q6k.cuh"
+#include "tma.cuh"
+
+#define Q6B_MAX_WARPS 8
+#define Q6B_QL_BYTES 2048  // a superblock's ql' box: 16 rows x 128 bytes
+#define Q6B_QH_BYTES 1024  // its qh' box: 16 rows x 64 bytes
+#define Q6B_WORD_BYTES 320  // its 16 rows' scales (16 bytes each), then the words holding their d (4 bytes each)
+
+// The block's activations of n superblocks (its part of the row), staged once: the hi level [n][256], the lo level
+// 64 bytes further (a quarter-warp's hi and lo readers fall in different banks), then each superblock's two level
+// scales (hi, lo; 16 bytes a superblock, 8 used). Mirrored by engine/cuda/q6b.py x_bytes.
+__device__ __forceinline__ int q6b_xlo(int n) { return 256 * n + 64; }
+__device__ __forceinline__ int q6b_xsc(int n) { return q6b_xlo(n) + 256 * n; }
+__device__ __forceinline__ int q6b_x_bytes(int n) { return (q6b_xsc(n) + 16 * n + 1023) & ~1023; }
+
+// Superblocks sb0 .. sb0 + n - 1 of token 0's act8 copy into xs, by all the block's threads; waited for (with
+// every earlier copy of the thread) before the caller returns.
+__device__ __forceinline__ void q6b_stage_x(u32 xs, const i8* q8, const float* scale8, int sb0, int n) {
+    const u8* q = reinterpret_cast<const u8*>(q8) + (u64)sb0 * 4096;
+    for (int i = threadIdx.x; i < 32 * n; i += blockDim.x) {  // 16 chunks of each level a superblock
+        const int sb = i >> 5, part = i & 15, level = (i >> 4) & 1;
+        cp_async16(xs + (level ? q6b_xlo(n) : 0) + 256 * sb + 16 * part, q + 4096 * sb + 2048 * level + 16 * part);
+    }
+    for (int i = threadIdx.x; i < 2 * n; i += blockDim.x)  // scale8 [sb][level][8]: token 0's hi, then lo
+        cp_async4(xs + q6b_xsc(n) + 16 * (i >> 1) + 4 * (i & 1), scale8 + 16 * (sb0 + (i >> 1)) + 8 * (i & 1));
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
+// A warp's ring of NS stages of S superblocks over its share (superblocks sb0 .. sb0 + n - 1) of each tile its
+// block walks (blockIdx.x + k gridDim.x, >> tshift in halves): ql' boxes at ql, qh' boxes at qh, the scales and d
+// words at wd (shared addresses), an mbarrier a slot at bars. Every lane calls issue and acquire: lane 0 issues
+// the tensor copies, every lane its cp.async piece, and each call commits one group (empty or not), so a lane's
+// groups stay one a stage.
+template <int S, int NS>
+struct Q6bRing {
+    const TensorMap *qlmap, *qhmap;
+    const u8 *scales, *dplane;
+    u64 ntot;
+    u32 ql, qh, wd, bars;
+    int rows, nb, sb0, n, spt, num_stages, tshift;  // spt: stages a tile
+    I8bCursor out;                                  // the next stage to issue
+
+    __device__ __forceinline__ Q6bRing(const TensorMap& lm, const TensorMap& hm, const Planes& P, int rows_, int nb_,
+                                       u32 ql_, u32 qh_, u32 wd_, u32 b, int sb0_, int n_, int my_tiles, int tshift_)
+        : qlmap(&lm), qhmap(&hm), scales(P.p[2]), dplane(P.p[3]), ntot((u64)rows_ * nb_), ql(ql_), qh(qh_), wd(wd_),
+          bars(b), rows(rows_), nb(nb_), sb0(sb0_), n(n_), spt((n_ + S - 1) / S),
+          num_stages(my_tiles * ((n_ + S - 1) / S)), tshift(tshift_) {}
+
+    __device__ __forceinline__ u32 lows(int slot) const { return ql + slot * S * Q6B_QL_BYTES; }
+    __device__ __forceinline__ u32 highs(int slot) const { return qh + slot * S * Q6B_QH_BYTES; }
+    __device__ __forceinline__ u32 words(int slot) const { return wd + slot * S * Q6B_WORD_BYTES; }
+
+    // Stage `out` into ring slot `slot`, then one commit group.
+    __device__ __forceinline__ void issue(int slot, int lane) {
+        const int row0 = 16 * (((int)blockIdx.x + out.k * (int)gridDim.x) >> tshift);
+        const int sb = sb0 + out.j * S, here = min(S, n - out.j * S);
+        const u32 bar = bars + 8 * slot;
+        if (lane == 0) {
+            mbar_expect_tx(bar, (u32)here * (Q6B_QL_BYTES + Q6B_QH_BYTES));
+            for (int s = 0; s < here; ++s) {
+                tensor_copy_2d(lows(slot) + Q6B_QL_BYTES * s, *qlmap, 128 * (sb + s), row0, bar);
+                tensor_copy_2d(highs(slot) + Q6B_QH_BYTES * s, *qhmap, 64 * (sb + s), row0, bar);
+            }
+        }
+        const u64 idx = (u64)stage_row_base(row0, lane & 15, rows, nb) + sb;  // row lane % 16's block index
+        for (int s = 0; s < here; ++s) {
+            const u32 dst = words(slot) + Q6B_WORD_BYTES * s;
+            if (lane < 16)
+                cp_async16_w(dst + 16 * lane, scales + (idx + s) * 16);
+            else
+                q6k_d_word_copy(dst + 256 + 4 * (lane - 16), dplane, idx + s, ntot);
+        }
+        cp_async_commit();
+        out.next(spt);
+    }
+
+    // Lane 0 the barriers; every lane the first NS - 1 stages (a group each, empty past the last). The weights
+    // do not depend on the previous kernel, so this goes before PDL_ENTER.
+    __device__ __forceinline__ void start(int lane) {
+        if (lane == 0) mbar_init_ring(bars, NS);
+        __syncwarp();
+        for (int k = 0; k < NS - 1; ++k) {
+            if (k < num_stages)
+                issue(k, lane);
+            else
+                cp_async_commit();
+        }
+    }
+
+    // Stage i's slot (all tiles counted) once its bytes are in; first the slot that stage i - 1 read is refilled
+    // with stage i + NS - 1, after every lane is done reading it.
+    __device__ __forceinline__ int acquire(int i, int lane) {
+        const int slot = i % NS;
+        __syncwarp();
+        if (i + NS - 1 < num_stages)
+            issue((i + NS - 1) % NS, lane);
+        else
+            cp_async_commit();
+        cp_async_wait<NS - 1>();  // this lane's piece of stage i
+        __syncwarp();             // and every other lane's
+        i8b_wait(bars + 8 * slot, i / NS);
+        return slot;
+    }
+};
+
+// The lane's 8 bytes of qh' chunk j (0-3) of tile row 2g + r in a 64-byte-swizzled box (16-byte chunk k of row t
+// at k ^ (t / 2 % 4)), as byte offsets.
+__device__ __forceinline__ void q6b_high_offsets(int g, int c, int (&hoff)[2][4]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int t = 2 * g + r;
+            hoff[r][j] = 64 * t + 16 * (j ^ ((t >> 1) & 3)) + 8 * (c & 1);
+        }
+}
+
+// One superblock (its ql' box at ql, qh' box at qh, scales and d words at wd; superblock sx of the staged x of
+// nx) into the lane's sums acc of tile rows 2g, 2g + 1; idx[r]: the block index of row 2g + r's superblock (which
+// half of its d word holds d). Lane (g, c) supplies B column g: sub-block g / 2 of each 64-position chunk (0, 1 the
+// low nibbles of lanes c < 2 and c >= 2, 2, 3 the high ones) at level g % 2, zero where the mma's k are another
+// sub-block's; it ends each chunk with sub-block c's sums of its two rows at both levels, scaled by one IMAD each.
+__device__ __forceinline__ void q6b_superblock(const u8* ql, const u8* qh, const u8* wd, const u8* x, int nx,
+                                               int sx, const int (&qoff)[2][4], const int (&hoff)[2][4], int g,
+                                               int c, const u32 (&idx)[2], float (&acc)[2]) {
+    const uint4 sc0 = *reinterpret_cast<const uint4*>(wd + 16 * (2 * g));
+    const uint4 sc1 = *reinterpret_cast<const uint4*>(wd + 16 * (2 * g + 1));
+    const u32 scw0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, scw1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
+    const u8* xv = x + ((g & 1) ? q6b_xlo(nx) : 0) + 256 * sx + 16 * c;
+    const int u = g >> 1, hshift = 4 * (c >> 1);
+    int isum[4] = {0, 0, 0, 0};  // (row 2g, hi), (row 2g, lo), (row 2g + 1, hi), (row 2g + 1, lo)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint2 l0 = *reinterpret_cast<const uint2*>(ql + qoff[0][j]);
+        const uint2 l1 = *reinterpret_cast<const uint2*>(ql + qoff[1][j]);
+        const uint2 h0 = *reinterpret_cast<const uint2*>(qh + hoff[0][j]);
+        const uint2 h1 = *reinterpret_cast<const uint2*>(qh + hoff[1][j]);
+        const u32 h0x = h0.x >> hshift, h0y = h0.y >> hshift, h1x = h1.x >> hshift, h1y = h1.y >> hshift;
+        const u32 a[2][4] = {{q6_s8x4(l0.x, h0x), q6_s8x4(l1.x, h1x), q6_s8x4(l0.y, h0y), q6_s8x4(l1.y, h1y)},
+                             {q6_s8x4(l0.x >> 4, h0x >> 2), q6_s8x4(l1.x >> 4, h1x >> 2),
+                              q6_s8x4(l0.y >> 4, h0y >> 2), q6_s8x4(l1.y >> 4, h1y >> 2)}};
+        const uint4 b = *reinterpret_cast<const uint4*>(xv + 64 * j);
+        int d[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const bool on = u == 2 * h + (c >> 1);
+            mma_s8s8_16832_acc(d, a[h], on ? (h ? b.z : b.x) : 0u, on ? (h ? b.w : b.y) : 0u);
+        }
+        const int s0 = sbyte(scw0[j], 8 * c), s1 = sbyte(scw1[j], 8 * c);  // sub-block 4j + c of each row
+        isum[0] += s0 * d[0];
+        isum[1] += s0 * d[1];
+        isum[2] += s1 * d[2];
+        isum[3] += s1 * d[3];
+    }
+    const float2 lv = *reinterpret_cast<const float2*>(x + q6b_xsc(nx) + 16 * sx);  // token 0's hi, lo scales
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u32 word = *reinterpret_cast<const u32*>(wd + 256 + 4 * (2 * g + r));
+        const float dr = f16_to_f32((f16)q6k_d_of_word(word, idx[r]));
+        acc[r] += dr * ((float)isum[2 * r] * lv.x + (float)isum[2 * r + 1] * lv.y);
+    }
+}
+
+// y[rows] = x @ W^T (+ bias) (+ residual), W Q6_K (qlmap, qhmap: its ql' and qh' planes, engine/cuda/q6b.py), one
+// token, K a multiple of 256, x in act8 (group 0's bases). Launch: blocks of W <= Q6B_MAX_WARPS warps walking the
+// 16-row tiles b, b + gridDim.x, ... (or, HALVES, the half-tiles: an even grid), the block's part of the row staged
+// once; warp w takes the w-th contiguous share of each tile's superblocks (of the block's half) through its ring of
+// NS stages of S superblocks; dynamic shared memory 1024 (alignment) + q6b_x_bytes(part) + W NS S (2048 + 1024 +
+// 320), part the superblocks of a block's (larger) half or the whole row.
+template <int S, int NS, bool HALVES>
+__global__ void __launch_bounds__(Q6B_MAX_WARPS * 32, 1)  // (ptxas picks 80 registers and spills without the 1)
+mmvq_q6_i8b(const __grid_constant__ TensorMap qlmap, const __grid_constant__ TensorMap qhmap,
+            const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
+            float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows,
+            int K, float* __restrict__ y2) {
+#if __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(1024) u8 smem[];
+    __shared__ __align__(8) u64 bars[Q6B_MAX_WARPS][NS];
+    __shared__ float red[2][Q6B_MAX_WARPS][16];  // by tile parity: one __syncthreads a tile
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3, nb = K / QK_SB, ntiles = (rows + 15) / 16;
+    const MmvqHalf part = mmvq_half<HALVES>(nb);  // the block's superblocks of each tile (its .tile unused)
+    const int share = (part.len + num_warps - 1) / num_warps, sx0 = warp * share;  // in the block's part
+    const int n = max(0, min(share, part.len - sx0));
+    const int walked = HALVES ? 2 * ntiles : ntiles;  // tiles, or half-tiles
+    const int my_tiles = (walked - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    // the regions: x, then every warp's ql' ring, qh' ring (1024-byte aligned boxes), and word ring
+    const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
+    const u8* x = smem + (base - smem_u32(smem));
+    const u32 rings = base + q6b_x_bytes(HALVES ? nb - nb / 2 : nb), ring_qs = num_warps * NS * S;
+    Q6bRing<S, NS> ring(qlmap, qhmap, QTraits<QT_Q6_K>::planes(w, (u64)rows * nb), rows, nb,
+                        rings + warp * NS * S * Q6B_QL_BYTES,
+                        rings + ring_qs * Q6B_QL_BYTES + warp * NS * S * Q6B_QH_BYTES,
+                        rings + ring_qs * (Q6B_QL_BYTES + Q6B_QH_BYTES) + warp * NS * S * Q6B_WORD_BYTES,
+                        smem_u32(&bars[warp][0]), part.begin + sx0, n, my_tiles, HALVES ? 1 : 0);
+    ring.start(lane);
+    PDL_ENTER();  // the activations are the previous kernel's output
+    q6b_stage_x(base, q8, scale8, part.begin, part.len);
+    int qoff[2][4], hoff[2][4];  // the lane's 8 bytes of chunk j of tile row 2g + r in the swizzled boxes
+    i8b_quant_offsets(g, c, qoff);
+    q6b_high_offsets(g, c, hoff);
+    int i = 0;  // the stage consumed next (all tiles counted)
+    for (int k = 0; k < my_tiles; ++k) {
+        const int row0 = 16 * (((int)blockIdx.x + k * (int)gridDim.x) >> (HALVES ? 1 : 0));
+        const u32 base0 = stage_row_base(row0, 2 * g, rows, nb), base1 = stage_row_base(row0, 2 * g + 1, rows, nb);
+        float acc[2] = {0.f, 0.f};
+        for (int j = 0; j < ring.spt; ++j, ++i) {
+            const int slot = ring.acquire(i, lane);
+            const u8* lst = x + (ring.lows(slot) - base);
+            const u8* hst = x + (ring.highs(slot) - base);
+            const u8* wst = x + (ring.words(slot) - base);
+            const int here = min(S, n - j * S);
+#pragma unroll
+            for (int s = 0; s < S; ++s)
+                if (s < here) {
+                    const int sx = sx0 + j * S + s, sb = part.begin + sx;
+                    const u32 idx[2] = {base0 + sb, base1 + sb};
+                    q6b_superblock(lst + Q6B_QL_BYTES * s, hst + Q6B_QH_BYTES * s, wst + Q6B_WORD_BYTES * s, x,
+                                   part.len, sx, qoff, hoff, g, c, idx, acc);
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {  // the quad's columns: sub-block c of every chunk, each lane
+            acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 1);
+            acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 2);
+        }
+        if (c == 0) {
+            red[k & 1][warp][2 * g] = acc[0];
+            red[k & 1][warp][2 * g + 1] = acc[1];
+        }
+        __syncthreads();  // (the other parity's sums, read after the last one, are rewritten only after the next)
+        const int row = row0 + threadIdx.x;
+        if (threadIdx.x < 16 && row < rows) {
+            float v = 0.f;
+            for (int wi = 0; wi < num_warps; ++wi) v += red[k & 1][wi][threadIdx.x];
+            if (part.piece) {  // the second half: its bare sums
+                y2[row] = v;
+            } else {
+                if (bias) v += bias[row];
+                if (residual) v += residual[row];
+                y[row] = v;
+            }
+        }
+    }
+    cp_async_wait<0>();  // nothing may land in shared memory after the block exits
+#else
+    __trap();  // the launcher takes this kernel on sm_90+ only
+#endif
+}
