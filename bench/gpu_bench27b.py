@@ -37,7 +37,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
                "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves", "q6b", "q6bhalves",
-               "q6bdown")
+               "q6bdown", "q6bw8")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -149,7 +149,7 @@ Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4
 # ffn_down at one token in two blocks a tile (ops.DOWN_HALVES: the second half's sums added by the next input norm);
 # halvesi8b: with the Q4_K ffn_downs on mmvq_i8b as in i8b (there only the Q6_K ones go in halves); halves5: with
 # both ffn_downs on the int8 kernels at 5 tokens too (i8t5's and q6i8all's settings), in halves there as well
-HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5", "widehalves", "fillhalves", "allhalves", "q6bhalves"})
+HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5", "widehalves", "fillhalves", "allhalves", "q6bhalves", "q6bw8"})
 # v7 with the mixers' output projections on mmvq_i8b in halves (ops.OUT_HALVES) where that evens the blocks' work;
 # allhalves and fillhalves with ffn_down's halves too
 OUT_HALVES_VARIANTS = frozenset({"outhalves", "fillhalves", "allhalves"})
@@ -161,8 +161,10 @@ WIDE_VARIANTS = {"wide": frozenset(I8V_WIDE_TOKENS), "wide5": frozenset(t for t 
                  "widehalves": frozenset(I8V_WIDE_TOKENS)}
 # v7 with the one-token Q6_K matmuls on tensor copies (q6b.ON: ffn_down, attn_v, the output head); q6bhalves with
 # ffn_down in halves too (both ffn_downs: the Q6_K ones on the tensor-copy form's half-tiles); q6bdown on ffn_down's
-# width only (q6b.MIN_COLS)
-Q6B_VARIANTS = {"q6b": 0, "q6bhalves": 0, "q6bdown": 17408}
+# width only (q6b.MIN_COLS); q6bw8 q6bhalves in blocks of 8 warps (one an SM: ffn_down's 640 half-tiles 5 a block
+# on 128 blocks, where 4-warp blocks, three an SM, leave 56 SMs 6 half-tiles)
+Q6B_VARIANTS = {"q6b": 0, "q6bhalves": 0, "q6bdown": 17408, "q6bw8": 0}
+Q6B_WARPS_VARIANTS = {"q6bw8": 8}
 CLOSE_VARIANTS = frozenset({"close", "close5"})
 Q8_I8_VARIANTS = frozenset({"close", "q8i8", "close5"})
 # The recurrent delta rule's state columns a warp (mixers.GDN_COLS, 4 by default since Z4; gdn8 the old form)
@@ -528,6 +530,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.FILL = name in FILL_VARIANTS
     q6b.ON = name in Q6B_VARIANTS or q6b._default()
     q6b.MIN_COLS = Q6B_VARIANTS.get(name, 0)
+    q6b.WARPS = Q6B_WARPS_VARIANTS.get(name, q6b.DEFAULT_WARPS)
     ops.Q8_I8 = name in Q8_I8_VARIANTS or env_flag(ops.Q8_I8_ENV, False)
     mixers.GDN_COLS = GDN_COLS_VARIANTS.get(name, mixers._gdn_cols_default())
     mixers.GDN_CONV = name not in CONV_APART_VARIANTS and env_switch(mixers.GDN_CONV_ENV, True)
