@@ -37,7 +37,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
                "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves", "q6b", "q6bhalves",
-               "q6bdown", "q6bw8")
+               "q6bdown", "q6bw8", "q6bh8", "noq6b", "q6bwhole")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -159,12 +159,14 @@ FILL_VARIANTS = frozenset({"fill", "fillhalves"})
 # to 24 warps, one superblock a stage): wide from 3 tokens, wide5 from 5, widehalves from 3 with halves' ffn_down
 WIDE_VARIANTS = {"wide": frozenset(I8V_WIDE_TOKENS), "wide5": frozenset(t for t in I8V_WIDE_TOKENS if t >= 5),
                  "widehalves": frozenset(I8V_WIDE_TOKENS)}
-# v7 with the one-token Q6_K matmuls on tensor copies (q6b.ON: ffn_down, attn_v, the output head); q6bhalves with
-# ffn_down in halves too (both ffn_downs: the Q6_K ones on the tensor-copy form's half-tiles); q6bdown on ffn_down's
-# width only (q6b.MIN_COLS); q6bw8 q6bhalves in blocks of 8 warps (one an SM: ffn_down's 640 half-tiles 5 a block
-# on 128 blocks, where 4-warp blocks, three an SM, leave 56 SMs 6 half-tiles)
-Q6B_VARIANTS = {"q6b": 0, "q6bhalves": 0, "q6bdown": 17408, "q6bw8": 0}
-Q6B_WARPS_VARIANTS = {"q6bw8": 8}
+# The one-token Q6_K matmul on tensor copies (engine/cuda/q6b.py; v7's since Z24: ffn_down's launches alone, in
+# halves on 8-warp blocks). Its first forms (Z24, 4-warp blocks): q6b every Q6_K one-token launch (ffn_down, attn_v,
+# the output head) whole; q6bhalves with ops.DOWN_HALVES (both ffn_downs in halves); q6bdown ffn_down's width only,
+# whole; q6bw8 q6bhalves in 8-warp blocks; q6bh8 v7's settings (as measured before they were the default);
+# q6bwhole ffn_down whole on 8-warp blocks; noq6b off (mmvq_q6_i8, v7 before Z24).
+Q6B_MIN_COLS_VARIANTS = {"q6b": 0, "q6bhalves": 0, "q6bdown": 17408, "q6bw8": 0}
+Q6B_WARPS_VARIANTS = {"q6b": 4, "q6bhalves": 4, "q6bdown": 4}
+Q6B_WHOLE_VARIANTS = frozenset({"q6b", "q6bdown", "q6bwhole"})
 CLOSE_VARIANTS = frozenset({"close", "close5"})
 Q8_I8_VARIANTS = frozenset({"close", "q8i8", "close5"})
 # The recurrent delta rule's state columns a warp (mixers.GDN_COLS, 4 by default since Z4; gdn8 the old form)
@@ -528,9 +530,10 @@ def _use_variant(backend, name: str) -> None:
     ops.DOWN_HALVES = name in HALVES_VARIANTS or ops._down_halves_default()
     ops.OUT_HALVES = name in OUT_HALVES_VARIANTS or ops._out_halves_default()
     i8b.FILL = name in FILL_VARIANTS
-    q6b.ON = name in Q6B_VARIANTS or q6b._default()
-    q6b.MIN_COLS = Q6B_VARIANTS.get(name, 0)
+    q6b.ON = name != "noq6b" and q6b._default()
+    q6b.MIN_COLS = Q6B_MIN_COLS_VARIANTS.get(name, q6b.DEFAULT_MIN_COLS)
     q6b.WARPS = Q6B_WARPS_VARIANTS.get(name, q6b.DEFAULT_WARPS)
+    q6b.HALVES = name not in Q6B_WHOLE_VARIANTS and q6b.DEFAULT_HALVES
     ops.Q8_I8 = name in Q8_I8_VARIANTS or env_flag(ops.Q8_I8_ENV, False)
     mixers.GDN_COLS = GDN_COLS_VARIANTS.get(name, mixers._gdn_cols_default())
     mixers.GDN_CONV = name not in CONV_APART_VARIANTS and env_switch(mixers.GDN_CONV_ENV, True)

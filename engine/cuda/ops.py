@@ -679,15 +679,18 @@ def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int,
                      producer: Producer | None = None) -> bool:
     """Whether matmul(w, act, num_tokens, producer=producer) may go in halves (y2): DOWN_HALVES, rows of WIDE_COLS
     or more, a count of HALVES_AT, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8; or OUT_HALVES and
-    the launch on mmvq_i8b where i8b.halves_pay. producer: the launch's own, not yet run (what it will write is
+    the launch on mmvq_i8b where i8b.halves_pay; or q6b.HALVES, rows of WIDE_COLS or more and the launch on
+    mmvq_q6_i8b. producer: the launch's own, not yet run (what it will write is
     what the launch reads)."""
-    if not (DOWN_HALVES or OUT_HALVES):
+    if not (DOWN_HALVES or OUT_HALVES or q6b.HALVES):
         return False
     if producer is not None:
         act = replace(act, i8_tokens=_i8_written(dev, act, num_tokens))
     kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
     if kernel == "i8b":  # (one token)
         return OUT_HALVES and i8b.halves_pay(dev, w)
+    if kernel == "i8q6" and q6b.HALVES and w.cols >= WIDE_COLS and q6b.runs(dev, w, num_tokens, halves=True):
+        return True
     return (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_AT
             and (kernel == "i8q6" or (kernel == "i8" and I8_TILES == 1)))
 

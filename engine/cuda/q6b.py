@@ -2,9 +2,11 @@
 and launcher. ops' int8 Q6_K launch (mmvq_q6_i8) hands a one-token launch with no closer behind it to this one
 where runs() says so, whole or walking half-tiles (ops.DOWN_HALVES).
 
-Off unless OPENJET_CUDA_Q6B=1 until the H200 has timed it: on the H200 the one-token pass's Q6_K ffn_downs stream
-at ~2.1 TB/s on mmvq_q6_i8's cp.async copies, whose per-SM rate (~23 GB/s) holds them under the copy bandwidth,
-where mmvq_i8b's tensor copies reach ~27 GB/s an SM (bench/NOTES.md Z21).
+On by default for ffn_down (OPENJET_CUDA_Q6B=0: off), in halves on 8-warp blocks: one block an SM walks 5 of its
+640 half-tiles, where mmvq_q6_i8's 320 blocks leave 56 SMs three tiles and 76 two. The 27B one-token pass on an H100
+7.298 ms against 7.434 (fast 7.287 / 7.339), the other counts level, the same greedy tokens (bench/NOTES.md Z24).
+Whole on 4-warp blocks (160 blocks of 2 tiles) it was slower than mmvq_q6_i8 (7.649 ms), and so are the output
+head and attn_v on it alone (383 / 6.0 us against 378 / 5.6): MIN_COLS keeps them on mmvq_q6_i8.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ STATIC_SMEM = 2048 + 1024  # the kernel's static shared memory and the driver's 
 
 
 def _default() -> bool:
-    return env_switch(ENV, False)
+    return env_switch(ENV, True)
 
 
 ON = _default()
@@ -35,15 +37,22 @@ ON = _default()
 # flight a warp (6.6 KB, as mmvq_i8b's (3, 2) keeps 6.9 KB of Q4_K) and ffn_down's blocks within two an SM whole.
 DEFAULT_SHAPE = (2, 2)
 SHAPE = DEFAULT_SHAPE
-# Warps a block: each takes a contiguous share of the block's part of the row (as mmvq_i8b's 4-warp blocks).
-DEFAULT_WARPS = 4
+# Warps a block: each takes a contiguous share of the block's part of the row. 8: one block an SM in halves (128
+# KB of shared memory), 5 half-tiles a block on 128 blocks (variant q6bh8); 4 (three blocks an SM): 2 a block on
+# 320, 56 SMs with 6 (q6bhalves, 0.2 ms slower).
+DEFAULT_WARPS = 8
 WARPS = DEFAULT_WARPS
 # Blocks an SM the walking grid leaves free: none (ffn_down and the output head run alone; attn_v's 64 tiles fit
 # in any case).
 SPARE_PER_SM = 0
-# The narrowest rows (columns) it takes: 0, every Q6_K one-token launch (ffn_down, attn_v, the output head); the
-# bench's q6bdown variant takes ffn_down's width only.
-MIN_COLS = 0
+# Whether its launches of rows ops.WIDE_COLS wide or more (ffn_down) go in halves whatever ops.DOWN_HALVES says
+# (which puts mmvq_i8's and mmvq_q6_i8's in halves too, at 1-5 tokens, and lost on the H100: Z24).
+DEFAULT_HALVES = True
+HALVES = DEFAULT_HALVES
+# The narrowest rows (columns) it takes: ffn_down's (17,408) and not the hidden size (attn_v, the output head:
+# slower on it alone). 0: every Q6_K one-token launch (bench variant q6b).
+DEFAULT_MIN_COLS = 8192  # ops.WIDE_COLS
+MIN_COLS = DEFAULT_MIN_COLS
 
 
 def x_bytes(nb: int) -> int:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import closers, i8b, instances, nvrtc, ops, tma
+from engine.cuda import closers, i8b, instances, nvrtc, ops, q6b, tma
 from engine.cuda.memory import Buffer
 from engine.cuda.model import CudaModel
 from engine.cuda.weights import Part, Projection
@@ -84,6 +84,7 @@ def closing(monkeypatch):
     monkeypatch.setattr(ops, "I8_MATMUL", True)
     monkeypatch.setattr(ops, "Q6_I8", True)
     monkeypatch.setattr(ops, "Q6_I8_COUNTS", ops.DEFAULT_Q6_I8_COUNTS)
+    monkeypatch.setattr(q6b, "ON", False)  # (the one-token Q6_K launches with no closer on mmvq_q6_i8, as closed)
     monkeypatch.setattr(ops, "Q8_I8", False)
     monkeypatch.setattr(ops, "I8_TILES", 1)
     monkeypatch.setattr(i8b, "quant_map", lambda w: tma.TensorMap())  # the driver encodes it on the GPU

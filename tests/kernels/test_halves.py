@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from engine.cuda import i8b, instances, nvrtc, ops, tma
+from engine.cuda import i8b, instances, nvrtc, ops, q6b, tma
 from engine.cuda.device import Buffer
 
 
@@ -41,6 +41,7 @@ def on(monkeypatch):
     monkeypatch.setattr(ops, "Q6_I8_COUNTS", frozenset({1, 2, 3, 4}))
     monkeypatch.setattr(i8b, "ON", True)
     monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", 24)  # ffn_down's 68 stay on mmvq_i8
+    monkeypatch.setattr(q6b, "ON", False)  # the Q6_K ones on mmvq_q6_i8 (q6b's halves: test_q6b.py)
 
 
 def test_the_instances_are_the_int8_kernels_with_halves_on_at_every_count_of_mmvq_i8() -> None:

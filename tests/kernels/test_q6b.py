@@ -20,7 +20,8 @@ from tests.kernels.test_close import FFN, H, _act, _buf, _Dev, _weight
 def on(monkeypatch):
     monkeypatch.setattr(q6b, "ON", True)
     monkeypatch.setattr(q6b, "SHAPE", q6b.DEFAULT_SHAPE)
-    monkeypatch.setattr(q6b, "WARPS", q6b.DEFAULT_WARPS)
+    monkeypatch.setattr(q6b, "WARPS", 4)
+    monkeypatch.setattr(q6b, "HALVES", False)
     monkeypatch.setattr(q6b, "MIN_COLS", 0)
     monkeypatch.setattr(ops, "I8_MATMUL", True)
     monkeypatch.setattr(ops, "Q6_I8", True)
@@ -37,11 +38,11 @@ def on(monkeypatch):
     return maps
 
 
-def test_off_unless_the_environment_turns_it_on(monkeypatch) -> None:
+def test_on_unless_the_environment_turns_it_off(monkeypatch) -> None:
     monkeypatch.delenv(q6b.ENV, raising=False)
-    assert q6b._default() is False
-    monkeypatch.setenv(q6b.ENV, "1")
     assert q6b._default() is True
+    monkeypatch.setenv(q6b.ENV, "0")
+    assert q6b._default() is False
     monkeypatch.setenv(q6b.ENV, "sure")
     with pytest.raises(ValueError, match=q6b.ENV):
         q6b._default()
@@ -126,3 +127,17 @@ def test_more_tokens_a_closer_or_the_switch_off_keep_mmvq_q6_i8(on) -> None:
     q6b.ON = False
     ops.matmul(dev, down, _act(FFN, i8_tokens=1), _buf(4 * H), 1, H)
     assert [name for name, _ in dev.launches] == ["mmvq_q6_K_i8_t2", "mmvq_q6_K_i8_t1"]
+
+
+def test_by_default_ffn_downs_q6k_launch_alone_goes_in_halves_on_a_block_an_sm(on) -> None:
+    q6b.WARPS, q6b.HALVES, q6b.MIN_COLS = q6b.DEFAULT_WARPS, q6b.DEFAULT_HALVES, q6b.DEFAULT_MIN_COLS
+    dev, x1 = _Dev(), _act(FFN, i8_tokens=1)
+    down = _weight(Q.Q6_K, H, FFN)
+    assert ops.splits_in_halves(dev, down, x1, 1)  # with ops.DOWN_HALVES off
+    assert not ops.splits_in_halves(dev, _weight(Q.Q4_K, H, FFN), x1, 1)  # the Q4_K ffn_downs stay whole
+    assert not ops.splits_in_halves(dev, down, _act(FFN, i8_tokens=2), 2)  # one token only
+    ops.matmul(dev, down, x1, _buf(4 * H), 1, H, residual=_buf(4 * H), y2=_buf(4 * H))
+    ops.matmul(dev, _weight(Q.Q6_K, 1024, H), _act(H, i8_tokens=1), _buf(4 * 1024), 1, 1024)  # attn_v
+    assert [name for name, _ in dev.launches] == ["mmvq_q6_K_i8b_s2n2_halves", "mmvq_q6_K_i8_t1"]
+    (_, grid, block) = dev.grids[0]
+    assert (grid, block) == (128, 32 * 8)  # 640 half-tiles, 5 a block: no SM more than 5

@@ -192,8 +192,9 @@ __device__ __forceinline__ void q6b_superblock(const u8* ql, const u8* qh, const
 // once; warp w takes the w-th contiguous share of each tile's superblocks (of the block's half) through its ring of
 // NS stages of S superblocks; dynamic shared memory 1024 (alignment) + q6b_x_bytes(part) + W NS S (2048 + 1024 +
 // 320), part the superblocks of a block's (larger) half or the whole row.
+// (Launch bounds with a minimum of one block: without it ptxas holds the kernel to 80 registers and spills.)
 template <int S, int NS, bool HALVES>
-__global__ void __launch_bounds__(Q6B_MAX_WARPS * 32, 1)  // (ptxas picks 80 registers and spills without the 1)
+__global__ void __launch_bounds__(Q6B_MAX_WARPS * 32, 1)
 mmvq_q6_i8b(const __grid_constant__ TensorMap qlmap, const __grid_constant__ TensorMap qhmap,
             const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
             float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows,
