@@ -38,7 +38,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
                "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves", "q6b", "q6bhalves",
                "q6bdown", "q6bw8", "q6bh8", "noq6b", "q6bwhole",
-               "i8bdown8", "i8bdownh8")
+               "i8bdown8", "i8bdownh8", "i8bdown4")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -76,8 +76,7 @@ I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
 # v7 with the int8 matmuls of the widest rows (ffn_down, K = 17,408) in blocks of n warps at one token (dw<n>: Q4_K
 # and Q6_K; dw<n>q<m>: Q6_K's m) or at 1-4 tokens (dw6all) (ops.I8_WIDE_WARPS_AT, Q6_I8_WIDE_WARPS_AT; v7: 4)
 I8_WIDE_WARPS_VARIANTS = {**{f"dw{n}": ({1: n}, {1: n}) for n in (5, 6, 7, 8)}, "dw8q6": ({1: 8}, {1: 6}),
-                          "dw8q7": ({1: 8}, {1: 7}), "dw6all": (dict.fromkeys(range(1, 5), 6),) * 2,
-                          "i8bdown8": ({1: 8}, {}), "i8bdownh8": ({1: 8}, {})}
+                          "dw8q7": ({1: 8}, {1: 7}), "dw6all": (dict.fromkeys(range(1, 5), 6),) * 2}
 # v7 with only RMSNorm's one-group launches on its act_<mode>_g1 instance (ops.ACT_ONE_GROUP_MODES; v7: every
 # mode's since v16, 0.03-0.05 ms a pass faster), the others on their ACT_MIN_BLOCKS instance as in v15
 ONE_GROUP_VARIANTS = {"g1rms": frozenset({"rmsnorm"})}
@@ -93,7 +92,7 @@ SERIAL_VARIANTS = frozenset({"serial", "serial8", "serialpdl", "serialauto"})
 # 24 superblocks (K <= 6,144): i8b at every width (i8bfull: with no block an SM spared, as ffn_down's 38 KB of staged
 # activations leave (3, 2) two blocks an SM), i8bs that default; i8 (v7 with OPENJET_CUDA_I8B=0) none
 BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24, "i8bfull": None, "halvesi8b": None, "i8bdown8": None,
-                    "i8bdownh8": None}
+                    "i8bdownh8": None, "i8bdown4": None}
 # v7 with the producers fused into the one-token int8 matmul after them (engine/cuda/i8b.py FUSE: RMSNorm, the gated
 # norm and the plain copy; v7 until v19, now off: v7 launches every producer on its own, as apart does)
 FUSED_VARIANTS = frozenset({"fused"})
@@ -155,8 +154,11 @@ Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4
 HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5", "widehalves", "fillhalves", "allhalves", "q6bhalves", "q6bw8"})
 # v7 with the mixers' output projections on mmvq_i8b in halves (ops.OUT_HALVES) where that evens the blocks' work;
 # allhalves and fillhalves with ffn_down's halves too
-# i8bdown8: the Q4_K ffn_downs on mmvq_i8b in 8-warp blocks, one an SM (as q6b does the Q6_K ones); i8bdownh8 the
-# same walking half-tiles (OUT_HALVES, whose halves_pay takes them there: 5 half-tiles a block against 3 tiles)
+# i8bdown8: the Q4_K ffn_downs on mmvq_i8b in 8-warp blocks, one an SM (as q6b does the Q6_K ones; v7's since Z24);
+# i8bdownh8 the same walking half-tiles (OUT_HALVES, whose halves_pay takes them there: 5 half-tiles a block against
+# 3 tiles); i8bdown4 in mmvq_i8's 4-warp blocks (i8b.WIDE_WARPS None: what variant i8b measured before Z24); i8bs
+# the Q4_K ffn_downs on mmvq_i8 (v7 before Z24)
+I8B_WIDE_WARPS_VARIANTS = {"i8bdown4": None}
 OUT_HALVES_VARIANTS = frozenset({"outhalves", "fillhalves", "allhalves", "i8bdownh8"})
 # v7 with mmvq_i8b's walking grid on every resident block (i8b.FILL: some blocks a tile more)
 FILL_VARIANTS = frozenset({"fill", "fillhalves"})
@@ -535,6 +537,7 @@ def _use_variant(backend, name: str) -> None:
     ops.DOWN_HALVES = name in HALVES_VARIANTS or ops._down_halves_default()
     ops.OUT_HALVES = name in OUT_HALVES_VARIANTS or ops._out_halves_default()
     i8b.FILL = name in FILL_VARIANTS
+    i8b.WIDE_WARPS = I8B_WIDE_WARPS_VARIANTS.get(name, i8b.DEFAULT_WIDE_WARPS)
     q6b.ON = name != "noq6b" and q6b._default()
     q6b.MIN_COLS = Q6B_MIN_COLS_VARIANTS.get(name, q6b.DEFAULT_MIN_COLS)
     q6b.WARPS = Q6B_WARPS_VARIANTS.get(name, q6b.DEFAULT_WARPS)

@@ -69,7 +69,11 @@ CLOSE = _close_default()
 # alone, 32.6 against 40.7 us for gate | up, with the producers fused in front).
 DEFAULT_SHAPE = (3, 2)
 SHAPE = DEFAULT_SHAPE
-WARPS: int | None = None  # warps per block; None: ops.i8_warps' choice for mmvq_i8
+WARPS: int | None = None  # warps per block; None: WIDE_WARPS, else ops.i8_warps' choice for mmvq_i8
+# Warps per block for rows of ops.WIDE_COLS or more (ffn_down; None: ops.i8_warps' choice, 4): a block an SM, each
+# warp a share of 8-9 superblocks (Z24: 0.08 ms a pass faster on an H100 than ffn_down on mmvq_i8).
+DEFAULT_WIDE_WARPS: int | None = 8
+WIDE_WARPS = DEFAULT_WIDE_WARPS
 # True: a grid of as many blocks as fit at once (or fewer, each the same number of tiles), each walking its tiles
 # with the activations staged once; False: a block a tile.
 PERSIST = True
@@ -79,9 +83,10 @@ PERSIST = True
 DEFAULT_SPARE_PER_SM = 1
 SPARE_PER_SM = DEFAULT_SPARE_PER_SM
 # The widest rows (superblocks) it takes; None: every width. ffn_down's 68 superblocks stage 38 KB of activations
-# a block, which leaves fewer blocks an SM: 21.3 us against mmvq_i8's 18.8 alone (the pass with it there was
-# 0.03 ms faster, within a run's spread), so rows of up to 24 (K <= 6,144) take it.
-DEFAULT_MAX_SUPERBLOCKS = 24
+# a block, which leaves fewer blocks an SM: in 4-warp blocks 21.3 us against mmvq_i8's 18.8 alone, so rows of up to
+# 24 took it until Z24; in 8-warp blocks (WIDE_WARPS: one an SM, 107 blocks of 3 tiles) the 27B one-token pass
+# took 7.233 / 7.230 ms against 7.307 / 7.313 on mmvq_i8 (H100, fdf1daa, variant i8bdown8; bench/NOTES.md Z24).
+DEFAULT_MAX_SUPERBLOCKS: int | None = None
 MAX_SUPERBLOCKS: int | None = DEFAULT_MAX_SUPERBLOCKS
 STATIC_SMEM = 2048 + 1024  # the kernel's static shared memory and the driver's reserve, per block
 
@@ -180,11 +185,13 @@ def fuses(dev: Device, w: DeviceWeight, num_tokens: int, producer: Producer) -> 
 
 
 def warps(dev: Device, w: DeviceWeight) -> int:
-    """Warps per block of a launch on w: WARPS, else mmvq_i8's choice; never more than the superblocks."""
+    """Warps per block of a launch on w: WARPS, else WIDE_WARPS for rows of ops.WIDE_COLS or more, else mmvq_i8's
+    choice; never more than the superblocks."""
     from engine.cuda import ops
 
     tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
-    return min(WARPS or ops.i8_warps(w.cols, tiles, 1, dev.info.multiprocessors), nb, MAX_WARPS)
+    wide = WIDE_WARPS if w.cols >= ops.WIDE_COLS else None
+    return min(WARPS or wide or ops.i8_warps(w.cols, tiles, 1, dev.info.multiprocessors), nb, MAX_WARPS)
 
 
 def _takes(dev: Device, w: DeviceWeight, num_tokens: int) -> bool:

@@ -335,3 +335,20 @@ def test_a_wide_launch_names_its_instance_and_block(monkeypatch) -> None:
     assert launched[0][:3] == ("mmvq_q4_K_i8v_t5_wide", 128, 640)
     assert launched[0][3] == i8b.verify_smem_bytes(20, 5, 20, wide=True)
     assert launched[1][0] == "mmvq_q4_K_i8v_t4" and launched[1][2] == 32 * 10
+
+
+def test_ffn_down_takes_it_by_default_in_blocks_of_eight_warps_one_an_sm(monkeypatch) -> None:
+    monkeypatch.setattr(i8b, "ON", True)
+    monkeypatch.setattr(i8b, "WARPS", None)
+    monkeypatch.setattr(i8b, "SHAPE", i8b.DEFAULT_SHAPE)
+    monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", i8b.DEFAULT_MAX_SUPERBLOCKS)
+    monkeypatch.setattr(i8b, "WIDE_WARPS", i8b.DEFAULT_WIDE_WARPS)
+    monkeypatch.setattr(i8b, "SPARE_PER_SM", i8b.DEFAULT_SPARE_PER_SM)
+    monkeypatch.setattr(i8b, "FILL", False)
+    dev, down = _dev(90), ops.DeviceWeight(None, Q.Q4_K, 5120, 17408)
+    assert i8b.runs(dev, down, 1, _act(1)) and i8b.warps(dev, down) == 8
+    smem = i8b.smem_bytes(68, 8, i8b.SHAPE)
+    assert i8b.resident(dev, 8, smem) == 132 and i8b.grid(dev, 320, 8, smem) == 107  # 3 tiles a block
+    assert i8b.warps(dev, _weight()) == ops.i8_warps(5120, 640, 1, 132)  # narrower rows: mmvq_i8's choice
+    monkeypatch.setattr(i8b, "WIDE_WARPS", None)
+    assert i8b.warps(dev, down) == ops.i8_warps(17408, 320, 1, 132)
