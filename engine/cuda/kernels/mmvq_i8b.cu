@@ -282,28 +282,8 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
                     i8b_superblock(qst + I8B_QUANT_BYTES * s, wst + TILE_UNIT * s, x, nb, sb0 + j * S + s, qoff, g,
                                    c, kf, acc);
         }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {  // the quad's columns: sub-blocks c and c + 4 of each lane
-            acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 1);
-            acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 2);
-        }
-        if (c == 0) {
-            red[k & 1][warp][2 * g] = acc[0];
-            red[k & 1][warp][2 * g + 1] = acc[1];
-        }
-        __syncthreads();  // (the other parity's sums, read after the last one, are rewritten only after the next)
-        const int row = 16 * (((int)blockIdx.x + k * (int)gridDim.x) >> (HALVES ? 1 : 0)) + threadIdx.x;
-        if (threadIdx.x < 16 && row < rows) {
-            float v = 0.f;
-            for (int wi = 0; wi < num_warps; ++wi) v += red[k & 1][wi][threadIdx.x];
-            if (part.piece) {  // the second half: its bare sums
-                y2[row] = v;
-            } else {
-                if (bias) v += bias[row];
-                if (residual) v += residual[row];
-                y[row] = v;
-            }
-        }
+        const int row0 = 16 * (((int)blockIdx.x + k * (int)gridDim.x) >> (HALVES ? 1 : 0));
+        i8b_store_tile(acc, red, k, row0, rows, part.piece, y, y2, bias, residual);  // (the quad: c and c + 4)
     }
     if (CLOSE != CLOSE_NONE && warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, my_tiles);
 #else

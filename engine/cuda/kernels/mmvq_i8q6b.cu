@@ -245,28 +245,7 @@ mmvq_q6_i8b(const __grid_constant__ TensorMap qlmap, const __grid_constant__ Ten
                                    part.len, sx, qoff, hoff, g, c, idx, acc);
                 }
         }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {  // the quad's columns: sub-block c of every chunk, each lane
-            acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 1);
-            acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 2);
-        }
-        if (c == 0) {
-            red[k & 1][warp][2 * g] = acc[0];
-            red[k & 1][warp][2 * g + 1] = acc[1];
-        }
-        __syncthreads();  // (the other parity's sums, read after the last one, are rewritten only after the next)
-        const int row = row0 + threadIdx.x;
-        if (threadIdx.x < 16 && row < rows) {
-            float v = 0.f;
-            for (int wi = 0; wi < num_warps; ++wi) v += red[k & 1][wi][threadIdx.x];
-            if (part.piece) {  // the second half: its bare sums
-                y2[row] = v;
-            } else {
-                if (bias) v += bias[row];
-                if (residual) v += residual[row];
-                y[row] = v;
-            }
-        }
+        i8b_store_tile(acc, red, k, row0, rows, part.piece, y, y2, bias, residual);  // (the quad: sub-block c's)
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
 #else

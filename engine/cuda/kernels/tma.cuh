@@ -167,3 +167,36 @@ __device__ __forceinline__ void i8b_quant_offsets(int g, int c, int (&qoff)[2][4
             qoff[r][j] = 128 * t + 16 * ((2 * j + (c >> 1)) ^ (t & 7)) + 8 * (c & 1);
         }
 }
+
+// The end of a tile the block walked (kernels/mmvq_i8b.cu, mmvq_i8q6b.cu): the lane's sums acc of tile rows 2g and
+// 2g + 1 summed over its quad, each warp's into red (by tile parity k & 1: one __syncthreads a tile), then threads
+// 0-15 sum the warps' for rows row0 ..: a whole tile or its first half y = sums + bias + residual, the second half
+// (second) y2 = its bare sums. Every thread of the block calls it.
+template <int MAXW>
+__device__ __forceinline__ void i8b_store_tile(float (&acc)[2], float (&red)[2][MAXW][16], int k, int row0, int rows,
+                                               bool second, float* y, float* y2, const float* bias,
+                                               const float* residual) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 1);
+        acc[r] += __shfl_xor_sync(FULL_MASK, acc[r], 2);
+    }
+    if (c == 0) {
+        red[k & 1][warp][2 * g] = acc[0];
+        red[k & 1][warp][2 * g + 1] = acc[1];
+    }
+    __syncthreads();  // (the other parity's sums, read after the last one, are rewritten only after the next)
+    const int row = row0 + threadIdx.x;
+    if (threadIdx.x < 16 && row < rows) {
+        float v = 0.f;
+        for (int wi = 0; wi < (int)(blockDim.x >> 5); ++wi) v += red[k & 1][wi][threadIdx.x];
+        if (second) {
+            y2[row] = v;
+        } else {
+            if (bias) v += bias[row];
+            if (residual) v += residual[row];
+            y[row] = v;
+        }
+    }
+}
