@@ -130,6 +130,7 @@ def test_more_tokens_a_closer_or_the_switch_off_keep_mmvq_q6_i8(on) -> None:
 
 
 def test_by_default_ffn_downs_q6k_launch_alone_goes_in_halves_on_a_block_an_sm(on) -> None:
+    assert q6b.DEFAULT_MIN_COLS == ops.WIDE_COLS  # (q6b cannot import ops: ops imports it)
     q6b.WARPS, q6b.HALVES, q6b.MIN_COLS = q6b.DEFAULT_WARPS, q6b.DEFAULT_HALVES, q6b.DEFAULT_MIN_COLS
     dev, x1 = _Dev(), _act(FFN, i8_tokens=1)
     down = _weight(Q.Q6_K, H, FFN)
