@@ -501,13 +501,14 @@ Q6_I8_TRIALS = (("i8q6", None), ("i8q6.w4", 4), ("i8q6.w8", 8))
 
 @contextmanager
 def q6_i8(on: bool, warps: int | None = None):
-    """The int8 Q6_K matmul switched for the block (at every count it is built for), in blocks of `warps` (None:
-    the launcher's); the int8 copy written up to 8 tokens; every setting restored after it."""
+    """The int8 Q6_K matmul (mmvq_q6_i8: its tensor-copy form off, q6_i8_bulk turns it on inside) switched for the
+    block (at every count it is built for), in blocks of `warps` (None: the launcher's); the int8 copy written up
+    to 8 tokens; every setting restored after it."""
     saved = ops.Q6_I8, ops.Q6_I8_COUNTS, ops.I8_WARPS
     try:
         ops.Q6_I8, ops.I8_WARPS = on, warps
         ops.Q6_I8_COUNTS = frozenset(instances.Q6_I8_TOKENS)
-        with i8_matmul(True, instances.I8_MAX_TOKENS), verify_i8(True):
+        with i8_matmul(True, instances.I8_MAX_TOKENS), verify_i8(True), patched(q6b, ON=False):
             yield
     finally:
         ops.Q6_I8, ops.Q6_I8_COUNTS, ops.I8_WARPS = saved

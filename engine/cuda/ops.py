@@ -680,8 +680,7 @@ def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int,
     """Whether matmul(w, act, num_tokens, producer=producer) may go in halves (y2): DOWN_HALVES, rows of WIDE_COLS
     or more, a count of HALVES_AT, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8; or OUT_HALVES and
     the launch on mmvq_i8b where i8b.halves_pay; or q6b.HALVES, rows of WIDE_COLS or more and the launch on
-    mmvq_q6_i8b. producer: the launch's own, not yet run (what it will write is
-    what the launch reads)."""
+    mmvq_q6_i8b. producer: the launch's own, not yet run (what it will write is what the launch reads)."""
     if not (DOWN_HALVES or OUT_HALVES or q6b.HALVES):
         return False
     if producer is not None:
