@@ -154,7 +154,7 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
 // describes, formed from y behind the launch (kernels/act8_close.cuh; CLOSE_NONE: none). MAXW: the most warps a
 // block (its launch bounds and per-tile sums).
 template <int T, int S, int NS, int CLOSE, int MAXW = I8V_MAX_WARPS>
-__global__ void __launch_bounds__(MAXW * 32)
+__global__ void __launch_bounds__(MAXW * 32, 1)
 mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
@@ -197,6 +197,7 @@ mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
                 if (s < here)
                     i8v_superblock<T>(qst + I8B_QUANT_BYTES * s, wst + TILE_UNIT * s, x, nb, sb0 + j * S + s, qoff,
                                       g, c, acc);
+            ring.release(i, lane);
         }
 #pragma unroll
         for (int m = 0; m < NM; ++m)
