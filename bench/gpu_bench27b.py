@@ -16,8 +16,7 @@ from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
 from engine.cuda import env_flag, env_switch
 from engine.cuda.i8b import DEFAULT_VERIFY_WARPS_AT
-from engine.cuda.instances import (I8B_SHAPES, I8V_DEEP_TOKENS, I8V_WIDE_TOKENS, PERSIST_QTYPES, Q6_I8_TOKENS,
-                                   STAGED_QTYPES)
+from engine.cuda.instances import I8B_SHAPES, I8V_WIDE_TOKENS, PERSIST_QTYPES, Q6_I8_TOKENS, STAGED_QTYPES
 
 PASS_TOKENS = (1, 2, 3, 4, 5)
 PREFILL_TOKENS = (512, 2048, 8192)
@@ -39,7 +38,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
                "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves", "q6b", "q6bhalves",
                "q6bdown", "q6bw8", "q6bh8", "noq6b", "q6bwhole",
-               "i8bdown8", "i8bdownh8", "i8bdown4", "deep", "deep5")
+               "i8bdown8", "i8bdownh8", "i8bdown4")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -167,9 +166,6 @@ FILL_VARIANTS = frozenset({"fill", "fillhalves"})
 # to 24 warps, one superblock a stage): wide from 3 tokens, wide5 from 5, widehalves from 3 with halves' ffn_down
 WIDE_VARIANTS = {"wide": frozenset(I8V_WIDE_TOKENS), "wide5": frozenset(t for t in I8V_WIDE_TOKENS if t >= 5),
                  "widehalves": frozenset(I8V_WIDE_TOKENS)}
-# ... or in its deep form (i8b.VERIFY_DEEP_TOKENS: three stages a warp): deep at every count it is built for,
-# deep5 at 5 tokens
-DEEP_VARIANTS = {"deep": frozenset(I8V_DEEP_TOKENS), "deep5": frozenset({5})}
 # The one-token Q6_K matmul on tensor copies (engine/cuda/q6b.py; v7's since Z24: ffn_down's launches alone, in
 # halves on 8-warp blocks). Its first forms (Z24, 4-warp blocks): q6b every Q6_K one-token launch (ffn_down, attn_v,
 # the output head) whole; q6bhalves with ops.DOWN_HALVES (both ffn_downs in halves); q6bdown ffn_down's width only,
@@ -561,7 +557,6 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_WARPS = VERIFY_WARPS_VARIANTS.get(name)
     i8b.VERIFY_TRIM = name not in NO_TRIM_VARIANTS
     i8b.VERIFY_WIDE_TOKENS = WIDE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_WIDE_TOKENS)
-    i8b.VERIFY_DEEP_TOKENS = DEEP_VARIANTS.get(name, i8b.DEFAULT_VERIFY_DEEP_TOKENS)
     i8b.VERIFY_WARPS_AT = VERIFY_WARPS_AT_VARIANTS.get(name, dict(i8b.DEFAULT_VERIFY_WARPS_AT))
     i8b.VERIFY_TOKENS = VERIFY_TOKEN_VARIANTS.get(name, VERIFY_PRECISE_VARIANTS.get(name, i8b.DEFAULT_VERIFY_TOKENS))
     device.PDL_TOKEN_COUNTS = PDL_COUNT_VARIANTS.get(name, device.DEFAULT_PDL_TOKEN_COUNTS)

@@ -90,10 +90,6 @@ I8V_W12_CHECKS = [("odd_rows", 5, True), ("attn_q", 5, True), ("attn_q", 8, Fals
 I8V_WIDE_CHECKS = [(name, t, precise) for name in ("odd_rows", "attn_q") for t in instances.I8V_WIDE_TOKENS
                    for precise in (False, True)] + [("ssm_ab", 5, True), ("attn_output", 5, True),
                                                     ("attn_output", 8, False)]
-# ... and its deep form (i8b.VERIFY_DEEP_TOKENS: three stages a warp) at every count it is built for: a partial tile
-# and 3 superblocks a row, K = 5,120 in 12 asked warps (10 busy), K = 6,144 (fewer warps fit beside the rings)
-I8V_DEEP_CHECKS = [(name, t, precise) for name in ("odd_rows", "attn_q") for t in instances.I8V_DEEP_TOKENS
-                   for precise in (False, True)] + [("attn_output", 5, True), ("ssm_ab", 4, False)]
 # ... and with several row tiles a block: 63 tiles of odd_rows leave a partial last block (and tile), ssm_ab's 3
 # tiles a block of fewer than 4, ffn_down's ring runs across its tiles
 I8_TILE_CHECKS = [("odd_rows", 1), ("odd_rows", 4), ("ssm_ab", 1), ("ffn_down", 2), ("attn_q", 3)]
@@ -209,24 +205,22 @@ def _check_against_i8(dev: Device, report: Report, w, act, y, res, out: np.ndarr
 
 
 @contextmanager
-def verify_i8(on: bool, warps: int | None = None, spare: int | None = None, wide: bool = False,
-              deep: bool = False):
+def verify_i8(on: bool, warps: int | None = None, spare: int | None = None, wide: bool = False):
     """The tensor-copy int8 matmul of 2-8 tokens (engine/cuda/i8b.py verify_runs) switched for the block at every
-    token count it is built for, with optionally its warps a block and blocks an SM left free, in its wide or deep
-    form (every count that has one) or neither; the settings restored after it."""
+    token count it is built for, with optionally its warps a block and blocks an SM left free, in its wide form
+    (every count that has one) or not; the settings restored after it."""
     saved = (i8b.VERIFY_ON, i8b.VERIFY_WARPS, i8b.VERIFY_SPARE_PER_SM, i8b.VERIFY_TOKENS, i8b.VERIFY_FAST_TOKENS,
-             i8b.VERIFY_WIDE_TOKENS, i8b.VERIFY_DEEP_TOKENS)
+             i8b.VERIFY_WIDE_TOKENS)
     try:
         i8b.VERIFY_ON = on
         i8b.VERIFY_WARPS = warps if warps is not None else saved[1]
         i8b.VERIFY_SPARE_PER_SM = spare if spare is not None else saved[2]
         i8b.VERIFY_TOKENS = i8b.VERIFY_FAST_TOKENS = frozenset(instances.I8V_TOKENS)  # every count it is built for
         i8b.VERIFY_WIDE_TOKENS = frozenset(instances.I8V_WIDE_TOKENS if wide else ())
-        i8b.VERIFY_DEEP_TOKENS = frozenset(instances.I8V_DEEP_TOKENS if deep else ())
         yield
     finally:
         (i8b.VERIFY_ON, i8b.VERIFY_WARPS, i8b.VERIFY_SPARE_PER_SM, i8b.VERIFY_TOKENS, i8b.VERIFY_FAST_TOKENS,
-         i8b.VERIFY_WIDE_TOKENS, i8b.VERIFY_DEEP_TOKENS) = saved
+         i8b.VERIFY_WIDE_TOKENS) = saved
 
 
 def gemm_staged(on: bool):
@@ -352,9 +346,6 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
             with verify_i8(True, wide=True):
                 for name, num_tokens, precise in I8V_WIDE_CHECKS:
                     check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise, tag=".wide")
-            with verify_i8(True, warps=i8b.VERIFY_MAX_WARPS, deep=True):
-                for name, num_tokens, precise in I8V_DEEP_CHECKS:
-                    check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise, tag=".deep")
         with bulk_i8(False):
             for num_tokens in (1, 5):
                 check_halves(dev, report, rng, Q.Q4_K, num_tokens)
@@ -452,7 +443,7 @@ I8B_TRIALS = (("i8b.s2n2", None, ((2, 2), False)), ("i8b.s3n2.p", None, ((3, 2),
 I8_SHAPES_TIMED = os.environ.get("OPENJET_BENCH_I8_SHAPES") == "1"
 # The tensor-copy form of 2-8 tokens: (label, warps or None, blocks an SM left free or None: the launcher's).
 I8V_TRIALS = (("i8v", None, None), ("i8v.s1", None, 1), ("i8v.w8", 8, None), ("i8v.w4", 4, None),
-              ("i8v.w10", 10, None), ("i8v.w12", 12, None), ("i8v.wide", None, None), ("i8v.deep", None, None))
+              ("i8v.w10", 10, None), ("i8v.w12", 12, None), ("i8v.wide", None, None))
 I8_TIMED = ("attn_q", "attn_qkv", "ffn_gate_up", "ffn_up", "ssm_out", "ffn_down", "attn_output")
 
 
@@ -492,11 +483,10 @@ def _time_i8_trial(dev: Device, report: Report, m: TimedMatrix, name: str, t: in
         (ops.pipeline_kernel(Q.Q4_K, True, t) or "plain") + ".precise"
     shape, persist = extra if is_bulk else (None, None)
     with bulk_i8(is_bulk, shape, warps if is_bulk else None, persist), \
-            verify_i8(is_verify, warps if is_verify else None, extra if is_verify else None, kind == "i8v.wide",
-                      kind == "i8v.deep"):
+            verify_i8(is_verify, warps if is_verify else None, extra if is_verify else None, kind == "i8v.wide"):
         ops.act_f16(dev, m.act.f32, m.act, t, m.act.ld)  # the int8 copy for t tokens while on
         if is_verify and not i8b.verify_runs(dev, m.ws[0], t, m.act) or \
-                kind == "i8v.wide" and not i8b.verify_wide(t) or kind == "i8v.deep" and not i8b.verify_deep(t):
+                kind == "i8v.wide" and not i8b.verify_wide(t):
             return ""
         timing = m.record(dev, report, t, "matmul", f"{name}.Q4_K.T{t}.{label}")
     return f"{label} {timing.median_ms * 1e3:6.1f} {timing.gbps:5.0f}"

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch, tma
-from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_HALVES_SHAPES, I8B_SHAPES, I8V_DEEP_STAGES,
-                                    I8V_DEEP_TOKENS, I8V_SHAPE, I8V_TOKENS, I8V_WIDE_SHAPE, I8V_WIDE_TOKENS,
-                                    I8V_WIDE_WARPS)
+from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_HALVES_SHAPES, I8B_SHAPES, I8V_SHAPE,
+                                    I8V_TOKENS, I8V_WIDE_SHAPE, I8V_WIDE_TOKENS, I8V_WIDE_WARPS)
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
@@ -302,21 +301,9 @@ DEFAULT_VERIFY_WIDE_TOKENS: frozenset[int] = frozenset()
 VERIFY_WIDE_TOKENS = DEFAULT_VERIFY_WIDE_TOKENS
 
 
-# The token counts launched in the deep form (instances.I8V_DEEP_TOKENS: three stages a warp). With one stage a tile
-# (K = 5,120 in 12-warp blocks: shares of 2) each warp has one stage's copies in flight while it reads another, and
-# from 5 tokens its reading takes longer. Empty until a GPU has timed it (bench variants deep, deep5).
-DEFAULT_VERIFY_DEEP_TOKENS: frozenset[int] = frozenset()
-VERIFY_DEEP_TOKENS = DEFAULT_VERIFY_DEEP_TOKENS
-
-
 def verify_wide(num_tokens: int) -> bool:
     """Whether a launch of num_tokens (with no closer behind) takes the wide form."""
     return num_tokens in VERIFY_WIDE_TOKENS and num_tokens in I8V_WIDE_TOKENS
-
-
-def verify_deep(num_tokens: int) -> bool:
-    """Whether a launch of num_tokens (with no closer behind, not wide) takes the deep form."""
-    return num_tokens in VERIFY_DEEP_TOKENS and num_tokens in I8V_DEEP_TOKENS and not verify_wide(num_tokens)
 
 
 def verify_x_bytes(nb: int, num_tokens: int) -> int:
@@ -331,9 +318,9 @@ def verify_static_smem(num_tokens: int, wide: bool = False) -> int:
     return 2048 + 128 * (I8V_WIDE_WARPS if wide else VERIFY_MAX_WARPS) * num_tokens
 
 
-def verify_smem_bytes(nb: int, num_tokens: int, warps: int, wide: bool = False, deep: bool = False) -> int:
+def verify_smem_bytes(nb: int, num_tokens: int, warps: int, wide: bool = False) -> int:
     """Dynamic shared memory of a launch of num_tokens tokens: the staged activations and every warp's ring."""
-    s, ns = I8V_WIDE_SHAPE if wide else (I8V_SHAPE[0], I8V_DEEP_STAGES if deep else I8V_SHAPE[1])
+    s, ns = I8V_WIDE_SHAPE if wide else I8V_SHAPE
     return ALIGN_SLACK + verify_x_bytes(nb, num_tokens) + warps * ns * s * (QUANT_BYTES + WORD_BYTES)
 
 
@@ -360,13 +347,13 @@ def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool
     counts = verify_token_counts(act.x16_lo is not None)
     if act.i8_tokens != num_tokens or num_tokens not in I8V_TOKENS or num_tokens not in counts:
         return False
-    nb, wide, deep = w.cols // ops.SUPERBLOCK, verify_wide(num_tokens), verify_deep(num_tokens)
-    smem = (verify_smem_bytes(nb, num_tokens, verify_warps(dev, w, num_tokens, wide, deep), wide, deep)
+    nb, wide = w.cols // ops.SUPERBLOCK, verify_wide(num_tokens)
+    smem = (verify_smem_bytes(nb, num_tokens, verify_warps(dev, w, num_tokens, wide), wide)
             + verify_static_smem(num_tokens, wide))
     return nb <= VERIFY_MAX_SUPERBLOCKS and smem <= dev.info.max_smem_per_block
 
 
-def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int, wide: bool = False, deep: bool = False) -> int:
+def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int, wide: bool = False) -> int:
     """Warps per block: VERIFY_WARPS, else (wide) the wide form's most, else VERIFY_WARPS_AT's for num_tokens,
     else mmvq_i8's choice for num_tokens (ops.i8_warps); never more than the form's most (VERIFY_MAX_WARPS,
     I8V_WIDE_WARPS), nor than the warps its shares of a tile's superblocks keep busy (20 superblocks in shares of 3
@@ -383,7 +370,7 @@ def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int, wide: bool = Fal
         return -(-nb // -(-nb // n)) if VERIFY_TRIM else n
 
     warps = busy(min(chosen, nb, most))
-    while warps > 1 and (verify_smem_bytes(nb, num_tokens, warps, wide, deep) + verify_static_smem(num_tokens, wide)
+    while warps > 1 and (verify_smem_bytes(nb, num_tokens, warps, wide) + verify_static_smem(num_tokens, wide)
                          > dev.info.max_smem_per_block):
         warps = busy(warps - 1)
     return warps
@@ -398,12 +385,9 @@ def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Bu
     from engine.cuda.closers import close_dst, instance
 
     wide = closer is None and verify_wide(num_tokens)
-    deep = closer is None and verify_deep(num_tokens)
-    tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
-    num_warps = verify_warps(dev, w, num_tokens, wide, deep)
-    name = (f"mmvq_q4_K_i8v_t{num_tokens}_wide" if wide else f"mmvq_q4_K_i8v_t{num_tokens}_n{I8V_DEEP_STAGES}" if deep
-            else instance(f"mmvq_q4_K_i8v_t{num_tokens}", closer))
-    kernel, smem = dev.kernel(name), verify_smem_bytes(nb, num_tokens, num_warps, wide, deep)
+    tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w, num_tokens, wide)
+    name = f"mmvq_q4_K_i8v_t{num_tokens}_wide" if wide else instance(f"mmvq_q4_K_i8v_t{num_tokens}", closer)
+    kernel, smem = dev.kernel(name), verify_smem_bytes(nb, num_tokens, num_warps, wide)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y,

@@ -74,11 +74,6 @@ I8V_SHAPE = (2, 2)
 I8V_WIDE_TOKENS = tuple(range(3, 9))
 I8V_WIDE_WARPS = 24
 I8V_WIDE_SHAPE = (1, 3)
-# ... and its deep form (three stages a warp: two stages' copies in flight while it reads one, where the plain form
-# has one; engine/cuda/i8b.py VERIFY_DEEP_TOKENS), at the counts whose staged rows leave room for the rings:
-# mmvq_q4_K_i8v_t{T}_n3.
-I8V_DEEP_TOKENS = (3, 4, 5)
-I8V_DEEP_STAGES = 3
 # Tokens of the int8-activation Q6_K matmul (kernels/mmvq_i8q6.cu: a sub-block's 2T columns in one mma up to 4
 # tokens, a pass a level past that), an instance each: mmvq_q6_K_i8_t{T}.
 Q6_I8_TOKENS = tuple(range(1, 9))
@@ -159,8 +154,6 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8v_t{t}_wide", "mmvq_i8v",
                      f"mmvq_i8v<{t}, {I8V_WIDE_SHAPE[0]}, {I8V_WIDE_SHAPE[1]}, -1, {I8V_WIDE_WARPS}>")
             for t in I8V_WIDE_TOKENS]
-    out += [Instance(f"mmvq_q4_K_i8v_t{t}_n{I8V_DEEP_STAGES}", "mmvq_i8v",
-                     f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_DEEP_STAGES}, -1>") for t in I8V_DEEP_TOKENS]
     out += [Instance(f"mmvq_q4_K_i8v_t{t}_close_{mode}", "mmvq_i8v",
                      f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, {ACT_MODES.index(mode)}>")
             for t in I8V_TOKENS for mode in I8V_CLOSE_MODES]

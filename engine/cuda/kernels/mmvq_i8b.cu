@@ -281,7 +281,6 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
                 if (s < here)
                     i8b_superblock(qst + I8B_QUANT_BYTES * s, wst + TILE_UNIT * s, x, nb, sb0 + j * S + s, qoff, g,
                                    c, kf, acc);
-            ring.release(i, lane);
         }
         const int row0 = 16 * (((int)blockIdx.x + k * (int)gridDim.x) >> (HALVES ? 1 : 0));
         i8b_store_tile(acc, red, k, row0, rows, part.piece, y, y2, bias, residual);  // (the quad: c and c + 4)

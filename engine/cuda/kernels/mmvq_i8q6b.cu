@@ -53,9 +53,9 @@ __device__ __forceinline__ void q6b_stage_x(u32 xs, const i8* q8, const float* s
 
 // A warp's ring of NS stages of S superblocks over its share (superblocks sb0 .. sb0 + n - 1) of each tile its
 // block walks (blockIdx.x + k gridDim.x, >> tshift in halves): ql' boxes at ql, qh' boxes at qh, the scales and d
-// words at wd (shared addresses), an mbarrier a slot at bars. Every lane calls start, acquire and release: lane 0
-// issues the tensor copies, every lane its cp.async piece, and each stage issued (or not, past the last) commits one
-// group, so a lane's groups stay one a stage.
+// words at wd (shared addresses), an mbarrier a slot at bars. Every lane calls issue and acquire: lane 0 issues
+// the tensor copies, every lane its cp.async piece, and each call commits one group (empty or not), so a lane's
+// groups stay one a stage.
 template <int S, int NS>
 struct Q6bRing {
     const TensorMap *qlmap, *qhmap;
@@ -99,12 +99,12 @@ struct Q6bRing {
         out.next(spt);
     }
 
-    // Lane 0 the barriers; every lane the first NS stages (every slot; a group each, empty past the last). The
-    // weights do not depend on the previous kernel, so this goes before PDL_ENTER.
+    // Lane 0 the barriers; every lane the first NS - 1 stages (a group each, empty past the last). The weights
+    // do not depend on the previous kernel, so this goes before PDL_ENTER.
     __device__ __forceinline__ void start(int lane) {
         if (lane == 0) mbar_init_ring(bars, NS);
         __syncwarp();
-        for (int k = 0; k < NS; ++k) {
+        for (int k = 0; k < NS - 1; ++k) {
             if (k < num_stages)
                 issue(k, lane);
             else
@@ -112,24 +112,19 @@ struct Q6bRing {
         }
     }
 
-    // Stage i's slot (all tiles counted) once its bytes are in: the lane's group of it (the NS - 1 after it may
-    // still fly), every lane's, then the tensor copies.
+    // Stage i's slot (all tiles counted) once its bytes are in; first the slot that stage i - 1 read is refilled
+    // with stage i + NS - 1, after every lane is done reading it.
     __device__ __forceinline__ int acquire(int i, int lane) {
         const int slot = i % NS;
-        cp_async_wait<NS - 1>();
         __syncwarp();
-        i8b_wait(bars + 8 * slot, i / NS);
-        return slot;
-    }
-
-    // Stage i read: once every lane is done with its slot, it is refilled with stage i + NS (or an empty group,
-    // so a lane's groups stay one a stage), before the tile's barrier and stores (I8bRing::release).
-    __device__ __forceinline__ void release(int i, int lane) {
-        __syncwarp();
-        if (i + NS < num_stages)
-            issue(i % NS, lane);
+        if (i + NS - 1 < num_stages)
+            issue((i + NS - 1) % NS, lane);
         else
             cp_async_commit();
+        cp_async_wait<NS - 1>();  // this lane's piece of stage i
+        __syncwarp();             // and every other lane's
+        i8b_wait(bars + 8 * slot, i / NS);
+        return slot;
     }
 };
 
@@ -249,7 +244,6 @@ mmvq_q6_i8b(const __grid_constant__ TensorMap qlmap, const __grid_constant__ Ten
                     q6b_superblock(lst + Q6B_QL_BYTES * s, hst + Q6B_QH_BYTES * s, wst + Q6B_WORD_BYTES * s, x,
                                    part.len, sx, qoff, hoff, g, c, idx, acc);
                 }
-            ring.release(i, lane);
         }
         i8b_store_tile(acc, red, k, row0, rows, part.piece, y, y2, bias, residual);  // (the quad: sub-block c's)
     }

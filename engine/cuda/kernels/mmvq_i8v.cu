@@ -152,7 +152,8 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
 // tile's superblocks through a ring of NS stages of S; dynamic shared memory 1024 + i8v_x_bytes<T>(nb) +
 // W NS S (2048 + 256). CLOSE: the producer whose int8 output of the T tokens for the next matmul `close`
 // describes, formed from y behind the launch (kernels/act8_close.cuh; CLOSE_NONE: none). MAXW: the most warps a
-// block (its launch bounds and per-tile sums).
+// block (its launch bounds and per-tile sums). The launch bounds ask for one block an SM (what the staged rows leave
+// from 3 tokens): without a minimum ptxas held every instance to 80 registers, spilling at 5-8 tokens.
 template <int T, int S, int NS, int CLOSE, int MAXW = I8V_MAX_WARPS>
 __global__ void __launch_bounds__(MAXW * 32, 1)
 mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
@@ -197,7 +198,6 @@ mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
                 if (s < here)
                     i8v_superblock<T>(qst + I8B_QUANT_BYTES * s, wst + TILE_UNIT * s, x, nb, sb0 + j * S + s, qoff,
                                       g, c, acc);
-            ring.release(i, lane);
         }
 #pragma unroll
         for (int m = 0; m < NM; ++m)

@@ -137,27 +137,22 @@ struct I8bRing {
         out.next(spt);
     }
 
-    // Lane 0: the barriers, then the first NS stages (every slot). The weights do not depend on the previous
-    // kernel, so this goes before PDL_ENTER.
+    // Lane 0: the barriers, then the first NS - 1 stages. The weights do not depend on the previous kernel, so
+    // this goes before PDL_ENTER.
     __device__ __forceinline__ void start(int lane) {
         if (lane != 0) return;
         mbar_init_ring(bars, NS);
-        for (int k = 0; k < NS && k < num_stages; ++k) issue(k);
+        for (int k = 0; k < NS - 1 && k < num_stages; ++k) issue(k);
     }
 
-    // Stage i's slot (all tiles counted), once its bytes are in.
+    // Stage i's slot (all tiles counted), once its bytes are in; first lane 0 refills the slot that stage i - 1
+    // read, with stage i + NS - 1, after every lane is done reading it.
     __device__ __forceinline__ int acquire(int i, int lane) {
         const int slot = i % NS;
+        __syncwarp();
+        if (lane == 0 && i + NS - 1 < num_stages) issue((i + NS - 1) % NS);
         i8b_wait(bars + 8 * slot, i / NS);
         return slot;
-    }
-
-    // Stage i read: once every lane is done with its slot, lane 0 refills it with stage i + NS. Called as soon as
-    // the stage is consumed, before the tile's barrier and stores, so the copy is not held back by the block's
-    // slowest warp (with one stage a tile, as the verify form at K = 5,120, that is every stage).
-    __device__ __forceinline__ void release(int i, int lane) {
-        __syncwarp();
-        if (lane == 0 && i + NS < num_stages) issue(i % NS);
     }
 };
 
