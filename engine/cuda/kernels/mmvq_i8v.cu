@@ -152,10 +152,12 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
 // tile's superblocks through a ring of NS stages of S; dynamic shared memory 1024 + i8v_x_bytes<T>(nb) +
 // W NS S (2048 + 256). CLOSE: the producer whose int8 output of the T tokens for the next matmul `close`
 // describes, formed from y behind the launch (kernels/act8_close.cuh; CLOSE_NONE: none). MAXW: the most warps a
-// block (its launch bounds and per-tile sums). The launch bounds ask for one block an SM (what the staged rows leave
-// from 3 tokens): without a minimum ptxas held every instance to 80 registers, spilling at 5-8 tokens.
+// block (its launch bounds and per-tile sums). Launch bounds: from 5 tokens (and in the wide form) a minimum of one
+// block an SM, what the staged rows leave anyway: without it ptxas held them to 80 registers and spilt a stage's
+// sums (5-8 tokens: 89-96 registers now, no spills; the 27B pass at 5 tokens 9.16 -> 8.96 ms on an H100). Up to 4
+// tokens a minimum of two keeps them at 69-70, which timed a little faster at 3-4 tokens than one (bench/NOTES.md Z25).
 template <int T, int S, int NS, int CLOSE, int MAXW = I8V_MAX_WARPS>
-__global__ void __launch_bounds__(MAXW * 32, 1)
+__global__ void __launch_bounds__(MAXW * 32, T > 4 || MAXW > I8V_MAX_WARPS ? 1 : 2)
 mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
