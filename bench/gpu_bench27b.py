@@ -16,7 +16,8 @@ from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
 from engine.cuda import env_flag, env_switch
 from engine.cuda.i8b import DEFAULT_VERIFY_WARPS_AT
-from engine.cuda.instances import I8B_SHAPES, I8V_WIDE_TOKENS, PERSIST_QTYPES, Q6_I8_TOKENS, STAGED_QTYPES
+from engine.cuda.instances import (I8B_SHAPES, I8V_HALVES_TOKENS, I8V_WIDE_TOKENS, PERSIST_QTYPES, Q6_I8_TOKENS,
+                                   STAGED_QTYPES)
 
 PASS_TOKENS = (1, 2, 3, 4, 5)
 PREFILL_TOKENS = (512, 2048, 8192)
@@ -38,7 +39,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
                "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves", "q6b", "q6bhalves",
                "q6bdown", "q6bw8", "q6bh8", "noq6b", "q6bwhole",
-               "i8bdown8", "i8bdownh8", "i8bdown4")
+               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -160,6 +161,9 @@ HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5", "widehalves", "fi
 # the Q4_K ffn_downs on mmvq_i8 (v7 before Z24)
 I8B_WIDE_WARPS_VARIANTS = {"i8bdown4": None}
 OUT_HALVES_VARIANTS = frozenset({"outhalves", "fillhalves", "allhalves", "i8bdownh8"})
+# v7 with the Q4_K ffn_downs of these verify counts on mmvq_i8v in halves (ops.VERIFY_HALVES_AT): i8vdown at every
+# count it is built for (2-4 from mmvq_i8, 5-8 from the f16 persist kernel), i8vdown5 from 5 tokens
+VERIFY_HALVES_VARIANTS = {"i8vdown": frozenset(I8V_HALVES_TOKENS), "i8vdown5": frozenset(range(5, 9))}
 # v7 with mmvq_i8b's walking grid on every resident block (i8b.FILL: some blocks a tile more)
 FILL_VARIANTS = frozenset({"fill", "fillhalves"})
 # v7 with the verify launches of these token counts in mmvq_i8v's wide form (i8b.VERIFY_WIDE_TOKENS: blocks of up
@@ -536,6 +540,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.CLOSE = name in CLOSE_VARIANTS or i8b._close_default()
     ops.DOWN_HALVES = name in HALVES_VARIANTS or ops._down_halves_default()
     ops.OUT_HALVES = name in OUT_HALVES_VARIANTS or ops._out_halves_default()
+    ops.VERIFY_HALVES_AT = VERIFY_HALVES_VARIANTS.get(name, ops.DEFAULT_VERIFY_HALVES_AT)
     i8b.FILL = name in FILL_VARIANTS
     i8b.WIDE_WARPS = I8B_WIDE_WARPS_VARIANTS.get(name, i8b.DEFAULT_WIDE_WARPS)
     q6b.ON = name != "noq6b" and q6b._default()

@@ -90,6 +90,8 @@ I8V_W12_CHECKS = [("odd_rows", 5, True), ("attn_q", 5, True), ("attn_q", 8, Fals
 I8V_WIDE_CHECKS = [(name, t, precise) for name in ("odd_rows", "attn_q") for t in instances.I8V_WIDE_TOKENS
                    for precise in (False, True)] + [("ssm_ab", 5, True), ("attn_output", 5, True),
                                                     ("attn_output", 8, False)]
+# ... and in halves on ffn_down (the half-row staged: 34 superblocks), in 12, 12 and 7 warps
+I8V_HALVES_CHECKS = (2, 5, 8)
 # ... and with several row tiles a block: 63 tiles of odd_rows leave a partial last block (and tile), ssm_ab's 3
 # tiles a block of fewer than 4, ffn_down's ring runs across its tiles
 I8_TILE_CHECKS = [("odd_rows", 1), ("odd_rows", 4), ("ssm_ab", 1), ("ffn_down", 2), ("attn_q", 3)]
@@ -346,6 +348,11 @@ def run_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
             with verify_i8(True, wide=True):
                 for name, num_tokens, precise in I8V_WIDE_CHECKS:
                     check_matmul(dev, report, rng, name, Q.Q4_K, num_tokens, precise=precise, tag=".wide")
+            with verify_i8(True):  # ffn_down on it in halves (ops.VERIFY_HALVES_AT): whole, mmvq_i8 up to 4 tokens
+                for num_tokens in I8V_HALVES_CHECKS:  # and the f16 persist kernel past them
+                    check_halves(dev, report, rng, Q.Q4_K, num_tokens, switch="VERIFY_HALVES_AT", tag=".i8v",
+                                 on=frozenset(instances.I8V_HALVES_TOKENS), off=frozenset(),
+                                 tol=TOL_HALVES if num_tokens <= ops.I8_TOKENS else TOL_I8)
         with bulk_i8(False):
             for num_tokens in (1, 5):
                 check_halves(dev, report, rng, Q.Q4_K, num_tokens)
@@ -393,11 +400,13 @@ TOL_HALVES = 1e-5
 
 
 def check_halves(dev: Device, report: Report, rng: np.random.Generator, qtype: Q, num_tokens: int,
-                 name: str = "ffn_down", switch: str = "DOWN_HALVES", tag: str = "") -> None:
-    """A launch in halves (ffn_down on mmvq_i8 / mmvq_q6_i8 with DOWN_HALVES, the mixers' output on mmvq_i8b with
-    OUT_HALVES; ops.matmul y2): y + y2 against the whole launch on the same inputs, then the norm that adds them
-    (rmsnorm_of add=): the sum it stores and the normed rows against numpy's RMSNorm of the whole launch's
-    output."""
+                 name: str = "ffn_down", switch: str = "DOWN_HALVES", tag: str = "", on: object = True,
+                 off: object = False, tol: float = TOL_HALVES) -> None:
+    """A launch in halves (ffn_down on mmvq_i8 / mmvq_q6_i8 with DOWN_HALVES, on mmvq_i8v with VERIFY_HALVES_AT,
+    the mixers' output on mmvq_i8b with OUT_HALVES; ops.matmul y2): y + y2 against the whole launch on the same
+    inputs (ops.<switch> set to `on`, then `off`; tol: TOL_I8 where the whole launch is another kernel), then the
+    norm that adds them (rmsnorm_of add=): the sum it stores and the normed rows against numpy's RMSNorm of the
+    whole launch's output."""
     rows, cols = SHAPES_27B[name]
     t = num_tokens
     data = random_blocks(qtype, (rows, cols), rng)
@@ -408,23 +417,22 @@ def check_halves(dev: Device, report: Report, rng: np.random.Generator, qtype: Q
     res = dev.to_device(rng.standard_normal((t, rows), dtype=np.float32), "res")
     y, y2, total = (dev.alloc(4 * t * rows, what) for what in ("y", "y2", "sum"))
     variant = f"{name}.{qtype.name}.T{t}.halves{tag}"
-    with patched(ops, **{switch: False}):
+    with patched(ops, **{switch: off}):
         whole = _rerun(dev, w, act, y, res, t)
-    with patched(ops, **{switch: True}):
+    with patched(ops, **{switch: on}):
         if not ops.splits_in_halves(dev, w, act, t):
             raise AssertionError(f"{variant}: {name} does not go in halves with {switch} on")
         for buf in (y, y2, total):
             poison(dev, buf)
         ops.matmul(dev, w, act, y, t, rows, residual=res, y2=y2)
     a, b = dev.download(y, np.float32, (t, rows)), dev.download(y2, np.float32, (t, rows))
-    compare(report, "matmul.same", variant, a + b, whole, TOL_HALVES)
+    compare(report, "matmul.same", variant, a + b, whole, tol)
     norm_w = rng.standard_normal(rows, dtype=np.float32)
     normed, norm_buf = ops.alloc_act(dev, t, rows, "normed", precise=True), dev.to_device(norm_w, "norm_w")
     ops.produce(dev, ops.rmsnorm_of(total, norm_buf, rows, 1e-6, out32=normed.f32, add=(y, y2)), normed, t)
     compare(report, "act.rmsnorm", variant + ".sum", dev.download(total, np.float32, (t, rows)), a + b, 1e-7)
     ref = whole / np.sqrt(np.mean(whole.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-6) * norm_w
-    compare(report, "act.rmsnorm", variant + ".normed", dev.download(normed.f32, np.float32, (t, rows)), ref,
-            TOL_HALVES)
+    compare(report, "act.rmsnorm", variant + ".normed", dev.download(normed.f32, np.float32, (t, rows)), ref, tol)
     for buf in [w.buf, res, y, y2, total, norm_buf, *act.buffers(), *normed.buffers()]:
         dev.memory.free(buf)
 

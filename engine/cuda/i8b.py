@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch, tma
-from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_HALVES_SHAPES, I8B_SHAPES, I8V_SHAPE,
-                                    I8V_TOKENS, I8V_WIDE_SHAPE, I8V_WIDE_TOKENS, I8V_WIDE_WARPS)
+from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_HALVES_SHAPES, I8B_SHAPES, I8V_HALVES_TOKENS,
+                                    I8V_MAX_WARPS, I8V_SHAPE, I8V_TOKENS, I8V_WIDE_SHAPE, I8V_WIDE_TOKENS,
+                                    I8V_WIDE_WARPS)
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
@@ -29,7 +30,7 @@ ENV = "OPENJET_CUDA_I8B"
 MIN_ARCH = 90  # tensor copies (cp.async.bulk.tensor) and mbarrier transaction counts
 QUANT_BYTES, WORD_BYTES = 2048, 256  # a unit's quant box and word unit (mirror of the kernel's)
 MAX_WARPS = 8  # the kernel's I8B_MAX_WARPS
-VERIFY_MAX_WARPS = 12  # mmvq_i8v's I8V_MAX_WARPS
+VERIFY_MAX_WARPS = I8V_MAX_WARPS
 PRODUCE_MAX = 4  # the kernel's I8B_PRODUCE_MAX: the most superblocks a warp's share may hold with a fused producer
 ALIGN_SLACK = 1024  # the kernel aligns its regions to 1024 bytes (the 128-byte swizzle) at run time
 
@@ -335,11 +336,11 @@ def verify_tokens(dev: Device, precise: bool = True) -> int:
     return max(verify_token_counts(precise), default=0) if VERIFY_ON and dev.info.arch >= MIN_ARCH else 0
 
 
-def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
+def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act, halves: bool = False) -> bool:
     """Whether a matmul takes mmvq_i8v: it and the int8 matmuls on, sm_90+, a Q4_K weight of rows up to
-    VERIFY_MAX_SUPERBLOCKS, a token count it takes in the act's mode (precise: act has the f16 residue; at most 8,
-    so one token group) whose int8 copy the last producer of act wrote, and its shared memory within the GPU's
-    opt-in maximum."""
+    VERIFY_MAX_SUPERBLOCKS (halves: any width whose half fits), a token count it takes in the act's mode (precise:
+    act has the f16 residue; at most 8, so one token group) whose int8 copy the last producer of act wrote, and
+    its shared memory within the GPU's opt-in maximum."""
     from engine.cuda import ops
 
     if not (VERIFY_ON and ops.I8_MATMUL and dev.info.arch >= MIN_ARCH and w.qtype == Q.Q4_K):
@@ -347,21 +348,29 @@ def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool
     counts = verify_token_counts(act.x16_lo is not None)
     if act.i8_tokens != num_tokens or num_tokens not in I8V_TOKENS or num_tokens not in counts:
         return False
-    nb, wide = w.cols // ops.SUPERBLOCK, verify_wide(num_tokens)
-    smem = (verify_smem_bytes(nb, num_tokens, verify_warps(dev, w, num_tokens, wide), wide)
+    if halves and num_tokens not in I8V_HALVES_TOKENS:
+        return False
+    nb, wide = w.cols // ops.SUPERBLOCK, not halves and verify_wide(num_tokens)
+    staged = verify_staged(nb, halves)
+    smem = (verify_smem_bytes(staged, num_tokens, verify_warps(dev, w, num_tokens, wide, halves), wide)
             + verify_static_smem(num_tokens, wide))
-    return nb <= VERIFY_MAX_SUPERBLOCKS and smem <= dev.info.max_smem_per_block
+    return (halves or nb <= VERIFY_MAX_SUPERBLOCKS) and smem <= dev.info.max_smem_per_block
 
 
-def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int, wide: bool = False) -> int:
+def verify_staged(nb: int, halves: bool) -> int:
+    """The superblocks of a row a block stages: all, or in halves the larger half (mmvq_half: the second)."""
+    return nb - nb // 2 if halves else nb
+
+
+def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int, wide: bool = False, halves: bool = False) -> int:
     """Warps per block: VERIFY_WARPS, else (wide) the wide form's most, else VERIFY_WARPS_AT's for num_tokens,
     else mmvq_i8's choice for num_tokens (ops.i8_warps); never more than the form's most (VERIFY_MAX_WARPS,
-    I8V_WIDE_WARPS), nor than the warps its shares of a tile's superblocks keep busy (20 superblocks in shares of 3
-    take 7 warps of 8), nor than leave the block within the GPU's shared memory (each warp's ring is 9 KB: at 8
-    tokens and K = 6,144 11 fit, 8 of them busy in shares of 3)."""
+    I8V_WIDE_WARPS), nor than the warps its shares of a tile's superblocks (halves: of the block's half) keep busy
+    (20 superblocks in shares of 3 take 7 warps of 8), nor than leave the block within the GPU's shared memory
+    (each warp's ring is 9 KB: at 8 tokens and K = 6,144 11 fit, 8 of them busy in shares of 3)."""
     from engine.cuda import ops
 
-    tiles, nb = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK
+    tiles, nb = (w.rows + 15) // 16, verify_staged(w.cols // ops.SUPERBLOCK, halves)
     most = I8V_WIDE_WARPS if wide else VERIFY_MAX_WARPS
     chosen = VERIFY_WARPS or (most if wide else None) or VERIFY_WARPS_AT.get(num_tokens) or ops.i8_warps(
         w.cols, tiles, num_tokens, dev.info.multiprocessors)
@@ -378,19 +387,26 @@ def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int, wide: bool = Fal
 
 def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
                   bias: Buffer | None, residual: Buffer | None, num_tokens: int, ld_y: int,
-                  closer: Closer | None = None) -> None:
+                  closer: Closer | None = None, y2: Buffer | None = None) -> None:
     """One launch of mmvq_i8v for num_tokens (2-8) tokens: mmvq_i8b's walking grid, y and residual [T, ld_y]; with
-    closer, the next matmul's input formed from y behind it."""
+    closer, the next matmul's input formed from y behind it; with y2, in halves (each block a half-tile: the
+    first half's sums + bias + residual into y, the second's into y2)."""
     from engine.cuda import ops
     from engine.cuda.closers import close_dst, instance
 
-    wide = closer is None and verify_wide(num_tokens)
-    tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, verify_warps(dev, w, num_tokens, wide)
-    name = f"mmvq_q4_K_i8v_t{num_tokens}_wide" if wide else instance(f"mmvq_q4_K_i8v_t{num_tokens}", closer)
-    kernel, smem = dev.kernel(name), verify_smem_bytes(nb, num_tokens, num_warps, wide)
+    assert y2 is None or closer is None, f"{w.name}: a launch in halves takes no closer"
+    halves = y2 is not None
+    wide = closer is None and not halves and verify_wide(num_tokens)
+    tiles, staged = (w.rows + 15) // 16, verify_staged(w.cols // ops.SUPERBLOCK, halves)
+    num_warps = verify_warps(dev, w, num_tokens, wide, halves)
+    name = (f"mmvq_q4_K_i8v_t{num_tokens}_halves" if halves else f"mmvq_q4_K_i8v_t{num_tokens}_wide" if wide
+            else instance(f"mmvq_q4_K_i8v_t{num_tokens}", closer))
+    kernel, smem = dev.kernel(name), verify_smem_bytes(staged, num_tokens, num_warps, wide)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y,
-            close_dst(closer, num_tokens, ld_y)]
-    blocks = grid(dev, tiles, num_warps, smem, verify_static_smem(num_tokens, wide), VERIFY_SPARE_PER_SM)
+            close_dst(closer, num_tokens, ld_y), y2]
+    static = verify_static_smem(num_tokens, wide)
+    blocks = (halves_grid(dev, tiles, num_warps, smem, static, VERIFY_SPARE_PER_SM) if halves
+              else grid(dev, tiles, num_warps, smem, static, VERIFY_SPARE_PER_SM))
     dev.launch(kernel, blocks, 32 * num_warps, args, smem=smem)

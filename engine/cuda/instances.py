@@ -69,11 +69,15 @@ Q6_I8_CLOSE_MODES = ("rmsnorm",)
 # 4), an instance each in mmvq_i8b's default shape: mmvq_q4_K_i8v_t{T}.
 I8V_TOKENS = tuple(range(2, 9))
 I8V_SHAPE = (2, 2)
+I8V_MAX_WARPS = 12  # mirror of kernels/mmvq_i8v.cu I8V_MAX_WARPS
 # ... and its wide form (blocks of up to I8V_WIDE_WARPS warps, one superblock a stage: engine/cuda/i8b.py
 # VERIFY_WIDE_TOKENS), from 3 tokens, where one block fills an SM: mmvq_q4_K_i8v_t{T}_wide.
 I8V_WIDE_TOKENS = tuple(range(3, 9))
 I8V_WIDE_WARPS = 24
 I8V_WIDE_SHAPE = (1, 3)
+# ... and in halves (each block a half-tile and half the row staged: ffn_down's 68 superblocks; engine/cuda/ops.py
+# VERIFY_HALVES_AT): mmvq_q4_K_i8v_t{T}_halves.
+I8V_HALVES_TOKENS = I8V_TOKENS
 # Tokens of the int8-activation Q6_K matmul (kernels/mmvq_i8q6.cu: a sub-block's 2T columns in one mma up to 4
 # tokens, a pass a level past that), an instance each: mmvq_q6_K_i8_t{T}.
 Q6_I8_TOKENS = tuple(range(1, 9))
@@ -154,6 +158,9 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8v_t{t}_wide", "mmvq_i8v",
                      f"mmvq_i8v<{t}, {I8V_WIDE_SHAPE[0]}, {I8V_WIDE_SHAPE[1]}, -1, {I8V_WIDE_WARPS}>")
             for t in I8V_WIDE_TOKENS]
+    out += [Instance(f"mmvq_q4_K_i8v_t{t}_halves", "mmvq_i8v",
+                     f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, -1, {I8V_MAX_WARPS}, true>")
+            for t in I8V_HALVES_TOKENS]
     out += [Instance(f"mmvq_q4_K_i8v_t{t}_close_{mode}", "mmvq_i8v",
                      f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, {ACT_MODES.index(mode)}>")
             for t in I8V_TOKENS for mode in I8V_CLOSE_MODES]

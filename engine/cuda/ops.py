@@ -311,6 +311,9 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         closer.act.i8_tokens = num_tokens
     if gemm.launch(dev, w, act.x16, y, num_tokens, ld_y, bias, residual):
         return
+    if y2 is not None and verify_halves(dev, w, act, num_tokens):  # (2-8 tokens: one group)
+        i8b.launch_verify(dev, w, act.group8(0), y, bias, residual, num_tokens, ld_y, y2=y2)
+        return
     precise = act.x16_lo is not None and w.qtype != Q.F32
     instance = DISPATCH.get(("mmvq_x2" if precise else "mmvq", w.qtype))
     if instance is None:
@@ -673,6 +676,19 @@ OUT_HALVES = _out_halves_default()
 # the counts that may go in halves: where the launch is on the int8 kernels (1-4 tokens by default; 5 with
 # I8_TOKENS 5 and Q6_I8_COUNTS holding 5)
 HALVES_AT = frozenset(HALVES_TOKENS)
+# The Q4_K ffn_downs of these verify counts on mmvq_i8v in halves (kernels/mmvq_i8v.cu HALVES: half of the row
+# staged, so its 68 superblocks fit where the whole row does not). At 5 tokens they run on the f16 persist kernel,
+# 0.914 ms a pass on an H100 against mmvq_i8's 0.740 at 4 (bench/NOTES.md Z25); the verify form streams the other
+# Q4_K matrices at ~2.4 TB/s there. Empty until a GPU has timed it (bench variants i8vdown, i8vdown5).
+DEFAULT_VERIFY_HALVES_AT: frozenset[int] = frozenset()
+VERIFY_HALVES_AT = DEFAULT_VERIFY_HALVES_AT
+
+
+def verify_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int) -> bool:
+    """Whether a launch of num_tokens takes mmvq_i8v in halves: a count of VERIFY_HALVES_AT, rows of WIDE_COLS
+    or more, and the verify form taking a half (i8b.verify_runs)."""
+    return (num_tokens in VERIFY_HALVES_AT and w.cols >= WIDE_COLS
+            and i8b.verify_runs(dev, w, num_tokens, act, halves=True))
 
 
 def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int,
@@ -680,11 +696,14 @@ def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int,
     """Whether matmul(w, act, num_tokens, producer=producer) may go in halves (y2): DOWN_HALVES, rows of WIDE_COLS
     or more, a count of HALVES_AT, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8; or OUT_HALVES and
     the launch on mmvq_i8b where i8b.halves_pay; or q6b.HALVES, rows of WIDE_COLS or more and the launch on
-    mmvq_q6_i8b. producer: the launch's own, not yet run (what it will write is what the launch reads)."""
-    if not (DOWN_HALVES or OUT_HALVES or q6b.HALVES):
+    mmvq_q6_i8b; or verify_halves. producer: the launch's own, not yet run (what it will write is what the launch
+    reads)."""
+    if not (DOWN_HALVES or OUT_HALVES or q6b.HALVES or VERIFY_HALVES_AT):
         return False
     if producer is not None:
         act = replace(act, i8_tokens=_i8_written(dev, act, num_tokens))
+    if verify_halves(dev, w, act, num_tokens):
+        return True
     kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
     if kernel == "i8b":  # (one token)
         return OUT_HALVES and i8b.halves_pay(dev, w)

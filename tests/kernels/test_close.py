@@ -188,7 +188,7 @@ def test_the_verify_launch_hands_the_kernel_its_tokens_and_row_stride(closing) -
     ops.matmul(dev, mix_out, x, y, 5, 6144, residual=y, closer=closer)
     ((name, args),) = dev.launches
     assert name == "mmvq_q4_K_i8v_t5_close_rmsnorm"
-    assert (args[-1].tokens, args[-1].ld, args[-1].width) == (5, 6144, H)
+    assert (args[-2].tokens, args[-2].ld, args[-2].width) == (5, 6144, H) and args[-1] is None  # (y2: whole)
     assert act_h.i8_tokens == 5
 
 

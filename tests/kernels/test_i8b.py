@@ -233,7 +233,8 @@ def test_the_verify_layout_mirrors_the_kernel() -> None:
     assert int(re.search(r"#define I8V_MAX_WARPS (\d+)", src).group(1)) == i8b.VERIFY_MAX_WARPS
     assert int(re.search(r"#define I8V_WIDE_WARPS (\d+)", src).group(1)) == instances.I8V_WIDE_WARPS
     # red[2][MAXW][T][16] floats and the barriers, past the driver's 1 KB
-    assert "__shared__ float red[2][MAXW][T][16];" in src and "int MAXW = I8V_MAX_WARPS>" in src
+    assert "__shared__ float red[2][MAXW][T][16];" in src and "int MAXW = I8V_MAX_WARPS, bool HALVES = false>" in src
+    assert instances.I8V_MAX_WARPS == i8b.VERIFY_MAX_WARPS
     assert i8b.verify_static_smem(5) >= 1024 + 2 * i8b.VERIFY_MAX_WARPS * 5 * 16 * 4 + 8 * i8b.VERIFY_MAX_WARPS * 2
     wide_warps, (ws, wn) = instances.I8V_WIDE_WARPS, instances.I8V_WIDE_SHAPE
     assert i8b.verify_static_smem(5, wide=True) >= 1024 + 2 * wide_warps * 5 * 16 * 4 + 8 * wide_warps * wn
@@ -357,3 +358,68 @@ def test_ffn_down_takes_it_by_default_in_blocks_of_eight_warps_one_an_sm(monkeyp
     assert i8b.warps(dev, _weight()) == ops.i8_warps(5120, 640, 1, 132)  # narrower rows: mmvq_i8's choice
     monkeypatch.setattr(i8b, "WIDE_WARPS", None)
     assert i8b.warps(dev, down) == ops.i8_warps(17408, 320, 1, 132)
+
+
+def _down_act(i8_tokens: int) -> ops.Act:
+    return ops.Act(None, None, None, 17408, 17408, 8, i8_tokens=i8_tokens)
+
+
+@pytest.fixture
+def verify_on(monkeypatch):
+    monkeypatch.setattr(i8b, "VERIFY_ON", True)
+    monkeypatch.setattr(ops, "I8_MATMUL", True)
+    monkeypatch.setattr(i8b, "VERIFY_WARPS", None)
+    monkeypatch.setattr(i8b, "VERIFY_TRIM", True)
+    monkeypatch.setattr(i8b, "VERIFY_WIDE_TOKENS", frozenset())
+    monkeypatch.setattr(i8b, "VERIFY_TOKENS", i8b.DEFAULT_VERIFY_TOKENS)
+    monkeypatch.setattr(i8b, "VERIFY_FAST_TOKENS", i8b.DEFAULT_VERIFY_FAST_TOKENS)
+
+
+def test_ffn_down_fits_the_verify_form_in_halves_only(verify_on) -> None:
+    """ffn_down's 68 superblocks do not fit the verify form whole; in halves a block stages its 34."""
+    dev, down = _dev(90), ops.DeviceWeight(None, Q.Q4_K, 5120, 17408)
+    assert not i8b.verify_runs(dev, down, 5, _down_act(5))
+    assert i8b.verify_runs(dev, down, 5, _down_act(5), halves=True)
+    assert not i8b.verify_runs(dev, down, 5, _down_act(4), halves=True)  # the int8 copy is of other tokens
+    assert (i8b.verify_staged(68, True), i8b.verify_staged(69, True), i8b.verify_staged(68, False)) == (34, 35, 68)
+    # 34 staged superblocks: 12 warps in shares of 3 at 5 tokens; at 8 the staged rows leave room for 7 (shares of 5)
+    assert i8b.verify_warps(dev, down, 5, halves=True) == 12
+    assert i8b.verify_warps(dev, down, 8, halves=True) == 7
+    for t, warps in ((5, 12), (8, 7)):
+        assert (i8b.verify_smem_bytes(34, t, warps) + i8b.verify_static_smem(t)
+                <= dev.info.max_smem_per_block)
+
+
+def test_ffn_down_goes_in_halves_at_the_counts_asked(verify_on, monkeypatch) -> None:
+    dev, down = _dev(90), ops.DeviceWeight(None, Q.Q4_K, 5120, 17408)
+    monkeypatch.setattr(ops, "DOWN_HALVES", False)
+    monkeypatch.setattr(ops, "OUT_HALVES", False)
+    assert ops.DEFAULT_VERIFY_HALVES_AT == frozenset()  # off until a GPU has timed it
+    monkeypatch.setattr(ops, "VERIFY_HALVES_AT", frozenset())
+    assert not ops.splits_in_halves(dev, down, _down_act(5), 5)
+    monkeypatch.setattr(ops, "VERIFY_HALVES_AT", frozenset({5}))
+    assert ops.splits_in_halves(dev, down, _down_act(5), 5)
+    assert not ops.splits_in_halves(dev, down, _down_act(4), 4)  # not a count asked
+    assert not ops.verify_halves(dev, _weight(), _act(5), 5)  # rows narrower than ops.WIDE_COLS stay whole
+    monkeypatch.setattr(i8b, "VERIFY_ON", False)
+    assert not ops.splits_in_halves(dev, down, _down_act(5), 5)
+
+
+def test_a_launch_in_halves_names_its_instance_grid_and_second_output(verify_on, monkeypatch) -> None:
+    launched = []
+    dev = SimpleNamespace(info=_dev(90).info, kernel=lambda name: name,
+                          set_max_dynamic_smem=lambda kernel, smem: None,
+                          launch=lambda kernel, blocks, threads, args, smem: launched.append(
+                              (kernel, blocks, threads, args, smem)))
+    monkeypatch.setattr(i8b, "quant_map", lambda w: None)
+    down, y2 = ops.DeviceWeight(None, Q.Q4_K, 5120, 17408), SimpleNamespace(ptr=7)
+    i8b.launch_verify(dev, down, (None, None, None, None), None, None, None, 5, 5120, y2=y2)
+    ((name, blocks, threads, args, smem),) = launched
+    assert name == "mmvq_q4_K_i8v_t5_halves" and threads == 32 * 12 and args[-1] is y2
+    assert smem == i8b.verify_smem_bytes(34, 5, 12)
+    # 640 half-tiles on one block an SM, an even grid (each block keeps its index's half)
+    assert blocks % 2 == 0 and blocks <= 132 and -(-640 // blocks) == -(-640 // 132)
+    assert instances.INSTANCES[name].expr == f"mmvq_i8v<5, 2, 2, -1, {i8b.VERIFY_MAX_WARPS}, true>"
+    with pytest.raises(AssertionError, match="no closer"):
+        i8b.launch_verify(dev, down, (None, None, None, None), None, None, None, 5, 5120,
+                          closer=SimpleNamespace(mode="rmsnorm"), y2=y2)

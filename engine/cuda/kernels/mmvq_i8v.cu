@@ -152,37 +152,46 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
 // tile's superblocks through a ring of NS stages of S; dynamic shared memory 1024 + i8v_x_bytes<T>(nb) +
 // W NS S (2048 + 256). CLOSE: the producer whose int8 output of the T tokens for the next matmul `close`
 // describes, formed from y behind the launch (kernels/act8_close.cuh; CLOSE_NONE: none). MAXW: the most warps a
-// block (its launch bounds and per-tile sums). Launch bounds: from 5 tokens (and in the wide form) a minimum of one
+// block (its launch bounds and per-tile sums). HALVES (no closer): the block walks half-tiles (an even grid; each
+// block keeps its index's half, kernels/mmvq.cuh mmvq_half) and stages only its half of the row, so rows too wide
+// to stage whole (ffn_down's 68 superblocks) fit; the first half stores y (+ bias + residual), the second its bare
+// sums in y2, which the next layer's input norm adds (engine/cuda/ops.py VERIFY_HALVES_AT). Launch bounds: from 5 tokens (and in the wide form) a minimum of one
 // block an SM, what the staged rows leave anyway: without it ptxas held them to 80 registers and spilt a stage's
 // sums (5-8 tokens: 89-96 registers now, no spills; the 27B pass at 5 tokens 9.16 -> 8.96 ms on an H100). Up to 4
 // tokens a minimum of two keeps them at 69-70, which timed a little faster at 3-4 tokens than one (bench/NOTES.md Z25).
-template <int T, int S, int NS, int CLOSE, int MAXW = I8V_MAX_WARPS>
+template <int T, int S, int NS, int CLOSE, int MAXW = I8V_MAX_WARPS, bool HALVES = false>
 __global__ void __launch_bounds__(MAXW * 32, T > 4 || MAXW > I8V_MAX_WARPS ? 1 : 2)
 mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
-         int ld_y, const Act8Close close) {
+         int ld_y, const Act8Close close, float* __restrict__ y2) {
 #if __CUDA_ARCH__ >= 900
+    static_assert(!HALVES || CLOSE == CLOSE_NONE, "halves: no closer");
     constexpr int NM = (T + 3) / 4;
     extern __shared__ __align__(1024) u8 smem[];
     __shared__ __align__(8) u64 bars[MAXW][NS];
     __shared__ float red[2][MAXW][T][16];  // by tile parity: one __syncthreads a tile
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
     const int g = lane >> 2, c = lane & 3, nb = K / QK_SB, ntiles = (rows + 15) / 16;
-    const int share = (nb + num_warps - 1) / num_warps, sb0 = warp * share;
-    const int n = max(0, min(share, nb - sb0));  // the warp's superblocks of a tile
-    const int my_tiles = (ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    // the block's superblocks of each tile: all, or (HALVES) its index's half, staged as superblocks 0 .. len - 1
+    const MmvqHalf part = mmvq_half<HALVES>(nb);
+    const int nx = part.len, share = (nx + num_warps - 1) / num_warps, sx0 = warp * share;
+    const int n = max(0, min(share, nx - sx0));  // the warp's superblocks of a tile
+    const int walked = HALVES ? 2 * ntiles : ntiles;  // tiles, or half-tiles
+    const int my_tiles = (walked - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
     // the regions: x, then every warp's quant ring (1024-byte aligned boxes), then every warp's word ring
     const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
     const u8* x = smem + (base - smem_u32(smem));
-    const u32 rings = base + i8v_x_bytes<T>(nb);
+    const u32 rings = base + i8v_x_bytes<T>(nx);
     I8bRing<S, NS> ring(qmap, QTraits<QT_Q4_K>::planes(w, (u64)rows * nb).p[1],
                         rings + warp * NS * S * I8B_QUANT_BYTES,
                         rings + num_warps * NS * S * I8B_QUANT_BYTES + warp * NS * S * TILE_UNIT,
-                        smem_u32(&bars[warp][0]), nb, sb0, n, my_tiles);
+                        smem_u32(&bars[warp][0]), nb, part.begin + sx0, n, my_tiles, HALVES ? 1 : 0);
     ring.start(lane);
     PDL_ENTER();  // the activations are the previous kernel's output
-    i8v_stage_x<T>(base, q8, scale8, sums, sums_lo, nb);
+    const int b0 = part.begin;  // the act8 copy from the block's first superblock (per superblock: 4 KB of levels,
+                                // 8 tokens' sums of 8 f16 each, 16 level scales)
+    i8v_stage_x<T>(base, q8 + 4096 * b0, scale8 + 16 * b0, sums + 64 * b0, sums_lo + 64 * b0, nx);
     int qoff[2][4];
     i8b_quant_offsets(g, c, qoff);
     int i = 0;  // the stage consumed next (all tiles counted)
@@ -198,7 +207,7 @@ mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
 #pragma unroll
             for (int s = 0; s < S; ++s)
                 if (s < here)
-                    i8v_superblock<T>(qst + I8B_QUANT_BYTES * s, wst + TILE_UNIT * s, x, nb, sb0 + j * S + s, qoff,
+                    i8v_superblock<T>(qst + I8B_QUANT_BYTES * s, wst + TILE_UNIT * s, x, nx, sx0 + j * S + s, qoff,
                                       g, c, acc);
         }
 #pragma unroll
@@ -208,12 +217,16 @@ mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
                 red[k & 1][warp][4 * m + c][2 * g + 1] = acc[m][1];
             }
         __syncthreads();  // (the other parity's sums, read after the last one, are rewritten only after the next)
-        const int row0 = 16 * ((int)blockIdx.x + k * (int)gridDim.x);
+        const int row0 = 16 * (((int)blockIdx.x + k * (int)gridDim.x) >> (HALVES ? 1 : 0));
         for (int e = threadIdx.x; e < 16 * T; e += blockDim.x) {
             const int t = e >> 4, row = row0 + (e & 15);
             if (row >= rows) continue;
             float v = 0.f;
             for (int wi = 0; wi < num_warps; ++wi) v += red[k & 1][wi][t][e & 15];
+            if (HALVES && part.piece) {  // the second half: its bare sums
+                y2[(i64)t * ld_y + row] = v;
+                continue;
+            }
             if (bias) v += bias[row];
             if (residual) v += residual[(i64)t * ld_y + row];
             y[(i64)t * ld_y + row] = v;
