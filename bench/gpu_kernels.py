@@ -413,7 +413,8 @@ def check_halves(dev: Device, report: Report, rng: np.random.Generator, qtype: Q
     w = ops.upload_weight(dev, data, qtype, (rows, cols), name)
     act = ops.alloc_act(dev, t, cols, "x", precise=True)
     dev.upload(act.f32, rng.standard_normal((t, cols), dtype=np.float32))
-    ops.act_f16(dev, act.f32, act, t, act.ld)
+    with patched(ops, **{switch: on}):  # (the int8 copy as the halves' kernel needs it: VERIFY_HALVES_AT's counts)
+        ops.act_f16(dev, act.f32, act, t, act.ld)
     res = dev.to_device(rng.standard_normal((t, rows), dtype=np.float32), "res")
     y, y2, total = (dev.alloc(4 * t * rows, what) for what in ("y", "y2", "sum"))
     variant = f"{name}.{qtype.name}.T{t}.halves{tag}"

@@ -239,11 +239,11 @@ I8_COPY_BY_WIDTH = True
 
 def _i8_copy_tokens(dev: Device, act: Act) -> int:
     """The most tokens of act's mode an int8 matmul of its width takes (mmvq_i8 up to I8_TOKENS, mmvq_q6_i8 its
-    counts, the Q8_0 one a group when on, mmvq_i8v where it runs and takes that width): up to that many, the
-    producers write the int8 copy too."""
+    counts, the Q8_0 one a group when on, mmvq_i8v where it runs and takes that width, whole or in halves at
+    VERIFY_HALVES_AT's counts): up to that many, the producers write the int8 copy too."""
     verify = i8b.verify_tokens(dev, act.x16_lo is not None)
     if I8_COPY_BY_WIDTH and act.num_superblocks > i8b.VERIFY_MAX_SUPERBLOCKS:
-        verify = 0
+        verify = min(verify, max(VERIFY_HALVES_AT, default=0))
     return max(I8_TOKENS, max(Q6_I8_COUNTS, default=0), ACT_GROUP if Q8_I8 else 0, verify)
 
 

@@ -208,6 +208,9 @@ def test_a_producer_wider_than_the_verify_form_writes_the_int8_copy_only_where_a
     assert [written(6144, t) for t in (5, 8)] == [5, 8]  # 24 superblocks: mmvq_i8v takes it
     monkeypatch.setattr(ops, "Q6_I8_COUNTS", frozenset(range(1, 6)))  # an int8 Q6_K ffn_down at 5 reads it
     assert written(17408, 5) == 5 and written(17408, 6) == 0
+    monkeypatch.setattr(ops, "VERIFY_HALVES_AT", frozenset({5, 6}))  # the verify form in halves reads it
+    assert [written(17408, t) for t in (6, 7)] == [6, 0]
+    monkeypatch.setattr(ops, "VERIFY_HALVES_AT", frozenset())
     monkeypatch.setattr(ops, "I8_COPY_BY_WIDTH", False)
     assert written(17408, 8) == 8
 
