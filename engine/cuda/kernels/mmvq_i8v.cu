@@ -155,10 +155,11 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
 // block (its launch bounds and per-tile sums). HALVES (no closer): the block walks half-tiles (an even grid; each
 // block keeps its index's half, kernels/mmvq.cuh mmvq_half) and stages only its half of the row, so rows too wide
 // to stage whole (ffn_down's 68 superblocks) fit; the first half stores y (+ bias + residual), the second its bare
-// sums in y2, which the next layer's input norm adds (engine/cuda/ops.py VERIFY_HALVES_AT). Launch bounds: from 5 tokens (and in the wide form) a minimum of one
-// block an SM, what the staged rows leave anyway: without it ptxas held them to 80 registers and spilt a stage's
-// sums (5-8 tokens: 89-96 registers now, no spills; the 27B pass at 5 tokens 9.16 -> 8.96 ms on an H100). Up to 4
-// tokens a minimum of two keeps them at 69-70, which timed a little faster at 3-4 tokens than one (bench/NOTES.md Z25).
+// sums in y2, which the next layer's input norm adds (engine/cuda/ops.py VERIFY_HALVES_AT).
+// Launch bounds: from 5 tokens (and in the wide form) a minimum of one block an SM, what the staged rows leave
+// anyway: without it ptxas held them to 80 registers and spilt a stage's sums (5-8 tokens: 89-96 registers now,
+// no spills; the 27B pass at 5 tokens 9.16 -> 8.96 ms on an H100). Up to 4 tokens a minimum of two keeps them at
+// 69-70, which timed a little faster at 3-4 tokens than one (bench/NOTES.md Z25).
 template <int T, int S, int NS, int CLOSE, int MAXW = I8V_MAX_WARPS, bool HALVES = false>
 __global__ void __launch_bounds__(MAXW * 32, T > 4 || MAXW > I8V_MAX_WARPS ? 1 : 2)
 mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
