@@ -39,7 +39,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
                "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves", "q6b", "q6bhalves",
                "q6bdown", "q6bw8", "q6bh8", "noq6b", "q6bwhole",
-               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5")
+               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5", "down5")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -142,7 +142,7 @@ PIPELINE_TABLE_VARIANTS = {"q6persist": {(Q.Q6_K, True): ((8, "persist"),)},
 # 1-4 (q6i8t4, v7's since v21) or 1-8 tokens (q6i8all) (ops.Q6_I8_COUNTS)
 Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4": frozenset(range(1, 5)),
                         "q6i8all": frozenset(Q6_I8_TOKENS), "close5": frozenset(range(1, 6)),
-                        "halves5": frozenset(range(1, 6))}
+                        "halves5": frozenset(range(1, 6)), "down5": frozenset(Q6_I8_TOKENS)}
 # v7 with the closers (engine/cuda/i8b.py CLOSE, off in v7 until measured: bench/NOTES.md Z1): the one-token pass's
 # FFN norm formed behind the mixer's output projection, SwiGLU behind gate | up and the next layer's input norm
 # behind ffn_down, their producer launches gone; with the Q8_0 gates on int8 (ops.Q8_I8), which the DeltaNet
@@ -162,8 +162,10 @@ HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5", "widehalves", "fi
 I8B_WIDE_WARPS_VARIANTS = {"i8bdown4": None}
 OUT_HALVES_VARIANTS = frozenset({"outhalves", "fillhalves", "allhalves", "i8bdownh8"})
 # v7 with the Q4_K ffn_downs of these verify counts on mmvq_i8v in halves (ops.VERIFY_HALVES_AT): i8vdown at every
-# count it is built for (2-4 from mmvq_i8, 5-8 from the f16 persist kernel), i8vdown5 from 5 tokens
-VERIFY_HALVES_VARIANTS = {"i8vdown": frozenset(I8V_HALVES_TOKENS), "i8vdown5": frozenset(range(5, 9))}
+# count it is built for (2-4 from mmvq_i8, 5-8 from the f16 persist kernel), i8vdown5 from 5 tokens; down5 the same
+# with the Q6_K matmuls on mmvq_q6_i8 at every count (q6i8all's): no ffn_down on an f16 kernel from 5 tokens
+VERIFY_HALVES_VARIANTS = {"i8vdown": frozenset(I8V_HALVES_TOKENS), "i8vdown5": frozenset(range(5, 9)),
+                          "down5": frozenset(range(5, 9))}
 # v7 with mmvq_i8b's walking grid on every resident block (i8b.FILL: some blocks a tile more)
 FILL_VARIANTS = frozenset({"fill", "fillhalves"})
 # v7 with the verify launches of these token counts in mmvq_i8v's wide form (i8b.VERIFY_WIDE_TOKENS: blocks of up
