@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_flag, env_switch, gemm, i8b, persist, q6b
 from engine.cuda.device import Buffer, Device
-from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, HALVES_TOKENS, I8_MAX_TOKENS,
+from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, HALVES_TOKENS, I8_MAX_TOKENS, I8V_HALVES_TOKENS,
                                    MATMUL_QTYPES, PERSIST_QTYPES, STAGE_SHAPE, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
 
@@ -677,10 +677,11 @@ OUT_HALVES = _out_halves_default()
 # I8_TOKENS 5 and Q6_I8_COUNTS holding 5)
 HALVES_AT = frozenset(HALVES_TOKENS)
 # The Q4_K ffn_downs of these verify counts on mmvq_i8v in halves (kernels/mmvq_i8v.cu HALVES: half of the row
-# staged, so its 68 superblocks fit where the whole row does not). At 5 tokens they run on the f16 persist kernel,
-# 0.914 ms a pass on an H100 against mmvq_i8's 0.740 at 4 (bench/NOTES.md Z25); the verify form streams the other
-# Q4_K matrices at ~2.4 TB/s there. Empty until a GPU has timed it (bench variants i8vdown, i8vdown5).
-DEFAULT_VERIFY_HALVES_AT: frozenset[int] = frozenset()
+# staged, so its 68 superblocks fit where the whole row does not), in place of mmvq_i8 at 2-4 tokens and the f16
+# persist kernel from 5 (0.914 ms a pass on an H100 at 5 tokens against mmvq_i8's 0.740 at 4). On an H100 the 27B
+# pass at 5 tokens 8.988 -> 8.685 ms, at 2-4 0.03-0.05 ms faster (bench/NOTES.md Z26). Empty: off (bench variant
+# i8vdown5 from 5 tokens only).
+DEFAULT_VERIFY_HALVES_AT: frozenset[int] = frozenset(I8V_HALVES_TOKENS)
 VERIFY_HALVES_AT = DEFAULT_VERIFY_HALVES_AT
 
 

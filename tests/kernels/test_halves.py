@@ -42,6 +42,7 @@ def on(monkeypatch):
     monkeypatch.setattr(i8b, "ON", True)
     monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", 24)  # ffn_down's 68 stay on mmvq_i8
     monkeypatch.setattr(q6b, "ON", False)  # the Q6_K ones on mmvq_q6_i8 (q6b's halves: test_q6b.py)
+    monkeypatch.setattr(ops, "VERIFY_HALVES_AT", frozenset())  # nor mmvq_i8v's (test_i8b.py)
 
 
 def test_the_instances_are_the_int8_kernels_with_halves_on_at_every_count_of_mmvq_i8() -> None:

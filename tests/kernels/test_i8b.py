@@ -192,11 +192,13 @@ def test_the_producers_write_the_int8_copy_of_every_token_the_verify_form_takes(
 
 def test_a_producer_wider_than_the_verify_form_writes_the_int8_copy_only_where_another_kernel_reads_it(
         monkeypatch) -> None:
-    """SwiGLU's 17,408 values feed only ffn_down, which mmvq_i8v cannot take (68 superblocks): from 5 tokens its
-    int8 copy would go unread, so the producer leaves it out (ops.I8_COPY_BY_WIDTH; variant copyall)."""
+    """SwiGLU's 17,408 values feed only ffn_down, which mmvq_i8v takes in halves only (68 superblocks): with the
+    halves off, from 5 tokens its int8 copy would go unread, so the producer leaves it out (ops.I8_COPY_BY_WIDTH;
+    variant copyall)."""
     dev = SimpleNamespace(info=_dev(90).info, kernel=lambda name: name, launch=lambda *a, **k: None)
     monkeypatch.setattr(ops, "I8_MATMUL", True)
     monkeypatch.setattr(i8b, "VERIFY_ON", True)
+    monkeypatch.setattr(ops, "VERIFY_HALVES_AT", frozenset())  # ffn_down whole: no int8 kernel takes it from 5
 
     def written(width: int, tokens: int) -> int:
         act = ops.Act(_Buf(1), _Buf(2), _Buf(3), width, width, 8, _Buf(4), _Buf(10), q8=_Buf(5), scale8=_Buf(6),
@@ -397,7 +399,7 @@ def test_ffn_down_goes_in_halves_at_the_counts_asked(verify_on, monkeypatch) -> 
     dev, down = _dev(90), ops.DeviceWeight(None, Q.Q4_K, 5120, 17408)
     monkeypatch.setattr(ops, "DOWN_HALVES", False)
     monkeypatch.setattr(ops, "OUT_HALVES", False)
-    assert ops.DEFAULT_VERIFY_HALVES_AT == frozenset()  # off until a GPU has timed it
+    assert ops.DEFAULT_VERIFY_HALVES_AT == frozenset(range(2, 9))  # every verify count (H100, bench/NOTES.md Z26)
     monkeypatch.setattr(ops, "VERIFY_HALVES_AT", frozenset())
     assert not ops.splits_in_halves(dev, down, _down_act(5), 5)
     monkeypatch.setattr(ops, "VERIFY_HALVES_AT", frozenset({5}))
