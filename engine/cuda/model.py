@@ -60,7 +60,7 @@ class Workspace:
         self.max_tokens, self.proj_width, self.mix_width = p, proj_width, mix_width
         self.ids, self.pos = dev.alloc(4 * p, "ids"), dev.alloc(4 * p, "positions")
         self.x, self.xn = dev.alloc(4 * p * h, "x"), dev.alloc(4 * p * h, "xn")
-        # ffn_down's two halves at up to 5 tokens (ops.splits_in_halves), summed into x by the next input norm
+        # ffn_down's two halves (ops.splits_in_halves: up to VERIFY_MAX tokens), summed into x by the next input norm
         halves = 4 * min(p, VERIFY_MAX) * h
         self.x_halves = (dev.alloc(halves, "x.half0"), dev.alloc(halves, "x.half1"))
         self.act_h = ops.alloc_act(dev, p, h, "act_h", f32=self.xn, precise=True)

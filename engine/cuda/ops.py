@@ -679,8 +679,8 @@ HALVES_AT = frozenset(HALVES_TOKENS)
 # The Q4_K ffn_downs of these verify counts on mmvq_i8v in halves (kernels/mmvq_i8v.cu HALVES: half of the row
 # staged, so its 68 superblocks fit where the whole row does not), in place of mmvq_i8 at 2-4 tokens and the f16
 # persist kernel from 5 (0.914 ms a pass on an H100 at 5 tokens against mmvq_i8's 0.740 at 4). On an H100 the 27B
-# pass at 5 tokens 8.988 -> 8.685 ms, at 2-4 0.03-0.05 ms faster (bench/NOTES.md Z26). Empty: off (bench variant
-# i8vdown5 from 5 tokens only).
+# pass at 5 tokens 8.988 -> 8.685 ms, at 2-4 0.03-0.05 ms faster (bench/NOTES.md Z26). An empty set turns it off;
+# bench variant i8vdown5 takes it from 5 tokens only.
 DEFAULT_VERIFY_HALVES_AT: frozenset[int] = frozenset(I8V_HALVES_TOKENS)
 VERIFY_HALVES_AT = DEFAULT_VERIFY_HALVES_AT
 
