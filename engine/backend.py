@@ -15,6 +15,7 @@ stop token. Servers that reuse a prefix take checkpoint()s at message boundaries
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,40 @@ class Draft:
         """The first num drafts."""
         logits = None if self.logits is None else self.logits[:num]
         return Draft(self.tokens[:num], logits)
+
+
+# The token ids an MTP head drafts from: the first N of the vocabulary (unset: every id). Drafts only propose: the
+# acceptance rules draw every emitted token from the model's own distribution (accept_matching, accept_choices),
+# so a smaller draft vocabulary changes how many drafts are kept, never the output. What it saves: a draft step's
+# matmul reads only the head's first N rows (the 27B's output head is 1 GB of Q6_K, most of a draft step's bytes;
+# ids are in merge order, so the first ones are a tokenizer's commonest).
+DRAFT_VOCAB_ENV = "OPENJET_DRAFT_VOCAB"
+
+
+def draft_vocab_size(vocab_size: int, asked: int | None = None) -> int:
+    """The draft vocabulary's size: `asked`, else DRAFT_VOCAB_ENV's, else vocab_size (every id). ValueError for
+    one outside 1..vocab_size, or an environment value that is not a whole number."""
+    source = "draft_vocab"
+    if asked is None:
+        raw = os.environ.get(DRAFT_VOCAB_ENV, "").strip()
+        if not raw:
+            return vocab_size
+        source = f"{DRAFT_VOCAB_ENV}={raw!r}"
+        try:
+            asked = int(raw)
+        except ValueError:
+            raise ValueError(f"{source}: not a whole number of token ids") from None
+    if not 1 <= asked <= vocab_size:
+        raise ValueError(f"{source}: a draft vocabulary of {asked} token ids; it must be 1..{vocab_size} (the model's)")
+    return asked
+
+
+def restrict_draft_logits(logits: np.ndarray, size: int) -> np.ndarray:
+    """A drafter's logits [d, V] with the ids past its vocabulary's first `size` at -inf: what it never drafts."""
+    if size < logits.shape[-1]:
+        logits = np.array(logits, copy=True)
+        logits[..., size:] = -np.inf
+    return logits
 
 
 @dataclass(slots=True)

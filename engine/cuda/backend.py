@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.backend import Backend, Checkpoint, Draft, RowChoices, TokenSequence
+from engine.backend import Backend, Checkpoint, Draft, RowChoices, TokenSequence, draft_vocab_size
 from engine.cuda import env_flag, gemm, mixers, ops
 from engine.cuda.device import Buffer, Device, Graph
 from engine.cuda.model import VERIFY_MAX, CudaModel
@@ -76,7 +76,7 @@ class CudaBackend(Backend):
     @classmethod
     def from_gguf(cls, path: str | Path, context_size: int | None = None, device: Device | None = None,
                   max_tokens: int | None = None, use_graphs: bool = True, precise: bool | None = None,
-                  mtp: bool | None = None) -> CudaBackend:
+                  mtp: bool | None = None, draft_vocab: int | None = None) -> CudaBackend:
         """Open and validate a GGUF file, upload its weights and compile the kernels (NoGpuError,
         UnsupportedGpuError, DeviceOutOfMemoryError, UnsupportedModelError say why it cannot).
 
@@ -86,7 +86,9 @@ class CudaBackend(Backend):
         two levels (1.5e-5 of each 256-value block's largest; ops.I8_MATMUL, OPENJET_CUDA_I8=0 to keep f16).
 
         mtp (default: on, unless OPENJET_CUDA_MTP=0) uploads the file's MTP head, if it has one, and feeds it
-        every pass, so that draft() works (can_draft).
+        every pass, so that draft() works (can_draft). draft_vocab (default: OPENJET_DRAFT_VOCAB, else the whole
+        vocabulary): the head drafts from the first draft_vocab ids only, their rows uploaded apart (a draft step
+        streams those instead of the whole output head); the output is the same, the drafts kept may differ.
 
         max_tokens: the workspace's tokens, so the prefill's chunk (default: gemm.prefill_tokens for this GPU, no
         more than the context needs).
@@ -102,12 +104,14 @@ class CudaBackend(Backend):
         context = cfg.context_length if context_size is None else int(context_size)
         if not 0 < context <= cfg.context_length:
             raise ValueError(f"context size {context_size} must be in 1..{cfg.context_length}")
+        if mtp is None:
+            mtp = env_flag(MTP_ENV, True)
+        # a bad draft vocabulary is said before any upload (checked only where there is a head to draft with)
+        draft = draft_vocab_size(cfg.vocab_size, draft_vocab) if mtp and tensors.nextn else None
         dev = device or Device()
         try:
             dev.load_all()
-            if mtp is None:
-                mtp = env_flag(MTP_ENV, True)
-            weights = upload_weights(dev, cfg, tensors, mtp=mtp)
+            weights = upload_weights(dev, cfg, tensors, mtp=mtp, draft_vocab=draft)
             if precise is None:
                 precise = env_flag("OPENJET_CUDA_PRECISE", True)
             max_tokens = max_tokens or min(gemm.prefill_tokens(dev.info.arch), max(512, context))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
+from engine.backend import restrict_draft_logits
 from engine.cuda import closers, gemm, mixers, ops
 from engine.cuda.device import Buffer, Device, pdl_for
 from engine.cuda.weights import CudaWeights, LayerWeights
@@ -285,17 +286,18 @@ class CudaModel:
             self._mtp_block(ws.draft_ids.view(4 * i), hidden, ws.draft_pos.view(4 * i), 1)
             ops.act_rmsnorm(dev, ws.x, mtp.layer.vectors["nextn.shared_head_norm"], ws.act_h, 1, h, cfg.rms_eps,
                             out32=ws.mtp_hidden)
-            logits = ws.logits.view(4 * i * vocab)
-            ops.matmul(dev, mtp.output, ws.act_h, logits, 1, vocab)
-            ops.argmax(dev, logits, ws.draft_ids.view(4 * (i + 1)), ws.argmax_scratch, 1, vocab, vocab)
+            logits, head = ws.logits.view(4 * i * vocab), mtp.drafts_from
+            ops.matmul(dev, head, ws.act_h, logits, 1, vocab)
+            ops.argmax(dev, logits, ws.draft_ids.view(4 * (i + 1)), ws.argmax_scratch, 1, head.rows, vocab)
             hidden = ws.mtp_hidden
 
     def draft_result(self, num_draft: int, with_logits: bool = False) -> tuple[list[int], np.ndarray | None]:
-        """The drafted tokens, and with_logits each step's logits [num_draft, V]."""
+        """The drafted tokens, and with_logits each step's logits [num_draft, V] (-inf past a restricted head's)."""
         tokens = [int(t) for t in self.dev.download(self.ws.draft_ids, np.int32, (num_draft + 1,))[1:]]
-        logits = self.dev.download(self.ws.logits, np.float32, (num_draft, self.cfg.vocab_size)) if with_logits \
-            else None
-        return tokens, logits
+        if not with_logits:
+            return tokens, None
+        logits = self.dev.download(self.ws.logits, np.float32, (num_draft, self.cfg.vocab_size))
+        return tokens, restrict_draft_logits(logits, self.weights.mtp.drafts_from.rows)
 
     def _ffn_norm_closer(self, lw: LayerWeights, num_tokens: int) -> closers.Closer | None:
         """The FFN norm formed into act_h by the mixer's output projection behind itself (closers.Closer), where it

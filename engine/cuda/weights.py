@@ -158,6 +158,14 @@ class MtpWeights:
     layer: LayerWeights
     embed: ops.DeviceWeight
     output: ops.DeviceWeight
+    # the output head's first rows alone, where the drafts come from fewer ids than the vocabulary's (engine/
+    # backend.py DRAFT_VOCAB_ENV): a copy of those rows, so a draft step streams only them
+    draft_head: ops.DeviceWeight | None = None
+
+    @property
+    def drafts_from(self) -> ops.DeviceWeight:
+        """The matrix a draft step multiplies: the restricted head, else the whole output head."""
+        return self.draft_head or self.output
 
 
 @dataclass(slots=True)
@@ -191,9 +199,16 @@ def _layer(dev: Device, infos: dict[str, TensorInfo], kind: str, name: str) -> L
     return LayerWeights(kind, mix, out, ffn, matrix(dev, infos["ffn_down"]), vectors)
 
 
-def upload_weights(dev: Device, cfg: ModelConfig, tensors: ModelTensors, mtp: bool = False) -> CudaWeights:
-    """Upload a bound model (and its MTP head, if asked for and the file has one); UnsupportedModelError names a
-    tensor of a type without kernels."""
+def head_rows(info: TensorInfo, rows: int) -> np.ndarray:
+    """The raw bytes of a quantized matrix's first `rows` rows ([rows, row bytes]), read from its memory map."""
+    return np.ascontiguousarray(np.asarray(info.data).view(np.uint8).reshape(info.shape[0], -1)[:rows])
+
+
+def upload_weights(dev: Device, cfg: ModelConfig, tensors: ModelTensors, mtp: bool = False,
+                   draft_vocab: int | None = None) -> CudaWeights:
+    """Upload a bound model (and its MTP head, if asked for and the file has one, with the head's first draft_vocab
+    rows apart when that is fewer than the vocabulary); UnsupportedModelError names a tensor of a type without
+    kernels."""
     before = dev.memory.allocated
     g = tensors.global_tensors
     token_embd = matrix(dev, g["token_embd"])
@@ -209,5 +224,9 @@ def upload_weights(dev: Device, cfg: ModelConfig, tensors: ModelTensors, mtp: bo
             matrix(dev, infos["nextn.eh_proj"]), _layer(dev, infos, "attention", name),
             matrix(dev, infos["nextn.embed_tokens"]) if "nextn.embed_tokens" in infos else token_embd,
             matrix(dev, infos["nextn.shared_head_head"]) if "nextn.shared_head_head" in infos else output)
+        head = infos.get("nextn.shared_head_head") or g["output"]  # (the embedding's table where tied)
+        if draft_vocab is not None and draft_vocab < head.shape[0]:
+            weights.mtp.draft_head = ops.upload_weight(dev, head_rows(head, draft_vocab), head.qtype,
+                                                       (draft_vocab, head.shape[1]), f"{head.name}[:{draft_vocab}]")
     weights.nbytes = dev.memory.allocated - before
     return weights

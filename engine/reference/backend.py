@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.backend import Backend, Checkpoint, Draft
+from engine.backend import Backend, Checkpoint, Draft, draft_vocab_size
 from engine.errors import ContextOverflowError
 from engine.reference.model import ReferenceModel
 from engine.reference.state import KVCache, ModelState, PendingPass
@@ -28,7 +28,7 @@ class ReferenceCheckpoint(Checkpoint):
 class ReferenceBackend(Backend):
     """The numpy float32 engine: slow, exact, and the yardstick for every other backend."""
 
-    def __init__(self, model: ReferenceModel, context_size: int | None = None):
+    def __init__(self, model: ReferenceModel, context_size: int | None = None, draft_vocab: int | None = None):
         limit = model.cfg.context_length
         self.model = model
         self._context_size = limit if context_size is None else int(context_size)
@@ -36,16 +36,20 @@ class ReferenceBackend(Backend):
             raise ValueError(f"context size {context_size} must be in 1..{limit} (the model's context length)")
         self.state = model.new_state()
         self._pending: PendingPass | None = None
+        # the ids the MTP head drafts from (engine/backend.py DRAFT_VOCAB_ENV); without a head, nothing to check
+        self.draft_vocab = draft_vocab_size(self.vocab_size, draft_vocab) if model.has_mtp else self.vocab_size
 
     @classmethod
-    def from_gguf(cls, path: str | Path, context_size: int | None = None, use_mtp: bool = True) -> ReferenceBackend:
+    def from_gguf(cls, path: str | Path, context_size: int | None = None, use_mtp: bool = True,
+                  draft_vocab: int | None = None) -> ReferenceBackend:
         """Open a GGUF file, validate it, dequantize every weight to float32 once."""
         from engine.gguf.reader import GGUFFile
 
-        return cls.from_file(GGUFFile.open(path), context_size, use_mtp)
+        return cls.from_file(GGUFFile.open(path), context_size, use_mtp, draft_vocab)
 
     @classmethod
-    def from_file(cls, f: GGUFFile, context_size: int | None = None, use_mtp: bool = True) -> ReferenceBackend:
+    def from_file(cls, f: GGUFFile, context_size: int | None = None, use_mtp: bool = True,
+                  draft_vocab: int | None = None) -> ReferenceBackend:
         """The backend of an open GGUF file (ModelFileError / UnsupportedModelError for a file it cannot run)."""
         from engine.model.config import ModelConfig
         from engine.model.weights import bind_weights
@@ -53,7 +57,7 @@ class ReferenceBackend(Backend):
 
         cfg = ModelConfig.from_gguf(f)
         model = ReferenceModel(cfg, load_weights(bind_weights(f, cfg)), use_mtp=use_mtp)
-        return cls(model, context_size)
+        return cls(model, context_size, draft_vocab)
 
     @property
     def vocab_size(self) -> int:
@@ -111,7 +115,7 @@ class ReferenceBackend(Backend):
     def draft(self, token: int, num_draft: int) -> Draft:
         """Greedy MTP drafts after the pending token; the state is unchanged."""
         self.model.embed([token])  # validates the id
-        tokens, logits = self.model.draft(self.state, token, num_draft)
+        tokens, logits = self.model.draft(self.state, token, num_draft, vocab=self.draft_vocab)
         return Draft(tokens, logits)
 
     @property

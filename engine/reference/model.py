@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.backend import restrict_draft_logits
 from engine.reference import ops
 from engine.reference.qwen35 import deltanet_layer, empty_deltanet_state, mtp_block
 from engine.reference.state import DeltaNetState, KVCache, LayerState, ModelState, PendingPass
@@ -110,13 +111,15 @@ class ReferenceModel:
         state.num_tokens = pending.start + n
 
     def draft(
-        self, state: ModelState, token: int, num_draft: int, choose: ChooseToken = argmax_token
+        self, state: ModelState, token: int, num_draft: int, choose: ChooseToken = argmax_token,
+        vocab: int | None = None,
     ) -> tuple[list[int], np.ndarray]:
         """Draft num_draft tokens after `token` (the pending token at position num_tokens) with the MTP head.
 
         Step i runs the MTP block on (token_i, hidden_i) at position num_tokens + i, where hidden_0 is the trunk's
         hidden of the last committed token and hidden_i (i > 0) is the MTP block's own output of step i - 1.
-        Its K/V go past the committed length, so the state is unchanged. Returns (tokens, logits [d, V]).
+        Its K/V go past the committed length, so the state is unchanged. vocab: draft from the first `vocab` ids only
+        (engine/backend.py DRAFT_VOCAB_ENV; their logits past it -inf). Returns (tokens, logits [d, V]).
         """
         if not self.has_mtp:
             raise ValueError("this model has no MTP head to draft with")
@@ -126,6 +129,8 @@ class ReferenceModel:
             embedding = self.weights.mtp_embeddings()[[token]]
             hidden = mtp_block(embedding, hidden, self.weights.nextn[0], self.cfg, state.mtp, state.num_tokens + i)
             logits = ops.matmul(hidden, self.weights.mtp_output())[0]
+            if vocab is not None:
+                logits = restrict_draft_logits(logits, vocab)
             token = choose(logits)
             drafted.append(token)
             all_logits.append(logits)

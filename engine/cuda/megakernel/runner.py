@@ -418,11 +418,15 @@ def open_backend(path: str | Path, context_size: int | None = None, device: Devi
                  config: ScheduleConfig | None = None, draft_vocab: int | None = None, timings: bool = False,
                  reserve: tuple[ScheduleConfig, ...] = ()):
     """A MegakernelBackend on the GPU for a qwen35 GGUF file (MegakernelError / UnsupportedModelError say why not);
-    reserve: GpuExecutor's."""
+    draft_vocab: the ids the MTP head drafts from (default: OPENJET_DRAFT_VOCAB, else all: engine/backend.py
+    draft_vocab_size); reserve: GpuExecutor's."""
+    from engine.backend import draft_vocab_size
     from engine.cuda.megakernel.backend import MegakernelBackend, capacity_for
     from engine.model.weights import load_model
 
     _, cfg, tensors = load_model(str(path))
+    if tensors.nextn:  # a bad value is said before any upload, where there is a head to draft with
+        draft_vocab = draft_vocab_size(cfg.vocab_size, draft_vocab)
     spec = ModelSpec.from_tensors(tensors, draft_vocab=draft_vocab)
     context = cfg.context_length if context_size is None else int(context_size)
     dev = device or Device()
