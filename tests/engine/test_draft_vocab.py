@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.engine.reference.conftest import tiny_model
-from tests.engine.reference.test_reference_model import generate, tokens
+from tests.engine.reference.conftest import generate, tiny_model, tokens
 from engine.backend import DRAFT_VOCAB_ENV, draft_vocab_size
 from engine.reference.backend import ReferenceBackend
 from engine.sampling import SamplingParams

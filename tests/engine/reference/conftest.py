@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.backend import Draft, TokenSequence
 from engine.model.config import ATTENTION, DELTANET, ModelConfig
 from engine.model.weights import expected_tensors
 from engine.reference.backend import ReferenceBackend
 from engine.reference.model import ReferenceModel
 from engine.reference.weights import weights_from_arrays
+from engine.sampling import SamplingParams
 
 ARCHS = ("qwen35", "qwen3", "qwen2", "llama")
 
@@ -63,3 +65,24 @@ def arch(request) -> str:
 def backend(arch) -> ReferenceBackend:
     return ReferenceBackend(tiny_model(arch))
 
+
+def tokens(n: int, seed: int = 7) -> list[int]:
+    """n random ids of the tiny models' 128-token vocabulary."""
+    return np.random.default_rng(seed).integers(0, 128, n).tolist()
+
+
+def generate(backend: ReferenceBackend, prompt: list[int], count: int, params: SamplingParams, n_draft: int = 0,
+             drafts: list[int] | None = None) -> tuple[list[int], list]:
+    """count tokens after prompt by Backend.cycle (drafts: fixed draft tokens instead of the backend's own); the
+    tokens and each cycle's result."""
+    backend.reset()
+    backend.prefill(prompt[:-1])
+    seq = TokenSequence.start(prompt, params)
+    stats = []
+    while len(seq.generated) < count:
+        draft = None
+        if drafts is not None:
+            done = len(seq.generated)
+            draft = Draft(drafts[done : done + n_draft])
+        stats.append(backend.cycle(seq, n_draft, params, draft=draft))
+    return seq.generated[:count], stats

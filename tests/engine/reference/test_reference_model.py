@@ -5,17 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.engine.reference.conftest import tiny_model
-from engine.backend import Draft, TokenSequence
+from tests.engine.reference.conftest import generate, tiny_model, tokens
+from engine.backend import TokenSequence
 from engine.errors import ContextOverflowError
 from engine.reference.backend import ReferenceBackend
 from engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
-
-
-def tokens(n: int, seed: int = 7) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 128, n).tolist()
 
 
 def one_by_one(backend: ReferenceBackend, ids: list[int]) -> np.ndarray:
@@ -104,21 +100,6 @@ def test_verify_leaves_state_until_accept(backend):
     assert backend.num_tokens == 6
     with pytest.raises(ValueError, match="without a verify"):
         backend.accept(1)
-
-
-def generate(backend: ReferenceBackend, prompt: list[int], count: int, params: SamplingParams, n_draft: int = 0,
-             drafts: list[int] | None = None) -> tuple[list[int], list]:
-    backend.reset()
-    backend.prefill(prompt[:-1])
-    seq = TokenSequence.start(prompt, params)
-    stats = []
-    while len(seq.generated) < count:
-        draft = None
-        if drafts is not None:
-            done = len(seq.generated)
-            draft = Draft(drafts[done : done + n_draft])
-        stats.append(backend.cycle(seq, n_draft, params, draft=draft))
-    return seq.generated[:count], stats
 
 
 def test_greedy_cycle_is_deterministic_and_matches_argmax(backend):
