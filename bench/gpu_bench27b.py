@@ -417,8 +417,8 @@ def bench_27b(report: Report, args) -> None:
             _use_variant(backend, name)
             tag = "" if name == "v7" else f".{name}"
             try:
-                tokens[name] = _decode_sanity(backend, report, tag)
-                _check_verify(backend, report, tag)
+                _check_verify(backend, report, tag)  # first: it leaves the backend reset
+                tokens[name] = _decode_sanity(backend, report, tag)  # the context every pass below is timed at
                 backend.set_precise(True)
                 _time_passes(backend, report, bw.gbps, pass_bytes, tag)
                 _time_alone(backend, report, tag)
