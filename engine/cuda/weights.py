@@ -220,11 +220,12 @@ def upload_weights(dev: Device, cfg: ModelConfig, tensors: ModelTensors, mtp: bo
     if mtp and tensors.nextn:
         infos = tensors.nextn[0]
         name = f"blk.{cfg.num_layers}"
+        own_head = infos.get("nextn.shared_head_head")  # else the trunk's output head
         weights.mtp = MtpWeights(
             matrix(dev, infos["nextn.eh_proj"]), _layer(dev, infos, "attention", name),
             matrix(dev, infos["nextn.embed_tokens"]) if "nextn.embed_tokens" in infos else token_embd,
-            matrix(dev, infos["nextn.shared_head_head"]) if "nextn.shared_head_head" in infos else output)
-        head = infos.get("nextn.shared_head_head") or g["output"]  # (the embedding's table where tied)
+            output if own_head is None else matrix(dev, own_head))
+        head = own_head or g["output"]  # the drafting head's table (the embedding's where tied)
         if draft_vocab is not None and draft_vocab < head.shape[0]:
             weights.mtp.draft_head = ops.upload_weight(dev, head_rows(head, draft_vocab), head.qtype,
                                                        (draft_vocab, head.shape[1]), f"{head.name}[:{draft_vocab}]")
