@@ -149,6 +149,43 @@ def median_time(dev: Device, fn, reps: int = 30, warmup: int = 5, inner: int = 1
     return statistics.median(times), q3 - q1
 
 
+class _Event:
+    """A CUDA event recorded on the device's stream: record(), then elapsed(later) in ms once both have run."""
+
+    def __init__(self, dev: Device, handle):
+        self.dev, self.handle = dev, handle
+
+    def record(self) -> None:
+        from cuda.bindings import driver as drv
+
+        from engine.cuda.device import check
+
+        check(drv.cuEventRecord(self.handle, self.dev.stream), "cuEventRecord")
+
+    def elapsed(self, later: "_Event") -> float:
+        from cuda.bindings import driver as drv
+
+        from engine.cuda.device import check
+
+        check(drv.cuEventSynchronize(later.handle), "cuEventSynchronize")
+        return float(check(drv.cuEventElapsedTime(self.handle, later.handle), "cuEventElapsedTime"))
+
+
+@contextmanager
+def device_events(dev: Device, count: int):
+    """count timing events on dev's stream, destroyed on exit."""
+    from cuda.bindings import driver as drv
+
+    from engine.cuda.device import check
+
+    events = [_Event(dev, check(drv.cuEventCreate(0), "cuEventCreate")) for _ in range(count)]
+    try:
+        yield events
+    finally:
+        for ev in events:
+            check(drv.cuEventDestroy(ev.handle), "cuEventDestroy")
+
+
 def copy_bandwidth(dev: Device, nbytes: int = 2 << 30) -> Timing:
     """Device-to-device copy of nbytes: GB/s counts bytes read plus bytes written."""
     src, dst = dev.alloc(nbytes, "bw.src"), dev.alloc(nbytes, "bw.dst")

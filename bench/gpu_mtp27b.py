@@ -16,7 +16,7 @@ import traceback
 import numpy as np
 
 from bench.gpu_bench27b import CONTEXT, _model_file, _time_passes
-from bench.gpu_common import Report, Timing, copy_bandwidth, record
+from bench.gpu_common import Report, Timing, copy_bandwidth, device_events, median_time, record
 from engine.backend import TokenSequence
 from engine.sampling import SamplingParams, sample
 from engine.spec.verify import rule_for
@@ -74,6 +74,7 @@ def run_mtp27b(report: Report, args) -> None:
             print(f"  MTP draft of {depth}: {meds['graph']:.3f} ms from its graph, {meds['eager']:.3f} eager (wall)",
                   flush=True)
         _time_cycles(backend, report, rng)
+        _pass_anatomy(backend, report, token)
     finally:
         backend.close()
 
@@ -151,3 +152,63 @@ def _cycle_steps(backend, seq: TokenSequence, depth: int, params: SamplingParams
     marks.append(time.perf_counter())
     seq.tokens.extend(new)
     return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
+
+
+ANATOMY_REPS = 12
+
+
+def _pass_anatomy(backend, report: Report, token: int) -> None:
+    """Where a greedy one-token cycle's wall goes beyond its pass's device time (the cycles above spend ~0.6 ms more
+    in their verify step than the graph's back-to-back replays take, H100 a39dea5): the two id / position uploads
+    (each synchronous), graph.launch()'s host call, the replay alone on the device (queued behind a 1 GiB copy, so
+    all of it is submitted before it starts: no launch latency in it), the same replay launched onto an idle stream
+    (submission included) and its wall to the host's synchronize, then choose_rows and its token's download.
+    Medians, ms."""
+    from engine.cuda import ops
+
+    dev, ws = backend.dev, backend.model.ws
+    backend.verify([token])  # eager + capture
+    backend.verify([token])
+    backend._pending = None
+    graph = backend._graphs[(1, False, 1)]
+    b2b = median_time(dev, graph.launch, reps=20, warmup=3)[0]
+    dev.upload(ws.choose_drafts, np.asarray([-1], np.int32))
+    block = 1 << 30
+    src, dst = dev.alloc(block, "anatomy.src"), dev.alloc(block, "anatomy.dst")
+    rows = []
+    try:
+        with device_events(dev, 4) as (e0, e1, e2, e3):
+            for _ in range(ANATOMY_REPS + 2):
+                dev.synchronize()
+                t0 = time.perf_counter()
+                backend.model.set_tokens([token], backend.num_tokens)
+                t1 = time.perf_counter()
+                e0.record()
+                graph.launch()
+                t2 = time.perf_counter()
+                e1.record()
+                dev.synchronize()
+                t3 = time.perf_counter()
+                ops.choose_rows(dev, ws.logits, ws.choose_drafts, ws.choose_uniforms, ws.choose_out, 1,
+                                backend.vocab_size, backend.vocab_size, 0.0, 0.0, 0, 1.0)
+                dev.download(ws.choose_out, np.int32, (1, 2))
+                t4 = time.perf_counter()
+                dev.copy(dst, src, block)  # the device busy while the host submits the replay
+                e2.record()
+                graph.launch()
+                e3.record()
+                dev.synchronize()
+                rows.append([(t1 - t0) * 1e3, (t2 - t1) * 1e3, e0.elapsed(e1), (t3 - t1) * 1e3, (t4 - t3) * 1e3,
+                             e2.elapsed(e3)])
+    finally:
+        dev.memory.free(src)
+        dev.memory.free(dst)
+    med = dict(zip(("uploads", "launch_call", "idle_replay", "launch_to_sync", "choose", "queued_replay"),
+                   np.median(rows[2:], axis=0).tolist()))
+    med["back_to_back"] = b2b
+    report.timings.append(Timing("anatomy", "27b.mtp.T1", "greedy d=0", med["uploads"] + med["launch_to_sync"]
+                                 + med["choose"], 0.0, 0, {k: round(v, 4) for k, v in med.items()}))
+    print(f"  one-token cycle's anatomy (ms): uploads {med['uploads']:.3f}, graph.launch() call "
+          f"{med['launch_call']:.3f}, replay from an idle stream {med['idle_replay']:.3f} (launch to synchronize "
+          f"{med['launch_to_sync']:.3f}), queued behind a copy {med['queued_replay']:.3f}, back to back {b2b:.3f}; "
+          f"choose + download {med['choose']:.3f}", flush=True)
