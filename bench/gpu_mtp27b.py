@@ -134,17 +134,20 @@ def _cycle_steps(backend, seq: TokenSequence, depth: int, params: SamplingParams
     draft = backend.draft(seq.pending, depth)
     marks.append(time.perf_counter())
     tokens = [seq.pending, *draft.tokens]
+    fed = not draft.tokens  # as Backend.cycle: no drafts, so the pending token is fed and committed in one pass
     if on_device:
-        choices = backend.verify_choose(tokens, draft, params, seq.rng, seq)
+        choices = (backend.feed_choose(seq.pending, params, seq.rng, seq) if fed
+                   else backend.verify_choose(tokens, draft, params, seq.rng, seq))
         marks.append(time.perf_counter())
         new = accept_choices(draft, choices)
         logits = None
     else:
-        logits = backend.verify(tokens)
+        logits = backend.feed(seq.pending)[None] if fed else backend.verify(tokens)
         marks.append(time.perf_counter())
         new = rule(draft, logits, seq, params)
     marks.append(time.perf_counter())
-    backend.accept(len(new))
+    if not fed:
+        backend.accept(len(new))
     backend.dev.synchronize()
     marks.append(time.perf_counter())
     if logits is not None:
@@ -206,9 +209,55 @@ def _pass_anatomy(backend, report: Report, token: int) -> None:
     med = dict(zip(("uploads", "launch_call", "idle_replay", "launch_to_sync", "choose", "queued_replay"),
                    np.median(rows[2:], axis=0).tolist()))
     med["back_to_back"] = b2b
+    med["committing_back_to_back"] = _committing_b2b(backend, token)
+    med.update(_one_token_cycles(backend, token))
     report.timings.append(Timing("anatomy", "27b.mtp.T1", "greedy d=0", med["uploads"] + med["launch_to_sync"]
                                  + med["choose"], 0.0, 0, {k: round(v, 4) for k, v in med.items()}))
     print(f"  one-token cycle's anatomy (ms): uploads {med['uploads']:.3f}, graph.launch() call "
           f"{med['launch_call']:.3f}, replay from an idle stream {med['idle_replay']:.3f} (launch to synchronize "
           f"{med['launch_to_sync']:.3f}), queued behind a copy {med['queued_replay']:.3f}, back to back {b2b:.3f}; "
-          f"choose + download {med['choose']:.3f}", flush=True)
+          f"choose + download {med['choose']:.3f}; the committing pass back to back {med['committing_back_to_back']:.3f}; "
+          f"a greedy cycle without drafts: verify_choose + accept {med['cycle_verify']:.3f}, feed_choose "
+          f"{med['cycle_feed']:.3f}", flush=True)
+
+
+def _committing_b2b(backend, token: int) -> float:
+    """The committing one-token pass (feed's graph) replayed back to back, ms (median): each replay advances the
+    state a position, so the sequence is rolled back after."""
+    dev = backend.dev
+    saved = backend.checkpoint()
+    backend.feed(token)
+    graph = backend._graphs[(1, True, 1)]
+    try:
+        return median_time(dev, graph.launch, reps=20, warmup=3)[0]
+    finally:
+        backend.rollback(saved)
+
+
+def _one_token_cycles(backend, token: int) -> dict[str, float]:
+    """A greedy cycle without drafts, host wall (ms, median) to the chosen token and the state committed, as it
+    ran until 2026-12-07 (verify_choose, accept: the commit re-runs the DeltaNet layers) and as Backend.cycle runs
+    it now (feed_choose: one committing pass)."""
+    from engine.backend import Draft
+
+    params, rng, out = SamplingParams(temperature=0.0), np.random.default_rng(0), {}
+    saved = backend.checkpoint()
+    try:
+        for form in ("verify", "feed"):
+            times = []
+            for _ in range(ANATOMY_REPS + 2):
+                backend.dev.synchronize()
+                t0 = time.perf_counter()
+                if form == "verify":
+                    backend.verify_choose([token], Draft([]), params, rng)
+                    backend.accept(1)
+                    backend._commit()
+                else:
+                    backend.feed_choose(token, params, rng)
+                backend.dev.synchronize()
+                times.append((time.perf_counter() - t0) * 1e3)
+            out[f"cycle_{form}"] = float(np.median(times[2:]))
+            backend.rollback(saved)
+    finally:
+        backend.rollback(saved)
+    return out

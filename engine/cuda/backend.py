@@ -205,21 +205,58 @@ class CudaBackend(Backend):
         ops.CHOOSE_CAP, drafts drawn at random, or penalties without seq. A row the kernel leaves to the host (an
         infinite top, a top_k / top_p set it cannot sort) is chosen there, from its logits of the same pass; the
         choices stop at the first row that does not keep its draft (no later row can be emitted)."""
-        if not device_chooses(params) or getattr(draft, "probs", None) is not None:
+        if not self._chooses(params, draft, seq):
             return None
-        penalised = has_penalties(params)
-        if penalised and seq is None:
-            return None
+        self._choose_inputs(len(tokens), draft, params, rng)
         self._verify_pass(tokens)
-        ws, num, vocab = self.model.ws, len(tokens), self.vocab_size
-        if penalised:
-            self.penalties.sync(seq)  # after the pass: the host's work overlaps it
+        return self._choose(len(tokens), draft, params, rng, seq)
+
+    def feed(self, token: int) -> np.ndarray:
+        """One committing pass (the graph a one-token prefill replays): the state of verify([token]) then accept(1)
+        without the commit's DeltaNet re-run, which a cycle without drafts would wait for (0.2 ms on the H100)."""
+        self._feed_pass(token)
+        return self.dev.download(self.model.ws.logits, np.float32, (self.vocab_size,))
+
+    def feed_choose(self, token: int, params: SamplingParams, rng: np.random.Generator,
+                    seq: TokenSequence | None = None) -> RowChoices | None:
+        """feed() with the next token chosen on the device, as verify_choose's one row."""
+        draft = Draft([])
+        if not self._chooses(params, draft, seq):
+            return None
+        self._choose_inputs(1, draft, params, rng)
+        self._feed_pass(token)
+        return self._choose(1, draft, params, rng, seq)
+
+    def _feed_pass(self, token: int) -> None:
+        self._check([token])
+        self._pending = None
+        self._run([token], commit=True, logits_rows=1)
+        self._num_tokens += 1
+
+    def _chooses(self, params: SamplingParams, draft: Draft, seq: TokenSequence | None) -> bool:
+        """Whether _choose can pick the rows' tokens: the request's arithmetic on the device, a deterministic draft
+        (not one drawn at random, whose probabilities the rule needs), and seq where penalties need its history."""
+        if not device_chooses(params) or getattr(draft, "probs", None) is not None:
+            return False
+        return seq is not None or not has_penalties(params)
+
+    def _choose_inputs(self, num: int, draft: Draft, params: SamplingParams, rng: np.random.Generator) -> None:
+        """choose_rows' drafts and uniforms, uploaded before the pass (an upload waits for the stream: after the
+        pass it would hold the choice's launch until the pass is done)."""
+        ws = self.model.ws
         self.dev.upload(ws.choose_drafts, np.asarray([*draft.tokens, -1], np.int32))
-        if penalised:
-            self.penalties.apply(ws.logits, ws.choose_drafts, num, params)
-            params = without_penalties(params)  # the logits hold them now: a row left to the host must not add them
         if not params.is_greedy:
             self.dev.upload(ws.choose_uniforms, rng.random((num, 2)))
+
+    def _choose(self, num: int, draft: Draft, params: SamplingParams, rng: np.random.Generator,
+                seq: TokenSequence | None) -> RowChoices:
+        """The first num rows of ws.logits chosen on the device (ops.choose_rows) against draft's tokens, whose
+        inputs _choose_inputs uploaded."""
+        ws, vocab = self.model.ws, self.vocab_size
+        if has_penalties(params):
+            self.penalties.sync(seq)  # after the pass: the host's work overlaps it
+            self.penalties.apply(ws.logits, ws.choose_drafts, num, params)
+            params = without_penalties(params)  # the logits hold them now: a row left to the host must not add them
         ops.choose_rows(self.dev, ws.logits, ws.choose_drafts, ws.choose_uniforms, ws.choose_out, num, vocab, vocab,
                         params.temperature, params.min_p, params.top_k, params.top_p)
         out = self.dev.download(ws.choose_out, np.int32, (num, 2))
