@@ -166,9 +166,10 @@ def test_the_rows_the_kernel_leaves_to_the_host_are_chosen_there_from_the_same_p
 
 
 def test_penalties_are_applied_on_the_device_between_the_pass_and_the_choice() -> None:
-    """A penalised request: the sequence's marks uploaded whole at its first pass and its new tokens alone after
-    (penalty_count), the rows penalised in place (penalize_rows) before choose_rows reads them, and each row's
-    choice the host rule's on the raw logits with its history (the generated tokens, then the drafts before it)."""
+    """A penalised request: the choice's inputs uploaded before the pass, the sequence's marks uploaded whole at its
+    first pass and its new tokens alone after (penalty_count), the rows penalised in place (penalize_rows) before
+    choose_rows reads them, and each row's choice the host rule's on the raw logits with its history (the generated
+    tokens, then the drafts before it)."""
     from engine.backend import Draft, TokenSequence
     from engine.sampling import SamplingParams
     from tests.engine.test_backend_choices import _host_choice
@@ -180,6 +181,13 @@ def test_penalties_are_applied_on_the_device_between_the_pass_and_the_choice() -
     seq = TokenSequence([4, 8, 15, 16, 23, 42], 4)
     backend = _choosing_backend(logits=raw.copy())
     dev = backend.dev
+    run = backend._run
+
+    def logged_run(tokens, commit, logits_rows) -> None:  # the pass, in the uploads' order
+        dev.upload_log.append(("pass", len(tokens)))
+        run(tokens, commit, logits_rows)
+
+    backend._run = logged_run
     for new, draft in (([], Draft([42, 42])), ([7, 42], Draft([int(np.argmax(raw[1])), 3]))):
         seq.tokens.extend(new)
         dev.rows[:] = raw  # the pass writes fresh logits
@@ -188,7 +196,9 @@ def test_penalties_are_applied_on_the_device_between_the_pass_and_the_choice() -
         choices = backend.verify_choose([seq.pending, *draft.tokens], draft, params, np.random.default_rng(9), seq)
         assert [name for name, *_ in dev.launched] == ["penalty_count"] * bool(new) + ["penalize_rows", "choose_rows"]
         marks = ("penalties.staging", 4 * len(new)) if new else ("penalties.marks", 4 * 100)
-        assert dev.upload_log == [marks, ("d", 12), ("u", 48)]  # no logits travel either way
+        # the choice's drafts and uniforms before the pass (an upload waits for the stream), the sequence's marks
+        # after it (the host's work beside the pass); no logits travel either way
+        assert dev.upload_log == [("d", 12), ("u", 48), ("pass", 3), marks]
         _, grid, block, args = dev.launched[-2]
         assert (grid, block) == (1, 256) and args[0] is backend.model.ws.logits and args[1:4] == [100, 100, 3]
         assert args[4].what == "penalties.marks" and args[5] is backend.model.ws.choose_drafts
@@ -230,3 +240,31 @@ def test_a_penalised_row_left_to_the_host_is_not_penalised_twice(monkeypatch) ->
         assert (choices.tokens[0], choices.kept[0]) == (token, kept)
     assert len(seen) == 20 and all(p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 for p in seen)
     assert all(p.temperature == 0.5 for p in seen) and backend.num_host_rows == 20
+
+
+def test_a_cycle_without_drafts_is_one_committing_pass() -> None:
+    """Backend.cycle with no drafts on the CUDA backend (feed_choose): the committing one-token pass (the graph a
+    one-token prefill replays) and the choice, with no verify pass and no commit after it; a commit an earlier
+    cycle left for later (a DeltaNet model's, accept beside) runs before that pass, which reads the state."""
+    from engine.backend import Draft, TokenSequence
+    from engine.cuda import mixers
+    from engine.sampling import SamplingParams
+    from engine.spec.verify import greedy_accept
+
+    backend = _choosing_backend(np.array([[7, 0], [8, 0]], np.int32))  # row 0 chooses 7 (not the draft)
+    backend.model.deltanet = {0: object()}
+    assert mixers.GDN_ACCEPT_LAYERS
+    dev, log, greedy = backend.dev, backend.dev.log, SamplingParams(temperature=0.0)
+    seq = TokenSequence([5], 1)
+    for _ in range(2):
+        backend.cycle(seq, 0, greedy, rule=greedy_accept)
+    assert log == [("eager", ("forward", 1, True)), ("replay", ("forward", 1, True))]
+    assert backend.model.uploads == [("tokens", (5,), 0), ("tokens", (7,), 1)]
+    assert (seq.tokens, backend.num_tokens, backend._pending) == ([5, 7, 7], 2, None)
+    log.clear()
+    backend.cycle(seq, 0, greedy, draft=Draft([3]), rule=greedy_accept)  # a verify of 2; its commit left for later
+    assert log == [("eager", ("forward", 2, False))] and backend._uncommitted == 1
+    backend.cycle(seq, 0, greedy, rule=greedy_accept)
+    assert log[1:] == [("eager", ("accept", 1)), ("replay", ("forward", 1, True))]
+    assert backend.num_tokens == 4 and backend._uncommitted is None
+    assert [name for name, *_ in dev.launched] == ["choose_rows"] * 4
