@@ -95,7 +95,8 @@ def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
     token chosen on the device (CudaBackend.verify_choose, where the request allows it). Steps: the draft (graph and
     its tokens' download), the verify, the rule, the accept (graph, synchronised; with the commit beside the next
     draft, CudaBackend.ACCEPT_BESIDE, the draft step holds it and the accept step ~nothing; greedy also times the
-    commit apart, `device.apart`). The random head's drafts are
+    commit apart, `device.apart`). At d = 0, as Backend.cycle does since f9dd326, the verify step is feed (one
+    committing pass: feed_choose on the device) and there is no accept. The random head's drafts are
     mostly rejected, so a cycle's rule examines ~1 row: a row's host sampling is timed alone beside it."""
     from engine.cuda import backend as backend_module
     from engine.cuda.backend import device_chooses

@@ -6,8 +6,9 @@ Vocabulary, for one sequence:
 - the pending token: the newest token of the sequence, already chosen but not yet fed. Its position is num_tokens,
   and the logits that predict the token after it come from the next verify();
 - a cycle feeds the pending token plus d draft tokens in one verify pass, keeps the longest prefix the model agrees
-  with, and leaves the last chosen token pending. Speculation never changes the output: the acceptance rule draws
-  every emitted token from the model's own distribution.
+  with, and leaves the last chosen token pending (with no drafts there is nothing to verify: feed() commits the
+  pending token at once). Speculation never changes the output: the acceptance rule draws every emitted token from
+  the model's own distribution.
 
 Typical use: prefill(prompt[:-1]); seq = TokenSequence.start(prompt, params); then cycle(seq, d, params) until a
 stop token. Servers that reuse a prefix take checkpoint()s at message boundaries and rollback() to the nearest one.
