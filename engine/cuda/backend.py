@@ -188,11 +188,14 @@ class CudaBackend(Backend):
         self._verify_pass(tokens)
         return self.dev.download(self.model.ws.logits, np.float32, (len(tokens), self.vocab_size))
 
-    def _verify_pass(self, tokens: list[int]) -> None:
-        """Run the non-committing pass over tokens (its logits left in ws.logits) and make it the pending one."""
+    def _verify_pass(self, tokens: list[int], before: Callable[[], None] | None = None) -> None:
+        """Run the non-committing pass over tokens (its logits left in ws.logits) and make it the pending one;
+        before(), if given, once the tokens are accepted and before the pass."""
         self._check(tokens)
         if len(tokens) > VERIFY_MAX:
             raise ValueError(f"verify takes at most {VERIFY_MAX} tokens, got {len(tokens)}")
+        if before is not None:
+            before()
         self._run(tokens, commit=False, logits_rows=len(tokens))
         self._pending = len(tokens)
 
@@ -207,8 +210,8 @@ class CudaBackend(Backend):
         choices stop at the first row that does not keep its draft (no later row can be emitted)."""
         if not self._chooses(params, draft, seq):
             return None
-        self._choose_inputs(len(tokens), draft, params, rng)
-        self._verify_pass(tokens)
+        # the choice's inputs once the tokens are accepted (a refused pass draws nothing from rng)
+        self._verify_pass(tokens, lambda: self._choose_inputs(len(tokens), draft, params, rng))
         return self._choose(len(tokens), draft, params, rng, seq)
 
     def feed(self, token: int) -> np.ndarray:
@@ -223,12 +226,13 @@ class CudaBackend(Backend):
         draft = Draft([])
         if not self._chooses(params, draft, seq):
             return None
-        self._choose_inputs(1, draft, params, rng)
-        self._feed_pass(token)
+        self._feed_pass(token, lambda: self._choose_inputs(1, draft, params, rng))
         return self._choose(1, draft, params, rng, seq)
 
-    def _feed_pass(self, token: int) -> None:
+    def _feed_pass(self, token: int, before: Callable[[], None] | None = None) -> None:
         self._check([token])
+        if before is not None:
+            before()
         self._pending = None
         self._run([token], commit=True, logits_rows=1)
         self._num_tokens += 1

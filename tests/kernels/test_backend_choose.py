@@ -268,3 +268,23 @@ def test_a_cycle_without_drafts_is_one_committing_pass() -> None:
     assert log[1:] == [("eager", ("accept", 1)), ("replay", ("forward", 1, True))]
     assert backend.num_tokens == 4 and backend._uncommitted is None
     assert [name for name, *_ in dev.launched] == ["choose_rows"] * 4
+
+
+def test_a_refused_pass_uploads_and_draws_nothing() -> None:
+    """A verify or feed the backend refuses (an id outside the vocabulary, a pass past the context) is refused
+    before the choice's inputs go up: nothing uploaded, no uniform drawn from the request's generator."""
+    from engine.backend import Draft
+    from engine.errors import ContextOverflowError
+    from engine.sampling import SamplingParams
+
+    backend = _choosing_backend(np.array([[7, 0]], np.int32))
+    params, rng = SamplingParams(temperature=0.8, seed=1), np.random.default_rng(3)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        backend.verify_choose([1, 100], Draft([100]), params, rng)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        backend.feed_choose(100, params, rng)
+    backend._num_tokens = 64  # the context is full
+    with pytest.raises(ContextOverflowError):
+        backend.feed_choose(1, params, rng)
+    assert backend.dev.upload_log == [] and backend.dev.log == [] and backend.num_tokens == 64
+    assert rng.random() == np.random.default_rng(3).random()
