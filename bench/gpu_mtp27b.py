@@ -166,8 +166,8 @@ def _pass_anatomy(backend, report: Report, token: int) -> None:
     in their verify step than the graph's back-to-back replays take, H100 a39dea5): the two id / position uploads
     (each synchronous), graph.launch()'s host call, the replay alone on the device (queued behind a 1 GiB copy, so
     all of it is submitted before it starts: no launch latency in it), the same replay launched onto an idle stream
-    (submission included) and its wall to the host's synchronize, then choose_rows and its token's download.
-    Medians, ms."""
+    (submission included) and its wall to the host's synchronize, then choose_rows and its token's download; and
+    one upload alone (what merging set_tokens' two would save). Medians, ms."""
     from engine.cuda import ops
 
     dev, ws = backend.dev, backend.model.ws
@@ -187,6 +187,8 @@ def _pass_anatomy(backend, report: Report, token: int) -> None:
                 t0 = time.perf_counter()
                 backend.model.set_tokens([token], backend.num_tokens)
                 t1 = time.perf_counter()
+                dev.upload(ws.ids, np.asarray([token, backend.num_tokens], np.int32))  # one upload: ids[0] stays
+                t1b = time.perf_counter()
                 e0.record()
                 graph.launch()
                 t2 = time.perf_counter()
@@ -202,19 +204,20 @@ def _pass_anatomy(backend, report: Report, token: int) -> None:
                 graph.launch()
                 e3.record()
                 dev.synchronize()
-                rows.append([(t1 - t0) * 1e3, (t2 - t1) * 1e3, e0.elapsed(e1), (t3 - t1) * 1e3, (t4 - t3) * 1e3,
-                             e2.elapsed(e3)])
+                rows.append([(t1 - t0) * 1e3, (t2 - t1b) * 1e3, e0.elapsed(e1), (t3 - t1b) * 1e3, (t4 - t3) * 1e3,
+                             e2.elapsed(e3), (t1b - t1) * 1e3])
     finally:
         dev.memory.free(src)
         dev.memory.free(dst)
-    med = dict(zip(("uploads", "launch_call", "idle_replay", "launch_to_sync", "choose", "queued_replay"),
-                   np.median(rows[2:], axis=0).tolist()))
+    names = ("uploads", "launch_call", "idle_replay", "launch_to_sync", "choose", "queued_replay", "one_upload")
+    med = dict(zip(names, np.median(rows[2:], axis=0).tolist()))
     med["back_to_back"] = b2b
     med["committing_back_to_back"] = _committing_b2b(backend, token)
     med.update(_one_token_cycles(backend, token))
     report.timings.append(Timing("anatomy", "27b.mtp.T1", "greedy d=0", med["uploads"] + med["launch_to_sync"]
                                  + med["choose"], 0.0, 0, {k: round(v, 4) for k, v in med.items()}))
-    print(f"  one-token cycle's anatomy (ms): uploads {med['uploads']:.3f}, graph.launch() call "
+    print(f"  one-token cycle's anatomy (ms): uploads {med['uploads']:.3f} (one alone {med['one_upload']:.3f}), "
+          f"graph.launch() call "
           f"{med['launch_call']:.3f}, replay from an idle stream {med['idle_replay']:.3f} (launch to synchronize "
           f"{med['launch_to_sync']:.3f}), queued behind a copy {med['queued_replay']:.3f}, back to back {b2b:.3f}; "
           f"choose + download {med['choose']:.3f}; the committing pass back to back {med['committing_back_to_back']:.3f}; "
