@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record
+from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record, rel_err
 from engine.cuda.device import PDL_MIN_ARCH, CudaError
 from engine.cuda import env_flag, env_switch
 from engine.cuda.i8b import DEFAULT_VERIFY_WARPS_AT
@@ -604,7 +604,7 @@ def verify_agreement(backend, prompt: list[int],
         backend.reset()
         backend.prefill(prompt)
         got = np.asarray(backend.verify(fed[:t]), dtype=np.float64)
-        errors = [float(np.linalg.norm(got[i] - rows[i]) / np.linalg.norm(rows[i])) for i in range(t)]
+        errors = [rel_err(got[i], rows[i]) for i in range(t)]
         out[t] = (max(errors), sum(int(np.argmax(got[i]) != np.argmax(rows[i])) for i in range(t)))
     backend.reset()
     return out
