@@ -181,7 +181,6 @@ def compare_backend(report: Report, name: str, ref, cuda, prompt: list[int], ref
     upto = NUM_GREEDY if same is None else same + 1
     kl = kl_rows(np.stack(ref_rows[:upto]), np.stack(cuda_rows[:upto]))
     record(report, "model.kl", f"{name}.greedy", f"max of {upto}", float(kl.max()), KL_TOL)
-    check_feed(report, name, cuda, prompt, cuda_tokens[:upto], cuda_rows[:upto])
     spec = speculative_replay(cuda, prompt, ref_tokens, ref_rows, rng)
     record(report, "model.kl", f"{name}.verify", "max", float(np.nanmax(spec)), KL_TOL)
     q = np.nanpercentile(spec, [50, 90, 99])
@@ -190,33 +189,6 @@ def compare_backend(report: Report, name: str, ref, cuda, prompt: list[int], ref
     check_prefill_and_rollback(report, name, ref, cuda, prompt + ref_tokens[:100])
     for num in (5, 24):
         layer_trace(report, name, ref, cuda, prompt[:num])
-
-
-def check_feed(report: Report, name: str, cuda, prompt: list[int], tokens: list[int],
-               rows: list[np.ndarray]) -> None:
-    """Decoding without drafts as Backend.cycle runs it (feed: one committing pass a token, not a verify pass and
-    the commit's DeltaNet re-run) against the verify-and-accept decoding greedy() ran: each row's relative error
-    along the same tokens, and the tokens of greedy cycles (feed_choose: the argmax taken on the device)."""
-    from bench.gpu_common import rel_err
-    from engine.backend import TokenSequence
-    from engine.sampling import SamplingParams
-    from engine.spec.verify import greedy_accept
-
-    cuda.reset()
-    cuda.prefill(prompt[:-1])
-    pending, err = prompt[-1], 0.0
-    for token, row in zip(tokens, rows, strict=True):
-        err = max(err, rel_err(cuda.feed(pending), row))
-        pending = token
-    record(report, "model.feed", f"{name}.rows", f"{len(tokens)} rows vs verify + accept", err, 1e-4)
-    params = SamplingParams(temperature=0.0)
-    cuda.reset()
-    cuda.prefill(prompt[:-1])
-    seq = TokenSequence.start(prompt, params)
-    while len(seq.generated) < len(tokens):
-        cuda.cycle(seq, 0, params, rule=greedy_accept)
-    record(report, "model.feed", f"{name}.cycles", f"{len(tokens)} greedy tokens",
-           float(seq.generated[: len(tokens)] != tokens), 0.5)
 
 
 def layer_trace(report: Report, name: str, ref, cuda, tokens: list[int]) -> None:

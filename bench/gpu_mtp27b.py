@@ -95,9 +95,7 @@ def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
     token chosen on the device (CudaBackend.verify_choose, where the request allows it). Steps: the draft (graph and
     its tokens' download), the verify, the rule, the accept (graph, synchronised; with the commit beside the next
     draft, CudaBackend.ACCEPT_BESIDE, the draft step holds it and the accept step ~nothing; greedy also times the
-    commit apart, `device.apart`). At d = 0, as Backend.cycle does since f9dd326, the verify step is feed (one
-    committing pass: feed_choose on the device) and there is no accept. The random head's drafts are
-    mostly rejected, so a cycle's rule examines ~1 row: a row's host sampling is timed alone beside it."""
+    commit apart, `device.apart`). The random head's drafts are mostly rejected, so a cycle's rule examines ~1 row: a row's host sampling is timed alone beside it."""
     from engine.cuda import backend as backend_module
     from engine.cuda.backend import device_chooses
     from engine.hostmem import keep_freed_heap
@@ -135,20 +133,17 @@ def _cycle_steps(backend, seq: TokenSequence, depth: int, params: SamplingParams
     draft = backend.draft(seq.pending, depth)
     marks.append(time.perf_counter())
     tokens = [seq.pending, *draft.tokens]
-    fed = not draft.tokens  # as Backend.cycle: no drafts, so the pending token is fed and committed in one pass
     if on_device:
-        choices = (backend.feed_choose(seq.pending, params, seq.rng, seq) if fed
-                   else backend.verify_choose(tokens, draft, params, seq.rng, seq))
+        choices = backend.verify_choose(tokens, draft, params, seq.rng, seq)
         marks.append(time.perf_counter())
         new = accept_choices(draft, choices)
         logits = None
     else:
-        logits = backend.feed(seq.pending)[None] if fed else backend.verify(tokens)
+        logits = backend.verify(tokens)
         marks.append(time.perf_counter())
         new = rule(draft, logits, seq, params)
     marks.append(time.perf_counter())
-    if not fed:
-        backend.accept(len(new))
+    backend.accept(len(new))
     backend.dev.synchronize()
     marks.append(time.perf_counter())
     if logits is not None:
@@ -167,7 +162,9 @@ def _pass_anatomy(backend, report: Report, token: int) -> None:
     (each synchronous), graph.launch()'s host call, the replay alone on the device (queued behind a 1 GiB copy, so
     all of it is submitted before it starts: no launch latency in it), the same replay launched onto an idle stream
     (submission included) and its wall to the host's synchronize, then choose_rows and its token's download; and
-    one upload alone (what merging set_tokens' two would save). Medians, ms."""
+    one upload alone (what merging set_tokens' two would save); the committing one-token pass back to back (a
+    one-token prefill's graph: slower than the verify pass, H100 1516039, so a cycle without drafts verifies and
+    commits) and that cycle's host wall. Medians, ms."""
     from engine.cuda import ops
 
     dev, ws = backend.dev, backend.model.ws
@@ -213,7 +210,7 @@ def _pass_anatomy(backend, report: Report, token: int) -> None:
     med = dict(zip(names, np.median(rows[2:], axis=0).tolist()))
     med["back_to_back"] = b2b
     med["committing_back_to_back"] = _committing_b2b(backend, token)
-    med.update(_one_token_cycles(backend, token))
+    med["cycle"] = _one_token_cycle(backend, token)
     report.timings.append(Timing("anatomy", "27b.mtp.T1", "greedy d=0", med["uploads"] + med["launch_to_sync"]
                                  + med["choose"], 0.0, 0, {k: round(v, 4) for k, v in med.items()}))
     print(f"  one-token cycle's anatomy (ms): uploads {med['uploads']:.3f} (one alone {med['one_upload']:.3f}), "
@@ -221,16 +218,16 @@ def _pass_anatomy(backend, report: Report, token: int) -> None:
           f"{med['launch_call']:.3f}, replay from an idle stream {med['idle_replay']:.3f} (launch to synchronize "
           f"{med['launch_to_sync']:.3f}), queued behind a copy {med['queued_replay']:.3f}, back to back {b2b:.3f}; "
           f"choose + download {med['choose']:.3f}; the committing pass back to back {med['committing_back_to_back']:.3f}; "
-          f"a greedy cycle without drafts: verify_choose + accept {med['cycle_verify']:.3f}, feed_choose "
-          f"{med['cycle_feed']:.3f}", flush=True)
+          f"a greedy cycle without drafts (verify_choose + accept) {med['cycle']:.3f}", flush=True)
 
 
 def _committing_b2b(backend, token: int) -> float:
-    """The committing one-token pass (feed's graph) replayed back to back, ms (median): each replay advances the
-    state a position, so the sequence is rolled back after."""
+    """The committing one-token pass (a one-token prefill's graph) replayed back to back, ms (median): each replay
+    advances the state a position, so the sequence is rolled back after."""
     dev = backend.dev
     saved = backend.checkpoint()
-    backend.feed(token)
+    backend.prefill([token])
+    backend.prefill([token])  # the first is eager: the second captures
     graph = backend._graphs[(1, True, 1)]
     try:
         return median_time(dev, graph.launch, reps=20, warmup=3)[0]
@@ -238,30 +235,23 @@ def _committing_b2b(backend, token: int) -> float:
         backend.rollback(saved)
 
 
-def _one_token_cycles(backend, token: int) -> dict[str, float]:
-    """A greedy cycle without drafts, host wall (ms, median) to the chosen token and the state committed, as it
-    ran until 2026-12-07 (verify_choose, accept: the commit re-runs the DeltaNet layers) and as Backend.cycle runs
-    it now (feed_choose: one committing pass)."""
+def _one_token_cycle(backend, token: int) -> float:
+    """A greedy cycle without drafts, host wall (ms, median) to the chosen token and the state committed:
+    verify_choose, then accept and its commit (the DeltaNet layers re-run over the token)."""
     from engine.backend import Draft
 
-    params, rng, out = SamplingParams(temperature=0.0), np.random.default_rng(0), {}
+    params, rng, times = SamplingParams(temperature=0.0), np.random.default_rng(0), []
     saved = backend.checkpoint()
     try:
-        for form in ("verify", "feed"):
-            times = []
-            for _ in range(ANATOMY_REPS + 2):
-                backend.dev.synchronize()
-                t0 = time.perf_counter()
-                if form == "verify":
-                    backend.verify_choose([token], Draft([]), params, rng)
-                    backend.accept(1)
-                    backend._commit()
-                else:
-                    backend.feed_choose(token, params, rng)
-                backend.dev.synchronize()
-                times.append((time.perf_counter() - t0) * 1e3)
-            out[f"cycle_{form}"] = float(np.median(times[2:]))
+        for _ in range(ANATOMY_REPS + 2):
+            backend.dev.synchronize()
+            t0 = time.perf_counter()
+            backend.verify_choose([token], Draft([]), params, rng)
+            backend.accept(1)
+            backend._commit()
+            backend.dev.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
             backend.rollback(saved)
     finally:
         backend.rollback(saved)
-    return out
+    return float(np.median(times[2:]))

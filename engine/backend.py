@@ -6,9 +6,8 @@ Vocabulary, for one sequence:
 - the pending token: the newest token of the sequence, already chosen but not yet fed. Its position is num_tokens,
   and the logits that predict the token after it come from the next verify();
 - a cycle feeds the pending token plus d draft tokens in one verify pass, keeps the longest prefix the model agrees
-  with, and leaves the last chosen token pending (with no drafts there is nothing to verify: feed() commits the
-  pending token at once). Speculation never changes the output: the acceptance rule draws every emitted token from
-  the model's own distribution.
+  with, and leaves the last chosen token pending. Speculation never changes the output: the acceptance rule draws
+  every emitted token from the model's own distribution.
 
 Typical use: prefill(prompt[:-1]); seq = TokenSequence.start(prompt, params); then cycle(seq, d, params) until a
 stop token. Servers that reuse a prefix take checkpoint()s at message boundaries and rollback() to the nearest one.
@@ -216,23 +215,6 @@ class Backend(ABC):
         without it. Optional: backends without it return None."""
         return None
 
-    def feed(self, token: int) -> np.ndarray:
-        """Feed and commit one token at position num_tokens (a cycle without drafts): the logits [V] after it and the
-        state of verify([token]) then accept(1), which is what this default does. A backend may do it in one
-        committing pass, as a one-token prefill does."""
-        logits = self.verify([token])
-        self.accept(1)
-        return logits[0]
-
-    def feed_choose(self, token: int, params: SamplingParams, rng: np.random.Generator,
-                    seq: TokenSequence | None = None) -> RowChoices | None:
-        """feed() with the next token chosen where the logits are, as verify_choose's one row; None (nothing fed)
-        where this backend or these params cannot."""
-        choices = self.verify_choose([token], Draft([]), params, rng, seq)
-        if choices is not None:
-            self.accept(1)
-        return choices
-
     @abstractmethod
     def accept(self, n: int) -> None:
         """Commit the first n (1 <= n <= T) tokens of the last verify(): the state becomes exactly that after feeding
@@ -288,14 +270,8 @@ class Backend(ABC):
             wanted = min(n_draft, room)
             draft = self.draft(seq.pending, wanted) if wanted > 0 and self.can_draft else Draft([])
         draft = draft.truncated(max(room, 0))
-        on_choices = getattr(rule, "on_choices", None)  # a rule that needs only the rows' choices, not their logits
-        if not draft.tokens:  # nothing to verify: the pending token is fed and committed at once (feed)
-            choices = None if on_choices is None else self.feed_choose(seq.pending, params, seq.rng, seq)
-            new = on_choices(draft, choices) if choices is not None else rule(draft, self.feed(seq.pending)[None],
-                                                                             seq, params)
-            seq.tokens.extend(new)
-            return CycleResult(new, 0, 0)
         tokens = [seq.pending, *draft.tokens]
+        on_choices = getattr(rule, "on_choices", None)  # a rule that needs only the rows' choices, not their logits
         choices = None if on_choices is None else self.verify_choose(tokens, draft, params, seq.rng, seq)
         if choices is not None:
             new = on_choices(draft, choices)

@@ -174,21 +174,14 @@ class CudaBackend(Backend):
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
         """Feed and commit tokens in chunks of prefill_chunk; logits [V] after the last one."""
-        self._commit_passes(tokens)
-        return self.dev.download(self.model.ws.logits, np.float32, (self.vocab_size,))
-
-    def _commit_passes(self, tokens: list[int], before: Callable[[], None] | None = None) -> None:
-        """prefill()'s passes, the last one's logits row left in ws.logits; before(), if given, once the tokens are
-        accepted and before the first pass."""
         self._check(tokens)
-        if before is not None:
-            before()
         self._pending = None
         step = self._prefill_chunk
         for lo in range(0, len(tokens), step):
             chunk = tokens[lo : lo + step]
             self._run(chunk, commit=True, logits_rows=1 if lo + step >= len(tokens) else 0)
             self._num_tokens += len(chunk)
+        return self.dev.download(self.model.ws.logits, np.float32, (self.vocab_size,))
 
     def verify(self, tokens: list[int]) -> np.ndarray:
         """Feed up to VERIFY_MAX tokens without committing; logits [T, V]."""
@@ -220,20 +213,6 @@ class CudaBackend(Backend):
         # the choice's inputs once the tokens are accepted (a refused pass draws nothing from rng)
         self._verify_pass(tokens, lambda: self._choose_inputs(len(tokens), draft, params, rng))
         return self._choose(len(tokens), draft, params, rng, seq)
-
-    def feed(self, token: int) -> np.ndarray:
-        """A one-token prefill: one committing pass, the state of verify([token]) then accept(1) without the
-        commit's DeltaNet re-run, which a cycle without drafts would wait for (0.2 ms on the H100)."""
-        return self.prefill([token])
-
-    def feed_choose(self, token: int, params: SamplingParams, rng: np.random.Generator,
-                    seq: TokenSequence | None = None) -> RowChoices | None:
-        """feed() with the next token chosen on the device, as verify_choose's one row."""
-        draft = Draft([])
-        if not self._chooses(params, draft, seq):
-            return None
-        self._commit_passes([token], lambda: self._choose_inputs(1, draft, params, rng))
-        return self._choose(1, draft, params, rng, seq)
 
     def _chooses(self, params: SamplingParams, draft: Draft, seq: TokenSequence | None) -> bool:
         """Whether _choose can pick the rows' tokens: the request's arithmetic on the device, a deterministic draft

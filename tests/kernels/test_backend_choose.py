@@ -242,36 +242,8 @@ def test_a_penalised_row_left_to_the_host_is_not_penalised_twice(monkeypatch) ->
     assert all(p.temperature == 0.5 for p in seen) and backend.num_host_rows == 20
 
 
-def test_a_cycle_without_drafts_is_one_committing_pass() -> None:
-    """Backend.cycle with no drafts on the CUDA backend (feed_choose): the committing one-token pass (the graph a
-    one-token prefill replays) and the choice, with no verify pass and no commit after it; a commit an earlier
-    cycle left for later (a DeltaNet model's, accept beside) runs before that pass, which reads the state."""
-    from engine.backend import Draft, TokenSequence
-    from engine.cuda import mixers
-    from engine.sampling import SamplingParams
-    from engine.spec.verify import greedy_accept
-
-    backend = _choosing_backend(np.array([[7, 0], [8, 0]], np.int32))  # row 0 chooses 7 (not the draft)
-    backend.model.deltanet = {0: object()}
-    assert mixers.GDN_ACCEPT_LAYERS
-    dev, log, greedy = backend.dev, backend.dev.log, SamplingParams(temperature=0.0)
-    seq = TokenSequence([5], 1)
-    for _ in range(2):
-        backend.cycle(seq, 0, greedy, rule=greedy_accept)
-    assert log == [("eager", ("forward", 1, True)), ("replay", ("forward", 1, True))]
-    assert backend.model.uploads == [("tokens", (5,), 0), ("tokens", (7,), 1)]
-    assert (seq.tokens, backend.num_tokens, backend._pending) == ([5, 7, 7], 2, None)
-    log.clear()
-    backend.cycle(seq, 0, greedy, draft=Draft([3]), rule=greedy_accept)  # a verify of 2; its commit left for later
-    assert log == [("eager", ("forward", 2, False))] and backend._uncommitted == 1
-    backend.cycle(seq, 0, greedy, rule=greedy_accept)
-    assert log[1:] == [("eager", ("accept", 1)), ("replay", ("forward", 1, True))]
-    assert backend.num_tokens == 4 and backend._uncommitted is None
-    assert [name for name, *_ in dev.launched] == ["choose_rows"] * 4
-
-
 def test_a_refused_pass_uploads_and_draws_nothing() -> None:
-    """A verify or feed the backend refuses (an id outside the vocabulary, a pass past the context) is refused
+    """A verify the backend refuses (an id outside the vocabulary, a pass past the context) is refused
     before the choice's inputs go up: nothing uploaded, no uniform drawn from the request's generator."""
     from engine.backend import Draft
     from engine.errors import ContextOverflowError
@@ -281,10 +253,8 @@ def test_a_refused_pass_uploads_and_draws_nothing() -> None:
     params, rng = SamplingParams(temperature=0.8, seed=1), np.random.default_rng(3)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         backend.verify_choose([1, 100], Draft([100]), params, rng)
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        backend.feed_choose(100, params, rng)
     backend._num_tokens = 64  # the context is full
     with pytest.raises(ContextOverflowError):
-        backend.feed_choose(1, params, rng)
+        backend.verify_choose([1], Draft([]), params, rng)
     assert backend.dev.upload_log == [] and backend.dev.log == [] and backend.num_tokens == 64
     assert rng.random() == np.random.default_rng(3).random()
