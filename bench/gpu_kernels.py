@@ -106,6 +106,10 @@ Q6_I8_CHECKS = [(name, t) for name in ("odd_rows", "ffn_down") for t in instance
 # float64 reference and to mmvq_q6_i8 (the same int32 products, summed in another order) at TOL_I8B_SAME.
 Q6B_CHECKS = [(name, shape) for shape in instances.Q6B_SHAPES for name in ("odd_rows", "ffn_down")] + [
     ("attn_kv", None), ("output", None)]
+# ... and its form of 2-8 tokens in halves (q6b.VERIFY_AT), on ffn_down: y + y2 against the whole launch on
+# mmvq_q6_i8 (2-4 tokens) or the f16 kernels (5-8) at TOL_I8, and the norm that adds them. 2: one mma a half, full;
+# 3 and 5: padding columns; 8: every column, and the fewest warps (the staged rows leave the least for rings).
+Q6V_CHECK_TOKENS = (2, 3, 5, 8)
 
 
 def check_matmul(dev: Device, report: Report, rng: np.random.Generator, name: str, qtype: Q, num_tokens: int,
@@ -392,6 +396,9 @@ def run_q6_i8_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
             for shape in instances.Q6B_SHAPES:  # walking half-tiles
                 with q6_i8_bulk(True, shape):
                     check_halves(dev, report, rng, Q.Q6_K, 1, tag=f".i8q6b.s{shape[0]}n{shape[1]}")
+            for t in Q6V_CHECK_TOKENS:  # the verify rows on tensor copies, against mmvq_q6_i8 or the f16 kernels
+                check_halves(dev, report, rng, Q.Q6_K, t, module=q6b, switch="VERIFY_AT", tag=".i8q6v",
+                             on=frozenset({t}), off=frozenset(), tol=TOL_I8)
 
 
 # The halves' sum against the whole launch: the same int32 products, the float sums in another order (~1e-7); a
@@ -401,26 +408,26 @@ TOL_HALVES = 1e-5
 
 def check_halves(dev: Device, report: Report, rng: np.random.Generator, qtype: Q, num_tokens: int,
                  name: str = "ffn_down", switch: str = "DOWN_HALVES", tag: str = "", on: object = True,
-                 off: object = False, tol: float = TOL_HALVES) -> None:
+                 off: object = False, tol: float = TOL_HALVES, module: object = ops) -> None:
     """A launch in halves (ffn_down on mmvq_i8 / mmvq_q6_i8 with DOWN_HALVES, on mmvq_i8v with VERIFY_HALVES_AT,
-    the mixers' output on mmvq_i8b with OUT_HALVES; ops.matmul y2): y + y2 against the whole launch on the same
-    inputs (ops.<switch> set to `on`, then `off`; tol: TOL_I8 where the whole launch is another kernel), then the
-    norm that adds them (rmsnorm_of add=): the sum it stores and the normed rows against numpy's RMSNorm of the
-    whole launch's output."""
+    on mmvq_q6_i8v with q6b.VERIFY_AT, the mixers' output on mmvq_i8b with OUT_HALVES; ops.matmul y2): y + y2
+    against the whole launch on the same inputs (module.<switch> set to `on`, then `off`; tol: TOL_I8 where the
+    whole launch is another kernel), then the norm that adds them (rmsnorm_of add=): the sum it stores and the
+    normed rows against numpy's RMSNorm of the whole launch's output."""
     rows, cols = SHAPES_27B[name]
     t = num_tokens
     data = random_blocks(qtype, (rows, cols), rng)
     w = ops.upload_weight(dev, data, qtype, (rows, cols), name)
     act = ops.alloc_act(dev, t, cols, "x", precise=True)
     dev.upload(act.f32, rng.standard_normal((t, cols), dtype=np.float32))
-    with patched(ops, **{switch: on}):  # (the int8 copy as the halves' kernel needs it: VERIFY_HALVES_AT's counts)
+    with patched(module, **{switch: on}):  # (the int8 copy as the halves' kernel needs it: at its counts)
         ops.act_f16(dev, act.f32, act, t, act.ld)
     res = dev.to_device(rng.standard_normal((t, rows), dtype=np.float32), "res")
     y, y2, total = (dev.alloc(4 * t * rows, what) for what in ("y", "y2", "sum"))
     variant = f"{name}.{qtype.name}.T{t}.halves{tag}"
-    with patched(ops, **{switch: off}):
+    with patched(module, **{switch: off}):
         whole = _rerun(dev, w, act, y, res, t)
-    with patched(ops, **{switch: on}):
+    with patched(module, **{switch: on}):
         if not ops.splits_in_halves(dev, w, act, t):
             raise AssertionError(f"{variant}: {name} does not go in halves with {switch} on")
         for buf in (y, y2, total):

@@ -84,6 +84,10 @@ Q6_I8_TOKENS = tuple(range(1, 9))
 # (superblocks a stage, stages a warp) of its one-token form on tensor copies (kernels/mmvq_i8q6b.cu, sm_90+),
 # whole and walking half-tiles: mmvq_q6_K_i8b_s{S}n{NS}[_halves].
 Q6B_SHAPES = ((2, 2), (3, 2))
+# ... and its form of 2-8 tokens (the verify passes' Q6_K ffn_downs, engine/cuda/q6b.py VERIFY_AT), walking
+# half-tiles in the first shape: mmvq_q6_K_i8v_t{T}_halves.
+Q6V_TOKENS = tuple(range(2, 9))
+Q6V_SHAPE = Q6B_SHAPES[0]
 # Tokens of both in halves (two blocks a tile: ops.DOWN_HALVES), an instance each: mmvq_q{4,6}_K_i8_t{T}_halves.
 HALVES_TOKENS = tuple(range(1, I8_MAX_TOKENS + 1))
 # Mirror of kernels/stage.cuh: (stages per warp, bytes per stage) of each type it stages.
@@ -178,6 +182,8 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q6_K_i8b_s{s}n{n}" + ("_halves" if halves else ""), "mmvq_i8q6b",
                      f"mmvq_q6_i8b<{s}, {n}, {'true' if halves else 'false'}>")
             for s, n in Q6B_SHAPES for halves in (False, True)]
+    out += [Instance(f"mmvq_q6_K_i8v_t{t}_halves", "mmvq_i8q6b",
+                     f"mmvq_q6_i8v<{t}, {Q6V_SHAPE[0]}, {Q6V_SHAPE[1]}, true>") for t in Q6V_TOKENS]
     out += [Instance("mmvq_q8_0_i8", "mmvq_i8q8", "mmvq_q8_0_i8")]  # Q8_0, 1-8 tokens of int8 activations
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:

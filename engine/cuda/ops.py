@@ -240,10 +240,11 @@ I8_COPY_BY_WIDTH = True
 def _i8_copy_tokens(dev: Device, act: Act) -> int:
     """The most tokens of act's mode an int8 matmul of its width takes (mmvq_i8 up to I8_TOKENS, mmvq_q6_i8 its
     counts, the Q8_0 one a group when on, mmvq_i8v where it runs and takes that width, whole or in halves at
-    VERIFY_HALVES_AT's counts): up to that many, the producers write the int8 copy too."""
+    VERIFY_HALVES_AT's counts, mmvq_q6_i8v at q6b.VERIFY_AT's): up to that many, the producers write the int8
+    copy too."""
     verify = i8b.verify_tokens(dev, act.x16_lo is not None)
     if I8_COPY_BY_WIDTH and act.num_superblocks > i8b.VERIFY_MAX_SUPERBLOCKS:
-        verify = min(verify, max(VERIFY_HALVES_AT, default=0))
+        verify = min(verify, max(VERIFY_HALVES_AT | q6b.VERIFY_AT, default=0))
     return max(I8_TOKENS, max(Q6_I8_COUNTS, default=0), ACT_GROUP if Q8_I8 else 0, verify)
 
 
@@ -313,6 +314,10 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         return
     if y2 is not None and verify_halves(dev, w, act, num_tokens):  # (2-8 tokens: one group)
         i8b.launch_verify(dev, w, act.group8(0), y, bias, residual, num_tokens, ld_y, y2=y2)
+        return
+    if y2 is not None and q6b.verify_runs(dev, w, num_tokens, act):  # (the Q6_K ffn_downs of those)
+        q8, scale8, _, _ = act.group8(0)
+        q6b.launch_verify(dev, w, q8, scale8, y, bias, residual, num_tokens, ld_y, y2)
         return
     precise = act.x16_lo is not None and w.qtype != Q.F32
     instance = DISPATCH.get(("mmvq_x2" if precise else "mmvq", w.qtype))
@@ -697,13 +702,13 @@ def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int,
     """Whether matmul(w, act, num_tokens, producer=producer) may go in halves (y2): DOWN_HALVES, rows of WIDE_COLS
     or more, a count of HALVES_AT, and the launch on mmvq_i8 (one tile a block) or mmvq_q6_i8; or OUT_HALVES and
     the launch on mmvq_i8b where i8b.halves_pay; or q6b.HALVES, rows of WIDE_COLS or more and the launch on
-    mmvq_q6_i8b; or verify_halves. producer: the launch's own, not yet run (what it will write is what the launch
-    reads)."""
-    if not (DOWN_HALVES or OUT_HALVES or q6b.HALVES or VERIFY_HALVES_AT):
+    mmvq_q6_i8b; or verify_halves; or q6b.verify_runs (the Q6_K ones of q6b.VERIFY_AT's counts). producer: the
+    launch's own, not yet run (what it will write is what the launch reads)."""
+    if not (DOWN_HALVES or OUT_HALVES or q6b.HALVES or VERIFY_HALVES_AT or q6b.VERIFY_AT):
         return False
     if producer is not None:
         act = replace(act, i8_tokens=_i8_written(dev, act, num_tokens))
-    if verify_halves(dev, w, act, num_tokens):
+    if verify_halves(dev, w, act, num_tokens) or q6b.verify_runs(dev, w, num_tokens, act):
         return True
     kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
     if kernel == "i8b":  # (one token)

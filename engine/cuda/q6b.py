@@ -1,6 +1,7 @@
 """The tensor-copy int8 Q6_K matmul of one token (kernels/mmvq_i8q6b.cu, sm_90+): its switch, shape, tensor maps
 and launcher. ops' int8 Q6_K launch (mmvq_q6_i8) hands a one-token launch with no closer behind it to this one
-where runs() says so, whole or walking half-tiles (ops.DOWN_HALVES).
+where runs() says so, whole or walking half-tiles (ops.DOWN_HALVES). Its form of 2-8 tokens (mmvq_q6_i8v) takes
+the verify passes' Q6_K ffn_downs in halves at the counts of VERIFY_AT (ops.matmul, where verify_runs says so).
 
 On by default for ffn_down (OPENJET_CUDA_Q6B=0: off), in halves on 8-warp blocks: one block an SM walks 5 of its
 640 half-tiles, where mmvq_q6_i8's 320 blocks leave 56 SMs three tiles and 76 two. The 27B one-token pass on an H100
@@ -16,11 +17,11 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch, i8b, tma
-from engine.cuda.instances import Q6B_SHAPES
+from engine.cuda.instances import Q6B_SHAPES, Q6V_SHAPE, Q6V_TOKENS
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
-    from engine.cuda.ops import DeviceWeight
+    from engine.cuda.ops import Act, DeviceWeight
 
 ENV = "OPENJET_CUDA_Q6B"
 QL_BYTES, QH_BYTES, WORD_BYTES = 2048, 1024, 320  # a superblock's boxes and scale | d words (the kernel's Q6B_*)
@@ -109,3 +110,69 @@ def launch(dev: Device, w: DeviceWeight, q8: Buffer, scale8: Buffer, y: Buffer, 
     ql, qh = plane_maps(w)
     dev.launch(kernel, blocks, 32 * num_warps,
                [ql, qh, w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, y2], smem=smem)
+
+
+# ---- the verify rows: 2-8 tokens (mmvq_q6_i8v) ----
+# The verify passes' Q6_K ffn_downs on the tensor copies at these token counts, in halves (half a row of T tokens
+# staged: 17.5 KB a token at 34 superblocks), each superblock decoded once for all T, where they run mmvq_q6_i8 (1-4
+# tokens) and the f16 two-pass kernels (5-8: ~43 us a launch, ~1.7 TB/s on an H100, bench/NOTES.md Z26). Empty by
+# default until timed (bench variants q6v, q6v5); OPENJET_CUDA_Q6V=1 turns on every count it is built for.
+VERIFY_ENV = "OPENJET_CUDA_Q6V"
+
+
+def _verify_default() -> frozenset[int]:
+    return frozenset(Q6V_TOKENS) if env_switch(VERIFY_ENV, False) else frozenset()
+
+
+DEFAULT_VERIFY_AT = _verify_default()
+VERIFY_AT = DEFAULT_VERIFY_AT
+
+
+def verify_x_bytes(nb: int, num_tokens: int) -> int:
+    """Mirror of kernels/mmvq_i8q6b.cu q6v_x_bytes: a block's staged activations of nb superblocks, T tokens."""
+    return (2 * num_tokens * (256 * nb + 64) + 8 * num_tokens * nb + 1023) // 1024 * 1024
+
+
+def verify_smem_bytes(nb: int, num_tokens: int, warps: int) -> int:
+    """Dynamic shared memory of a launch in halves over rows of nb superblocks: the block's staged (larger) half of
+    the row of T tokens and every warp's ring."""
+    s, ns = Q6V_SHAPE
+    return i8b.ALIGN_SLACK + verify_x_bytes(nb - nb // 2, num_tokens) + warps * ns * s * (QL_BYTES + QH_BYTES
+                                                                                         + WORD_BYTES)
+
+
+def verify_static_smem(num_tokens: int) -> int:
+    """The kernel's static shared memory (its sums, 2 x 8 warps x 2 x T x 16 floats, and the barriers) and the
+    driver's reserve, per block."""
+    return 2048 * num_tokens + 2048
+
+
+def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int) -> int:
+    """Warps a block of a launch in halves: warps(w), fewer where its shared memory would not fit (the staged rows
+    grow with T), 0 where not even one warp's does."""
+    limit = dev.info.max_smem_per_block - verify_static_smem(num_tokens)
+    nb = w.cols // 256
+    return next((n for n in range(warps(w), 0, -1) if verify_smem_bytes(nb, num_tokens, n) <= limit), 0)
+
+
+def verify_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
+    """Whether a Q6_K launch of num_tokens takes mmvq_q6_i8v in halves: a count of VERIFY_AT, sm_90+, rows of
+    MIN_COLS or more (ffn_down's), the int8 copy of those tokens written, and a block's shared memory within the
+    GPU's opt-in maximum."""
+    return (num_tokens in VERIFY_AT and dev.info.arch >= i8b.MIN_ARCH and w.qtype == Q.Q6_K
+            and w.cols >= MIN_COLS and act.q8 is not None and act.i8_tokens >= num_tokens
+            and verify_warps(dev, w, num_tokens) > 0)
+
+
+def launch_verify(dev: Device, w: DeviceWeight, q8: Buffer, scale8: Buffer, y: Buffer, bias: Buffer | None,
+                  residual: Buffer | None, num_tokens: int, ld_y: int, y2: Buffer) -> None:
+    """One launch of mmvq_q6_i8v walking half-tiles (i8b.halves_grid): y [T, ld_y] = the first half of every row's
+    superblocks + bias + residual, y2 the second half's sums."""
+    tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // 256, verify_warps(dev, w, num_tokens)
+    kernel = dev.kernel(f"mmvq_q6_K_i8v_t{num_tokens}_halves")
+    smem = verify_smem_bytes(nb, num_tokens, num_warps)
+    dev.set_max_dynamic_smem(kernel, smem)
+    blocks = i8b.halves_grid(dev, tiles, num_warps, smem, verify_static_smem(num_tokens), SPARE_PER_SM)
+    ql, qh = plane_maps(w)
+    dev.launch(kernel, blocks, 32 * num_warps,
+               [ql, qh, w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y, y2], smem=smem)

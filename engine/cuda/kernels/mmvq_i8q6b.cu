@@ -1,7 +1,8 @@
 // Q6_K x one token with int8 activations, the weights streamed by the tensor-copy engine (sm_90+): y[rows] = W x
-// (+ bias) (+ residual). The arithmetic of kernels/mmvq_i8q6.cu at T = 1 (signed 6-bit weights in a few logic ops,
-// mma.m16n8k32 against the act8 copy's two int8 levels, each column one 16-wide sub-block at one level); the
-// copies, the walking grid and the staged row of kernels/mmvq_i8b.cu.
+// (+ bias) (+ residual); and x 2-8 tokens (mmvq_q6_i8v, the verify rows: at the end of this file). The arithmetic
+// of kernels/mmvq_i8q6.cu at T = 1 (signed 6-bit weights in a few logic ops, mma.m16n8k32 against the act8 copy's
+// two int8 levels, each column one 16-wide sub-block at one level); the copies, the walking grid and the staged row
+// of kernels/mmvq_i8b.cu.
 //
 // Why. mmvq_q6_i8 issues 7 cp.async copies a lane a stage, and on the H200 a cp.async matmul streams at ~23 GB/s
 // an SM where mmvq_i8b's tensor copies reach ~27 (bench/NOTES.md Z21): ffn_down's Q6_K bytes were the slowest of
@@ -246,6 +247,216 @@ mmvq_q6_i8b(const __grid_constant__ TensorMap qlmap, const __grid_constant__ Ten
                 }
         }
         i8b_store_tile(acc, red, k, row0, rows, part.piece, y, y2, bias, residual);  // (the quad: sub-block c's)
+    }
+    cp_async_wait<0>();  // nothing may land in shared memory after the block exits
+#else
+    __trap();  // the launcher takes this kernel on sm_90+ only
+#endif
+}
+
+// ---- the verify rows: 2-8 tokens (mmvq_q6_i8v) ----
+//
+// The same copies, ring, walking grid and rows as mmvq_q6_i8b, the staged activations of T tokens (both levels)
+// instead of one, each superblock's weights decoded once for all of them. Where the f16 Q6_K kernels of 5-8 tokens
+// run a second pass for the residue and mmvq_q6_i8 stages every weight with 7 cp.async copies a lane a stage
+// (bench/NOTES.md Z26: the Q6_K matmuls were the 5-token pass's slowest bytes).
+//
+// Columns. A chunk's low mma (h = 0) holds its sub-blocks 0 (lanes c < 2) and 1 (c >= 2), its high mma (h = 1)
+// sub-blocks 2 and 3. Column e (0 .. 4T - 1) of the M = ceil(T / 2) mmas of each half (column g of mma m: e = 8m + g)
+// carries sub-block e / 2T of the half, token (e % 2T) / 2, level e % 2 (hi, lo): its B is that token's level
+// from the lanes of its sub-block and zero from the others, so every column sums one sub-block and one scale IMAD
+// applies. The lane's C columns 2c, 2c + 1 of mma m are one sub-block and one token at both levels, the same in
+// every chunk and in both halves (sub-block 2h + e / 2T of the chunk): its integer sums need no other lane's until
+// the tile's end, where the two lanes of a token (one a half-sub-block) meet in shared memory.
+
+// The block's activations of n superblocks, staged once: token t's level l as [n][256] at (2t + l) q6v_xpitch
+// (64 mod 128 bytes: the hi and lo readers of a quarter-warp fall in other banks), then each (superblock,
+// token)'s two level scales (hi, lo). Mirrored by engine/cuda/q6b.py verify_x_bytes.
+__device__ __forceinline__ int q6v_xpitch(int n) { return 256 * n + 64; }
+template <int T>
+__device__ __forceinline__ int q6v_xsc(int n) { return 2 * T * q6v_xpitch(n); }
+template <int T>
+__device__ __forceinline__ int q6v_x_bytes(int n) { return (q6v_xsc<T>(n) + 8 * T * n + 1023) & ~1023; }
+
+// Superblocks sb0 .. sb0 + n - 1 of T tokens' act8 copy into xs, by all the block's threads; waited for (with every
+// earlier copy of the thread) before the caller returns.
+template <int T>
+__device__ __forceinline__ void q6v_stage_x(u32 xs, const i8* q8, const float* scale8, int sb0, int n) {
+    const u8* q = reinterpret_cast<const u8*>(q8) + (u64)sb0 * 4096;
+    for (int i = threadIdx.x; i < 32 * T * n; i += blockDim.x) {  // 16 chunks of each level of each token
+        const int part = i & 15, sb = (i >> 4) % n, region = (i >> 4) / n, t = region >> 1, level = region & 1;
+        cp_async16(xs + region * q6v_xpitch(n) + 256 * sb + 16 * part,
+                   q + 4096 * sb + 256 * (8 * level + t) + 16 * part);
+    }
+    for (int i = threadIdx.x; i < 2 * T * n; i += blockDim.x) {  // scale8 [sb][level][8 tokens]
+        const int level = i & 1, rec = i >> 1, sb = rec / T, t = rec % T;  // rec = T sb + t
+        cp_async4(xs + q6v_xsc<T>(n) + 8 * rec + 4 * level, scale8 + 16 * (sb0 + sb) + 8 * level + t);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
+// Where lane (g, c)'s columns of mma m lie: B column g (xb: its token's level at superblock 0, c's 16 bytes; on:
+// whether the lane's k are that column's sub-block), and C columns 2c, 2c + 1 (sub: the half's sub-block, tok:
+// the token; tok < 0: padding, never stored).
+template <int T>
+struct Q6vCols {
+    static constexpr int M = (T + 1) / 2;
+    const u8* xb[M];
+    bool on[M];
+    int sub[M], tok[M];
+
+    __device__ __forceinline__ Q6vCols(const u8* x, int nx, int g, int c) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const int e = 8 * m + g, r = e % (2 * T);  // its region: token r / 2's level r % 2
+            const bool valid = e < 4 * T;
+            xb[m] = x + (valid ? r : 0) * q6v_xpitch(nx) + 16 * c;
+            on[m] = valid && e / (2 * T) == (c >> 1);
+            const int eo = 8 * m + 2 * c;
+            sub[m] = eo < 4 * T ? eo / (2 * T) : 0;
+            tok[m] = eo < 4 * T ? (eo % (2 * T)) >> 1 : -1;
+        }
+    }
+};
+
+// One superblock (as q6b_superblock's arguments) of T tokens into the lane's sums acc[m][r]: token cols.tok[m],
+// sub-blocks of its half cols.sub[m], tile row 2g + r.
+template <int T>
+__device__ __forceinline__ void q6v_superblock(const u8* ql, const u8* qh, const u8* wd, const u8* x, int nx, int sx,
+                                               const int (&qoff)[2][4], const int (&hoff)[2][4], int g, int c,
+                                               const u32 (&idx)[2], const Q6vCols<T>& cols,
+                                               float (&acc)[Q6vCols<T>::M][2]) {
+    constexpr int M = Q6vCols<T>::M;
+    const uint4 sc0 = *reinterpret_cast<const uint4*>(wd + 16 * (2 * g));
+    const uint4 sc1 = *reinterpret_cast<const uint4*>(wd + 16 * (2 * g + 1));
+    const u32 scw0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, scw1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
+    const int hshift = 4 * (c >> 1);
+    int isum[M][4];  // per mma: (row 2g, hi), (row 2g, lo), (row 2g + 1, hi), (row 2g + 1, lo)
+#pragma unroll
+    for (int m = 0; m < M; ++m) isum[m][0] = isum[m][1] = isum[m][2] = isum[m][3] = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint2 l0 = *reinterpret_cast<const uint2*>(ql + qoff[0][j]);
+        const uint2 l1 = *reinterpret_cast<const uint2*>(ql + qoff[1][j]);
+        const uint2 h0 = *reinterpret_cast<const uint2*>(qh + hoff[0][j]);
+        const uint2 h1 = *reinterpret_cast<const uint2*>(qh + hoff[1][j]);
+        const u32 h0x = h0.x >> hshift, h0y = h0.y >> hshift, h1x = h1.x >> hshift, h1y = h1.y >> hshift;
+        const u32 a[2][4] = {{q6_s8x4(l0.x, h0x), q6_s8x4(l1.x, h1x), q6_s8x4(l0.y, h0y), q6_s8x4(l1.y, h1y)},
+                             {q6_s8x4(l0.x >> 4, h0x >> 2), q6_s8x4(l1.x >> 4, h1x >> 2),
+                              q6_s8x4(l0.y >> 4, h0y >> 2), q6_s8x4(l1.y >> 4, h1y >> 2)}};
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const uint4 b = *reinterpret_cast<const uint4*>(cols.xb[m] + 256 * sx + 64 * j);
+            const bool on = cols.on[m];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int d[4] = {0, 0, 0, 0};
+                mma_s8s8_16832_acc(d, a[h], on ? (h ? b.z : b.x) : 0u, on ? (h ? b.w : b.y) : 0u);
+                const int shift = 8 * (2 * h + cols.sub[m]);  // sub-block 4j + 2h + sub of each row
+                const int s0 = sbyte(scw0[j], shift), s1 = sbyte(scw1[j], shift);
+                isum[m][0] += s0 * d[0];
+                isum[m][1] += s0 * d[1];
+                isum[m][2] += s1 * d[2];
+                isum[m][3] += s1 * d[3];
+            }
+        }
+    }
+    float dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+        dr[r] = f16_to_f32((f16)q6k_d_of_word(*reinterpret_cast<const u32*>(wd + 256 + 4 * (2 * g + r)), idx[r]));
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const int t = max(cols.tok[m], 0);
+        const float2 lv = *reinterpret_cast<const float2*>(x + q6v_xsc<T>(nx) + 8 * (T * sx + t));  // hi, lo
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            acc[m][r] += dr[r] * ((float)isum[m][2 * r] * lv.x + (float)isum[m][2 * r + 1] * lv.y);
+    }
+}
+
+// y[T, rows] (row stride ld_y) = x @ W^T (+ bias) (+ residual, the same stride), W Q6_K as mmvq_q6_i8b's, x the
+// act8 copy of T tokens (2 <= T <= 8; group 0's bases). Launch as mmvq_q6_i8b's (its grid, warps and rings);
+// dynamic shared memory 1024 + q6v_x_bytes<T>(part) + W NS S (2048 + 1024 + 320). HALVES: as mmvq_q6_i8b's, the
+// second half's bare sums in y2.
+template <int T, int S, int NS, bool HALVES>
+__global__ void __launch_bounds__(Q6B_MAX_WARPS * 32, 1)
+mmvq_q6_i8v(const __grid_constant__ TensorMap qlmap, const __grid_constant__ TensorMap qhmap,
+            const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
+            float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows,
+            int K, int ld_y, float* __restrict__ y2) {
+#if __CUDA_ARCH__ >= 900
+    static_assert(2 <= T && T <= 8, "the verify rows: 2-8 tokens");
+    constexpr int M = Q6vCols<T>::M;
+    extern __shared__ __align__(1024) u8 smem[];
+    __shared__ __align__(8) u64 bars[Q6B_MAX_WARPS][NS];
+    __shared__ float red[2][Q6B_MAX_WARPS][2][T][16];  // by tile parity; a token's two half-sub-block sums
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+    const int g = lane >> 2, c = lane & 3, nb = K / QK_SB, ntiles = (rows + 15) / 16;
+    const MmvqHalf part = mmvq_half<HALVES>(nb);  // the block's superblocks of each tile (its .tile unused)
+    const int share = (part.len + num_warps - 1) / num_warps, sx0 = warp * share;  // in the block's part
+    const int n = max(0, min(share, part.len - sx0));
+    const int walked = HALVES ? 2 * ntiles : ntiles;  // tiles, or half-tiles
+    const int my_tiles = (walked - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    const u32 base = (smem_u32(smem) + 1023u) & ~1023u;
+    const u8* x = smem + (base - smem_u32(smem));
+    const u32 rings = base + q6v_x_bytes<T>(HALVES ? nb - nb / 2 : nb), ring_qs = num_warps * NS * S;
+    Q6bRing<S, NS> ring(qlmap, qhmap, QTraits<QT_Q6_K>::planes(w, (u64)rows * nb), rows, nb,
+                        rings + warp * NS * S * Q6B_QL_BYTES,
+                        rings + ring_qs * Q6B_QL_BYTES + warp * NS * S * Q6B_QH_BYTES,
+                        rings + ring_qs * (Q6B_QL_BYTES + Q6B_QH_BYTES) + warp * NS * S * Q6B_WORD_BYTES,
+                        smem_u32(&bars[warp][0]), part.begin + sx0, n, my_tiles, HALVES ? 1 : 0);
+    ring.start(lane);
+    PDL_ENTER();  // the activations are the previous kernel's output
+    q6v_stage_x<T>(base, q8, scale8, part.begin, part.len);
+    int qoff[2][4], hoff[2][4];
+    i8b_quant_offsets(g, c, qoff);
+    q6b_high_offsets(g, c, hoff);
+    const Q6vCols<T> cols(x, part.len, g, c);
+    int i = 0;  // the stage consumed next (all tiles counted)
+    for (int k = 0; k < my_tiles; ++k) {
+        const int row0 = 16 * (((int)blockIdx.x + k * (int)gridDim.x) >> (HALVES ? 1 : 0));
+        const u32 base0 = stage_row_base(row0, 2 * g, rows, nb), base1 = stage_row_base(row0, 2 * g + 1, rows, nb);
+        float acc[M][2];
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = 0.f;
+        for (int j = 0; j < ring.spt; ++j, ++i) {
+            const int slot = ring.acquire(i, lane);
+            const u8* lst = x + (ring.lows(slot) - base);
+            const u8* hst = x + (ring.highs(slot) - base);
+            const u8* wst = x + (ring.words(slot) - base);
+            const int here = min(S, n - j * S);
+#pragma unroll
+            for (int s = 0; s < S; ++s)
+                if (s < here) {
+                    const int sx = sx0 + j * S + s, sb = part.begin + sx;
+                    const u32 idx[2] = {base0 + sb, base1 + sb};
+                    q6v_superblock<T>(lst + Q6B_QL_BYTES * s, hst + Q6B_QH_BYTES * s, wst + Q6B_WORD_BYTES * s, x,
+                                      part.len, sx, qoff, hoff, g, c, idx, cols, acc);
+                }
+        }
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+            if (cols.tok[m] >= 0) {
+                red[k & 1][warp][cols.sub[m]][cols.tok[m]][2 * g] = acc[m][0];
+                red[k & 1][warp][cols.sub[m]][cols.tok[m]][2 * g + 1] = acc[m][1];
+            }
+        __syncthreads();  // (the other parity's sums, read after the last one, are rewritten only after the next)
+        for (int e = threadIdx.x; e < 16 * T; e += blockDim.x) {
+            const int t = e >> 4, row = row0 + (e & 15);
+            if (row >= rows) continue;
+            float v = 0.f;
+            for (int wi = 0; wi < num_warps; ++wi) v += red[k & 1][wi][0][t][e & 15] + red[k & 1][wi][1][t][e & 15];
+            if (HALVES && part.piece) {  // the second half: its bare sums
+                y2[(i64)t * ld_y + row] = v;
+                continue;
+            }
+            if (bias) v += bias[row];
+            if (residual) v += residual[(i64)t * ld_y + row];
+            y[(i64)t * ld_y + row] = v;
+        }
     }
     cp_async_wait<0>();  // nothing may land in shared memory after the block exits
 #else
