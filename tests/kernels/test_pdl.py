@@ -14,7 +14,7 @@ from engine.cuda import nvrtc
 # Kernels whose PDL_ENTER comes after their first weight copies (weights are never written during a pass);
 # every other kernel waits before its first statement.
 WAIT_AFTER_WEIGHT_PREFETCH = {"mmvq_cp", "mmvq_cpa", "mmvq_persist", "mmvq_i8b", "mmvq_i8v", "mmvq_i8", "mmvq_q6_i8",
-                              "mmvq_q6_i8b"}
+                              "mmvq_q6_i8b", "mmvq_q6_i8v"}
 # Kernels whose PDL_ENTER comes after loads of their layer's recurrent state (the delta rule: S, the conv window's
 # state rows, the conv and gate weights), which only kernels two or more launches back write: a kernel triggers its
 # dependents only after its own wait, so those have finished. Nothing of the pass's activations is read and
