@@ -209,6 +209,7 @@ def _pass_anatomy(backend, report: Report, token: int) -> None:
     names = ("uploads", "launch_call", "idle_replay", "launch_to_sync", "choose", "queued_replay", "one_upload")
     med = dict(zip(names, np.median(rows[2:], axis=0).tolist()))
     med["back_to_back"] = b2b
+    med.update(_choice_kernels(backend))
     med["committing_back_to_back"] = _committing_b2b(backend, token)
     med["cycle"] = _one_token_cycle(backend, token)
     report.timings.append(Timing("anatomy", "27b.mtp.T1", "greedy d=0", med["uploads"] + med["launch_to_sync"]
@@ -218,7 +219,29 @@ def _pass_anatomy(backend, report: Report, token: int) -> None:
           f"{med['launch_call']:.3f}, replay from an idle stream {med['idle_replay']:.3f} (launch to synchronize "
           f"{med['launch_to_sync']:.3f}), queued behind a copy {med['queued_replay']:.3f}, back to back {b2b:.3f}; "
           f"choose + download {med['choose']:.3f}; the committing pass back to back {med['committing_back_to_back']:.3f}; "
-          f"a greedy cycle without drafts (verify_choose + accept) {med['cycle']:.3f}", flush=True)
+          f"a greedy cycle without drafts (verify_choose + accept) {med['cycle']:.3f}; on the device, one row: "
+          f"choose_rows greedy {med['choose_greedy']:.4f}, sampled {med['choose_sampled']:.4f}, the two-stage "
+          f"argmax {med['argmax']:.4f}", flush=True)
+
+
+def _choice_kernels(backend) -> dict[str, float]:
+    """Device time (ms, medians of back-to-back launches) of one row's choice over the pass's logits: choose_rows
+    greedy (one 1,024-thread block a row) and sampled at t = 1 (the draft -1), and ops.argmax's two stages (a block
+    a chunk, then one): what a greedy choice over many blocks would save."""
+    from engine.cuda import ops
+
+    dev, ws, vocab = backend.dev, backend.model.ws, backend.vocab_size
+    dev.upload(ws.choose_drafts, np.asarray([-1], np.int32))
+    dev.upload(ws.choose_uniforms, np.asarray([[0.5, 0.5]]))
+
+    def choose(temperature: float) -> None:
+        ops.choose_rows(dev, ws.logits, ws.choose_drafts, ws.choose_uniforms, ws.choose_out, 1, vocab, vocab,
+                        temperature, 0.0, 0, 1.0)
+
+    return {"choose_greedy": median_time(dev, lambda: choose(0.0), reps=20, warmup=3)[0],
+            "choose_sampled": median_time(dev, lambda: choose(1.0), reps=20, warmup=3)[0],
+            "argmax": median_time(dev, lambda: ops.argmax(dev, ws.logits, ws.choose_out, ws.argmax_scratch, 1, vocab,
+                                                          vocab), reps=20, warmup=3)[0]}
 
 
 def _committing_b2b(backend, token: int) -> float:
