@@ -116,7 +116,9 @@ def launch(dev: Device, w: DeviceWeight, q8: Buffer, scale8: Buffer, y: Buffer, 
 # The verify passes' Q6_K ffn_downs on the tensor copies at these token counts, in halves (half a row of T tokens
 # staged: 17.5 KB a token at 34 superblocks), each superblock decoded once for all T, where they run mmvq_q6_i8 (1-4
 # tokens) and the f16 two-pass kernels (5-8: ~43 us a launch, ~1.7 TB/s on an H100, bench/NOTES.md Z26). Empty by
-# default until timed (bench variants q6v, q6v5); OPENJET_CUDA_Q6V=1 turns on every count it is built for.
+# default: on an H100 its 5-token launches took 41.5 us against the f16 kernel's 41.6-43.0, the pass no faster
+# (bench/NOTES.md Z28); the H200 not yet timed (bench variants q6v, q6v5). OPENJET_CUDA_Q6V=1 turns on every count
+# it is built for.
 VERIFY_ENV = "OPENJET_CUDA_Q6V"
 
 
