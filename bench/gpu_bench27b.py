@@ -40,7 +40,7 @@ V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", 
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
                "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves", "q6b", "q6bhalves",
                "q6bdown", "q6bw8", "q6bh8", "noq6b", "q6bwhole",
-               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5", "down5", "q6v", "q6v5")
+               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5", "down5", "q6v", "q6v5", "q6bon")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -177,10 +177,12 @@ WIDE_VARIANTS = {"wide": frozenset(I8V_WIDE_TOKENS), "wide5": frozenset(t for t 
 # halves on 8-warp blocks). Its first forms (Z24, 4-warp blocks): q6b every Q6_K one-token launch (ffn_down, attn_v,
 # the output head) whole; q6bhalves with ops.DOWN_HALVES (both ffn_downs in halves); q6bdown ffn_down's width only,
 # whole; q6bw8 q6bhalves in 8-warp blocks; q6bh8 v7's settings (as measured before they were the default);
-# q6bwhole ffn_down whole on 8-warp blocks; noq6b off (mmvq_q6_i8, v7 before Z24).
+# q6bwhole ffn_down whole on 8-warp blocks; noq6b off (mmvq_q6_i8, v7 before Z24). Since Z28 it is off by default on
+# the H200 (q6b.SLOWER_ON): these variants, and q6bon (v7's settings), turn it on there too (q6b.FORCED).
 Q6B_MIN_COLS_VARIANTS = {"q6b": 0, "q6bhalves": 0, "q6bdown": 17408, "q6bw8": 0}
 Q6B_WARPS_VARIANTS = {"q6b": 4, "q6bhalves": 4, "q6bdown": 4}
 Q6B_WHOLE_VARIANTS = frozenset({"q6b", "q6bdown", "q6bwhole"})
+Q6B_FORCED_VARIANTS = frozenset({"q6b", "q6bhalves", "q6bdown", "q6bw8", "q6bh8", "q6bwhole", "q6bon"})
 # The verify passes' Q6_K ffn_downs on mmvq_q6_i8v in halves (q6b.VERIFY_AT; off by default): q6v at every count it
 # is built for (2-4 from mmvq_q6_i8, 5-8 from the f16 two-pass kernels), q6v5 from 5 tokens
 Q6V_VARIANTS = {"q6v": frozenset(range(2, 9)), "q6v5": frozenset(range(5, 9))}
@@ -440,7 +442,8 @@ def bench_27b(report: Report, args) -> None:
                 tokens.pop(name, None)
                 backend.set_precise(True)
         same = sum(1 for column in zip(*tokens.values(), strict=True) if len(set(column)) == 1)
-        report.notes.append(f"27B greedy tokens, {', '.join(tokens)} kernels: {same} of {len(tokens['v7'])} equal")
+        count = len(next(iter(tokens.values()), []))  # (v7 need not be among the variants asked for)
+        report.notes.append(f"27B greedy tokens, {', '.join(tokens)} kernels: {same} of {count} equal")
         _use_variant(backend, "v7")
         if passes_only:
             if env_flag(ABLATION_ENV, False):
@@ -551,6 +554,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.FILL = name in FILL_VARIANTS
     i8b.WIDE_WARPS = I8B_WIDE_WARPS_VARIANTS.get(name, i8b.DEFAULT_WIDE_WARPS)
     q6b.ON = name != "noq6b" and q6b._default()
+    q6b.FORCED = name in Q6B_FORCED_VARIANTS or q6b._forced()
     q6b.MIN_COLS = Q6B_MIN_COLS_VARIANTS.get(name, q6b.DEFAULT_MIN_COLS)
     q6b.WARPS = Q6B_WARPS_VARIANTS.get(name, q6b.DEFAULT_WARPS)
     q6b.HALVES = name not in Q6B_WHOLE_VARIANTS and q6b.DEFAULT_HALVES

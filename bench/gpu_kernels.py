@@ -534,7 +534,7 @@ def q6_i8(on: bool, warps: int | None = None):
 def q6_i8_bulk(on: bool, shape: tuple[int, int] | None = None):
     """The tensor-copy int8 Q6_K matmul of one token (engine/cuda/q6b.py) switched for the block at every row
     width, in `shape` (None: the launcher's); its settings restored after it."""
-    with patched(q6b, ON=on, SHAPE=shape or q6b.SHAPE, MIN_COLS=0):
+    with patched(q6b, ON=on, FORCED=on, SHAPE=shape or q6b.SHAPE, MIN_COLS=0):  # (on every GPU: SLOWER_ON's too)
         yield
 
 

@@ -6,6 +6,8 @@ the verify passes' Q6_K ffn_downs in halves at the counts of VERIFY_AT (ops.matm
 On by default for ffn_down (OPENJET_CUDA_Q6B=0: off), in halves on 8-warp blocks: one block an SM walks 5 of its
 640 half-tiles, where mmvq_q6_i8's 320 blocks leave 56 SMs three tiles and 76 two. The 27B one-token pass on an H100
 7.298 ms against 7.434 (fast 7.287 / 7.339), the other counts level, the same greedy tokens (bench/NOTES.md Z24).
+On the H200 it was slower (6.618 ms against 6.490, fast 6.493 / 6.352, bench/NOTES.md Z28): off there by default
+(SLOWER_ON; OPENJET_CUDA_Q6B=1 turns it on on every GPU).
 Whole on 4-warp blocks (160 blocks of 2 tiles) it was slower than mmvq_q6_i8 (7.649 ms), and so are the output
 head and attn_v on it alone (383 / 6.0 us against 378 / 5.6): MIN_COLS keeps them on mmvq_q6_i8.
 """
@@ -34,6 +36,21 @@ def _default() -> bool:
 
 
 ON = _default()
+# GPUs (a part of the name) on which it measured slower than mmvq_q6_i8 in the 27B pass, where it stays off unless
+# FORCED: the H200 (0ef4da5, the one-token pass 0.13 ms slower with it; its 2-5-token passes level as they should).
+SLOWER_ON = ("H200",)
+
+
+def _forced() -> bool:
+    return env_switch(ENV, False)  # OPENJET_CUDA_Q6B=1: on every GPU, those of SLOWER_ON too
+
+
+FORCED = _forced()
+
+
+def on_for(dev: Device) -> bool:
+    """Whether the form is on for this GPU: ON, and FORCED or a GPU outside SLOWER_ON."""
+    return ON and (FORCED or not any(part in dev.info.name for part in SLOWER_ON))
 # (superblocks a stage, stages a warp): one of instances.Q6B_SHAPES. (2, 2) keeps one stage of 2 superblocks in
 # flight a warp (6.6 KB, as mmvq_i8b's (3, 2) keeps 6.9 KB of Q4_K) and ffn_down's blocks within two an SM whole.
 DEFAULT_SHAPE = (2, 2)
@@ -75,9 +92,10 @@ def warps(w: DeviceWeight) -> int:
 
 
 def runs(dev: Device, w: DeviceWeight, num_tokens: int, halves: bool = False) -> bool:
-    """Whether a Q6_K launch on the int8 activations takes mmvq_q6_i8b: on, sm_90+, one token, rows of MIN_COLS
-    or more, and its shared memory within the GPU's opt-in maximum."""
-    if not (ON and dev.info.arch >= i8b.MIN_ARCH and w.qtype == Q.Q6_K and num_tokens == 1 and w.cols >= MIN_COLS):
+    """Whether a Q6_K launch on the int8 activations takes mmvq_q6_i8b: on for this GPU (on_for), sm_90+, one
+    token, rows of MIN_COLS or more, and its shared memory within the GPU's opt-in maximum."""
+    if not (on_for(dev) and dev.info.arch >= i8b.MIN_ARCH and w.qtype == Q.Q6_K and num_tokens == 1
+            and w.cols >= MIN_COLS):
         return False
     smem = smem_bytes(w.cols // 256, warps(w), SHAPE, halves) + STATIC_SMEM
     return smem <= dev.info.max_smem_per_block

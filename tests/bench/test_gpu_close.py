@@ -93,7 +93,8 @@ class _HostDevice:
     """Buffers in host memory at made-up addresses; kernels are looked up and launched as nothing."""
 
     def __init__(self) -> None:
-        self.info = SimpleNamespace(arch=90, max_smem_per_block=232448, multiprocessors=132)
+        self.info = SimpleNamespace(name="NVIDIA H100 80GB HBM3",
+                                    arch=90, max_smem_per_block=232448, multiprocessors=132)
         self.memory = SimpleNamespace(free=lambda buf: None)
         self.pdl, self.skip, self._next, self._mem = False, None, 1 << 32, {}
         self.launched: list[str] = []

@@ -22,7 +22,7 @@ class _Streams:
 
     def __init__(self) -> None:
         self.side_active = False
-        self.info = SimpleNamespace(max_smem_per_block=SM90, arch=90, multiprocessors=132)
+        self.info = SimpleNamespace(name="NVIDIA H100 80GB HBM3", max_smem_per_block=SM90, arch=90, multiprocessors=132)
 
     @contextmanager
     def beside(self):

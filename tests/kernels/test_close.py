@@ -24,7 +24,8 @@ class _Dev:
     """What the launchers ask of a device, launches recorded as (kernel name, args)."""
 
     def __init__(self, arch: int = 90) -> None:
-        self.info = SimpleNamespace(arch=arch, max_smem_per_block=232448, multiprocessors=132)
+        self.info = SimpleNamespace(name="NVIDIA H100 80GB HBM3",
+                                    arch=arch, max_smem_per_block=232448, multiprocessors=132)
         self.launches: list[tuple[str, list]] = []
         self.grids: list[tuple[str, object, int]] = []  # (kernel name, grid, block) of each launch
         self.filled: list[tuple[Buffer, int]] = []

@@ -16,7 +16,8 @@ from engine.cuda.device import Buffer
 
 
 def _dev():
-    return SimpleNamespace(info=SimpleNamespace(arch=90, max_smem_per_block=232448, multiprocessors=132))
+    return SimpleNamespace(info=SimpleNamespace(name="NVIDIA H100 80GB HBM3",
+                                                arch=90, max_smem_per_block=232448, multiprocessors=132))
 
 
 def _weight(qtype: Q, cols: int = 17408) -> ops.DeviceWeight:

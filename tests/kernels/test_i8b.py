@@ -16,7 +16,8 @@ from tests.kernels import ptxas
 
 
 def _dev(arch: int, smem: int = 232448):
-    return SimpleNamespace(info=SimpleNamespace(arch=arch, max_smem_per_block=smem, multiprocessors=132))
+    return SimpleNamespace(info=SimpleNamespace(name="NVIDIA H100 80GB HBM3",
+                                                arch=arch, max_smem_per_block=smem, multiprocessors=132))
 
 
 def _weight(qtype: Q = Q.Q4_K, cols: int = 5120) -> ops.DeviceWeight:

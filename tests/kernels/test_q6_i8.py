@@ -14,7 +14,8 @@ from engine.cuda import instances, nvrtc, ops
 
 
 def _dev(smem: int = 232448):
-    return SimpleNamespace(info=SimpleNamespace(arch=90, max_smem_per_block=smem, multiprocessors=132))
+    return SimpleNamespace(info=SimpleNamespace(name="NVIDIA H100 80GB HBM3",
+                                                arch=90, max_smem_per_block=smem, multiprocessors=132))
 
 
 def _weight(qtype: Q = Q.Q6_K, rows: int = 5120, cols: int = 17408) -> ops.DeviceWeight:

@@ -20,6 +20,7 @@ from tests.kernels.test_close import FFN, H, _act, _buf, _Dev, _weight
 @pytest.fixture
 def on(monkeypatch):
     monkeypatch.setattr(q6b, "ON", True)
+    monkeypatch.setattr(q6b, "FORCED", False)
     monkeypatch.setattr(q6b, "SHAPE", q6b.DEFAULT_SHAPE)
     monkeypatch.setattr(q6b, "WARPS", 4)
     monkeypatch.setattr(q6b, "HALVES", False)
@@ -47,6 +48,23 @@ def test_on_unless_the_environment_turns_it_off(monkeypatch) -> None:
     monkeypatch.setenv(q6b.ENV, "sure")
     with pytest.raises(ValueError, match=q6b.ENV):
         q6b._default()
+
+
+def test_off_on_the_h200_where_it_measured_slower_unless_forced(on, monkeypatch) -> None:
+    monkeypatch.delenv(q6b.ENV, raising=False)
+    assert q6b._forced() is False
+    monkeypatch.setenv(q6b.ENV, "1")
+    assert q6b._forced() is True
+    h200, h100, down = _Dev(90), _Dev(90), _weight(Q.Q6_K, H, FFN)
+    h200.info.name = "NVIDIA H200"
+    assert q6b.runs(h100, down, 1) and not q6b.runs(h200, down, 1)
+    x = _act(FFN, i8_tokens=1)
+    ops.matmul(h200, down, x, _buf(4 * H), 1, H)  # the cp.async int8 kernel instead
+    assert [name for name, _ in h200.launches] == ["mmvq_q6_K_i8_t1"]
+    q6b.FORCED = True
+    assert q6b.runs(h200, down, 1)
+    q6b.ON = False  # OPENJET_CUDA_Q6B=0 (or the bench's noq6b): off everywhere
+    assert not q6b.runs(h200, down, 1) and not q6b.runs(h100, down, 1)
 
 
 def test_taken_for_one_q6k_token_on_sm90_only(on) -> None:
