@@ -95,7 +95,8 @@ def _time_cycles(backend, report: Report, rng: np.random.Generator) -> None:
     token chosen on the device (CudaBackend.verify_choose, where the request allows it). Steps: the draft (graph and
     its tokens' download), the verify, the rule, the accept (graph, synchronised; with the commit beside the next
     draft, CudaBackend.ACCEPT_BESIDE, the draft step holds it and the accept step ~nothing; greedy also times the
-    commit apart, `device.apart`). The random head's drafts are mostly rejected, so a cycle's rule examines ~1 row: a row's host sampling is timed alone beside it."""
+    commit apart, `device.apart`). The random head's drafts are mostly rejected, so a cycle's rule examines ~1 row:
+    a row's host sampling is timed alone beside it."""
     from engine.cuda import backend as backend_module
     from engine.cuda.backend import device_chooses
     from engine.hostmem import keep_freed_heap
@@ -215,11 +216,11 @@ def _pass_anatomy(backend, report: Report, token: int) -> None:
     report.timings.append(Timing("anatomy", "27b.mtp.T1", "greedy d=0", med["uploads"] + med["launch_to_sync"]
                                  + med["choose"], 0.0, 0, {k: round(v, 4) for k, v in med.items()}))
     print(f"  one-token cycle's anatomy (ms): uploads {med['uploads']:.3f} (one alone {med['one_upload']:.3f}), "
-          f"graph.launch() call "
-          f"{med['launch_call']:.3f}, replay from an idle stream {med['idle_replay']:.3f} (launch to synchronize "
-          f"{med['launch_to_sync']:.3f}), queued behind a copy {med['queued_replay']:.3f}, back to back {b2b:.3f}; "
-          f"choose + download {med['choose']:.3f}; the committing pass back to back {med['committing_back_to_back']:.3f}; "
-          f"a greedy cycle without drafts (verify_choose + accept) {med['cycle']:.3f}; on the device, one row: "
+          f"graph.launch() call {med['launch_call']:.3f}, replay from an idle stream {med['idle_replay']:.3f} "
+          f"(launch to synchronize {med['launch_to_sync']:.3f}), queued behind a copy {med['queued_replay']:.3f}, "
+          f"back to back {b2b:.3f}; choose + download {med['choose']:.3f}; the committing pass back to back "
+          f"{med['committing_back_to_back']:.3f}; a greedy cycle without drafts (verify_choose + accept) "
+          f"{med['cycle']:.3f}; on the device, one row: "
           f"choose_rows greedy {med['choose_greedy']:.4f}, sampled {med['choose_sampled']:.4f}, the two-stage "
           f"argmax {med['argmax']:.4f}", flush=True)
 

@@ -185,17 +185,19 @@ class CudaBackend(Backend):
 
     def verify(self, tokens: list[int]) -> np.ndarray:
         """Feed up to VERIFY_MAX tokens without committing; logits [T, V]."""
-        self._verify_pass(tokens)
+        self._check_verify(tokens)
+        self._run_verify(tokens)
         return self.dev.download(self.model.ws.logits, np.float32, (len(tokens), self.vocab_size))
 
-    def _verify_pass(self, tokens: list[int], before: Callable[[], None] | None = None) -> None:
-        """Run the non-committing pass over tokens (its logits left in ws.logits) and make it the pending one;
-        before(), if given, once the tokens are accepted and before the pass."""
+    def _check_verify(self, tokens: list[int]) -> None:
+        """Refuse what a verify pass cannot take (before anything of it is uploaded or drawn)."""
         self._check(tokens)
         if len(tokens) > VERIFY_MAX:
             raise ValueError(f"verify takes at most {VERIFY_MAX} tokens, got {len(tokens)}")
-        if before is not None:
-            before()
+
+    def _run_verify(self, tokens: list[int]) -> None:
+        """Run the non-committing pass over checked tokens (its logits left in ws.logits); it becomes the pending
+        one."""
         self._run(tokens, commit=False, logits_rows=len(tokens))
         self._pending = len(tokens)
 
@@ -208,33 +210,21 @@ class CudaBackend(Backend):
         ops.CHOOSE_CAP, drafts drawn at random, or penalties without seq. A row the kernel leaves to the host (an
         infinite top, a top_k / top_p set it cannot sort) is chosen there, from its logits of the same pass; the
         choices stop at the first row that does not keep its draft (no later row can be emitted)."""
-        if not self._chooses(params, draft, seq):
-            return None
-        # the choice's inputs once the tokens are accepted (a refused pass draws nothing from rng)
-        self._verify_pass(tokens, lambda: self._choose_inputs(len(tokens), draft, params, rng))
-        return self._choose(len(tokens), draft, params, rng, seq)
-
-    def _chooses(self, params: SamplingParams, draft: Draft, seq: TokenSequence | None) -> bool:
-        """Whether _choose can pick the rows' tokens: the request's arithmetic on the device, a deterministic draft
-        (not one drawn at random, whose probabilities the rule needs), and seq where penalties need its history."""
         if not device_chooses(params) or getattr(draft, "probs", None) is not None:
-            return False
-        return seq is not None or not has_penalties(params)
-
-    def _choose_inputs(self, num: int, draft: Draft, params: SamplingParams, rng: np.random.Generator) -> None:
-        """choose_rows' drafts and uniforms, uploaded before the pass (an upload waits for the stream: after the
-        pass it would hold the choice's launch until the pass is done)."""
-        ws = self.model.ws
+            return None
+        penalised = has_penalties(params)
+        if penalised and seq is None:
+            return None
+        self._check_verify(tokens)
+        ws, num, vocab = self.model.ws, len(tokens), self.vocab_size
+        # the choice's drafts and uniforms before the pass (an upload waits for the stream: after the pass it would
+        # hold the choice's launch until the pass is done), once its tokens are accepted (a refused pass draws
+        # nothing from rng)
         self.dev.upload(ws.choose_drafts, np.asarray([*draft.tokens, -1], np.int32))
         if not params.is_greedy:
             self.dev.upload(ws.choose_uniforms, rng.random((num, 2)))
-
-    def _choose(self, num: int, draft: Draft, params: SamplingParams, rng: np.random.Generator,
-                seq: TokenSequence | None) -> RowChoices:
-        """The first num rows of ws.logits chosen on the device (ops.choose_rows) against draft's tokens, whose
-        inputs _choose_inputs uploaded."""
-        ws, vocab = self.model.ws, self.vocab_size
-        if has_penalties(params):
+        self._run_verify(tokens)
+        if penalised:
             self.penalties.sync(seq)  # after the pass: the host's work overlaps it
             self.penalties.apply(ws.logits, ws.choose_drafts, num, params)
             params = without_penalties(params)  # the logits hold them now: a row left to the host must not add them

@@ -141,6 +141,41 @@ __device__ __forceinline__ void q6b_high_offsets(int g, int c, int (&hoff)[2][4]
         }
 }
 
+// The A fragments of chunk j's low (a[0]) and high (a[1]) mma from a superblock's ql' box at ql and qh' box at qh:
+// tile rows 2g, 2g + 1 (mma rows g, g + 8) at the lane's k, as signed q - 32 (kernels/mmvq_i8q6.cu's positions).
+__device__ __forceinline__ void q6b_frags(const u8* ql, const u8* qh, const int (&qoff)[2][4], const int (&hoff)[2][4],
+                                          int c, int j, u32 (&a)[2][4]) {
+    const int hshift = 4 * (c >> 1);
+    const uint2 l0 = *reinterpret_cast<const uint2*>(ql + qoff[0][j]);
+    const uint2 l1 = *reinterpret_cast<const uint2*>(ql + qoff[1][j]);
+    const uint2 h0 = *reinterpret_cast<const uint2*>(qh + hoff[0][j]);
+    const uint2 h1 = *reinterpret_cast<const uint2*>(qh + hoff[1][j]);
+    const u32 h0x = h0.x >> hshift, h0y = h0.y >> hshift, h1x = h1.x >> hshift, h1y = h1.y >> hshift;
+    a[0][0] = q6_s8x4(l0.x, h0x);
+    a[0][1] = q6_s8x4(l1.x, h1x);
+    a[0][2] = q6_s8x4(l0.y, h0y);
+    a[0][3] = q6_s8x4(l1.y, h1y);
+    a[1][0] = q6_s8x4(l0.x >> 4, h0x >> 2);
+    a[1][1] = q6_s8x4(l1.x >> 4, h1x >> 2);
+    a[1][2] = q6_s8x4(l0.y >> 4, h0y >> 2);
+    a[1][3] = q6_s8x4(l1.y >> 4, h1y >> 2);
+}
+
+// Tile rows 2g and 2g + 1's 16 sub-block scales from the word stage at wd, as four words each (word j: the scales
+// of chunk j's sub-blocks 4j .. 4j + 3).
+__device__ __forceinline__ void q6b_scale_words(const u8* wd, int g, u32 (&scw)[2][4]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const uint4 sc = *reinterpret_cast<const uint4*>(wd + 16 * (2 * g + r));
+        scw[r][0] = sc.x, scw[r][1] = sc.y, scw[r][2] = sc.z, scw[r][3] = sc.w;
+    }
+}
+
+// Tile row 2g + r's d from the word stage at wd (idx: the block index of its superblock, which half of the word).
+__device__ __forceinline__ float q6b_row_d(const u8* wd, int g, int r, u32 idx) {
+    return f16_to_f32((f16)q6k_d_of_word(*reinterpret_cast<const u32*>(wd + 256 + 4 * (2 * g + r)), idx));
+}
+
 // One superblock (its ql' box at ql, qh' box at qh, scales and d words at wd; superblock sx of the staged x of
 // nx) into the lane's sums acc of tile rows 2g, 2g + 1; idx[r]: the block index of row 2g + r's superblock (which
 // half of its d word holds d). Lane (g, c) supplies B column g: sub-block g / 2 of each 64-position chunk (0, 1 the
@@ -149,22 +184,15 @@ __device__ __forceinline__ void q6b_high_offsets(int g, int c, int (&hoff)[2][4]
 __device__ __forceinline__ void q6b_superblock(const u8* ql, const u8* qh, const u8* wd, const u8* x, int nx,
                                                int sx, const int (&qoff)[2][4], const int (&hoff)[2][4], int g,
                                                int c, const u32 (&idx)[2], float (&acc)[2]) {
-    const uint4 sc0 = *reinterpret_cast<const uint4*>(wd + 16 * (2 * g));
-    const uint4 sc1 = *reinterpret_cast<const uint4*>(wd + 16 * (2 * g + 1));
-    const u32 scw0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, scw1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
+    u32 scw[2][4];
+    q6b_scale_words(wd, g, scw);
     const u8* xv = x + ((g & 1) ? q6b_xlo(nx) : 0) + 256 * sx + 16 * c;
-    const int u = g >> 1, hshift = 4 * (c >> 1);
+    const int u = g >> 1;
     int isum[4] = {0, 0, 0, 0};  // (row 2g, hi), (row 2g, lo), (row 2g + 1, hi), (row 2g + 1, lo)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const uint2 l0 = *reinterpret_cast<const uint2*>(ql + qoff[0][j]);
-        const uint2 l1 = *reinterpret_cast<const uint2*>(ql + qoff[1][j]);
-        const uint2 h0 = *reinterpret_cast<const uint2*>(qh + hoff[0][j]);
-        const uint2 h1 = *reinterpret_cast<const uint2*>(qh + hoff[1][j]);
-        const u32 h0x = h0.x >> hshift, h0y = h0.y >> hshift, h1x = h1.x >> hshift, h1y = h1.y >> hshift;
-        const u32 a[2][4] = {{q6_s8x4(l0.x, h0x), q6_s8x4(l1.x, h1x), q6_s8x4(l0.y, h0y), q6_s8x4(l1.y, h1y)},
-                             {q6_s8x4(l0.x >> 4, h0x >> 2), q6_s8x4(l1.x >> 4, h1x >> 2),
-                              q6_s8x4(l0.y >> 4, h0y >> 2), q6_s8x4(l1.y >> 4, h1y >> 2)}};
+        u32 a[2][4];
+        q6b_frags(ql, qh, qoff, hoff, c, j, a);
         const uint4 b = *reinterpret_cast<const uint4*>(xv + 64 * j);
         int d[4] = {0, 0, 0, 0};
 #pragma unroll
@@ -172,7 +200,7 @@ __device__ __forceinline__ void q6b_superblock(const u8* ql, const u8* qh, const
             const bool on = u == 2 * h + (c >> 1);
             mma_s8s8_16832_acc(d, a[h], on ? (h ? b.z : b.x) : 0u, on ? (h ? b.w : b.y) : 0u);
         }
-        const int s0 = sbyte(scw0[j], 8 * c), s1 = sbyte(scw1[j], 8 * c);  // sub-block 4j + c of each row
+        const int s0 = sbyte(scw[0][j], 8 * c), s1 = sbyte(scw[1][j], 8 * c);  // sub-block 4j + c of each row
         isum[0] += s0 * d[0];
         isum[1] += s0 * d[1];
         isum[2] += s1 * d[2];
@@ -180,11 +208,8 @@ __device__ __forceinline__ void q6b_superblock(const u8* ql, const u8* qh, const
     }
     const float2 lv = *reinterpret_cast<const float2*>(x + q6b_xsc(nx) + 16 * sx);  // token 0's hi, lo scales
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const u32 word = *reinterpret_cast<const u32*>(wd + 256 + 4 * (2 * g + r));
-        const float dr = f16_to_f32((f16)q6k_d_of_word(word, idx[r]));
-        acc[r] += dr * ((float)isum[2 * r] * lv.x + (float)isum[2 * r + 1] * lv.y);
-    }
+    for (int r = 0; r < 2; ++r)
+        acc[r] += q6b_row_d(wd, g, r, idx[r]) * ((float)isum[2 * r] * lv.x + (float)isum[2 * r + 1] * lv.y);
 }
 
 // y[rows] = x @ W^T (+ bias) (+ residual), W Q6_K (qlmap, qhmap: its ql' and qh' planes, engine/cuda/q6b.py), one
@@ -329,23 +354,15 @@ __device__ __forceinline__ void q6v_superblock(const u8* ql, const u8* qh, const
                                                const u32 (&idx)[2], const Q6vCols<T>& cols,
                                                float (&acc)[Q6vCols<T>::M][2]) {
     constexpr int M = Q6vCols<T>::M;
-    const uint4 sc0 = *reinterpret_cast<const uint4*>(wd + 16 * (2 * g));
-    const uint4 sc1 = *reinterpret_cast<const uint4*>(wd + 16 * (2 * g + 1));
-    const u32 scw0[4] = {sc0.x, sc0.y, sc0.z, sc0.w}, scw1[4] = {sc1.x, sc1.y, sc1.z, sc1.w};
-    const int hshift = 4 * (c >> 1);
+    u32 scw[2][4];
+    q6b_scale_words(wd, g, scw);
     int isum[M][4];  // per mma: (row 2g, hi), (row 2g, lo), (row 2g + 1, hi), (row 2g + 1, lo)
 #pragma unroll
     for (int m = 0; m < M; ++m) isum[m][0] = isum[m][1] = isum[m][2] = isum[m][3] = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const uint2 l0 = *reinterpret_cast<const uint2*>(ql + qoff[0][j]);
-        const uint2 l1 = *reinterpret_cast<const uint2*>(ql + qoff[1][j]);
-        const uint2 h0 = *reinterpret_cast<const uint2*>(qh + hoff[0][j]);
-        const uint2 h1 = *reinterpret_cast<const uint2*>(qh + hoff[1][j]);
-        const u32 h0x = h0.x >> hshift, h0y = h0.y >> hshift, h1x = h1.x >> hshift, h1y = h1.y >> hshift;
-        const u32 a[2][4] = {{q6_s8x4(l0.x, h0x), q6_s8x4(l1.x, h1x), q6_s8x4(l0.y, h0y), q6_s8x4(l1.y, h1y)},
-                             {q6_s8x4(l0.x >> 4, h0x >> 2), q6_s8x4(l1.x >> 4, h1x >> 2),
-                              q6_s8x4(l0.y >> 4, h0y >> 2), q6_s8x4(l1.y >> 4, h1y >> 2)}};
+        u32 a[2][4];
+        q6b_frags(ql, qh, qoff, hoff, c, j, a);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
             const uint4 b = *reinterpret_cast<const uint4*>(cols.xb[m] + 256 * sx + 64 * j);
@@ -355,7 +372,7 @@ __device__ __forceinline__ void q6v_superblock(const u8* ql, const u8* qh, const
                 int d[4] = {0, 0, 0, 0};
                 mma_s8s8_16832_acc(d, a[h], on ? (h ? b.z : b.x) : 0u, on ? (h ? b.w : b.y) : 0u);
                 const int shift = 8 * (2 * h + cols.sub[m]);  // sub-block 4j + 2h + sub of each row
-                const int s0 = sbyte(scw0[j], shift), s1 = sbyte(scw1[j], shift);
+                const int s0 = sbyte(scw[0][j], shift), s1 = sbyte(scw[1][j], shift);
                 isum[m][0] += s0 * d[0];
                 isum[m][1] += s0 * d[1];
                 isum[m][2] += s1 * d[2];
@@ -363,10 +380,7 @@ __device__ __forceinline__ void q6v_superblock(const u8* ql, const u8* qh, const
             }
         }
     }
-    float dr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-        dr[r] = f16_to_f32((f16)q6k_d_of_word(*reinterpret_cast<const u32*>(wd + 256 + 4 * (2 * g + r)), idx[r]));
+    const float dr[2] = {q6b_row_d(wd, g, 0, idx[0]), q6b_row_d(wd, g, 1, idx[1])};
 #pragma unroll
     for (int m = 0; m < M; ++m) {
         const int t = max(cols.tok[m], 0);
