@@ -125,6 +125,7 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         gpu_ops.check_choose_rows(dev, report, rng)
         gpu_penalties.check_choose_penalised(dev, report, rng)
         gpu_penalties.time_penalties(dev, report, rng)
+        gpu_ops.time_choose_rows(dev, report, rng)
     elif name == "models":
         from bench import gpu_models
 

@@ -202,6 +202,27 @@ def check_choose_rows(dev: Device, report: Report, rng: np.random.Generator, voc
     s.close()
 
 
+def time_choose_rows(dev: Device, report: Report, rng: np.random.Generator, vocab: int = 248320) -> None:
+    """choose_rows on 1 and 5 rows of a 248,320-token head (a few likely tokens a row, as check_choose_rows'),
+    greedy and each sampled case, by CUDA events (ms, medians): what a cycle's choice costs on the device."""
+    s = Scope(dev)
+    logits = randn(rng, 5, vocab, scale=2.0)
+    logits[:, rng.integers(0, vocab, 40)] += rng.uniform(4, 12, 40).astype(F32)
+    drafts = np.argmax(logits, axis=1).astype(np.int32)
+    drafts[-1] = -1
+    lb, db, ub, out = s.put(logits), s.put(drafts), s.put(rng.random((5, 2))), s.out(8 * 5)
+    for params in (SamplingParams(temperature=0), *CHOOSE_CASES):
+        for rows in (1, 5):
+            med, spread = median_time(dev, lambda: ops.choose_rows(
+                dev, lb, db, ub, out, rows, vocab, vocab, params.temperature, params.min_p, params.top_k,
+                params.top_p), inner=10)
+            name = "greedy" if params.temperature == 0 else _case_name(params)
+            report.timings.append(Timing("choose_rows", f"{name}.rows{rows}", f"{rows}x{vocab}", med, spread,
+                                         4 * vocab * rows))
+            print(f"  choose_rows {name} {rows} rows: {1e3 * med:.1f} us", flush=True)
+    s.close()
+
+
 def _choose(dev: Device, s: Scope, bufs: tuple[Buffer, ...], rows: int, vocab: int,
             params: SamplingParams) -> np.ndarray:
     """ops.choose_rows on bufs (logits, drafts, uniforms, out) with the request's parameters: out [rows, 2]."""
