@@ -168,13 +168,14 @@ CHOOSE_CASES = (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7,
 
 def check_choose_rows(dev: Device, report: Report, rng: np.random.Generator, vocab: int = 248320,
                       trials: int = 40) -> None:
-    """choose_rows against the host's rules on the same rows and uniform numbers: greedy, each row's argmax (a tie
-    to the lowest id); sampled (CHOOSE_CASES), engine/sampling.py keep_or_resample for a row's deterministic draft
-    (the top token, one at random, a tie at the top, the least likely) and sample() for the last row. The float32
-    weights and sums may move a draw that lands within rounding of a boundary: at most 1 % of the rows may differ.
-    Rows of nearly equal logits: top_k 20 has thousands of tokens within 16x of the top, so the kernel narrows its
-    threshold until the candidates fit ops.CHOOSE_CAP, and still chooses as the host; top_p 0.95 of them holds
-    more than CHOOSE_CAP tokens: the host's rows (-2). A NaN row and an all -inf row give -1, an infinite top -2."""
+    """choose_rows against the host's rules on the same rows and uniform numbers, one block a row and spread over
+    its chunks first (ops.choose_rows' parts; checks named spread.*): greedy, each row's argmax (a tie to the lowest
+    id); sampled (CHOOSE_CASES), engine/sampling.py keep_or_resample for a row's deterministic draft (the top token,
+    one at random, a tie at the top, the least likely) and sample() for the last row. The float32 weights and sums
+    may move a draw that lands within rounding of a boundary: at most 1 % of the rows may differ. Rows of nearly
+    equal logits: top_k 20 has thousands of tokens within 16x of the top, so the kernel narrows its threshold until
+    the candidates fit ops.CHOOSE_CAP, and still chooses as the host; top_p 0.95 of them holds more than CHOOSE_CAP
+    tokens: the host's rows (-2). A NaN row and an all -inf row give -1, an infinite top -2."""
     s = Scope(dev)
     logits = randn(rng, 6, vocab, scale=2.0)
     logits[:, rng.integers(0, vocab, 40)] += rng.uniform(4, 12, 40).astype(F32)  # a few likely tokens a row
@@ -182,64 +183,77 @@ def check_choose_rows(dev: Device, report: Report, rng: np.random.Generator, voc
     top = np.argmax(logits, axis=1)
     drafts = np.array([top[0], int(rng.integers(vocab)), top[2], 11, int(np.argsort(logits[4])[0]), -1], np.int32)
     lb, db, ub, out = s.put(logits), s.put(drafts), s.out(16 * 6), s.out(8 * 6)
-    got = _choose(dev, s, (lb, db, ub, out), 6, vocab, SamplingParams(temperature=0))
-    record(report, "choose_rows", "greedy", "argmax, kept",
-           float(np.any(got[:, 0] != top) or np.any(got[:5, 1] != (top[:5] == drafts[:5]))), 0.5)
-    for params in CHOOSE_CASES:
-        differ = _choose_trials(dev, s, (lb, db, ub, out), logits, drafts, params, rng, trials)
-        record(report, "choose_rows", _case_name(params), f"{trials}x6 rows", differ, 0.01)
     flat = randn(rng, 3, vocab, scale=0.05)
     flat_drafts = np.array([int(np.argmax(flat[0])), 5, -1], np.int32)
-    bufs, params = (s.put(flat), s.put(flat_drafts), ub, out), SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
-    differ = _choose_trials(dev, s, bufs, flat, flat_drafts, params, rng, trials)
-    record(report, "choose_rows", f"flat.{_case_name(params)}", f"{trials}x3 rows", differ, 0.01)
-    got = _choose(dev, s, bufs, 3, vocab, SamplingParams(top_p=0.95))
-    record(report, "choose_rows", "flat.p0.95", f"over {ops.CHOOSE_CAP}: -2", float(np.any(got[:, 0] != -2)), 0.5)
     bad = np.zeros((3, vocab), F32)
     bad[0, 7], bad[1, :], bad[2, 9] = np.nan, -np.inf, np.inf
-    got = _choose(dev, s, (s.put(bad), db, ub, out), 3, vocab, SamplingParams())
-    record(report, "choose_rows", "nan,-inf,+inf", "-1, -1, -2", float(got[:, 0].tolist() != [-1, -1, -2]), 0.5)
+    for form, parts in choose_forms(s, 6):
+        bufs = (lb, db, ub, out)
+        got = _choose(dev, s, bufs, 6, vocab, SamplingParams(temperature=0), parts)
+        record(report, "choose_rows", f"{form}greedy", "argmax, kept",
+               float(np.any(got[:, 0] != top) or np.any(got[:5, 1] != (top[:5] == drafts[:5]))), 0.5)
+        for params in CHOOSE_CASES:
+            differ = _choose_trials(dev, s, bufs, logits, drafts, params, rng, trials, parts)
+            record(report, "choose_rows", f"{form}{_case_name(params)}", f"{trials}x6 rows", differ, 0.01)
+        bufs, params = (s.put(flat), s.put(flat_drafts), ub, out), SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
+        differ = _choose_trials(dev, s, bufs, flat, flat_drafts, params, rng, trials, parts)
+        record(report, "choose_rows", f"{form}flat.{_case_name(params)}", f"{trials}x3 rows", differ, 0.01)
+        got = _choose(dev, s, bufs, 3, vocab, SamplingParams(top_p=0.95), parts)
+        record(report, "choose_rows", f"{form}flat.p0.95", f"over {ops.CHOOSE_CAP}: -2", float(np.any(got[:, 0] != -2)),
+               0.5)
+        got = _choose(dev, s, (s.put(bad), db, ub, out), 3, vocab, SamplingParams(), parts)
+        record(report, "choose_rows", f"{form}nan,-inf,+inf", "-1, -1, -2", float(got[:, 0].tolist() != [-1, -1, -2]),
+               0.5)
     s.close()
+
+
+def choose_forms(s: Scope, rows: int) -> tuple[tuple[str, Buffer | None], ...]:
+    """choose_rows' two forms, as (check name prefix, parts): one block a row's passes, and spread over its chunks
+    (parts poisoned first, so a part read before it is written fails)."""
+    return ("", None), ("spread.", s.out(rows * ops.CHOOSE_PARTS_BYTES, "choose.parts"))
 
 
 def time_choose_rows(dev: Device, report: Report, rng: np.random.Generator, vocab: int = 248320) -> None:
     """choose_rows on 1 and 5 rows of a 248,320-token head (a few likely tokens a row, as check_choose_rows'),
-    greedy and each sampled case, by CUDA events (ms, medians): what a cycle's choice costs on the device."""
+    greedy and each sampled case, in both forms, by CUDA events (ms, medians): what a cycle's choice costs on the
+    device."""
     s = Scope(dev)
     logits = randn(rng, 5, vocab, scale=2.0)
     logits[:, rng.integers(0, vocab, 40)] += rng.uniform(4, 12, 40).astype(F32)
     drafts = np.argmax(logits, axis=1).astype(np.int32)
     drafts[-1] = -1
     lb, db, ub, out = s.put(logits), s.put(drafts), s.put(rng.random((5, 2))), s.out(8 * 5)
-    for params in (SamplingParams(temperature=0), *CHOOSE_CASES):
-        for rows in (1, 5):
-            med, spread = median_time(dev, lambda: ops.choose_rows(
-                dev, lb, db, ub, out, rows, vocab, vocab, params.temperature, params.min_p, params.top_k,
-                params.top_p), inner=10)
-            name = "greedy" if params.temperature == 0 else _case_name(params)
-            report.timings.append(Timing("choose_rows", f"{name}.rows{rows}", f"{rows}x{vocab}", med, spread,
-                                         4 * vocab * rows))
-            print(f"  choose_rows {name} {rows} rows: {1e3 * med:.1f} us", flush=True)
+    for form, parts in choose_forms(s, 5):
+        for params in (SamplingParams(temperature=0), *CHOOSE_CASES):
+            for rows in (1, 5):
+                med, spread = median_time(dev, lambda: ops.choose_rows(
+                    dev, lb, db, ub, out, rows, vocab, vocab, params.temperature, params.min_p, params.top_k,
+                    params.top_p, parts), inner=10)
+                name = f"{form}{'greedy' if params.temperature == 0 else _case_name(params)}"
+                report.timings.append(Timing("choose_rows", f"{name}.rows{rows}", f"{rows}x{vocab}", med, spread,
+                                             4 * vocab * rows))
+                print(f"  choose_rows {name} {rows} rows: {1e3 * med:.1f} us", flush=True)
     s.close()
 
 
 def _choose(dev: Device, s: Scope, bufs: tuple[Buffer, ...], rows: int, vocab: int,
-            params: SamplingParams) -> np.ndarray:
+            params: SamplingParams, parts: Buffer | None = None) -> np.ndarray:
     """ops.choose_rows on bufs (logits, drafts, uniforms, out) with the request's parameters: out [rows, 2]."""
     logits, drafts, uniforms, out = bufs
     ops.choose_rows(dev, logits, drafts, uniforms, out, rows, vocab, vocab, params.temperature, params.min_p,
-                    params.top_k, params.top_p)
+                    params.top_k, params.top_p, parts)
     return s.get(out, (rows, 2), np.int32)
 
 
 def _choose_trials(dev: Device, s: Scope, bufs: tuple[Buffer, ...], logits: np.ndarray, drafts: np.ndarray,
-                   params: SamplingParams, rng: np.random.Generator, trials: int) -> float:
+                   params: SamplingParams, rng: np.random.Generator, trials: int,
+                   parts: Buffer | None = None) -> float:
     """The fraction of rows whose choice differs from the host's over `trials` sets of uniform numbers."""
     differ = 0
     for _ in range(trials):
         u = rng.random((len(drafts), 2))
         dev.upload(bufs[2], u)
-        got = _choose(dev, s, bufs, len(drafts), logits.shape[1], params)
+        got = _choose(dev, s, bufs, len(drafts), logits.shape[1], params, parts)
         differ += choose_differences(got, logits, drafts, u, params)
     return differ / (trials * len(drafts))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from bench.gpu_common import Report, Timing, median_time, record
-from bench.gpu_ops import Scope, _choose, _Uniforms, randn
+from bench.gpu_ops import Scope, _choose, _Uniforms, choose_forms, randn
 from engine.backend import TokenSequence
 from engine.cuda import penalties
 from engine.cuda.device import Device
@@ -62,6 +62,7 @@ def check_choose_penalised(dev: Device, report: Report, rng: np.random.Generator
            float(counts.num_rebuilds != 1 or np.any(marks != penalties.host_marks(seq, vocab))), 0.5)
     lb, db, ub, out = s.put(logits), s.put(drafts), s.out(16 * 6), s.out(8 * 6)
     bufs = (lb, db, ub, out)
+    forms = choose_forms(s, 6)
     histories = [seq.generated + [int(x) for x in drafts[:t]] for t in range(6)]
     for params in (GREEDY_PENALISED, *PENALTY_CASES):
         dev.upload(lb, logits)
@@ -70,20 +71,21 @@ def check_choose_penalised(dev: Device, report: Report, rng: np.random.Generator
         want = np.stack([apply_penalties(logits[t], params, histories[t], seq.prompt) for t in range(6)])
         record(report, "penalize_rows", _name(params), f"6x{vocab}, prompt {prompt_len}",
                float(np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))), 0.5)
-        if params.is_greedy:
-            chosen = _choose(dev, s, bufs, 6, vocab, penalties.without_penalties(params))
-            top = np.argmax(want, axis=1)
-            moved = int(np.count_nonzero(top != np.argmax(logits, axis=1)))
-            record(report, "choose_rows", f"greedy.{_name(params)}", f"argmax, kept; {moved} rows moved",
-                   float(np.any(chosen[:, 0] != top) or np.any(chosen[:5, 1] != (top[:5] == drafts[:5]))), 0.5)
-            continue
-        differ = 0
-        for _ in range(trials):
-            u = rng.random((6, 2))
-            dev.upload(ub, u)
-            chosen = _choose(dev, s, bufs, 6, vocab, penalties.without_penalties(params))
-            differ += _differences(chosen, logits, drafts, u, params, histories, seq.prompt)
-        record(report, "choose_rows", _name(params), f"{trials}x6 rows", differ / (trials * 6), 0.01)
+        for form, parts in forms:
+            if params.is_greedy:
+                chosen = _choose(dev, s, bufs, 6, vocab, penalties.without_penalties(params), parts)
+                top = np.argmax(want, axis=1)
+                moved = int(np.count_nonzero(top != np.argmax(logits, axis=1)))
+                record(report, "choose_rows", f"{form}greedy.{_name(params)}", f"argmax, kept; {moved} rows moved",
+                       float(np.any(chosen[:, 0] != top) or np.any(chosen[:5, 1] != (top[:5] == drafts[:5]))), 0.5)
+                continue
+            differ = 0
+            for _ in range(trials):
+                u = rng.random((6, 2))
+                dev.upload(ub, u)
+                chosen = _choose(dev, s, bufs, 6, vocab, penalties.without_penalties(params), parts)
+                differ += _differences(chosen, logits, drafts, u, params, histories, seq.prompt)
+            record(report, "choose_rows", f"{form}{_name(params)}", f"{trials}x6 rows", differ / (trials * 6), 0.01)
     s.close()
 
 

@@ -42,6 +42,11 @@ class CudaCheckpoint(Checkpoint):
 # and runs the rule on the host, as before 2026-12-06 (bench/NOTES.md Z10).
 CHOOSE_ENV = "OPENJET_CUDA_CHOOSE"
 CHOOSE = env_flag(CHOOSE_ENV, True)
+# The choice's passes over a row spread over ops.CHOOSE_CHUNKS blocks (choose_top, choose_weigh) before choose_rows
+# reads their parts, instead of one block a row making every pass (~0.12 ms a sampled row on the H200, bench/
+# NOTES.md Z28); OPENJET_CUDA_CHOOSE_SPREAD=1 until a GPU run has checked and timed it (Z29).
+CHOOSE_SPREAD_ENV = "OPENJET_CUDA_CHOOSE_SPREAD"
+CHOOSE_SPREAD = env_flag(CHOOSE_SPREAD_ENV, False)
 
 
 def device_chooses(params: SamplingParams) -> bool:
@@ -229,7 +234,8 @@ class CudaBackend(Backend):
             self.penalties.apply(ws.logits, ws.choose_drafts, num, params)
             params = without_penalties(params)  # the logits hold them now: a row left to the host must not add them
         ops.choose_rows(self.dev, ws.logits, ws.choose_drafts, ws.choose_uniforms, ws.choose_out, num, vocab, vocab,
-                        params.temperature, params.min_p, params.top_k, params.top_p)
+                        params.temperature, params.min_p, params.top_k, params.top_p,
+                        ws.choose_parts if CHOOSE_SPREAD else None)
         out = self.dev.download(ws.choose_out, np.int32, (num, 2))
         if (out[:, 0] == -1).any():
             row = self.dev.download(ws.logits, np.float32, (num, vocab))[int(np.argmax(out[:, 0] == -1))]

@@ -223,7 +223,8 @@ def _build() -> dict[str, Instance]:
                      f"gdn_recurrent<{d // 32}, 8, {ACT_MODES.index('gatednorm')}, 0>") for d in GDN_KEY_DIMS]
     out += [Instance(f"gdn_chunk_{step}_k{d}", "deltanet_chunked", f"gdn_chunk_{step}<{d}>")
             for step in ("prep", "scan") for d in GDN_CHUNK_DIMS]
-    out += [Instance(n, "sample", n) for n in ("argmax_partial", "argmax_final", "choose_rows")]
+    out += [Instance(n, "sample", n) for n in ("argmax_partial", "argmax_final", "choose_rows", "choose_top",
+                                               "choose_weigh")]
     out += [Instance(n, "penalties", n) for n in ("penalty_count", "penalize_rows")]
     return {inst.name: inst for inst in out}
 

@@ -105,6 +105,7 @@ class Workspace:
         self.choose_drafts = dev.alloc(4 * VERIFY_MAX, "choose.drafts")
         self.choose_uniforms = dev.alloc(16 * VERIFY_MAX, "choose.uniforms")
         self.choose_out = dev.alloc(8 * VERIFY_MAX, "choose.out")
+        self.choose_parts = dev.alloc(VERIFY_MAX * ops.CHOOSE_PARTS_BYTES, "choose.parts")  # the spread passes'
         self.attn_splits_max = mixers.MAX_SPLITS
         self.attn_scratch = dev.alloc(
             mixers.attn_scratch_bytes(mixers.MAX_SPLITS, VERIFY_MAX, cfg.num_heads, cfg.head_dim), "attn_scratch")

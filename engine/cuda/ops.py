@@ -893,17 +893,31 @@ def argmax(dev: Device, logits: Buffer, ids: Buffer, scratch: Buffer, num_tokens
 # Candidates a row's top_k / top_p set is sorted among in shared memory (kernels/sample.cu CHOOSE_CAP): a larger set
 # is the host's row (-2), and a larger top_k the host's request (engine/cuda/backend.py device_chooses).
 CHOOSE_CAP = 4096
+# A row's parts of the passes choose_top and choose_weigh spread over CHOOSE_CHUNKS blocks (kernels/sample.cu
+# ChooseParts, whose size the kernel asserts)
+CHOOSE_CHUNKS = 64
+CHOOSE_PARTS_BYTES = 143_624
 
 
 def choose_rows(dev: Device, logits: Buffer, drafts: Buffer, uniforms: Buffer, out: Buffer, num_rows: int, vocab: int,
-                ld: int, temperature: float, min_p: float, top_k: int, top_p: float) -> None:
+                ld: int, temperature: float, min_p: float, top_k: int, top_p: float,
+                parts: Buffer | None = None) -> None:
     """out[t] = (token, kept) for verify row t, chosen as engine/spec/verify.py's rules would on the host (kernels/
     sample.cu choose_rows): temperature 0 the argmax, else speculative sampling of the draft drafts[t] (-1: none)
     with the row's two float64 uniforms, from the weights temperature, top_k (0: all), top_p (1: all) and min_p
     keep. Token -1: no token can be chosen; -2: the row is the host's (an infinite top, or a top_k / top_p set of
-    more than CHOOSE_CAP tokens)."""
+    more than CHOOSE_CAP tokens). With parts (CHOOSE_PARTS_BYTES a row) the row's passes run first over
+    CHOOSE_CHUNKS blocks a row (choose_top, and for a sampled row choose_weigh), and choose_rows reads their parts:
+    the same choices, without one block's passes over the row; without, one block a row does every pass."""
     assert vocab <= 1 << 20, "choose_rows weighs a segment of at most 1024 tokens in shared memory"
+    assert parts is None or parts.nbytes >= num_rows * CHOOSE_PARTS_BYTES, "choose_rows' parts too small"
+    if parts is not None:
+        grid = (num_rows, CHOOSE_CHUNKS)
+        dev.launch(dev.kernel("choose_top"), grid, 256, [logits, vocab, ld, parts])
+        if temperature != 0:
+            dev.launch(dev.kernel("choose_weigh"), grid, 256, [logits, vocab, ld, float(temperature), float(min_p),
+                                                               int(top_k), ctypes.c_double(top_p), parts])
     # top_p in float64: the host compares its running mass with it unrounded (engine/sampling.py _nucleus)
     dev.launch(dev.kernel("choose_rows"), num_rows, 1024,
                [logits, vocab, ld, drafts, uniforms, float(temperature), float(min_p), int(top_k),
-                ctypes.c_double(top_p), int(temperature == 0), out])
+                ctypes.c_double(top_p), int(temperature == 0), parts, out])

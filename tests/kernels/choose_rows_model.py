@@ -15,21 +15,23 @@ import numpy as np
 from engine.cuda import nvrtc
 
 PROBES, REFINES = 4, 6  # sample.cu CHOOSE_PROBES, CHOOSE_REFINES
-CHOOSE_CAP = int(re.search(r"#define CHOOSE_CAP (\d+)", (nvrtc.KERNEL_DIR / "sample.cu").read_text()).group(1))
+_SOURCE = (nvrtc.KERNEL_DIR / "sample.cu").read_text()
+CHOOSE_CAP = int(re.search(r"#define CHOOSE_CAP (\d+)", _SOURCE).group(1))
+CHOOSE_CANDIDATES = int(re.search(r"#define CHOOSE_CANDIDATES (\d+)", _SOURCE).group(1))
 LEAST_WEIGHT = np.float32(np.finfo(np.float32).smallest_subnormal)
 
 
 def choose_rows(logits: np.ndarray, drafts: np.ndarray, uniforms: np.ndarray, temperature: float, min_p: float,
-                top_k: int, top_p: float, greedy: bool, cap: int = CHOOSE_CAP) -> np.ndarray:
+                top_k: int, top_p: float, greedy: bool, cap: int = CHOOSE_CAP, spread: bool = False) -> np.ndarray:
     """out [T, 2] int32 as the kernel writes it: (token, kept), token -1 or -2 for the rows it refuses."""
     # logits: [T, V] float32; drafts: [T] (-1: none); uniforms: [T, 2] float64
-    return np.array([choose_row(logits[t], int(drafts[t]), uniforms[t], temperature, min_p, top_k, top_p, greedy, cap)
-                     for t in range(logits.shape[0])], np.int32).reshape(-1, 2)
+    return np.array([choose_row(logits[t], int(drafts[t]), uniforms[t], temperature, min_p, top_k, top_p, greedy, cap,
+                                spread) for t in range(logits.shape[0])], np.int32).reshape(-1, 2)
 
 
 def choose_row(row: np.ndarray, x: int, u: np.ndarray, temperature: float, min_p: float, top_k: int, top_p: float,
-               greedy: bool, cap: int = CHOOSE_CAP) -> tuple[int, int]:
-    """One block's work: (token, kept)."""
+               greedy: bool, cap: int = CHOOSE_CAP, spread: bool = False) -> tuple[int, int]:
+    """One block's work, or with spread, choose_rows' after choose_top and choose_weigh: (token, kept)."""
     top = row.max()
     if np.isnan(top) or top == -np.inf:
         return -1, 0
@@ -40,6 +42,8 @@ def choose_row(row: np.ndarray, x: int, u: np.ndarray, temperature: float, min_p
         return -2, 0
     w = np.exp(np.subtract(row, top, dtype=np.float32) / np.float32(temperature))
     last = (np.float32(0), 2**31 - 1)  # every token
+    if spread and (top_k > 0 or top_p < 1.0) and (kept := kept_of_parts(w, top_k, top_p, cap)) is not None:
+        return _keep_or_walk_kept(kept, w, min_p, x, u)
     if top_k > 0 or top_p < 1.0:
         last = last_kept(w, top_k, top_p, cap)
         if last is None:
@@ -96,6 +100,52 @@ def last_kept(w: np.ndarray, top_k: int, top_p: float, cap: int = CHOOSE_CAP) ->
         reached = np.flatnonzero(mass >= top_p)
         cut = int(reached[0]) + 1 if len(reached) else n
     return w[order[cut - 1]], int(order[cut - 1])
+
+
+def kept_of_parts(w: np.ndarray, top_k: int, top_p: float, cap: int = CHOOSE_CAP) -> np.ndarray | None:
+    """sample.cu choose_kept_of_parts' set: the ids top_k / top_p keep, by falling weight, from pass 0 of
+    find_threshold (its four probes, summed over choose_weigh's chunks) and the listed candidates (weight >= 2^-12);
+    None where they do not settle the row (choose_rows' own passes do)."""
+    total = float(w.sum(dtype=np.float64)) if top_k == 0 else 0.0
+    if top_k == 0 and top_p * total > cap:
+        return None
+    thr = [np.float32(2.0 ** (-4 * i)) for i in range(PROBES)]
+    counts = [int((w >= t).sum()) for t in thr]
+    masses = [float(w[w >= t].sum(dtype=np.float64)) for t in thr]
+    holds = [c >= top_k if top_k > 0 else m >= top_p * total for c, m in zip(counts, masses)]
+    first = holds.index(True) if any(holds) else -1
+    if first < 0 or counts[first] > cap or counts[-1] > CHOOSE_CANDIDATES:
+        return None
+    ids = np.flatnonzero(w >= thr[first])
+    order = ids[np.lexsort((ids, -w[ids]))]  # falling weight, ties by ascending id
+    n = min(top_k, len(order)) if top_k > 0 else len(order)
+    cut = n
+    if top_p < 1.0:
+        mass = np.cumsum(w[order[:n]], dtype=np.float64)
+        reached = np.flatnonzero(mass / (mass[-1] if top_k > 0 else total) >= top_p)
+        cut = int(reached[0]) + 1 if len(reached) else n
+    return order[:cut]
+
+
+def _keep_or_walk_kept(kept: np.ndarray, w: np.ndarray, min_p: float, x: int, u: np.ndarray) -> tuple[int, int]:
+    """choose_kept_of_parts' draw: the keep test and the inverse CDF's walk over the kept ids by ascending id."""
+    ids = np.sort(kept)
+    weights = np.where(w[ids] >= np.float32(min_p), w[ids], np.float32(0)).astype(np.float64)
+    total, wx = 0.0, 0.0
+    for i, wk in zip(ids, weights):
+        total += wk
+        wx = wk if i == x else wx
+    if x >= 0 and (u[0] * total < wx or total - wx <= 0.0):
+        return x, 1
+    target, last = (u[1] if x >= 0 else u[0]) * (total - wx), -1
+    for i, wk in zip(ids, weights):
+        if wk <= 0.0 or i == x:
+            continue
+        last = int(i)
+        if target < wk:
+            break
+        target -= wk
+    return last, 0
 
 
 def _keep_or_walk(kept: np.ndarray, x: int, u: np.ndarray) -> tuple[int, int]:

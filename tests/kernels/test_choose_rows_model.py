@@ -30,9 +30,11 @@ def _host(row: np.ndarray, params: SamplingParams, x: int, u: np.ndarray) -> tup
     return token, int(kept)
 
 
-def _device(row: np.ndarray, params: SamplingParams, x: int, u: np.ndarray, cap: int = model.CHOOSE_CAP):
-    """The model's (token, kept)."""
-    return model.choose_row(row, x, u, params.temperature, params.min_p, params.top_k, params.top_p, False, cap)
+def _device(row: np.ndarray, params: SamplingParams, x: int, u: np.ndarray, cap: int = model.CHOOSE_CAP,
+            spread: bool = False):
+    """The model's (token, kept): one block's passes, or with spread, choose_rows after its chunks' parts."""
+    return model.choose_row(row, x, u, params.temperature, params.min_p, params.top_k, params.top_p, False, cap,
+                            spread)
 
 
 def _drafts(row: np.ndarray, rng: np.random.Generator) -> list[int]:
@@ -41,14 +43,36 @@ def _drafts(row: np.ndarray, rng: np.random.Generator) -> list[int]:
     return [int(order[0]), int(order[1]), int(order[29]), int(rng.integers(row.shape[0])), int(order[-1]), -1]
 
 
+@pytest.mark.parametrize("spread", [False, True], ids=["block", "spread"])
 @pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("params", CASES, ids=str)
-def test_the_kernels_choice_is_the_hosts_for_the_same_uniforms(seed, params):
+def test_the_kernels_choice_is_the_hosts_for_the_same_uniforms(seed, params, spread):
     row = _peaked_logits(seed)  # logits rounded to 0.1: ties everywhere
     rng = np.random.default_rng(seed)
     for x in _drafts(row, rng):
         for u in rng.random((8, 2)):
-            assert _device(row, params, x, u) == _host(row, params, x, u), (x, u)
+            assert _device(row, params, x, u, spread=spread) == _host(row, params, x, u), (x, u)
+
+
+def test_the_parts_settle_a_peaked_row_and_leave_a_flat_one_to_the_block():
+    """choose_kept_of_parts decides Qwen's setting on a peaked row from pass 0's parts (its kept set is the one
+    find_last_kept cuts), and leaves a flat row, whose first holding threshold has too many candidates, to the
+    block's narrowing passes: same choices as the host either way."""
+    params = SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
+    row = _peaked_logits(0)
+    w = np.exp(np.subtract(row, row.max(), dtype=np.float32) / np.float32(0.6))
+    kept = model.kept_of_parts(w, 20, 0.95)
+    last = model.last_kept(w, 20, 0.95)
+    assert kept is not None and 1 <= len(kept) <= 20
+    assert (w[kept[-1]], int(kept[-1])) == last
+    flat = (np.random.default_rng(4).standard_normal(20_000) * 0.05).astype(np.float32)
+    wf = np.exp(np.subtract(flat, flat.max(), dtype=np.float32) / np.float32(0.6))
+    assert model.kept_of_parts(wf, 20, 0.95) is None
+    rng = np.random.default_rng(5)
+    for r in (row, flat):
+        for x in _drafts(r, rng):
+            for u in rng.random((4, 2)):
+                assert _device(r, params, x, u, spread=True) == _host(r, params, x, u), (x, u)
 
 
 def test_ties_at_the_cut_keep_the_lower_ids():
@@ -138,3 +162,13 @@ def test_the_rows_the_kernel_refuses():
 
 def test_the_capacity_is_the_same_number_in_the_kernel_and_in_python():
     assert ops.CHOOSE_CAP == model.CHOOSE_CAP == 4096
+
+
+def test_the_parts_layout_is_the_same_in_the_kernel_and_in_python():
+    """ops.CHOOSE_PARTS_BYTES and CHOOSE_CHUNKS are sample.cu's (the kernel asserts its struct's size against the
+    same number, so a field added there fails its compile until both move)."""
+    import re
+
+    source = (model.nvrtc.KERNEL_DIR / "sample.cu").read_text()
+    assert int(re.search(r"#define CHOOSE_PARTS_BYTES (\d+)", source).group(1)) == ops.CHOOSE_PARTS_BYTES
+    assert int(re.search(r"#define CHOOSE_CHUNKS (\d+)", source).group(1)) == ops.CHOOSE_CHUNKS

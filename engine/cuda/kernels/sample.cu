@@ -319,13 +319,261 @@ __device__ bool find_last_kept(const float* row, int V, float top, float tempera
     return true;
 }
 
+// ---- choose_rows' passes spread over a row's blocks (ops.choose_rows with scratch) ----
+// One block reading a 248K-token row waits on latency pass after pass (~0.12 ms a sampled row on the H200, bench/
+// NOTES.md Z28). choose_top (the max) and choose_weigh (pass 0 of find_threshold with its candidates, or the
+// segments' sums) spread those passes over CHOOSE_CHUNKS blocks a row, each a chunk of whole segments; choose_rows
+// then reads their parts instead of the row, and draws a top_k / top_p row from its kept set alone. A row the parts
+// do not settle (a threshold past pass 0, candidates past CHOOSE_CANDIDATES) takes choose_rows' own passes.
+#define CHOOSE_CHUNKS 64
+#define CHOOSE_CANDIDATES 16384  // tokens of weight >= 2^-12 (pass 0's lowest probe) kept for choose_rows
+#define CHOOSE_STAGE_THREADS 256
+
+struct ChooseParts {  // one row's; engine/cuda/ops.py CHOOSE_PARTS_BYTES
+    double mass[CHOOSE_CHUNKS][CHOOSE_PROBES];  // pass 0's masses at 2^0, 2^-4, 2^-8, 2^-12, by chunk
+    double all[CHOOSE_CHUNKS];                   // every token's mass (top_p without top_k), by chunk
+    double seg_w[1024];                          // the segments' kept weights (neither top_k nor top_p)
+    u64 cand[CHOOSE_CANDIDATES];                 // find_last_kept's keys of the tokens of weight >= 2^-12
+    float top_v[CHOOSE_CHUNKS];                  // each chunk's max, its lowest id, whether it holds a NaN
+    int top_i[CHOOSE_CHUNKS];
+    int nan[CHOOSE_CHUNKS];
+    int count[CHOOSE_CHUNKS][CHOOSE_PROBES];     // pass 0's counts
+    int num_cand;                                // candidates found (past CHOOSE_CANDIDATES: not all kept)
+    int pad;
+};
+#define CHOOSE_PARTS_BYTES 143624
+static_assert(sizeof(ChooseParts) == CHOOSE_PARTS_BYTES, "engine/cuda/ops.py mirrors this size");
+
 // Tokens a segment: a multiple of 32, so that at most 1024 segments cover the row (V <= 2^20).
 __device__ __forceinline__ int choose_seg(int V) { return 32 * ((V + 32 * 1024 - 1) / (32 * 1024)); }
+
+// Tokens a chunk: whole segments, so that a segment's sum is one block's.
+__device__ __forceinline__ int choose_chunk(int V) {
+    const int seg = choose_seg(V), num_seg = (V + seg - 1) / seg;
+    return seg * ((num_seg + CHOOSE_CHUNKS - 1) / CHOOSE_CHUNKS);
+}
+
+// The row's (top, lowest id, NaN anywhere) from its chunks' parts, in every thread.
+__device__ __forceinline__ void top_of_parts(const ChooseParts* p, float& top, int& at, bool& nan) {
+    top = NEG_INF;
+    at = 0x7fffffff;
+    bool n = false;
+    for (int c = threadIdx.x; c < CHOOSE_CHUNKS; c += blockDim.x) {
+        argmax_merge(top, at, p->top_v[c], p->top_i[c]);
+        n |= p->nan[c] != 0;
+    }
+    block_argmax(top, at);
+    nan = __syncthreads_or(n);
+}
+
+// Grid (T, CHOOSE_CHUNKS): each chunk's max as choose_rows' first pass finds it (a NaN flagged, never the max).
+__global__ void __launch_bounds__(CHOOSE_STAGE_THREADS)
+choose_top(const float* __restrict__ logits, int V, int ld, ChooseParts* __restrict__ parts) {
+    PDL_ENTER();
+    const int t = blockIdx.x, c = blockIdx.y, chunk = choose_chunk(V);
+    const float* row = logits + (i64)t * ld;
+    float top = NEG_INF;
+    int at = 0x7fffffff;
+    bool nan = false;
+    for_tokens(row, c * chunk + threadIdx.x, min(V, (c + 1) * chunk), blockDim.x, [&](int k, float v) {
+        nan |= v != v;
+        if (v > top) {
+            top = v;
+            at = k;
+        }
+    });
+    block_argmax(top, at);
+    nan = __syncthreads_or(nan);
+    if (threadIdx.x == 0) {
+        ChooseParts* p = parts + t;
+        p->top_v[c] = top;
+        p->top_i[c] = at;
+        p->nan[c] = nan;
+        if (c == 0) p->num_cand = 0;  // choose_weigh's blocks count from here
+    }
+}
+
+// Grid (T, CHOOSE_CHUNKS), after choose_top, for sampled rows: neither top_k nor top_p, the chunk's segments' kept
+// weights (min_p's cut alone); else pass 0 of find_threshold over the chunk (counts and masses at its four probes,
+// and with top_p alone every token's mass) and the keys of its tokens of weight >= 2^-12.
+__global__ void __launch_bounds__(CHOOSE_STAGE_THREADS)
+choose_weigh(const float* __restrict__ logits, int V, int ld, float temperature, float min_p, int top_k, double top_p,
+             ChooseParts* __restrict__ parts) {
+    PDL_ENTER();
+    __shared__ u64 keys[CHOOSE_CAP];
+    __shared__ double scratch[32];
+    __shared__ int num, base;
+    const int t = blockIdx.x, c = blockIdx.y, chunk = choose_chunk(V), seg = choose_seg(V);
+    const int begin = c * chunk, end = min(V, begin + chunk);
+    ChooseParts* p = parts + t;
+    const float* row = logits + (i64)t * ld;
+    float top;
+    int at;
+    bool nan;
+    top_of_parts(p, top, at, nan);
+    if (nan || top == NEG_INF || top == -NEG_INF) return;  // choose_rows decides such a row from the parts alone
+    const float inv_temp = 1.f / temperature;
+    if (top_k == 0 && top_p >= 1.0) {
+        const float floor = logf(min_p);
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        for (int b = begin + warp * seg; b < end; b += blockDim.x / 32 * seg) {
+            double acc = 0.0;
+            for_tokens(row, b + lane, min(end, b + seg), 32, [&](int k, float logit) {
+                if (!surely_below(logit, top, inv_temp, floor))
+                    acc += kept_weight(logit, k, top, temperature, min_p, 0.f, 0x7fffffff);
+            });
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+            if (lane == 0) p->seg_w[b / seg] = acc;
+        }
+        return;
+    }
+    if (threadIdx.x == 0) num = 0;
+    __syncthreads();
+    const bool all = top_k == 0;
+    float thr[CHOOSE_PROBES];
+#pragma unroll
+    for (int i = 0; i < CHOOSE_PROBES; ++i) thr[i] = exp2f(-4.f * i);  // find_threshold's pass 0
+    const float floor = logf(thr[CHOOSE_PROBES - 1]);
+    int cnt[CHOOSE_PROBES] = {};
+    double m[CHOOSE_PROBES] = {}, sum = 0.0;
+    for_tokens(row, begin + threadIdx.x, end, blockDim.x, [&](int k, float logit) {
+        if (!all && surely_below(logit, top, inv_temp, floor)) return;
+        const float w = choose_weight(logit, top, temperature);
+        sum += w;
+#pragma unroll
+        for (int i = 0; i < CHOOSE_PROBES; ++i) {
+            cnt[i] += w >= thr[i];
+            m[i] += w >= thr[i] ? w : 0.f;
+        }
+        if (w >= thr[CHOOSE_PROBES - 1]) {
+            const int j = atomicAdd(&num, 1);
+            if (j < CHOOSE_CAP) keys[j] = (u64)__float_as_uint(w) << 32 | (u32)~k;
+        }
+    });
+#pragma unroll
+    for (int i = 0; i < CHOOSE_PROBES; ++i) {
+        const int ci = (int)block_sum_f64(cnt[i], scratch);
+        const double mi = block_sum_f64(m[i], scratch);
+        if (threadIdx.x == 0) {
+            p->count[c][i] = ci;
+            p->mass[c][i] = mi;
+        }
+    }
+    const double total = all ? block_sum_f64(sum, scratch) : 0.0;
+    if (threadIdx.x == 0) {
+        p->all[c] = total;
+        // a block past the shared cap leaves the list incomplete: counted past CHOOSE_CANDIDATES, never used
+        base = num > CHOOSE_CAP ? atomicAdd(&p->num_cand, CHOOSE_CANDIDATES + 1) : atomicAdd(&p->num_cand, num);
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < min(num, CHOOSE_CAP); j += blockDim.x)
+        if (base + j < CHOOSE_CANDIDATES) p->cand[base + j] = keys[j];
+}
+
+// The row's choice from choose_weigh's parts where they settle it (top_k / top_p: pass 0 of find_threshold holds
+// the set in at most CHOOSE_CAP candidates, all in the list): the candidates sorted as find_last_kept sorts them,
+// cut, then the kept tokens by ascending id for the keep test and the inverse CDF's walk (the host's order).
+// False: choose_rows' own passes decide the row.
+__device__ bool choose_kept_of_parts(const ChooseParts* p, int x, const double* uniforms, float min_p, int top_k,
+                                     double top_p, u64* keys, i32* out) {
+    __shared__ int first, num, kept;
+    __shared__ double total;
+    if (threadIdx.x < 32) {  // warp 0 sums the chunks' parts, the same way every run
+        int count[CHOOSE_PROBES] = {};
+        double mass[CHOOSE_PROBES] = {}, all = 0.0;
+        for (int c = threadIdx.x; c < CHOOSE_CHUNKS; c += 32) {
+#pragma unroll
+            for (int i = 0; i < CHOOSE_PROBES; ++i) {
+                count[i] += p->count[c][i];
+                mass[i] += p->mass[c][i];
+            }
+            all += p->all[c];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+            for (int i = 0; i < CHOOSE_PROBES; ++i) {
+                count[i] += __shfl_xor_sync(FULL_MASK, count[i], o);
+                mass[i] += __shfl_xor_sync(FULL_MASK, mass[i], o);
+            }
+            all += __shfl_xor_sync(FULL_MASK, all, o);
+        }
+        if (threadIdx.x == 0) {
+            first = -1;
+            if (!(top_k == 0 && top_p * all > CHOOSE_CAP)) {
+#pragma unroll
+                for (int i = CHOOSE_PROBES - 1; i >= 0; --i)
+                    if (top_k > 0 ? count[i] >= top_k : mass[i] >= top_p * all) first = i;
+            }
+            if (first >= 0 && (count[first] > CHOOSE_CAP || p->num_cand > CHOOSE_CANDIDATES)) first = -1;
+            total = all;
+            num = 0;
+        }
+    }
+    __syncthreads();
+    if (first < 0) return false;
+    const float thr = exp2f(-4.f * first);
+    const int listed = p->num_cand;
+    for (int j = threadIdx.x; j < listed; j += blockDim.x) {
+        const u64 key = p->cand[j];
+        if (__uint_as_float(key >> 32) < thr) continue;
+        const int at = atomicAdd(&num, 1);  // below count[first] <= CHOOSE_CAP: the same weights met the same test
+        if (at < CHOOSE_CAP) keys[at] = key;
+    }
+    __syncthreads();
+    const int n = min(num, CHOOSE_CAP);
+    int n2 = 1;
+    while (n2 < n) n2 <<= 1;
+    for (int j = n + threadIdx.x; j < n2; j += blockDim.x) keys[j] = 0;
+    __syncthreads();
+    bitonic_sort_falling(keys, n2);
+    if (threadIdx.x == 0) {
+        const int nk = top_k > 0 ? min(top_k, n) : n;
+        const int at = top_p < 1.0 ? first_reaching(keys, nk, top_k > 0 ? sum_in_order(keys, nk) : total, top_p) : nk;
+        kept = min(at, nk - 1) + 1;
+    }
+    __syncthreads();
+    // the kept prefix by ascending id: each key's halves swapped (~id high, the weight low) and sorted falling
+    const int m = kept;
+    int m2 = 1;
+    while (m2 < m) m2 <<= 1;
+    for (int j = threadIdx.x; j < m2; j += blockDim.x) keys[j] = j < m ? keys[j] << 32 | keys[j] >> 32 : 0;
+    __syncthreads();
+    bitonic_sort_falling(keys, m2);
+    if (threadIdx.x != 0) return true;
+    double sum = 0.0, wx = 0.0;
+    for (int j = 0; j < m; ++j) {
+        const float w = __uint_as_float((u32)keys[j]);
+        const double wk = w >= min_p ? w : 0.f;
+        sum += wk;
+        if ((int)~(u32)(keys[j] >> 32) == x) wx = wk;
+    }
+    const double u1 = uniforms[0], u2 = uniforms[1];
+    if (x >= 0 && (u1 * sum < wx || sum - wx <= 0.0)) {  // kept (or, through rounding, nothing else has mass)
+        out[0] = x;
+        out[1] = 1;
+        return true;
+    }
+    double target = (x >= 0 ? u2 : u1) * (sum - wx);
+    int last = -1;
+    for (int j = 0; j < m; ++j) {  // walk's rule over the kept tokens without the draft
+        const float w = __uint_as_float((u32)keys[j]);
+        const int id = (int)~(u32)(keys[j] >> 32);
+        if (w < min_p || w <= 0.f || id == x) continue;
+        last = id;
+        if (target < w) break;
+        target -= w;
+    }
+    out[0] = last;
+    out[1] = 0;
+    return true;
+}
 
 __global__ void __launch_bounds__(1024)
 choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restrict__ drafts,
             const double* __restrict__ uniforms, float temperature, float min_p, int top_k, double top_p, int greedy,
-            i32* __restrict__ out) {
+            const ChooseParts* __restrict__ parts, i32* __restrict__ out) {
     PDL_ENTER();
     __shared__ union {
         u64 keys[CHOOSE_CAP];  // the top_k / top_p candidates, done with before the segments are summed
@@ -334,18 +582,24 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
     __shared__ double scratch[32];
     const int t = blockIdx.x, x = drafts[t];
     const float* row = logits + (i64)t * ld;
+    const ChooseParts* p = parts ? parts + t : nullptr;  // choose_top's and choose_weigh's, or none: every pass here
     float top = NEG_INF;
     int at = 0x7fffffff;
     bool nan = false;
-    for_tokens(row, threadIdx.x, V, blockDim.x, [&](int k, float v) {
-        nan |= v != v;
-        if (v > top) {  // the thread's first maximum: its ids ascend
-            top = v;
-            at = k;
-        }
-    });
-    block_argmax(top, at);  // every thread gets the row's (top, lowest id)
-    const bool bad = __syncthreads_or(nan) || top == NEG_INF;
+    if (p) {
+        top_of_parts(p, top, at, nan);
+    } else {
+        for_tokens(row, threadIdx.x, V, blockDim.x, [&](int k, float v) {
+            nan |= v != v;
+            if (v > top) {  // the thread's first maximum: its ids ascend
+                top = v;
+                at = k;
+            }
+        });
+        block_argmax(top, at);  // every thread gets the row's (top, lowest id)
+        nan = __syncthreads_or(nan);
+    }
+    const bool bad = nan || top == NEG_INF;
     if (bad || greedy || top == -NEG_INF) {
         if (threadIdx.x == 0) {
             out[2 * t] = bad ? -1 : (greedy ? at : -2);
@@ -353,10 +607,11 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
         }
         return;
     }
+    const bool cut = top_k > 0 || top_p < 1.0;
+    if (p && cut && choose_kept_of_parts(p, x, uniforms + 2 * t, min_p, top_k, top_p, sh.keys, out + 2 * t)) return;
     float w_last = 0.f;
     int id_last = 0x7fffffff;  // without top_k and top_p, every token
-    if ((top_k > 0 || top_p < 1.0) &&
-        !find_last_kept(row, V, top, temperature, top_k, top_p, sh.keys, scratch, w_last, id_last)) {
+    if (cut && !find_last_kept(row, V, top, temperature, top_k, top_p, sh.keys, scratch, w_last, id_last)) {
         if (threadIdx.x == 0) {
             out[2 * t] = -2;  // the set does not fit: the host's row
             out[2 * t + 1] = 0;
@@ -367,15 +622,19 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
     const float inv_temp = 1.f / temperature, floor = logf(fmaxf(w_last, min_p));
     const int seg = choose_seg(V), num_seg = (V + seg - 1) / seg;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int s = warp; s < num_seg; s += blockDim.x >> 5) {
-        double acc = 0.0;
-        for_tokens(row, s * seg + lane, min(V, (s + 1) * seg), 32, [&](int k, float logit) {
-            if (!surely_below(logit, top, inv_temp, floor))
-                acc += kept_weight(logit, k, top, temperature, min_p, w_last, id_last);
-        });
+    if (p && !cut) {  // choose_weigh summed the segments
+        for (int s = threadIdx.x; s < num_seg; s += blockDim.x) sh.seg_w[s] = p->seg_w[s];
+    } else {
+        for (int s = warp; s < num_seg; s += blockDim.x >> 5) {
+            double acc = 0.0;
+            for_tokens(row, s * seg + lane, min(V, (s + 1) * seg), 32, [&](int k, float logit) {
+                if (!surely_below(logit, top, inv_temp, floor))
+                    acc += kept_weight(logit, k, top, temperature, min_p, w_last, id_last);
+            });
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
-        if (lane == 0) sh.seg_w[s] = acc;
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+            if (lane == 0) sh.seg_w[s] = acc;
+        }
     }
     __syncthreads();
     // thread 0: the keep test, then the segment the draw lands in (a walk over shared memory)
