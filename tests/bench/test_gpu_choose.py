@@ -10,6 +10,7 @@ import numpy as np
 
 from bench import gpu_ops, gpu_penalties
 from bench.gpu_common import Report
+from engine.cuda import ops
 from tests.bench.test_gpu_close import _HostDevice
 from tests.kernels import choose_rows_model, penalties_model
 
@@ -35,24 +36,32 @@ class _ChoosingDevice(_HostDevice):
         try:
             if kernel.name == "choose_rows":
                 self._choose_rows(grid, args)
+            elif kernel.name in ("choose_top", "choose_weigh"):  # their parts: choose_rows' model takes spread=True
+                assert grid[1] == ops.CHOOSE_CHUNKS and args[-1].nbytes >= grid[0] * ops.CHOOSE_PARTS_BYTES
             elif not (kernel.name == "penalize_rows" and self.drop == "penalties"):
                 penalties_model.launch(self, kernel.name, grid, args)
         finally:
             self._in_kernel = False
 
     def _choose_rows(self, grid: int, args: list) -> None:
-        logits, vocab, ld, drafts, uniforms, temperature, min_p, top_k, top_p, greedy, out = args
+        logits, vocab, ld, drafts, uniforms, temperature, min_p, top_k, top_p, greedy, parts, out = args
+        if parts is not None:  # the spread form: its passes launched first, a sampled row's weighing among them
+            wanted = ["choose_top"] + (["choose_weigh"] if not greedy else []) + ["choose_rows"]
+            assert self.launched[-len(wanted):] == wanted, self.launched[-3:]
         rows = self.download(logits, np.float32, (grid, ld))[:, :vocab]
         got = choose_rows_model.choose_rows(
             rows, self.download(drafts, np.int32, (grid,)), self.download(uniforms, np.float64, (grid, 2)),
             temperature, min_p, 0 if self.drop == "top_k" else top_k, 1.0 if self.drop == "top_p" else top_p.value,
-            bool(greedy))
+            bool(greedy), spread=parts is not None)
         self.upload(out, got)
+
+
+TRIALS = 6  # sets of uniforms a case: enough that a kernel without top_p draws outside its set in either form
 
 
 def _run(dev: _ChoosingDevice) -> dict[str, bool]:
     report = Report()
-    gpu_ops.check_choose_rows(dev, report, np.random.default_rng(2), vocab=8192, trials=3)
+    gpu_ops.check_choose_rows(dev, report, np.random.default_rng(2), vocab=8192, trials=TRIALS)
     assert all(c.op == "choose_rows" for c in report.checks)
     return {c.variant: c.ok for c in report.checks}
 
@@ -60,18 +69,20 @@ def _run(dev: _ChoosingDevice) -> dict[str, bool]:
 def test_the_check_passes_a_kernel_that_chooses_as_the_model_does() -> None:
     dev = _ChoosingDevice()
     results = _run(dev)
-    assert dev.launched.count("choose_rows") == 1 + 3 * (len(gpu_ops.CHOOSE_CASES) + 1) + 2
-    assert set(results) >= {"greedy", "t0.6.k20.p0.95.minp0.0", "t0.7.k0.p0.8.minp0.0", "t1.0.k1.p1.0.minp0.0",
-                            "t1.0.k50.p1.0.minp0.05", "flat.t0.6.k20.p0.95.minp0.0", "flat.p0.95", "nan,-inf,+inf"}
+    assert dev.launched.count("choose_rows") == 2 * (1 + TRIALS * (len(gpu_ops.CHOOSE_CASES) + 1) + 2)  # both forms
+    names = {"greedy", "t0.6.k20.p0.95.minp0.0", "t0.7.k0.p0.8.minp0.0", "t1.0.k1.p1.0.minp0.0",
+             "t1.0.k50.p1.0.minp0.05", "flat.t0.6.k20.p0.95.minp0.0", "flat.p0.95", "nan,-inf,+inf"}
+    assert set(results) >= names | {f"spread.{name}" for name in names}
     assert all(results.values()), results
 
 
 def test_the_check_fails_a_kernel_without_top_k_or_top_p() -> None:
-    results = _run(_ChoosingDevice(drop="top_k"))
-    assert not results["t1.0.k1.p1.0.minp0.0"] and not results["flat.t0.6.k20.p0.95.minp0.0"]
-    assert results["t1.0.k0.p1.0.minp0.0"]
-    results = _run(_ChoosingDevice(drop="top_p"))
-    assert not results["t0.7.k0.p0.8.minp0.0"] and not results["flat.p0.95"]
+    for form in ("", "spread."):
+        results = _run(_ChoosingDevice(drop="top_k"))
+        assert not results[f"{form}t1.0.k1.p1.0.minp0.0"] and not results[f"{form}flat.t0.6.k20.p0.95.minp0.0"]
+        assert results[f"{form}t1.0.k0.p1.0.minp0.0"]
+        results = _run(_ChoosingDevice(drop="top_p"))
+        assert not results[f"{form}t0.7.k0.p0.8.minp0.0"] and not results[f"{form}flat.p0.95"]
 
 
 def _run_penalised(dev: _ChoosingDevice) -> dict[str, bool]:
@@ -88,10 +99,11 @@ def test_the_penalised_check_passes_kernels_that_penalise_as_the_models_do() -> 
     results = _run_penalised(dev)
     cases = 1 + len(gpu_penalties.PENALTY_CASES)
     assert dev.launched.count("penalty_count") == 1 and dev.launched.count("penalize_rows") == cases
-    assert dev.launched.count("choose_rows") == 1 + 3 * len(gpu_penalties.PENALTY_CASES)
-    assert len(results) == 1 + 2 * cases and all(results.values()), results
+    assert dev.launched.count("choose_rows") == 2 * (1 + 3 * len(gpu_penalties.PENALTY_CASES))  # both forms
+    assert len(results) == 1 + 3 * cases and all(results.values()), results
     assert "choose_rows:greedy.t0.r1.3.f0.5.pp1.5" not in results  # the name carries every parameter
-    assert "choose_rows:greedy.t0.k0.p1.0.minp0.0.r1.3.f0.5.pp1.5" in results
+    assert {"choose_rows:greedy.t0.k0.p1.0.minp0.0.r1.3.f0.5.pp1.5",
+            "choose_rows:spread.greedy.t0.k0.p1.0.minp0.0.r1.3.f0.5.pp1.5"} <= set(results)
 
 
 def test_the_penalised_check_fails_a_kernel_that_leaves_the_logits_alone() -> None:
@@ -100,4 +112,6 @@ def test_the_penalised_check_fails_a_kernel_that_leaves_the_logits_alone() -> No
     failed = {name for name, ok in results.items() if not ok}
     assert {name for name in results if name.startswith("penalize_rows:")} <= failed
     assert "choose_rows:greedy.t0.k0.p1.0.minp0.0.r1.3.f0.5.pp1.5" in failed  # the penalties move the argmax
+    assert "choose_rows:spread.greedy.t0.k0.p1.0.minp0.0.r1.3.f0.5.pp1.5" in failed
     assert sum(name.startswith("choose_rows:t") for name in failed) >= 3
+    assert sum(name.startswith("choose_rows:spread.t") for name in failed) >= 3
