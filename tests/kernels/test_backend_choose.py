@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from engine.cuda import ops
 from tests.kernels.test_backend_graphs import _backend
 
 
@@ -29,6 +30,7 @@ def _choosing_backend(out: np.ndarray | None = None, logits: np.ndarray | None =
     ws.logits = Buffer(1, 4 * 8 * 100, "logits")
     ws.choose_drafts, ws.choose_uniforms, ws.choose_out = (Buffer(2, 32, "d"), Buffer(3, 128, "u"),
                                                            Buffer(4, 64, "out"))
+    ws.choose_parts = Buffer(5, 8 * ops.CHOOSE_PARTS_BYTES, "choose.parts")
     dev.launched, dev.uploaded, dev.upload_log, dev.downloaded = [], {}, [], []
     rows = dev.rows = np.full((8, 100), np.nan, np.float32) if logits is None else logits
 
@@ -40,10 +42,12 @@ def _choosing_backend(out: np.ndarray | None = None, logits: np.ndarray | None =
             _, vocab, ld, num_rows, marks, drafts, repetition, frequency, presence = args
             penalties_model.penalize_rows(rows[:num_rows, :vocab], dev.uploaded[marks.what],
                                           dev.uploaded[drafts.what], repetition, frequency.value, presence.value)
+        elif kernel.name in ("choose_top", "choose_weigh"):  # the spread form's passes: choose_rows' model spread
+            assert args[-1] is ws.choose_parts
         elif out is None:
-            temperature, min_p, top_k, top_p, greedy = args[5:10]
+            temperature, min_p, top_k, top_p, greedy, parts = args[5:11]
             dev.out = choose_rows_model.choose_rows(rows[:grid], dev.uploaded["d"], dev.uploaded["u"], temperature,
-                                                    min_p, top_k, top_p.value, bool(greedy))
+                                                    min_p, top_k, top_p.value, bool(greedy), spread=parts is not None)
 
     def upload(buf, array, offset=0) -> None:
         assert offset == 0
@@ -66,17 +70,26 @@ def _choosing_backend(out: np.ndarray | None = None, logits: np.ndarray | None =
     return backend
 
 
-def test_the_rows_choices_come_from_one_launch_after_the_pass() -> None:
+@pytest.mark.parametrize("spread", [False, True], ids=["block", "spread"])
+def test_the_rows_choices_come_from_one_launch_after_the_pass(monkeypatch, spread) -> None:
+    """One choose_rows launch after the pass; spread (backend.CHOOSE_SPREAD), choose_top and choose_weigh over
+    ops.CHOOSE_CHUNKS blocks a row first, on the workspace's parts, which choose_rows then reads."""
     from engine.backend import Draft
+    from engine.cuda import backend as backend_module
     from engine.sampling import SamplingParams
 
+    monkeypatch.setattr(backend_module, "CHOOSE_SPREAD", spread)
     backend = _choosing_backend(np.array([[7, 1], [9, 0], [4, 0]], np.int32))
     params = SamplingParams(temperature=0.5, min_p=0.1, top_k=20, top_p=0.9)
     choices = backend.verify_choose([1, 7, 8], Draft([7, 8]), params, np.random.default_rng(3))
     assert (choices.tokens, choices.kept) == ([7, 9], [True, False])  # no row after the first not kept
     assert backend.dev.log == [("eager", ("forward", 3, False))] and backend._pending == 3
-    (name, grid, block, args), = backend.dev.launched
+    *passes, (name, grid, block, args) = backend.dev.launched
     assert (name, grid, block) == ("choose_rows", 3, 1024)
+    parts = backend.model.ws.choose_parts if spread else None
+    assert [(n, g, b) for n, g, b, _ in passes] == [(n, (3, ops.CHOOSE_CHUNKS), 256)
+                                                    for n in ("choose_top", "choose_weigh")][: 2 * spread]
+    assert all(a[0] is backend.model.ws.logits and a[-1] is parts for *_, a in passes) and args[10] is parts
     # T, min_p, top_k, top_p (a float64: the host's running mass meets it unrounded), not greedy; the vocabulary
     assert args[5:8] == [0.5, 0.1, 20] and isinstance(args[8], ctypes.c_double) and args[8].value == 0.9
     assert args[9] == 0 and args[1] == args[2] == 100
@@ -165,15 +178,18 @@ def test_the_rows_the_kernel_leaves_to_the_host_are_chosen_there_from_the_same_p
     assert choose_rows_model.choose_row(flat, 3, np.array([0.5, 0.5]), 1.0, 0.0, 0, 0.95, False) == (-2, 0)
 
 
-def test_penalties_are_applied_on_the_device_between_the_pass_and_the_choice() -> None:
+@pytest.mark.parametrize("spread", [False, True], ids=["block", "spread"])
+def test_penalties_are_applied_on_the_device_between_the_pass_and_the_choice(monkeypatch, spread) -> None:
     """A penalised request: the choice's inputs uploaded before the pass, the sequence's marks uploaded whole at its
     first pass and its new tokens alone after (penalty_count), the rows penalised in place (penalize_rows) before
     choose_rows reads them, and each row's choice the host rule's on the raw logits with its history (the generated
     tokens, then the drafts before it)."""
     from engine.backend import Draft, TokenSequence
+    from engine.cuda import backend as backend_module
     from engine.sampling import SamplingParams
     from tests.engine.test_backend_choices import _host_choice
 
+    monkeypatch.setattr(backend_module, "CHOOSE_SPREAD", spread)
     rng = np.random.default_rng(5)
     raw = (rng.standard_normal((3, 100)) * 2).astype(np.float32)
     params = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.2, frequency_penalty=0.5,
@@ -194,12 +210,14 @@ def test_penalties_are_applied_on_the_device_between_the_pass_and_the_choice() -
         dev.launched.clear()
         dev.upload_log.clear()
         choices = backend.verify_choose([seq.pending, *draft.tokens], draft, params, np.random.default_rng(9), seq)
-        assert [name for name, *_ in dev.launched] == ["penalty_count"] * bool(new) + ["penalize_rows", "choose_rows"]
+        passes = ["choose_top", "choose_weigh"] if spread else []
+        assert [name for name, *_ in dev.launched] == (["penalty_count"] * bool(new) + ["penalize_rows", *passes,
+                                                                                       "choose_rows"])
         marks = ("penalties.staging", 4 * len(new)) if new else ("penalties.marks", 4 * 100)
         # the choice's drafts and uniforms before the pass (an upload waits for the stream), the sequence's marks
         # after it (the host's work beside the pass); no logits travel either way
         assert dev.upload_log == [("d", 12), ("u", 48), ("pass", 3), marks]
-        _, grid, block, args = dev.launched[-2]
+        _, grid, block, args = dev.launched[-2 - len(passes)]
         assert (grid, block) == (1, 256) and args[0] is backend.model.ws.logits and args[1:4] == [100, 100, 3]
         assert args[4].what == "penalties.marks" and args[5] is backend.model.ws.choose_drafts
         assert args[6] == 1.2 and isinstance(args[7], ctypes.c_double) and (args[7].value, args[8].value) == (0.5, 1.5)
