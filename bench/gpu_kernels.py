@@ -606,14 +606,15 @@ class TimedMatrix:
     act: ops.Act
     y: Buffer
 
-    def time(self, dev: Device, num_tokens: int, producer: ops.Producer | None = None) -> tuple[float, float]:
-        """Median and spread (ms) of one matmul of num_tokens rows (with its producer, where given), rotating
-        over the weight copies."""
+    def time(self, dev: Device, num_tokens: int, producer: ops.Producer | None = None,
+             y2: Buffer | None = None) -> tuple[float, float]:
+        """Median and spread (ms) of one matmul of num_tokens rows (with its producer, where given; in halves,
+        the second into y2, where given), rotating over the weight copies."""
         count = {"i": 0}
 
         def run():
             ops.matmul(dev, self.ws[count["i"] % len(self.ws)], self.act, self.y, num_tokens, self.rows,
-                       producer=producer)
+                       producer=producer, y2=y2)
             count["i"] += 1
 
         return median_time(dev, run, reps=20, warmup=3, inner=len(self.ws) * 2)
