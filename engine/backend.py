@@ -186,6 +186,11 @@ class Backend(ABC):
     def can_draft(self) -> bool:
         """Whether draft() works (the model has an MTP head)."""
 
+    def drop_draft_head(self) -> None:
+        """Stop feeding the MTP head, before any sequence, where nothing will draft from it (the server's drafter is
+        n-gram or none): a backend that feeds it every pass leaves that work out from then on, and can_draft is
+        False. A backend without a head has nothing to stop."""
+
     @abstractmethod
     def reset(self) -> None:
         """Forget the sequence: num_tokens becomes 0."""

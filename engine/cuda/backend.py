@@ -150,6 +150,14 @@ class CudaBackend(Backend):
         """Whether the MTP head was uploaded (from_gguf's mtp, and a file that has one)."""
         return self.model.weights.mtp is not None
 
+    def drop_draft_head(self) -> None:
+        """Every pass leaves out the head's catch-up (its hidden norm and one decoder layer over the pass's tokens:
+        ~0.1-0.25 ms of a 27B pass on the H200, bench/NOTES.md Z28's mtp27b against model27b) and checkpoints its
+        cache. Captured graphs are dropped: they hold the old launches."""
+        if self.can_draft:
+            self.model.drop_mtp()
+            self.drop_graphs()
+
     def reset(self) -> None:
         """Forget the sequence."""
         self.model.reset_state()

@@ -230,6 +230,12 @@ class CudaModel:
         if self.weights.mtp is not None:
             self._mtp_catch_up(num_tokens, commit)
 
+    def drop_mtp(self) -> None:
+        """forward() feeds the MTP head no more and checkpoints leave out its cache (nothing will draft from it). Its
+        memory stays with the device until that closes: the head's output and embedding may be the trunk's own."""
+        self.weights.mtp = None
+        self.mtp_kv = self.last_hidden = None
+
     def head(self, first_row: int, rows: int) -> None:
         """logits[0:rows] = output(RMSNorm(x[first_row:first_row + rows]))."""
         cfg, ws, dev = self.cfg, self.ws, self.dev

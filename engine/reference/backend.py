@@ -79,6 +79,11 @@ class ReferenceBackend(Backend):
         """True when the model has an MTP head."""
         return self.model.has_mtp
 
+    def drop_draft_head(self) -> None:
+        """The passes feed the head no more (the model's has_mtp off, the state without the head's cache)."""
+        self.model.has_mtp = False
+        self.state.mtp = None
+
     def reset(self) -> None:
         """Forget the sequence."""
         self.state = self.model.new_state()

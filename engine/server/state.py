@@ -94,6 +94,8 @@ class ServerState:
     def attach(self, model: LoadedModel) -> None:
         """Serve an already loaded model: build the decoder, session and worker, and start the engine thread."""
         decoder, self.drafter_kind = build_decoder(model.backend, self.config.draft, self.config.n_draft)
+        if "mtp" not in self.drafter_kind:
+            model.backend.drop_draft_head()  # nothing drafts from the head: its catch-up leaves every pass
         session = Session(model.backend, max_checkpoints=self.config.max_checkpoints)
         generator = Generator(model.backend, model.tokenizer, session, decoder)
         self.worker = EngineWorker(generator, self.metrics, self.config.max_waiting)

@@ -99,6 +99,10 @@ class _Model:
     def draft_result(self, num_draft, with_logits=False):
         return [7] * num_draft, None
 
+    def drop_mtp(self) -> None:
+        self.weights.mtp = None
+        self.dev.run(("drop_mtp",))
+
 
 def _backend(use_graphs: bool = True, deltanet: bool = False) -> CudaBackend:
     dev = _Dev()
@@ -244,3 +248,24 @@ def test_a_prefill_chunk_past_the_workspace_or_within_a_verify_is_refused(chunk)
     with pytest.raises(ValueError, match=f"prefill chunk {chunk} must be in 9..32"):
         backend.prefill_chunk = chunk
     assert backend.prefill_chunk == 32
+
+
+def test_dropping_the_draft_head_drops_the_captured_passes_and_drafting() -> None:
+    """CudaBackend.drop_draft_head: the model stops feeding the head, the graphs captured with its catch-up go (the
+    next pass of a length runs eager and is captured again), and draft() is refused; a second drop does nothing."""
+    backend = _backend()
+    log = backend.dev.log
+    for _ in range(2):
+        _cycle(backend, [1, 2, 3], 2)
+    assert backend.can_draft and ("replay", ("forward", 3, False)) in log
+    log.clear()
+    backend.drop_draft_head()
+    assert log == [("eager", ("drop_mtp",))] and not backend.can_draft and backend._graphs == {}
+    log.clear()
+    _cycle(backend, [4, 5, 6], 2)
+    assert log == [("eager", ("forward", 3, False)), ("eager", ("accept", 2))]
+    with pytest.raises(ValueError):
+        backend.draft(6, 2)
+    log.clear()
+    backend.drop_draft_head()
+    assert log == []
