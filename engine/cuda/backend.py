@@ -152,8 +152,9 @@ class CudaBackend(Backend):
 
     def drop_draft_head(self) -> None:
         """Every pass leaves out the head's catch-up (its hidden norm and one decoder layer over the pass's tokens:
-        ~0.1-0.25 ms of a 27B pass on the H200, bench/NOTES.md Z28's mtp27b against model27b) and checkpoints its
-        cache. Captured graphs are dropped: they hold the old launches."""
+        ~0.12 ms of a 27B pass on the H200, the mtp27b part's one-token pass 6.740 ms against model27b's 6.618 at
+        0ef4da5, bench/NOTES.md Z28) and checkpoints leave out its cache. Captured graphs are dropped: they hold the
+        old launches."""
         if self.can_draft:
             self.model.drop_mtp()
             self.drop_graphs()
