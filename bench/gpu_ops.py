@@ -187,21 +187,21 @@ def check_choose_rows(dev: Device, report: Report, rng: np.random.Generator, voc
     flat_drafts = np.array([int(np.argmax(flat[0])), 5, -1], np.int32)
     bad = np.zeros((3, vocab), F32)
     bad[0, 7], bad[1, :], bad[2, 9] = np.nan, -np.inf, np.inf
+    bufs, flat_bufs, bad_bufs = (lb, db, ub, out), (s.put(flat), s.put(flat_drafts), ub, out), (s.put(bad), db, ub, out)
     for form, parts in choose_forms(s, 6):
-        bufs = (lb, db, ub, out)
         got = _choose(dev, s, bufs, 6, vocab, SamplingParams(temperature=0), parts)
         record(report, "choose_rows", f"{form}greedy", "argmax, kept",
                float(np.any(got[:, 0] != top) or np.any(got[:5, 1] != (top[:5] == drafts[:5]))), 0.5)
         for params in CHOOSE_CASES:
             differ = _choose_trials(dev, s, bufs, logits, drafts, params, rng, trials, parts)
             record(report, "choose_rows", f"{form}{_case_name(params)}", f"{trials}x6 rows", differ, 0.01)
-        bufs, params = (s.put(flat), s.put(flat_drafts), ub, out), SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
-        differ = _choose_trials(dev, s, bufs, flat, flat_drafts, params, rng, trials, parts)
+        params = SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
+        differ = _choose_trials(dev, s, flat_bufs, flat, flat_drafts, params, rng, trials, parts)
         record(report, "choose_rows", f"{form}flat.{_case_name(params)}", f"{trials}x3 rows", differ, 0.01)
-        got = _choose(dev, s, bufs, 3, vocab, SamplingParams(top_p=0.95), parts)
+        got = _choose(dev, s, flat_bufs, 3, vocab, SamplingParams(top_p=0.95), parts)
         record(report, "choose_rows", f"{form}flat.p0.95", f"over {ops.CHOOSE_CAP}: -2", float(np.any(got[:, 0] != -2)),
                0.5)
-        got = _choose(dev, s, (s.put(bad), db, ub, out), 3, vocab, SamplingParams(), parts)
+        got = _choose(dev, s, bad_bufs, 3, vocab, SamplingParams(), parts)
         record(report, "choose_rows", f"{form}nan,-inf,+inf", "-1, -1, -2", float(got[:, 0].tolist() != [-1, -1, -2]),
                0.5)
     s.close()

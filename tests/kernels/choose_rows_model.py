@@ -91,15 +91,22 @@ def last_kept(w: np.ndarray, top_k: int, top_p: float, cap: int = CHOOSE_CAP) ->
     thr, num, total = found
     ids = np.flatnonzero(w >= thr)
     assert len(ids) == num
-    order = ids[np.lexsort((ids, -w[ids]))]  # falling weight, ties by ascending id
-    n = min(top_k, num) if top_k > 0 else num
+    last = _kept_set(w, ids, top_k, top_p, total)[-1]
+    return w[last], int(last)
+
+
+def _kept_set(w: np.ndarray, ids: np.ndarray, top_k: int, top_p: float, total: float) -> np.ndarray:
+    """The candidates ids by falling weight (ties by ascending id), cut at top_k, then where the running mass first
+    reaches top_p of the top_k set's (or without top_k, of total), as find_last_kept cuts them."""
+    order = ids[np.lexsort((ids, -w[ids]))]
+    n = min(top_k, len(order)) if top_k > 0 else len(order)
     cut = n
     if top_p < 1.0:
         mass = np.cumsum(w[order[:n]], dtype=np.float64)
         mass /= mass[-1] if top_k > 0 else total
         reached = np.flatnonzero(mass >= top_p)
         cut = int(reached[0]) + 1 if len(reached) else n
-    return w[order[cut - 1]], int(order[cut - 1])
+    return order[:cut]
 
 
 def kept_of_parts(w: np.ndarray, top_k: int, top_p: float, cap: int = CHOOSE_CAP) -> np.ndarray | None:
@@ -116,15 +123,7 @@ def kept_of_parts(w: np.ndarray, top_k: int, top_p: float, cap: int = CHOOSE_CAP
     first = holds.index(True) if any(holds) else -1
     if first < 0 or counts[first] > cap or counts[-1] > CHOOSE_CANDIDATES:
         return None
-    ids = np.flatnonzero(w >= thr[first])
-    order = ids[np.lexsort((ids, -w[ids]))]  # falling weight, ties by ascending id
-    n = min(top_k, len(order)) if top_k > 0 else len(order)
-    cut = n
-    if top_p < 1.0:
-        mass = np.cumsum(w[order[:n]], dtype=np.float64)
-        reached = np.flatnonzero(mass / (mass[-1] if top_k > 0 else total) >= top_p)
-        cut = int(reached[0]) + 1 if len(reached) else n
-    return order[:cut]
+    return _kept_set(w, np.flatnonzero(w >= thr[first]), top_k, top_p, total)
 
 
 def _keep_or_walk_kept(kept: np.ndarray, w: np.ndarray, min_p: float, x: int, u: np.ndarray) -> tuple[int, int]:

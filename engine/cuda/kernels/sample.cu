@@ -192,14 +192,49 @@ __device__ double block_sum_f64(double v, double* scratch) {
     return v;
 }
 
-// One pass over the row: count[i] and mass[i] (float64) of the tokens weighing >= thr[i] (falling, > 0), and with
-// `all`, the mass of every token in total (top_p's denominator without top_k).
-__device__ __forceinline__ void weigh_probes(const float* row, int V, float top, float temperature, const float* thr,
-                                             bool all, int* count, double* mass, double& total, double* scratch) {
+// The block's (top, lowest id, NaN anywhere) over the row's tokens [first, end), in every thread: each thread's first
+// maximum (its ids ascend), then the block's.
+__device__ __forceinline__ void scan_max(const float* row, int first, int end, float& top, int& at, bool& nan) {
+    top = NEG_INF;
+    at = 0x7fffffff;
+    bool n = false;
+    for_tokens(row, first + threadIdx.x, end, blockDim.x, [&](int k, float v) {
+        n |= v != v;
+        if (v > top) {
+            top = v;
+            at = k;
+        }
+    });
+    block_argmax(top, at);
+    nan = __syncthreads_or(n);
+}
+
+// One warp's float64 sum of the kept weights of the row's tokens [first, end) (every lane gets it; a lane's loads
+// 128 bytes apart from its neighbours'): tokens surely below exp(floor) skip the division and the exp.
+__device__ __forceinline__ double segment_weight(const float* row, int first, int end, float top, float temperature,
+                                                 float min_p, float w_last, int id_last, float floor) {
+    const float inv_temp = 1.f / temperature;
+    double acc = 0.0;
+    for_tokens(row, first + (threadIdx.x & 31), end, 32, [&](int k, float logit) {
+        if (!surely_below(logit, top, inv_temp, floor))
+            acc += kept_weight(logit, k, top, temperature, min_p, w_last, id_last);
+    });
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+    return acc;
+}
+
+// One pass over the row's tokens [first, end): count[i] and mass[i] (float64) of the tokens weighing >= thr[i]
+// (falling, > 0), in every thread, and with `all`, the mass of every token in total (top_p's denominator without
+// top_k); found(k, w) for each token of weight >= the last probe.
+template <typename F>
+__device__ __forceinline__ void weigh_probes(const float* row, int first, int end, float top, float temperature,
+                                             const float* thr, bool all, int* count, double* mass, double& total,
+                                             double* scratch, F&& found) {
     const float inv_temp = 1.f / temperature, floor = logf(thr[CHOOSE_PROBES - 1]);
     int c[CHOOSE_PROBES] = {};
     double m[CHOOSE_PROBES] = {}, sum = 0.0;
-    for_tokens(row, threadIdx.x, V, blockDim.x, [&](int, float logit) {
+    for_tokens(row, first + threadIdx.x, end, blockDim.x, [&](int k, float logit) {
         if (!all && surely_below(logit, top, inv_temp, floor)) return;
         const float w = choose_weight(logit, top, temperature);
         sum += w;
@@ -208,6 +243,7 @@ __device__ __forceinline__ void weigh_probes(const float* row, int V, float top,
             c[i] += w >= thr[i];
             m[i] += w >= thr[i] ? w : 0.f;
         }
+        if (w >= thr[CHOOSE_PROBES - 1]) found(k, w);
     });
 #pragma unroll
     for (int i = 0; i < CHOOSE_PROBES; ++i) {
@@ -236,7 +272,8 @@ __device__ int find_threshold(const float* row, int V, float top, float temperat
             e[i] = hi < 0.f ? fminf(16.f * pass + 4.f * i, 149.f) : lo + (hi - lo) * (i + 1) / (CHOOSE_PROBES + 1);
             thr[i] = fmaxf(exp2f(-e[i]), __int_as_float(1));  // never 0: a token without weight is no candidate
         }
-        weigh_probes(row, V, top, temperature, thr, pass == 0 && top_k == 0, count, mass, total, scratch);
+        weigh_probes(row, 0, V, top, temperature, thr, pass == 0 && top_k == 0, count, mass, total, scratch,
+                     [](int, float) {});
         // no weight exceeds the top's 1, so a set holding top_p of the mass has at least top_p * total tokens
         if (top_k == 0 && top_p * total > CHOOSE_CAP) return -1;
         int first = -1;  // the first threshold that holds the set
@@ -371,19 +408,10 @@ __global__ void __launch_bounds__(CHOOSE_STAGE_THREADS)
 choose_top(const float* __restrict__ logits, int V, int ld, ChooseParts* __restrict__ parts) {
     PDL_ENTER();
     const int t = blockIdx.x, c = blockIdx.y, chunk = choose_chunk(V);
-    const float* row = logits + (i64)t * ld;
-    float top = NEG_INF;
-    int at = 0x7fffffff;
-    bool nan = false;
-    for_tokens(row, c * chunk + threadIdx.x, min(V, (c + 1) * chunk), blockDim.x, [&](int k, float v) {
-        nan |= v != v;
-        if (v > top) {
-            top = v;
-            at = k;
-        }
-    });
-    block_argmax(top, at);
-    nan = __syncthreads_or(nan);
+    float top;
+    int at;
+    bool nan;
+    scan_max(logits + (i64)t * ld, c * chunk, min(V, (c + 1) * chunk), top, at, nan);
     if (threadIdx.x == 0) {
         ChooseParts* p = parts + t;
         p->top_v[c] = top;
@@ -412,56 +440,31 @@ choose_weigh(const float* __restrict__ logits, int V, int ld, float temperature,
     bool nan;
     top_of_parts(p, top, at, nan);
     if (nan || top == NEG_INF || top == -NEG_INF) return;  // choose_rows decides such a row from the parts alone
-    const float inv_temp = 1.f / temperature;
     if (top_k == 0 && top_p >= 1.0) {
-        const float floor = logf(min_p);
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        for (int b = begin + warp * seg; b < end; b += blockDim.x / 32 * seg) {
-            double acc = 0.0;
-            for_tokens(row, b + lane, min(end, b + seg), 32, [&](int k, float logit) {
-                if (!surely_below(logit, top, inv_temp, floor))
-                    acc += kept_weight(logit, k, top, temperature, min_p, 0.f, 0x7fffffff);
-            });
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
-            if (lane == 0) p->seg_w[b / seg] = acc;
+        for (int b = begin + (threadIdx.x >> 5) * seg; b < end; b += blockDim.x / 32 * seg) {
+            const double w = segment_weight(row, b, min(end, b + seg), top, temperature, min_p, 0.f, 0x7fffffff,
+                                            logf(min_p));
+            if ((threadIdx.x & 31) == 0) p->seg_w[b / seg] = w;
         }
         return;
     }
     if (threadIdx.x == 0) num = 0;
     __syncthreads();
-    const bool all = top_k == 0;
     float thr[CHOOSE_PROBES];
 #pragma unroll
     for (int i = 0; i < CHOOSE_PROBES; ++i) thr[i] = exp2f(-4.f * i);  // find_threshold's pass 0
-    const float floor = logf(thr[CHOOSE_PROBES - 1]);
-    int cnt[CHOOSE_PROBES] = {};
-    double m[CHOOSE_PROBES] = {}, sum = 0.0;
-    for_tokens(row, begin + threadIdx.x, end, blockDim.x, [&](int k, float logit) {
-        if (!all && surely_below(logit, top, inv_temp, floor)) return;
-        const float w = choose_weight(logit, top, temperature);
-        sum += w;
+    int count[CHOOSE_PROBES];
+    double mass[CHOOSE_PROBES], total = 0.0;
+    weigh_probes(row, begin, end, top, temperature, thr, top_k == 0, count, mass, total, scratch, [&](int k, float w) {
+        const int j = atomicAdd(&num, 1);
+        if (j < CHOOSE_CAP) keys[j] = (u64)__float_as_uint(w) << 32 | (u32)~k;
+    });
+    if (threadIdx.x == 0) {
 #pragma unroll
         for (int i = 0; i < CHOOSE_PROBES; ++i) {
-            cnt[i] += w >= thr[i];
-            m[i] += w >= thr[i] ? w : 0.f;
+            p->count[c][i] = count[i];
+            p->mass[c][i] = mass[i];
         }
-        if (w >= thr[CHOOSE_PROBES - 1]) {
-            const int j = atomicAdd(&num, 1);
-            if (j < CHOOSE_CAP) keys[j] = (u64)__float_as_uint(w) << 32 | (u32)~k;
-        }
-    });
-#pragma unroll
-    for (int i = 0; i < CHOOSE_PROBES; ++i) {
-        const int ci = (int)block_sum_f64(cnt[i], scratch);
-        const double mi = block_sum_f64(m[i], scratch);
-        if (threadIdx.x == 0) {
-            p->count[c][i] = ci;
-            p->mass[c][i] = mi;
-        }
-    }
-    const double total = all ? block_sum_f64(sum, scratch) : 0.0;
-    if (threadIdx.x == 0) {
         p->all[c] = total;
         // a block past the shared cap leaves the list incomplete: counted past CHOOSE_CANDIDATES, never used
         base = num > CHOOSE_CAP ? atomicAdd(&p->num_cand, CHOOSE_CANDIDATES + 1) : atomicAdd(&p->num_cand, num);
@@ -583,22 +586,13 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
     const int t = blockIdx.x, x = drafts[t];
     const float* row = logits + (i64)t * ld;
     const ChooseParts* p = parts ? parts + t : nullptr;  // choose_top's and choose_weigh's, or none: every pass here
-    float top = NEG_INF;
-    int at = 0x7fffffff;
-    bool nan = false;
-    if (p) {
+    float top;
+    int at;
+    bool nan;
+    if (p)
         top_of_parts(p, top, at, nan);
-    } else {
-        for_tokens(row, threadIdx.x, V, blockDim.x, [&](int k, float v) {
-            nan |= v != v;
-            if (v > top) {  // the thread's first maximum: its ids ascend
-                top = v;
-                at = k;
-            }
-        });
-        block_argmax(top, at);  // every thread gets the row's (top, lowest id)
-        nan = __syncthreads_or(nan);
-    }
+    else
+        scan_max(row, 0, V, top, at, nan);
     const bool bad = nan || top == NEG_INF;
     if (bad || greedy || top == -NEG_INF) {
         if (threadIdx.x == 0) {
@@ -619,21 +613,15 @@ choose_rows(const float* __restrict__ logits, int V, int ld, const i32* __restri
         return;
     }
     // tokens whose weight is surely 0 (after the set's last member, or below min_p) skip the division and the exp
-    const float inv_temp = 1.f / temperature, floor = logf(fmaxf(w_last, min_p));
+    const float floor = logf(fmaxf(w_last, min_p));
     const int seg = choose_seg(V), num_seg = (V + seg - 1) / seg;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (p && !cut) {  // choose_weigh summed the segments
         for (int s = threadIdx.x; s < num_seg; s += blockDim.x) sh.seg_w[s] = p->seg_w[s];
     } else {
-        for (int s = warp; s < num_seg; s += blockDim.x >> 5) {
-            double acc = 0.0;
-            for_tokens(row, s * seg + lane, min(V, (s + 1) * seg), 32, [&](int k, float logit) {
-                if (!surely_below(logit, top, inv_temp, floor))
-                    acc += kept_weight(logit, k, top, temperature, min_p, w_last, id_last);
-            });
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
-            if (lane == 0) sh.seg_w[s] = acc;
+        for (int s = threadIdx.x >> 5; s < num_seg; s += blockDim.x >> 5) {
+            const double w = segment_weight(row, s * seg, min(V, (s + 1) * seg), top, temperature, min_p, w_last,
+                                            id_last, floor);
+            if ((threadIdx.x & 31) == 0) sh.seg_w[s] = w;
         }
     }
     __syncthreads();
