@@ -1,0 +1,189 @@
+"""A Device without a GPU: engine.cuda.device.Device's interface over made-up addresses, recording every launch.
+
+The CUDA engine runs on it unchanged (CudaBackend.from_gguf(path, device=ShadowDevice())): weights are laid out and
+"uploaded", passes are built, captured and replayed, and each kernel launch is kept with its arguments, grid, block
+and shared memory, so a test can hold every launch against what the kernel it names declares
+(tests/kernels/kernel_signatures.py). Nothing is computed: downloads read zeros.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.cuda import instances
+from engine.cuda.device import CudaError, Device, DeviceInfo, Kernel, _pdl_policy
+from engine.cuda.memory import Buffer, DeviceMemory
+
+# GPUs' figures as the driver reports them (the kernels' launchers size grids and shared memory from these).
+H200 = DeviceInfo(index=0, name="NVIDIA H200", compute_capability=(9, 0), total_memory=150_000_000_000,
+                  multiprocessors=132, l2_bytes=62_914_560, max_smem_per_block=232_448)
+H100 = dataclasses.replace(H200, name="NVIDIA H100 80GB HBM3", total_memory=85_000_000_000, l2_bytes=52_428_800)
+A100 = DeviceInfo(index=0, name="NVIDIA A100-SXM4-80GB", compute_capability=(8, 0), total_memory=85_000_000_000,
+                  multiprocessors=108, l2_bytes=41_943_040, max_smem_per_block=166_912)
+RTX_4090 = DeviceInfo(index=0, name="NVIDIA GeForce RTX 4090", compute_capability=(8, 9), total_memory=25_000_000_000,
+                      multiprocessors=128, l2_bytes=75_497_472, max_smem_per_block=101_376)
+DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a kernel may take without cuFuncSetAttribute
+ALIGN = 256  # cuMemAlloc's alignment
+
+
+@dataclass(slots=True)
+class Launch:
+    """One recorded launch: the kernel's instance name and everything it was given."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple[Any, ...]
+    smem: int
+    smem_allowed: int  # the kernel's dynamic shared memory limit when it was launched
+    live: bool  # every Buffer argument inside an allocation that was live then
+    captured: bool
+
+
+class ShadowMemory(DeviceMemory):
+    """Allocations at increasing made-up addresses; freed ones stay known, so a launch can be told it used one."""
+
+    def __init__(self, device: ShadowDevice):
+        super().__init__(device)
+        self.next_ptr = 1 << 32
+
+    def alloc(self, nbytes: int, what: str) -> Buffer:
+        buf = Buffer(self.next_ptr, int(nbytes), what)
+        self.next_ptr += -(-max(int(nbytes), 1) // ALIGN) * ALIGN
+        self.live[buf.ptr] = buf
+        return buf
+
+    def free(self, buf: Buffer) -> None:
+        assert not buf.is_view and buf.ptr in self.live, f"free of {buf.what!r}: not a live allocation"
+        del self.live[buf.ptr]
+
+    def free_all(self) -> None:
+        self.live.clear()
+
+    def holds(self, buf: Buffer) -> bool:
+        """Whether buf lies inside one live allocation."""
+        return any(a.ptr <= buf.ptr and buf.ptr + buf.nbytes <= a.ptr + a.nbytes for a in self.live.values())
+
+
+class ShadowGraph:
+    """A captured sequence: replaying it records its launches again, as replayed."""
+
+    def __init__(self, device: ShadowDevice, launches: list[Launch]):
+        self.device, self.launches = device, launches
+        self.replays = 0
+
+    def launch(self) -> None:
+        self.replays += 1
+
+    def destroy(self) -> None:
+        self.launches = []
+
+
+class ShadowDevice(Device):
+    """engine.cuda.device.Device on no GPU (see the module's docstring)."""
+
+    def __init__(self, info: DeviceInfo = H200):  # no driver: none of Device.__init__ runs
+        self.info = info
+        self.memory = ShadowMemory(self)
+        self.stream = "main"
+        self._kernels: dict[str, Kernel] = {}
+        self._smem_limits: dict[str, int] = {}
+        self._graphs: list = []
+        self._capturing: list[Launch] | None = None
+        self._lane: int | None = None
+        self.profile = None
+        self.skip = None
+        self.pdl_policy = _pdl_policy(info.arch)
+        self.pdl = self.pdl_policy == "on"
+        self.closed = False
+        self.launches: list[Launch] = []
+
+    def mem_info(self) -> tuple[int, int]:
+        return self.info.total_memory - self.memory.allocated, self.info.total_memory
+
+    def kernel(self, name: str) -> Kernel:
+        if name not in instances.INSTANCES:
+            raise CudaError(f"unknown kernel instance {name!r}")
+        return self._kernels.setdefault(name, Kernel(name, None))
+
+    def load_all(self, workers: int | None = None) -> None:
+        pass
+
+    def set_max_dynamic_smem(self, kernel: Kernel, nbytes: int) -> None:
+        if nbytes > self.info.max_smem_per_block:
+            raise CudaError(f"cuFuncSetAttribute({kernel.name}) failed: {nbytes} bytes of dynamic shared memory, "
+                            f"the GPU allows {self.info.max_smem_per_block}")
+        self._smem_limits[kernel.name] = max(self._smem_limits.get(kernel.name, 0), int(nbytes))
+
+    def launch(self, kernel: Kernel, grid, block, args, smem: int = 0) -> None:
+        def dims(d) -> tuple[int, int, int]:
+            return (tuple(d) + (1, 1))[:3] if isinstance(d, tuple) else (d, 1, 1)
+
+        grid3, block3 = dims(grid), dims(block)
+        assert min(grid3) > 0, f"{kernel.name}: empty grid {grid3}"
+        live = all(self.memory.holds(a) for a in args if isinstance(a, Buffer))
+        record = Launch(kernel.name, grid3, block3, tuple(args), int(smem),
+                        max(DEFAULT_SMEM, self._smem_limits.get(kernel.name, 0)), live,
+                        self._capturing is not None)
+        self.launches.append(record)
+        if self._capturing is not None:
+            self._capturing.append(record)
+
+    @contextmanager
+    def beside(self, lane: int = 0):
+        assert self._lane is None, "beside() does not nest"
+        self._lane = lane
+        try:
+            yield
+        finally:
+            self._lane = None
+
+    @property
+    def side_active(self) -> bool:
+        return self._lane is not None
+
+    def join(self, lane: int = 0) -> None:
+        pass
+
+    def upload(self, buf: Buffer, array: np.ndarray, offset: int = 0) -> None:
+        nbytes = np.asarray(array).nbytes
+        assert offset + nbytes <= buf.nbytes, f"{buf.what}: {nbytes} bytes do not fit at {offset}"
+
+    def download(self, buf: Buffer, dtype: Any, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        out = np.zeros(shape, dtype)
+        assert offset + out.nbytes <= buf.nbytes, f"{buf.what}: read past the end"
+        return out
+
+    def fill_u32(self, buf: Buffer, value: int, count: int | None = None) -> None:
+        assert (buf.nbytes // 4 if count is None else count) * 4 <= buf.nbytes, f"fill past {buf.what}"
+
+    def copy(self, dst: Buffer, src: Buffer, nbytes: int) -> None:
+        assert nbytes <= dst.nbytes and nbytes <= src.nbytes, f"copy of {nbytes} bytes {src.what} -> {dst.what}"
+
+    def synchronize(self) -> None:
+        pass
+
+    @contextmanager
+    def capture(self):
+        assert self._capturing is None, "captures do not nest"
+        self._capturing, holder = [], []
+        try:
+            yield holder
+        finally:
+            graph = ShadowGraph(self, self._capturing)
+            self._capturing = None
+            holder.append(graph)
+            self._graphs.append(graph)
+
+    def capturing(self) -> bool:
+        """Whether launches go into a graph now (persist.py asks the driver's stream for this)."""
+        return self._capturing is not None
+
+    def close(self) -> None:
+        self.memory.free_all()
+        self._graphs, self.closed = [], True

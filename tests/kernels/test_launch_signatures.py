@@ -1,0 +1,178 @@
+"""Every launch the CUDA engine makes, held against the kernel it names, without a GPU.
+
+The engine runs whole on a ShadowDevice (tests/kernels/shadow_device.py): tiny models of every architecture and a
+Qwen3.8-27B-shaped qwen35 cut to four layers and a small vocabulary (so the 27B's widths take their own kernels:
+ffn_down's 68 superblocks, head dimension 256, the delta rule's 128-wide heads), through prefill (the GEMMs and the
+chunked delta rule included), verify passes of 1-8 tokens with their accepts, MTP drafts, the device's token choice
+(greedy, sampled, top_k / top_p, penalties), checkpoints, fast mode and the draft head dropped. For each launch:
+its arguments against the kernel's declared parameters (count and kind: a pointer where the kernel reads a pointer,
+an int32 where it reads an int, a struct of the mirror's type), its block within the kernel's launch bound, its
+dynamic shared memory allowed (cuFuncSetAttribute before a launch past 48 KB, never past the GPU's opt-in limit),
+and its Buffers inside live allocations. On the GPU any of these would read garbage or fail to launch; on the CPU
+nothing else sees them (the kernels' arithmetic is checked on the GPU: bench/gpu_check.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.backend import Draft, TokenSequence
+from engine.cuda import persist, tma
+from engine.cuda.backend import CudaBackend
+from engine.model.config import ATTENTION, DELTANET, qwen38_27b_config
+from engine.sampling import SamplingParams
+from tests.kernels import kernel_signatures as ks
+from engine.cuda.device import DeviceInfo
+from tests.kernels.shadow_device import A100, H100, H200, RTX_4090, Launch, ShadowDevice
+
+# C struct type -> the name of its ctypes mirror where the two are spelled differently
+STRUCT_MIRRORS = {"Act8Close": "CloseDst"}
+SAMPLING = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
+            SamplingParams(temperature=0.6, top_k=20, top_p=0.95),
+            SamplingParams(temperature=0.7, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.2,
+                           repetition_penalty=1.1)]
+
+
+@pytest.fixture(scope="module")
+def thin_27b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The 27B's shapes in four layers (three DeltaNet, one attention) and the MTP layer, 4,096 tokens of
+    vocabulary: random valid blocks in the 27B's quant mix."""
+    from engine.gguf.testmodel import write_model
+
+    cfg = dataclasses.replace(qwen38_27b_config(4096), num_layers=4, vocab_size=4096,
+                              layer_kinds=(DELTANET, DELTANET, DELTANET, ATTENTION))
+    path = write_model(tmp_path_factory.mktemp("thin27b") / "thin27b.gguf", cfg, fast=True, tokenizer=False)
+    yield path
+    path.unlink()  # 1.2 GB
+
+
+@pytest.fixture(autouse=True)
+def no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver calls outside Device: tensor maps (a struct of zeros), the persistent kernel's capture query and
+    occupancy (one block an SM)."""
+    monkeypatch.setattr(tma, "_encode", lambda *args: tma.TensorMap())
+    monkeypatch.setattr(persist, "_is_capturing", lambda dev: dev.capturing())
+    monkeypatch.setattr(persist, "blocks_per_sm", lambda dev, kernel, threads, smem: 1)
+
+
+def _exercise(backend: CudaBackend, prompt: int) -> None:
+    """Everything a server asks of a backend, once each way."""
+    vocab = backend.vocab_size
+    tokens = [int(t) % vocab for t in np.arange(1, prompt + 1) * 7919]
+    backend.prefill(tokens[:-1])
+    cp = backend.checkpoint()
+    seq = TokenSequence.start(tokens, SamplingParams(temperature=0))
+    for num in range(1, 9):  # verify passes of 1-8 tokens, logits to the host, part accepted
+        backend.verify([seq.pending, *range(1, num)])
+        backend.accept(max(1, num // 2))
+        seq.tokens.extend(range(1, max(1, num // 2) + 1))
+    if backend.can_draft:
+        for depth in (1, 4):
+            backend.draft(seq.pending, depth)
+    for params in SAMPLING:  # the device's choice of each verify row, drafts given
+        for depth in (0, 4):
+            backend.cycle(seq, depth, params, draft=Draft(list(range(2, 2 + depth))))
+    backend.rollback(cp)
+    backend.set_precise(False)
+    backend.verify([1])
+    backend.accept(1)
+    backend.verify([1, 2, 3, 4, 5])
+    backend.accept(5)
+    backend.drop_draft_head()
+    backend.verify([1, 2])
+    backend.accept(2)
+
+
+def _problems(launch: Launch) -> list[str]:
+    """What is wrong with one launch (empty: nothing)."""
+    sig, out = ks.signature(launch.kernel), []
+    kinds = [ks.arg_kind(a) for a in launch.args]
+    want = [p.kind for p in sig.params]
+    if len(kinds) != len(want):
+        out.append(f"{len(kinds)} arguments for {len(want)} parameters ({', '.join(p.name for p in sig.params)})")
+    for i, (got, param) in enumerate(zip(kinds, sig.params)):
+        expected = param.kind
+        if expected.startswith("struct:"):
+            expected = "struct:" + STRUCT_MIRRORS.get(expected[7:], expected[7:])
+        if got != expected and not (got == "i32" and expected == "i8"):
+            out.append(f"argument {i} ({param.name}): {got} where the kernel reads {param.kind}")
+    threads = launch.block[0] * launch.block[1] * launch.block[2]
+    if sig.max_threads is not None and threads > sig.max_threads:
+        out.append(f"{threads} threads a block, past the launch bound {sig.max_threads}")
+    if launch.smem > launch.smem_allowed:
+        out.append(f"{launch.smem} bytes of dynamic shared memory, {launch.smem_allowed} allowed")
+    if launch.grid[1] > 65535 or launch.grid[2] > 65535 or launch.grid[0] >= 2**31:
+        out.append(f"grid {launch.grid}")
+    if not launch.live:
+        out.append("a Buffer outside every live allocation")
+    return out
+
+
+def _check_launches(dev: ShadowDevice) -> Counter:
+    problems = {}
+    for launch in dev.launches:
+        for p in _problems(launch):
+            problems.setdefault((launch.kernel, p), launch)
+    assert not problems, "\n".join(f"{k}: {p}" for k, p in problems)
+    return Counter(launch.kernel for launch in dev.launches)
+
+
+def _run(path: Path, prompt: int, info: DeviceInfo = H200, **options) -> Counter:
+    dev = ShadowDevice(info)
+    backend = CudaBackend.from_gguf(path, device=dev, **options)
+    try:
+        _exercise(backend, prompt)
+    finally:
+        backend.close()
+    return _check_launches(dev)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3", "qwen2", "llama"])
+def test_every_launch_of_a_tiny_model_matches_its_kernel(arch: str, tiny_model_path) -> None:
+    kernels = _run(tiny_model_path(arch, tokenizer=False, vocab_size=512), prompt=40, context_size=512)
+    assert any(k.startswith("mmvq") for k in kernels) and any(k.startswith("choose") for k in kernels)
+
+
+@pytest.mark.parametrize(("info", "families"), [
+    (H200, ("mmvq_q4_K_i8b", "mmvq_q4_K_i8v", "gemm_wg_q4_K_ws", "gdn_chunk", "attn", "mmvq_q6_K_i8_t1")),
+    (H100, ("mmvq_q6_K_i8b",)),  # the one-token Q6_K ffn_down on tensor copies (off on the H200)
+    (A100, ("mmvq_q4_K_i8_t1", "gemm_q4_K_cp")),
+    (RTX_4090, ("mmvq_q4_K_i8_t1",))], ids=lambda v: v.name if isinstance(v, DeviceInfo) else "")
+def test_every_launch_of_the_27b_shape_matches_its_kernel(thin_27b: Path, info: DeviceInfo, families) -> None:
+    """A prompt of 2,100 tokens takes the prefill GEMMs (gemm_ws from 2,048 on sm_90) and the chunked delta rule."""
+    kernels = _run(thin_27b, prompt=2100, info=info, context_size=4096)
+    for family in families:
+        assert any(k.startswith(family) for k in kernels), (family, sorted(kernels))
+
+
+def test_a_launcher_that_drops_an_argument_is_caught() -> None:
+    """The check itself: a launch of mmvq_q6_K_i8_t1 without its last pointer, one with an int where a pointer
+    goes, and one past its launch bound each say so."""
+    dev = ShadowDevice()
+    y = dev.alloc(64, "y")
+    args = [y, y, y, y, None, None, 16, 256, 16, ks_close(), y]
+    kernel = dev.kernel("mmvq_q6_K_i8_t1")
+    dev.launch(kernel, 1, 128, args)
+    dev.launch(kernel, 1, 128, args[:-1])
+    dev.launch(kernel, 1, 128, args[:4] + [0] + args[5:])
+    dev.launch(kernel, 1, 512, args)
+    dev.memory.free(y)
+    dev.launch(kernel, 1, 128, args)
+    found = [_problems(launch) for launch in dev.launches]
+    assert found[0] == []
+    assert found[1] == ["10 arguments for 11 parameters (w, q8, scale8, y, bias, residual, rows, K, ldy, close, "
+                        "y2)"]
+    assert found[2] == ["argument 4 (bias): i32 where the kernel reads ptr"]
+    assert found[3] == ["512 threads a block, past the launch bound 256"]
+    assert found[4] == ["a Buffer outside every live allocation"]
+
+
+def ks_close():
+    from engine.cuda.closers import CloseDst
+
+    return CloseDst()
