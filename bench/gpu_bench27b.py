@@ -33,8 +33,8 @@ CONTEXT = 16384
 # 1-4 tokens and the verify passes of 5+ (3 since Z5); v7pdl every pass; v7off none; the others none, as measured.
 # v7's kernel table with the int8 matmuls, each with one setting of its own (the tables below say which)
 V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5",
-               "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "close", "q8i8", "close5",
-               "gdn4", "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
+               "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "gdn4",
+               "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
                "accept4", "attnpre", "attnplain", "dw5", "dw6", "dw7", "dw8", "dw8q6", "dw8q7",
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
@@ -71,7 +71,7 @@ I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs",
                          "i8vcopy", "i8voff", "i8vall", "serialpdl", *V7_SETTINGS} |
                         {f"s{s}n{n}" for s, n in I8B_SHAPES})
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
-I8_TOKEN_VARIANTS = {"i8t5": 5, "close5": 5, "halves5": 5}
+I8_TOKEN_VARIANTS = {"i8t5": 5, "halves5": 5}
 # v7 with the int8 matmuls' warps a block by token count (ops.I8_WARPS_AT; v7: 4 at one token since v19): w4t1 that
 # default, named as it was measured; apart and fused mmvq_i8's own choice (5 at K = 5,120)
 I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
@@ -142,14 +142,8 @@ PIPELINE_TABLE_VARIANTS = {"q6persist": {(Q.Q6_K, True): ((8, "persist"),)},
 # v7 with the Q6_K matmuls off the int8 kernel (noq6i8: on the f16 ones, as before v21) or on it at 1 (q6i8t1),
 # 1-4 (q6i8t4, v7's since v21) or 1-8 tokens (q6i8all) (ops.Q6_I8_COUNTS)
 Q6_I8_COUNT_VARIANTS = {"noq6i8": frozenset(), "q6i8t1": frozenset({1}), "q6i8t4": frozenset(range(1, 5)),
-                        "q6i8all": frozenset(Q6_I8_TOKENS), "close5": frozenset(range(1, 6)),
-                        "halves5": frozenset(range(1, 6)), "down5": frozenset(Q6_I8_TOKENS)}
-# v7 with the closers (engine/cuda/i8b.py CLOSE, off in v7 until measured: bench/NOTES.md Z1): the one-token pass's
-# FFN norm formed behind the mixer's output projection, SwiGLU behind gate | up and the next layer's input norm
-# behind ffn_down, their producer launches gone; with the Q8_0 gates on int8 (ops.Q8_I8), which the DeltaNet
-# layers' input norm needs. q8i8: the Q8_0 gates on int8 alone. close5: close with ffn_down (Q4_K and Q6_K) and
-# attn_v on the int8 kernels at 5 tokens too (ops.I8_TOKENS, Q6_I8_COUNTS), so that SwiGLU and the input norms close
-# in the 5-token pass as well (each lost alone: i8t5, q6i8all).
+                        "q6i8all": frozenset(Q6_I8_TOKENS), "halves5": frozenset(range(1, 6)),
+                        "down5": frozenset(Q6_I8_TOKENS)}
 # ffn_down at one token in two blocks a tile (ops.DOWN_HALVES: the second half's sums added by the next input norm);
 # halvesi8b: with the Q4_K ffn_downs on mmvq_i8b as in i8b (there only the Q6_K ones go in halves); halves5: with
 # both ffn_downs on the int8 kernels at 5 tokens too (i8t5's and q6i8all's settings), in halves there as well
@@ -186,8 +180,6 @@ Q6B_FORCED_VARIANTS = frozenset({"q6b", "q6bhalves", "q6bdown", "q6bw8", "q6bh8"
 # The verify passes' Q6_K ffn_downs on mmvq_q6_i8v in halves (q6b.VERIFY_AT; off by default): q6v at every count it
 # is built for (2-4 from mmvq_q6_i8, 5-8 from the f16 two-pass kernels), q6v5 from 5 tokens
 Q6V_VARIANTS = {"q6v": frozenset(range(2, 9)), "q6v5": frozenset(range(5, 9))}
-CLOSE_VARIANTS = frozenset({"close", "close5"})
-Q8_I8_VARIANTS = frozenset({"close", "q8i8", "close5"})
 # The recurrent delta rule's state columns a warp (mixers.GDN_COLS, 4 by default since Z4; gdn8 the old form)
 GDN_COLS_VARIANTS = {"gdn4": 4, "gdn8": 8}
 # The causal conv launched apart from the delta rule on verify passes (mixers.GDN_CONV off; inside it by default),
@@ -206,7 +198,7 @@ ACCEPT_COLS_VARIANTS = {"accept4": 4}
 # c077727's run)
 FAST_TOKEN_VARIANTS = {"fast24": frozenset({2, 4}), "fastall": EVERY_VERIFY_COUNT}
 # Variants whose verify passes of 2, 4 and 5 tokens are profiled (the kernels they launch) in passes-only runs
-PROFILED_VARIANTS = frozenset({"v7", "close"})
+PROFILED_VARIANTS = frozenset({"v7"})
 # OPENJET_BENCH_PASSES_ONLY=1: the variants' decode and pass timings only (no profile, ablation or prefill)
 PASSES_ONLY_ENV = "OPENJET_BENCH_PASSES_ONLY"
 # OPENJET_BENCH_ABLATION=1 with it: the ablation of v7's T = 1 and T = 5 passes too
@@ -547,7 +539,6 @@ def _use_variant(backend, name: str) -> None:
     i8b.ON = name in BULK_I8_VARIANTS or (name in I8_VARIANTS and name not in NO_BULK_VARIANTS and i8b._default())
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)
     i8b.FUSE = name in FUSED_VARIANTS or i8b._fuse_default()
-    i8b.CLOSE = name in CLOSE_VARIANTS or i8b._close_default()
     ops.DOWN_HALVES = name in HALVES_VARIANTS or ops._down_halves_default()
     ops.OUT_HALVES = name in OUT_HALVES_VARIANTS or ops._out_halves_default()
     ops.VERIFY_HALVES_AT = VERIFY_HALVES_VARIANTS.get(name, ops.DEFAULT_VERIFY_HALVES_AT)
@@ -559,7 +550,6 @@ def _use_variant(backend, name: str) -> None:
     q6b.WARPS = Q6B_WARPS_VARIANTS.get(name, q6b.DEFAULT_WARPS)
     q6b.HALVES = name not in Q6B_WHOLE_VARIANTS and q6b.DEFAULT_HALVES
     q6b.VERIFY_AT = Q6V_VARIANTS.get(name, q6b.DEFAULT_VERIFY_AT)
-    ops.Q8_I8 = name in Q8_I8_VARIANTS or env_flag(ops.Q8_I8_ENV, False)
     mixers.GDN_COLS = GDN_COLS_VARIANTS.get(name, mixers._gdn_cols_default())
     mixers.GDN_CONV = name not in CONV_APART_VARIANTS and env_switch(mixers.GDN_CONV_ENV, True)
     mixers.GDN_CONV_TOKENS = CONV_TOKEN_VARIANTS.get(name, mixers.DEFAULT_GDN_CONV_TOKENS)

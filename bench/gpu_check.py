@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
 PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream",
-         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8", "gemm_wg", "close", "timeline", "sample")
+         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8", "gemm_wg", "timeline", "sample")
 # --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
@@ -96,11 +96,6 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_fused.run_fused_checks(dev, report, rng)
         gpu_fused.time_fused(dev, report, rng)
-    elif name == "close":  # closers (off by default, so not in "kernels" until they are on): checks and timings
-        from bench import gpu_close
-
-        gpu_close.run_close_checks(dev, report, rng)
-        gpu_close.time_close(dev, report, rng)
     elif name == "timeline":  # the 27B passes kernel by kernel (CUPTI through torch.profiler): where the time goes
         from bench import gpu_timeline
 

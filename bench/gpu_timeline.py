@@ -13,7 +13,7 @@ run of 2026-12-06 read 6 us a layer off alpha | beta that way; removing the laun
 Z3).
 
   python bench/gpu_check.py --parts model27b,timeline      (the 27B file from model27b, or OPENJET_27B)
-  OPENJET_BENCH_VARIANTS=v7,close ... --parts timeline    (each variant of bench/gpu_bench27b.py in turn)
+  OPENJET_BENCH_VARIANTS=v7,noq6b ... --parts timeline    (each variant of bench/gpu_bench27b.py in turn)
 
 Last, one prefill chunk of the engine's size (eager launches) the same way (prefill_chunk).
 

@@ -23,7 +23,6 @@ from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_HALVES
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
-    from engine.cuda.closers import Closer
     from engine.cuda.ops import Act, DeviceWeight, Producer
 
 ENV = "OPENJET_CUDA_I8B"
@@ -53,17 +52,6 @@ def _fuse_default() -> bool:
 
 
 FUSE = _fuse_default()
-# The next matmul's producer formed behind an int8 matmul or the delta rule, at its tail (kernels/act8_close.cuh,
-# engine/cuda/closers.py). Off unless OPENJET_CUDA_CLOSE=1 until the GPU has checked and timed it
-# (bench/NOTES.md Z1).
-CLOSE_ENV = "OPENJET_CUDA_CLOSE"
-
-
-def _close_default() -> bool:
-    return env_switch(CLOSE_ENV, False)
-
-
-CLOSE = _close_default()
 # (superblocks a stage, stages a warp): one of instances.I8B_SHAPES. (3, 2): a 5,120-wide tile's share of 5
 # superblocks a warp in 2 stages, not 3, and two 69 KB blocks an SM with one spare (against three of 51 KB): the
 # 27B one-token pass 7.561 ms against 7.659 with (2, 2) on an H100 (bench/NOTES.md Z21; v16 had (2, 2) faster
@@ -220,18 +208,16 @@ def quant_map(w: DeviceWeight) -> tma.TensorMap:
 
 def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer] | None, y: Buffer,
            bias: Buffer | None, residual: Buffer | None, producer: Producer | None = None,
-           closer: Closer | None = None, y2: Buffer | None = None) -> None:
+           y2: Buffer | None = None) -> None:
     """One launch of mmvq_i8b: blocks of warps walking 16-row tiles (grid), each warp a contiguous share of the
     row; its activations the int8 copy group8, or computed from producer (fuses() said so; group8 None); with
-    closer, the next matmul's input formed from y at its tail; with y2, walking half-tiles (halves_grid), the
-    second half of every row's superblocks summed into y2 (y: the first half + bias + residual)."""
+    y2, walking half-tiles (halves_grid), the second half of every row's superblocks summed into y2 (y: the first
+    half + bias + residual)."""
     from engine.cuda import ops
-    from engine.cuda.closers import close_dst, instance
 
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
-    assert producer is None or closer is None, "no mmvq_i8b instance both fuses a producer and closes one"
-    assert y2 is None or (producer is None and closer is None and SHAPE in I8B_HALVES_SHAPES), \
-        f"{w.name}: no mmvq_i8b instance in halves for {SHAPE} with a producer or closer"
+    assert y2 is None or (producer is None and SHAPE in I8B_HALVES_SHAPES), \
+        f"{w.name}: no mmvq_i8b instance in halves for {SHAPE} with a producer"
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, warps(dev, w)
     name = f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}" + ("_halves" if y2 is not None else "")
     if producer is None:
@@ -240,10 +226,9 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
         a = producer.src
         src, (q8, scale8, sums8, sums8_lo) = I8bSrc(a.x, a.x2, a.w, a.head, a.eps), (None,) * 4
         name += f"_{producer.mode}"
-    kernel, smem = dev.kernel(instance(name, closer)), smem_bytes(nb, num_warps, SHAPE)
+    kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
-    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols,
-            close_dst(closer, 1, w.rows), y2]
+    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols, y2]
     blocks = grid(dev, tiles, num_warps, smem) if y2 is None else halves_grid(dev, tiles, num_warps, smem)
     dev.launch(kernel, blocks, 32 * num_warps, args, smem=smem)
 
@@ -293,7 +278,7 @@ VERIFY_TOKENS = DEFAULT_VERIFY_TOKENS
 DEFAULT_VERIFY_FAST_TOKENS = DEFAULT_VERIFY_TOKENS
 VERIFY_FAST_TOKENS = DEFAULT_VERIFY_FAST_TOKENS
 # The token counts launched in the wide form (instances.I8V_WIDE_TOKENS: blocks of up to 24 warps, one superblock a
-# stage; never with a closer behind). From 3 tokens one block fills an SM, and at K = 5,120 its 12 warps run 10 busy
+# stage). From 3 tokens one block fills an SM, and at K = 5,120 its 12 warps run 10 busy
 # in shares of 2: the SM's issue slots were 47 % busy at 5 tokens with 2.5 warps a scheduler, none eligible half
 # the cycles (bench/results/ncu-2026-12-06-c45671c-i8v-t5-gate-up-h100.txt), and 10 busy warps against 7 took
 # gate | up at 5 tokens from 48.2 to 41.7 us (bench/NOTES.md Z5). In shares of one, 20 warps. Empty until a GPU
@@ -303,7 +288,7 @@ VERIFY_WIDE_TOKENS = DEFAULT_VERIFY_WIDE_TOKENS
 
 
 def verify_wide(num_tokens: int) -> bool:
-    """Whether a launch of num_tokens (with no closer behind) takes the wide form."""
+    """Whether a launch of num_tokens takes the wide form."""
     return num_tokens in VERIFY_WIDE_TOKENS and num_tokens in I8V_WIDE_TOKENS
 
 
@@ -387,25 +372,22 @@ def verify_warps(dev: Device, w: DeviceWeight, num_tokens: int, wide: bool = Fal
 
 def launch_verify(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
                   bias: Buffer | None, residual: Buffer | None, num_tokens: int, ld_y: int,
-                  closer: Closer | None = None, y2: Buffer | None = None) -> None:
+                  y2: Buffer | None = None) -> None:
     """One launch of mmvq_i8v for num_tokens (2-8) tokens: mmvq_i8b's walking grid, y and residual [T, ld_y]; with
-    closer, the next matmul's input formed from y behind it; with y2, in halves (each block a half-tile: the
-    first half's sums + bias + residual into y, the second's into y2)."""
+    y2, in halves (each block a half-tile: the first half's sums + bias + residual into y, the second's into
+    y2)."""
     from engine.cuda import ops
-    from engine.cuda.closers import close_dst, instance
 
-    assert y2 is None or closer is None, f"{w.name}: a launch in halves takes no closer"
     halves = y2 is not None
-    wide = closer is None and not halves and verify_wide(num_tokens)
+    wide = not halves and verify_wide(num_tokens)
     tiles, staged = (w.rows + 15) // 16, verify_staged(w.cols // ops.SUPERBLOCK, halves)
     num_warps = verify_warps(dev, w, num_tokens, wide, halves)
     name = (f"mmvq_q4_K_i8v_t{num_tokens}_halves" if halves else f"mmvq_q4_K_i8v_t{num_tokens}_wide" if wide
-            else instance(f"mmvq_q4_K_i8v_t{num_tokens}", closer))
+            else f"mmvq_q4_K_i8v_t{num_tokens}")
     kernel, smem = dev.kernel(name), verify_smem_bytes(staged, num_tokens, num_warps, wide)
     dev.set_max_dynamic_smem(kernel, smem)
     q8, scale8, sums8, sums8_lo = group8
-    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y,
-            close_dst(closer, num_tokens, ld_y), y2]
+    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, ld_y, y2]
     static = verify_static_smem(num_tokens, wide)
     blocks = (halves_grid(dev, tiles, num_warps, smem, static, VERIFY_SPARE_PER_SM) if halves
               else grid(dev, tiles, num_warps, smem, static, VERIFY_SPARE_PER_SM))

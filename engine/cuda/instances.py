@@ -53,18 +53,6 @@ I8B_FUSED_SHAPES = ((3, 2),)
 # ... and the shapes built to walk half-tiles (ops.OUT_HALVES: the mixers' output projections in halves):
 # mmvq_q4_K_i8b_s{S}n{N}_halves
 I8B_HALVES_SHAPES = ((3, 2),)
-# Producers it can form behind itself for the next matmul (kernels/act8_close.cuh, engine/cuda/closers.py), and
-# the shapes built with them: mmvq_q4_K_i8b_s{S}n{NS}_close_{mode}.
-I8B_CLOSE_MODES = ("rmsnorm", "swiglu")
-I8B_CLOSE_SHAPES = ((3, 2),)  # the default shape (Z1-Z2 measured the closers at (2, 2))
-# ... and the int8 matmuls of more tokens or wider rows: the verify form (mmvq_q4_K_i8v_t{T}_close_{mode}), mmvq_i8
-# (gate | up at 3 tokens, ffn_down Q4_K: mmvq_q4_K_i8_t{T}_close_{mode}) and mmvq_q6_i8 (ffn_down Q6_K behind which
-# the next layer's input norm closes: mmvq_q6_K_i8_t{T}_close_rmsnorm), at the token counts whose consumers read
-# the int8 copy; the delta rule closes the gated norm (gdn_k{D}_close_gatednorm).
-I8V_CLOSE_MODES = ("rmsnorm", "swiglu")
-I8_CLOSE_MODES = ("rmsnorm", "swiglu")
-I8_CLOSE_TOKENS = (1, 2, 3, 4, 5)  # 5: where ffn_down runs int8 at 5 tokens (bench variant close5)
-Q6_I8_CLOSE_MODES = ("rmsnorm",)
 # Tokens of its form for the verify passes (kernels/mmvq_i8v.cu: whole tokens in the mma columns, a second mma past
 # 4), an instance each in mmvq_i8b's default shape: mmvq_q4_K_i8v_t{T}.
 I8V_TOKENS = tuple(range(2, 9))
@@ -145,46 +133,32 @@ def _build() -> dict[str, Instance]:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_cpa{'2' if tiles == 2 else ''}{suffix}", "mmvq",
                                 f"mmvq_cpa<{int(qt)}, {lo}, {tiles}, {ACT_STAGES}>"))
     out += [Instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{tiles}" if tiles > 1 else ""), "mmvq_i8",
-                     f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}, -1>")  # int8 activations, 1..TILES row tiles a block
+                     f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}>")  # int8 activations, 1..TILES row tiles a block
             for t in range(1, I8_MAX_TOKENS + 1) for tiles in I8_TILE_COUNTS if tiles == 1 or t <= 4]
-    out += [Instance(f"mmvq_q4_K_i8_t{t}_close_{mode}", "mmvq_i8",
-                     f"mmvq_i8<{t}, {ACT_STAGES}, 1, {ACT_MODES.index(mode)}>")
-            for t in I8_CLOSE_TOKENS for mode in I8_CLOSE_MODES]
-    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1, -1>") for s, n in I8B_SHAPES]
-    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_{mode}", "mmvq_i8b",
-                     f"mmvq_i8b<{s}, {n}, {ACT_MODES.index(mode)}, -1>")
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1>") for s, n in I8B_SHAPES]
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_{mode}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, {ACT_MODES.index(mode)}>")
             for s, n in I8B_FUSED_SHAPES for mode in I8B_FUSED_MODES]  # a producer fused in front
-    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_close_{mode}", "mmvq_i8b",
-                     f"mmvq_i8b<{s}, {n}, -1, {ACT_MODES.index(mode)}>")
-            for s, n in I8B_CLOSE_SHAPES for mode in I8B_CLOSE_MODES]  # the next matmul's producer behind
-    out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, -1>")
+    out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}>")
             for t in I8V_TOKENS]
     out += [Instance(f"mmvq_q4_K_i8v_t{t}_wide", "mmvq_i8v",
-                     f"mmvq_i8v<{t}, {I8V_WIDE_SHAPE[0]}, {I8V_WIDE_SHAPE[1]}, -1, {I8V_WIDE_WARPS}>")
+                     f"mmvq_i8v<{t}, {I8V_WIDE_SHAPE[0]}, {I8V_WIDE_SHAPE[1]}, {I8V_WIDE_WARPS}>")
             for t in I8V_WIDE_TOKENS]
     out += [Instance(f"mmvq_q4_K_i8v_t{t}_halves", "mmvq_i8v",
-                     f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, -1, {I8V_MAX_WARPS}, true>")
+                     f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, {I8V_MAX_WARPS}, true>")
             for t in I8V_HALVES_TOKENS]
-    out += [Instance(f"mmvq_q4_K_i8v_t{t}_close_{mode}", "mmvq_i8v",
-                     f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}, {ACT_MODES.index(mode)}>")
-            for t in I8V_TOKENS for mode in I8V_CLOSE_MODES]
-    out += [Instance(f"mmvq_q6_K_i8_t{t}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, -1>") for t in Q6_I8_TOKENS]
-    out += [Instance(f"mmvq_q6_K_i8_t{t}_close_{mode}", "mmvq_i8q6",
-                     f"mmvq_q6_i8<{t}, {ACT_STAGES}, {ACT_MODES.index(mode)}>")
-            for t in I8_CLOSE_TOKENS for mode in Q6_I8_CLOSE_MODES]
+    out += [Instance(f"mmvq_q6_K_i8_t{t}", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}>") for t in Q6_I8_TOKENS]
     # ... and both in two blocks a tile, each half of its superblocks (ops.DOWN_HALVES: ffn_down)
-    out += [Instance(f"mmvq_q4_K_i8_t{t}_halves", "mmvq_i8", f"mmvq_i8<{t}, {ACT_STAGES}, 1, -1, true>")
+    out += [Instance(f"mmvq_q4_K_i8_t{t}_halves", "mmvq_i8", f"mmvq_i8<{t}, {ACT_STAGES}, 1, true>")
             for t in HALVES_TOKENS]
-    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_halves", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1, -1, true>")
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_halves", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1, true>")
             for s, n in I8B_HALVES_SHAPES]
-    out += [Instance(f"mmvq_q6_K_i8_t{t}_halves", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, -1, true>")
+    out += [Instance(f"mmvq_q6_K_i8_t{t}_halves", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, true>")
             for t in HALVES_TOKENS]
     out += [Instance(f"mmvq_q6_K_i8b_s{s}n{n}" + ("_halves" if halves else ""), "mmvq_i8q6b",
                      f"mmvq_q6_i8b<{s}, {n}, {'true' if halves else 'false'}>")
             for s, n in Q6B_SHAPES for halves in (False, True)]
     out += [Instance(f"mmvq_q6_K_i8v_t{t}_halves", "mmvq_i8q6b",
                      f"mmvq_q6_i8v<{t}, {Q6V_SHAPE[0]}, {Q6V_SHAPE[1]}, true>") for t in Q6V_TOKENS]
-    out += [Instance("mmvq_q8_0_i8", "mmvq_i8q8", "mmvq_q8_0_i8")]  # Q8_0, 1-8 tokens of int8 activations
     for qt in PERSIST_QTYPES:  # the persistent stream-K grid, the same three modes
         for suffix, flags in PIPELINE_MODES:
             out.append(Instance(f"mmvq_{qtype_tag(qt)}_persist{suffix}", "mmvq_persist",
@@ -205,22 +179,19 @@ def _build() -> dict[str, Instance]:
     out += [Instance(n, "elementwise", n) for n in ("swiglu", "sigmoid_mul")]
     out += [Instance(f"get_rows_{qtype_tag(qt)}", "elementwise", f"get_rows<{int(qt)}>") for qt in EMBED_QTYPES]
     out += [Instance(n, "attention", n) for n in ("kv_store", "qk_prep")]
-    out += [Instance("attn_combine", "attention", "attn_combine<-1>"),  # and with the plain copy closed behind it
-            Instance("attn_combine_close_plain", "attention", f"attn_combine<{ACT_MODES.index('plain')}>")]
+    out += [Instance("attn_combine", "attention", "attn_combine")]
     out += [Instance(f"attn_d{d}", "attention", f"attn<{d}, {qpw}, 0>") for d, qpw in ATTN_HEAD_DIMS.items()]
     out += [Instance(f"attn_d{d}_q{n}{suffix}", "attention", f"attn<{d}, {n}, {pre}>") for d in ATTN_HEAD_DIMS
             for n in ATTN_DECODE_QPW for suffix, pre in (("", 0), ("_pre", ATTN_PRE_KEYS))]
     out += [Instance(f"attn_mma_d{d}", "attention_prefill", f"attn_mma<{d}>") for d in ATTN_MMA_DIMS]
     out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]
-    out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}, 8, -1, 0>") for d in GDN_KEY_DIMS]
-    out += [Instance(f"gdn_k{d}_c4", "deltanet", f"gdn_recurrent<{d // 32}, 4, -1, 0>") for d in GDN_KEY_DIMS]
-    out += [Instance(f"gdn_k{d}_c4_conv", "deltanet", f"gdn_recurrent<{d // 32}, 4, -1, {GDN_CONV_TAPS}>")
+    out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}, 8, 0>") for d in GDN_KEY_DIMS]
+    out += [Instance(f"gdn_k{d}_c4", "deltanet", f"gdn_recurrent<{d // 32}, 4, 0>") for d in GDN_KEY_DIMS]
+    out += [Instance(f"gdn_k{d}_c4_conv", "deltanet", f"gdn_recurrent<{d // 32}, 4, {GDN_CONV_TAPS}>")
             for d in GDN_KEY_DIMS]  # the causal conv inside the rule
     out += [Instance(f"gdn_k{d}{'' if cols == 8 else f'_c{cols}'}_layers", "deltanet",
-                     f"gdn_recurrent<{d // 32}, {cols}, -1, 0, 1>")
+                     f"gdn_recurrent<{d // 32}, {cols}, 0, 1>")
             for d in GDN_KEY_DIMS for cols in (8, 4)]  # the accept of every DeltaNet layer in one launch
-    out += [Instance(f"gdn_k{d}_close_gatednorm", "deltanet",
-                     f"gdn_recurrent<{d // 32}, 8, {ACT_MODES.index('gatednorm')}, 0>") for d in GDN_KEY_DIMS]
     out += [Instance(f"gdn_chunk_{step}_k{d}", "deltanet_chunked", f"gdn_chunk_{step}<{d}>")
             for step in ("prep", "scan") for d in GDN_CHUNK_DIMS]
     out += [Instance(n, "sample", n) for n in ("argmax_partial", "argmax_final", "choose_rows", "choose_top",

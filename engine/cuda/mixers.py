@@ -10,7 +10,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 
-from engine.cuda import closers, env_switch
+from engine.cuda import env_switch
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ATTN_DECODE_QPW, ATTN_HEAD_DIMS, ATTN_MMA_DIMS, ATTN_PRE_KEYS, GDN_CHUNK_DIMS,
                                    GDN_CONV_TAPS, GDN_KEY_DIMS)
@@ -100,11 +100,11 @@ class GdnConv:
     channels: int
 
 
-def gdn_conv_runs(num_tokens: int, kernel_size: int, commit: bool, closer: object | None = None) -> bool:
+def gdn_conv_runs(num_tokens: int, kernel_size: int, commit: bool) -> bool:
     """Whether a pass's conv goes inside the delta rule: on at its length, a non-committing pass, the instances'
-    kernel size, 4 columns a warp and no closer behind the rule (its instances have 8)."""
+    kernel size and 4 columns a warp."""
     return (GDN_CONV and num_tokens in GDN_CONV_TOKENS and not commit and kernel_size == GDN_CONV_TAPS
-            and GDN_COLS == 4 and closer is None)
+            and GDN_COLS == 4)
 
 
 def _gdn_prep_smem(dim: int) -> int:
@@ -227,13 +227,12 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
               num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity: int, ld_q: int,
               q_head_stride: int, ld_out: int, scale: float, gate: Buffer | None = None, ld_gate: int = 0,
               gate_head_stride: int = 0, scratch: Buffer | None = None, splits: int = 1,
-              min_keys: int | None = None, closer: closers.Closer | None = None) -> None:
+              min_keys: int | None = None) -> None:
     """out[t, h] = causal attention of query (t, h) over cache keys 0..positions[t] (times sigmoid(gate) if given).
 
     q, gate: f32 rows with per-head strides (qwen35 packs Q and its gate per head); caches: f16 [Hkv, capacity, D].
     With splits > 1 the keys are split over blocks and merged by attn_combine through scratch; a split takes at
-    least min_keys keys (default ATTN_MIN_KEYS), the splits past those stay idle. closer: out's int8 copy for the
-    output projection, formed behind attn_combine (closers.plain_closer_for made it: splits > 1, no mma path).
+    least min_keys keys (default ATTN_MIN_KEYS), the splits past those stay idle.
     """
     min_keys = ATTN_MIN_KEYS if min_keys is None else min_keys
     if min_keys < 1 or min_keys & (min_keys - 1):
@@ -248,7 +247,6 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
                     _ptr(gate), num_tokens, num_heads, num_kv_heads, capacity, ld_q, q_head_stride, ld_out, ld_gate,
                     gate_head_stride, tile, min_keys.bit_length() - 1, float(scale))
     if attn_runs_mma(num_tokens, head_dim, dev.info.max_smem_per_block):  # a prefill run: no splits needed
-        assert closer is None, "the attention output's closer runs behind attn_combine"
         kernel, smem = dev.kernel(f"attn_mma_d{head_dim}"), _attn_mma_smem(head_dim)
         dev.set_max_dynamic_smem(kernel, smem)
         rows = num_tokens * (num_heads // num_kv_heads)
@@ -262,12 +260,8 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
         dev.set_max_dynamic_smem(kernel, smem)
     grid = (num_kv_heads, (num_tokens + tile - 1) // tile, splits)
     dev.launch(kernel, grid, ATTN_WARPS * 32, [args], smem=smem)
-    assert closer is None or splits > 1, "the attention output's closer runs behind attn_combine"
     if splits > 1:
-        dev.launch(dev.kernel(closers.instance("attn_combine", closer)), (num_tokens, num_heads), 256,
-                   [args, splits, head_dim, closers.close_dst(closer, num_tokens, ld_out)])
-        if closer is not None:
-            closer.act.i8_tokens = num_tokens
+        dev.launch(dev.kernel("attn_combine"), (num_tokens, num_heads), 256, [args, splits, head_dim])
 
 
 def kv_store(dev: Device, k: Buffer, v: Buffer, kcache: Buffer, vcache: Buffer, positions: Buffer, num_tokens: int,
@@ -324,25 +318,23 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                   num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, ld_qk: int, ld_v: int, ld_o: int,
                   commit: bool, *, g: Buffer, beta: Buffer, alpha: Buffer | None = None, b: Buffer | None = None,
                   a: Buffer | None = None, dt_bias: Buffer | None = None, ld_gate: int = 0,
-                  qk_out: Buffer | None = None, eps: float = 1e-6, closer: closers.Closer | None = None,
-                  conv: GdnConv | None = None) -> None:
+                  qk_out: Buffer | None = None, eps: float = 1e-6, conv: GdnConv | None = None) -> None:
     """The gated delta rule over T tokens from state [Hv, Dk, Dv]; writes o, and the state only if commit.
 
     With alpha/b/a/dt_bias given, q and k are raw (L2-normalised here, q scaled by Dk^-0.5) and the gates are
     computed here; qk_out then also receives the normalised q|k rows and g/beta the gates (for a later commit).
-    Without them the inputs are prepared: q, k normalised and g, beta read from their buffers. closer: the gated
-    norm of o for the output projection, formed behind the launch (closers.gated_closer_for made it).
+    Without them the inputs are prepared: q, k normalised and g, beta read from their buffers.
     conv: q, k and v are the raw projections (channels of conv.window's conv, q at 0, k at Hk Dk, v at 2 Hk Dk),
     convolved here as conv1d_silu would, their inputs appended to the window (a non-committing pass only).
     """
-    cols = GDN_COLS if closer is None else 8  # the closer counts 32 warps of 8 columns a superblock
-    base = _gdn_instance(k_dim, cols) + ("_conv" if conv else "")
+    cols = GDN_COLS
+    name = _gdn_instance(k_dim, cols) + ("_conv" if conv else "")
     prepared = alpha is None
     _check_state(v_dim, state)
     if conv is not None:
-        if commit or prepared or closer is not None or GDN_COLS != 4:
-            raise ValueError("the conv inside the delta rule takes a non-committing pass of raw inputs, 4 columns a "
-                             "warp and no closer")
+        if commit or prepared or GDN_COLS != 4:
+            raise ValueError("the conv inside the delta rule takes a non-committing pass of raw inputs and 4 columns "
+                             "a warp")
         if num_tokens > GDN_CONV_MAX_TOKENS:
             raise ValueError(f"the conv inside the delta rule stages at most {GDN_CONV_MAX_TOKENS} tokens, "
                              f"not {num_tokens}")
@@ -355,10 +347,7 @@ def gdn_recurrent(dev: Device, q: Buffer, k: Buffer, v: Buffer, state: Buffer, o
                    float(k_dim ** -0.5), *((conv.weight.ptr, conv.window.ptr, conv.out.ptr, conv.channels)
                                            if conv else (0, 0, 0, 0)))
     grid = (-(-v_dim // (GDN_WARPS * cols)), num_v_heads)
-    dev.launch(dev.kernel(closers.instance(base, closer)), grid, 32 * GDN_WARPS,
-               [args, closers.close_dst(closer, num_tokens, ld_o)])
-    if closer is not None:
-        closer.act.i8_tokens = num_tokens
+    dev.launch(dev.kernel(name), grid, 32 * GDN_WARPS, [args])
 
 
 def gdn_accept_layers(dev: Device, layers: Buffer, num_layers: int, n: int, num_k_heads: int, num_v_heads: int,
@@ -375,7 +364,7 @@ def gdn_accept_layers(dev: Device, layers: Buffer, num_layers: int, n: int, num_
                    ld_v=channels, commit=1, prepared=1, eps=float(eps), q_scale=float(k_dim ** -0.5), C=channels,
                    layers=layers.ptr, conv_k=kernel_size)
     grid = (-(-v_dim // (GDN_WARPS * cols)), num_v_heads, num_layers)
-    dev.launch(dev.kernel(name), grid, 32 * GDN_WARPS, [args, closers.close_dst(None)])
+    dev.launch(dev.kernel(name), grid, 32 * GDN_WARPS, [args])
 
 
 def gdn_chunked_fits(k_dim: int, v_dim: int, max_smem: int) -> bool:

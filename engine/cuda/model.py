@@ -21,7 +21,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from engine.backend import restrict_draft_logits
-from engine.cuda import closers, gemm, mixers, ops
+from engine.cuda import gemm, mixers, ops
 from engine.cuda.device import Buffer, Device, pdl_for
 from engine.cuda.weights import CudaWeights, LayerWeights
 from engine.model.config import ModelConfig
@@ -73,14 +73,6 @@ class Workspace:
             if cfg.ssm_inner_size else None
         self.ffn = dev.alloc(4 * p * cfg.ffn_size, "ffn_h")
         self.act_ffn = ops.alloc_act(dev, p, cfg.ffn_size, "act_ffn", f32=self.ffn, precise=True)
-        # the closers' counters and sums (closers.Closer): the FFN norm and the input norm into act_h, SwiGLU into
-        # act_ffn, the DeltaNet's gated norm into act_inner, attention's output into act_q
-        self.close_h = closers.alloc_close_scratch(dev, h, "close.ffn_norm")
-        self.close_in = closers.alloc_close_scratch(dev, h, "close.input_norm")
-        self.close_inner = closers.alloc_close_scratch(dev, cfg.ssm_inner_size, "close.gated_norm") \
-            if cfg.ssm_inner_size else None
-        self.close_q = closers.alloc_close_scratch(dev, cfg.q_size, "close.attn_out")
-        self.close_ffn = closers.alloc_close_scratch(dev, cfg.ffn_size, "close.swiglu")
         acts = [self.act_h, self.act_q, self.act_ffn] + ([self.act_inner] if self.act_inner else [])
         # the matrices these feed (the trunk's and the heads'): all on prefill GEMMs, a prefill's producers write
         # no f16 residue (ops.Act.gemm_only)
@@ -206,21 +198,17 @@ class CudaModel:
         h = cfg.hidden_size
         dev.pdl = pdl_for(dev.pdl_policy, num_tokens, VERIFY_MAX)
         ops.get_rows(dev, self.weights.token_embd, ws.ids, ws.x, num_tokens, h)
-        layers, input_norm = self.weights.layers, None  # input_norm: the layer's, formed behind the last ffn_down
+        layers = self.weights.layers
         halves = None  # the last ffn_down's halves (ws.x_halves), which the input norm sums into x
         for i, lw in enumerate(layers):
-            normed = None if input_norm else ops.rmsnorm_of(ws.x, lw.vectors["attn_norm"], h, cfg.rms_eps, out32=ws.xn,
-                                                            add=halves)
-            ffn_norm = self._ffn_norm_closer(lw, num_tokens)
+            normed = ops.rmsnorm_of(ws.x, lw.vectors["attn_norm"], h, cfg.rms_eps, out32=ws.xn, add=halves)
             # the mixer's output in halves (ops.OUT_HALVES), which the FFN norm sums into x; never traced
             if lw.kind == "attention":
-                mixed = self._attention(lw, self.kv[i], num_tokens, ws.pos, normed, ffn_norm, may_halve=trace is None)
+                mixed = self._attention(lw, self.kv[i], num_tokens, ws.pos, normed, may_halve=trace is None)
             else:
-                mixed = self._deltanet(i, lw, num_tokens, commit, normed, ffn_norm, may_halve=trace is None)
-            input_norm = self._input_norm_closer(layers[i + 1], lw, num_tokens) if i + 1 < len(layers) else None
+                mixed = self._deltanet(i, lw, num_tokens, commit, normed, may_halve=trace is None)
             # (the last layer's output and a traced one are read whole: not in halves)
-            halves = self._ffn(lw, num_tokens, norm_closed=ffn_norm is not None, closer=input_norm,
-                               may_halve=i + 1 < len(layers) and trace is None, add=mixed)
+            halves = self._ffn(lw, num_tokens, may_halve=i + 1 < len(layers) and trace is None, add=mixed)
             if trace is not None:
                 trace.append(dev.download(ws.x, np.float32, (num_tokens, h)))
         if self.weights.mtp is not None:  # every token's output-normed hidden, for the MTP head
@@ -256,10 +244,9 @@ class CudaModel:
         ops.act_rmsnorm(dev, prev, vec["nextn.hnorm"], ws.act_hh, num_tokens, h, eps, out32=ws.cat.view(4 * h))
         ops.act_f16(dev, ws.cat, ws.act_cat, num_tokens, 2 * h)
         ops.matmul(dev, mtp.eh_proj, ws.act_cat, ws.x, num_tokens, h)
-        ffn_norm = self._ffn_norm_closer(mtp.layer, num_tokens)
         self._attention(mtp.layer, self.mtp_kv, num_tokens, pos, ops.rmsnorm_of(ws.x, vec["attn_norm"], h, eps,
-                                                                                out32=ws.xn), ffn_norm)
-        self._ffn(mtp.layer, num_tokens, norm_closed=ffn_norm is not None)
+                                                                                out32=ws.xn))
+        self._ffn(mtp.layer, num_tokens)
 
     def _mtp_catch_up(self, num_tokens: int, commit: bool) -> None:
         """Feed the head this pass's pairs (token p, trunk hidden of p - 1), as the reference's _mtp_catch_up; a
@@ -306,24 +293,8 @@ class CudaModel:
         logits = self.dev.download(self.ws.logits, np.float32, (num_draft, self.cfg.vocab_size))
         return tokens, restrict_draft_logits(logits, self.weights.mtp.drafts_from.rows)
 
-    def _ffn_norm_closer(self, lw: LayerWeights, num_tokens: int) -> closers.Closer | None:
-        """The FFN norm formed into act_h by the mixer's output projection behind itself (closers.Closer), where it
-        can be; None: _ffn launches it."""
-        cfg, ws = self.cfg, self.ws
-        return closers.closer_for(self.dev, lw.mix_out, num_tokens, "rmsnorm", ws.act_h,
-                                  [part.weight for part in lw.ffn_in.parts], ws.close_h, norm=self._ffn_norm(lw),
-                                  eps=cfg.rms_eps, x=ws.act_q if lw.kind == "attention" else ws.act_inner)
-
     def _ffn_norm(self, lw: LayerWeights) -> Buffer:
         return lw.vectors["post_attention_norm" if self.cfg.arch == "qwen35" else "ffn_norm"]
-
-    def _input_norm_closer(self, lw: LayerWeights, before: LayerWeights, num_tokens: int) -> closers.Closer | None:
-        """lw's input norm formed into act_h by the ffn_down of the layer before it, behind itself (closers.Closer),
-        where it can be; None: the forward pass launches it."""
-        cfg, ws = self.cfg, self.ws
-        return closers.closer_for(self.dev, before.ffn_down, num_tokens, "rmsnorm", ws.act_h,
-                                  [part.weight for part in lw.mix_in.parts], ws.close_in,
-                                  norm=lw.vectors["attn_norm"], eps=cfg.rms_eps, x=ws.act_ffn)
 
     def _gate_up(self, lw: LayerWeights) -> ops.DeviceWeight | None:
         """gate | up as one matrix (the gate's rows, then up's) without a bias, or None (separate launches)."""
@@ -334,15 +305,6 @@ class CudaModel:
         if (ffn_in.offsets["ffn_gate"], ffn_in.offsets["ffn_up"]) != (first, first + f):
             return None
         return ffn_in.parts[0].weight
-
-    def _swiglu_closer(self, lw: LayerWeights, num_tokens: int) -> closers.Closer | None:
-        """SwiGLU formed into act_ffn by gate | up behind itself (closers.Closer), where they are one launch of the
-        gate rows then the up rows; None: _ffn launches it."""
-        gate_up = self._gate_up(lw)
-        if gate_up is None:
-            return None
-        return closers.closer_for(self.dev, gate_up, num_tokens, "swiglu", self.ws.act_ffn, [lw.ffn_down],
-                                  self.ws.close_ffn, x=self.ws.act_h)
 
     def _swiglu_gemm(self, lw: LayerWeights, num_tokens: int) -> ops.DeviceWeight | None:
         """gate | up where its prefill GEMM stores SwiGLU into act_ffn itself (gemm.swiglu_instance): ffn_down
@@ -355,47 +317,36 @@ class CudaModel:
             return None
         return gate_up
 
-    def _ffn(self, lw: LayerWeights, num_tokens: int, norm_closed: bool = False,
-             closer: closers.Closer | None = None, may_halve: bool = False,
+    def _ffn(self, lw: LayerWeights, num_tokens: int, may_halve: bool = False,
              add: tuple[Buffer, Buffer] | None = None) -> tuple[Buffer, Buffer] | None:
-        """x += ffn_down(silu(gate) * up) of RMSNorm(x); norm_closed: act_h already holds the norm (the mixer's
-        output projection formed it); closer: the next layer's input norm, formed behind ffn_down. may_halve: the
-        caller's next input norm takes ffn_down's halves (ops.splits_in_halves), returned where it split: x is
-        then stale until that norm (rmsnorm_of add=) stores their sum. add: the mixer's output in halves, which
-        the FFN norm sums into x first."""
+        """x += ffn_down(silu(gate) * up) of RMSNorm(x). may_halve: the caller's next input norm takes ffn_down's
+        halves (ops.splits_in_halves), returned where it split: x is then stale until that norm (rmsnorm_of add=)
+        stores their sum. add: the mixer's output in halves, which the FFN norm sums into x first."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         h = cfg.hidden_size
-        assert add is None or not norm_closed, "a closed FFN norm reads x whole"
-        normed = None if norm_closed else ops.rmsnorm_of(ws.x, self._ffn_norm(lw), h, cfg.rms_eps, out32=ws.xn,
-                                                         add=add)
+        normed = ops.rmsnorm_of(ws.x, self._ffn_norm(lw), h, cfg.rms_eps, out32=ws.xn, add=add)
         gate_up = self._swiglu_gemm(lw, num_tokens)
         if gate_up is not None:  # SwiGLU by the GEMM's own epilogue
-            if normed is not None:
-                ops.produce(dev, normed, ws.act_h, num_tokens)
+            ops.produce(dev, normed, ws.act_h, num_tokens)
             gemm.launch_swiglu(dev, gate_up, ws.act_h.x16, ws.act_ffn.x16, num_tokens)
             ws.act_ffn.i8_tokens = 0
         else:
-            swiglu = self._swiglu_closer(lw, num_tokens)
-            lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE, producer=normed,
-                          closer=swiglu)
+            lw.ffn_in.run(dev, ws.act_h, ws.proj, num_tokens, ws.proj_width, beside=ops.BESIDE, producer=normed)
             dev.join()
-            if swiglu is None:
-                gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
-                up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
-                f32_rows = ws.ffn if lw.ffn_down.qtype == Q.F32 else None  # the f32 matmul's input alone
-                ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=f32_rows)
-        if may_halve and closer is None and ops.splits_in_halves(dev, lw.ffn_down, ws.act_ffn, num_tokens):
+            gate = ws.proj.view(4 * lw.ffn_in.offsets["ffn_gate"])
+            up = ws.proj.view(4 * lw.ffn_in.offsets["ffn_up"])
+            f32_rows = ws.ffn if lw.ffn_down.qtype == Q.F32 else None  # the f32 matmul's input alone
+            ops.act_swiglu(dev, gate, up, ws.act_ffn, num_tokens, ws.proj_width, out32=f32_rows)
+        if may_halve and ops.splits_in_halves(dev, lw.ffn_down, ws.act_ffn, num_tokens):
             ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x_halves[0], num_tokens, h, residual=ws.x, y2=ws.x_halves[1])
             return ws.x_halves
-        ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x, closer=closer)
+        ops.matmul(dev, lw.ffn_down, ws.act_ffn, ws.x, num_tokens, h, residual=ws.x)
         return None
 
     def _attention(self, lw: LayerWeights, cache: KVBuffers, num_tokens: int, pos: Buffer,
-                   normed: ops.Producer | None, ffn_norm: closers.Closer | None = None,
-                   may_halve: bool = False) -> tuple[Buffer, Buffer] | None:
-        """x += attn_output(attention(q, k, v)) of normed (the input norm of x; None: act_h holds it already) with
-        q/k norm, rope, the KV write at positions pos and qwen35's output gate; ffn_norm: the closer behind
-        attn_output. may_halve: as _out's."""
+                   normed: ops.Producer, may_halve: bool = False) -> tuple[Buffer, Buffer] | None:
+        """x += attn_output(attention(q, k, v)) of normed (the input norm of x) with q/k norm, rope, the KV write
+        at positions pos and qwen35's output gate. may_halve: as _out's."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         d, hq, hkv, width = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, ws.proj_width
         lw.mix_in.run(dev, ws.act_h, ws.proj, num_tokens, width, beside=ops.BESIDE, producer=normed)
@@ -410,21 +361,15 @@ class CudaModel:
         tile = mixers.attn_tile_tokens(hq, hkv, d, num_tokens)
         splits = mixers.attn_splits(num_tokens, hkv, tile, dev.info.multiprocessors)
         splits = max(1, min(splits, (mixers.MAX_SPLITS * VERIFY_MAX) // num_tokens))  # what the scratch holds
-        combined = splits > 1 and not mixers.attn_runs_mma(num_tokens, d, dev.info.max_smem_per_block)
-        plain = closers.plain_closer_for(dev, num_tokens, ws.act_q, [lw.mix_out], ws.close_q, ws.mix2, cfg.q_size, d,
-                                         combined)
         mixers.attention(dev, q, cache.k, cache.v, pos, ws.mix2, num_tokens, hq, hkv, d, self.capacity, width,
                          q_stride, cfg.q_size, d ** -0.5, gate=q.view(4 * d) if cfg.has_attn_gate else None,
-                         ld_gate=width, gate_head_stride=q_stride, scratch=ws.attn_scratch, splits=splits,
-                         closer=plain)
-        return self._out(lw, ws.act_q, num_tokens, None if plain else ops.plain_of(ws.mix2, cfg.q_size), ffn_norm,
-                         may_halve)
+                         ld_gate=width, gate_head_stride=q_stride, scratch=ws.attn_scratch, splits=splits)
+        return self._out(lw, ws.act_q, num_tokens, ops.plain_of(ws.mix2, cfg.q_size), may_halve)
 
-    def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer | None,
-                  ffn_norm: closers.Closer | None = None, may_halve: bool = False) -> tuple[Buffer, Buffer] | None:
-        """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)) of normed (the input norm of x; None: act_h holds it
-        already); a verify pass keeps its inputs in the layer; ffn_norm: the closer behind ssm_out. may_halve: as
-        _out's."""
+    def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer,
+                  may_halve: bool = False) -> tuple[Buffer, Buffer] | None:
+        """x += ssm_out(gated_norm(delta_rule(conv(qkv)), z)) of normed (the input norm of x); a verify pass keeps
+        its inputs in the layer. may_halve: as _out's."""
         cfg, ws, dev = self.cfg, self.ws, self.dev
         width, c, hk, hv = ws.proj_width, cfg.ssm_conv_dim, cfg.ssm_num_k_heads, cfg.ssm_num_v_heads
         dk, dv, inner, key = cfg.ssm_head_dim, cfg.ssm_v_head_dim, cfg.ssm_inner_size, hk * cfg.ssm_head_dim
@@ -436,10 +381,7 @@ class CudaModel:
                      a=lw.vectors["ssm_a"], dt_bias=lw.vectors["ssm_dt.bias"], ld_gate=width, eps=cfg.rms_eps)
         z = ws.proj.view(4 * off["attn_gate"])
         chunked = commit and ws.gdn_chunked and num_tokens >= mixers.GDN_CHUNKED_MIN_TOKENS  # a long prefill run
-        gated = None if chunked else closers.gated_closer_for(dev, num_tokens, ws.act_inner, [lw.mix_out],
-                                                              ws.close_inner, ws.mix, inner, z, width,
-                                                              lw.vectors["ssm_norm"], dv, cfg.rms_eps)
-        if mixers.gdn_conv_runs(num_tokens, cfg.ssm_conv_kernel, commit, gated):  # the conv inside, on the raw qkv
+        if mixers.gdn_conv_runs(num_tokens, cfg.ssm_conv_kernel, commit):  # the conv inside, on the raw qkv
             dev.join()  # the gates (alpha | beta) are the delta rule's input
             mixers.gdn_recurrent(
                 dev, qkv, qkv.view(4 * key), qkv.view(8 * key), layer.ssm, ws.mix, num_tokens, hk, hv, dk, dv, width,
@@ -456,23 +398,20 @@ class CudaModel:
                 mixers.gdn_recurrent(
                     dev, conv_out, conv_out.view(4 * key), conv_out.view(8 * key), layer.ssm, ws.mix, num_tokens, hk,
                     hv, dk, dv, c, c, inner, commit, g=ws.g if commit else layer.g,
-                    beta=ws.beta if commit else layer.beta, qk_out=None if commit else layer.qk_norm, closer=gated,
-                    **gates)
-        normed = None if gated else ops.gatednorm_of(ws.mix, z, lw.vectors["ssm_norm"], dv, inner, width, cfg.rms_eps,
-                                                     out32=ws.mix2)
-        return self._out(lw, ws.act_inner, num_tokens, normed, ffn_norm, may_halve)
+                    beta=ws.beta if commit else layer.beta, qk_out=None if commit else layer.qk_norm, **gates)
+        normed = ops.gatednorm_of(ws.mix, z, lw.vectors["ssm_norm"], dv, inner, width, cfg.rms_eps, out32=ws.mix2)
+        return self._out(lw, ws.act_inner, num_tokens, normed, may_halve)
 
     def _out(self, lw: LayerWeights, act: ops.Act, num_tokens: int, producer: ops.Producer | None,
-             closer: closers.Closer | None, may_halve: bool) -> tuple[Buffer, Buffer] | None:
-        """x += mix_out(act) (of producer), the mixer's output projection; closer: the FFN norm behind it.
-        may_halve: the caller's FFN norm takes its halves (ops.splits_in_halves), returned where it split: x is
+             may_halve: bool) -> tuple[Buffer, Buffer] | None:
+        """x += mix_out(act) (of producer), the mixer's output projection. may_halve: the caller's FFN norm takes its halves (ops.splits_in_halves), returned where it split: x is
         then stale until that norm (rmsnorm_of add=) stores their sum."""
         ws, h = self.ws, self.cfg.hidden_size
-        if may_halve and closer is None and ops.splits_in_halves(self.dev, lw.mix_out, act, num_tokens, producer):
+        if may_halve and ops.splits_in_halves(self.dev, lw.mix_out, act, num_tokens, producer):
             ops.matmul(self.dev, lw.mix_out, act, ws.x_halves[0], num_tokens, h, residual=ws.x, producer=producer,
                        y2=ws.x_halves[1])
             return ws.x_halves
-        ops.matmul(self.dev, lw.mix_out, act, ws.x, num_tokens, h, residual=ws.x, producer=producer, closer=closer)
+        ops.matmul(self.dev, lw.mix_out, act, ws.x, num_tokens, h, residual=ws.x, producer=producer)
         return None
 
     def accept(self, num_pass_tokens: int, n: int) -> None:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
-
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_flag, env_switch, gemm, i8b, persist, q6b
@@ -17,9 +15,6 @@ from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ACT_MODES, ACT_STAGES, EMBED_QTYPES, HALVES_TOKENS, I8_MAX_TOKENS, I8V_HALVES_TOKENS,
                                    MATMUL_QTYPES, PERSIST_QTYPES, STAGE_SHAPE, STAGED_QTYPES, qtype_tag)
 from engine.cuda.repack import block_layout, device_nbytes
-
-if TYPE_CHECKING:
-    from engine.cuda.closers import Closer
 
 MMVQ_WARPS = 8
 # "plain": the register-pipelined mmvq only; "cp": the cp.async-pipelined one wherever it can; "persist": the
@@ -239,13 +234,12 @@ I8_COPY_BY_WIDTH = True
 
 def _i8_copy_tokens(dev: Device, act: Act) -> int:
     """The most tokens of act's mode an int8 matmul of its width takes (mmvq_i8 up to I8_TOKENS, mmvq_q6_i8 its
-    counts, the Q8_0 one a group when on, mmvq_i8v where it runs and takes that width, whole or in halves at
-    VERIFY_HALVES_AT's counts, mmvq_q6_i8v at q6b.VERIFY_AT's): up to that many, the producers write the int8
-    copy too."""
+    counts, mmvq_i8v where it runs and takes that width, whole or in halves at VERIFY_HALVES_AT's counts,
+    mmvq_q6_i8v at q6b.VERIFY_AT's): up to that many, the producers write the int8 copy too."""
     verify = i8b.verify_tokens(dev, act.x16_lo is not None)
     if I8_COPY_BY_WIDTH and act.num_superblocks > i8b.VERIFY_MAX_SUPERBLOCKS:
         verify = min(verify, max(VERIFY_HALVES_AT | q6b.VERIFY_AT, default=0))
-    return max(I8_TOKENS, max(Q6_I8_COUNTS, default=0), ACT_GROUP if Q8_I8 else 0, verify)
+    return max(I8_TOKENS, max(Q6_I8_COUNTS, default=0), verify)
 
 
 def _p(buf: Buffer | None) -> int:
@@ -277,39 +271,27 @@ def act_gatednorm(dev: Device, o: Buffer, z: Buffer, w: Buffer, act: Act, num_to
 
 def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, ld_y: int,
            bias: Buffer | None = None, residual: Buffer | None = None, producer: Producer | None = None,
-           closer: Closer | None = None, y2: Buffer | None = None) -> None:
+           y2: Buffer | None = None) -> None:
     """y[T, rows] = act[T, cols] @ w^T (+ bias[rows]) (+ residual[T, rows]); 8 tokens per launch.
 
     y and residual are f32 [T, ld_y]; residual may be y itself (each element is read once before it is written).
     producer: the op that makes act, launched first, or computed by the matmul's own blocks where i8b.fuses says
     it can (act is then left unwritten: its i8_tokens 0); it must not read y.
-    closer: the next matmul's producer, formed from y by this launch's blocks at its tail (closers.closer_for made
-    it).
     y2: where splits_in_halves says so, the launch's second half of every row's superblocks goes there (y then
     holds the first half + bias + residual, and the result is y + y2: rmsnorm_of(add=) forms it); must be None
     elsewhere.
     """
     assert 1 <= num_tokens <= act.max_tokens, f"{w.name}: {num_tokens} tokens for {act.max_tokens}"
-    assert y2 is None or closer is None, f"{w.name}: a launch in halves takes no closer"
     if w.cols != act.width:
         raise ValueError(f"{w.name}: {w.cols} columns but activations of width {act.width}")
     if producer is not None:
         assert y.ptr not in (producer.src.x, producer.src.x2, producer.src.x_sum), \
             f"{w.name}: the producer reads (or writes) the matmul's output"
-        if closer is None and y2 is None and i8b.fuses(dev, w, num_tokens, producer):
+        if y2 is None and i8b.fuses(dev, w, num_tokens, producer):
             act.i8_tokens = 0
             i8b.launch(dev, w, None, y, bias, residual, producer)
             return
         produce(dev, producer, act, num_tokens)
-    if closer is not None:  # one launch (a token group) on a kernel with a close instance: the loop below
-        from engine.cuda.closers import CLOSE_INSTANCES
-
-        kernel = _group_kernel(dev, w, act, num_tokens, num_tokens)
-        counts, modes = CLOSE_INSTANCES.get(kernel, ((), ()))
-        assert num_tokens in counts and closer.mode in modes, \
-            f"{w.name}: no closer of {closer.mode} behind {num_tokens} tokens on {kernel}"
-        assert y.ptr % 16 == 0 and ld_y % 4 == 0, f"{w.name}: the closer loads y 16 bytes at a time"
-        closer.act.i8_tokens = num_tokens
     if gemm.launch(dev, w, act.x16, y, num_tokens, ld_y, bias, residual):
         return
     if y2 is not None and verify_halves(dev, w, act, num_tokens):  # (2-8 tokens: one group)
@@ -332,19 +314,16 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
         assert y2 is None or pipelined in ("i8", "i8q6", "i8b"), \
             f"{w.name}: no launch in halves at {num_tokens} tokens"
         if pipelined == "i8b":
-            i8b.launch(dev, w, act.group8(0), y_t, bias, res_t, closer=closer, y2=y2)
+            i8b.launch(dev, w, act.group8(0), y_t, bias, res_t, y2=y2)
             continue
         if pipelined == "i8v":
-            i8b.launch_verify(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer=closer)
+            i8b.launch_verify(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
             continue
         if pipelined == "i8":
-            _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer, y2)
+            _mmvq_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, y2)
             continue
         if pipelined == "i8q6":
-            _mmvq_q6_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, closer, y2)
-            continue
-        if pipelined == "i8q8":
-            _mmvq_q8_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y)
+            _mmvq_q6_i8(dev, w, act.group8(0), y_t, bias, res_t, t, ld_y, y2)
             continue
         if pipelined is not None:
             group = act.group(t0 // ACT_GROUP)
@@ -364,12 +343,10 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
 
 
 def _group_kernel(dev: Device, w: DeviceWeight, act: Act, num_tokens: int, t: int) -> str | None:
-    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8b", "i8v", "i8", "i8q6" or "i8q8"
-    (int8 activations), a pipelined one (PIPELINE_KERNELS), or None for the plain one."""
+    """The mmvq that a group of t of a matmul's num_tokens tokens runs: "i8b", "i8v", "i8" or "i8q6" (int8
+    activations), a pipelined one (PIPELINE_KERNELS), or None for the plain one."""
     if q6_i8_runs(dev, w, num_tokens, act):
         return "i8q6"
-    if q8_i8_runs(w, num_tokens, act):
-        return "i8q8"
     if i8b.verify_runs(dev, w, num_tokens, act):  # (2-8 tokens: one group, t == num_tokens)
         return "i8v"
     if i8_runs(w.qtype, num_tokens, act, dev.info.max_smem_per_block):
@@ -574,23 +551,19 @@ def i8_runs(qtype: Q, num_tokens: int, act: Act, max_smem: int) -> bool:
 
 
 def _mmvq_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-             bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None,
-             y2: Buffer | None = None) -> None:
-    """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
-    closer (one tile a block), the next matmul's input formed from y behind it; with y2, two blocks a tile (the
-    halves of its superblocks, the second's sums into y2)."""
-    from engine.cuda.closers import close_dst, instance
-
+             bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, y2: Buffer | None = None) -> None:
+    """One launch of mmvq_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with y2,
+    two blocks a tile (the halves of its superblocks, the second's sums into y2)."""
     q8, scale8, sums8, sums8_lo = group8
     blocks = -(-((w.rows + 15) // 16) // I8_TILES)
     warps = i8_warps(w.cols, blocks * I8_TILES, t, dev.info.multiprocessors)
-    name = instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else ""), closer)
+    name = f"mmvq_q4_K_i8_t{t}" + (f"_r{I8_TILES}" if I8_TILES > 1 else "")
     if y2 is not None:
         name, blocks = f"{name}_halves", 2 * blocks
     kernel, smem = dev.kernel(name), _i8_smem(t, warps)
     dev.set_max_dynamic_smem(kernel, smem)
     dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols,
-                                            ld_y, close_dst(closer, t, ld_y), y2], smem=smem)
+                                            ld_y, y2], smem=smem)
 
 
 # ---- int8 activations for Q6_K (kernels/mmvq_i8q6.cu) ----
@@ -631,25 +604,21 @@ def q6_i8_runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
 
 
 def _mmvq_q6_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-                bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, closer: Closer | None = None,
-                y2: Buffer | None = None) -> None:
-    """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with
-    closer, the next matmul's input formed from y behind it; with y2, two blocks a tile (as _mmvq_i8). One token
-    with no closer goes to its tensor-copy form where q6b.runs says so."""
-    from engine.cuda.closers import close_dst, instance
-
+                bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int, y2: Buffer | None = None) -> None:
+    """One launch of mmvq_q6_i8: a block of warps per 16 rows, the int8 columns staged with the weights; with y2,
+    two blocks a tile (as _mmvq_i8). One token goes to its tensor-copy form where q6b.runs says so."""
     q8, scale8, _, _ = group8
-    if closer is None and q6b.runs(dev, w, t, halves=y2 is not None):
+    if q6b.runs(dev, w, t, halves=y2 is not None):
         q6b.launch(dev, w, q8, scale8, y, bias, residual, y2)
         return
     blocks, warps, smem = _q6_i8_shape(dev, w, t)
-    name = instance(f"mmvq_q6_K_i8_t{t}", closer)
+    name = f"mmvq_q6_K_i8_t{t}"
     if y2 is not None:
         name, blocks = f"{name}_halves", 2 * blocks
     kernel = dev.kernel(name)
     dev.set_max_dynamic_smem(kernel, smem)
-    dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y,
-                                            close_dst(closer, t, ld_y), y2], smem=smem)
+    dev.launch(kernel, blocks, 32 * warps, [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, ld_y, y2],
+               smem=smem)
 
 
 # ---- the widest rows in two halves (ffn_down at one token) ----
@@ -717,30 +686,6 @@ def splits_in_halves(dev: Device, w: DeviceWeight, act: Act, num_tokens: int,
         return True
     return (DOWN_HALVES and w.cols >= WIDE_COLS and num_tokens in HALVES_AT
             and (kernel == "i8q6" or (kernel == "i8" and I8_TILES == 1)))
-
-
-# ---- int8 activations for Q8_0 (kernels/mmvq_i8q8.cu) ----
-# Q8_0 launches of 1-8 tokens (the DeltaNet's 96-row alpha | beta) multiply the int8 copy by dp4a: needed where a
-# closer wrote only that copy (the next layer's input norm behind ffn_down), measured nowhere yet. Off unless
-# OPENJET_CUDA_Q8I8=1 (the bench's close variant turns it on with the closers).
-Q8_I8_ENV = "OPENJET_CUDA_Q8I8"
-Q8_I8 = env_switch(Q8_I8_ENV, False)
-Q8_I8_WARPS = 8  # mirror of kernels/mmvq_i8q8.cu I8Q8_WARPS: rows a block
-
-
-def q8_i8_runs(w: DeviceWeight, num_tokens: int, act: Act) -> bool:
-    """Whether a matmul takes mmvq_q8_0_i8: it and the int8 matmuls on, a Q8_0 weight, up to one group of tokens
-    whose int8 copy the last producer (or closer) of act wrote."""
-    return (I8_MATMUL and Q8_I8 and w.qtype == Q.Q8_0 and num_tokens <= ACT_GROUP
-            and act.i8_tokens >= num_tokens)
-
-
-def _mmvq_q8_i8(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
-                bias: Buffer | None, residual: Buffer | None, t: int, ld_y: int) -> None:
-    """One launch of mmvq_q8_0_i8 for t tokens: a warp a row."""
-    q8, scale8, _, _ = group8
-    dev.launch(dev.kernel("mmvq_q8_0_i8"), -(-w.rows // Q8_I8_WARPS), 32 * Q8_I8_WARPS,
-               [w.buf, q8, scale8, y, bias, residual, w.rows, w.cols, t, ld_y])
 
 
 def i8_warps(cols: int, tiles: int, num_tokens: int, multiprocessors: int,

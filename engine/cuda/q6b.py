@@ -1,6 +1,6 @@
 """The tensor-copy int8 Q6_K matmul of one token (kernels/mmvq_i8q6b.cu, sm_90+): its switch, shape, tensor maps
-and launcher. ops' int8 Q6_K launch (mmvq_q6_i8) hands a one-token launch with no closer behind it to this one
-where runs() says so, whole or walking half-tiles (ops.DOWN_HALVES). Its form of 2-8 tokens (mmvq_q6_i8v) takes
+and launcher. ops' int8 Q6_K launch (mmvq_q6_i8) hands a one-token launch to this one where runs() says so,
+whole or walking half-tiles (ops.DOWN_HALVES). Its form of 2-8 tokens (mmvq_q6_i8v) takes
 the verify passes' Q6_K ffn_downs in halves at the counts of VERIFY_AT (ops.matmul, where verify_runs says so).
 
 On by default for ffn_down (OPENJET_CUDA_Q6B=0: off), in halves on 8-warp blocks: one block an SM walks 5 of its

@@ -20,7 +20,6 @@ from engine.errors import UnsupportedModelError
 from engine.gguf.quants import dequantize
 
 if TYPE_CHECKING:
-    from engine.cuda.closers import Closer
     from engine.gguf.reader import TensorInfo
     from engine.model.config import ModelConfig
     from engine.model.weights import ModelTensors
@@ -46,21 +45,20 @@ class Projection:
     offsets: dict[str, int] = field(default_factory=dict)  # member key -> first output column
 
     def run(self, dev: Device, act: ops.Act, y: Buffer, num_tokens: int, ld_y: int, beside: bool = False,
-            producer: ops.Producer | None = None, closer: Closer | None = None) -> None:
+            producer: ops.Producer | None = None) -> None:
         """y[:, offset:offset + rows] = act @ W^T (+ bias) for every part.
 
         producer: the op that makes act (ops.matmul fuses it into a lone part's launch where it can; with several
-        parts it is launched first). closer: the next matmul's producer behind a lone part's launch (closers.Closer).
+        parts it is launched first).
 
         beside: the parts other than the largest run on the device's side stream (Device.beside), so that a small
         one (DeltaNet's 96-row alpha | beta) overlaps the large one instead of following it; the caller joins
         (dev.join()) before reading their outputs. Parts that launch the persistent mmvq stay on the main
         stream (its scratch is one per device)."""
-        assert closer is None or len(self.parts) == 1, "a closer behind a projection of several launches"
-        if (producer is not None or closer is not None) and len(self.parts) == 1:
+        if producer is not None and len(self.parts) == 1:
             part = self.parts[0]
             ops.matmul(dev, part.weight, act, y.view(4 * part.offset), num_tokens, ld_y, bias=part.bias,
-                       producer=producer, closer=closer)
+                       producer=producer)
             return
         if producer is not None:
             ops.produce(dev, producer, act, num_tokens)

@@ -11,12 +11,12 @@ import numpy as np
 from bench import gpu_ops, gpu_penalties
 from bench.gpu_common import Report
 from engine.cuda import ops
-from tests.bench.test_gpu_close import _HostDevice
+from tests.bench.host_device import HostDevice
 from tests.kernels import choose_rows_model, penalties_model
 
 
-class _ChoosingDevice(_HostDevice):
-    """_HostDevice whose choose_rows, penalty_count and penalize_rows launches run the kernels' numpy models on the
+class _ChoosingDevice(HostDevice):
+    """HostDevice whose choose_rows, penalty_count and penalize_rows launches run the kernels' numpy models on the
     buffers they name; `uploads` records (buffer, bytes) of the host's uploads (not the models' writes)."""
 
     def __init__(self, drop: str = "") -> None:

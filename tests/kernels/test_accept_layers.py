@@ -15,7 +15,8 @@ import pytest
 from engine.cuda import instances, mixers, nvrtc
 from engine.cuda.model import CudaModel
 from tests.kernels.ptxas import usage
-from tests.kernels.test_close import _buf, _Dev
+from tests.kernels.recording import RecordingDev as _Dev
+from tests.kernels.recording import buf as _buf
 
 HK, HV, DK, C = 16, 48, 128, 10240  # the 27B's DeltaNet: key and value heads, head size, conv channels
 
@@ -78,8 +79,8 @@ def test_the_switch_launches_each_layer_apart(monkeypatch) -> None:
 
 
 def test_the_layers_instances_are_the_plain_rule_and_spill_nothing() -> None:
-    assert instances.INSTANCES["gdn_k128_layers"].expr == "gdn_recurrent<4, 8, -1, 0, 1>"
-    assert instances.INSTANCES["gdn_k128_c4_layers"].expr == "gdn_recurrent<4, 4, -1, 0, 1>"
+    assert instances.INSTANCES["gdn_k128_layers"].expr == "gdn_recurrent<4, 8, 0, 1>"
+    assert instances.INSTANCES["gdn_k128_c4_layers"].expr == "gdn_recurrent<4, 4, 0, 1>"
     found = usage("deltanet")
     for name in ("gdn_k128_layers", "gdn_k128_c4_layers"):
         assert found[name].spill_bytes == 0 and found[name].static_smem == 0

@@ -11,7 +11,9 @@ import pytest
 
 from engine.cuda import instances, mixers, nvrtc, ops
 from tests.kernels.ptxas import usage
-from tests.kernels.test_close import _buf, _Dev, _deltanet_model
+from tests.kernels.recording import RecordingDev as _Dev
+from tests.kernels.recording import buf as _buf
+from tests.kernels.recording import deltanet_model as _deltanet_model
 
 HV, DK, C = 48, 128, 10240  # the 27B's DeltaNet: value heads, head size, conv channels
 
@@ -68,7 +70,6 @@ def test_the_conv_inside_takes_only_what_it_was_built_for() -> None:
     assert not mixers.gdn_conv_runs(9, 4, commit=False)  # past the tokens one launch stages
     assert not mixers.gdn_conv_runs(1, 4, commit=True)  # the committed state rows would race between blocks
     assert not mixers.gdn_conv_runs(1, 3, commit=False)  # the instances convolve with 4 taps
-    assert not mixers.gdn_conv_runs(1, 4, commit=False, closer=object())  # the closer's instances have 8 columns
     dev, b = _Dev(), _buf(1 << 22)
     conv = mixers.GdnConv(b, b, b, C)
     shape = (1, 16, HV, DK, DK, C, C, 6144)
@@ -88,7 +89,7 @@ def test_the_conv_inside_takes_only_what_it_was_built_for() -> None:
 def test_the_conv_instance_keeps_the_27b_rule_in_one_wave() -> None:
     """The 27B's rule is 8 x 48 = 384 blocks of 128 threads: on 132 SMs, three blocks an SM. The conv's history
     and weights must leave each thread few enough registers for three (65,536 an SM), and spill nothing."""
-    assert instances.INSTANCES["gdn_k128_c4_conv"].expr == f"gdn_recurrent<4, 4, -1, {instances.GDN_CONV_TAPS}>"
+    assert instances.INSTANCES["gdn_k128_c4_conv"].expr == f"gdn_recurrent<4, 4, {instances.GDN_CONV_TAPS}>"
     found = usage("deltanet")
     conv, plain = found["gdn_k128_c4_conv"], found["gdn_k128_c4"]
     assert conv.spill_bytes == 0 and 3 * 128 * conv.registers <= 65536

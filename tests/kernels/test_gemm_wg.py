@@ -162,7 +162,7 @@ def test_a_slot_count_that_cannot_work_is_refused_at_build_time(defines: tuple[s
 def test_gemm_ws_walks_one_dimension_of_tiles_a_block_each_or_a_block_an_sm(monkeypatch, mode: int, grid) -> None:
     """gemm_ws reads its tiles from blockIdx.x alone (WsWalk: row tiles fastest): mode 3 launches one block a tile,
     mode 4 one block an SM; 512 threads and sm_90's 227 KB either way."""
-    from tests.kernels.test_close import _Dev, _act, _buf, _weight
+    from tests.kernels.recording import RecordingDev as _Dev, act as _act, buf as _buf, weight as _weight
 
     monkeypatch.setattr(gemm, "WG", mode)
     monkeypatch.setattr(gemm, "b_map", lambda x16, t, cols: tma.TensorMap())  # the driver encodes it on the GPU
@@ -248,7 +248,7 @@ def test_gemm_ws_forms_swiglu_behind_gate_up_only_where_it_runs_in_256_row_tiles
     """gemm.swiglu_instance: gate | up (its halves whole superblocks) where the matmul runs gemm_ws in 256-row tiles
     and the switch is on; launch_swiglu launches that instance like gemm_ws, its output the f16 act values, no
     residual."""
-    from tests.kernels.test_close import _Dev, _buf, _weight
+    from tests.kernels.recording import RecordingDev as _Dev, buf as _buf, weight as _weight
 
     monkeypatch.setattr(gemm, "WG", None)
     monkeypatch.setattr(gemm, "SWIGLU", True)
@@ -281,7 +281,7 @@ def test_a_prefill_ffn_takes_the_swiglu_gemm_where_ffn_downs_input_is_gemm_only(
     """model._ffn at a prefill chunk: the norm, gate | up forming SwiGLU itself, ffn_down; two launches for SwiGLU
     where its act keeps what a GEMM does not read (not gemm_only), where ffn_down has no prefill GEMM, or where
     gemm_ws does not run."""
-    from tests.kernels.test_close import _model
+    from tests.kernels.recording import ffn_model as _model
 
     monkeypatch.setattr(gemm, "WG", None)
     monkeypatch.setattr(gemm, "SWIGLU", True)
@@ -292,7 +292,7 @@ def test_a_prefill_ffn_takes_the_swiglu_gemm_where_ffn_downs_input_is_gemm_only(
         monkeypatch.setattr(ops, "produce", lambda dev, producer, act, t: seen.append(("produce", producer.mode)))
         monkeypatch.setattr(gemm, "launch_swiglu", lambda dev, w, x16, out16, t: seen.append(
             ("gemm swiglu", w.name, x16 is model.ws.act_h.x16, out16 is model.ws.act_ffn.x16)))
-        monkeypatch.setattr(ops, "matmul", lambda dev, w, act, y, t, ld, producer=None, closer=None, **k: seen.append(
+        monkeypatch.setattr(ops, "matmul", lambda dev, w, act, y, t, ld, producer=None, **k: seen.append(
             (w.name, producer and producer.mode)))
         monkeypatch.setattr(ops, "act_swiglu", lambda *a, **k: seen.append(("act_swiglu",)))
         model._ffn(lw, tokens)

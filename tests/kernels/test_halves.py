@@ -50,17 +50,17 @@ def test_the_instances_are_the_int8_kernels_with_halves_on_at_every_count_of_mmv
     stages = instances.ACT_STAGES
     assert instances.HALVES_TOKENS == tuple(range(1, instances.I8_MAX_TOKENS + 1))
     for t in instances.HALVES_TOKENS:
-        assert instances.INSTANCES[f"mmvq_q4_K_i8_t{t}_halves"].expr == f"mmvq_i8<{t}, {stages}, 1, -1, true>"
-        assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}_halves"].expr == f"mmvq_q6_i8<{t}, {stages}, -1, true>"
+        assert instances.INSTANCES[f"mmvq_q4_K_i8_t{t}_halves"].expr == f"mmvq_i8<{t}, {stages}, 1, true>"
+        assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}_halves"].expr == f"mmvq_q6_i8<{t}, {stages}, true>"
     assert ops.HALVES_AT == frozenset(instances.HALVES_TOKENS)
 
 
 def test_both_kernels_take_the_second_output_last() -> None:
-    """The launchers append y2 after the closer's argument: every instance of both kernels takes it."""
+    """The launchers append y2 after ldy: every instance of both kernels takes it last."""
     for name in ("mmvq_i8.cu", "mmvq_i8q6.cu"):
         src = (nvrtc.KERNEL_DIR / name).read_text()
         signature = re.search(r"__global__ void __launch_bounds__\([^)]*\)\s*\n\w+\(([^)]*)\)", src).group(1)
-        assert signature.rstrip().endswith("const Act8Close close, float* __restrict__ y2"), name
+        assert " ".join(signature.split()).endswith("int ldy, float* __restrict__ y2"), name
 
 
 def test_off_unless_the_environment_turns_it_on(monkeypatch) -> None:
@@ -123,7 +123,8 @@ def test_the_norm_of_two_halves_reads_both_and_stores_their_sum_apart() -> None:
 
 def test_the_launch_keeps_the_sum_where_it_fills_in_the_rows_stride() -> None:
     """produce() sets out32's row stride to the act's where the caller gave none: the sum's row must survive it."""
-    from tests.kernels.test_close import _act, _Dev
+    from tests.kernels.recording import RecordingDev as _Dev
+    from tests.kernels.recording import act as _act
 
     dev, act, x, xn = _Dev(), _act(5120), _buf(0x1000), _buf(0x7000)
     ops.produce(dev, ops.rmsnorm_of(x, _buf(0x4000), 5120, 1e-6, out32=xn, add=(_buf(0x2000), _buf(0x3000))), act, 1)
@@ -145,15 +146,14 @@ def test_the_act_kernel_stores_the_sum_only_for_rmsnorm() -> None:
 
 
 def _ffn_in_halves(monkeypatch, qtype: Q, num_tokens: int, may_halve: bool):
-    """The recording model of tests/kernels/test_close.py, closers off: (what _ffn returns, the ffn_down launch)."""
-    from tests.kernels.test_close import _model
+    """The recording model of tests/kernels/recording.py: (what _ffn returns, the ffn_down launch)."""
+    from tests.kernels.recording import ffn_model as _model
 
-    monkeypatch.setattr(i8b, "CLOSE", False)
     monkeypatch.setattr(i8b, "PERSIST", False)  # gate | up a block a tile: no occupancy to ask a driver for
     monkeypatch.setattr(i8b, "quant_map", lambda w: tma.TensorMap())  # (the driver encodes it on the GPU)
     model, lw = _model(qtype)
     model.ws.x_halves = (_buf(0x5000), _buf(0x6000))
-    got = model._ffn(lw, num_tokens, norm_closed=True, may_halve=may_halve)
+    got = model._ffn(lw, num_tokens, may_halve=may_halve)
     (name, args), (_, grid, _) = model.dev.launches[-1], model.dev.grids[-1]
     return model, got, name, args, grid
 

@@ -33,10 +33,8 @@ def test_one_instance_per_token_count_and_tiles_a_block() -> None:
     names = {n for n in instances.INSTANCES if n.startswith("mmvq_q4_K_i8_")}
     single = {f"mmvq_q4_K_i8_t{t}" for t in range(1, instances.I8_MAX_TOKENS + 1)}
     several = {f"mmvq_q4_K_i8_t{t}_r{r}" for t in range(1, 5) for r in instances.I8_TILE_COUNTS if r > 1}
-    closing = {f"mmvq_q4_K_i8_t{t}_close_{mode}" for t in instances.I8_CLOSE_TOKENS  # tests/kernels/test_close.py
-               for mode in instances.I8_CLOSE_MODES}
     halves = {f"mmvq_q4_K_i8_t{t}_halves" for t in instances.HALVES_TOKENS}  # tests/kernels/test_halves.py
-    assert names == single | several | closing | halves
+    assert names == single | several | halves
     assert ops.I8_TOKENS <= instances.I8_MAX_TOKENS and ops.I8_TILES in instances.I8_TILE_COUNTS
 
 

@@ -41,8 +41,7 @@ def test_taken_only_when_on_for_one_q4k_token_on_sm90(monkeypatch) -> None:
     assert not i8b.runs(_dev(90), _weight(), 1, _act(1))
 
 
-@pytest.mark.parametrize("env, default, on", [(i8b.ENV, i8b._default, True), (i8b.FUSE_ENV, i8b._fuse_default, False),
-                                              (i8b.CLOSE_ENV, i8b._close_default, False)])  # closers: test_close.py
+@pytest.mark.parametrize("env, default, on", [(i8b.ENV, i8b._default, True), (i8b.FUSE_ENV, i8b._fuse_default, False)])
 def test_defaults_and_the_switch_is_checked(monkeypatch, env: str, default, on: bool) -> None:
     monkeypatch.delenv(env, raising=False)
     assert default() is on
@@ -69,7 +68,7 @@ def test_the_launcher_mirrors_the_kernels_layout() -> None:
 
 def test_every_shape_has_an_instance() -> None:
     for s, n in instances.I8B_SHAPES:
-        assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}"].expr == f"mmvq_i8b<{s}, {n}, -1, -1>"
+        assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}"].expr == f"mmvq_i8b<{s}, {n}, -1>"
     assert i8b.SHAPE in instances.I8B_SHAPES
 
 
@@ -82,7 +81,7 @@ def test_each_fused_mode_has_an_instance_of_the_producers_number() -> None:
     for s, n in instances.I8B_FUSED_SHAPES:
         for mode in instances.I8B_FUSED_MODES:
             inst = instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_{mode}"]
-            assert inst.expr == f"mmvq_i8b<{s}, {n}, {numbers[mode]}, -1>"
+            assert inst.expr == f"mmvq_i8b<{s}, {n}, {numbers[mode]}>"
     assert i8b.SHAPE in instances.I8B_FUSED_SHAPES
 
 
@@ -247,9 +246,9 @@ def test_the_verify_layout_mirrors_the_kernel() -> None:
     assert i8b.verify_smem_bytes(20, 5, 20, wide=True) == 1024 + i8b.verify_x_bytes(20, 5) + 20 * ws * wn * 2304
     for t in instances.I8V_TOKENS:
         s, n = instances.I8V_SHAPE
-        assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}"].expr == f"mmvq_i8v<{t}, {s}, {n}, -1>"
+        assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}"].expr == f"mmvq_i8v<{t}, {s}, {n}>"
     for t in instances.I8V_WIDE_TOKENS:
-        assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}_wide"].expr == f"mmvq_i8v<{t}, {ws}, {wn}, -1, {wide_warps}>"
+        assert instances.INSTANCES[f"mmvq_q4_K_i8v_t{t}_wide"].expr == f"mmvq_i8v<{t}, {ws}, {wn}, {wide_warps}>"
 
 
 def test_the_verify_kernels_fit_what_the_launcher_counts_without_spills() -> None:
@@ -425,7 +424,4 @@ def test_a_launch_in_halves_names_its_instance_grid_and_second_output(verify_on,
     assert smem == i8b.verify_smem_bytes(34, 5, 12)
     # 640 half-tiles on one block an SM, an even grid (each block keeps its index's half)
     assert blocks % 2 == 0 and blocks <= 132 and -(-640 // blocks) == -(-640 // 132)
-    assert instances.INSTANCES[name].expr == f"mmvq_i8v<5, 2, 2, -1, {i8b.VERIFY_MAX_WARPS}, true>"
-    with pytest.raises(AssertionError, match="no closer"):
-        i8b.launch_verify(dev, down, (None, None, None, None), None, None, None, 5, 5120,
-                          closer=SimpleNamespace(mode="rmsnorm"), y2=y2)
+    assert instances.INSTANCES[name].expr == f"mmvq_i8v<5, 2, 2, {i8b.VERIFY_MAX_WARPS}, true>"

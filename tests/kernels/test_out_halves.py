@@ -12,7 +12,12 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import i8b, instances, nvrtc, ops, tma
-from tests.kernels.test_close import FFN, H, _act, _buf, _Dev, _model, _weight
+from tests.kernels.recording import FFN, H
+from tests.kernels.recording import RecordingDev as _Dev
+from tests.kernels.recording import act as _act
+from tests.kernels.recording import buf as _buf
+from tests.kernels.recording import ffn_model as _model
+from tests.kernels.recording import weight as _weight
 
 
 @pytest.fixture
@@ -27,17 +32,16 @@ def on(monkeypatch):
     monkeypatch.setattr(i8b, "FILL", False)
     monkeypatch.setattr(i8b, "SPARE_PER_SM", 1)
     monkeypatch.setattr(i8b, "FUSE", False)
-    monkeypatch.setattr(i8b, "CLOSE", False)
     monkeypatch.setattr(i8b, "quant_map", lambda w: tma.TensorMap())  # (the driver encodes it on the GPU)
 
 
 def test_the_instance_walks_half_tiles_in_the_default_shape() -> None:
     assert i8b.DEFAULT_SHAPE in instances.I8B_HALVES_SHAPES
     for s, n in instances.I8B_HALVES_SHAPES:
-        assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_halves"].expr == f"mmvq_i8b<{s}, {n}, -1, -1, true>"
+        assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_halves"].expr == f"mmvq_i8b<{s}, {n}, -1, true>"
     src = (nvrtc.KERNEL_DIR / "mmvq_i8b.cu").read_text()
     signature = re.search(r"__global__ void __launch_bounds__\([^)]*\)\s*\nmmvq_i8b\(([^)]*)\)", src).group(1)
-    assert signature.rstrip().endswith("const Act8Close close, float* __restrict__ y2")
+    assert " ".join(signature.split()).endswith("int rows, int K, float* __restrict__ y2")
 
 
 def test_off_unless_the_environment_turns_it_on(monkeypatch) -> None:
@@ -114,7 +118,7 @@ def test_the_mixer_hands_its_halves_to_the_ffn_norm(on) -> None:
     model.ws.x_halves = (_buf(4 * H), _buf(4 * H))
     half0, half1 = model.ws.x_halves
     gated = ops.gatednorm_of(_buf(), _buf(), _buf(), 128, 6144, 6144, 1e-6)
-    got = model._out(lw, model.ws.act_inner, 1, gated, None, may_halve=True)
+    got = model._out(lw, model.ws.act_inner, 1, gated, may_halve=True)
     name, args = model.dev.launches[-1]
     assert got == model.ws.x_halves and name == "mmvq_q4_K_i8b_s3n2_halves"
     assert (args[7].ptr, args[9].ptr, args[-1].ptr) == (half0.ptr, model.ws.x.ptr, half1.ptr)
@@ -129,7 +133,7 @@ def test_otherwise_the_mixer_adds_into_x_whole(on, num_tokens: int, may_halve: b
     model, lw = _model()
     model.ws.x_halves = (_buf(4 * H), _buf(4 * H))
     model.ws.act_inner.i8_tokens = num_tokens
-    assert model._out(lw, model.ws.act_inner, num_tokens, None, None, may_halve) is None
+    assert model._out(lw, model.ws.act_inner, num_tokens, None, may_halve) is None
     name, args = model.dev.launches[-1]
     assert not name.endswith("_halves") and model.ws.x.ptr in [getattr(a, "ptr", None) for a in args]
 

@@ -64,7 +64,7 @@ def test_the_launcher_mirrors_the_kernels_layout() -> None:
     assert "using Q6I8Stage = Q6KStage8" in src and "using Q6KStage8 = Q6KStage<160, 80>" in header
     assert ops.q6_i8_stage_bytes(1) == 4160 + 2 * 320 + 16 and ops.q6_i8_stage_bytes(8) == 4160 + 16 * 320 + 64
     for t in instances.Q6_I8_TOKENS:
-        assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}"].expr == f"mmvq_q6_i8<{t}, {instances.ACT_STAGES}, -1>"
+        assert instances.INSTANCES[f"mmvq_q6_K_i8_t{t}"].expr == f"mmvq_q6_i8<{t}, {instances.ACT_STAGES}>"
     # the 27B shapes fit at every count: ffn_down (68 superblocks), the output head and attn_v (20)
     for cols in (17408, 5120):
         for t in instances.Q6_I8_TOKENS:

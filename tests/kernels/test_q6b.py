@@ -14,7 +14,11 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import i8b, instances, nvrtc, ops, q6b, tma
 from tests.kernels import ptxas
-from tests.kernels.test_close import FFN, H, _act, _buf, _Dev, _weight
+from tests.kernels.recording import FFN, H
+from tests.kernels.recording import RecordingDev as _Dev
+from tests.kernels.recording import act as _act
+from tests.kernels.recording import buf as _buf
+from tests.kernels.recording import weight as _weight
 
 
 @pytest.fixture
@@ -142,7 +146,7 @@ def test_in_halves_it_walks_half_tiles_with_the_second_halfs_sums_in_y2(on) -> N
                                                      q6b.STATIC_SMEM, 0)
 
 
-def test_more_tokens_a_closer_or_the_switch_off_keep_mmvq_q6_i8(on) -> None:
+def test_more_tokens_or_the_switch_off_keep_mmvq_q6_i8(on) -> None:
     dev, down = _Dev(), _weight(Q.Q6_K, H, FFN)
     ops.matmul(dev, down, _act(FFN, i8_tokens=2), _buf(8 * H), 2, H)
     q6b.ON = False

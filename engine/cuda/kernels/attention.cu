@@ -6,7 +6,6 @@
 // keeps an online softmax per query, and writes a partial (o, max, sum) that attn_combine merges. With one split
 // the block normalises and writes the output itself. Positions live in device memory, so the same launch can be
 // captured in a CUDA graph and replayed at any sequence length.
-#include "act8_close.cuh"
 #include "attention.cuh"
 
 #define ATTN_WARPS 4
@@ -302,11 +301,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
 }
 
 // Merge the splits' partials: out = sum_s e^(m_s - m) o_s / sum_s e^(m_s - m) l_s, times the optional gate.
-// One block per (t, h): the split weights are formed once in shared memory, then threads sweep D. CLOSE
-// (ACT_PLAIN): the output projection's int8 input formed behind the launch (kernels/act8_close.cuh): each block
-// counts its head of its token into the head's superblock, T 256 / D blocks a superblock.
-template <int CLOSE>
-__global__ void __launch_bounds__(256) attn_combine(AttnArgs a, int splits, int D, const Act8Close close) {
+// One block per (t, h): the split weights are formed once in shared memory, then threads sweep D.
+__global__ void __launch_bounds__(256) attn_combine(AttnArgs a, int splits, int D) {
     PDL_ENTER();
     __shared__ float weight[256];
     __shared__ float scratch[32];
@@ -331,10 +327,5 @@ __global__ void __launch_bounds__(256) attn_combine(AttnArgs a, int splits, int 
         float val = acc * inv;
         if (a.gate) val *= sigmoidf_(a.gate[(i64)t * a.ld_gate + (i64)h * a.gate_head_stride + d]);
         a.out[(i64)t * a.ld_out + (i64)h * D + d] = val;
-    }
-    if (CLOSE != CLOSE_NONE) {
-        __syncthreads();  // the block's values (every thread stored some), then warp 0's fence and count
-        if (threadIdx.x < 32)
-            close_arrive<CLOSE>(close, a.out, h * D / QK_SB, threadIdx.x == 0, (u32)(a.T * (QK_SB / D)));
     }
 }

@@ -5,7 +5,6 @@
 // buffer, and the delta rule leaves the recurrent state untouched. Accepting n tokens then shifts the window
 // (conv_commit) and re-runs the rule over the first n tokens with commit on (state written back); prefill and
 // plain decode commit directly.
-#include "act8_close.cuh"
 #include "common.cuh"
 
 #define CONV_CHUNK 16  // tokens per thread: chunks of a long prefill run in parallel
@@ -117,9 +116,6 @@ struct GdnArgs {
 // a later commit. A warp keeps COLS columns of S in registers (lane holds rows lane + 32 i, i < KL), so the
 // whole chunk of tokens runs on-chip and S is read once and (if commit) written once. Grid
 // (ceil(Dv / (GDN_WARPS COLS)), Hv).
-// CLOSE (ACT_GATEDNORM): the gated norm of o for the output projection, formed behind the launch (kernels/
-// act8_close.cuh): each warp counts its COLS columns of the inner dimension (h Dv + j0 ..) into their
-// superblock once its tokens' outputs are stored, 32 warps a superblock.
 // TAPS (a non-committing pass of up to GDN_CONV_TOKENS tokens, raw gates): the causal conv and SiLU of q, k and v
 // (conv1d_silu's arithmetic) done here on the raw projections, one launch and one kernel boundary fewer a DeltaNet
 // layer. Every token's inputs are loaded at once and staged in shared memory before the recurrence, so its tokens
@@ -286,10 +282,10 @@ __device__ __forceinline__ void gdn_layer_args(GdnArgs& p) {
 }
 
 // With the conv, three blocks an SM (the 27B's 384 blocks in one wave on 132 SMs) bound its registers (0: none).
-template <int KL, int COLS, int CLOSE, int TAPS, int LAYERS = 0>
-__global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(GdnArgs p, const Act8Close close) {
+template <int KL, int COLS, int TAPS, int LAYERS = 0>
+__global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(GdnArgs p) {
     static_assert(TAPS == 0 || (TAPS == 4 && GDN_WARPS * COLS <= 32), "one float4 of weights a channel");
-    static_assert(!LAYERS || (!TAPS && CLOSE == CLOSE_NONE), "the accept is the plain rule");
+    static_assert(!LAYERS || !TAPS, "the accept is the plain rule");
     if constexpr (LAYERS > 0) gdn_layer_args(p);
     constexpr int SHARE = TAPS ? (KL + GDN_WARPS - 1) / GDN_WARPS : 1;  // q (and k) rows a thread convolves
     constexpr int VC = GDN_WARPS * COLS;  // the block's v columns
@@ -415,9 +411,4 @@ __global__ void __launch_bounds__(GDN_WARPS * 32, TAPS ? 3 : 0) gdn_recurrent(Gd
         if constexpr (TAPS == 0) cur = nxt;
     }
     if (p.commit) gdn_state_io<KL, COLS, true>(sh, s, Dk, Dv, j0, lane);
-    if (CLOSE != CLOSE_NONE) {
-        static_assert(QK_SB % COLS == 0, "a warp's columns lie in one superblock");
-        // the warp's outputs (its lanes below COLS stored them), fenced and counted
-        close_arrive_call<CLOSE>(close, p.o, (h * Dv + j0) / QK_SB, lane == 0, QK_SB / COLS);
-    }
 }

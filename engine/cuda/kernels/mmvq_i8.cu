@@ -17,7 +17,7 @@
 //        so lane c's B fragments of sub-blocks 2c', 2c' + 1 are the 16 bytes at 64 c' + 16 c;
 //   scale8 [sb][level][8] f32;   sums8, sums8_lo [sb][8 tokens][8] f16: each sub-block's sum of s q_hi + s_lo q_lo
 //        (a hi + lo pair), for the min term exactly as the f16 kernels take it.
-#include "act8_close.cuh"
+#include "quants.cuh"
 #include "i8q4k.cuh"
 
 #define I8_ZERO_BYTES 256  // the zero column of lanes without one
@@ -113,18 +113,16 @@ struct I8Copies {
 // group's bases). Launch: one block of W warps per TILES consecutive 16-row tiles (the last block may have
 // fewer); warp w takes superblocks w, w + W, ... of each tile in turn through a ring of NS stages (weights and
 // activation columns by cp.async) that runs on across the tiles, so a warp pays the ring's first wait once per
-// block, not once per tile; dynamic shared memory W * (NS * i8_stage_bytes(T) + I8_ZERO_BYTES). CLOSE (one tile a
-// block): the producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
-// (kernels/act8_close.cuh; CLOSE_NONE: none). HALVES (one tile a block, no closer): two blocks a tile, each half
-// of its superblocks (kernels/mmvq.cuh MmvqHalf); the first stores y (with bias and residual), the second y2.
-template <int T, int NS, int TILES, int CLOSE, bool HALVES = false>
+// block, not once per tile; dynamic shared memory W * (NS * i8_stage_bytes(T) + I8_ZERO_BYTES). HALVES (one tile
+// a block): two blocks a tile, each half of its superblocks (kernels/mmvq.cuh MmvqHalf); the first stores y (with
+// bias and residual), the second y2.
+template <int T, int NS, int TILES, bool HALVES = false>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
         const f16* __restrict__ sums, const f16* __restrict__ sums_lo, float* __restrict__ y,
         const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K, int ldy,
-        const Act8Close close, float* __restrict__ y2) {
-    static_assert(CLOSE == CLOSE_NONE || TILES == 1, "a closer behind one tile a block");
-    static_assert(!HALVES || (TILES == 1 && CLOSE == CLOSE_NONE), "halves: one tile a block, no closer");
+        float* __restrict__ y2) {
+    static_assert(!HALVES || TILES == 1, "halves: one tile a block");
     using S = Q4KStage8;
     constexpr int STAGE = i8_stage_bytes(T), NSLOT = i8_slots(T);
     constexpr int META = S::BYTES + I8_SLOT_PITCH * NSLOT;
@@ -230,8 +228,4 @@ mmvq_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __rest
         mmvq_store_half(acc, part, y, y2, bias, residual, 16 * tile0, rows, T, ldy, PACKED);
     else if constexpr (TILES == 1)
         mmvq_store(acc, y, bias, residual, 16 * tile0, rows, T, ldy, PACKED);
-    if constexpr (CLOSE != CLOSE_NONE) {
-        __syncthreads();  // the block's rows (stored by several warps), then warp 0's fence and counts
-        if (warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, 1);
-    }
 }

@@ -26,9 +26,6 @@
 // act8 copy a producer launch wrote (kernels/act.cu): that launch and its gap go. Each warp computes only the
 // superblocks it reads (its share), with the producer's arithmetic (act8.cuh); an RMSNorm adds one block-wide sum.
 //
-// A closer behind (CLOSE != CLOSE_NONE, kernels/act8_close.cuh): the block's warp 0 counts its tiles once it has
-// stored them, and closes the superblocks of the next matmul's int8 input that its count completes.
-//
 // In halves (HALVES, an even grid): the walk goes over half-tiles, tile v >> 1's superblocks of half v & 1, so each
 // block keeps one half (its index's parity, as mmvq_half splits a tile: kernels/mmvq.cuh) and a launch of 320 tiles
 // runs 3 half-tiles a block on 214 blocks where it ran 2 whole tiles on 160. The first half stores y = its sums +
@@ -37,8 +34,8 @@
 // Not built before sm_90 (no tensor copies): the launcher (engine/cuda/i8b.py) takes it on sm_90+ only, and the
 // body compiles to a trap elsewhere so that every architecture still builds the file.
 #include "act8.cuh"
-#include "act8_close.cuh"
 #include "i8q4k.cuh"
+#include "quants.cuh"
 #include "tma.cuh"
 
 #define I8B_MAX_WARPS 8
@@ -230,17 +227,16 @@ __device__ __forceinline__ void i8b_superblock(const u8* qst, const u8* words, c
 // 16-row tiles b, b + gridDim.x, ... (one each when the grid is the tile count), staging the row's activations
 // once; warp w takes the w-th contiguous share of each tile's superblocks (ceil(nb / W), the last ones fewer)
 // through its own ring of NS stages of S superblocks, which runs on from one tile into the next; dynamic shared
-// memory 1024 (alignment) + i8b_x_bytes(nb) + W NS S (2048 + 256). CLOSE: the producer (ACT_RMSNORM, ACT_SWIGLU)
-// whose output for the next matmul `close` describes, formed from y at the tail (CLOSE_NONE: none). HALVES (an
-// even grid, no producer or closer): the block's half-tiles as above, the second halves' sums into y2.
-template <int S, int NS, int MODE, int CLOSE, bool HALVES = false>
+// memory 1024 (alignment) + i8b_x_bytes(nb) + W NS S (2048 + 256). HALVES (an even grid, no producer): the
+// block's half-tiles as above, the second halves' sums into y2.
+template <int S, int NS, int MODE, bool HALVES = false>
 __global__ void __launch_bounds__(I8B_MAX_WARPS * 32)
 mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          const I8bSrc src, float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual,
-         int rows, int K, const Act8Close close, float* __restrict__ y2) {
+         int rows, int K, float* __restrict__ y2) {
 #if __CUDA_ARCH__ >= 900
-    static_assert(!HALVES || (MODE == I8B_STAGED && CLOSE == CLOSE_NONE), "halves: staged, no closer");
+    static_assert(!HALVES || MODE == I8B_STAGED, "halves: staged");
     extern __shared__ __align__(1024) u8 smem[];
     __shared__ __align__(8) u64 bars[I8B_MAX_WARPS][NS];
     __shared__ float red[2][I8B_MAX_WARPS][16];  // by tile parity: one __syncthreads a tile
@@ -285,7 +281,6 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
         const int row0 = 16 * (((int)blockIdx.x + k * (int)gridDim.x) >> (HALVES ? 1 : 0));
         i8b_store_tile(acc, red, k, row0, rows, part.piece, y, y2, bias, residual);  // (the quad: c and c + 4)
     }
-    if (CLOSE != CLOSE_NONE && warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, my_tiles);
 #else
     __trap();  // the launcher takes this kernel on sm_90+ only
 #endif

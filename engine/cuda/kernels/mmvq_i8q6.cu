@@ -19,7 +19,7 @@
 // lane's two columns always belong to one sub-block, so one IMAD a sum applies its scale. T = 1: a chunk's four
 // sub-blocks in one set (2 mmas); T = 2: two sets (2 mmas); T = 3, 4: a set a sub-block (4 mmas, half of each
 // mma's k zero); T = 5-8: the same for each level (8 mmas). The epilogue folds every column into its token.
-#include "act8_close.cuh"
+#include "quants.cuh"
 #include "i8q6k.cuh"
 
 #define Q6I8_SLOT_PITCH 320  // a 256-byte column slot + 64, as mmvq_i8's: two slots of a quarter-warp's reads sit apart
@@ -114,16 +114,14 @@ struct Q6I8Copies {
 };
 
 // Launch: a block of W warps per 16-row tile; warp w takes superblocks w, w + W, ... (any W: the last warps may
-// take one fewer) through a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T). CLOSE: the
-// producer whose int8 output for the next matmul `close` describes, formed from y behind the launch
-// (kernels/act8_close.cuh; CLOSE_NONE: none). HALVES (no closer): two blocks a tile, each half of its superblocks
-// (kernels/mmvq.cuh MmvqHalf); the first stores y (with bias and residual), the second y2.
-template <int T, int NS, int CLOSE, bool HALVES = false>
+// take one fewer) through a ring of NS stages; dynamic shared memory W * NS * q6i8_stage_bytes(T). HALVES: two
+// blocks a tile, each half of its superblocks (kernels/mmvq.cuh MmvqHalf); the first stores y (with bias and
+// residual), the second y2.
+template <int T, int NS, bool HALVES = false>
 __global__ void __launch_bounds__(MMVQ_MAX_WARPS * 32, 2)
 mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __restrict__ scale8,
            float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
-           int ldy, const Act8Close close, float* __restrict__ y2) {
-    static_assert(!HALVES || CLOSE == CLOSE_NONE, "halves: no closer");
+           int ldy, float* __restrict__ y2) {
     using S = Q6I8Stage;
     constexpr int L = 2 * T <= MMVQ_NCOLS ? 1 : 2;          // passes: one, or a level each
     constexpr int P = L == 1 ? 2 * T : T;                   // columns a sub-block
@@ -236,8 +234,4 @@ mmvq_q6_i8(const u8* __restrict__ w, const i8* __restrict__ q8, const float* __r
         mmvq_store_half(acc, part, y, y2, bias, residual, row0, rows, T, ldy, false, USED);
     else
         mmvq_store(acc, y, bias, residual, row0, rows, T, ldy, false, USED);
-    if constexpr (CLOSE != CLOSE_NONE) {
-        __syncthreads();  // the block's rows (stored by several warps), then warp 0's fence and counts
-        if (warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, 1);
-    }
 }

@@ -17,7 +17,7 @@
 // token n / 2 + 4 (n % 2), so the lane's two C columns are again its own tokens c and c + 4.
 //
 // Not built before sm_90 (no tensor copies): the launcher (engine/cuda/i8b.py) takes it on sm_90+ only.
-#include "act8_close.cuh"
+#include "quants.cuh"
 #include "mmvq.cuh"
 #include "tma.cuh"
 
@@ -150,24 +150,22 @@ __device__ __forceinline__ void i8v_superblock(const u8* qst, const u8* words, c
 // engine/cuda/i8b.py), K a multiple of 256, x the act8 copy of T tokens (group 0's bases). Launch as mmvq_i8b's:
 // blocks of W <= MAXW warps walking the 16-row tiles b, b + gridDim.x, ..., each warp its share of a
 // tile's superblocks through a ring of NS stages of S; dynamic shared memory 1024 + i8v_x_bytes<T>(nb) +
-// W NS S (2048 + 256). CLOSE: the producer whose int8 output of the T tokens for the next matmul `close`
-// describes, formed from y behind the launch (kernels/act8_close.cuh; CLOSE_NONE: none). MAXW: the most warps a
-// block (its launch bounds and per-tile sums). HALVES (no closer): the block walks half-tiles (an even grid; each
-// block keeps its index's half, kernels/mmvq.cuh mmvq_half) and stages only its half of the row, so rows too wide
-// to stage whole (ffn_down's 68 superblocks) fit; the first half stores y (+ bias + residual), the second its bare
-// sums in y2, which the next layer's input norm adds (engine/cuda/ops.py VERIFY_HALVES_AT).
+// W NS S (2048 + 256). MAXW: the most warps a block (its launch bounds and per-tile sums). HALVES: the block
+// walks half-tiles (an even grid; each block keeps its index's half, kernels/mmvq.cuh mmvq_half) and stages only
+// its half of the row, so rows too wide to stage whole (ffn_down's 68 superblocks) fit; the first half stores y
+// (+ bias + residual), the second its bare sums in y2, which the next layer's input norm adds
+// (engine/cuda/ops.py VERIFY_HALVES_AT).
 // Launch bounds: from 5 tokens (and in the wide form) a minimum of one block an SM, what the staged rows leave
 // anyway: without it ptxas held them to 80 registers and spilt a stage's sums (5-8 tokens: 89-96 registers now,
 // no spills; the 27B pass at 5 tokens 9.16 -> 8.96 ms on an H100). Up to 4 tokens a minimum of two keeps them at
 // 69-70, which timed a little faster at 3-4 tokens than one (bench/NOTES.md Z25).
-template <int T, int S, int NS, int CLOSE, int MAXW = I8V_MAX_WARPS, bool HALVES = false>
+template <int T, int S, int NS, int MAXW = I8V_MAX_WARPS, bool HALVES = false>
 __global__ void __launch_bounds__(MAXW * 32, T > 4 || MAXW > I8V_MAX_WARPS ? 1 : 2)
 mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
          float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
-         int ld_y, const Act8Close close, float* __restrict__ y2) {
+         int ld_y, float* __restrict__ y2) {
 #if __CUDA_ARCH__ >= 900
-    static_assert(!HALVES || CLOSE == CLOSE_NONE, "halves: no closer");
     constexpr int NM = (T + 3) / 4;
     extern __shared__ __align__(1024) u8 smem[];
     __shared__ __align__(8) u64 bars[MAXW][NS];
@@ -232,10 +230,6 @@ mmvq_i8v(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
             if (residual) v += residual[(i64)t * ld_y + row];
             y[(i64)t * ld_y + row] = v;
         }
-    }
-    if (CLOSE != CLOSE_NONE) {  // the next matmul's input behind the launch (kernels/act8_close.cuh)
-        __syncthreads();  // the block's rows (stored by several warps), then warp 0's fence and counts
-        if (warp == 0) close_tiles<CLOSE>(close, y, blockIdx.x, gridDim.x, my_tiles);
     }
 #else
     __trap();  // the launcher takes this kernel on sm_90+ only
