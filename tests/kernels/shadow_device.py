@@ -3,7 +3,9 @@
 The CUDA engine runs on it unchanged (CudaBackend.from_gguf(path, device=ShadowDevice())): weights are laid out and
 "uploaded", passes are built, captured and replayed, and each kernel launch is kept with its arguments, grid, block
 and shared memory, so a test can hold every launch against what the kernel it names declares
-(tests/kernels/kernel_signatures.py). Nothing is computed: downloads read zeros.
+(tests/kernels/kernel_signatures.py). Nothing is computed: downloads read zeros. What a graph capture refuses on the
+GPU (CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: an allocation, a free, a synchronising copy or a wait for the stream
+inside the capture) raises CaptureError here.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a kernel may take without cuFu
 ALIGN = 256  # cuMemAlloc's alignment
 
 
+class CaptureError(CudaError):
+    """A call the driver refuses while the stream is being captured."""
+
+
 @dataclass(slots=True)
 class Launch:
     """One recorded launch: the kernel's instance name and everything it was given."""
@@ -53,12 +59,14 @@ class ShadowMemory(DeviceMemory):
         self.next_ptr = 1 << 32
 
     def alloc(self, nbytes: int, what: str) -> Buffer:
+        self.device.refuse_in_capture(f"alloc {what}")
         buf = Buffer(self.next_ptr, int(nbytes), what)
         self.next_ptr += -(-max(int(nbytes), 1) // ALIGN) * ALIGN
         self.live[buf.ptr] = buf
         return buf
 
     def free(self, buf: Buffer) -> None:
+        self.device.refuse_in_capture(f"free {buf.what}")
         assert not buf.is_view and buf.ptr in self.live, f"free of {buf.what!r}: not a live allocation"
         del self.live[buf.ptr]
 
@@ -150,11 +158,17 @@ class ShadowDevice(Device):
     def join(self, lane: int = 0) -> None:
         pass
 
+    def refuse_in_capture(self, what: str) -> None:
+        if self._capturing is not None:
+            raise CaptureError(f"{what} inside a graph capture")
+
     def upload(self, buf: Buffer, array: np.ndarray, offset: int = 0) -> None:
+        self.refuse_in_capture(f"upload {buf.what}")  # (Device.upload synchronises)
         nbytes = np.asarray(array).nbytes
         assert offset + nbytes <= buf.nbytes, f"{buf.what}: {nbytes} bytes do not fit at {offset}"
 
     def download(self, buf: Buffer, dtype: Any, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        self.refuse_in_capture(f"download {buf.what}")
         out = np.zeros(shape, dtype)
         assert offset + out.nbytes <= buf.nbytes, f"{buf.what}: read past the end"
         return out
@@ -166,7 +180,7 @@ class ShadowDevice(Device):
         assert nbytes <= dst.nbytes and nbytes <= src.nbytes, f"copy of {nbytes} bytes {src.what} -> {dst.what}"
 
     def synchronize(self) -> None:
-        pass
+        self.refuse_in_capture("synchronize")
 
     @contextmanager
     def capture(self):

@@ -8,8 +8,9 @@ chunked delta rule included), verify passes of 1-8 tokens with their accepts, MT
 its arguments against the kernel's declared parameters (count and kind: a pointer where the kernel reads a pointer,
 an int32 where it reads an int, a struct of the mirror's type), its block within the kernel's launch bound, its
 dynamic shared memory allowed (cuFuncSetAttribute before a launch past 48 KB, never past the GPU's opt-in limit),
-and its Buffers inside live allocations. On the GPU any of these would read garbage or fail to launch; on the CPU
-nothing else sees them (the kernels' arithmetic is checked on the GPU: bench/gpu_check.py)."""
+and its Buffers inside live allocations; and nothing a graph capture refuses (an allocation, a synchronising copy)
+inside one. On the GPU any of these would read garbage or fail to launch or capture; on the CPU nothing else sees
+them (the kernels' arithmetic is checked on the GPU: bench/gpu_check.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from engine.model.config import ATTENTION, DELTANET, qwen38_27b_config
 from engine.sampling import SamplingParams
 from tests.kernels import kernel_signatures as ks
 from engine.cuda.device import DeviceInfo
-from tests.kernels.shadow_device import A100, H100, H200, RTX_4090, Launch, ShadowDevice
+from tests.kernels.shadow_device import A100, H100, H200, RTX_4090, CaptureError, Launch, ShadowDevice
 
 SAMPLING = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
             SamplingParams(temperature=0.6, top_k=20, top_p=0.95),
@@ -115,6 +116,7 @@ def _check_launches(dev: ShadowDevice) -> Counter:
         for p in _problems(launch):
             problems.setdefault((launch.kernel, p), launch)
     assert not problems, "\n".join(f"{k}: {p}" for k, p in problems)
+    assert any(launch.captured for launch in dev.launches), "no pass was captured into a graph"
     return Counter(launch.kernel for launch in dev.launches)
 
 
@@ -144,6 +146,7 @@ def test_every_launch_of_the_27b_shape_matches_its_kernel(thin_27b: Path, info: 
     kernels = _run(thin_27b, prompt=2100, info=info, context_size=4096)
     for family in families:
         assert any(k.startswith(family) for k in kernels), (family, sorted(kernels))
+    assert kernels.total() > 1000
 
 
 def test_a_launcher_that_drops_an_argument_is_caught() -> None:
@@ -165,3 +168,14 @@ def test_a_launcher_that_drops_an_argument_is_caught() -> None:
     assert found[2] == ["argument 4 (bias): i32 where the kernel reads ptr"]
     assert found[3] == ["512 threads a block, past the launch bound 256"]
     assert found[4] == ["a Buffer outside every live allocation"]
+
+
+def test_what_a_capture_refuses_raises() -> None:
+    """The engine's passes ran captured above without any of these (each would fail cuStreamEndCapture)."""
+    dev = ShadowDevice()
+    buf = dev.alloc(64, "b")
+    for call in (lambda: dev.alloc(8, "x"), lambda: dev.upload(buf, np.zeros(2)), dev.synchronize,
+                 lambda: dev.download(buf, np.float32, (2,)), lambda: dev.memory.free(buf)):
+        with dev.capture(), pytest.raises(CaptureError, match="inside a graph capture"):
+            call()
+    assert sum(launch.captured for launch in dev.launches) == 0
