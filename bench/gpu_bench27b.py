@@ -32,7 +32,7 @@ CONTEXT = 16384
 # PDL_POLICIES: each kernel's launch overlaps the previous kernel's tail): "auto" (v7, the default) the passes of
 # 1-4 tokens and the verify passes of 5+ (3 since Z5); v7pdl every pass; v7off none; the others none, as measured.
 # v7's kernel table with the int8 matmuls, each with one setting of its own (the tables below say which)
-V7_SETTINGS = ("group", "split2", "fused", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5",
+V7_SETTINGS = ("group", "split2", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persist", "q6p5", "q6c5",
                "serialauto", "i8v5w4", "i8v5w5", "noq6i8", "q6i8t1", "q6i8t4", "q6i8all", "gdn4",
                "gdn8", "i8v5w10", "i8v5w12", "i8vw12", "notrim", "i8vw8old", "i8v3off", "convapart",
                "conv1", "fast24", "fastall", "copyall", "acceptapart",
@@ -73,8 +73,8 @@ I8_VARIANTS = frozenset({"v7", "v7pdl", "v7off", "g1rms", "w4t1", "i8b", "i8bs",
 # v7 with the int8 matmul up to 5 tokens (ops.I8_TOKENS; v7: 4, the 5-token passes on the persistent f16 kernel)
 I8_TOKEN_VARIANTS = {"i8t5": 5, "halves5": 5}
 # v7 with the int8 matmuls' warps a block by token count (ops.I8_WARPS_AT; v7: 4 at one token since v19): w4t1 that
-# default, named as it was measured; apart and fused mmvq_i8's own choice (5 at K = 5,120)
-I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}, "fused": {}}
+# default, named as it was measured; apart mmvq_i8's own choice (5 at K = 5,120)
+I8_WARPS_VARIANTS = {"w4t1": {1: 4}, "apart": {}}
 # v7 with the int8 matmuls of the widest rows (ffn_down, K = 17,408) in blocks of n warps at one token (dw<n>: Q4_K
 # and Q6_K; dw<n>q<m>: Q6_K's m) or at 1-4 tokens (dw6all) (ops.I8_WIDE_WARPS_AT, Q6_I8_WIDE_WARPS_AT; v7: 4)
 I8_WIDE_WARPS_VARIANTS = {**{f"dw{n}": ({1: n}, {1: n}) for n in (5, 6, 7, 8)}, "dw8q6": ({1: 8}, {1: 6}),
@@ -95,9 +95,6 @@ SERIAL_VARIANTS = frozenset({"serial", "serial8", "serialpdl", "serialauto"})
 # activations leave (3, 2) two blocks an SM), i8bs that default; i8 (v7 with OPENJET_CUDA_I8B=0) none
 BULK_I8_VARIANTS = {"i8b": None, "i8bs": 24, "i8bfull": None, "halvesi8b": None, "i8bdown8": None,
                     "i8bdownh8": None, "i8bdown4": None}
-# v7 with the producers fused into the one-token int8 matmul after them (engine/cuda/i8b.py FUSE: RMSNorm, the gated
-# norm and the plain copy; v7 until v19, now off: v7 launches every producer on its own, as apart does)
-FUSED_VARIANTS = frozenset({"fused"})
 # v7 with mmvq_i8b's walking grid filling every SM (v7 leaves a block an SM free for what runs beside it since
 # v17: i8b.SPARE_PER_SM); serial8: serial on mmvq_i8 (no mmvq_i8b), to tell the beside stream's share from the grid's
 SPARE_VARIANTS = {"full": 0, "spare": 1, "spare2": 2, "i8bfull": 0}
@@ -538,7 +535,6 @@ def _use_variant(backend, name: str) -> None:
     ops.BESIDE = name not in SERIAL_VARIANTS and env_flag(ops.BESIDE_ENV, True)
     i8b.ON = name in BULK_I8_VARIANTS or (name in I8_VARIANTS and name not in NO_BULK_VARIANTS and i8b._default())
     i8b.MAX_SUPERBLOCKS = BULK_I8_VARIANTS.get(name, i8b.DEFAULT_MAX_SUPERBLOCKS)
-    i8b.FUSE = name in FUSED_VARIANTS or i8b._fuse_default()
     ops.DOWN_HALVES = name in HALVES_VARIANTS or ops._down_halves_default()
     ops.OUT_HALVES = name in OUT_HALVES_VARIANTS or ops._out_halves_default()
     ops.VERIFY_HALVES_AT = VERIFY_HALVES_VARIANTS.get(name, ops.DEFAULT_VERIFY_HALVES_AT)

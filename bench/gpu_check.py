@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from bench.gpu_common import Report, copy_bandwidth, machine_info  # noqa: E402
 
 PARTS = ("compile", "bandwidth", "kernels", "persist", "models", "timings", "model27b", "mk27b", "peer", "stream",
-         "mixers", "i8", "fused", "mtp27b", "producers", "q6i8", "gemm_wg", "timeline", "sample")
+         "mixers", "i8", "mtp27b", "producers", "q6i8", "gemm_wg", "timeline", "sample")
 # --bench: ours, the megakernel, llama.cpp on one 27B file, then where the matmuls' bandwidth goes
 BENCH_PARTS = ["timings", "model27b", "mk27b", "peer", "stream"]
 SKIP_PERSIST_PARTS = ("timings", "model27b")  # parts that leave the persistent mmvq out when its checks failed
@@ -57,10 +57,9 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         report.info["copy_gbps"] = round(t.gbps, 1)
         print(f"copy bandwidth: {t.gbps:.0f} GB/s (read + write, {t.median_ms:.3f} ms for {t.shape})", flush=True)
     elif name == "kernels":
-        from bench import gpu_fused, gpu_kernels, gpu_ops
+        from bench import gpu_kernels, gpu_ops
 
         gpu_kernels.run_matmul_checks(dev, report, rng)
-        gpu_fused.run_fused_checks(dev, report, rng)
         gpu_ops.run_op_checks(dev, report, rng)
     elif name == "persist":  # the persistent mmvq (bench/NOTES.md v8), in its own process: a fault stays here
         from bench import gpu_persist
@@ -91,11 +90,6 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
 
         gpu_kernels.run_q6_i8_checks(dev, report, rng)
         gpu_kernels.time_q6_i8(dev, report, rng)
-    elif name == "fused":  # the one-token int8 matmul with its producer fused in front (also inside "kernels")
-        from bench import gpu_fused
-
-        gpu_fused.run_fused_checks(dev, report, rng)
-        gpu_fused.time_fused(dev, report, rng)
     elif name == "timeline":  # the 27B passes kernel by kernel (CUPTI through torch.profiler): where the time goes
         from bench import gpu_timeline
 

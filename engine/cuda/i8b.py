@@ -1,36 +1,35 @@
 """The tensor-copy int8 Q4_K matmuls (sm_90+): of one token (kernels/mmvq_i8b.cu) and of a verify pass's 2-8 tokens
 (kernels/mmvq_i8v.cu): their switches, shapes, tensor maps and launchers. ops.matmul takes the first in place of
-mmvq_i8 where runs() says so, with the producer in front of it computed by its own blocks where fuses() says so,
-and the second where verify_runs() says so (in place of mmvq_i8 at 2-4 tokens, of the f16 kernels at 5-8).
+mmvq_i8 where runs() says so, and the second where verify_runs() says so (in place of mmvq_i8 at 2-4 tokens, of
+the f16 kernels at 5-8).
 
 On by default where it runs (OPENJET_CUDA_I8B=0 keeps mmvq_i8): on the H200 the 27B pass at one token took 8.32 ms
 with it against 8.44 without in the same run, 8.04 against 8.26 in fast mode (bench/NOTES.md v16); with its grid
-leaving a block an SM free and the producers fused, 7.99 ms (v17); in blocks of 4 warps, with the producers
-launched apart on a block per token, 7.19 ms (v19).
+leaving a block an SM free and the producers fused in front of it, 7.99 ms (v17); in blocks of 4 warps, with the
+producers launched apart on a block per token, 7.19 ms (v19). (The fused producers lost from then on and were
+removed: bench/NOTES.md Z30.)
 """
 
 from __future__ import annotations
 
-import ctypes
 from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType as Q
 
 from engine.cuda import env_switch, tma
-from engine.cuda.instances import (I8B_FUSED_MODES, I8B_FUSED_SHAPES, I8B_HALVES_SHAPES, I8B_SHAPES, I8V_HALVES_TOKENS,
+from engine.cuda.instances import (I8B_HALVES_SHAPES, I8B_SHAPES, I8V_HALVES_TOKENS,
                                     I8V_MAX_WARPS, I8V_SHAPE, I8V_TOKENS, I8V_WIDE_SHAPE, I8V_WIDE_TOKENS,
                                     I8V_WIDE_WARPS)
 
 if TYPE_CHECKING:
     from engine.cuda.device import Buffer, Device
-    from engine.cuda.ops import Act, DeviceWeight, Producer
+    from engine.cuda.ops import Act, DeviceWeight
 
 ENV = "OPENJET_CUDA_I8B"
 MIN_ARCH = 90  # tensor copies (cp.async.bulk.tensor) and mbarrier transaction counts
 QUANT_BYTES, WORD_BYTES = 2048, 256  # a unit's quant box and word unit (mirror of the kernel's)
 MAX_WARPS = 8  # the kernel's I8B_MAX_WARPS
 VERIFY_MAX_WARPS = I8V_MAX_WARPS
-PRODUCE_MAX = 4  # the kernel's I8B_PRODUCE_MAX: the most superblocks a warp's share may hold with a fused producer
 ALIGN_SLACK = 1024  # the kernel aligns its regions to 1024 bytes (the 128-byte swizzle) at run time
 
 
@@ -39,19 +38,6 @@ def _default() -> bool:
 
 
 ON = _default()
-# The producer in front of a one-token matmul (ops.Producer: RMSNorm, the gated norm, a plain copy) computed by
-# its blocks instead of launched (kernels/mmvq_i8b.cu, "Producers fused in front"). Off unless OPENJET_CUDA_FUSE=1:
-# it paid 0.08 ms a pass against producers of ~4.2 us a launch (bench/NOTES.md v17), and lost 0.40 ms (7.77
-# against 7.37) once a launch took ~2.6 (v19); the 4-warp blocks of ops.I8_WARPS_AT leave a warp too many
-# superblocks to fuse anyway (PRODUCE_MAX).
-FUSE_ENV = "OPENJET_CUDA_FUSE"
-
-
-def _fuse_default() -> bool:
-    return env_switch(FUSE_ENV, False)
-
-
-FUSE = _fuse_default()
 # (superblocks a stage, stages a warp): one of instances.I8B_SHAPES. (3, 2): a 5,120-wide tile's share of 5
 # superblocks a warp in 2 stages, not 3, and two 69 KB blocks an SM with one spare (against three of 51 KB): the
 # 27B one-token pass 7.561 ms against 7.659 with (2, 2) on an H100 (bench/NOTES.md Z21; v16 had (2, 2) faster
@@ -156,23 +142,6 @@ def runs(dev: Device, w: DeviceWeight, num_tokens: int, act: Act) -> bool:
     return act.i8_tokens >= 1 and _takes(dev, w, num_tokens)
 
 
-def fuses(dev: Device, w: DeviceWeight, num_tokens: int, producer: Producer) -> bool:
-    """Whether a matmul computes its producer itself: FUSE, the int8 matmul on, mmvq_i8b's conditions (but for
-    the int8 copy, which is then not needed), an instance of the producer's mode at SHAPE, and the producer's
-    inputs 16-byte aligned (its lanes load 8 floats at a time)."""
-    from engine.cuda import ops
-
-    src = producer.src
-    if not (FUSE and ops.I8_MATMUL and producer.mode in I8B_FUSED_MODES and SHAPE in I8B_FUSED_SHAPES):
-        return False
-    if src.x_sum:  # a norm of two halves' sum (ops.rmsnorm_of add=), which the fused producers do not form
-        return False
-    if not (all(p % 16 == 0 for p in (src.x, src.x2, src.w)) and _takes(dev, w, num_tokens)):
-        return False
-    nb = w.cols // ops.SUPERBLOCK
-    return -(-nb // warps(dev, w)) <= PRODUCE_MAX
-
-
 def warps(dev: Device, w: DeviceWeight) -> int:
     """Warps per block of a launch on w: WARPS, else WIDE_WARPS for rows of ops.WIDE_COLS or more, else mmvq_i8's
     choice; never more than the superblocks."""
@@ -193,12 +162,6 @@ def _takes(dev: Device, w: DeviceWeight, num_tokens: int) -> bool:
     return smem_bytes(w.cols // ops.SUPERBLOCK, ops.MMVQ_WARPS, SHAPE) <= dev.info.max_smem_per_block
 
 
-class I8bSrc(ctypes.Structure):
-    """Mirror of struct I8bSrc in kernels/mmvq_i8b.cu: what a fused producer reads."""
-
-    _fields_ = [(n, ctypes.c_uint64) for n in ("x", "x2", "w")] + [("head", ctypes.c_int32), ("eps", ctypes.c_float)]
-
-
 def quant_map(w: DeviceWeight) -> tma.TensorMap:
     """The tensor map of w's quant plane (repack: [rows][nb x 128] bytes first in the buffer): boxes of 16 rows x
     128 bytes, 128-byte swizzle, rows past the end read as zeros."""
@@ -206,29 +169,21 @@ def quant_map(w: DeviceWeight) -> tma.TensorMap:
     return tma.encode(w.buf.ptr, "u8", (row_bytes, w.rows), (row_bytes,), (128, 16), 128)
 
 
-def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer] | None, y: Buffer,
-           bias: Buffer | None, residual: Buffer | None, producer: Producer | None = None,
-           y2: Buffer | None = None) -> None:
+def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, Buffer], y: Buffer,
+           bias: Buffer | None, residual: Buffer | None, y2: Buffer | None = None) -> None:
     """One launch of mmvq_i8b: blocks of warps walking 16-row tiles (grid), each warp a contiguous share of the
-    row; its activations the int8 copy group8, or computed from producer (fuses() said so; group8 None); with
-    y2, walking half-tiles (halves_grid), the second half of every row's superblocks summed into y2 (y: the first
-    half + bias + residual)."""
+    row; its activations the int8 copy group8; with y2, walking half-tiles (halves_grid), the second half of every
+    row's superblocks summed into y2 (y: the first half + bias + residual)."""
     from engine.cuda import ops
 
     assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
-    assert y2 is None or (producer is None and SHAPE in I8B_HALVES_SHAPES), \
-        f"{w.name}: no mmvq_i8b instance in halves for {SHAPE} with a producer"
+    assert y2 is None or SHAPE in I8B_HALVES_SHAPES, f"{w.name}: no mmvq_i8b instance in halves for {SHAPE}"
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, warps(dev, w)
     name = f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}" + ("_halves" if y2 is not None else "")
-    if producer is None:
-        src, (q8, scale8, sums8, sums8_lo) = I8bSrc(), group8
-    else:
-        a = producer.src
-        src, (q8, scale8, sums8, sums8_lo) = I8bSrc(a.x, a.x2, a.w, a.head, a.eps), (None,) * 4
-        name += f"_{producer.mode}"
+    q8, scale8, sums8, sums8_lo = group8
     kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
     dev.set_max_dynamic_smem(kernel, smem)
-    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, src, y, bias, residual, w.rows, w.cols, y2]
+    args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, y2]
     blocks = grid(dev, tiles, num_warps, smem) if y2 is None else halves_grid(dev, tiles, num_warps, smem)
     dev.launch(kernel, blocks, 32 * num_warps, args, smem=smem)
 

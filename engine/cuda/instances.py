@@ -45,11 +45,6 @@ I8_TILE_COUNTS = (1, 2, 4)
 # (superblocks a stage, stages a warp) of the bulk-copy int8 Q4_K matmul of one token (kernels/mmvq_i8b.cu,
 # sm_90+), an instance each: mmvq_q4_K_i8b_s{S}n{NS}.
 I8B_SHAPES = ((1, 4), (2, 2), (2, 3), (3, 2), (5, 2))
-# Producers (ACT_MODES) it can compute itself in front of the matmul, and the shapes built with them:
-# mmvq_q4_K_i8b_s{S}n{NS}_{mode}, in the default shape only (i8b.DEFAULT_SHAPE; with fused producers the other
-# shapes made the 27B pass 0.29-0.82 ms slower than (2, 2), the default then: bench/NOTES.md v17, dad12b5).
-I8B_FUSED_MODES = ("plain", "rmsnorm", "gatednorm")
-I8B_FUSED_SHAPES = ((3, 2),)
 # ... and the shapes built to walk half-tiles (ops.OUT_HALVES: the mixers' output projections in halves):
 # mmvq_q4_K_i8b_s{S}n{N}_halves
 I8B_HALVES_SHAPES = ((3, 2),)
@@ -135,9 +130,7 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"mmvq_q4_K_i8_t{t}" + (f"_r{tiles}" if tiles > 1 else ""), "mmvq_i8",
                      f"mmvq_i8<{t}, {ACT_STAGES}, {tiles}>")  # int8 activations, 1..TILES row tiles a block
             for t in range(1, I8_MAX_TOKENS + 1) for tiles in I8_TILE_COUNTS if tiles == 1 or t <= 4]
-    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1>") for s, n in I8B_SHAPES]
-    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_{mode}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, {ACT_MODES.index(mode)}>")
-            for s, n in I8B_FUSED_SHAPES for mode in I8B_FUSED_MODES]  # a producer fused in front
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}", "mmvq_i8b", f"mmvq_i8b<{s}, {n}>") for s, n in I8B_SHAPES]
     out += [Instance(f"mmvq_q4_K_i8v_t{t}", "mmvq_i8v", f"mmvq_i8v<{t}, {I8V_SHAPE[0]}, {I8V_SHAPE[1]}>")
             for t in I8V_TOKENS]
     out += [Instance(f"mmvq_q4_K_i8v_t{t}_wide", "mmvq_i8v",
@@ -150,7 +143,7 @@ def _build() -> dict[str, Instance]:
     # ... and both in two blocks a tile, each half of its superblocks (ops.DOWN_HALVES: ffn_down)
     out += [Instance(f"mmvq_q4_K_i8_t{t}_halves", "mmvq_i8", f"mmvq_i8<{t}, {ACT_STAGES}, 1, true>")
             for t in HALVES_TOKENS]
-    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_halves", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, -1, true>")
+    out += [Instance(f"mmvq_q4_K_i8b_s{s}n{n}_halves", "mmvq_i8b", f"mmvq_i8b<{s}, {n}, true>")
             for s, n in I8B_HALVES_SHAPES]
     out += [Instance(f"mmvq_q6_K_i8_t{t}_halves", "mmvq_i8q6", f"mmvq_q6_i8<{t}, {ACT_STAGES}, true>")
             for t in HALVES_TOKENS]

@@ -404,8 +404,9 @@ class CudaModel:
 
     def _out(self, lw: LayerWeights, act: ops.Act, num_tokens: int, producer: ops.Producer | None,
              may_halve: bool) -> tuple[Buffer, Buffer] | None:
-        """x += mix_out(act) (of producer), the mixer's output projection. may_halve: the caller's FFN norm takes its halves (ops.splits_in_halves), returned where it split: x is
-        then stale until that norm (rmsnorm_of add=) stores their sum."""
+        """x += mix_out(act) (of producer), the mixer's output projection. may_halve: the caller's FFN norm takes
+        its halves (ops.splits_in_halves), returned where it split: x is then stale until that norm (rmsnorm_of add=)
+        stores their sum."""
         ws, h = self.ws, self.cfg.hidden_size
         if may_halve and ops.splits_in_halves(self.dev, lw.mix_out, act, num_tokens, producer):
             ops.matmul(self.dev, lw.mix_out, act, ws.x_halves[0], num_tokens, h, residual=ws.x, producer=producer,

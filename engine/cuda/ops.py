@@ -160,8 +160,8 @@ ACT_SPLIT_TOKENS = ACT_SPLIT_DEFAULT
 @dataclass(frozen=True, slots=True)
 class Producer:
     """The op that makes a matmul's input (kernels/act.cu ACT_MODES), not yet launched: produce() launches it
-    into an Act; matmul(producer=...) fuses it into the matmul's own launch where it can (i8b.fuses). out32 (the
-    f32 rows, for the f32-weight path of the matmul it feeds) is written only when it runs on its own."""
+    into an Act (matmul(producer=...) just before the matmul). out32: the f32 rows too, for the f32-weight path of
+    the matmul it feeds."""
 
     mode: str
     src: ActSrc
@@ -275,8 +275,7 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
     """y[T, rows] = act[T, cols] @ w^T (+ bias[rows]) (+ residual[T, rows]); 8 tokens per launch.
 
     y and residual are f32 [T, ld_y]; residual may be y itself (each element is read once before it is written).
-    producer: the op that makes act, launched first, or computed by the matmul's own blocks where i8b.fuses says
-    it can (act is then left unwritten: its i8_tokens 0); it must not read y.
+    producer: the op that makes act, launched first; it must not read y.
     y2: where splits_in_halves says so, the launch's second half of every row's superblocks goes there (y then
     holds the first half + bias + residual, and the result is y + y2: rmsnorm_of(add=) forms it); must be None
     elsewhere.
@@ -287,10 +286,6 @@ def matmul(dev: Device, w: DeviceWeight, act: Act, y: Buffer, num_tokens: int, l
     if producer is not None:
         assert y.ptr not in (producer.src.x, producer.src.x2, producer.src.x_sum), \
             f"{w.name}: the producer reads (or writes) the matmul's output"
-        if y2 is None and i8b.fuses(dev, w, num_tokens, producer):
-            act.i8_tokens = 0
-            i8b.launch(dev, w, None, y, bias, residual, producer)
-            return
         produce(dev, producer, act, num_tokens)
     if gemm.launch(dev, w, act.x16, y, num_tokens, ld_y, bias, residual):
         return

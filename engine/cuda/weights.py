@@ -48,18 +48,12 @@ class Projection:
             producer: ops.Producer | None = None) -> None:
         """y[:, offset:offset + rows] = act @ W^T (+ bias) for every part.
 
-        producer: the op that makes act (ops.matmul fuses it into a lone part's launch where it can; with several
-        parts it is launched first).
+        producer: the op that makes act, launched first.
 
         beside: the parts other than the largest run on the device's side stream (Device.beside), so that a small
         one (DeltaNet's 96-row alpha | beta) overlaps the large one instead of following it; the caller joins
         (dev.join()) before reading their outputs. Parts that launch the persistent mmvq stay on the main
         stream (its scratch is one per device)."""
-        if producer is not None and len(self.parts) == 1:
-            part = self.parts[0]
-            ops.matmul(dev, part.weight, act, y.view(4 * part.offset), num_tokens, ld_y, bias=part.bias,
-                       producer=producer)
-            return
         if producer is not None:
             ops.produce(dev, producer, act, num_tokens)
         main = max(self.parts, key=lambda part: part.weight.buf.nbytes)

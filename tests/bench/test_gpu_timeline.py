@@ -12,10 +12,10 @@ from bench.gpu_timeline import (TOKEN_COUNTS, TOKENS_ENV, Span, instance_names, 
 
 def test_demangled_names_read_as_instance_names() -> None:
     names = instance_names()
-    assert kernel_name("void mmvq_i8b<2, 2, -1>(TensorMap, unsigned char const*, signed char const*)",
+    assert kernel_name("void mmvq_i8b<2, 2>(TensorMap, unsigned char const*, signed char const*)",
                        names) == "mmvq_q4_K_i8b_s2n2"
-    assert kernel_name("void mmvq_i8b<3, 2, 1>(TensorMap, unsigned char const*)", names) == \
-        "mmvq_q4_K_i8b_s3n2_rmsnorm"
+    assert kernel_name("void mmvq_i8b<3, 2, true>(TensorMap, unsigned char const*)", names) == \
+        "mmvq_q4_K_i8b_s3n2_halves"
     assert kernel_name("void act_from<1, 1, 1>(ActSrc, unsigned short*, Act8, int, int)", names) == "act_rmsnorm_t1"
     assert kernel_name("rms_norm(float const*, float const*, float*, int, int, int, float)", names) == "rms_norm"
     assert kernel_name("void something_else<Foo<1>, 2>(int)", names) == "something_else<Foo<1>, 2>"

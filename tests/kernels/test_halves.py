@@ -132,13 +132,6 @@ def test_the_launch_keeps_the_sum_where_it_fills_in_the_rows_stride() -> None:
     assert (args[0].x_sum, args[0].out32, args[0].ld_out32) == (x.ptr, xn.ptr, act.ld)
 
 
-def test_the_fused_producers_never_take_a_norm_of_halves(monkeypatch) -> None:
-    monkeypatch.setattr(i8b, "FUSE", True)
-    monkeypatch.setattr(ops, "I8_MATMUL", True)
-    norm = ops.rmsnorm_of(_buf(0x1000), _buf(0x4000), 5120, 1e-6, add=(_buf(0x2000), _buf(0x3000)))
-    assert not i8b.fuses(_dev(), _weight(Q.Q4_K, cols=5120), 1, norm)
-
-
 def test_the_act_kernel_stores_the_sum_only_for_rmsnorm() -> None:
     """act_from adds x2 to an RMSNorm's rows (SwiGLU and the gated norm read x2 as their second input)."""
     src = (nvrtc.KERNEL_DIR / "act.cu").read_text()

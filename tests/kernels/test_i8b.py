@@ -41,7 +41,7 @@ def test_taken_only_when_on_for_one_q4k_token_on_sm90(monkeypatch) -> None:
     assert not i8b.runs(_dev(90), _weight(), 1, _act(1))
 
 
-@pytest.mark.parametrize("env, default, on", [(i8b.ENV, i8b._default, True), (i8b.FUSE_ENV, i8b._fuse_default, False)])
+@pytest.mark.parametrize("env, default, on", [(i8b.ENV, i8b._default, True)])
 def test_defaults_and_the_switch_is_checked(monkeypatch, env: str, default, on: bool) -> None:
     monkeypatch.delenv(env, raising=False)
     assert default() is on
@@ -58,7 +58,6 @@ def test_the_launcher_mirrors_the_kernels_layout() -> None:
     src = (nvrtc.KERNEL_DIR / "mmvq_i8b.cu").read_text() + (nvrtc.KERNEL_DIR / "tma.cuh").read_text()
     defines = dict(re.findall(r"#define (\w+) (\d+)", src))
     assert int(defines["I8B_QUANT_BYTES"]) == i8b.QUANT_BYTES
-    assert int(defines["I8B_PRODUCE_MAX"]) == i8b.PRODUCE_MAX
     assert int(defines["I8B_MAX_WARPS"]) == i8b.MAX_WARPS >= ops.MMVQ_WARPS
     # hi level, lo level 64 bytes on, 16-byte scale pairs and two 16-byte sums records a superblock, in KB
     for nb in (1, 20, 24, 68):
@@ -68,57 +67,13 @@ def test_the_launcher_mirrors_the_kernels_layout() -> None:
 
 def test_every_shape_has_an_instance() -> None:
     for s, n in instances.I8B_SHAPES:
-        assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}"].expr == f"mmvq_i8b<{s}, {n}, -1>"
+        assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}"].expr == f"mmvq_i8b<{s}, {n}>"
     assert i8b.SHAPE in instances.I8B_SHAPES
-
-
-def test_each_fused_mode_has_an_instance_of_the_producers_number() -> None:
-    src = (nvrtc.KERNEL_DIR / "act8.cuh").read_text()
-    numbers = {name.lower(): int(v) for name, v in re.findall(r"#define ACT_(\w+) (\d+)", src)}
-    assert [numbers[mode] for mode in instances.ACT_MODES] == list(range(len(instances.ACT_MODES)))
-    kernel = (nvrtc.KERNEL_DIR / "mmvq_i8b.cu").read_text()
-    assert re.search(r"#define I8B_STAGED -1\b", kernel)
-    for s, n in instances.I8B_FUSED_SHAPES:
-        for mode in instances.I8B_FUSED_MODES:
-            inst = instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_{mode}"]
-            assert inst.expr == f"mmvq_i8b<{s}, {n}, {numbers[mode]}>"
-    assert i8b.SHAPE in instances.I8B_FUSED_SHAPES
 
 
 class _Buf:
     def __init__(self, ptr: int) -> None:
         self.ptr = ptr
-
-
-def test_fused_only_where_the_int8_matmul_takes_the_launch_and_the_inputs_align(monkeypatch) -> None:
-    monkeypatch.setattr(i8b, "ON", True)
-    monkeypatch.setattr(i8b, "FUSE", True)
-    monkeypatch.setattr(i8b, "MAX_SUPERBLOCKS", 24)
-    monkeypatch.setattr(ops, "I8_MATMUL", True)
-    monkeypatch.setattr(ops, "I8_WARPS_AT", {})  # 5 warps at K = 5,120: 4 superblocks a warp
-    x, w, z = _Buf(1 << 20), _Buf(2 << 20), _Buf(3 << 20)
-    norm = ops.rmsnorm_of(x, w, 5120, 1e-6)
-    assert i8b.fuses(_dev(90), _weight(), 1, norm)
-    assert i8b.fuses(_dev(90), _weight(), 1, ops.gatednorm_of(x, z, w, 128, 6144, 6144, 1e-6))
-    assert i8b.fuses(_dev(90), _weight(), 1, ops.plain_of(x, 6144))
-    assert not i8b.fuses(_dev(90), _weight(), 1, ops.Producer("swiglu", norm.src))  # no instance for it
-    assert not i8b.fuses(_dev(90), _weight(), 2, norm)  # one token only
-    assert not i8b.fuses(_dev(89), _weight(), 1, norm)
-    assert not i8b.fuses(_dev(90), _weight(Q.Q6_K), 1, norm)
-    assert not i8b.fuses(_dev(90), _weight(cols=17408), 1, norm)  # wider than MAX_SUPERBLOCKS: mmvq_i8
-    assert not i8b.fuses(_dev(90), _weight(), 1, ops.rmsnorm_of(_Buf((1 << 20) + 8), w, 5120, 1e-6))  # float4 loads
-    monkeypatch.setattr(i8b, "WARPS", 4)  # 5 superblocks a warp: more than its loads in flight hold
-    assert not i8b.fuses(_dev(90), _weight(), 1, norm)
-    monkeypatch.setattr(i8b, "WARPS", None)
-    monkeypatch.setattr(i8b, "I8B_FUSED_SHAPES", ((3, 2),))
-    monkeypatch.setattr(i8b, "SHAPE", (1, 4))  # a shape built without the fused modes
-    assert not i8b.fuses(_dev(90), _weight(), 1, norm)
-    monkeypatch.setattr(i8b, "SHAPE", (3, 2))
-    monkeypatch.setattr(ops, "I8_MATMUL", False)
-    assert not i8b.fuses(_dev(90), _weight(), 1, norm)
-    monkeypatch.setattr(ops, "I8_MATMUL", True)
-    monkeypatch.setattr(i8b, "FUSE", False)
-    assert not i8b.fuses(_dev(90), _weight(), 1, norm)
 
 
 def test_a_spare_block_an_sm_shrinks_the_walking_grid(monkeypatch) -> None:

@@ -31,14 +31,13 @@ def on(monkeypatch):
     monkeypatch.setattr(i8b, "PERSIST", True)
     monkeypatch.setattr(i8b, "FILL", False)
     monkeypatch.setattr(i8b, "SPARE_PER_SM", 1)
-    monkeypatch.setattr(i8b, "FUSE", False)
     monkeypatch.setattr(i8b, "quant_map", lambda w: tma.TensorMap())  # (the driver encodes it on the GPU)
 
 
 def test_the_instance_walks_half_tiles_in_the_default_shape() -> None:
     assert i8b.DEFAULT_SHAPE in instances.I8B_HALVES_SHAPES
     for s, n in instances.I8B_HALVES_SHAPES:
-        assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_halves"].expr == f"mmvq_i8b<{s}, {n}, -1, true>"
+        assert instances.INSTANCES[f"mmvq_q4_K_i8b_s{s}n{n}_halves"].expr == f"mmvq_i8b<{s}, {n}, true>"
     src = (nvrtc.KERNEL_DIR / "mmvq_i8b.cu").read_text()
     signature = re.search(r"__global__ void __launch_bounds__\([^)]*\)\s*\nmmvq_i8b\(([^)]*)\)", src).group(1)
     assert " ".join(signature.split()).endswith("int rows, int K, float* __restrict__ y2")
@@ -100,14 +99,12 @@ def test_the_launch_in_halves_names_its_instance_and_both_outputs(on) -> None:
     ops.matmul(dev, w, x, y, 1, H, residual=res, y2=y2)
     ((name, args),), ((_, grid, block),) = dev.launches, dev.grids
     assert name == "mmvq_q4_K_i8b_s3n2_halves" and grid == 214 and block == 32 * 4
-    assert (args[7].ptr, args[9].ptr, args[-1].ptr) == (y.ptr, res.ptr, y2.ptr)
+    assert (args[6].ptr, args[8].ptr, args[-1].ptr) == (y.ptr, res.ptr, y2.ptr)
 
 
-def test_a_launch_in_halves_launches_its_producer_apart(on) -> None:
-    i8b.FUSE, i8b.WARPS = True, 8  # (shares of 3 superblocks: what a fused producer takes)
+def test_a_launch_in_halves_launches_its_producer_first(on) -> None:
     dev, w, x = _Dev(), _weight(Q.Q4_K, H, 6144), _act(6144, i8_tokens=0)
     gated = ops.gatednorm_of(_buf(), _buf(), _buf(), 128, 6144, 6144, 1e-6)
-    assert i8b.fuses(dev, w, 1, gated)  # whole, it would compute its activations itself
     ops.matmul(dev, w, x, _buf(4 * H), 1, H, residual=_buf(4 * H), producer=gated, y2=_buf(4 * H))
     assert [name for name, _ in dev.launches] == ["act_gatednorm_t1" if 1 in ops.ACT_SPLIT_TOKENS
                                                   else "act_gatednorm", "mmvq_q4_K_i8b_s3n2_halves"]
@@ -121,7 +118,7 @@ def test_the_mixer_hands_its_halves_to_the_ffn_norm(on) -> None:
     got = model._out(lw, model.ws.act_inner, 1, gated, may_halve=True)
     name, args = model.dev.launches[-1]
     assert got == model.ws.x_halves and name == "mmvq_q4_K_i8b_s3n2_halves"
-    assert (args[7].ptr, args[9].ptr, args[-1].ptr) == (half0.ptr, model.ws.x.ptr, half1.ptr)
+    assert (args[6].ptr, args[8].ptr, args[-1].ptr) == (half0.ptr, model.ws.x.ptr, half1.ptr)
     model.dev.launches.clear()
     model._ffn(lw, 1, add=got)  # the FFN norm: the sum of both halves, stored into x
     norm = [args for name, args in model.dev.launches if name.startswith("act_rmsnorm")]

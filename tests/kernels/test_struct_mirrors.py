@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cuda import i8b, instances, mixers, nvrtc, ops, tma
+from engine.cuda import instances, mixers, nvrtc, ops, tma
 from tests.kernels import kernel_signatures as ks
 
 # C struct -> (the file that defines it, its ctypes mirror)
@@ -21,7 +21,6 @@ MIRRORS: dict[str, tuple[str, type[ctypes.Structure]]] = {
     "GdnArgs": ("deltanet.cu", mixers.GdnArgs),
     "GdnLayer": ("deltanet.cu", mixers.GdnLayer),
     "GdnChunkArgs": ("deltanet_chunked.cu", mixers.GdnChunkArgs),
-    "I8bSrc": ("mmvq_i8b.cu", i8b.I8bSrc),
     "TensorMap": ("tma.cuh", tma.TensorMap),
 }
 

@@ -21,11 +21,6 @@
 // sub-blocks c and c + 4 of its two rows, so it also takes their min terms, and the quad's four lanes together
 // hold a row's whole superblock.
 //
-// Producers fused in front. With MODE != I8B_STAGED the block computes its activations itself from the op in front
-// of the matmul (an RMSNorm of the residual row, the DeltaNet's gated norm, a plain copy) instead of staging the
-// act8 copy a producer launch wrote (kernels/act.cu): that launch and its gap go. Each warp computes only the
-// superblocks it reads (its share), with the producer's arithmetic (act8.cuh); an RMSNorm adds one block-wide sum.
-//
 // In halves (HALVES, an even grid): the walk goes over half-tiles, tile v >> 1's superblocks of half v & 1, so each
 // block keeps one half (its index's parity, as mmvq_half splits a tile: kernels/mmvq.cuh) and a launch of 320 tiles
 // runs 3 half-tiles a block on 214 blocks where it ran 2 whole tiles on 160. The first half stores y = its sums +
@@ -33,7 +28,6 @@
 //
 // Not built before sm_90 (no tensor copies): the launcher (engine/cuda/i8b.py) takes it on sm_90+ only, and the
 // body compiles to a trap elsewhere so that every architecture still builds the file.
-#include "act8.cuh"
 #include "i8q4k.cuh"
 #include "quants.cuh"
 #include "tma.cuh"
@@ -69,126 +63,6 @@ __device__ __forceinline__ void i8b_stage_x(u32 xs, const i8* q8, const float* s
     __syncthreads();
 }
 
-#define I8B_STAGED -1  // MODE: the act8 copy staged from global memory; else the ACT_* producer fused in front
-
-// What a fused producer reads (mirror of engine/cuda/i8b.py I8bSrc): the row x (RMSNorm: the residual; gated norm:
-// the delta rule's output; plain: the values), x2 (gated norm: the gate z), w (the norm's weight: a row's, or a
-// head's `head` values); all 16-byte aligned.
-struct I8bSrc {
-    const float* x;
-    const float* x2;
-    const float* w;
-    int head;
-    float eps;
-};
-
-__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
-    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
-#define I8B_PRODUCE_MAX 4  // superblocks in a warp's share with a fused producer: all their loads fly at once
-
-// The warp's share (superblocks sb0 .. sb0 + n - 1, n <= I8B_PRODUCE_MAX) of the block's activations into xs, as
-// i8b_stage_x leaves them, computed from src by the producer MODE. Lane l takes positions 8l .. 8l + 7 of each
-// superblock: 8 contiguous bytes of each level in the act8 order (64-position chunk l / 8; sub-block l / 4, its
-// low or high nibbles by (l / 4) % 2), so a quad holds a sub-block. Every load is issued before any is used
-// (one round trip; a loop of dependent loads measured ~3 us a block), the reductions of the superblocks
-// interleaved. Every thread of the block calls it (RMSNorm: one __syncthreads for the row's sum).
-template <int MODE>
-__device__ __forceinline__ void i8b_produce_x(u8* xs, const I8bSrc& src, int nb, int sb0, int n) {
-    constexpr int M = I8B_PRODUCE_MAX;
-    __shared__ float part[I8B_MAX_WARPS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float v[M][8], u[M][8], hw[8];  // u: RMSNorm's weights or the gated norm's gate; hw: the head's weights
-#pragma unroll
-    for (int s = 0; s < M; ++s) {  // past the share: a valid superblock again (never summed or stored)
-        const int k = QK_SB * min(sb0 + min(s, n - 1), nb - 1) + 8 * lane;
-        load8(src.x + k, v[s]);
-        if (MODE == ACT_RMSNORM) load8(src.w + k, u[s]);
-        if (MODE == ACT_GATEDNORM) load8(src.x2 + k, u[s]);
-    }
-    if (MODE == ACT_GATEDNORM) load8(src.w + (8 * lane) % src.head, hw);
-    if (MODE == ACT_RMSNORM) {  // the row's sum of squares: the warps' shares cover it
-        float ss = 0.f;
-#pragma unroll
-        for (int s = 0; s < M; ++s)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) ss = s < n ? fmaf(v[s][e], v[s][e], ss) : ss;
-        ss = warp_sum(ss);
-        if (lane == 0) part[warp] = ss;
-        __syncthreads();
-        float total = 0.f;
-        for (int wi = 0; wi < (int)(blockDim.x >> 5); ++wi) total += part[wi];
-        const float inv_rms = rsqrtf(total / (float)(QK_SB * nb) + src.eps);
-#pragma unroll
-        for (int s = 0; s < M; ++s)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[s][e] = v[s][e] * inv_rms * u[s][e];
-    }
-    if (MODE == ACT_GATEDNORM) {  // heads of src.head (a multiple of 32 dividing 256): src.head / 8 lanes
-        float sq[M];
-#pragma unroll
-        for (int s = 0; s < M; ++s) {
-            sq[s] = 0.f;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) sq[s] = fmaf(v[s][e], v[s][e], sq[s]);
-        }
-        for (int o = 1; o < src.head / 8; o <<= 1)
-#pragma unroll
-            for (int s = 0; s < M; ++s) sq[s] += __shfl_xor_sync(FULL_MASK, sq[s], o);
-#pragma unroll
-        for (int s = 0; s < M; ++s) {
-            const float r = rsqrtf(sq[s] / (float)src.head + src.eps);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[s][e] = v[s][e] * r * hw[e] * siluf_(u[s][e]);
-        }
-    }
-    float mx[M];
-#pragma unroll
-    for (int s = 0; s < M; ++s) {
-        mx[s] = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) mx[s] = fmaxf(mx[s], fabsf(v[s][e]));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int s = 0; s < M; ++s) mx[s] = fmaxf(mx[s], __shfl_xor_sync(FULL_MASK, mx[s], o));
-    const int off = 64 * (lane >> 3) + 16 * (lane & 3) + 8 * ((lane >> 2) & 1);
-    float sub[M];  // what the mma sees, summed over the lane's 8 positions, then over the quad's sub-block
-#pragma unroll
-    for (int s = 0; s < M; ++s) {
-        const int sb = sb0 + s;
-        const Act8Levels lv(mx[s]);
-        u32 hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
-        sub[s] = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            float qh, ql;
-            sub[s] += lv.quantize(v[s][e], qh, ql);
-            hi[e >> 2] |= (u32)(u8)(i8)(int)qh << (8 * (e & 3));
-            lo[e >> 2] |= (u32)(u8)(i8)(int)ql << (8 * (e & 3));
-        }
-        if (s < n) {
-            *reinterpret_cast<uint2*>(xs + 256 * sb + off) = make_uint2(hi[0], hi[1]);
-            *reinterpret_cast<uint2*>(xs + i8b_xlo(nb) + 256 * sb + off) = make_uint2(lo[0], lo[1]);
-            if (lane == 0) *reinterpret_cast<float2*>(xs + i8b_xsc(nb) + 16 * sb) = make_float2(lv.s, lv.s_lo);
-        }
-    }
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1)
-#pragma unroll
-        for (int s = 0; s < M; ++s) sub[s] += __shfl_xor_sync(FULL_MASK, sub[s], o);
-#pragma unroll
-    for (int s = 0; s < M; ++s)
-        if (s < n && (lane & 3) == 0) {
-            f16* sums = reinterpret_cast<f16*>(xs + i8b_sums(nb) + 32 * (sb0 + s));  // 8 hi sums, then 8 lo
-            store_f16_pair(sums, sums + 8, lane >> 2, sub[s]);
-        }
-    __syncwarp();  // a warp reads only its own share: its lanes' writes are what it waits for
-}
-
 // One superblock (the quant box at qst, the word unit at words, the row's superblock sb of the staged x) into
 // the lane's sums acc of tile rows 2g, 2g + 1. qoff[r][j]: the swizzled offset of the lane's 8 bytes of chunk j
 // of row 2g + r.
@@ -222,21 +96,19 @@ __device__ __forceinline__ void i8b_superblock(const u8* qst, const u8* words, c
 }
 
 // y[rows] = x @ W^T (+ bias) (+ residual), W Q4_K (qmap: its quant plane, engine/cuda/i8b.py), one token, K a
-// multiple of 256, x in act8 (group 0's bases; MODE I8B_STAGED) or produced from src by the ACT_* MODE. Launch:
-// blocks of W <= I8B_MAX_WARPS warps; block b takes the
+// multiple of 256, x in act8 (group 0's bases). Launch: blocks of W <= I8B_MAX_WARPS warps; block b takes the
 // 16-row tiles b, b + gridDim.x, ... (one each when the grid is the tile count), staging the row's activations
 // once; warp w takes the w-th contiguous share of each tile's superblocks (ceil(nb / W), the last ones fewer)
 // through its own ring of NS stages of S superblocks, which runs on from one tile into the next; dynamic shared
-// memory 1024 (alignment) + i8b_x_bytes(nb) + W NS S (2048 + 256). HALVES (an even grid, no producer): the
-// block's half-tiles as above, the second halves' sums into y2.
-template <int S, int NS, int MODE, bool HALVES = false>
+// memory 1024 (alignment) + i8b_x_bytes(nb) + W NS S (2048 + 256). HALVES (an even grid): the block's half-tiles
+// as above, the second halves' sums into y2.
+template <int S, int NS, bool HALVES = false>
 __global__ void __launch_bounds__(I8B_MAX_WARPS * 32)
 mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const i8* __restrict__ q8,
          const float* __restrict__ scale8, const f16* __restrict__ sums, const f16* __restrict__ sums_lo,
-         const I8bSrc src, float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual,
-         int rows, int K, float* __restrict__ y2) {
+         float* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ residual, int rows, int K,
+         float* __restrict__ y2) {
 #if __CUDA_ARCH__ >= 900
-    static_assert(!HALVES || MODE == I8B_STAGED, "halves: staged");
     extern __shared__ __align__(1024) u8 smem[];
     __shared__ __align__(8) u64 bars[I8B_MAX_WARPS][NS];
     __shared__ float red[2][I8B_MAX_WARPS][16];  // by tile parity: one __syncthreads a tile
@@ -256,11 +128,8 @@ mmvq_i8b(const __grid_constant__ TensorMap qmap, const u8* __restrict__ w, const
     I8bRing<S, NS> ring(qmap, QTraits<QT_Q4_K>::planes(w, (u64)rows * nb).p[1], qring, wring,
                         smem_u32(&bars[warp][0]), nb, sb0, n, my_tiles, HALVES ? 1 : 0);
     ring.start(lane);
-    PDL_ENTER();  // the activations (or what they are computed from) are the previous kernel's output
-    if (MODE == I8B_STAGED)
-        i8b_stage_x(base, q8, scale8, sums, sums_lo, nb);
-    else
-        i8b_produce_x<MODE>(smem + (base - smem_u32(smem)), src, nb, sb0, n);
+    PDL_ENTER();  // the activations are the previous kernel's output
+    i8b_stage_x(base, q8, scale8, sums, sums_lo, nb);
     int qoff[2][4];  // the lane's 8 bytes of chunk j of tile row 2g + r in a swizzled box
     i8b_quant_offsets(g, c, qoff);
     const float kf = (c & 1) ? 0.0625f : 1.f;  // lanes c odd hold the high-nibble sub-blocks' sums: 16 q

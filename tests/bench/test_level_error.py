@@ -1,4 +1,4 @@
-"""The fused-producer check's tolerance (bench/gpu_fused.py level_error) against the two int8 levels emulated here
+"""The int8 checks' tolerance (bench/gpu_ops.py level_error) against the two int8 levels emulated here
 in numpy (kernels/act8.cuh Act8Levels): the predicted error of a product must match what the levels do, for
 gaussian rows and for the gated norm's heavier tails, so the GPU check neither passes a lost level nor fails an
 exact kernel."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.gpu_fused import level_error
+from bench.gpu_ops import level_error
 
 
 def _two_levels(values: np.ndarray) -> np.ndarray:
@@ -48,6 +48,6 @@ def test_the_margin_still_fails_a_lost_low_level() -> None:
     weights = rng.standard_normal((256, values.size))
     exact = weights @ values
     lost = np.linalg.norm(weights @ hi_only - exact) / np.linalg.norm(exact)
-    from bench.gpu_fused import LEVEL_ERROR_MARGIN
+    from bench.gpu_ops import LEVEL_ERROR_MARGIN
 
     assert lost > 20 * LEVEL_ERROR_MARGIN * level_error(values)
