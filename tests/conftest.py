@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,23 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def thin_27b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Qwen3.8-27B's shapes in four layers (three DeltaNet, one attention) and the MTP layer, 4,096 tokens of
+    vocabulary: random valid blocks in the 27B's quant mix (1.2 GB, ~4 s; removed after the session), for tests
+    that run the CUDA engine on a device without a GPU (tests/kernels/shadow_device.py)."""
+    import dataclasses
+
+    from engine.gguf.testmodel import write_model
+    from engine.model.config import ATTENTION, DELTANET, qwen38_27b_config
+
+    cfg = dataclasses.replace(qwen38_27b_config(4096), num_layers=4, vocab_size=4096,
+                              layer_kinds=(DELTANET, DELTANET, DELTANET, ATTENTION))
+    path = write_model(tmp_path_factory.mktemp("thin27b") / "thin27b.gguf", cfg, fast=True, tokenizer=False)
+    yield path
+    path.unlink()
 
 
 @pytest.fixture(scope="session")

@@ -222,3 +222,28 @@ def arg_kind(arg: object) -> str:
     if isinstance(arg, float) or type(arg).__module__ == "numpy" and "float" in type(arg).__name__:
         return "f32"
     return type(arg).__name__
+
+
+def launch_problems(launch) -> list[str]:
+    """What is wrong with one recorded launch (tests/kernels/shadow_device.py Launch; empty: nothing): its
+    arguments against the kernel's parameters, its block against the launch bound, its dynamic shared memory
+    against what was allowed, its grid, and its Buffers against the live allocations."""
+    sig, out = signature(launch.kernel), []
+    kinds = [arg_kind(a) for a in launch.args]
+    want = [p.kind for p in sig.params]
+    if len(kinds) != len(want):
+        out.append(f"{len(kinds)} arguments for {len(want)} parameters ({', '.join(p.name for p in sig.params)})")
+    for i, (got, param) in enumerate(zip(kinds, sig.params)):
+        expected = param.kind  # (a struct's ctypes mirror has its C name: tests/kernels/test_struct_mirrors.py)
+        if got != expected and not (got == "i32" and expected == "i8"):
+            out.append(f"argument {i} ({param.name}): {got} where the kernel reads {param.kind}")
+    threads = launch.block[0] * launch.block[1] * launch.block[2]
+    if sig.max_threads is not None and threads > sig.max_threads:
+        out.append(f"{threads} threads a block, past the launch bound {sig.max_threads}")
+    if launch.smem > launch.smem_allowed:
+        out.append(f"{launch.smem} bytes of dynamic shared memory, {launch.smem_allowed} allowed")
+    if launch.grid[1] > 65535 or launch.grid[2] > 65535 or launch.grid[0] >= 2**31:
+        out.append(f"grid {launch.grid}")
+    if not launch.live:
+        out.append("a Buffer outside every live allocation")
+    return out

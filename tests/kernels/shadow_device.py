@@ -10,8 +10,8 @@ inside the capture) raises CaptureError here.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,16 @@ class ShadowMemory(DeviceMemory):
     def holds(self, buf: Buffer) -> bool:
         """Whether buf lies inside one live allocation."""
         return any(a.ptr <= buf.ptr and buf.ptr + buf.nbytes <= a.ptr + a.nbytes for a in self.live.values())
+
+
+def patch_driver_calls(monkeypatch) -> None:
+    """The driver calls the engine makes outside Device, for a ShadowDevice: tensor maps (a struct of zeros), the
+    persistent kernel's capture query and its occupancy (one block an SM)."""
+    from engine.cuda import persist, tma
+
+    monkeypatch.setattr(tma, "_encode", lambda *args: tma.TensorMap())
+    monkeypatch.setattr(persist, "_is_capturing", lambda dev: dev.capturing())
+    monkeypatch.setattr(persist, "blocks_per_sm", lambda dev, kernel, threads, smem: 1)
 
 
 class ShadowGraph:

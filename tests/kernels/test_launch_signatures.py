@@ -14,22 +14,18 @@ them (the kernels' arithmetic is checked on the GPU: bench/gpu_check.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from engine.backend import Draft, TokenSequence
-from engine.cuda import persist, tma
 from engine.cuda.backend import CudaBackend
-from engine.model.config import ATTENTION, DELTANET, qwen38_27b_config
-from engine.sampling import SamplingParams
-from tests.kernels import kernel_signatures as ks
 from engine.cuda.device import DeviceInfo
-from tests.kernels.shadow_device import A100, H100, H200, RTX_4090, CaptureError, Launch, ShadowDevice
+from engine.sampling import SamplingParams
+from tests.kernels.kernel_signatures import launch_problems
+from tests.kernels.shadow_device import A100, H100, H200, RTX_4090, CaptureError, ShadowDevice, patch_driver_calls
 
 SAMPLING = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
             SamplingParams(temperature=0.6, top_k=20, top_p=0.95),
@@ -37,26 +33,9 @@ SAMPLING = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
                            repetition_penalty=1.1)]
 
 
-@pytest.fixture(scope="module")
-def thin_27b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The 27B's shapes in four layers (three DeltaNet, one attention) and the MTP layer, 4,096 tokens of
-    vocabulary: random valid blocks in the 27B's quant mix."""
-    from engine.gguf.testmodel import write_model
-
-    cfg = dataclasses.replace(qwen38_27b_config(4096), num_layers=4, vocab_size=4096,
-                              layer_kinds=(DELTANET, DELTANET, DELTANET, ATTENTION))
-    path = write_model(tmp_path_factory.mktemp("thin27b") / "thin27b.gguf", cfg, fast=True, tokenizer=False)
-    yield path
-    path.unlink()  # 1.2 GB
-
-
 @pytest.fixture(autouse=True)
 def no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The driver calls outside Device: tensor maps (a struct of zeros), the persistent kernel's capture query and
-    occupancy (one block an SM)."""
-    monkeypatch.setattr(tma, "_encode", lambda *args: tma.TensorMap())
-    monkeypatch.setattr(persist, "_is_capturing", lambda dev: dev.capturing())
-    monkeypatch.setattr(persist, "blocks_per_sm", lambda dev, kernel, threads, smem: 1)
+    patch_driver_calls(monkeypatch)
 
 
 def _exercise(backend: CudaBackend, prompt: int) -> None:
@@ -87,33 +66,10 @@ def _exercise(backend: CudaBackend, prompt: int) -> None:
     backend.accept(2)
 
 
-def _problems(launch: Launch) -> list[str]:
-    """What is wrong with one launch (empty: nothing)."""
-    sig, out = ks.signature(launch.kernel), []
-    kinds = [ks.arg_kind(a) for a in launch.args]
-    want = [p.kind for p in sig.params]
-    if len(kinds) != len(want):
-        out.append(f"{len(kinds)} arguments for {len(want)} parameters ({', '.join(p.name for p in sig.params)})")
-    for i, (got, param) in enumerate(zip(kinds, sig.params)):
-        expected = param.kind  # (a struct's ctypes mirror has its C name: tests/kernels/test_struct_mirrors.py)
-        if got != expected and not (got == "i32" and expected == "i8"):
-            out.append(f"argument {i} ({param.name}): {got} where the kernel reads {param.kind}")
-    threads = launch.block[0] * launch.block[1] * launch.block[2]
-    if sig.max_threads is not None and threads > sig.max_threads:
-        out.append(f"{threads} threads a block, past the launch bound {sig.max_threads}")
-    if launch.smem > launch.smem_allowed:
-        out.append(f"{launch.smem} bytes of dynamic shared memory, {launch.smem_allowed} allowed")
-    if launch.grid[1] > 65535 or launch.grid[2] > 65535 or launch.grid[0] >= 2**31:
-        out.append(f"grid {launch.grid}")
-    if not launch.live:
-        out.append("a Buffer outside every live allocation")
-    return out
-
-
 def _check_launches(dev: ShadowDevice) -> Counter:
     problems = {}
     for launch in dev.launches:
-        for p in _problems(launch):
+        for p in launch_problems(launch):
             problems.setdefault((launch.kernel, p), launch)
     assert not problems, "\n".join(f"{k}: {p}" for k, p in problems)
     assert any(launch.captured for launch in dev.launches), "no pass was captured into a graph"
@@ -162,7 +118,7 @@ def test_a_launcher_that_drops_an_argument_is_caught() -> None:
     dev.launch(kernel, 1, 512, args)
     dev.memory.free(y)
     dev.launch(kernel, 1, 128, args)
-    found = [_problems(launch) for launch in dev.launches]
+    found = [launch_problems(launch) for launch in dev.launches]
     assert found[0] == []
     assert found[1] == ["9 arguments for 10 parameters (w, q8, scale8, y, bias, residual, rows, K, ldy, y2)"]
     assert found[2] == ["argument 4 (bias): i32 where the kernel reads ptr"]

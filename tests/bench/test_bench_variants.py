@@ -1,0 +1,60 @@
+"""Every variant of the 27B bench (bench/gpu_bench27b.py VARIANTS) launches what its kernels declare, checked
+without a GPU: a device call spends its time on the variants it names, so one whose launcher and kernel disagree
+must fail here, not there. Each variant switches the engine's kernels (_use_variant) on a Qwen3.8-27B-shaped
+model on a ShadowDevice (tests/kernels/shadow_device.py) as an H200 and as an H100, runs verify passes of 1-8
+tokens and a prefill, and every launch is held against its kernel (tests/kernels/kernel_signatures.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_bench27b
+from engine.cuda import device, i8b, mixers, ops, q6b
+from engine.cuda.backend import CudaBackend
+from tests.kernels.kernel_signatures import launch_problems
+from tests.kernels.shadow_device import H100, H200, ShadowDevice, patch_driver_calls
+
+SWITCHED = (device, i8b, mixers, ops, q6b)  # the modules whose switches _use_variant sets
+
+
+@pytest.fixture
+def switches(monkeypatch: pytest.MonkeyPatch):
+    """The switches as they were before the test, restored after it."""
+    patch_driver_calls(monkeypatch)
+    saved = [(module, dict(vars(module))) for module in SWITCHED]
+    yield
+    for module, before in saved:
+        for name, value in before.items():
+            if vars(module).get(name) is not value:
+                setattr(module, name, value)
+
+
+@pytest.mark.parametrize("info", [H200, H100], ids=["H200", "H100"])
+def test_every_variant_launches_what_its_kernels_declare(thin_27b: Path, switches, info) -> None:
+    dev = ShadowDevice(info)
+    backend = CudaBackend.from_gguf(thin_27b, device=dev, context_size=4096)
+    problems: dict[tuple[str, str], str] = {}
+    kernels: dict[str, set[str]] = {}
+    for name in gpu_bench27b.VARIANTS:
+        dev.launches.clear()
+        gpu_bench27b._use_variant(backend, name)
+        for num in range(1, 9):
+            backend.verify(list(range(1, num + 1)))
+            backend.accept(1)
+        backend.prefill(list(range(1, 600)))
+        backend.reset()
+        kernels[name] = {launch.kernel for launch in dev.launches}
+        for launch in dev.launches:
+            for problem in launch_problems(launch):
+                problems.setdefault((name, launch.kernel), problem)
+    assert not problems, "\n".join(f"{name} {kernel}: {p}" for (name, kernel), p in problems.items())
+    # the variants do switch kernels: a few that must launch what v7 does not (the H100's v7 runs the one-token
+    # Q6_K ffn_down on q6b's tensor copies, the H200's on mmvq_q6_i8)
+    if info is H200:
+        assert "mmvq_q6_K_i8_t1_halves" in kernels["halves"] - kernels["v7"]
+    else:
+        assert "mmvq_q6_K_i8b_s2n2_halves" in kernels["v7"] - kernels["noq6b"]
+    assert "mmvq_q6_K_i8v_t5_halves" in kernels["q6v5"] - kernels["v7"]
+    assert "mmvq_q4_K_i8b_s2n2" in kernels["s2n2"] - kernels["v7"]
