@@ -21,10 +21,10 @@ SWITCHED = (device, i8b, mixers, ops, q6b)  # the modules whose switches _use_va
 
 @pytest.fixture
 def switches(monkeypatch: pytest.MonkeyPatch):
-    """The switches as they were before the test, restored after it."""
+    """The switches as they were before the test ((module, its namespace) pairs), restored after it."""
     patch_driver_calls(monkeypatch)
     saved = [(module, dict(vars(module))) for module in SWITCHED]
-    yield
+    yield saved
     for module, before in saved:
         for name, value in before.items():
             if vars(module).get(name) is not value:
@@ -50,6 +50,9 @@ def test_every_variant_launches_what_its_kernels_declare(thin_27b: Path, switche
             for problem in launch_problems(launch):
                 problems.setdefault((name, launch.kernel), problem)
     assert not problems, "\n".join(f"{name} {kernel}: {p}" for (name, kernel), p in problems.items())
+    # every switch a variant sets is one the engine has (a name it no longer has would be set and never read)
+    for module, before in switches:
+        assert set(vars(module)) == set(before), f"{module.__name__}: {sorted(set(vars(module)) - set(before))}"
     # the variants do switch kernels: a few that must launch what v7 does not (the H100's v7 runs the one-token
     # Q6_K ffn_down on q6b's tensor copies, the H200's on mmvq_q6_i8)
     if info is H200:
