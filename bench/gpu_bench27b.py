@@ -14,14 +14,14 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from bench.gpu_common import Report, Timing, copy_bandwidth, median_time, record, rel_err
-from engine.cuda.device import PDL_MIN_ARCH, CudaError
+from bench.gpu_compare import PREFILL_TOKENS
 from engine.cuda import env_flag, env_switch
+from engine.cuda.device import PDL_MIN_ARCH, CudaError
 from engine.cuda.i8b import DEFAULT_VERIFY_WARPS_AT
 from engine.cuda.instances import (I8B_SHAPES, I8V_HALVES_TOKENS, I8V_WIDE_TOKENS, PERSIST_QTYPES, Q6_I8_TOKENS,
                                    STAGED_QTYPES)
 
 PASS_TOKENS = (1, 2, 3, 4, 5)
-PREFILL_TOKENS = (512, 2048, 8192)
 CONTEXT = 16384
 # Kernel generations compared in one run: (types that may run the cp.async-pipelined mmvq, whether at every T
 # and mode rather than where it measured faster, fewest keys per attention split). v7 is the default; v7cp the

@@ -57,10 +57,12 @@ def run_part(name: str, dev, report: Report, rng: np.random.Generator, args) -> 
         report.info["copy_gbps"] = round(t.gbps, 1)
         print(f"copy bandwidth: {t.gbps:.0f} GB/s (read + write, {t.median_ms:.3f} ms for {t.shape})", flush=True)
     elif name == "kernels":
-        from bench import gpu_kernels, gpu_ops
+        from bench import gpu_kernels, gpu_mixers, gpu_ops, gpu_penalties
 
         gpu_kernels.run_matmul_checks(dev, report, rng)
         gpu_ops.run_op_checks(dev, report, rng)
+        gpu_penalties.check_choose_penalised(dev, report, rng)
+        gpu_mixers.run_mixer_checks(dev, report, rng)
     elif name == "persist":  # the persistent mmvq (bench/NOTES.md v8), in its own process: a fault stays here
         from bench import gpu_persist
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, is_dataclass
 
+# issue 5's comparison: prefill of these many tokens, decode of DECODE_TOKENS (llama-bench's tg), on both engines
+PREFILL_TOKENS = (512, 2048, 8192)
+DECODE_TOKENS = 128
 DECODE_ROWS = {("forward", "27b.T1"): "per-op T=1", ("forward", "27b.fast.T1"): "per-op T=1 fast",
                ("forward", "27b.v7pdl.T1"): "per-op T=1 PDL", ("mk_cycle", "27b.d0"): "megakernel d=0"}
 
@@ -42,8 +45,6 @@ def _server(peer: dict, name: str) -> dict:
 
 def comparison_rows(ours: dict, peer: dict) -> list[tuple[str, float | None, float | None]]:
     """(what, ours, llama.cpp) rows: decode without speculation, prefill by length."""
-    from bench.gpu_peer import DECODE_TOKENS, PREFILL_TOKENS
-
     tg = _bench(peer, "decode", DECODE_TOKENS)
     plain = _server(peer, "plain").get("decode_tok_s")
     rows = [(f"decode {name} vs llama-bench tg{DECODE_TOKENS}", value, tg) for name, value in ours["decode"].items()]

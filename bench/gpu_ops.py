@@ -289,9 +289,8 @@ def choose_differences(got: np.ndarray, logits: np.ndarray, drafts: np.ndarray, 
 
 
 def run_op_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:
-    """Every non-matmul kernel."""
-    from bench import gpu_mixers, gpu_penalties
-
+    """Every non-matmul kernel but the penalties' and the sequence mixers' (bench/gpu_penalties.py,
+    bench/gpu_mixers.py: part "kernels" of bench/gpu_check.py runs them after these)."""
     print("op checks (27B shapes)", flush=True)
     run_act_checks(dev, report, rng)
     check_norms(dev, report, rng)
@@ -300,8 +299,6 @@ def run_op_checks(dev: Device, report: Report, rng: np.random.Generator) -> None
     check_embedding(dev, report, rng)
     check_argmax(dev, report, rng)
     check_choose_rows(dev, report, rng)
-    gpu_penalties.check_choose_penalised(dev, report, rng)
-    gpu_mixers.run_mixer_checks(dev, report, rng)
 
 
 def run_act_checks(dev: Device, report: Report, rng: np.random.Generator) -> None:

@@ -37,14 +37,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script
     sys.path.insert(0, str(REPO))
 
-from bench.gpu_compare import print_peer  # noqa: E402
+from bench.gpu_compare import DECODE_TOKENS, PREFILL_TOKENS, print_peer  # noqa: E402
 
 PEER_DIR = REPO / ".peers"
 UNPACK_ROOT = Path("/tmp/openjet-peer")
 MODEL_27B = "/tmp/openjet-qwen38-27b.gguf"  # bench/gpu_bench27b.py's file (OPENJET_27B overrides both)
 GPU_ARGS = ("-ngl", "99")
-PREFILL_TOKENS = (512, 2048, 8192)
-DECODE_TOKENS = 128
 N_PREDICT = 256
 MTP_DEPTHS = (2, 4)
 CTX_SIZE = 4096  # the prompt and 256 tokens; the model's own 262K would size the KV cache for nothing
