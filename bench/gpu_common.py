@@ -158,14 +158,14 @@ class _Event:
     def record(self) -> None:
         from cuda.bindings import driver as drv
 
-        from engine.cuda.device import check
+        from engine.cuda.driver import check
 
         check(drv.cuEventRecord(self.handle, self.dev.stream), "cuEventRecord")
 
     def elapsed(self, later: "_Event") -> float:
         from cuda.bindings import driver as drv
 
-        from engine.cuda.device import check
+        from engine.cuda.driver import check
 
         check(drv.cuEventSynchronize(later.handle), "cuEventSynchronize")
         return float(check(drv.cuEventElapsedTime(self.handle, later.handle), "cuEventElapsedTime"))
@@ -176,7 +176,7 @@ def device_events(dev: Device, count: int):
     """count timing events on dev's stream, destroyed on exit."""
     from cuda.bindings import driver as drv
 
-    from engine.cuda.device import check
+    from engine.cuda.driver import check
 
     events = [_Event(dev, check(drv.cuEventCreate(0), "cuEventCreate")) for _ in range(count)]
     try:

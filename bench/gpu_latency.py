@@ -98,7 +98,7 @@ def launch_coresident(dev, kernel, blocks: int, args: ProbeArgs, smem: int) -> N
     TB/s), which a cooperative launch rules out."""
     from cuda.bindings import driver as drv
 
-    from engine.cuda.device import check
+    from engine.cuda.driver import check
 
     ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
     check(drv.cuLaunchCooperativeKernel(kernel.handle, blocks, 1, 1, 256, 1, 1, smem, dev.stream,

@@ -131,7 +131,7 @@ def parse_arch(text: str) -> int | None:
 
 def detect_arch() -> int:
     """The compute capability of the GPU the engine serves on (CUDA device 0), through the driver."""
-    from engine.cuda.device import NoGpuError, check
+    from engine.cuda.driver import NoGpuError, check
 
     try:
         from cuda.bindings import driver

@@ -1,8 +1,8 @@
 """The GPU through cuda.bindings.driver: context, device memory, modules, launches, events and CUDA graphs.
 
 One Device owns everything it creates: every allocation is recorded in its DeviceMemory and freed by close()
-(or at exit of a `with Device() as dev:` block), modules are unloaded, and the context is released. Nothing
-else in the engine calls the driver directly.
+(or at exit of a `with Device() as dev:` block), modules are unloaded, and the context is released. The driver's
+calls and errors: engine/cuda/driver.py.
 
 Failures a user can act on are EngineErrors with plain messages: NoGpuError (no driver, no device),
 UnsupportedGpuError (older than sm_80), DeviceOutOfMemoryError (with the request and what was free).
@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 
 from engine.cuda import env_flag
+# (the errors are this module's too: Device's calls raise them, callers catch them as device.NoGpuError etc.)
+from engine.cuda.driver import (CudaError, DeviceOutOfMemoryError, NoGpuError,  # noqa: F401
+                                UnsupportedGpuError, check, driver)
 from engine.cuda.memory import Buffer, DeviceMemory
-from engine.errors import EngineError
 
 MIN_COMPUTE_CAPABILITY = (8, 0)
 SIDE_LANES = 2  # side streams (Device.beside): 0 inside a pass, 1 beside a whole launch sequence
@@ -55,45 +57,6 @@ def pdl_for(policy: str, num_tokens: int, verify_max: int) -> bool:
     assert policy in PDL_POLICIES, policy
     chosen = num_tokens in PDL_TOKEN_COUNTS or PDL_VERIFY_TOKENS <= num_tokens <= verify_max
     return policy == "on" or (policy == "auto" and chosen)
-
-
-class CudaError(EngineError):
-    """A CUDA driver call failed."""
-
-
-class NoGpuError(CudaError):
-    """No usable NVIDIA driver or device on this machine."""
-
-
-class UnsupportedGpuError(CudaError):
-    """A GPU the engine's kernels do not support (compute capability below 8.0)."""
-
-
-class DeviceOutOfMemoryError(CudaError):
-    """A device allocation did not fit in the GPU's free memory."""
-
-
-def _driver():
-    """cuda.bindings.driver, imported on first use."""
-    from cuda.bindings import driver
-
-    return driver
-
-
-def check(result: tuple, what: str) -> Any:
-    """Unpack a driver call's (CUresult, *values); raise CudaError naming the call on failure."""
-    drv = _driver()
-    err, values = result[0], result[1:]
-    if err != drv.CUresult.CUDA_SUCCESS:
-        _, name = drv.cuGetErrorName(err)
-        _, text = drv.cuGetErrorString(err)
-        message = f"{what} failed: {(name or b'?').decode()} ({(text or b'').decode()})"
-        if err == drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
-            raise DeviceOutOfMemoryError(message)
-        raise CudaError(message)
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else values
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,21 +115,21 @@ class Graph:
 
     def launch(self) -> None:
         """Replay the graph."""
-        check(_driver().cuGraphLaunch(self._exec, self.device.stream), "cuGraphLaunch")
+        check(driver().cuGraphLaunch(self._exec, self.device.stream), "cuGraphLaunch")
 
     def destroy(self) -> None:
         """Release the graph."""
-        drv = _driver()
+        drv = driver()
         if self._exec is not None:
             check(drv.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
             check(drv.cuGraphDestroy(self._graph), "cuGraphDestroy")
             self._exec = self._graph = None
 
 
-def _open_driver():
+def _opendriver():
     """Initialise the driver; NoGpuError where there is no driver library or no device."""
     try:
-        drv = _driver()
+        drv = driver()
         err, = drv.cuInit(0)
     except Exception as exc:  # the loader raises its own error types where libcuda is absent
         raise NoGpuError(f"no NVIDIA driver found ({exc})") from exc
@@ -201,7 +164,7 @@ class Device:
     """One GPU: its context, stream, memory, loaded kernels and graphs. Use as a context manager or close()."""
 
     def __init__(self, index: int = 0):
-        drv = _open_driver()
+        drv = _opendriver()
         count = int(check(drv.cuDeviceGetCount(), "cuDeviceGetCount"))
         if count == 0:
             raise NoGpuError("the NVIDIA driver reports no GPU")
@@ -255,7 +218,7 @@ class Device:
 
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory."""
-        free, total = check(_driver().cuMemGetInfo(), "cuMemGetInfo")
+        free, total = check(driver().cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
     # ---- kernels ----
@@ -297,7 +260,7 @@ class Device:
 
     def load_kernels(self, image: bytes, symbols: dict[str, str], what: str) -> dict[str, Kernel]:
         """Load a compiled module (kept until close) and its functions, by name -> mangled symbol."""
-        drv = _driver()
+        drv = driver()
         module = check(drv.cuModuleLoadData(image), f"cuModuleLoadData({what})")
         self._modules.append(module)
         return {name: Kernel(name, check(drv.cuModuleGetFunction(module, symbol.encode()), name))
@@ -308,7 +271,7 @@ class Device:
         before every launch, also while a graph is being captured)."""
         if self._smem_limits.get(kernel.name, 0) >= nbytes:
             return
-        drv = _driver()
+        drv = driver()
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check(drv.cuFuncSetAttribute(kernel.handle, attr, int(nbytes)), f"cuFuncSetAttribute({kernel.name})")
         self._smem_limits[kernel.name] = nbytes
@@ -322,7 +285,7 @@ class Device:
         if self.skip is not None and self.skip(kernel.name):
             return
         ptrs, keep = _pack_args(args)
-        drv = _driver()
+        drv = driver()
         events = None
         if self.profile is not None:
             events = (check(drv.cuEventCreate(0), "cuEventCreate"), check(drv.cuEventCreate(0), "cuEventCreate"))
@@ -340,7 +303,7 @@ class Device:
 
     def _pdl_config(self, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int) -> Any:
         """A launch configuration on this stream that lets the kernel overlap its predecessor's tail."""
-        drv = _driver()
+        drv = driver()
         attr = drv.CUlaunchAttribute()
         attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attr.value.programmaticStreamSerializationAllowed = 1
@@ -360,7 +323,7 @@ class Device:
         large one instead of queueing behind it; in a graph capture the two become parallel branches. Whatever
         runs beside must not write what the main stream's launches until the join read or write."""
         assert not self.side_active, "beside() does not nest"
-        drv, side = _driver(), self._sides[lane]
+        drv, side = driver(), self._sides[lane]
         check(drv.cuEventRecord(self._fork_events[lane], self.stream), "cuEventRecord")
         check(drv.cuStreamWaitEvent(side, self._fork_events[lane], 0), "cuStreamWaitEvent")
         self._launch_stream = side
@@ -379,7 +342,7 @@ class Device:
     def join(self, lane: int = 0) -> None:
         """Make the main stream wait for what was launched beside it on `lane` (nothing if all of it was joined)."""
         if self._unjoined[lane]:
-            check(_driver().cuStreamWaitEvent(self.stream, self._join_events[lane], 0), "cuStreamWaitEvent")
+            check(driver().cuStreamWaitEvent(self.stream, self._join_events[lane], 0), "cuStreamWaitEvent")
             self._unjoined[lane] = False
 
     # ---- memory ----
@@ -394,7 +357,7 @@ class Device:
         assert offset + src.nbytes <= buf.nbytes, f"{buf.what}: {src.nbytes} bytes do not fit at {offset}"
         if src.nbytes:
             # on the device's stream, so the copy is ordered after kernels still reading the old contents
-            drv = _driver()
+            drv = driver()
             check(drv.cuMemcpyHtoDAsync(buf.ptr + offset, src.ctypes.data, src.nbytes, self.stream),
                   f"upload {buf.what}")
             self.synchronize()  # the host array may be freed as soon as we return
@@ -410,7 +373,7 @@ class Device:
         out = np.empty(shape, dtype)
         assert offset + out.nbytes <= buf.nbytes, f"{buf.what}: read past the end"
         if out.nbytes:
-            check(_driver().cuMemcpyDtoHAsync(out.ctypes.data, buf.ptr + offset, out.nbytes, self.stream),
+            check(driver().cuMemcpyDtoHAsync(out.ctypes.data, buf.ptr + offset, out.nbytes, self.stream),
                   f"download {buf.what}")
         self.synchronize()
         return out
@@ -418,24 +381,24 @@ class Device:
     def fill_u32(self, buf: Buffer, value: int, count: int | None = None) -> None:
         """Set count 32-bit words of buf to value (e.g. a NaN pattern to poison outputs)."""
         count = buf.nbytes // 4 if count is None else count
-        check(_driver().cuMemsetD32Async(buf.ptr, value & 0xFFFFFFFF, count, self.stream), f"fill {buf.what}")
+        check(driver().cuMemsetD32Async(buf.ptr, value & 0xFFFFFFFF, count, self.stream), f"fill {buf.what}")
 
     def copy(self, dst: Buffer, src: Buffer, nbytes: int) -> None:
         """Device-to-device copy on the stream."""
-        check(_driver().cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, self.stream), f"copy {src.what}")
+        check(driver().cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, self.stream), f"copy {src.what}")
 
     def synchronize(self) -> None:
         """Wait for all work on the stream (and beside it); a kernel fault surfaces here as a CudaError."""
         for lane in range(SIDE_LANES):
             self.join(lane)
-        check(_driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        check(driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
     # ---- graphs and timing ----
 
     @contextmanager
     def capture(self) -> Iterator[list[Graph]]:
         """Capture the launches of the with-block into a graph: `with dev.capture() as g: ...; g[0].launch()`."""
-        drv = _driver()
+        drv = driver()
         mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         check(drv.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
         holder: list[Graph] = []
@@ -452,7 +415,7 @@ class Device:
 
     def time_ms(self, fn, reps: int = 20, warmup: int = 3) -> list[float]:
         """Per-call device times (ms) of fn() measured with CUDA events, after warm-up calls."""
-        drv = _driver()
+        drv = driver()
         for _ in range(warmup):
             fn()
         events = [check(drv.cuEventCreate(0), "cuEventCreate") for _ in range(reps + 1)]
@@ -470,7 +433,7 @@ class Device:
     def profile_summary(self) -> dict[str, tuple[int, float]]:
         """Per kernel name: (launches, total ms) of the launches recorded since profiling was switched on
         (dev.profile = []); the events are then released and profiling switched off."""
-        drv = _driver()
+        drv = driver()
         self.synchronize()
         out: dict[str, tuple[int, float]] = {}
         for name, start, end in self.profile or []:
@@ -486,7 +449,7 @@ class Device:
         """Free every allocation, graph and module, and release the context."""
         if self.closed:
             return
-        drv = _driver()
+        drv = driver()
         self.synchronize()
         for graph in self._graphs:
             graph.destroy()

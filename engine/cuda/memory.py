@@ -39,9 +39,9 @@ class DeviceMemory:
 
     def alloc(self, nbytes: int, what: str) -> Buffer:
         """Allocate nbytes (at least 1) of device memory; DeviceOutOfMemoryError says what did not fit."""
-        from engine.cuda.device import DeviceOutOfMemoryError, _driver, check
+        from engine.cuda.driver import DeviceOutOfMemoryError, check, driver
 
-        drv = _driver()
+        drv = driver()
         nbytes = max(int(nbytes), 1)
         err, ptr = drv.cuMemAlloc(nbytes)
         if err == drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
@@ -57,11 +57,11 @@ class DeviceMemory:
 
     def free(self, buf: Buffer) -> None:
         """Free one allocation (views cannot be freed)."""
-        from engine.cuda.device import _driver, check
+        from engine.cuda.driver import check, driver
 
         assert not buf.is_view and buf.ptr in self.live, f"{buf.what}: not an allocation of this device"
         del self.live[buf.ptr]
-        check(_driver().cuMemFree(buf.ptr), f"cuMemFree({buf.what})")
+        check(driver().cuMemFree(buf.ptr), f"cuMemFree({buf.what})")
 
     def free_all(self) -> None:
         """Free everything still held."""

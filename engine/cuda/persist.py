@@ -111,9 +111,9 @@ _SCRATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Device -> S
 
 def _is_capturing(dev: Device) -> bool:
     """Whether dev's stream is capturing a graph now."""
-    from engine.cuda.device import _driver, check
+    from engine.cuda.driver import check, driver
 
-    drv = _driver()
+    drv = driver()
     status = check(drv.cuStreamIsCapturing(dev.stream), "cuStreamIsCapturing")
     return status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
@@ -144,12 +144,12 @@ def scratch(dev: Device, num_tiles: int) -> tuple[Buffer, Buffer]:
 def blocks_per_sm(dev: Device, kernel: Kernel, threads: int, smem: int) -> int:
     """Resident blocks per SM of a kernel instance at this block size and dynamic shared memory (the driver's
     occupancy calculator, asked once per instance and size)."""
-    from engine.cuda.device import _driver, check
+    from engine.cuda.driver import check, driver
 
     state = _SCRATCH.setdefault(dev, Scratch())
     key = (kernel.name, threads, smem)
     if key not in state.occupancy:
-        n = int(check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.handle, threads, smem),
+        n = int(check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.handle, threads, smem),
                       f"cuOccupancyMaxActiveBlocksPerMultiprocessor({kernel.name})"))
         if n < 1:
             raise ValueError(f"{kernel.name}: a block of {threads} threads and {smem} bytes of shared memory does "

@@ -36,7 +36,7 @@ def _encode(ptr: int, dtype: str, dims: tuple[int, ...], strides: tuple[int, ...
             swizzle: int) -> TensorMap:
     from cuda.bindings import driver as drv
 
-    from engine.cuda.device import check
+    from engine.cuda.driver import check
 
     types = {"u8": drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8,
              "f16": drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}

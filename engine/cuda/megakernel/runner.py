@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.cuda.device import Buffer, CudaError, Device, check
+from engine.cuda.device import Buffer, Device
+from engine.cuda.driver import CudaError, check, driver
 from engine.cuda.megakernel import build, formats
 from engine.cuda.megakernel.errors import MegakernelError
 from engine.cuda.megakernel.layout import (CTL_WORDS, MAX_ROWS, BufferSpec, ModelSpec, buffer_specs, proj_offsets,
@@ -52,12 +53,6 @@ def int8_acts() -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"{INT8_ACTS_ENV}: {', '.join(unknown)} not among {', '.join(known)}")
     return names
-
-
-def _driver():
-    from cuda.bindings import driver
-
-    return driver
 
 
 def globals_sizes(spec: ModelSpec, capacity: int, config: ScheduleConfig, num_lm_parts: int,
@@ -139,7 +134,7 @@ class GpuExecutor:
             compiled = build.compile_megakernel(arch, extra, ptx=ptx)
         except nvrtc.KernelCompileError as exc:
             raise MegakernelError(f"the megakernel did not compile for sm_{arch}: {exc}") from exc
-        drv = _driver()
+        drv = driver()
         image = compiled.image + (b"\0" if ptx else b"")
         self._module = check(drv.cuModuleLoadData(image), "cuModuleLoadData(megakernel)")
         self._fn = check(drv.cuModuleGetFunction(self._module, compiled.symbols[build.ENTRY].encode()), "megakernel")
@@ -180,7 +175,7 @@ class GpuExecutor:
             self.dev.fill_u32(part, 0)
 
     def _zero(self, buf: Buffer) -> None:
-        check(_driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, self.dev.stream), f"memset {buf.what}")
+        check(driver().cuMemsetD8Async(buf.ptr, 0, buf.nbytes, self.dev.stream), f"memset {buf.what}")
 
     def _alloc_timings(self) -> Buffer:
         """The timing slots, then room for a warp trace (a variant compiled with MK_TRACE=1 fills it), for the
@@ -237,7 +232,7 @@ class GpuExecutor:
         else:
             uploaded = self._uploaded[program]
         params = self._globals(*uploaded)
-        drv = _driver()
+        drv = driver()
         for name in ("counters", "mv_count"):  # mv_count too: a launch that failed may have left a split tile half-counted
             check(drv.cuMemsetD32Async(self.bufs[name].ptr, 0, self.bufs[name].nbytes // 4, self.dev.stream),
                   f"zero {name}")
@@ -386,14 +381,14 @@ class GpuExecutor:
         benchmark times variants of the kernel on one upload of the model (bench/gpu_megakernel.py --variants).
         The schedule and the buffers stay."""
         if getattr(self, "_module", None) is not None:
-            check(_driver().cuModuleUnload(self._module), "cuModuleUnload(megakernel)")
+            check(driver().cuModuleUnload(self._module), "cuModuleUnload(megakernel)")
             self._module = None
         self._compile()
 
     def close(self) -> None:
         """Unload the module; close the device when this executor opened it (its memory goes with it)."""
         if getattr(self, "_module", None) is not None and not self.dev.closed:
-            check(_driver().cuModuleUnload(self._module), "cuModuleUnload(megakernel)")
+            check(driver().cuModuleUnload(self._module), "cuModuleUnload(megakernel)")
         self._module = None
         if self.owns_device:
             self.dev.close()
