@@ -44,9 +44,11 @@ CHOOSE_ENV = "OPENJET_CUDA_CHOOSE"
 CHOOSE = env_flag(CHOOSE_ENV, True)
 # The choice's passes over a row spread over ops.CHOOSE_CHUNKS blocks (choose_top, choose_weigh) before choose_rows
 # reads their parts, instead of one block a row making every pass (~0.12 ms a sampled row on the H200, bench/
-# NOTES.md Z28); OPENJET_CUDA_CHOOSE_SPREAD=1 until a GPU run has checked and timed it (Z29).
+# NOTES.md Z28). On an H100 (81fcef2, bench/NOTES.md Z30) every check of both forms passed and a one-row choice
+# took 5.0 / 53.8 / 16.3 us (greedy / t = 1 / Qwen's top_k 20, top_p 0.95) against the block's 16.7 / 113.7 / 94.4,
+# never slower in any case timed; OPENJET_CUDA_CHOOSE_SPREAD=0 keeps the one block.
 CHOOSE_SPREAD_ENV = "OPENJET_CUDA_CHOOSE_SPREAD"
-CHOOSE_SPREAD = env_flag(CHOOSE_SPREAD_ENV, False)
+CHOOSE_SPREAD = env_flag(CHOOSE_SPREAD_ENV, True)
 
 
 def device_chooses(params: SamplingParams) -> bool:
