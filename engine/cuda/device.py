@@ -99,6 +99,11 @@ def _pack_args(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
     return ptrs, values
 
 
+def dims3(dims: int | tuple[int, ...]) -> tuple[int, int, int]:
+    """A launch's grid or block as (x, y, z): an int is x, a shorter tuple is padded with 1s."""
+    return (tuple(dims) + (1, 1))[:3] if isinstance(dims, tuple) else (dims, 1, 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Kernel:
     """A loaded kernel function."""
@@ -279,8 +284,7 @@ class Device:
     def launch(self, kernel: Kernel, grid: int | tuple[int, ...], block: int | tuple[int, ...],
                args: Sequence[Any], smem: int = 0) -> None:
         """Launch on the device's stream, or on the side stream inside beside() (asynchronous)."""
-        gx, gy, gz = (tuple(grid) + (1, 1))[:3] if isinstance(grid, tuple) else (grid, 1, 1)
-        bx, by, bz = (tuple(block) + (1, 1))[:3] if isinstance(block, tuple) else (block, 1, 1)
+        (gx, gy, gz), (bx, by, bz) = dims3(grid), dims3(block)
         assert gx > 0 and gy > 0 and gz > 0, f"{kernel.name}: empty grid {(gx, gy, gz)}"
         if self.skip is not None and self.skip(kernel.name):
             return

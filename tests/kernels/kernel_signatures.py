@@ -128,21 +128,21 @@ class _Definition:
 def _definitions() -> dict[str, list[_Definition]]:
     """Every __global__ function of the sources, by name."""
     out: dict[str, list[_Definition]] = {}
+    bounds = re.compile(r"\s*(?:void\s+)?__launch_bounds__\s*\(")
+    function = re.compile(r"\s*(?:void\s+)?(\w+)\s*\(")
     for text in _sources().values():
         for m in re.finditer(r"__global__\b", text):
-            i = m.end()
-            rest = text[i:]
-            bound = None
-            lb = re.match(r"\s*(?:void\s+)?__launch_bounds__\s*\(", rest)
+            i, bound = m.end(), None
+            lb = bounds.match(text, i)
             if lb:
-                open_at = i + lb.end() - 1
+                open_at = lb.end() - 1
                 close_at = _balanced(text, open_at)
                 bound = _split_top(text[open_at + 1:close_at - 1])[0]
                 i = close_at
-            named = re.match(r"\s*(?:void\s+)?(\w+)\s*\(", text[i:])
+            named = function.match(text, i)
             if not named:
                 continue
-            open_at = i + named.end() - 1
+            open_at = named.end() - 1
             params = tuple(_param(p) for p in _split_top(text[open_at + 1:_balanced(text, open_at) - 1]) if p)
             tpl = re.search(r"template\s*<([^;{}]*)>\s*$", text[max(0, m.start() - 400):m.start()])
             template = tuple(_template_param(p) for p in _split_top(tpl.group(1))) if tpl else ()
@@ -247,3 +247,8 @@ def launch_problems(launch) -> list[str]:
     if not launch.live:
         out.append("a Buffer outside every live allocation")
     return out
+
+
+def problems_of(launches) -> set[str]:
+    """Every distinct "kernel: problem" of recorded launches (empty: all of them are right)."""
+    return {f"{launch.kernel}: {p}" for launch in launches for p in launch_problems(launch)}

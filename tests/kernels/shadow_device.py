@@ -10,6 +10,7 @@ inside the capture) raises CaptureError here.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from engine.cuda import instances
-from engine.cuda.device import CudaError, Device, DeviceInfo, Kernel, _pdl_policy
+from engine.cuda.device import CudaError, Device, DeviceInfo, Kernel, _pdl_policy, dims3
 from engine.cuda.memory import Buffer, DeviceMemory
 
 # GPUs' figures as the driver reports them (the kernels' launchers size grids and shared memory from these).
@@ -57,25 +58,33 @@ class ShadowMemory(DeviceMemory):
     def __init__(self, device: ShadowDevice):
         super().__init__(device)
         self.next_ptr = 1 << 32
+        self.starts: list[int] = []  # the live allocations' addresses, ascending (each new one above the last)
 
     def alloc(self, nbytes: int, what: str) -> Buffer:
         self.device.refuse_in_capture(f"alloc {what}")
         buf = Buffer(self.next_ptr, int(nbytes), what)
         self.next_ptr += -(-max(int(nbytes), 1) // ALIGN) * ALIGN
         self.live[buf.ptr] = buf
+        self.starts.append(buf.ptr)
         return buf
 
     def free(self, buf: Buffer) -> None:
         self.device.refuse_in_capture(f"free {buf.what}")
         assert not buf.is_view and buf.ptr in self.live, f"free of {buf.what!r}: not a live allocation"
         del self.live[buf.ptr]
+        self.starts.pop(bisect.bisect_left(self.starts, buf.ptr))
 
     def free_all(self) -> None:
         self.live.clear()
+        self.starts.clear()
 
     def holds(self, buf: Buffer) -> bool:
-        """Whether buf lies inside one live allocation."""
-        return any(a.ptr <= buf.ptr and buf.ptr + buf.nbytes <= a.ptr + a.nbytes for a in self.live.values())
+        """Whether buf lies inside one live allocation (the last one starting at or below it)."""
+        i = bisect.bisect_right(self.starts, buf.ptr) - 1
+        if i < 0:
+            return False
+        a = self.live[self.starts[i]]
+        return buf.ptr + buf.nbytes <= a.ptr + a.nbytes
 
 
 def patch_driver_calls(monkeypatch) -> None:
@@ -89,14 +98,14 @@ def patch_driver_calls(monkeypatch) -> None:
 
 
 class ShadowGraph:
-    """A captured sequence: replaying it records its launches again, as replayed."""
+    """A captured sequence (its launches were recorded as they were captured, marked so); a replay records nothing
+    new."""
 
-    def __init__(self, device: ShadowDevice, launches: list[Launch]):
-        self.device, self.launches = device, launches
-        self.replays = 0
+    def __init__(self, launches: list[Launch]):
+        self.launches = launches
 
     def launch(self) -> None:
-        self.replays += 1
+        pass
 
     def destroy(self) -> None:
         self.launches = []
@@ -139,10 +148,7 @@ class ShadowDevice(Device):
         self._smem_limits[kernel.name] = max(self._smem_limits.get(kernel.name, 0), int(nbytes))
 
     def launch(self, kernel: Kernel, grid, block, args, smem: int = 0) -> None:
-        def dims(d) -> tuple[int, int, int]:
-            return (tuple(d) + (1, 1))[:3] if isinstance(d, tuple) else (d, 1, 1)
-
-        grid3, block3 = dims(grid), dims(block)
+        grid3, block3 = dims3(grid), dims3(block)
         assert min(grid3) > 0, f"{kernel.name}: empty grid {grid3}"
         live = all(self.memory.holds(a) for a in args if isinstance(a, Buffer))
         record = Launch(kernel.name, grid3, block3, tuple(args), int(smem),
@@ -199,7 +205,7 @@ class ShadowDevice(Device):
         try:
             yield holder
         finally:
-            graph = ShadowGraph(self, self._capturing)
+            graph = ShadowGraph(self._capturing)
             self._capturing = None
             holder.append(graph)
             self._graphs.append(graph)

@@ -24,7 +24,7 @@ from engine.backend import Draft, TokenSequence
 from engine.cuda.backend import CudaBackend
 from engine.cuda.device import DeviceInfo
 from engine.sampling import SamplingParams
-from tests.kernels.kernel_signatures import launch_problems
+from tests.kernels.kernel_signatures import launch_problems, problems_of
 from tests.kernels.shadow_device import A100, H100, H200, RTX_4090, CaptureError, ShadowDevice, patch_driver_calls
 
 SAMPLING = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),
@@ -67,11 +67,8 @@ def _exercise(backend: CudaBackend, prompt: int) -> None:
 
 
 def _check_launches(dev: ShadowDevice) -> Counter:
-    problems = {}
-    for launch in dev.launches:
-        for p in launch_problems(launch):
-            problems.setdefault((launch.kernel, p), launch)
-    assert not problems, "\n".join(f"{k}: {p}" for k, p in problems)
+    problems = problems_of(dev.launches)
+    assert not problems, "\n".join(sorted(problems))
     assert any(launch.captured for launch in dev.launches), "no pass was captured into a graph"
     return Counter(launch.kernel for launch in dev.launches)
 
