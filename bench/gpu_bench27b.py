@@ -40,7 +40,7 @@ V7_SETTINGS = ("group", "split2", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persis
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
                "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves", "q6b", "q6bhalves",
                "q6bdown", "q6bw8", "q6bh8", "noq6b", "q6bwhole",
-               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5", "down5", "q6v", "q6v5", "q6bon")
+               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5", "down5", "q6v", "q6v5", "q6bon", "q6bs3")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -173,7 +173,11 @@ WIDE_VARIANTS = {"wide": frozenset(I8V_WIDE_TOKENS), "wide5": frozenset(t for t 
 Q6B_MIN_COLS_VARIANTS = {"q6b": 0, "q6bhalves": 0, "q6bdown": 17408, "q6bw8": 0}
 Q6B_WARPS_VARIANTS = {"q6b": 4, "q6bhalves": 4, "q6bdown": 4}
 Q6B_WHOLE_VARIANTS = frozenset({"q6b", "q6bdown", "q6bwhole"})
-Q6B_FORCED_VARIANTS = frozenset({"q6b", "q6bhalves", "q6bdown", "q6bw8", "q6bh8", "q6bwhole", "q6bon"})
+Q6B_FORCED_VARIANTS = frozenset({"q6b", "q6bhalves", "q6bdown", "q6bw8", "q6bh8", "q6bwhole", "q6bon", "q6bs3"})
+# q6bs3: q6bon in the (3, 2) instance shape: 3 superblocks a stage, so each 8-warp block keeps 24 in flight (81 KB)
+# against (2, 2)'s 16 (54 KB). The reading it tests: one block an SM, the H200 needs more bytes in flight than the
+# H100 to reach its bandwidth (~2 us loaded latency at ~32 GB/s an SM), which (2, 2) holds it under.
+Q6B_SHAPE_VARIANTS = {"q6bs3": (3, 2)}
 # The verify passes' Q6_K ffn_downs on mmvq_q6_i8v in halves (q6b.VERIFY_AT; off by default): q6v at every count it
 # is built for (2-4 from mmvq_q6_i8, 5-8 from the f16 two-pass kernels), q6v5 from 5 tokens
 Q6V_VARIANTS = {"q6v": frozenset(range(2, 9)), "q6v5": frozenset(range(5, 9))}
@@ -544,6 +548,7 @@ def _use_variant(backend, name: str) -> None:
     q6b.FORCED = name in Q6B_FORCED_VARIANTS or q6b._forced()
     q6b.MIN_COLS = Q6B_MIN_COLS_VARIANTS.get(name, q6b.DEFAULT_MIN_COLS)
     q6b.WARPS = Q6B_WARPS_VARIANTS.get(name, q6b.DEFAULT_WARPS)
+    q6b.SHAPE = Q6B_SHAPE_VARIANTS.get(name, q6b.DEFAULT_SHAPE)
     q6b.HALVES = name not in Q6B_WHOLE_VARIANTS and q6b.DEFAULT_HALVES
     q6b.VERIFY_AT = Q6V_VARIANTS.get(name, q6b.DEFAULT_VERIFY_AT)
     mixers.GDN_COLS = GDN_COLS_VARIANTS.get(name, mixers._gdn_cols_default())
