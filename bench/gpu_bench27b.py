@@ -40,7 +40,7 @@ V7_SETTINGS = ("group", "split2", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persis
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
                "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves", "q6b", "q6bhalves",
                "q6bdown", "q6bw8", "q6bh8", "noq6b", "q6bwhole",
-               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5", "down5", "q6v", "q6v5", "q6bon", "q6bs3")
+               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5", "down5", "q6v", "q6v5", "q6bon", "q6bs3", "i8bdown8s5", "i8bdown8s2n3")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -152,6 +152,9 @@ HALVES_VARIANTS = frozenset({"halves", "halvesi8b", "halves5", "widehalves", "fi
 # 3 tiles); i8bdown4 in mmvq_i8's 4-warp blocks (i8b.WIDE_WARPS None: what variant i8b measured before Z24); i8bs
 # the Q4_K ffn_downs on mmvq_i8 (v7 before Z24)
 I8B_WIDE_WARPS_VARIANTS = {"i8bdown4": None}
+# ... and those 8-warp blocks in another instance shape (i8b.WIDE_SHAPE): 40 (s5: 5 superblocks a stage, 2 stages)
+# or 32 (s2n3) superblocks in flight an SM against (3, 2)'s 24
+I8B_WIDE_SHAPE_VARIANTS = {"i8bdown8s5": (5, 2), "i8bdown8s2n3": (2, 3)}
 OUT_HALVES_VARIANTS = frozenset({"outhalves", "fillhalves", "allhalves", "i8bdownh8"})
 # v7 with the Q4_K ffn_downs of these verify counts on mmvq_i8v in halves (ops.VERIFY_HALVES_AT): i8vdown at every
 # count it is built for (2-4 from mmvq_i8, 5-8 from the f16 persist kernel), i8vdown5 from 5 tokens; down5 the same
@@ -544,6 +547,7 @@ def _use_variant(backend, name: str) -> None:
     ops.VERIFY_HALVES_AT = VERIFY_HALVES_VARIANTS.get(name, ops.DEFAULT_VERIFY_HALVES_AT)
     i8b.FILL = name in FILL_VARIANTS
     i8b.WIDE_WARPS = I8B_WIDE_WARPS_VARIANTS.get(name, i8b.DEFAULT_WIDE_WARPS)
+    i8b.WIDE_SHAPE = I8B_WIDE_SHAPE_VARIANTS.get(name)
     q6b.ON = name != "noq6b" and q6b._default()
     q6b.FORCED = name in Q6B_FORCED_VARIANTS or q6b._forced()
     q6b.MIN_COLS = Q6B_MIN_COLS_VARIANTS.get(name, q6b.DEFAULT_MIN_COLS)

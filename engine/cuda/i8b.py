@@ -44,6 +44,10 @@ ON = _default()
 # alone, 32.6 against 40.7 us for gate | up, with the producers fused in front).
 DEFAULT_SHAPE = (3, 2)
 SHAPE = DEFAULT_SHAPE
+# The shape of the launches of WIDE_WARPS blocks (rows of ops.WIDE_COLS or more: ffn_down, one 8-warp block an SM);
+# None: SHAPE. A bench knob (variants i8bdown8s5, i8bdown8s2n3): (3, 2) keeps 24 superblocks in flight an SM there
+# (55 KB), (5, 2) 40 and (2, 3) 32, for a GPU whose SMs need more bytes in flight to reach its bandwidth.
+WIDE_SHAPE: tuple[int, int] | None = None
 WARPS: int | None = None  # warps per block; None: WIDE_WARPS, else ops.i8_warps' choice for mmvq_i8
 # Warps per block for rows of ops.WIDE_COLS or more (ffn_down; None: ops.i8_warps' choice, 4): a block an SM, each
 # warp a share of 8-9 superblocks (Z24: 0.08 ms a pass faster on an H100 than ffn_down on mmvq_i8).
@@ -122,15 +126,22 @@ def halves_grid(dev: Device, tiles: int, warps: int, smem: int, static: int = ST
     return blocks
 
 
+def shape(w: DeviceWeight) -> tuple[int, int]:
+    """The instance shape of a one-token launch on w: WIDE_SHAPE for rows that take WIDE_WARPS, else SHAPE."""
+    from engine.cuda import ops
+
+    return WIDE_SHAPE if WIDE_SHAPE and WIDE_WARPS and not WARPS and w.cols >= ops.WIDE_COLS else SHAPE
+
+
 def halves_pay(dev: Device, w: DeviceWeight) -> bool:
     """Whether w's one-token launch would walk fewer tiles' work a block in halves (HALVES_GAIN): only in the shapes
     built for it, and on a walking grid."""
     from engine.cuda import ops
 
-    if SHAPE not in I8B_HALVES_SHAPES or not PERSIST:
+    if shape(w) not in I8B_HALVES_SHAPES or not PERSIST:
         return False
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, warps(dev, w)
-    smem = smem_bytes(nb, num_warps, SHAPE)
+    smem = smem_bytes(nb, num_warps, shape(w))
     whole = -(-tiles // grid(dev, tiles, num_warps, smem))
     halves = -(-2 * tiles // halves_grid(dev, tiles, num_warps, smem))  # half-tiles a block, at most
     return halves / 2 <= HALVES_GAIN * whole
@@ -159,7 +170,7 @@ def _takes(dev: Device, w: DeviceWeight, num_tokens: int) -> bool:
         return False
     if MAX_SUPERBLOCKS is not None and w.cols // ops.SUPERBLOCK > MAX_SUPERBLOCKS:
         return False
-    return smem_bytes(w.cols // ops.SUPERBLOCK, ops.MMVQ_WARPS, SHAPE) <= dev.info.max_smem_per_block
+    return smem_bytes(w.cols // ops.SUPERBLOCK, ops.MMVQ_WARPS, shape(w)) <= dev.info.max_smem_per_block
 
 
 def quant_map(w: DeviceWeight) -> tma.TensorMap:
@@ -176,12 +187,13 @@ def launch(dev: Device, w: DeviceWeight, group8: tuple[Buffer, Buffer, Buffer, B
     row's superblocks summed into y2 (y: the first half + bias + residual)."""
     from engine.cuda import ops
 
-    assert SHAPE in I8B_SHAPES, f"no mmvq_i8b instance for {SHAPE}"
-    assert y2 is None or SHAPE in I8B_HALVES_SHAPES, f"{w.name}: no mmvq_i8b instance in halves for {SHAPE}"
+    s, ns = shape(w)
+    assert (s, ns) in I8B_SHAPES, f"no mmvq_i8b instance for {(s, ns)}"
+    assert y2 is None or (s, ns) in I8B_HALVES_SHAPES, f"{w.name}: no mmvq_i8b instance in halves for {(s, ns)}"
     tiles, nb, num_warps = (w.rows + 15) // 16, w.cols // ops.SUPERBLOCK, warps(dev, w)
-    name = f"mmvq_q4_K_i8b_s{SHAPE[0]}n{SHAPE[1]}" + ("_halves" if y2 is not None else "")
+    name = f"mmvq_q4_K_i8b_s{s}n{ns}" + ("_halves" if y2 is not None else "")
     q8, scale8, sums8, sums8_lo = group8
-    kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, SHAPE)
+    kernel, smem = dev.kernel(name), smem_bytes(nb, num_warps, (s, ns))
     dev.set_max_dynamic_smem(kernel, smem)
     args = [quant_map(w), w.buf, q8, scale8, sums8, sums8_lo, y, bias, residual, w.rows, w.cols, y2]
     blocks = grid(dev, tiles, num_warps, smem) if y2 is None else halves_grid(dev, tiles, num_warps, smem)

@@ -59,3 +59,7 @@ def test_every_variant_launches_what_its_kernels_declare(thin_27b: Path, switche
         assert "mmvq_q6_K_i8b_s2n2_halves" in kernels["v7"] - kernels["noq6b"]
     assert "mmvq_q6_K_i8v_t5_halves" in kernels["q6v5"] - kernels["v7"]
     assert "mmvq_q4_K_i8b_s2n2" in kernels["s2n2"] - kernels["v7"]
+    # the deeper rings: ffn_down's Q4_K 8-warp blocks in their own shape, the Q6_K tensor-copy form in (3, 2)
+    assert {"mmvq_q4_K_i8b_s5n2"} <= kernels["i8bdown8s5"] - kernels["v7"]
+    assert {"mmvq_q4_K_i8b_s2n3"} <= kernels["i8bdown8s2n3"] - kernels["v7"]
+    assert "mmvq_q6_K_i8b_s3n2_halves" in kernels["q6bs3"] - kernels["v7"]
