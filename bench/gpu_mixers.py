@@ -17,20 +17,26 @@ F32 = np.float32
 HQ, HKV, D, CAP = 24, 4, 256, 4096  # qwen35 gated attention
 
 
+def _filled_cache(s: Scope, rng: np.random.Generator, start: int, num_tokens: int, hkv: int = HKV, d: int = D):
+    """Random keys and values of positions 0..start+T-1 written into f16 caches by kv_store in two writes (the
+    history, then the pass's own tokens, as a forward pass does): (keys, values, kcache, vcache, positions)."""
+    total = start + num_tokens
+    keys, values = randn(rng, total, hkv, d), randn(rng, total, hkv, d)
+    kcache, vcache = s.out(2 * hkv * CAP * d, "k"), s.out(2 * hkv * CAP * d, "v")
+    positions = np.arange(total, dtype=np.int32)
+    for lo, hi in ((0, start), (start, total)):
+        if hi > lo:
+            mixers.kv_store(s.dev, s.put(keys[lo:hi]), s.put(values[lo:hi]), kcache, vcache,
+                            s.put(positions[lo:hi]), hi - lo, hkv, d, CAP, hkv * d, hkv * d)
+    return keys, values, kcache, vcache, positions
+
+
 def check_attention(dev: Device, report: Report, rng: np.random.Generator, start: int, num_tokens: int,
                     splits: int | None, gated: bool) -> None:
     """T queries at positions start.. over keys 0..start+T-1 (K/V written by kv_store), against ops.attention on the
     same f16-rounded keys and values."""
     s = Scope(dev)
-    total = start + num_tokens
-    keys, values = randn(rng, total, HKV, D), randn(rng, total, HKV, D)
-    kcache, vcache = s.out(2 * HKV * CAP * D, "k"), s.out(2 * HKV * CAP * D, "v")
-    positions = np.arange(total, dtype=np.int32)
-    # fill the cache in two writes: the history, then the pass's own tokens (as a forward pass does)
-    for lo, hi in ((0, start), (start, total)):
-        if hi > lo:
-            mixers.kv_store(dev, s.put(keys[lo:hi]), s.put(values[lo:hi]), kcache, vcache, s.put(positions[lo:hi]),
-                            hi - lo, HKV, D, CAP, HKV * D, HKV * D)
+    keys, values, kcache, vcache, positions = _filled_cache(s, rng, start, num_tokens)
     stride = 2 * D if gated else D  # qwen35 packs [Q | gate] per head
     packed = randn(rng, num_tokens, HQ, stride)
     out = s.out(4 * num_tokens * HQ * D)
@@ -49,6 +55,56 @@ def check_attention(dev: Device, report: Report, rng: np.random.Generator, start
     mma = mixers.attn_runs_mma(num_tokens, D, dev.info.max_smem_per_block)  # f16 queries and probabilities
     name = f"{'gated.' if gated else ''}T{num_tokens}." + ("mma" if mma else f"s{n_splits}")
     compare(report, "attention", name, s.get(out, (num_tokens, HQ, D)), want, TOL_F16 if mma else TOL_F32)
+    s.close()
+
+
+def check_combine_act(dev: Device, report: Report, rng: np.random.Generator, start: int, num_tokens: int,
+                      hq: int = HQ, hkv: int = HKV, d: int = D) -> None:
+    """Decode attention's key splits merged by the output projection's producer (mixers.combine_of:
+    act_combine_t1) against attn_combine then act_plain_t1 on the same partials: every part of the act the matmuls
+    read (f16 values and residues, sub-block sums, the int8 levels, scales and sums) equal. Heads of d < 256 put
+    several heads in one producer block."""
+    from engine.cuda import ops
+
+    s = Scope(dev)
+    _, _, kcache, vcache, positions = _filled_cache(s, rng, start, num_tokens, hkv, d)
+    stride = 2 * d  # [Q | gate] per head
+    packed = s.put(randn(rng, num_tokens, hq, stride))
+    splits = mixers.attn_splits(num_tokens, hkv, mixers.attn_tile_tokens(hq, hkv, d, num_tokens),
+                                dev.info.multiprocessors)
+    width = hq * d
+    scratch = s.out(mixers.attn_scratch_bytes(splits, num_tokens, hq, d))
+    out, qpos = s.out(4 * num_tokens * width), s.put(positions[start:])
+    acts = {name: ops.alloc_act(dev, num_tokens, width, name, precise=True) for name in ("plain", "combine")}
+    fields = ("x16", "x16_lo", "sums", "sums_lo", "f32", "q8", "scale8", "sums8", "sums8_lo", "row_inv")
+    for act in acts.values():  # the same finite poison in both: what one writes and the other does not differs
+        for field in fields:
+            if getattr(act, field) is not None:
+                dev.fill_u32(getattr(act, field), 0x7BFF7BFF)
+    for merge in (True, False):
+        mixers.attention(dev, packed, kcache, vcache, qpos, out, num_tokens, hq, hkv, d, CAP, hq * stride, stride,
+                         width, d ** -0.5, gate=packed.view(4 * d), ld_gate=hq * stride, gate_head_stride=stride,
+                         scratch=scratch, splits=splits, merge=merge)
+        producer = (ops.plain_of(out, width) if merge else
+                    mixers.combine_of(scratch, splits, num_tokens, hq, d, packed.view(4 * d), hq * stride, stride))
+        ops.produce(dev, producer, acts["plain" if merge else "combine"], num_tokens)
+    dev.synchronize()
+    name = f"T{num_tokens}.d{d}.s{splits}"
+    want, got = acts["plain"], acts["combine"]
+    nsb = want.num_superblocks
+    parts = [("act", "x16", np.float16, nsb * 2048), ("act_lo", "x16_lo", np.float16, nsb * 2048),
+             ("sums", "sums", np.float16, nsb * 64), ("sums_lo", "sums_lo", np.float16, nsb * 64)]
+    if want.i8_tokens:
+        parts += [("q8", "q8", np.int8, nsb * 4096), ("scale8", "scale8", F32, nsb * 16),
+                  ("sums8", "sums8", np.float16, nsb * 64)]
+    for label, field, dtype, count in parts:
+        a = dev.download(getattr(got, field), dtype, (count,)).astype(np.float64)
+        b = dev.download(getattr(want, field), dtype, (count,)).astype(np.float64)
+        compare(report, "combine_act", f"{name}.{label}", a, b, 1e-6)
+    for act in acts.values():
+        for field in fields:
+            if getattr(act, field) is not None:
+                dev.memory.free(getattr(act, field))
     s.close()
 
 
@@ -365,6 +421,9 @@ def run_mixer_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
         check_attention(dev, report, rng, 0, 300, None, gated=True)
     finally:
         mixers.ATTN_MMA_MIN_TOKENS = saved
+    for start, tokens in ((999, 1), (1500, 5), (600, 8)):
+        check_combine_act(dev, report, rng, start, tokens)
+    check_combine_act(dev, report, rng, 300, 3, hq=8, hkv=2, d=64)  # four heads a superblock
     check_conv(dev, report, rng)
     check_gates(dev, report, rng)
     check_delta_rule(dev, report, rng, 1, commit=True)

@@ -166,6 +166,7 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"act_{mode}", "act", f"act_from<{i}, {ACT_MIN_BLOCKS}, 8>") for i, mode in enumerate(ACT_MODES)]
     out += [Instance(f"act_{mode}_g1", "act", f"act_from<{i}, 1, 8>") for i, mode in enumerate(ACT_MODES)]  # one group
     out += [Instance(f"act_{mode}_t1", "act", f"act_from<{i}, 1, 1>") for i, mode in enumerate(ACT_MODES)]  # a token
+    out += [Instance("act_combine_t1", "act", f"act_from<{len(ACT_MODES)}, 1, 1>")]  # ACT_COMBINE: a token a block
     out += [Instance("act_row_inv", "act", "act_row_inv")]  # RMSNorm's 1 / rms a token, ahead of act_rmsnorm
     out += [Instance(n, "norm", n) for n in ("rms_norm", "head_norm", "gated_rms_norm")]
     out += [Instance("rope_neox", "rope", "rope<true>"), Instance("rope_norm", "rope", "rope<false>")]

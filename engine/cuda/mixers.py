@@ -10,7 +10,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 
-from engine.cuda import env_switch
+from engine.cuda import env_switch, ops
 from engine.cuda.device import Buffer, Device
 from engine.cuda.instances import (ATTN_DECODE_QPW, ATTN_HEAD_DIMS, ATTN_MMA_DIMS, ATTN_PRE_KEYS, GDN_CHUNK_DIMS,
                                    GDN_CONV_TAPS, GDN_KEY_DIMS)
@@ -33,6 +33,17 @@ def _attn_pre_default() -> bool:
 
 
 ATTN_PRE = _attn_pre_default()
+# Decode and verify attention's key splits merged by the producer of the output projection's input (act_combine_t1:
+# attn_combine and act_plain_t1 in one launch, a launch less a layer) where combine_runs says so;
+# OPENJET_CUDA_COMBINE_ACT=1 (bench variant combact). Off until a GPU has checked and timed it.
+COMBINE_ENV = "OPENJET_CUDA_COMBINE_ACT"
+
+
+def _combine_default() -> bool:
+    return env_switch(COMBINE_ENV, False)
+
+
+COMBINE_ACT = _combine_default()
 # Prefill on tensor cores (kernels/attention_prefill.cu attn_mma): runs of this many tokens or more, query rows per block,
 # and the shared memory (queries, a key tile and a value tile of 64 rows, f16 at a pitch of D + 8).
 ATTN_MMA_MIN_TOKENS = 16
@@ -227,12 +238,13 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
               num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity: int, ld_q: int,
               q_head_stride: int, ld_out: int, scale: float, gate: Buffer | None = None, ld_gate: int = 0,
               gate_head_stride: int = 0, scratch: Buffer | None = None, splits: int = 1,
-              min_keys: int | None = None) -> None:
+              min_keys: int | None = None, merge: bool = True) -> None:
     """out[t, h] = causal attention of query (t, h) over cache keys 0..positions[t] (times sigmoid(gate) if given).
 
     q, gate: f32 rows with per-head strides (qwen35 packs Q and its gate per head); caches: f16 [Hkv, capacity, D].
     With splits > 1 the keys are split over blocks and merged by attn_combine through scratch; a split takes at
-    least min_keys keys (default ATTN_MIN_KEYS), the splits past those stay idle.
+    least min_keys keys (default ATTN_MIN_KEYS), the splits past those stay idle. merge=False leaves them
+    unmerged in scratch (out unwritten) for combine_of's producer, where combine_fits says it can.
     """
     min_keys = ATTN_MIN_KEYS if min_keys is None else min_keys
     if min_keys < 1 or min_keys & (min_keys - 1):
@@ -260,8 +272,34 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
         dev.set_max_dynamic_smem(kernel, smem)
     grid = (num_kv_heads, (num_tokens + tile - 1) // tile, splits)
     dev.launch(kernel, grid, ATTN_WARPS * 32, [args], smem=smem)
-    if splits > 1:
+    if splits > 1 and merge:
         dev.launch(dev.kernel("attn_combine"), (num_tokens, num_heads), 256, [args, splits, head_dim])
+    elif splits > 1:
+        assert combine_fits(num_tokens, head_dim, splits), "the producer cannot merge these splits"
+
+
+def combine_fits(num_tokens: int, head_dim: int, splits: int) -> bool:
+    """Whether combine_of's producer can merge the splits of an attention launch: a run of key splits whose
+    tokens each take a producer block of their own (ops.ACT_SPLIT_TOKENS), heads that tile a superblock (the
+    producer's 256 positions hold whole heads)."""
+    return (1 < splits <= MAX_SPLITS and num_tokens in ops.ACT_SPLIT_TOKENS and head_dim in ATTN_HEAD_DIMS
+            and ops.SUPERBLOCK % head_dim == 0)
+
+
+def combine_runs(num_tokens: int, head_dim: int, splits: int) -> bool:
+    """Whether the splits are merged by the output projection's producer instead of attn_combine: COMBINE_ACT,
+    where it fits."""
+    return COMBINE_ACT and combine_fits(num_tokens, head_dim, splits)
+
+
+def combine_of(scratch: Buffer, splits: int, num_tokens: int, num_heads: int, head_dim: int,
+               gate: Buffer | None = None, ld_gate: int = 0, gate_head_stride: int = 0) -> ops.Producer:
+    """The producer that merges attention(..., merge=False)'s split partials in scratch (times sigmoid(gate), as
+    attention's gate) straight into a matmul's input: kernels/act.cu ACT_COMBINE."""
+    part_ml = scratch.view(4 * splits * num_tokens * num_heads * head_dim)
+    src = ops.ActSrc(scratch.ptr, _ptr(gate), 0, 0, 0, ld_gate, 0, head_dim, 0.0, 0, part_ml.ptr, splits, num_heads,
+                     gate_head_stride)
+    return ops.Producer("combine", src)
 
 
 def kv_store(dev: Device, k: Buffer, v: Buffer, kcache: Buffer, vcache: Buffer, positions: Buffer, num_tokens: int,

@@ -361,10 +361,16 @@ class CudaModel:
         tile = mixers.attn_tile_tokens(hq, hkv, d, num_tokens)
         splits = mixers.attn_splits(num_tokens, hkv, tile, dev.info.multiprocessors)
         splits = max(1, min(splits, (mixers.MAX_SPLITS * VERIFY_MAX) // num_tokens))  # what the scratch holds
+        gate = q.view(4 * d) if cfg.has_attn_gate else None
+        # the splits merged by the output projection's producer (a launch less) unless its weights are f32, which
+        # read the f32 rows of ws.mix2
+        merged_late = mixers.combine_runs(num_tokens, d, splits) and lw.mix_out.qtype != Q.F32
         mixers.attention(dev, q, cache.k, cache.v, pos, ws.mix2, num_tokens, hq, hkv, d, self.capacity, width,
-                         q_stride, cfg.q_size, d ** -0.5, gate=q.view(4 * d) if cfg.has_attn_gate else None,
-                         ld_gate=width, gate_head_stride=q_stride, scratch=ws.attn_scratch, splits=splits)
-        return self._out(lw, ws.act_q, num_tokens, ops.plain_of(ws.mix2, cfg.q_size), may_halve)
+                         q_stride, cfg.q_size, d ** -0.5, gate=gate, ld_gate=width, gate_head_stride=q_stride,
+                         scratch=ws.attn_scratch, splits=splits, merge=not merged_late)
+        producer = (mixers.combine_of(ws.attn_scratch, splits, num_tokens, hq, d, gate, width, q_stride) if merged_late
+                    else ops.plain_of(ws.mix2, cfg.q_size))
+        return self._out(lw, ws.act_q, num_tokens, producer, may_halve)
 
     def _deltanet(self, i: int, lw: LayerWeights, num_tokens: int, commit: bool, normed: ops.Producer,
                   may_halve: bool = False) -> tuple[Buffer, Buffer] | None:

@@ -134,7 +134,9 @@ class ActSrc(ctypes.Structure):
 
     _fields_ = [(n, ctypes.c_uint64) for n in ("x", "x2", "w", "out32")] + [
         (n, ctypes.c_int32) for n in ("ldx", "ldx2", "ld_out32", "head")] + [("eps", ctypes.c_float),
-                                                                              ("x_sum", ctypes.c_uint64)]
+                                                                              ("x_sum", ctypes.c_uint64),
+                                                                              ("part_ml", ctypes.c_uint64)] + [
+        (n, ctypes.c_int32) for n in ("splits", "num_heads", "gate_head_stride")]
 
 
 class Act8(ctypes.Structure):
@@ -195,7 +197,8 @@ def produce(dev: Device, producer: Producer, act: Act, num_tokens: int) -> None:
     """Launch the producer into act (its out32 rows at act.ld where the caller gave no stride)."""
     src = producer.src
     if src.out32 and not src.ld_out32:
-        src = ActSrc(src.x, src.x2, src.w, src.out32, src.ldx, src.ldx2, act.ld, src.head, src.eps, src.x_sum)
+        src = ActSrc.from_buffer_copy(src)  # (every field kept: Z23's lost x_sum)
+        src.ld_out32 = act.ld
     _act_from(dev, producer.mode, src, act, num_tokens)
 
 

@@ -132,3 +132,23 @@ def test_what_a_capture_refuses_raises() -> None:
         with dev.capture(), pytest.raises(CaptureError, match="inside a graph capture"):
             call()
     assert sum(launch.captured for launch in dev.launches) == 0
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3"])
+def test_attention_merged_by_the_output_projections_producer(arch: str, tiny_model_path, thin_27b: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """mixers.COMBINE_ACT: every decode and verify attention's splits merged by act_combine_t1 (several heads a
+    superblock at the tiny models' 64-wide heads, one at the 27B's 256), none by attn_combine, and one launch less
+    a layer than with attn_combine and act_plain_t1."""
+    from engine.cuda import mixers
+
+    path = tiny_model_path(arch, tokenizer=False, vocab_size=512)
+    before = _run(path, prompt=40, context_size=512)
+    monkeypatch.setattr(mixers, "COMBINE_ACT", True)
+    after = _run(path, prompt=40, context_size=512)
+    assert after["act_combine_t1"] == before["attn_combine"] > 0 and after["attn_combine"] == 0
+    assert after["act_plain_t1"] == before["act_plain_t1"] - before["attn_combine"]
+    assert after.total() == before.total() - before["attn_combine"]
+    if arch == "qwen35":
+        kernels = _run(thin_27b, prompt=600, context_size=4096)
+        assert kernels["act_combine_t1"] > 0 and kernels["attn_combine"] == 0

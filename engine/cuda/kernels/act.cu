@@ -7,6 +7,10 @@
 #include "common.cuh"
 #include "quants.cuh"
 
+// Beside act8.cuh's modes (those the matmuls share): decode attention's split partials merged (attn_combine), times
+// sigmoid(gate); only act.cu produces it.
+#define ACT_COMBINE 4
+
 struct ActSrc {
     const float* x;
     const float* x2;
@@ -15,6 +19,10 @@ struct ActSrc {
     int ldx, ldx2, ld_out32, head;
     float eps;
     float* x_sum;  // RMSNORM with x2: the rows are x + x2 (a matmul's halves), stored here too ([T, ldx])
+    // COMBINE: x = the key splits' o partials [splits][T][num_heads][head], part_ml their (max, sum) pairs, x2 the
+    // output gate (optional; row stride ldx2, head stride gate_head_stride): what attn_combine reads
+    const float* part_ml;
+    int splits, num_heads, gate_head_stride;
 };
 
 // The int8 copy of the activations (null q: not wanted). Per group of 8 tokens: q [nsb][2][8][256], scale
@@ -173,6 +181,42 @@ __device__ __forceinline__ void act_i8(const Act8& a8, const float (&v)[8], int 
             if (n < tokens) store_f16_pair(a8.sums, a8.sums_lo, (blk * 8 + n0 + n) * 8 + warp, sub[n]);
 }
 
+// COMBINE: the value at position k of token t, merged from decode attention's key splits as attention.cu's
+// attn_combine merges them (a superblock holds 256 / a.head heads, each merged on its own), times sigmoid of the
+// gate where there is one; 0 past K. Every thread of the block takes part (block reductions).
+#define COMBINE_MAX_SPLITS 64  // mixers.MAX_SPLITS
+__device__ __forceinline__ float combined(const ActSrc& a, int t, int k, int T, int K) {
+    __shared__ float weight[QK_SB / 32][COMBINE_MAX_SPLITS];  // [head of the superblock][split]
+    __shared__ float inv_denom[QK_SB / 32];
+    __shared__ int used_of[QK_SB / 32];
+    __shared__ float scratch[32];
+    const int D = a.head, s = threadIdx.x, first = (k - (int)threadIdx.x) / D;  // the superblock's first head
+    for (int j = 0; j < QK_SB / D; ++j) {
+        const int h = first + j;
+        const bool live = h < a.num_heads && s < a.splits;
+        const i64 row = ((i64)s * T + t) * a.num_heads + h;
+        const float ms = live ? a.part_ml[row * 2] : NEG_INF;
+        const float m = block_max(ms, scratch);
+        const float wt = (ms == NEG_INF || m == NEG_INF) ? 0.f : __expf(ms - m);
+        const float denom = block_sum(live ? wt * a.part_ml[row * 2 + 1] : 0.f, scratch);
+        // the splits that saw keys come first (attn: split < active): merge the first `used` without a branch
+        const int used = (int)block_max(wt != 0.f ? (float)(s + 1) : 0.f, scratch);
+        if (s < COMBINE_MAX_SPLITS) weight[j][s] = wt;
+        if (s == 0) {
+            inv_denom[j] = denom > 0.f ? 1.f / denom : 0.f;
+            used_of[j] = used;
+        }
+    }
+    __syncthreads();
+    const int j = threadIdx.x / D, h = first + j, d = threadIdx.x % D;
+    if (k >= K || h >= a.num_heads) return 0.f;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int si = 0; si < used_of[j]; ++si) acc += weight[j][si] * a.x[(((i64)si * T + t) * a.num_heads + h) * D + d];
+    const float val = acc * inv_denom[j];
+    return a.x2 ? val * sigmoidf_(a.x2[(i64)t * a.ldx2 + (i64)h * a.gate_head_stride + d]) : val;
+}
+
 // Grid (superblocks, token slices), 256 threads: thread = position in the superblock. PER: the tokens of a block,
 // 8 (a slice is a group: the block also writes zeros into the slots past T of its group) or 1 (act_<mode>_t1: a
 // decode or verify pass's tokens on blocks of their own, ops.ACT_SPLIT_TOKENS; slots past T are not written, the
@@ -191,8 +235,10 @@ act_from(ActSrc a, f16* __restrict__ act, f16* __restrict__ sums, f16* __restric
     const int s = 2 * i + h, tokens = PER == 1 ? 1 : min(PER, T - t0);
     // every global input loaded up front (before the norms' reductions), so their round trips overlap
     float v[8] = {}, gate[8] = {};  // the block's tokens; gate: GATEDNORM's silu(x2)
+    static_assert(MODE != ACT_COMBINE || PER == 1, "attention's merge is built for one token a block");
+    if constexpr (MODE == ACT_COMBINE) v[0] = combined(a, t0, k, T, K);
 #pragma unroll
-    for (int n = 0; n < PER; ++n) {
+    for (int n = 0; n < (MODE == ACT_COMBINE ? 0 : PER); ++n) {
         const int t = t0 + n;
         const bool ok = t < T && k < K;
         float x = ok ? a.x[(i64)t * a.ldx + k] : 0.f;
