@@ -34,13 +34,15 @@ def _attn_pre_default() -> bool:
 
 ATTN_PRE = _attn_pre_default()
 # Decode and verify attention's key splits merged by the producer of the output projection's input (act_combine_t1:
-# attn_combine and act_plain_t1 in one launch, a launch less a layer) where combine_runs says so;
-# OPENJET_CUDA_COMBINE_ACT=1 (bench variant combact). Off until a GPU has checked and timed it.
+# attn_combine and act_plain_t1 in one launch, a launch less an attention layer) where combine_runs says so;
+# OPENJET_CUDA_COMBINE_ACT=0 (bench variant combapart) launches the two. Its act equals theirs bit for bit (the
+# mixers part, 1-8 tokens, heads of 256 and of 64); the 27B passes on an H100 level (T = 1 7.306 ms against
+# 7.315; bench/NOTES.md Z31); not yet timed on the H200.
 COMBINE_ENV = "OPENJET_CUDA_COMBINE_ACT"
 
 
 def _combine_default() -> bool:
-    return env_switch(COMBINE_ENV, False)
+    return env_switch(COMBINE_ENV, True)
 
 
 COMBINE_ACT = _combine_default()

@@ -64,5 +64,5 @@ def test_every_variant_launches_what_its_kernels_declare(thin_27b: Path, switche
     assert {"mmvq_q4_K_i8b_s2n3"} <= kernels["i8bdown8s2n3"] - kernels["v7"]
     assert "mmvq_q6_K_i8b_s3n2_halves" in kernels["q6bs3"] - kernels["v7"]
     # attention's splits merged by the output projection's producer
-    assert "act_combine_t1" in kernels["combact"] - kernels["v7"]
-    assert "attn_combine" in kernels["v7"] - kernels["combact"]
+    assert "attn_combine" in kernels["combapart"] - kernels["v7"]
+    assert "act_combine_t1" in kernels["v7"] - kernels["combapart"]

@@ -143,6 +143,7 @@ def test_attention_merged_by_the_output_projections_producer(arch: str, tiny_mod
     from engine.cuda import mixers
 
     path = tiny_model_path(arch, tokenizer=False, vocab_size=512)
+    monkeypatch.setattr(mixers, "COMBINE_ACT", False)
     before = _run(path, prompt=40, context_size=512)
     monkeypatch.setattr(mixers, "COMBINE_ACT", True)
     after = _run(path, prompt=40, context_size=512)
