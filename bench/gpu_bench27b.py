@@ -40,7 +40,7 @@ V7_SETTINGS = ("group", "split2", "i8v3", "pdl3", "i8v3pdl", "nopdl1", "q6persis
                "dw6all", "s3n2full", "s3n2spare2", "s5n2full", "s5n2spare2", "i8bfull", "halves", "halvesi8b", "halves5",
                "wide", "wide5", "widehalves", "outhalves", "fill", "fillhalves", "allhalves", "q6b", "q6bhalves",
                "q6bdown", "q6bw8", "q6bh8", "noq6b", "q6bwhole",
-               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5", "down5", "q6v", "q6v5", "q6bon", "q6bs3", "i8bdown8s5", "i8bdown8s2n3", "combact", "combapart")
+               "i8bdown8", "i8bdownh8", "i8bdown4", "i8vdown", "i8vdown5", "down5", "q6v", "q6v5", "q6bon", "q6bs3", "i8bdown8s5", "i8bdown8s2n3", "combact", "combapart", "qkfused")
 VARIANTS = {"v7": (STAGED_QTYPES, False, 32, "cp", "auto"), "v7cp": (STAGED_QTYPES, True, 32, "cp", "off"),
             "v6": ((), False, 128, "cp", "off"), "v7pdl": (STAGED_QTYPES, False, 32, "cp", "on"),
             "v7off": (STAGED_QTYPES, False, 32, "cp", "off"), "g1rms": (STAGED_QTYPES, False, 32, "cp", "auto"),
@@ -66,6 +66,8 @@ ATTN_PLAIN_VARIANTS = frozenset({"attnplain"})
 # decode attention's key splits merged by the output projection's producer (mixers.COMBINE_ACT, v7's since Z31):
 # combact on, combapart off (attn_combine, then act_plain)
 COMBINE_VARIANTS = {"combact": True, "combapart": False}
+# qkfused: decode attention forming its own queries and this pass's keys (mixers.ATTN_PREP: no qk_prep launch)
+ATTN_PREP_VARIANTS = frozenset({"qkfused"})
 # v7 (the default) runs Q4_K launches of up to ops.I8_TOKENS tokens through the int8-activation matmul (v12 in
 # bench/NOTES.md) unless OPENJET_CUDA_I8=0; "f16" is v7 without it, and the older generations never had it.
 # k64: v7 with attention splits of 64+ keys
@@ -580,6 +582,7 @@ def _use_variant(backend, name: str) -> None:
     i8b.VERIFY_MAX_SUPERBLOCKS = VERIFY_WIDTH_VARIANTS.get(name, i8b.DEFAULT_VERIFY_MAX_SUPERBLOCKS)
     mixers.ATTN_MIN_KEYS = min_keys
     mixers.COMBINE_ACT = COMBINE_VARIANTS.get(name, mixers._combine_default())
+    mixers.ATTN_PREP = name in ATTN_PREP_VARIANTS or mixers._attn_prep_default()
     mixers.ATTN_PRE = name in ATTN_PRE_VARIANTS or (name not in ATTN_PLAIN_VARIANTS and mixers._attn_pre_default())
     backend.dev.pdl_policy = pdl if backend.dev.info.arch >= PDL_MIN_ARCH else "off"
     backend.dev.pdl = pdl == "on"

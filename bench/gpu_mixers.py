@@ -108,6 +108,44 @@ def check_combine_act(dev: Device, report: Report, rng: np.random.Generator, sta
     s.close()
 
 
+def check_attn_prep(dev: Device, report: Report, rng: np.random.Generator, start: int, num_tokens: int,
+                    hq: int = HQ, hkv: int = HKV, d: int = D) -> None:
+    """Decode attention forming its own queries and this pass's keys (attention(prep=): attn_*_prep) against
+    qk_prep then attention on the same projection rows and caches: the outputs (split partials merged by
+    attn_combine) and the cache rows of the pass's positions equal bit for bit."""
+    s = Scope(dev)
+    stride = 2 * d  # [Q | gate] per head, then k, then v, as qwen35's projection
+    width = hq * stride + 2 * hkv * d
+    k_off = hq * stride
+    qn, kn = s.put(randn(rng, d)), s.put(randn(rng, d))
+    proj = randn(rng, num_tokens, width)
+    positions = np.arange(start, start + num_tokens, dtype=np.int32)
+    history = randn(rng, start, hkv, d), randn(rng, start, hkv, d)
+    tile = mixers.attn_tile_tokens(hq, hkv, d, num_tokens)
+    splits = mixers.attn_splits(num_tokens, hkv, tile, dev.info.multiprocessors)
+    results = {}
+    for inside in (False, True):
+        kc, vc = s.out(2 * hkv * CAP * d, "k"), s.out(2 * hkv * CAP * d, "v")
+        mixers.kv_store(dev, s.put(history[0]), s.put(history[1]), kc, vc, s.put(np.arange(start, dtype=np.int32)),
+                        start, hkv, d, CAP, hkv * d, hkv * d)
+        pb, pos = s.put(proj), s.put(positions)
+        prep = mixers.qk_prep_args(pb, pb.view(4 * k_off), pb.view(4 * (k_off + hkv * d)), qn, kn, kc, vc, pos,
+                                   num_tokens, hq, hkv, d, width, stride, CAP, min(64, d), 1e7, True, 1e-6)
+        if not inside:
+            mixers.qk_prep(dev, prep)
+        out = s.out(4 * num_tokens * hq * d)
+        scratch = s.out(mixers.attn_scratch_bytes(splits, num_tokens, hq, d))
+        mixers.attention(dev, pb, kc, vc, pos, out, num_tokens, hq, hkv, d, CAP, width, stride, hq * d, d ** -0.5,
+                         gate=pb.view(4 * d), ld_gate=width, gate_head_stride=stride, scratch=scratch, splits=splits,
+                         prep=prep if inside else None)
+        caches = [s.get(c, (hkv, CAP, d), np.float16)[:, start : start + num_tokens].astype(F32) for c in (kc, vc)]
+        results[inside] = s.get(out, (num_tokens, hq, d)), *caches
+    name = f"T{num_tokens}.d{d}.s{splits}"
+    for label, got, want in zip(("out", "k.cache", "v.cache"), results[True], results[False]):
+        compare(report, "attn_prep", f"{name}.{label}", got, want, 1e-7)
+    s.close()
+
+
 def check_conv(dev: Device, report: Report, rng: np.random.Generator, num_tokens: int = 5, channels: int = 10240,
                kernel: int = 4) -> None:
     """conv1d_silu committing and not, then conv_commit of a prefix, against ops.causal_conv1d."""
@@ -388,8 +426,9 @@ def check_qk_prep(dev: Device, report: Report, rng: np.random.Generator, start: 
     kc, vc = s.out(2 * HKV * CAP * D, "k"), s.out(2 * HKV * CAP * D, "v")
     positions = np.arange(start, start + num_tokens, dtype=np.int32)
     q_off, k_off = 0, HQ * stride
-    mixers.qk_prep(dev, pb, pb.view(4 * k_off), pb.view(4 * (k_off + HKV * D)), s.put(qn), s.put(kn), kc, vc,
-                   s.put(positions), num_tokens, HQ, HKV, D, width, stride, CAP, 64, 1e7, True, 1e-6)
+    mixers.qk_prep(dev, mixers.qk_prep_args(pb, pb.view(4 * k_off), pb.view(4 * (k_off + HKV * D)), s.put(qn),
+                                            s.put(kn), kc, vc, s.put(positions), num_tokens, HQ, HKV, D, width, stride,
+                                            CAP, 64, 1e7, True, 1e-6))
     q = proj[:, : HQ * stride].reshape(num_tokens, HQ, stride)[..., :D]
     k = proj[:, k_off : k_off + HKV * D].reshape(num_tokens, HKV, D)
     v = proj[:, k_off + HKV * D :].reshape(num_tokens, HKV, D)
@@ -424,6 +463,9 @@ def run_mixer_checks(dev: Device, report: Report, rng: np.random.Generator) -> N
     for start, tokens in ((999, 1), (1500, 5), (600, 8)):
         check_combine_act(dev, report, rng, start, tokens)
     check_combine_act(dev, report, rng, 300, 3, hq=8, hkv=2, d=64)  # four heads a superblock
+    for start, tokens in ((999, 1), (1500, 5), (600, 8), (40, 3)):
+        check_attn_prep(dev, report, rng, start, tokens)
+    check_attn_prep(dev, report, rng, 300, 3, hq=8, hkv=2, d=64)
     check_conv(dev, report, rng)
     check_gates(dev, report, rng)
     check_delta_rule(dev, report, rng, 1, commit=True)

@@ -177,6 +177,8 @@ def _build() -> dict[str, Instance]:
     out += [Instance(f"attn_d{d}", "attention", f"attn<{d}, {qpw}, 0>") for d, qpw in ATTN_HEAD_DIMS.items()]
     out += [Instance(f"attn_d{d}_q{n}{suffix}", "attention", f"attn<{d}, {n}, {pre}>") for d in ATTN_HEAD_DIMS
             for n in ATTN_DECODE_QPW for suffix, pre in (("", 0), ("_pre", ATTN_PRE_KEYS))]
+    out += [Instance(f"attn_d{d}_q{n}{suffix}_prep", "attention", f"attn_prep<{d}, {n}, {pre}>") for d in ATTN_HEAD_DIMS
+            for n in ATTN_DECODE_QPW for suffix, pre in (("", 0), ("_pre", ATTN_PRE_KEYS))]  # qk_prep's work inside
     out += [Instance(f"attn_mma_d{d}", "attention_prefill", f"attn_mma<{d}>") for d in ATTN_MMA_DIMS]
     out += [Instance(n, "deltanet", n) for n in ("conv1d_silu", "conv_commit", "gdn_gates")]
     out += [Instance(f"gdn_k{d}", "deltanet", f"gdn_recurrent<{d // 32}, 8, 0>") for d in GDN_KEY_DIMS]

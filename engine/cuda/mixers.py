@@ -46,6 +46,18 @@ def _combine_default() -> bool:
 
 
 COMBINE_ACT = _combine_default()
+# Decode and verify attention forming its own queries and this pass's keys (attn_d{D}_q{n}[_pre]_prep: qk_prep's
+# work after its PDL wait, a launch less an attention layer) where prep_runs says so; OPENJET_CUDA_ATTN_PREP=1
+# (bench variant qkfused). Off until a GPU has checked and timed it.
+ATTN_PREP_ENV = "OPENJET_CUDA_ATTN_PREP"
+
+
+def _attn_prep_default() -> bool:
+    return env_switch(ATTN_PREP_ENV, False)
+
+
+ATTN_PREP = _attn_prep_default()
+ATTN_NEW_KEYS = 8  # the most tokens of a pass attn_prep forms keys for (kernels/attention.cu ATTN_NEW_KEYS)
 # Prefill on tensor cores (kernels/attention_prefill.cu attn_mma): runs of this many tokens or more, query rows per block,
 # and the shared memory (queries, a key tile and a value tile of 64 rows, f16 at a pitch of D + 8).
 ATTN_MMA_MIN_TOKENS = 16
@@ -179,18 +191,38 @@ def _ptr(buf: Buffer | None) -> int:
     return 0 if buf is None else buf.ptr
 
 
-def qk_prep(dev: Device, q: Buffer, k: Buffer, v: Buffer, q_norm: Buffer | None, k_norm: Buffer | None,
-            kcache: Buffer, vcache: Buffer, positions: Buffer, num_tokens: int, num_heads: int, num_kv_heads: int,
-            head_dim: int, ld: int, q_head_stride: int, capacity: int, rope_dim: int, theta: float, neox: bool,
-            eps: float) -> None:
-    """Per-head q/k RMSNorm (where weights are given), rope, q in place, k and v into the f16 caches."""
+def qk_prep_args(q: Buffer, k: Buffer, v: Buffer, q_norm: Buffer | None, k_norm: Buffer | None, kcache: Buffer,
+                 vcache: Buffer, positions: Buffer, num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 ld: int, q_head_stride: int, capacity: int, rope_dim: int, theta: float, neox: bool,
+                 eps: float) -> QkPrep:
+    """qk_prep's work (see qk_prep), for its launch or attention(prep=)'s."""
     if head_dim > 256:
         raise ValueError(f"qk_prep handles heads of at most 256 values, not {head_dim}")
-    args = QkPrep(q.ptr, k.ptr, v.ptr, _ptr(q_norm), _ptr(k_norm), kcache.ptr, vcache.ptr, positions.ptr,
+    return QkPrep(q.ptr, k.ptr, v.ptr, _ptr(q_norm), _ptr(k_norm), kcache.ptr, vcache.ptr, positions.ptr,
                   num_tokens, num_heads, num_kv_heads, head_dim, ld, q_head_stride, capacity, rope_dim, int(neox),
                   float(theta), float(eps))
-    rows = num_tokens * (num_heads + 2 * num_kv_heads)
-    dev.launch(dev.kernel("qk_prep"), (rows + 7) // 8, 256, [args])
+
+
+def qk_prep(dev: Device, prep: QkPrep) -> None:
+    """Per-head q/k RMSNorm (where weights are given), rope, q in place, k and v into the f16 caches at positions."""
+    rows = prep.T * (prep.num_heads + 2 * prep.num_kv_heads)
+    dev.launch(dev.kernel("qk_prep"), (rows + 7) // 8, 256, [prep])
+
+
+def prep_runs(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, max_smem: int) -> bool:
+    """Whether attention over num_tokens queries forms its own queries and keys: ATTN_PREP, where prep_fits."""
+    return ATTN_PREP and prep_fits(num_tokens, num_heads, num_kv_heads, head_dim, max_smem)
+
+
+def prep_fits(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, max_smem: int) -> bool:
+    """Whether attention over num_tokens queries can form its own queries and keys (attention(prep=)): a decode
+    or verify run on a narrow instance (attn_qpw) of up to ATTN_NEW_KEYS tokens, its shared memory within the
+    GPU's opt-in maximum."""
+    if num_tokens > ATTN_NEW_KEYS or attn_runs_mma(num_tokens, head_dim, max_smem):
+        return False
+    qpw = attn_qpw(num_heads, num_kv_heads, head_dim, num_tokens)
+    return (qpw != ATTN_HEAD_DIMS[head_dim] and
+            attn_smem(head_dim, qpw, ATTN_PRE_KEYS if ATTN_PRE else 0, prep=True) <= max_smem)
 
 
 def attn_qpw(num_heads: int, num_kv_heads: int, head_dim: int, num_tokens: int | None = None) -> int:
@@ -225,10 +257,12 @@ def attn_splits(num_tokens: int, num_kv_heads: int, tile: int, multiprocessors: 
     return max(1, min(MAX_SPLITS, (2 * multiprocessors + blocks - 1) // blocks))
 
 
-def attn_smem(head_dim: int, qpw: int, pre_keys: int) -> int:
+def attn_smem(head_dim: int, qpw: int, pre_keys: int, prep: bool = False) -> int:
     """The attention kernel's dynamic shared memory: its warps' queries (f32), then the keys and values it copies
-    before the PDL wait (f16 rows at a pitch of head_dim + 8, kernels/attention.cu ATTN_PRE_PITCH)."""
-    return ATTN_WARPS * qpw * head_dim * 4 + 2 * pre_keys * (head_dim + 8) * 2
+    before the PDL wait (f16 rows at a pitch of head_dim + 8, kernels/attention.cu ATTN_PRE_PITCH); prep: then
+    this pass's keys and values (as many rows) and a row a warp (f32) to form them in."""
+    new = 2 * ATTN_NEW_KEYS * (head_dim + 8) * 2 + ATTN_WARPS * head_dim * 4 if prep else 0
+    return ATTN_WARPS * qpw * head_dim * 4 + 2 * pre_keys * (head_dim + 8) * 2 + new
 
 
 def attn_scratch_bytes(splits: int, num_tokens: int, num_heads: int, head_dim: int) -> int:
@@ -240,13 +274,15 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
               num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, capacity: int, ld_q: int,
               q_head_stride: int, ld_out: int, scale: float, gate: Buffer | None = None, ld_gate: int = 0,
               gate_head_stride: int = 0, scratch: Buffer | None = None, splits: int = 1,
-              min_keys: int | None = None, merge: bool = True) -> None:
+              min_keys: int | None = None, merge: bool = True, prep: QkPrep | None = None) -> None:
     """out[t, h] = causal attention of query (t, h) over cache keys 0..positions[t] (times sigmoid(gate) if given).
 
     q, gate: f32 rows with per-head strides (qwen35 packs Q and its gate per head); caches: f16 [Hkv, capacity, D].
     With splits > 1 the keys are split over blocks and merged by attn_combine through scratch; a split takes at
     least min_keys keys (default ATTN_MIN_KEYS), the splits past those stay idle. merge=False leaves them
-    unmerged in scratch (out unwritten) for combine_of's producer, where combine_fits says it can.
+    unmerged in scratch (out unwritten) for combine_of's producer, where combine_fits says it can. prep: qk_prep's
+    work (qk_prep_args over the same queries, caches and positions), done by the attention blocks themselves where
+    prep_fits says it can, in place of a qk_prep launch before.
     """
     min_keys = ATTN_MIN_KEYS if min_keys is None else min_keys
     if min_keys < 1 or min_keys & (min_keys - 1):
@@ -267,13 +303,16 @@ def attention(dev: Device, q: Buffer, kcache: Buffer, vcache: Buffer, positions:
         dev.launch(kernel, (num_kv_heads, -(-rows // ATTN_MMA_ROWS)), 128, [args], smem=smem)
         return
     pre = ATTN_PRE and qpw != ATTN_HEAD_DIMS[head_dim]  # the narrow instances have the _pre form
-    smem = attn_smem(head_dim, qpw, ATTN_PRE_KEYS if pre else 0)
+    if prep is not None:
+        assert prep_fits(num_tokens, num_heads, num_kv_heads, head_dim, dev.info.max_smem_per_block), \
+            "attention cannot form these queries and keys itself"
+    smem = attn_smem(head_dim, qpw, ATTN_PRE_KEYS if pre else 0, prep=prep is not None)
     kernel = dev.kernel(f"attn_d{head_dim}" if qpw == ATTN_HEAD_DIMS[head_dim] else
-                        f"attn_d{head_dim}_q{qpw}" + ("_pre" if pre else ""))
+                        f"attn_d{head_dim}_q{qpw}" + ("_pre" if pre else "") + ("_prep" if prep is not None else ""))
     if smem > 48 * 1024:
         dev.set_max_dynamic_smem(kernel, smem)
     grid = (num_kv_heads, (num_tokens + tile - 1) // tile, splits)
-    dev.launch(kernel, grid, ATTN_WARPS * 32, [args], smem=smem)
+    dev.launch(kernel, grid, ATTN_WARPS * 32, [args] if prep is None else [args, prep], smem=smem)
     if splits > 1 and merge:
         dev.launch(dev.kernel("attn_combine"), (num_tokens, num_heads), 256, [args, splits, head_dim])
     elif splits > 1:

@@ -355,9 +355,12 @@ class CudaModel:
         q = ws.proj.view(4 * lw.mix_in.offsets["attn_q"])
         k = ws.proj.view(4 * lw.mix_in.offsets["attn_k"])
         v = ws.proj.view(4 * lw.mix_in.offsets["attn_v"])
-        mixers.qk_prep(dev, q, k, v, lw.vectors.get("attn_q_norm"), lw.vectors.get("attn_k_norm"), cache.k, cache.v,
-                       pos, num_tokens, hq, hkv, d, width, q_stride, self.capacity, cfg.rope_dim, cfg.rope_theta,
-                       cfg.rope_neox, cfg.rms_eps)
+        prep = mixers.qk_prep_args(q, k, v, lw.vectors.get("attn_q_norm"), lw.vectors.get("attn_k_norm"), cache.k,
+                                   cache.v, pos, num_tokens, hq, hkv, d, width, q_stride, self.capacity, cfg.rope_dim,
+                                   cfg.rope_theta, cfg.rope_neox, cfg.rms_eps)
+        prep_inside = mixers.prep_runs(num_tokens, hq, hkv, d, dev.info.max_smem_per_block)
+        if not prep_inside:
+            mixers.qk_prep(dev, prep)
         tile = mixers.attn_tile_tokens(hq, hkv, d, num_tokens)
         splits = mixers.attn_splits(num_tokens, hkv, tile, dev.info.multiprocessors)
         splits = max(1, min(splits, (mixers.MAX_SPLITS * VERIFY_MAX) // num_tokens))  # what the scratch holds
@@ -367,7 +370,8 @@ class CudaModel:
         merged_late = mixers.combine_runs(num_tokens, d, splits) and lw.mix_out.qtype != Q.F32
         mixers.attention(dev, q, cache.k, cache.v, pos, ws.mix2, num_tokens, hq, hkv, d, self.capacity, width,
                          q_stride, cfg.q_size, d ** -0.5, gate=gate, ld_gate=width, gate_head_stride=q_stride,
-                         scratch=ws.attn_scratch, splits=splits, merge=not merged_late)
+                         scratch=ws.attn_scratch, splits=splits, merge=not merged_late,
+                         prep=prep if prep_inside else None)
         producer = (mixers.combine_of(ws.attn_scratch, splits, num_tokens, hq, d, gate, width, q_stride) if merged_late
                     else ops.plain_of(ws.mix2, cfg.q_size))
         return self._out(lw, ws.act_q, num_tokens, producer, may_halve)

@@ -66,3 +66,6 @@ def test_every_variant_launches_what_its_kernels_declare(thin_27b: Path, switche
     # attention's splits merged by the output projection's producer
     assert "attn_combine" in kernels["combapart"] - kernels["v7"]
     assert "act_combine_t1" in kernels["v7"] - kernels["combapart"]
+    # decode attention forming its own queries and keys: no qk_prep in a verify pass (prefill's attn_mma keeps it)
+    assert {k for k in kernels["qkfused"] - kernels["v7"] if k.endswith("_prep")}
+    assert "qk_prep" in kernels["qkfused"]  # (the prefill of the test)

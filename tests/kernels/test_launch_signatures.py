@@ -153,3 +153,24 @@ def test_attention_merged_by_the_output_projections_producer(arch: str, tiny_mod
     if arch == "qwen35":
         kernels = _run(thin_27b, prompt=600, context_size=4096)
         assert kernels["act_combine_t1"] > 0 and kernels["attn_combine"] == 0
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3"])
+def test_attention_forming_its_own_queries_and_keys(arch: str, tiny_model_path, thin_27b: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """mixers.ATTN_PREP: every decode and verify attention launches its _prep instance (qk_prep's work inside it)
+    and no qk_prep before it; prefill keeps qk_prep before the tensor-core attention."""
+    from engine.cuda import mixers
+
+    path = tiny_model_path(arch, tokenizer=False, vocab_size=512)
+    monkeypatch.setattr(mixers, "ATTN_PREP", False)
+    before = _run(path, prompt=40, context_size=512)
+    monkeypatch.setattr(mixers, "ATTN_PREP", True)
+    after = _run(path, prompt=40, context_size=512)
+    prep = sum(n for k, n in after.items() if k.startswith("attn_d") and k.endswith("_prep"))
+    decode = sum(n for k, n in before.items() if k.startswith("attn_d"))
+    assert prep == decode > 0 and after["qk_prep"] == before["qk_prep"] - decode
+    assert after.total() == before.total() - decode
+    if arch == "qwen35":
+        kernels = _run(thin_27b, prompt=600, context_size=4096)
+        assert kernels["attn_d256_q2_pre_prep"] > 0

@@ -39,20 +39,18 @@ struct QkPrep {
     float theta, eps;
 };
 
-__global__ void __launch_bounds__(256) qk_prep(QkPrep p) {
-    PDL_ENTER();
-    __shared__ float rowbuf[8][256];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = p.D;
-    const int per_token = p.num_heads + 2 * p.num_kv_heads;
-    const int row = blockIdx.x * 8 + warp;
-    if (row >= p.T * per_token) return;
-    const int t = row / per_token, j = row % per_token;
-    const int kind = j < p.num_heads ? 0 : j < p.num_heads + p.num_kv_heads ? 1 : 2;  // q, k, v
-    const int head = kind == 0 ? j : kind == 1 ? j - p.num_heads : j - p.num_heads - p.num_kv_heads;
+// Row (t, kind, head) of qk_prep's work into out (lane's values d = lane + 32 e): loaded into buf (D floats of
+// the warp's own shared memory), the per-head RMSNorm where weights are given, rope on q and k. The fused decode
+// attention (attn_prep) forms its queries and this pass's keys with the same statements, so the same bits. DC: the
+// head size where the caller knows it (its loops unrolled, out in registers), else 0 (p.D).
+template <int DC>
+__device__ __forceinline__ void prep_row(const QkPrep& p, int t, int kind, int head, float* buf, float (&out)[8],
+                                         int lane) {
+    const int D = DC ? DC : p.D;
     const float* src = kind == 0 ? p.q + (i64)t * p.ld + (i64)head * p.q_head_stride
                      : (kind == 1 ? p.k : p.v) + (i64)t * p.ld + (i64)head * D;
-    float* buf = rowbuf[warp];
     float ss = 0.f;
+#pragma unroll
     for (int d = lane; d < D; d += 32) {
         buf[d] = src[d];
         ss += buf[d] * buf[d];
@@ -60,11 +58,12 @@ __global__ void __launch_bounds__(256) qk_prep(QkPrep p) {
     const float* norm = kind == 0 ? p.q_norm : kind == 1 ? p.k_norm : nullptr;
     if (norm) {
         const float inv = rsqrtf(warp_sum(ss) / D + p.eps);
+#pragma unroll
         for (int d = lane; d < D; d += 32) buf[d] = buf[d] * inv * norm[d];
     }
     __syncwarp();
     const int pos = p.positions[t], half = p.rope_dim / 2;
-    float out[8];
+#pragma unroll
     for (int e = 0, d = lane; d < D; ++e, d += 32) {
         float x = buf[d];
         if (kind < 2 && d < p.rope_dim) {
@@ -78,9 +77,25 @@ __global__ void __launch_bounds__(256) qk_prep(QkPrep p) {
         }
         out[e] = x;
     }
+    __syncwarp();  // buf is read above (partners) before the caller's next row overwrites it
+}
+
+__global__ void __launch_bounds__(256) qk_prep(QkPrep p) {
+    PDL_ENTER();
+    __shared__ float rowbuf[8][256];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = p.D;
+    const int per_token = p.num_heads + 2 * p.num_kv_heads;
+    const int row = blockIdx.x * 8 + warp;
+    if (row >= p.T * per_token) return;
+    const int t = row / per_token, j = row % per_token;
+    const int kind = j < p.num_heads ? 0 : j < p.num_heads + p.num_kv_heads ? 1 : 2;  // q, k, v
+    const int head = kind == 0 ? j : kind == 1 ? j - p.num_heads : j - p.num_heads - p.num_kv_heads;
+    float out[8];
+    prep_row<0>(p, t, kind, head, rowbuf[warp], out, lane);
     if (kind == 0) {
         for (int e = 0, d = lane; d < D; ++e, d += 32) p.q[(i64)t * p.ld + (i64)head * p.q_head_stride + d] = out[e];
     } else {
+        const int pos = p.positions[t];
         f16* cache = (kind == 1 ? p.kcache : p.vcache) + ((i64)head * p.capacity + pos) * D;
         for (int e = 0, d = lane; d < D; ++e, d += 32) cache[d] = f32_to_f16(out[e]);
     }
@@ -132,15 +147,24 @@ __device__ __forceinline__ constexpr int attn_pv_rows(int D, int QPW) {
 // bench/NOTES.md Z19). Only kernels of earlier passes wrote those rows, and positions is set before the pass.
 // Rows at a pitch of D + 8 halves: a lane reads its own key's row, 16 bytes at a time, the 8 of a phase in 8 banks.
 #define ATTN_PRE_PITCH(D) ((D) + 8)
+// PREP (attn_prep, engine/cuda/mixers.py ATTN_PREP): qk_prep's work for the block itself, after the PDL wait, so a
+// decode or verify pass launches no qk_prep: each warp forms its queries (norm, rope) from the projection's rows,
+// and the block forms the keys and values of this pass (positions[0] on: at most the pass's tokens, consecutive
+// positions) that fall in its split, into shared memory for its own use; the blocks of the last query tile (whose
+// splits cover all of them, each key once) also store them into the caches. The same statements as qk_prep
+// (prep_row), so the same bits. Up to ATTN_NEW_KEYS tokens a pass.
+#define ATTN_NEW_KEYS 8
 
-template <int D, int QPW, int PRE>
-__global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
+template <int D, int QPW, int PRE, bool PREP>
+__device__ __forceinline__ void attn_body(const AttnArgs& a, const QkPrep& p) {
     constexpr int DL = D / 32;
     constexpr int ATTN_PV_ROWS = attn_pv_rows(D, QPW);
     constexpr int KP = ATTN_PRE_PITCH(D);
     extern __shared__ float qs[];  // [ATTN_WARPS * QPW][D] queries of the block, pre-scaled; then PRE keys and values
     f16* pk = reinterpret_cast<f16*>(qs + ATTN_WARPS * QPW * D);  // [PRE][KP] keys k_begin .., then [PRE][KP] values
     f16* pv = pk + PRE * KP;
+    f16* nk = pv + PRE * KP;  // PREP: [ATTN_NEW_KEYS][KP] this pass's keys from first_new, the values, then
+    f16* nv = nk + ATTN_NEW_KEYS * KP;  // [ATTN_WARPS][D] f32 rows for prep_row
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = blockIdx.x, t0 = blockIdx.y * a.tile_tokens, split = blockIdx.z, splits = gridDim.z;
     const int G = a.num_heads / a.num_kv_heads;
@@ -168,6 +192,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
         cp_async_commit();
     }
     PDL_ENTER();
+    const int first_new = PREP ? max(k_begin, a.positions[0]) : k_end;  // PREP: keys from here on are this pass's
     if (idle) {  // idle split: an empty partial, without loading the queries
         for (int qi = threadIdx.x; qi < num_q; qi += blockDim.x) {
             const int t = t0 + qi / G, h = kvh * G + qi % G;
@@ -177,14 +202,46 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
         }
         return;
     }
-    for (int i = threadIdx.x; i < ATTN_WARPS * QPW * D; i += blockDim.x) {
-        const int qi = i / D, d = i % D;
-        float v = 0.f;
-        if (qi < num_q) {
-            const int t = t0 + qi / G, h = kvh * G + qi % G;
-            v = a.q[(i64)t * a.ld_q + (i64)h * a.q_head_stride + d] * a.scale;
+    if constexpr (PREP) {
+        float* rowbuf = reinterpret_cast<float*>(nv + ATTN_NEW_KEYS * KP) + warp * D;
+        for (int j = 0; j < QPW; ++j) {  // the warp's own queries
+            const int qi = warp * QPW + j;
+            float* row = qs + qi * D;
+            if (qi < num_q) {
+                float out[8];
+                prep_row<D>(p, t0 + qi / G, 0, kvh * G + qi % G, rowbuf, out, lane);
+#pragma unroll
+                for (int e = 0; e < DL; ++e) row[lane + 32 * e] = out[e] * a.scale;
+            } else {
+                for (int d = lane; d < D; d += 32) row[d] = 0.f;
+            }
         }
-        qs[i] = v;
+        const bool writer = blockIdx.y == gridDim.y - 1;
+        for (int key = first_new + warp; key < k_end; key += ATTN_WARPS) {  // this pass's keys in the split
+            const int t = key - a.positions[0];
+            for (int kind = 1; kind <= 2; ++kind) {
+                float out[8];
+                prep_row<D>(p, t, kind, kvh, rowbuf, out, lane);
+                f16* row = (kind == 1 ? nk : nv) + (key - first_new) * KP;
+                f16* cache = (kind == 1 ? p.kcache : p.vcache) + ((i64)kvh * p.capacity + key) * D;
+#pragma unroll
+                for (int e = 0; e < DL; ++e) {
+                    const f16 h = f32_to_f16(out[e]);
+                    row[lane + 32 * e] = h;
+                    if (writer) cache[lane + 32 * e] = h;
+                }
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < ATTN_WARPS * QPW * D; i += blockDim.x) {
+            const int qi = i / D, d = i % D;
+            float v = 0.f;
+            if (qi < num_q) {
+                const int t = t0 + qi / G, h = kvh * G + qi % G;
+                v = a.q[(i64)t * a.ld_q + (i64)h * a.q_head_stride + d] * a.scale;
+            }
+            qs[i] = v;
+        }
     }
     if (PRE > 0) cp_async_wait<0>();
     __syncthreads();
@@ -212,7 +269,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
 #pragma unroll
         for (int j = 0; j < QPW; ++j) s[j] = 0.f;
         if (key < k_end) {
-            const f16* kr = PRE > 0 && key < pre_end ? pk + (key - k_begin) * KP : kc + (i64)key * D;
+            const f16* kr = PREP && key >= first_new ? nk + (key - first_new) * KP
+                          : PRE > 0 && key < pre_end ? pk + (key - k_begin) * KP : kc + (i64)key * D;
 #pragma unroll 8
             for (int d0 = 0; d0 < D; d0 += 8) {
                 const uint4 raw = *reinterpret_cast<const uint4*>(kr + d0);
@@ -255,7 +313,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
             for (int u = 0; u < ATTN_PV_ROWS; ++u) {
                 if (kk0 + u < num_keys) {
                     const int key_u = k0 + kk0 + u;
-                    load_row_f16<D>(PRE > 0 && key_u < pre_end ? pv + (key_u - k_begin) * KP : vc + (i64)key_u * D,
+                    load_row_f16<D>(PREP && key_u >= first_new ? nv + (key_u - first_new) * KP
+                                    : PRE > 0 && key_u < pre_end ? pv + (key_u - k_begin) * KP : vc + (i64)key_u * D,
                                     v[u], lane);
                 } else {
 #pragma unroll
@@ -298,6 +357,16 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
             }
         }
     }
+}
+
+template <int D, int QPW, int PRE>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) attn(AttnArgs a) {
+    attn_body<D, QPW, PRE, false>(a, QkPrep{});
+}
+
+template <int D, int QPW, int PRE>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) attn_prep(AttnArgs a, QkPrep p) {
+    attn_body<D, QPW, PRE, true>(a, p);
 }
 
 // Merge the splits' partials: out = sum_s e^(m_s - m) o_s / sum_s e^(m_s - m) l_s, times the optional gate.
