@@ -25,24 +25,33 @@ SIZES = {"p.num_k_heads", "p.Dk", "p.Dv", "p.prepared", "p.save", "p.C"}
 # Kernels whose PDL_ENTER comes after copies of KV cache rows that earlier passes wrote (attention: keys below the
 # pass's first position, which qk_prep's writes of this pass do not reach; positions is set before a pass), into
 # shared memory only, and the sizes that place them.
-WAIT_AFTER_CACHE_PREFETCH = {"attn": {"a.positions", "a.kcache", "a.vcache", "a.capacity", "a.T", "a.num_heads",
-                                      "a.num_kv_heads", "a.tile_tokens", "a.min_keys_log2"}}
+CACHE_PREFETCH_READS = {"a.positions", "a.kcache", "a.vcache", "a.capacity", "a.T", "a.num_heads", "a.num_kv_heads",
+                        "a.tile_tokens", "a.min_keys_log2"}
+WAIT_AFTER_CACHE_PREFETCH = {"attn": CACHE_PREFETCH_READS, "attn_prep": CACHE_PREFETCH_READS}
+
+
+def _body_at(src: str, start: int) -> str:
+    """The text between the first "{" after the parameter list opened at or after start and its matching "}"."""
+    open_at = src.index("{", src.index(")", start))
+    depth, i = 0, open_at
+    while True:
+        depth += {"{": 1, "}": -1}.get(src[i], 0)
+        if depth == 0:
+            return src[open_at + 1:i]
+        i += 1
 
 
 def kernel_bodies() -> dict[str, str]:
-    """name -> body text of every __global__ function in kernels/*.cu (braces matched)."""
+    """name -> body text of every __global__ function in kernels/*.cu (braces matched); a kernel whose body is one
+    call of a __device__ function of its file (attn, attn_prep: attn_body) gets that function's body."""
     bodies = {}
     for path in sorted(nvrtc.KERNEL_DIR.glob("*.cu")):
         src = path.read_text()
         for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\)?\s*)?(?:\)\s*)?(\w+)\s*\(", src):
-            open_at = src.index("{", src.index(")", m.end()))
-            depth, i = 0, open_at
-            while True:
-                depth += {"{": 1, "}": -1}.get(src[i], 0)
-                if depth == 0:
-                    break
-                i += 1
-            bodies[m.group(1)] = src[open_at + 1:i]
+            body = _body_at(src, m.end())
+            call = re.fullmatch(r"\s*(\w+)\s*<[^;]*>\s*\([^;]*\);\s*", body)
+            device = call and re.search(rf"__device__[^;{{]*\b{call.group(1)}\s*\(", src)
+            bodies[m.group(1)] = _body_at(src, device.end()) if device else body
     return bodies
 
 
