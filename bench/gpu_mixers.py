@@ -5,12 +5,14 @@ the delta rule's two forms timed side by side."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 
 from bench.gpu_common import TOL_F16, TOL_F32, Report, Timing, compare, median_time, poison
 from bench.gpu_ops import Scope, randn
 from engine.cuda import mixers
-from engine.cuda.device import Device
+from engine.cuda.device import Buffer, Device
 from engine.reference import ops as ref
 
 F32 = np.float32
@@ -76,11 +78,11 @@ def check_combine_act(dev: Device, report: Report, rng: np.random.Generator, sta
     scratch = s.out(mixers.attn_scratch_bytes(splits, num_tokens, hq, d))
     out, qpos = s.out(4 * num_tokens * width), s.put(positions[start:])
     acts = {name: ops.alloc_act(dev, num_tokens, width, name, precise=True) for name in ("plain", "combine")}
-    fields = ("x16", "x16_lo", "sums", "sums_lo", "f32", "q8", "scale8", "sums8", "sums8_lo", "row_inv")
     for act in acts.values():  # the same finite poison in both: what one writes and the other does not differs
-        for field in fields:
-            if getattr(act, field) is not None:
-                dev.fill_u32(getattr(act, field), 0x7BFF7BFF)
+        bufs = [buf for buf in (getattr(act, f.name) for f in fields(act)) if isinstance(buf, Buffer)]
+        s.bufs += bufs  # (freed with the scope's)
+        for buf in bufs:
+            dev.fill_u32(buf, 0x7BFF7BFF)
     for merge in (True, False):
         mixers.attention(dev, packed, kcache, vcache, qpos, out, num_tokens, hq, hkv, d, CAP, hq * stride, stride,
                          width, d ** -0.5, gate=packed.view(4 * d), ld_gate=hq * stride, gate_head_stride=stride,
@@ -101,10 +103,6 @@ def check_combine_act(dev: Device, report: Report, rng: np.random.Generator, sta
         a = dev.download(getattr(got, field), dtype, (count,)).astype(np.float64)
         b = dev.download(getattr(want, field), dtype, (count,)).astype(np.float64)
         compare(report, "combine_act", f"{name}.{label}", a, b, 1e-6)
-    for act in acts.values():
-        for field in fields:
-            if getattr(act, field) is not None:
-                dev.memory.free(getattr(act, field))
     s.close()
 
 

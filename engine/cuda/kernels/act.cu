@@ -4,6 +4,7 @@
 // and, in precise mode, each value's f16 rounding residue (act_lo); with an Act8 (up to 4 tokens), the same
 // values as int8 for kernels/mmvq_i8.cu (its header describes that layout).
 #include "act8.cuh"
+#include "attention.cuh"
 #include "common.cuh"
 #include "quants.cuh"
 
@@ -193,18 +194,12 @@ __device__ __forceinline__ float combined(const ActSrc& a, int t, int k, int T, 
     const int D = a.head, s = threadIdx.x, first = (k - (int)threadIdx.x) / D;  // the superblock's first head
     for (int j = 0; j < QK_SB / D; ++j) {
         const int h = first + j;
-        const bool live = h < a.num_heads && s < a.splits;
-        const i64 row = ((i64)s * T + t) * a.num_heads + h;
-        const float ms = live ? a.part_ml[row * 2] : NEG_INF;
-        const float m = block_max(ms, scratch);
-        const float wt = (ms == NEG_INF || m == NEG_INF) ? 0.f : __expf(ms - m);
-        const float denom = block_sum(live ? wt * a.part_ml[row * 2 + 1] : 0.f, scratch);
-        // the splits that saw keys come first (attn: split < active): merge the first `used` without a branch
-        const int used = (int)block_max(wt != 0.f ? (float)(s + 1) : 0.f, scratch);
-        if (s < COMBINE_MAX_SPLITS) weight[j][s] = wt;
+        const SplitWeight sw = split_weight(a.part_ml, ((i64)s * T + t) * a.num_heads + h,
+                                            h < a.num_heads && s < a.splits, scratch);
+        if (s < COMBINE_MAX_SPLITS) weight[j][s] = sw.wt;
         if (s == 0) {
-            inv_denom[j] = denom > 0.f ? 1.f / denom : 0.f;
-            used_of[j] = used;
+            inv_denom[j] = sw.inv;
+            used_of[j] = sw.used;
         }
     }
     __syncthreads();

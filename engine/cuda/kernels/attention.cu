@@ -377,17 +377,11 @@ __global__ void __launch_bounds__(256) attn_combine(AttnArgs a, int splits, int 
     __shared__ float scratch[32];
     const int t = blockIdx.x, h = blockIdx.y;
     const int s = threadIdx.x;
-    const i64 row = ((i64)s * a.T + t) * a.num_heads + h;
-    const float ms = s < splits ? a.part_ml[row * 2] : NEG_INF;
-    const float m = block_max(ms, scratch);
-    const float wt = (ms == NEG_INF || m == NEG_INF) ? 0.f : __expf(ms - m);
-    const float denom = block_sum(s < splits ? wt * a.part_ml[row * 2 + 1] : 0.f, scratch);
-    weight[s] = wt;
+    const SplitWeight sw = split_weight(a.part_ml, ((i64)s * a.T + t) * a.num_heads + h, s < splits, scratch);
+    weight[s] = sw.wt;
     __syncthreads();
-    // the splits that saw keys come first (attn: split < active), the idle ones after them wrote no o: merge
-    // the first `used` without a branch per split, so that their loads are in flight together
-    const int used = (int)block_max(wt != 0.f ? (float)(s + 1) : 0.f, scratch);
-    const float inv = denom > 0.f ? 1.f / denom : 0.f;
+    const int used = sw.used;
+    const float inv = sw.inv;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float acc = 0.f;
 #pragma unroll 8
